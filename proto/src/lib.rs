@@ -1,0 +1,19 @@
+//! gangway's wire types: generated tonic/prost code for the public API
+//! (`gangway.v1`), cluster administration (`gangway.admin.v1`) and the
+//! internal Raft transport (`gangway.raft.v1`). Generated at build time from
+//! `proto/`; nothing here is written by hand.
+
+/// Public API: node inventory for agents outside Kubernetes.
+pub mod v1 {
+    tonic::include_proto!("gangway.v1");
+}
+
+/// Cluster administration served by every replica.
+pub mod admin {
+    tonic::include_proto!("gangway.admin.v1");
+}
+
+/// Internal Raft transport between replicas.
+pub mod raft {
+    tonic::include_proto!("gangway.raft.v1");
+}

@@ -1,0 +1,1102 @@
+//! The multi-raft host: one openraft `Raft` per group in this process, a
+//! shared peer pool, group commit, and the operations the rest of gangway
+//! uses: routed writes and linearizable reads, bootstrap, membership changes,
+//! leadership transfer and balancing, compaction and status.
+//!
+//! Invariants: every group has exactly one `Raft` here; every background task
+//! is owned by the host and stops at `shutdown`; a request that must run on a
+//! leader is forwarded there at most once per attempt, and attempts are
+//! bounded by `ROUTE_TIMEOUT_MS`. Built by the server's entry points; served
+//! over gRPC by `service` and `admin`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gangway_proto::admin::admin_client::AdminClient;
+use gangway_proto::admin::{self as pb, GroupStatus};
+use gangway_proto::raft::raft_transport_client::RaftTransportClient;
+use gangway_proto::raft::{PrepareElectionRequest, ProposeRequest, ReadRequest};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::balance;
+use crate::error::HostError;
+use crate::log_store::LogStore;
+use crate::network::{NetworkFactory, Origin, PeerPool};
+use crate::sm_store::{SmShared, SmStore};
+use crate::state_machine::StateMachineFactory;
+use crate::storage::{KvStore, SyncHandle};
+use crate::types::{Command, GroupId, NodeId, Raft};
+
+/// Total time a routed request keeps retrying through elections.
+pub const ROUTE_TIMEOUT_MS: u64 = 8_000;
+/// Time one write or read attempt may wait for its quorum.
+pub const ATTEMPT_TIMEOUT_MS: u64 = 3_000;
+const ROUTE_BACKOFF_MIN_MS: u64 = 20;
+const ROUTE_BACKOFF_MAX_MS: u64 = 250;
+/// Time a group waits for its designated initializer before bootstrapping itself.
+pub const BOOTSTRAP_FALLBACK_MS: u64 = 3_000;
+/// Time a leadership transfer may take before it is given up.
+pub const TRANSFER_TIMEOUT_MS: u64 = 5_000;
+/// Time a membership change may take (a new learner may need a snapshot).
+pub const MEMBERSHIP_TIMEOUT_MS: u64 = 60_000;
+/// Time to wait for a peer's status when probing liveness.
+pub const PROBE_TIMEOUT_MS: u64 = 1_000;
+/// Time a compaction waits for its snapshot.
+pub const COMPACT_TIMEOUT_MS: u64 = 30_000;
+
+/// Raft timing and log-retention settings of a host.
+#[derive(Debug, Clone)]
+pub struct RaftTiming {
+    /// Leader heartbeat period.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomized election timeout.
+    pub election_min_ms: u64,
+    /// Upper bound of the election timeout; also the leader lease.
+    pub election_max_ms: u64,
+    /// Entries applied since the last snapshot that trigger a new one.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log after a snapshot, for slow followers.
+    pub keep_after_snapshot_entries: u64,
+    /// Period of automatic leader balancing on the meta leader (0: off).
+    pub balance_interval_ms: u64,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 100,
+            election_min_ms: 300,
+            election_max_ms: 600,
+            snapshot_every_entries: 10_000,
+            keep_after_snapshot_entries: 1_000,
+            balance_interval_ms: 30_000,
+        }
+    }
+}
+
+/// Identity and groups of one host.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The cluster this replica belongs to; peers of another cluster are refused.
+    pub cluster_id: String,
+    /// This replica's node id (>= 1).
+    pub node_id: NodeId,
+    /// The address peers reach this replica's gRPC server at.
+    pub advertise_addr: String,
+    /// Every group id hosted (0 = meta, 1..=S shards).
+    pub groups: Vec<GroupId>,
+    /// Raft timing.
+    pub timing: RaftTiming,
+}
+
+/// One group's replica in this process.
+pub(crate) struct Group {
+    pub(crate) id: GroupId,
+    pub(crate) raft: Raft,
+    pub(crate) sm: Arc<SmShared>,
+    committed_next: Arc<AtomicU64>,
+    transferring: AtomicBool,
+    membership: tokio::sync::Mutex<()>,
+}
+
+/// The answer to a routed request.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The state machine's reply (empty for membership operations).
+    pub reply: Vec<u8>,
+    /// Log index of the entry (write, membership) or applied index (read).
+    pub index: u64,
+}
+
+/// A request that must run on a group's leader.
+#[derive(Debug, Clone)]
+pub(crate) enum Routed {
+    Write(Vec<u8>),
+    Read(Vec<u8>),
+    AddLearner(NodeId, String),
+    ChangeVoters(BTreeSet<NodeId>),
+    Transfer(NodeId),
+}
+
+pub(crate) struct HostShared {
+    pub(crate) cfg: HostConfig,
+    pub(crate) cluster_id: Arc<str>,
+    pub(crate) groups: BTreeMap<GroupId, Arc<Group>>,
+    pub(crate) pool: Arc<PeerPool>,
+    shutdown: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The multi-raft host of one gangway process. Cheap to clone.
+#[derive(Clone)]
+pub struct RaftHost {
+    pub(crate) shared: Arc<HostShared>,
+}
+
+fn openraft_config(
+    cluster: &str,
+    group: GroupId,
+    t: &RaftTiming,
+) -> Result<openraft::Config, HostError> {
+    let cfg = openraft::Config {
+        cluster_name: format!("{cluster}/g{group}"),
+        heartbeat_interval: t.heartbeat_ms,
+        election_timeout_min: t.election_min_ms,
+        election_timeout_max: t.election_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(t.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: t.keep_after_snapshot_entries,
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    };
+    cfg.validate()
+        .map_err(|e| HostError::InvalidArgument(format!("raft timing: {e}")))
+}
+
+impl RaftHost {
+    /// Opens every group's storage and starts its Raft replica.
+    pub async fn start(
+        cfg: HostConfig,
+        store: Arc<dyn KvStore>,
+        factory: &StateMachineFactory,
+    ) -> Result<Self, HostError> {
+        if cfg.node_id == 0 {
+            return Err(HostError::InvalidArgument("node id must be >= 1".into()));
+        }
+        let sync = SyncHandle::start(store.clone())?;
+        let pool = Arc::new(PeerPool::default());
+        let cluster_id: Arc<str> = Arc::from(cfg.cluster_id.as_str());
+        let mut groups = BTreeMap::new();
+        for &gid in &cfg.groups {
+            let group =
+                Self::open_group(&cfg, &cluster_id, gid, &store, &sync, &pool, factory).await?;
+            groups.insert(gid, Arc::new(group));
+        }
+        let (shutdown, _) = watch::channel(false);
+        let host = RaftHost {
+            shared: Arc::new(HostShared {
+                cfg,
+                cluster_id,
+                groups,
+                pool,
+                shutdown,
+                tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        for group in host.shared.groups.values() {
+            let task =
+                crate::metrics::watch_group(group.clone(), host.node_id(), host.shutdown_signal());
+            host.own(tokio::spawn(task));
+        }
+        if host.shared.cfg.timing.balance_interval_ms > 0 {
+            host.own(tokio::spawn(host.clone().auto_balance()));
+        }
+        Ok(host)
+    }
+
+    async fn open_group(
+        cfg: &HostConfig,
+        cluster_id: &Arc<str>,
+        gid: GroupId,
+        store: &Arc<dyn KvStore>,
+        sync: &SyncHandle,
+        pool: &Arc<PeerPool>,
+        factory: &StateMachineFactory,
+    ) -> Result<Group, HostError> {
+        let committed_next = Arc::new(AtomicU64::new(0));
+        let log = LogStore::new(
+            gid,
+            store.tree(&format!("g{gid}/log"))?,
+            store.tree(&format!("g{gid}/meta"))?,
+            sync.clone(),
+            committed_next.clone(),
+        );
+        let sm_store = SmStore::open(
+            factory(gid),
+            store.tree(&format!("g{gid}/snapshot"))?,
+            sync.clone(),
+        )
+        .map_err(|e| HostError::Fatal {
+            group: gid,
+            detail: e.to_string(),
+        })?;
+        let sm = sm_store.shared();
+        let network = NetworkFactory {
+            origin: Origin {
+                cluster_id: cluster_id.clone(),
+                group: gid,
+                node: cfg.node_id,
+            },
+            pool: pool.clone(),
+        };
+        let config = Arc::new(openraft_config(&cfg.cluster_id, gid, &cfg.timing)?);
+        let raft = Raft::new(cfg.node_id, config, network, log, sm_store)
+            .await
+            .map_err(|e| HostError::Fatal {
+                group: gid,
+                detail: e.to_string(),
+            })?;
+        Ok(Group {
+            id: gid,
+            raft,
+            sm,
+            committed_next,
+            transferring: AtomicBool::new(false),
+            membership: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn own(&self, task: JoinHandle<()>) {
+        if let Ok(mut tasks) = self.shared.tasks.lock() {
+            tasks.retain(|t| !t.is_finished());
+            tasks.push(task);
+        }
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shared.shutdown.subscribe()
+    }
+
+    /// This replica's node id.
+    pub fn node_id(&self) -> NodeId {
+        self.shared.cfg.node_id
+    }
+
+    /// The cluster id this host belongs to.
+    pub fn cluster_id(&self) -> &str {
+        &self.shared.cluster_id
+    }
+
+    /// The address peers reach this host at.
+    pub fn advertise_addr(&self) -> &str {
+        &self.shared.cfg.advertise_addr
+    }
+
+    /// The ids of every hosted group.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        self.shared.groups.keys().copied().collect()
+    }
+
+    pub(crate) fn group(&self, id: GroupId) -> Result<&Arc<Group>, HostError> {
+        self.shared
+            .groups
+            .get(&id)
+            .ok_or_else(|| HostError::UnknownGroup {
+                group: id,
+                known: self.known_groups(),
+            })
+    }
+
+    fn known_groups(&self) -> String {
+        let ids: Vec<_> = self.shared.groups.keys().collect();
+        match (ids.first(), ids.last()) {
+            (Some(a), Some(b)) => format!("{a}..={b}"),
+            _ => "none".into(),
+        }
+    }
+
+    /// The leader of `group` as this replica knows it.
+    pub fn leader_of(&self, group: GroupId) -> Option<NodeId> {
+        self.shared
+            .groups
+            .get(&group)
+            .and_then(|g| g.raft.metrics().borrow().current_leader)
+    }
+
+    /// Whether this replica knows a leader for every group (readiness).
+    pub fn knows_every_leader(&self) -> bool {
+        self.shared
+            .groups
+            .values()
+            .all(|g| g.raft.metrics().borrow().current_leader.is_some())
+    }
+
+    /// Waits until `group` has a leader known here, up to `timeout`.
+    pub async fn wait_for_leader(
+        &self,
+        group: GroupId,
+        timeout: Duration,
+    ) -> Result<NodeId, HostError> {
+        let g = self.group(group)?;
+        let mut rx = g.raft.metrics();
+        let wait = async {
+            loop {
+                if let Some(l) = rx.borrow_and_update().current_leader {
+                    return Ok(l);
+                }
+                if rx.changed().await.is_err() {
+                    return Err(HostError::Fatal {
+                        group,
+                        detail: "raft stopped".into(),
+                    });
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| HostError::Unavailable {
+                group,
+                detail: format!("no leader elected within {} ms", timeout.as_millis()),
+            })?
+    }
+
+    /// Commits `command` in `group` (on its leader, wherever it is) and returns the reply.
+    ///
+    /// A retried attempt whose first reply was lost may apply the command
+    /// twice: commands must be idempotent (carry their own ids).
+    pub async fn write(&self, group: GroupId, command: Vec<u8>) -> Result<Outcome, HostError> {
+        self.routed(group, Routed::Write(command)).await
+    }
+
+    /// Answers `query` from `group`'s state machine, linearizably.
+    pub async fn read(&self, group: GroupId, query: Vec<u8>) -> Result<Outcome, HostError> {
+        self.routed(group, Routed::Read(query)).await
+    }
+
+    /// Answers `query` from this replica's copy of `group`, possibly stale.
+    pub fn read_local(&self, group: GroupId, query: &[u8]) -> Result<Outcome, HostError> {
+        let g = self.group(group)?;
+        let inner = g.sm.lock();
+        Ok(Outcome {
+            reply: inner.sm.query(query),
+            index: inner.last_applied.map(|l| l.index).unwrap_or(0),
+        })
+    }
+
+    pub(crate) async fn routed(&self, group: GroupId, op: Routed) -> Result<Outcome, HostError> {
+        self.group(group)?;
+        let deadline = Instant::now() + Duration::from_millis(ROUTE_TIMEOUT_MS);
+        let mut delay = ROUTE_BACKOFF_MIN_MS;
+        loop {
+            let result = match self.run_local(group, &op).await {
+                Err(HostError::NotLeader {
+                    leader: Some((id, addr)),
+                    ..
+                }) if id != self.node_id() => self.run_remote(group, id, &addr, &op).await,
+                other => other,
+            };
+            match result {
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    tracing::debug!(group, error = %e, "retrying routed request");
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    delay = (delay * 2).min(ROUTE_BACKOFF_MAX_MS);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `op` on this replica, which must lead `group`.
+    pub(crate) async fn run_local(
+        &self,
+        group: GroupId,
+        op: &Routed,
+    ) -> Result<Outcome, HostError> {
+        let g = self.group(group)?.clone();
+        match op {
+            Routed::Write(cmd) => self.write_local(&g, cmd.clone()).await,
+            Routed::Read(q) => self.read_leader(&g, q).await,
+            Routed::AddLearner(node, addr) => self.add_learner_local(&g, *node, addr).await,
+            Routed::ChangeVoters(voters) => self.change_voters_local(&g, voters).await,
+            Routed::Transfer(to) => self.transfer_local(&g, *to).await,
+        }
+    }
+
+    /// A not-leader error with the leader's address, taken from the
+    /// membership when openraft did not supply it.
+    fn not_leader(
+        &self,
+        group: GroupId,
+        leader: Option<NodeId>,
+        node: Option<BasicNode>,
+    ) -> HostError {
+        let addr = node.map(|n| n.addr).or_else(|| {
+            let id = leader?;
+            let g = self.shared.groups.get(&group)?;
+            let m = g.raft.metrics().borrow().membership_config.clone();
+            m.membership().get_node(&id).map(|n| n.addr.clone())
+        });
+        HostError::NotLeader {
+            group,
+            node: self.node_id(),
+            leader: leader.zip(addr),
+        }
+    }
+
+    fn fatal(group: GroupId, e: impl std::fmt::Display) -> HostError {
+        HostError::Fatal {
+            group,
+            detail: e.to_string(),
+        }
+    }
+
+    async fn write_local(&self, g: &Group, cmd: Vec<u8>) -> Result<Outcome, HostError> {
+        if g.transferring.load(Ordering::Acquire) {
+            return Err(HostError::Transferring { group: g.id });
+        }
+        let attempt = g.raft.client_write(Command(cmd));
+        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), attempt)
+            .await
+            .map_err(|_| HostError::Unavailable {
+                group: g.id,
+                detail: format!("no commit within {ATTEMPT_TIMEOUT_MS} ms"),
+            })?;
+        match res {
+            Ok(resp) => Ok(Outcome {
+                reply: resp.data.0,
+                index: resp.log_id.index,
+            }),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(self.not_leader(g.id, f.leader_id, f.leader_node))
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(HostError::Membership {
+                    group: g.id,
+                    detail: e.to_string(),
+                })
+            }
+            Err(RaftError::Fatal(e)) => Err(Self::fatal(g.id, e)),
+        }
+    }
+
+    async fn read_leader(&self, g: &Group, query: &[u8]) -> Result<Outcome, HostError> {
+        let check = g.raft.ensure_linearizable();
+        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), check)
+            .await
+            .map_err(|_| HostError::Unavailable {
+                group: g.id,
+                detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),
+            })?;
+        match res {
+            Ok(_) => self.read_local(g.id, query),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(self.not_leader(g.id, f.leader_id, f.leader_node))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(HostError::Unavailable {
+                    group: g.id,
+                    detail: e.to_string(),
+                })
+            }
+            Err(RaftError::Fatal(e)) => Err(Self::fatal(g.id, e)),
+        }
+    }
+
+    fn membership_error(
+        &self,
+        g: &Group,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> HostError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                self.not_leader(g.id, f.leader_id, f.leader_node)
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                HostError::Membership {
+                    group: g.id,
+                    detail: e.to_string(),
+                }
+            }
+            RaftError::Fatal(e) => Self::fatal(g.id, e),
+        }
+    }
+
+    async fn add_learner_local(
+        &self,
+        g: &Group,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<Outcome, HostError> {
+        if addr.is_empty() {
+            return Err(HostError::InvalidArgument(
+                "addr: a new learner needs an address".into(),
+            ));
+        }
+        let _one_at_a_time = g.membership.lock().await;
+        let change = g.raft.add_learner(node, BasicNode::new(addr), true);
+        let resp = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_TIMEOUT_MS), change)
+            .await
+            .map_err(|_| HostError::Unavailable {
+                group: g.id,
+                detail: format!(
+                    "learner {node} did not catch up within {MEMBERSHIP_TIMEOUT_MS} ms"
+                ),
+            })?
+            .map_err(|e| self.membership_error(g, e))?;
+        Ok(Outcome {
+            reply: Vec::new(),
+            index: resp.log_id.index,
+        })
+    }
+
+    async fn change_voters_local(
+        &self,
+        g: &Group,
+        voters: &BTreeSet<NodeId>,
+    ) -> Result<Outcome, HostError> {
+        if voters.is_empty() {
+            return Err(HostError::InvalidArgument(
+                "voters: the new voter set is empty".into(),
+            ));
+        }
+        let _one_at_a_time = g.membership.lock().await;
+        let change = g.raft.change_membership(voters.clone(), false);
+        let resp = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_TIMEOUT_MS), change)
+            .await
+            .map_err(|_| HostError::Unavailable {
+                group: g.id,
+                detail: format!(
+                    "membership change did not commit within {MEMBERSHIP_TIMEOUT_MS} ms"
+                ),
+            })?
+            .map_err(|e| self.membership_error(g, e))?;
+        Ok(Outcome {
+            reply: Vec::new(),
+            index: resp.log_id.index,
+        })
+    }
+
+    async fn run_remote(
+        &self,
+        group: GroupId,
+        leader: NodeId,
+        addr: &str,
+        op: &Routed,
+    ) -> Result<Outcome, HostError> {
+        let channel = self
+            .shared
+            .pool
+            .channel(addr)
+            .map_err(|e| HostError::Unavailable { group, detail: e })?;
+        let origin = Origin {
+            cluster_id: self.shared.cluster_id.clone(),
+            group,
+            node: self.node_id(),
+        };
+        let envelope = Some(origin.envelope(leader));
+        let peer_err =
+            |s: tonic::Status| HostError::from_peer_status(group, self.node_id(), addr, &s);
+        let timeout = Duration::from_millis(ATTEMPT_TIMEOUT_MS + 500);
+        match op {
+            Routed::Write(cmd) => {
+                let mut req = tonic::Request::new(ProposeRequest {
+                    envelope,
+                    command: cmd.clone(),
+                });
+                req.set_timeout(timeout);
+                let reply = RaftTransportClient::new(channel)
+                    .propose(req)
+                    .await
+                    .map_err(peer_err)?;
+                let r = reply.into_inner();
+                Ok(Outcome {
+                    reply: r.reply,
+                    index: r.log_index,
+                })
+            }
+            Routed::Read(q) => {
+                let mut req = tonic::Request::new(ReadRequest {
+                    envelope,
+                    query: q.clone(),
+                });
+                req.set_timeout(timeout);
+                let reply = RaftTransportClient::new(channel)
+                    .read(req)
+                    .await
+                    .map_err(peer_err)?;
+                let r = reply.into_inner();
+                Ok(Outcome {
+                    reply: r.reply,
+                    index: r.applied_index,
+                })
+            }
+            Routed::AddLearner(node, node_addr) => {
+                let req = pb::AddLearnerRequest {
+                    group_id: Some(group),
+                    node_id: *node,
+                    addr: node_addr.clone(),
+                };
+                AdminClient::new(channel)
+                    .add_learner(req)
+                    .await
+                    .map_err(peer_err)?;
+                Ok(Outcome {
+                    reply: Vec::new(),
+                    index: 0,
+                })
+            }
+            Routed::ChangeVoters(voters) => {
+                let req = pb::ChangeMembershipRequest {
+                    group_id: Some(group),
+                    voters: voters.iter().copied().collect(),
+                };
+                AdminClient::new(channel)
+                    .change_membership(req)
+                    .await
+                    .map_err(peer_err)?;
+                Ok(Outcome {
+                    reply: Vec::new(),
+                    index: 0,
+                })
+            }
+            Routed::Transfer(to) => {
+                let req = pb::TransferLeaderRequest {
+                    group_id: group,
+                    to_node: *to,
+                };
+                let r = AdminClient::new(channel)
+                    .transfer_leader(req)
+                    .await
+                    .map_err(peer_err)?;
+                Ok(Outcome {
+                    reply: Vec::new(),
+                    index: r.into_inner().leader,
+                })
+            }
+        }
+    }
+
+    /// Initializes every group with `members` (id -> address) on a new cluster.
+    ///
+    /// Group g is initialized first by the (g mod n)-th member, so initial
+    /// leaderships spread; the others step in after `BOOTSTRAP_FALLBACK_MS` if
+    /// the group still has no leader (its designated member is down).
+    pub async fn bootstrap(&self, members: &BTreeMap<NodeId, String>) -> Result<(), HostError> {
+        if !members.contains_key(&self.node_id()) {
+            return Err(HostError::InvalidArgument(format!(
+                "bootstrap members must include this node ({})",
+                self.node_id()
+            )));
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect();
+        let ids: Vec<NodeId> = members.keys().copied().collect();
+        for (gid, group) in &self.shared.groups {
+            let designated = ids[(*gid as usize) % ids.len()];
+            if designated == self.node_id() {
+                initialize(group, nodes.clone()).await?;
+            } else {
+                let group = group.clone();
+                let nodes = nodes.clone();
+                let mut stop = self.shutdown_signal();
+                self.own(tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(BOOTSTRAP_FALLBACK_MS)) => {}
+                        _ = stop.changed() => return,
+                    }
+                    if group.raft.metrics().borrow().current_leader.is_none() {
+                        if let Err(e) = initialize(&group, nodes).await {
+                            tracing::warn!(group = group.id, error = %e, "fallback bootstrap failed");
+                        }
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `node` at `addr` as a learner of `group` (every group when `None`); waits for it to catch up.
+    pub async fn add_learner(
+        &self,
+        group: Option<GroupId>,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<(), HostError> {
+        for gid in self.targets(group)? {
+            self.routed(gid, Routed::AddLearner(node, addr.to_string()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `voters` the complete voter set of `group` (every group when `None`).
+    pub async fn change_membership(
+        &self,
+        group: Option<GroupId>,
+        voters: BTreeSet<NodeId>,
+    ) -> Result<(), HostError> {
+        for gid in self.targets(group)? {
+            self.routed(gid, Routed::ChangeVoters(voters.clone()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn targets(&self, group: Option<GroupId>) -> Result<Vec<GroupId>, HostError> {
+        match group {
+            Some(g) => {
+                self.group(g)?;
+                Ok(vec![g])
+            }
+            None => Ok(self.group_ids()),
+        }
+    }
+
+    /// Hands the leadership of `group` to voter `to`; returns the leader afterwards.
+    pub async fn transfer_leader(&self, group: GroupId, to: NodeId) -> Result<NodeId, HostError> {
+        let outcome = self.routed(group, Routed::Transfer(to)).await?;
+        Ok(outcome.index)
+    }
+
+    /// openraft 0.9 has no leader transfer: the leader stops its heartbeats
+    /// and writes, tells the other voters to hold their campaigns and the
+    /// target to campaign once the lease has run out, then waits to see the
+    /// target lead. See raft/README.md.
+    async fn transfer_local(&self, g: &Arc<Group>, to: NodeId) -> Result<Outcome, HostError> {
+        let m = g.raft.metrics().borrow().clone();
+        if m.current_leader != Some(self.node_id()) {
+            return Err(self.not_leader(g.id, m.current_leader, None));
+        }
+        if to == self.node_id() {
+            return Ok(Outcome {
+                reply: Vec::new(),
+                index: to,
+            });
+        }
+        let membership = m.membership_config.membership().clone();
+        if !membership.voter_ids().any(|v| v == to) {
+            return Err(HostError::InvalidArgument(format!(
+                "to_node: node {to} is not a voter of group {}",
+                g.id
+            )));
+        }
+        if g.transferring.swap(true, Ordering::AcqRel) {
+            return Err(HostError::Transferring { group: g.id });
+        }
+        g.raft.runtime_config().heartbeat(false);
+        let result = self.hand_over(g, to, &membership).await;
+        g.raft.runtime_config().heartbeat(true);
+        g.transferring.store(false, Ordering::Release);
+        result.map(|leader| Outcome {
+            reply: Vec::new(),
+            index: leader,
+        })
+    }
+
+    async fn hand_over(
+        &self,
+        g: &Arc<Group>,
+        to: NodeId,
+        membership: &openraft::Membership<NodeId, BasicNode>,
+    ) -> Result<NodeId, HostError> {
+        let timing = &self.shared.cfg.timing;
+        let hold_ms = timing.election_max_ms * 3 + timing.election_min_ms;
+        let origin = Origin {
+            cluster_id: self.shared.cluster_id.clone(),
+            group: g.id,
+            node: self.node_id(),
+        };
+        for voter in membership.voter_ids().filter(|v| *v != self.node_id()) {
+            let Some(node) = membership.get_node(&voter) else {
+                continue;
+            };
+            let req = PrepareElectionRequest {
+                envelope: Some(origin.envelope(voter)),
+                candidate: to,
+                hold_ms,
+            };
+            let sent = match self.shared.pool.channel(&node.addr) {
+                Ok(ch) => RaftTransportClient::new(ch)
+                    .prepare_election(req)
+                    .await
+                    .map_err(|s| s.to_string()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                if voter == to {
+                    return Err(HostError::Unavailable {
+                        group: g.id,
+                        detail: format!("transfer target {to}: {e}"),
+                    });
+                }
+                tracing::warn!(group = g.id, voter, error = %e, "voter missed the transfer notice");
+            }
+        }
+        let mut rx = g.raft.metrics();
+        let wait = async {
+            loop {
+                let leader = rx.borrow_and_update().current_leader;
+                if leader.is_some() && leader != Some(self.node_id()) {
+                    return leader;
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_millis(TRANSFER_TIMEOUT_MS), wait).await {
+            Ok(Some(leader)) => Ok(leader),
+            Ok(None) => Err(Self::fatal(g.id, "raft stopped during a transfer")),
+            Err(_) => Err(HostError::Unavailable {
+                group: g.id,
+                detail: format!("node {to} did not take over within {TRANSFER_TIMEOUT_MS} ms"),
+            }),
+        }
+    }
+
+    /// Called on every voter but the leader during a transfer.
+    pub(crate) fn prepare_election(
+        &self,
+        group: GroupId,
+        candidate: NodeId,
+        hold_ms: u64,
+    ) -> Result<(), HostError> {
+        let g = self.group(group)?.clone();
+        let lease_ms = self.shared.cfg.timing.election_max_ms;
+        let mut stop = self.shutdown_signal();
+        if candidate == self.node_id() {
+            self.own(tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(lease_ms + 50)) => {}
+                    _ = stop.changed() => return,
+                }
+                if let Err(e) = g.raft.trigger().elect().await {
+                    tracing::warn!(group = g.id, error = %e, "could not start the handed-over election");
+                }
+            }));
+        } else {
+            g.raft.runtime_config().elect(false);
+            self.own(tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(hold_ms)) => {}
+                    _ = stop.changed() => {}
+                }
+                g.raft.runtime_config().elect(true);
+            }));
+        }
+        Ok(())
+    }
+
+    /// Moves group leaderships so no live replica leads more than ceil(groups / live).
+    pub async fn balance(&self) -> Result<pb::BalanceReply, HostError> {
+        let live = self.live_nodes().await;
+        let mut leaders = BTreeMap::new();
+        let mut voters = BTreeMap::new();
+        for (gid, g) in &self.shared.groups {
+            let m = g.raft.metrics().borrow().clone();
+            leaders.insert(*gid, m.current_leader);
+            voters.insert(
+                *gid,
+                m.membership_config
+                    .membership()
+                    .voter_ids()
+                    .collect::<BTreeSet<_>>(),
+            );
+        }
+        let moves = balance::plan(&leaders, &voters, &live);
+        let runs = moves.iter().map(|m| async move {
+            let res = self.transfer_leader(m.group, m.to).await;
+            if let Err(e) = &res {
+                tracing::warn!(group = m.group, to = m.to, error = %e, "leadership transfer failed");
+            }
+            pb::Transfer { group_id: m.group, from_node: m.from, to_node: m.to, done: matches!(res, Ok(l) if l == m.to) }
+        });
+        let transfers = futures::future::join_all(runs).await;
+        let mut leaders_per_node = BTreeMap::<u64, u32>::new();
+        for g in self.shared.groups.values() {
+            if let Some(l) = g.raft.metrics().borrow().current_leader {
+                *leaders_per_node.entry(l).or_default() += 1;
+            }
+        }
+        Ok(pb::BalanceReply {
+            transfers,
+            leaders_per_node: leaders_per_node.into_iter().collect(),
+        })
+    }
+
+    /// Members (from every group's membership) that answer a status probe.
+    async fn live_nodes(&self) -> BTreeSet<NodeId> {
+        let members = self.members();
+        let probes = members.into_iter().map(|(id, addr)| async move {
+            if id == self.node_id() {
+                return Some(id);
+            }
+            let ch = self.shared.pool.channel(&addr).ok()?;
+            let mut req = tonic::Request::new(pb::StatusRequest {
+                include_state_hash: false,
+            });
+            req.set_timeout(Duration::from_millis(PROBE_TIMEOUT_MS));
+            AdminClient::new(ch).status(req).await.ok().map(|_| id)
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    async fn auto_balance(self) {
+        let period = Duration::from_millis(self.shared.cfg.timing.balance_interval_ms);
+        let mut stop = self.shutdown_signal();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = stop.changed() => return,
+            }
+            if self.leader_of(crate::META_GROUP) != Some(self.node_id()) || !self.needs_balance() {
+                continue;
+            }
+            match self.balance().await {
+                Ok(r) => tracing::info!(transfers = r.transfers.len(), "leaderships balanced"),
+                Err(e) => tracing::warn!(error = %e, "leader balancing failed"),
+            }
+        }
+    }
+
+    fn needs_balance(&self) -> bool {
+        let mut count = BTreeMap::<NodeId, usize>::new();
+        let mut voters = BTreeSet::new();
+        for g in self.shared.groups.values() {
+            let m = g.raft.metrics().borrow().clone();
+            voters.extend(m.membership_config.membership().voter_ids());
+            if let Some(l) = m.current_leader {
+                *count.entry(l).or_default() += 1;
+            }
+        }
+        let max = balance::leaders_max(self.shared.groups.len(), voters.len());
+        count.values().any(|c| *c > max)
+    }
+
+    /// Builds a snapshot of `group` (every group when `None`) on this replica and purges the log it covers.
+    pub async fn compact(&self, group: Option<GroupId>) -> Result<(), HostError> {
+        for gid in self.targets(group)? {
+            let g = self.group(gid)?.clone();
+            let applied = g.raft.metrics().borrow().last_applied;
+            g.raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(|e| Self::fatal(gid, e))?;
+            let mut rx = g.raft.metrics();
+            let wait = async {
+                loop {
+                    let snap = rx.borrow_and_update().snapshot;
+                    if snap >= applied {
+                        return snap;
+                    }
+                    if rx.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            };
+            let snap = tokio::time::timeout(Duration::from_millis(COMPACT_TIMEOUT_MS), wait)
+                .await
+                .map_err(|_| HostError::Unavailable {
+                    group: gid,
+                    detail: "snapshot did not complete".into(),
+                })?;
+            if let Some(snap) = snap {
+                g.raft
+                    .trigger()
+                    .purge_log(snap.index)
+                    .await
+                    .map_err(|e| Self::fatal(gid, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every member known from the groups' memberships: id -> address.
+    pub fn members(&self) -> BTreeMap<NodeId, String> {
+        let mut out = BTreeMap::new();
+        for g in self.shared.groups.values() {
+            let m = g.raft.metrics().borrow().membership_config.clone();
+            for (id, node) in m.membership().nodes() {
+                out.insert(*id, node.addr.clone());
+            }
+        }
+        out
+    }
+
+    /// The status of every group on this replica.
+    pub fn status(&self, with_hash: bool) -> Vec<GroupStatus> {
+        self.shared
+            .groups
+            .values()
+            .map(|g| group_status(g, with_hash))
+            .collect()
+    }
+
+    /// Stops every group and background task.
+    pub async fn shutdown(&self) {
+        let _ = self.shared.shutdown.send(true);
+        for g in self.shared.groups.values() {
+            if let Err(e) = g.raft.shutdown().await {
+                tracing::warn!(group = g.id, error = %e, "raft shutdown");
+            }
+        }
+        let tasks = match self.shared.tasks.lock() {
+            Ok(mut t) => std::mem::take(&mut *t),
+            Err(_) => Vec::new(),
+        };
+        for t in tasks {
+            t.abort();
+        }
+    }
+}
+
+async fn initialize(group: &Group, nodes: BTreeMap<NodeId, BasicNode>) -> Result<(), HostError> {
+    match group.raft.initialize(nodes).await {
+        Ok(()) => Ok(()),
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(HostError::Fatal {
+            group: group.id,
+            detail: format!("initialize: {e}"),
+        }),
+    }
+}
+
+pub(crate) fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+pub(crate) fn committed_index(g: &Group) -> u64 {
+    g.committed_next.load(Ordering::Relaxed).saturating_sub(1)
+}
+
+fn group_status(g: &Group, with_hash: bool) -> GroupStatus {
+    let m = g.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let (applied_index, state_hash) = if with_hash {
+        g.sm.state_hash()
+    } else {
+        (m.last_applied.map(|l| l.index).unwrap_or(0), String::new())
+    };
+    let matched = m
+        .replication
+        .as_ref()
+        .map(|r| {
+            r.iter()
+                .map(|(id, log)| (*id, log.map(|l| l.index + 1).unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default();
+    GroupStatus {
+        group_id: g.id,
+        role: role_name(m.state).to_string(),
+        leader: m.current_leader.unwrap_or(0),
+        term: m.current_term,
+        last_log_index: m.last_log_index.unwrap_or(0),
+        committed_index: committed_index(g),
+        applied_index,
+        snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+        purged_index: m.purged.map(|l| l.index).unwrap_or(0),
+        voters: membership.voter_ids().collect(),
+        learners: membership.learner_ids().collect(),
+        initialized: m.last_log_index.is_some() || m.vote.leader_id().term > 0,
+        state_hash,
+        matched,
+    }
+}

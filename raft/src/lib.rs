@@ -1,0 +1,30 @@
+//! gangway-raft: a multi-raft host on openraft with sled storage and a gRPC
+//! transport. One process hosts a replica of many Raft groups; each group runs
+//! a domain `StateMachine` supplied by the caller. Nothing here knows about
+//! scheduling, and no openraft type leaves this crate.
+//!
+//! Entry point: `RaftHost::start(config, store, factory)`, then serve
+//! `transport_service()` and `admin_service()` on the process's gRPC server,
+//! then `bootstrap(members)` on a new cluster.
+
+mod admin;
+mod balance;
+mod codec;
+pub mod error;
+mod host;
+mod log_store;
+mod metrics;
+mod network;
+mod service;
+mod sm_store;
+pub mod state_machine;
+pub mod storage;
+mod types;
+
+pub use admin::AdminService;
+pub use balance::{leaders_max, plan as plan_balance, Move};
+pub use error::HostError;
+pub use host::{HostConfig, Outcome, RaftHost, RaftTiming};
+pub use service::TransportService;
+pub use state_machine::{RestoreError, StateMachine, StateMachineFactory};
+pub use types::{GroupId, NodeId, META_GROUP};

@@ -1,0 +1,28 @@
+//! The contract between the Raft layer and the domain: a deterministic state
+//! machine per group. gangway-raft knows nothing of scheduling; the server
+//! crate implements this trait for the meta group and the shards.
+
+/// A snapshot that cannot be restored.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot restore the state machine: {0}")]
+pub struct RestoreError(pub String);
+
+/// A replicated, deterministic state machine.
+///
+/// Invariant: the same sequence of `apply` calls on the same starting state
+/// yields byte-identical `snapshot()` output on every replica. `apply` must not
+/// read a clock, do I/O or use randomness; everything it needs is in the
+/// command. A malformed command is answered with an error reply, never a panic.
+pub trait StateMachine: Send + 'static {
+    /// Applies the committed command at log `index` and returns the reply.
+    fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8>;
+    /// The complete state, deterministically encoded.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replaces the state with a snapshot produced by `snapshot`.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
+    /// Answers a read-only query against the current state.
+    fn query(&self, query: &[u8]) -> Vec<u8>;
+}
+
+/// Builds the state machine of each group when a host starts.
+pub type StateMachineFactory = dyn Fn(crate::GroupId) -> Box<dyn StateMachine> + Send + Sync;

@@ -1,0 +1,245 @@
+//! Three (then four) in-process hosts on loopback gRPC with a small key-value
+//! state machine: writes in every group, routed writes and reads from any
+//! replica, identical state hashes, leadership transfer and balancing, and a
+//! new member catching up through a snapshot after the log was compacted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gangway_raft::storage::MemoryStore;
+use gangway_raft::{GroupId, HostConfig, NodeId, RaftHost, RaftTiming, RestoreError, StateMachine};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// A key-value map; a command is `key=value`, a query is a key.
+#[derive(Default)]
+struct KvMachine {
+    map: BTreeMap<String, String>,
+}
+
+impl StateMachine for KvMachine {
+    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        let text = String::from_utf8_lossy(command);
+        match text.split_once('=') {
+            Some((k, v)) => {
+                self.map.insert(k.to_string(), v.to_string());
+                b"ok".to_vec()
+            }
+            None => b"error: expected key=value".to_vec(),
+        }
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.map).unwrap_or_default()
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        self.map = serde_json::from_slice(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        Ok(())
+    }
+    fn query(&self, query: &[u8]) -> Vec<u8> {
+        let key = String::from_utf8_lossy(query);
+        self.map
+            .get(key.as_ref())
+            .cloned()
+            .unwrap_or_default()
+            .into_bytes()
+    }
+}
+
+struct Replica {
+    host: RaftHost,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+const GROUPS: u64 = 7;
+
+async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
+    let addr = listener.local_addr().expect("local addr").to_string();
+    let cfg = HostConfig {
+        cluster_id: "test".into(),
+        node_id: id,
+        advertise_addr: addr,
+        groups: (0..GROUPS).collect(),
+        timing: RaftTiming {
+            balance_interval_ms: 0,
+            snapshot_every_entries: 100_000,
+            ..RaftTiming::default()
+        },
+    };
+    let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
+    let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), &factory)
+        .await
+        .expect("host starts");
+    let (tx, rx) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .add_service(host.transport_service())
+        .add_service(host.admin_service());
+    tokio::spawn(async move {
+        let _ = router
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    Replica {
+        host,
+        stop: Some(tx),
+    }
+}
+
+async fn bind() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback")
+}
+
+async fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_replicate_transfer_balance_and_snapshot() {
+    let listeners = [bind().await, bind().await, bind().await];
+    let members: BTreeMap<NodeId, String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as NodeId + 1, l.local_addr().expect("addr").to_string()))
+        .collect();
+    let mut replicas = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        replicas.push(start_replica(i as NodeId + 1, l).await);
+    }
+    for r in &replicas {
+        r.host.bootstrap(&members).await.expect("bootstrap");
+    }
+    wait_until("a leader in every group", 10, || {
+        replicas.iter().all(|r| r.host.knows_every_leader())
+    })
+    .await;
+
+    // Writes in every group, through every replica (followers forward).
+    for g in 0..GROUPS {
+        for (i, r) in replicas.iter().enumerate() {
+            let out = r
+                .host
+                .write(g, format!("k{g}-{i}=v{i}").into_bytes())
+                .await
+                .expect("write");
+            assert_eq!(out.reply, b"ok");
+        }
+    }
+    // Linearizable reads through any replica see every acknowledged write.
+    for g in 0..GROUPS {
+        for (i, r) in replicas.iter().enumerate() {
+            let out = r
+                .host
+                .read(g, format!("k{g}-{i}").into_bytes())
+                .await
+                .expect("read");
+            assert_eq!(out.reply, format!("v{i}").into_bytes());
+        }
+    }
+    // Identical state on every replica once all applied the same log.
+    wait_until("equal state hashes", 10, || {
+        let hashes: Vec<_> = replicas.iter().map(|r| r.host.status(true)).collect();
+        (0..GROUPS as usize).all(|g| {
+            let first = &hashes[0][g];
+            hashes.iter().all(|h| {
+                h[g].applied_index == first.applied_index && h[g].state_hash == first.state_hash
+            })
+        })
+    })
+    .await;
+
+    // An unknown group is refused by name.
+    let err = replicas[0]
+        .host
+        .write(99, b"a=b".to_vec())
+        .await
+        .expect_err("group 99 does not exist");
+    assert!(err.to_string().contains("unknown raft group 99"), "{err}");
+
+    // Transfer group 0's leadership to each other node in turn.
+    for to in [2, 3, 1] {
+        let leader = replicas[0]
+            .host
+            .transfer_leader(0, to)
+            .await
+            .expect("transfer");
+        assert_eq!(leader, to);
+    }
+
+    // Put every leadership on node 1, then balance: no node leads more than 3 of 7.
+    for g in 0..GROUPS {
+        replicas[1]
+            .host
+            .transfer_leader(g, 1)
+            .await
+            .expect("gather on node 1");
+    }
+    let reply = replicas[2].host.balance().await.expect("balance");
+    assert!(
+        reply.leaders_per_node.values().all(|c| *c <= 3),
+        "{:?}",
+        reply.leaders_per_node
+    );
+
+    // Compact every replica's log, then add node 4: it can only catch up by snapshot.
+    for g in 0..GROUPS {
+        replicas[0]
+            .host
+            .write(g, format!("after-compact-{g}=x").into_bytes())
+            .await
+            .expect("write");
+    }
+    for r in &replicas {
+        r.host.compact(None).await.expect("compact");
+    }
+    let l4 = bind().await;
+    let addr4 = l4.local_addr().expect("addr").to_string();
+    let r4 = start_replica(4, l4).await;
+    replicas[0]
+        .host
+        .add_learner(None, 4, &addr4)
+        .await
+        .expect("add learner 4");
+    let voters: BTreeSet<NodeId> = [1, 2, 4].into_iter().collect();
+    replicas[1]
+        .host
+        .change_membership(None, voters.clone())
+        .await
+        .expect("replace 3 by 4");
+    let status4 = r4.host.status(false);
+    assert!(
+        status4.iter().all(|g| g.snapshot_index > 0),
+        "node 4 installed snapshots: {status4:?}"
+    );
+    for g in 0..GROUPS {
+        let out = r4
+            .host
+            .read_local(g, format!("after-compact-{g}").as_bytes())
+            .expect("local read");
+        assert_eq!(out.reply, b"x");
+        let voters_now: BTreeSet<NodeId> = r4.host.status(false)[g as usize]
+            .voters
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(voters_now, voters);
+    }
+
+    for mut r in replicas.into_iter().chain([r4]) {
+        r.host.shutdown().await;
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
