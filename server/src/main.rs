@@ -1,1 +1,69 @@
-fn main() {}
+//! The `gangway` binary: `serve` (one replica of a cluster), `dev` (the whole
+//! system in one process) and `bench` (benchmarks). Errors end the process
+//! with a one-line message and exit code 1.
+
+use clap::{Parser, Subcommand};
+use gangway_server::bench::raft::RaftBenchArgs;
+use gangway_server::config::{ServeArgs, ServeConfig};
+use gangway_server::dev::DevArgs;
+use gangway_server::{bench, dev, observe, serve};
+
+/// gangway: a distributed gang and device scheduler.
+#[derive(Parser)]
+#[command(name = "gangway", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one replica of a gangway cluster.
+    Serve(ServeArgs),
+    /// Run the whole system in one process with a simulated fleet.
+    Dev(DevArgs),
+    /// Run a benchmark and print its figures.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Raft commit throughput and latency, sled and in-memory stores.
+    Raft(RaftBenchArgs),
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => {
+            let cfg = ServeConfig::resolve(args)?;
+            let prometheus = observe::install_metrics()?;
+            serve::run(cfg, Some(prometheus)).await
+        }
+        Command::Dev(args) => {
+            let prometheus = observe::install_metrics()?;
+            dev::run(args, Some(prometheus)).await
+        }
+        Command::Bench {
+            which: Bench::Raft(args),
+        } => bench::raft::run(args).await,
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    observe::init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gangway: error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(cli)) {
+        eprintln!("gangway: error: {e:#}");
+        std::process::exit(1);
+    }
+}

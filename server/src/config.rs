@@ -1,0 +1,401 @@
+//! `gangway serve` configuration: command-line flags, optionally on top of a
+//! TOML config file with the same keys (flags win). Every error names the flag
+//! or key at fault. Read once by `main`; the result is passed down.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use gangway_raft::{NodeId, RaftTiming};
+use serde::Deserialize;
+
+/// Most shards a cluster may have.
+pub const SHARDS_MAX: u32 = 256;
+/// Default number of shards.
+pub const SHARDS_DEFAULT: u32 = 4;
+/// Default sled page cache, in MiB.
+pub const SLED_CACHE_MB_DEFAULT: u64 = 64;
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag or key has a bad value.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The flag or config key.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The config file cannot be read or parsed.
+    #[error("config file {path}: {reason}")]
+    File {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Flags of `gangway serve`.
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML file with the same keys as these flags (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// This replica's node id (>= 1; never reuse one after a replica loses its disk).
+    #[arg(long)]
+    pub id: Option<NodeId>,
+    /// gRPC listen address [default: 127.0.0.1:7070].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address peers use to reach this replica [default: the listen address].
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// HTTP address for /healthz, /readyz and /metrics [default: 127.0.0.1:9090].
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
+    /// Another replica of the initial cluster, as ID=HOST:PORT (repeat per peer).
+    #[arg(long = "peer", value_name = "ID=ADDR")]
+    pub peers: Vec<String>,
+    /// Data directory [default: ./gangway-data].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Number of shard groups [default: 4]; fixed when the cluster is created.
+    #[arg(long)]
+    pub shards: Option<u32>,
+    /// Cluster id; replicas and data dirs of another cluster are refused [default: gangway].
+    #[arg(long)]
+    pub cluster_id: Option<String>,
+    /// Join an existing cluster as a new member (never bootstrap); an operator then adds it.
+    #[arg(long)]
+    pub join: bool,
+    /// Node label that partitions nodes into shards (e.g. topology.kubernetes.io/zone).
+    #[arg(long)]
+    pub topology_label: Option<String>,
+    /// sled page cache bound in MiB [default: 64].
+    #[arg(long)]
+    pub sled_cache_mb: Option<u64>,
+    /// Raft heartbeat period in ms [default: 100].
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// Raft election timeout lower bound in ms [default: 300].
+    #[arg(long)]
+    pub election_min_ms: Option<u64>,
+    /// Raft election timeout upper bound (and leader lease) in ms [default: 600].
+    #[arg(long)]
+    pub election_max_ms: Option<u64>,
+    /// Entries between automatic snapshots [default: 10000].
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
+    /// Period of automatic leader balancing in ms, 0 to disable [default: 30000].
+    #[arg(long)]
+    pub balance_interval_ms: Option<u64>,
+}
+
+/// The config file's keys (kebab-case, as the flags).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    id: Option<NodeId>,
+    listen: Option<SocketAddr>,
+    advertise: Option<String>,
+    http: Option<SocketAddr>,
+    peers: Option<BTreeMap<String, String>>,
+    data: Option<PathBuf>,
+    shards: Option<u32>,
+    cluster_id: Option<String>,
+    join: Option<bool>,
+    topology_label: Option<String>,
+    sled_cache_mb: Option<u64>,
+    heartbeat_ms: Option<u64>,
+    election_min_ms: Option<u64>,
+    election_max_ms: Option<u64>,
+    snapshot_every: Option<u64>,
+    balance_interval_ms: Option<u64>,
+}
+
+/// A validated `gangway serve` configuration.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// This replica's id.
+    pub id: NodeId,
+    /// gRPC listen address.
+    pub listen: SocketAddr,
+    /// Address peers reach us at.
+    pub advertise: String,
+    /// HTTP listen address.
+    pub http: SocketAddr,
+    /// The other replicas of the initial cluster.
+    pub peers: BTreeMap<NodeId, String>,
+    /// Data directory.
+    pub data: PathBuf,
+    /// Number of shard groups.
+    pub shards: u32,
+    /// Cluster id.
+    pub cluster_id: String,
+    /// Join instead of bootstrapping.
+    pub join: bool,
+    /// Shard partitioning label.
+    pub topology_label: Option<String>,
+    /// sled cache bound in bytes.
+    pub sled_cache_bytes: u64,
+    /// Raft timing.
+    pub timing: RaftTiming,
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let file_err = |reason: String| ConfigError::File {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+    toml::from_str(&text).map_err(|e| file_err(e.to_string()))
+}
+
+/// Parses `ID=HOST:PORT`.
+pub fn parse_peer(field: &str, text: &str) -> Result<(NodeId, String), ConfigError> {
+    let (id, addr) = text
+        .split_once('=')
+        .ok_or_else(|| invalid(field, format!("{text:?} is not ID=HOST:PORT")))?;
+    let id: NodeId = id
+        .trim()
+        .parse()
+        .map_err(|_| invalid(field, format!("{text:?}: node id {id:?} is not a number")))?;
+    let addr = addr.trim();
+    let port_ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(invalid(
+            field,
+            format!("{text:?}: address {addr:?} is not HOST:PORT"),
+        ));
+    }
+    Ok((id, addr.to_string()))
+}
+
+impl ServeConfig {
+    /// Merges flags over the config file and checks the result.
+    pub fn resolve(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(p) => read_file(p)?,
+            None => FileConfig::default(),
+        };
+        let id = args
+            .id
+            .or(file.id)
+            .ok_or_else(|| invalid("--id", "required (this replica's node id, >= 1)"))?;
+        if id == 0 {
+            return Err(invalid("--id", "node ids start at 1"));
+        }
+        let listen = args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070)));
+        let advertise = args
+            .advertise
+            .or(file.advertise)
+            .unwrap_or_else(|| listen.to_string());
+        let http = args
+            .http
+            .or(file.http)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9090)));
+        let mut peers = BTreeMap::new();
+        let flag_peers = args.peers.iter().map(|p| parse_peer("--peer", p));
+        let file_peers = file
+            .peers
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| parse_peer("peers", &format!("{k}={v}")));
+        let (source, list): (&str, Vec<_>) = if args.peers.is_empty() {
+            ("peers", file_peers.collect())
+        } else {
+            ("--peer", flag_peers.collect())
+        };
+        for peer in list {
+            let (pid, addr) = peer?;
+            if pid == id {
+                return Err(invalid(source, format!("{pid}={addr} names this process itself (--id {id}); list only the other replicas")));
+            }
+            if pid == 0 {
+                return Err(invalid(source, "node ids start at 1"));
+            }
+            if peers.insert(pid, addr.clone()).is_some() {
+                return Err(invalid(source, format!("node {pid} is listed twice")));
+            }
+            if addr == advertise {
+                return Err(invalid(
+                    source,
+                    format!("{pid}={addr} is this process's own address"),
+                ));
+            }
+        }
+        let shards = args.shards.or(file.shards).unwrap_or(SHARDS_DEFAULT);
+        if shards == 0 || shards > SHARDS_MAX {
+            return Err(invalid(
+                "--shards",
+                format!("{shards} is not in 1..={SHARDS_MAX}"),
+            ));
+        }
+        let cluster_id = args
+            .cluster_id
+            .or(file.cluster_id)
+            .unwrap_or_else(|| "gangway".into());
+        if cluster_id.is_empty()
+            || !cluster_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                "--cluster-id",
+                format!("{cluster_id:?}: use letters, digits, '-' and '_'"),
+            ));
+        }
+        let defaults = RaftTiming::default();
+        let timing = RaftTiming {
+            heartbeat_ms: args
+                .heartbeat_ms
+                .or(file.heartbeat_ms)
+                .unwrap_or(defaults.heartbeat_ms),
+            election_min_ms: args
+                .election_min_ms
+                .or(file.election_min_ms)
+                .unwrap_or(defaults.election_min_ms),
+            election_max_ms: args
+                .election_max_ms
+                .or(file.election_max_ms)
+                .unwrap_or(defaults.election_max_ms),
+            snapshot_every_entries: args
+                .snapshot_every
+                .or(file.snapshot_every)
+                .unwrap_or(defaults.snapshot_every_entries),
+            keep_after_snapshot_entries: defaults.keep_after_snapshot_entries,
+            balance_interval_ms: args
+                .balance_interval_ms
+                .or(file.balance_interval_ms)
+                .unwrap_or(defaults.balance_interval_ms),
+        };
+        if timing.heartbeat_ms == 0
+            || timing.election_min_ms <= timing.heartbeat_ms
+            || timing.election_max_ms <= timing.election_min_ms
+        {
+            return Err(invalid(
+                "--heartbeat-ms/--election-min-ms/--election-max-ms",
+                "need 0 < heartbeat < election min < election max",
+            ));
+        }
+        if timing.snapshot_every_entries == 0 {
+            return Err(invalid("--snapshot-every", "must be >= 1"));
+        }
+        Ok(ServeConfig {
+            id,
+            listen,
+            advertise,
+            http,
+            peers,
+            data: args
+                .data
+                .or(file.data)
+                .unwrap_or_else(|| PathBuf::from("gangway-data")),
+            shards,
+            cluster_id,
+            join: args.join || file.join.unwrap_or(false),
+            topology_label: args.topology_label.or(file.topology_label),
+            sled_cache_bytes: args
+                .sled_cache_mb
+                .or(file.sled_cache_mb)
+                .unwrap_or(SLED_CACHE_MB_DEFAULT)
+                * 1024
+                * 1024,
+            timing,
+        })
+    }
+
+    /// Every member of the initial cluster, this replica included.
+    pub fn initial_members(&self) -> BTreeMap<NodeId, String> {
+        let mut m = self.peers.clone();
+        m.insert(self.id, self.advertise.clone());
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(id: u64, peers: &[&str]) -> ServeArgs {
+        ServeArgs {
+            id: Some(id),
+            peers: peers.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn peer_naming_itself_is_refused() {
+        let err = ServeConfig::resolve(args(1, &["1=127.0.0.1:7001"])).expect_err("self peer");
+        assert!(
+            err.to_string().contains("names this process itself"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn malformed_peers_name_the_flag() {
+        for bad in ["2", "x=127.0.0.1:1", "2=localhost", "2=:80"] {
+            let err = ServeConfig::resolve(args(1, &[bad])).expect_err(bad);
+            assert!(err.to_string().starts_with("--peer:"), "{err}");
+        }
+        let err = ServeConfig::resolve(args(1, &["2=a:1", "2=b:1"])).expect_err("duplicate");
+        assert!(err.to_string().contains("listed twice"), "{err}");
+    }
+
+    #[test]
+    fn shards_and_ids_are_bounded() {
+        let err = ServeConfig::resolve(ServeArgs {
+            shards: Some(0),
+            ..args(1, &[])
+        })
+        .expect_err("0 shards");
+        assert!(err.to_string().starts_with("--shards"), "{err}");
+        let err = ServeConfig::resolve(args(0, &[])).expect_err("id 0");
+        assert!(err.to_string().starts_with("--id"), "{err}");
+    }
+
+    #[test]
+    fn config_file_keys_and_flag_precedence() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gangway.toml");
+        std::fs::write(
+            &path,
+            "id = 2\nshards = 6\n[peers]\n1 = \"127.0.0.1:7001\"\n",
+        )
+        .expect("write");
+        let cfg = ServeConfig::resolve(ServeArgs {
+            config: Some(path.clone()),
+            shards: Some(3),
+            ..Default::default()
+        })
+        .expect("valid");
+        assert_eq!((cfg.id, cfg.shards), (2, 3));
+        assert_eq!(
+            cfg.peers.get(&1).map(String::as_str),
+            Some("127.0.0.1:7001")
+        );
+        std::fs::write(&path, "id = 2\nshardz = 6\n").expect("write");
+        let err = ServeConfig::resolve(ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("shardz"), "{err}");
+    }
+}

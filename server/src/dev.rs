@@ -1,0 +1,266 @@
+//! `gangway dev`: the whole system in one process for a newcomer: three
+//! replicas of the meta group and of every shard (each with its own sled store
+//! under the data dir, talking gRPC over loopback), the HTTP endpoints, and a
+//! simulated fleet of nodes registered through the public Inventory API.
+//!
+//! With `--data DIR` the cluster persists and its ports are recorded in
+//! `DIR/dev.json` so a restart finds its peers again; without it, a fresh
+//! temporary cluster is created and removed on exit.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use gangway_proto::v1::inventory_client::InventoryClient;
+use gangway_proto::v1::{NodeSpec, RegisterNodeRequest};
+use gangway_raft::storage::SledStore;
+use gangway_raft::{NodeId, RaftTiming};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+use crate::datadir::{self, DataDirState, Identity};
+use crate::observe::http::{self, HttpState};
+use crate::replica::{host_config, Replica, ReplicaOptions};
+use crate::serve::shutdown_signal;
+
+/// Replicas `gangway dev` runs.
+pub const DEV_REPLICAS: u64 = 3;
+/// Most simulated nodes `gangway dev` registers.
+pub const DEV_NODES_MAX: u32 = 100_000;
+/// Time the dev cluster may take to elect every leader.
+pub const DEV_READY_TIMEOUT_MS: u64 = 20_000;
+const DEV_CLUSTER_ID: &str = "dev";
+
+/// Flags of `gangway dev`.
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// Keep the cluster in DIR across runs (default: a temporary dir removed on exit).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Number of shard groups.
+    #[arg(long, default_value_t = 4)]
+    pub shards: u32,
+    /// Simulated nodes to register (64 cpu, 256Gi, 8 GPUs each, spread over 3 zones).
+    #[arg(long, default_value_t = 32)]
+    pub nodes: u32,
+    /// HTTP address [default: the recorded one, else 127.0.0.1 on a free port].
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
+}
+
+/// Ports of a persistent dev cluster.
+#[derive(Debug, Serialize, Deserialize)]
+struct DevPorts {
+    grpc: Vec<SocketAddr>,
+    http: SocketAddr,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({what})"))
+}
+
+/// Runs the dev cluster until Ctrl-C.
+pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow::Result<()> {
+    if args.shards == 0 || args.shards > crate::config::SHARDS_MAX {
+        bail!(
+            "--shards: {} is not in 1..={}",
+            args.shards,
+            crate::config::SHARDS_MAX
+        );
+    }
+    if args.nodes > DEV_NODES_MAX {
+        bail!("--nodes: {} is more than {DEV_NODES_MAX}", args.nodes);
+    }
+    let (data, _temp) = match &args.data {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("gangway-dev-{}", std::process::id()));
+            (d.clone(), Some(TempDir(d)))
+        }
+    };
+    std::fs::create_dir_all(&data)
+        .with_context(|| format!("cannot create {} (--data)", data.display()))?;
+    let recorded = read_ports(&data)?;
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut grpc = Vec::new();
+    for i in 0..DEV_REPLICAS as usize {
+        let addr = recorded.as_ref().map(|p| p.grpc[i]).unwrap_or(loopback);
+        grpc.push(bind(addr, "recorded gRPC port of the dev cluster").await?);
+    }
+    let http_addr = args
+        .http
+        .or(recorded.as_ref().map(|p| p.http))
+        .unwrap_or(loopback);
+    let http_listener = bind(http_addr, "--http").await?;
+    let grpc_addrs: Vec<SocketAddr> = grpc
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()?;
+    let http_addr = http_listener.local_addr()?;
+    write_ports(
+        &data,
+        &DevPorts {
+            grpc: grpc_addrs.clone(),
+            http: http_addr,
+        },
+    )?;
+
+    println!("gangway dev: HTTP http://{http_addr} (/healthz /readyz /metrics)");
+    let list: Vec<String> = grpc_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{a} (replica {})", i + 1))
+        .collect();
+    println!("gangway dev: gRPC {}", list.join(", "));
+    println!(
+        "gangway dev: {DEV_REPLICAS} replicas of 1 meta group + {} shards, data in {}; Ctrl-C stops",
+        args.shards,
+        data.display()
+    );
+
+    let members: BTreeMap<NodeId, String> = grpc_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (i as NodeId + 1, a.to_string()))
+        .collect();
+    let mut replicas = Vec::new();
+    let mut fresh = false;
+    for (i, listener) in grpc.into_iter().enumerate() {
+        let id = i as NodeId + 1;
+        let dir = data.join(format!("node-{id}"));
+        let identity = Identity {
+            cluster_id: DEV_CLUSTER_ID.into(),
+            node_id: id,
+            shards: args.shards,
+        };
+        fresh |= datadir::open(&dir, &identity)? == DataDirState::Fresh;
+        let store = SledStore::open(&datadir::store_path(&dir), 32 * 1024 * 1024)
+            .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+        let timing = RaftTiming {
+            balance_interval_ms: 10_000,
+            ..RaftTiming::default()
+        };
+        let opts = ReplicaOptions {
+            host: host_config(DEV_CLUSTER_ID, id, &members[&id], args.shards, timing),
+            shards: args.shards,
+            topology_label: Some("topology.kubernetes.io/zone".into()),
+        };
+        replicas.push(Replica::start(opts, Arc::new(store), listener).await?);
+    }
+    if fresh {
+        for r in &replicas {
+            r.host.bootstrap(&members).await?;
+        }
+    }
+    for r in &replicas {
+        for g in r.host.group_ids() {
+            r.host
+                .wait_for_leader(g, Duration::from_millis(DEV_READY_TIMEOUT_MS))
+                .await?;
+        }
+    }
+    println!("gangway dev: every group has a leader");
+
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http_state = HttpState {
+        hosts: replicas.iter().map(|r| r.host.clone()).collect(),
+        prometheus,
+    };
+    let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
+        let _ = http_stopped.await;
+    }));
+
+    let per_shard = register_fleet(grpc_addrs[0], args.nodes).await?;
+    println!(
+        "gangway dev: {} simulated nodes registered; nodes per shard {per_shard:?}",
+        args.nodes
+    );
+
+    shutdown_signal().await;
+    println!("gangway dev: stopping");
+    let _ = stop_http.send(());
+    for r in replicas {
+        r.stop().await;
+    }
+    http_task.await??;
+    Ok(())
+}
+
+fn ports_file(data: &Path) -> PathBuf {
+    data.join("dev.json")
+}
+
+fn read_ports(data: &Path) -> anyhow::Result<Option<DevPorts>> {
+    match std::fs::read(ports_file(data)) {
+        Ok(bytes) => {
+            let ports: DevPorts = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is unreadable", ports_file(data).display()))?;
+            if ports.grpc.len() != DEV_REPLICAS as usize {
+                bail!(
+                    "{} lists {} replicas, expected {DEV_REPLICAS}",
+                    ports_file(data).display(),
+                    ports.grpc.len()
+                );
+            }
+            Ok(Some(ports))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", ports_file(data).display())),
+    }
+}
+
+fn write_ports(data: &Path, ports: &DevPorts) -> anyhow::Result<()> {
+    std::fs::write(ports_file(data), serde_json::to_vec_pretty(ports)?)
+        .with_context(|| format!("cannot write {}", ports_file(data).display()))
+}
+
+/// Registers `count` simulated nodes through replica 1's Inventory API.
+async fn register_fleet(addr: SocketAddr, count: u32) -> anyhow::Result<BTreeMap<u32, u32>> {
+    let mut client = InventoryClient::connect(format!("http://{addr}")).await?;
+    let mut per_shard = BTreeMap::new();
+    for i in 0..count {
+        let zone = ["zone-a", "zone-b", "zone-c"][i as usize % 3];
+        let node = NodeSpec {
+            name: format!("sim-node-{i:04}"),
+            labels: [
+                ("topology.kubernetes.io/zone".to_string(), zone.to_string()),
+                ("gangway.io/simulated".to_string(), "true".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            taints: Vec::new(),
+            allocatable: [
+                ("cpu", "64"),
+                ("memory", "256Gi"),
+                ("pods", "110"),
+                ("nvidia.com/gpu", "8"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            unschedulable: false,
+        };
+        let reply = client
+            .register_node(RegisterNodeRequest { node: Some(node) })
+            .await?
+            .into_inner();
+        if let Some(info) = reply.node {
+            *per_shard.entry(info.shard).or_insert(0) += 1;
+        }
+    }
+    Ok(per_shard)
+}

@@ -1,0 +1,4 @@
+//! gangway's public gRPC services, served by every replica; requests are
+//! validated here and routed to the owning Raft group's leader.
+
+pub mod inventory;

@@ -1,0 +1,16 @@
+//! gangway-server: the scheduler's domain and services. `ledger` holds the
+//! deterministic state machines, `replicated` binds them to Raft groups,
+//! `frontdoor` serves the public gRPC API, `replica` runs one replica,
+//! `serve` and `dev` are the process entry points, `observe` the HTTP
+//! endpoints and metrics, `bench` the benchmarks.
+
+pub mod bench;
+pub mod config;
+pub mod datadir;
+pub mod dev;
+pub mod frontdoor;
+pub mod ledger;
+pub mod observe;
+pub mod replica;
+pub mod replicated;
+pub mod serve;

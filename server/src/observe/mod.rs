@@ -1,0 +1,28 @@
+//! Observability: the Prometheus recorder, logging, and the HTTP endpoints
+//! (/healthz, /readyz, /metrics). Metric names start with `gangway_`.
+
+pub mod http;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Latency buckets (seconds) for every `*_seconds` histogram.
+const LATENCY_BUCKETS_S: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Installs the process's Prometheus recorder (once, at the binary edge).
+pub fn install_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS_S)?
+        .install_recorder()
+}
+
+/// Logs to stderr; `RUST_LOG` sets the level (default: info, openraft at error).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
