@@ -1,0 +1,270 @@
+//! Test support: real `gangway serve` processes on 127.0.0.1 with their own
+//! ports and data dirs, killed (SIGKILL) and restarted at will, and gRPC
+//! helpers to observe them. Every wait is bounded; every process started here
+//! is killed when the `Cluster` is dropped. Tests that use it run one at a
+//! time (a process-wide lock), so timing checks are not skewed by each other.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gangway_proto::admin::admin_client::AdminClient;
+use gangway_proto::admin::{GroupStatus, StatusReply, StatusRequest};
+use gangway_proto::v1::inventory_client::InventoryClient;
+use gangway_proto::v1::{ListNodesRequest, NodeSpec, RegisterNodeRequest};
+use tonic::transport::{Channel, Endpoint};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One `gangway serve` process.
+pub struct Proc {
+    pub id: u64,
+    pub grpc: String,
+    pub http: String,
+    pub data: PathBuf,
+    pub peers: BTreeMap<u64, String>,
+    pub join: bool,
+    child: Option<Child>,
+}
+
+/// A set of processes forming one cluster.
+pub struct Cluster {
+    pub procs: BTreeMap<u64, Proc>,
+    pub dir: tempfile::TempDir,
+    pub cluster_id: String,
+    pub shards: u32,
+    _serial: MutexGuard<'static, ()>,
+}
+
+pub fn gangway_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_gangway")
+}
+
+impl Cluster {
+    /// Starts `n` processes (ids 1..=n) of a new cluster with `shards` shards.
+    pub fn start(n: u64, shards: u32) -> Cluster {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addrs: BTreeMap<u64, String> = (1..=n).map(|id| (id, format!("127.0.0.1:{}", free_port()))).collect();
+        let mut cluster = Cluster {
+            procs: BTreeMap::new(),
+            dir,
+            cluster_id: format!("test-{}", std::process::id()),
+            shards,
+            _serial: serial,
+        };
+        for (&id, addr) in &addrs {
+            let peers = addrs.iter().filter(|(p, _)| **p != id).map(|(p, a)| (*p, a.clone())).collect();
+            cluster.add_proc(id, addr.clone(), peers, false);
+            cluster.spawn(id);
+        }
+        cluster
+    }
+
+    /// Registers a process (not started yet).
+    pub fn add_proc(&mut self, id: u64, grpc: String, peers: BTreeMap<u64, String>, join: bool) {
+        let data = self.dir.path().join(format!("node-{id}"));
+        let http = format!("127.0.0.1:{}", free_port());
+        self.procs.insert(id, Proc { id, grpc, http, data, peers, join, child: None });
+    }
+
+    /// The command line of process `id`.
+    pub fn command(&self, id: u64) -> Command {
+        let p = &self.procs[&id];
+        let mut cmd = Command::new(gangway_bin());
+        cmd.arg("serve")
+            .args(["--id", &id.to_string(), "--listen", &p.grpc, "--http", &p.http])
+            .args(["--cluster-id", &self.cluster_id, "--shards", &self.shards.to_string()])
+            .arg("--data")
+            .arg(&p.data)
+            .args(["--balance-interval-ms", "0"]);
+        for (peer, addr) in &p.peers {
+            cmd.args(["--peer", &format!("{peer}={addr}")]);
+        }
+        if p.join {
+            cmd.arg("--join");
+        }
+        cmd
+    }
+
+    fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}.log"))
+    }
+
+    /// Starts process `id`, logging to a file in the cluster dir.
+    pub fn spawn(&mut self, id: u64) {
+        let log = OpenOptions::new().create(true).append(true).open(self.log_path(id)).expect("log file");
+        let err = log.try_clone().expect("log file");
+        let child = self
+            .command(id)
+            .env("RUST_LOG", "info,openraft=error")
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn gangway serve");
+        self.procs.get_mut(&id).expect("known proc").child = Some(child);
+    }
+
+    /// SIGKILLs process `id` and reaps it.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.procs.get_mut(&id).and_then(|p| p.child.take()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The process ids currently running.
+    pub fn live(&self) -> Vec<u64> {
+        self.procs.values().filter(|p| p.child.is_some()).map(|p| p.id).collect()
+    }
+
+    /// The log of process `id`, for failure messages.
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
+    }
+
+    async fn channel(&self, id: u64) -> Option<Channel> {
+        let ep = Endpoint::from_shared(format!("http://{}", self.procs[&id].grpc)).ok()?;
+        ep.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(10)).connect().await.ok()
+    }
+
+    /// Admin client of process `id`.
+    pub async fn admin(&self, id: u64) -> AdminClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(ch) = self.channel(id).await {
+                return AdminClient::new(ch);
+            }
+            assert!(Instant::now() < deadline, "process {id} does not accept connections:\n{}", self.log(id));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Inventory client of process `id`.
+    pub async fn inventory(&self, id: u64) -> InventoryClient<Channel> {
+        let _ = self.admin(id).await;
+        InventoryClient::new(self.channel(id).await.expect("connect"))
+    }
+
+    /// Status of process `id`, or None if it does not answer within a second.
+    pub async fn status(&self, id: u64, with_hash: bool) -> Option<StatusReply> {
+        let ch = self.channel(id).await?;
+        let mut req = tonic::Request::new(StatusRequest { include_state_hash: with_hash });
+        req.set_timeout(Duration::from_secs(1));
+        AdminClient::new(ch).status(req).await.ok().map(|r| r.into_inner())
+    }
+
+    /// Waits until every process in `ids` knows a leader among `ids` for every group.
+    pub async fn wait_ready(&self, ids: &[u64], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ready = true;
+            for &id in ids {
+                match self.status(id, false).await {
+                    Some(s) => ready &= s.groups.iter().all(|g| ids.contains(&g.leader)),
+                    None => ready = false,
+                }
+            }
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster {ids:?} not ready within {timeout:?}:\n{}", self.logs(ids));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The leader of `group` that every process in `ids` agrees on, if any.
+    pub async fn agreed_leader(&self, group: u64, ids: &[u64]) -> Option<u64> {
+        let mut leader = None;
+        for &id in ids {
+            let s = self.status(id, false).await?;
+            let l = s.groups.iter().find(|g| g.group_id == group)?.leader;
+            if l == 0 || leader.is_some_and(|x| x != l) {
+                return None;
+            }
+            leader = Some(l);
+        }
+        leader
+    }
+
+    /// Waits until the processes in `ids` hold identical state (applied index and hash) in every group.
+    pub async fn wait_converged(&self, ids: &[u64], timeout: Duration) -> Vec<Vec<GroupStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut all = Vec::new();
+            for &id in ids {
+                if let Some(s) = self.status(id, true).await {
+                    all.push(s.groups);
+                }
+            }
+            if all.len() == ids.len() && converged(&all) {
+                return all;
+            }
+            assert!(Instant::now() < deadline, "replicas {ids:?} did not converge within {timeout:?}: {all:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn logs(&self, ids: &[u64]) -> String {
+        ids.iter().map(|id| format!("--- node {id} ---\n{}", self.log(*id))).collect()
+    }
+}
+
+fn converged(all: &[Vec<GroupStatus>]) -> bool {
+    let first = &all[0];
+    all.iter().all(|groups| {
+        groups.len() == first.len()
+            && groups.iter().zip(first).all(|(a, b)| {
+                a.group_id == b.group_id && a.applied_index == b.applied_index && a.state_hash == b.state_hash
+            })
+    })
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.procs.keys().copied().collect();
+        for id in ids {
+            self.kill(id);
+        }
+    }
+}
+
+/// A node spec with the given name.
+pub fn node(name: &str) -> NodeSpec {
+    NodeSpec {
+        name: name.to_string(),
+        labels: [("rack".to_string(), "r1".to_string())].into_iter().collect(),
+        taints: Vec::new(),
+        allocatable: [("cpu".to_string(), "8".to_string())].into_iter().collect(),
+        unschedulable: false,
+    }
+}
+
+/// Registers `name` through process `via`.
+pub async fn register(inv: &mut InventoryClient<Channel>, name: &str) -> Result<(), tonic::Status> {
+    inv.register_node(RegisterNodeRequest { node: Some(node(name)) }).await.map(|_| ())
+}
+
+/// Every node name the cluster lists through `inv`.
+pub async fn list_names(inv: &mut InventoryClient<Channel>) -> Vec<String> {
+    let reply = inv.list_nodes(ListNodesRequest { shard: None }).await.expect("list nodes").into_inner();
+    let mut names: Vec<String> = reply.nodes.into_iter().filter_map(|n| n.node.map(|s| s.name)).collect();
+    names.sort();
+    names
+}
+
+/// Removes a data dir as a lost disk would.
+pub fn wipe(path: &Path) {
+    let _ = std::fs::remove_dir_all(path);
+}
