@@ -1,1 +1,158 @@
+//! gangway-client: the Rust client for gangway. Connects to any replica of a
+//! cluster (trying each endpoint in turn); the replica routes requests to the
+//! group leaders. Used by batch frameworks, `gangctl` and the chaos drills.
 
+use std::time::Duration;
+
+use gangway_proto::admin::admin_client::AdminClient;
+use gangway_proto::admin::{
+    BalanceReply, BalanceRequest, CompactRequest, StatusReply, StatusRequest,
+};
+use gangway_proto::v1::inventory_client::InventoryClient;
+use gangway_proto::v1::{ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeRequest};
+use tonic::transport::{Channel, Endpoint};
+
+pub use gangway_proto::{admin as admin_api, v1 as api};
+
+/// Time allowed to connect to one endpoint.
+pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Time allowed for one request.
+pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
+
+/// A client-side failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No endpoint accepted a connection.
+    #[error("cannot reach gangway at {endpoints}: {reason}")]
+    Connect {
+        /// The endpoints tried.
+        endpoints: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// The server answered with an error.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Rpc(#[from] tonic::Status),
+}
+
+/// A connection to one replica of a gangway cluster.
+#[derive(Clone)]
+pub struct Client {
+    channel: Channel,
+    addr: String,
+}
+
+async fn open(addr: &str) -> Result<Channel, String> {
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(url)
+        .map_err(|e| format!("invalid address {addr:?}: {e}"))?
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
+        .connect()
+        .await
+        .map_err(|e| format!("{addr}: {e}"))
+}
+
+impl Client {
+    /// Connects to the first endpoint (`host:port`) that answers.
+    pub async fn connect(endpoints: &[String]) -> Result<Self, ClientError> {
+        let mut last = String::from("no endpoint given");
+        for addr in endpoints {
+            match open(addr).await {
+                Ok(channel) => {
+                    return Ok(Self {
+                        channel,
+                        addr: addr.clone(),
+                    })
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(ClientError::Connect {
+            endpoints: endpoints.join(","),
+            reason: last,
+        })
+    }
+
+    /// The endpoint this client is connected to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Status of the connected replica.
+    pub async fn status(&self, include_state_hash: bool) -> Result<StatusReply, ClientError> {
+        let req = StatusRequest { include_state_hash };
+        Ok(AdminClient::new(self.channel.clone())
+            .status(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Status of every member the connected replica knows; unreachable ones are `Err`.
+    pub async fn cluster_status(
+        &self,
+    ) -> Result<Vec<(u64, String, Result<StatusReply, ClientError>)>, ClientError> {
+        let local = self.status(false).await?;
+        let mut out = Vec::new();
+        for m in &local.members {
+            let status = if m.node_id == local.node_id {
+                Ok(local.clone())
+            } else {
+                match open(&m.addr).await {
+                    Ok(ch) => AdminClient::new(ch)
+                        .status(StatusRequest {
+                            include_state_hash: false,
+                        })
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(ClientError::Rpc),
+                    Err(reason) => Err(ClientError::Connect {
+                        endpoints: m.addr.clone(),
+                        reason,
+                    }),
+                }
+            };
+            out.push((m.node_id, m.addr.clone(), status));
+        }
+        Ok(out)
+    }
+
+    /// Spreads group leaderships evenly over the live replicas.
+    pub async fn balance(&self) -> Result<BalanceReply, ClientError> {
+        Ok(AdminClient::new(self.channel.clone())
+            .balance(BalanceRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Snapshots and truncates the connected replica's logs.
+    pub async fn compact(&self, group_id: Option<u64>) -> Result<(), ClientError> {
+        AdminClient::new(self.channel.clone())
+            .compact(CompactRequest { group_id })
+            .await?;
+        Ok(())
+    }
+
+    /// Registers (or updates) a node.
+    pub async fn register_node(&self, node: NodeSpec) -> Result<NodeInfo, ClientError> {
+        let reply = InventoryClient::new(self.channel.clone())
+            .register_node(RegisterNodeRequest { node: Some(node) })
+            .await?
+            .into_inner();
+        reply
+            .node
+            .ok_or_else(|| ClientError::Rpc(tonic::Status::internal("empty reply")))
+    }
+
+    /// Every registered node (of one shard when given).
+    pub async fn list_nodes(&self, shard: Option<u32>) -> Result<Vec<NodeInfo>, ClientError> {
+        let reply = InventoryClient::new(self.channel.clone())
+            .list_nodes(ListNodesRequest { shard })
+            .await?;
+        Ok(reply.into_inner().nodes)
+    }
+}

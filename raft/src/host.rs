@@ -27,10 +27,11 @@ use crate::balance;
 use crate::error::HostError;
 use crate::log_store::LogStore;
 use crate::network::{NetworkFactory, Origin, PeerPool};
+use crate::proposer::Proposer;
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::StateMachineFactory;
 use crate::storage::{KvStore, SyncHandle};
-use crate::types::{Command, GroupId, NodeId, Raft};
+use crate::types::{GroupId, NodeId, Raft};
 
 /// Total time a routed request keeps retrying through elections.
 pub const ROUTE_TIMEOUT_MS: u64 = 8_000;
@@ -99,6 +100,7 @@ pub(crate) struct Group {
     pub(crate) id: GroupId,
     pub(crate) raft: Raft,
     pub(crate) sm: Arc<SmShared>,
+    proposer: Proposer,
     committed_next: Arc<AtomicU64>,
     transferring: AtomicBool,
     membership: tokio::sync::Mutex<()>,
@@ -170,13 +172,17 @@ impl RaftHost {
         let sync = SyncHandle::start(store.clone())?;
         let pool = Arc::new(PeerPool::default());
         let cluster_id: Arc<str> = Arc::from(cfg.cluster_id.as_str());
-        let mut groups = BTreeMap::new();
-        for &gid in &cfg.groups {
-            let group =
-                Self::open_group(&cfg, &cluster_id, gid, &store, &sync, &pool, factory).await?;
-            groups.insert(gid, Arc::new(group));
-        }
         let (shutdown, _) = watch::channel(false);
+        let mut groups = BTreeMap::new();
+        let mut proposer_tasks = Vec::new();
+        for &gid in &cfg.groups {
+            let stop = shutdown.subscribe();
+            let (group, task) =
+                Self::open_group(&cfg, &cluster_id, gid, &store, &sync, &pool, factory, stop)
+                    .await?;
+            groups.insert(gid, Arc::new(group));
+            proposer_tasks.push(task);
+        }
         let host = RaftHost {
             shared: Arc::new(HostShared {
                 cfg,
@@ -187,6 +193,9 @@ impl RaftHost {
                 tasks: Mutex::new(Vec::new()),
             }),
         };
+        for task in proposer_tasks {
+            host.own(tokio::spawn(task));
+        }
         for group in host.shared.groups.values() {
             let task =
                 crate::metrics::watch_group(group.clone(), host.node_id(), host.shutdown_signal());
@@ -206,7 +215,8 @@ impl RaftHost {
         sync: &SyncHandle,
         pool: &Arc<PeerPool>,
         factory: &StateMachineFactory,
-    ) -> Result<Group, HostError> {
+        stop: watch::Receiver<bool>,
+    ) -> Result<(Group, impl std::future::Future<Output = ()>), HostError> {
         let committed_next = Arc::new(AtomicU64::new(0));
         let log = LogStore::new(
             gid,
@@ -240,14 +250,17 @@ impl RaftHost {
                 group: gid,
                 detail: e.to_string(),
             })?;
-        Ok(Group {
+        let (proposer, task) = Proposer::start(raft.clone(), stop);
+        let group = Group {
             id: gid,
             raft,
             sm,
+            proposer,
             committed_next,
             transferring: AtomicBool::new(false),
             membership: tokio::sync::Mutex::new(()),
-        })
+        };
+        Ok((group, task))
     }
 
     fn own(&self, task: JoinHandle<()>) {
@@ -438,28 +451,21 @@ impl RaftHost {
         if g.transferring.load(Ordering::Acquire) {
             return Err(HostError::Transferring { group: g.id });
         }
-        let attempt = g.raft.client_write(Command(cmd));
-        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), attempt)
+        let waiting = g
+            .proposer
+            .propose(cmd)
+            .await
+            .map_err(|_| Self::fatal(g.id, "the group's write queue is closed"))?;
+        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), waiting)
             .await
             .map_err(|_| HostError::Unavailable {
                 group: g.id,
                 detail: format!("no commit within {ATTEMPT_TIMEOUT_MS} ms"),
-            })?;
+            })?
+            .map_err(|_| Self::fatal(g.id, "the write was dropped by a stopping group"))?;
         match res {
-            Ok(resp) => Ok(Outcome {
-                reply: resp.data.0,
-                index: resp.log_id.index,
-            }),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(self.not_leader(g.id, f.leader_id, f.leader_node))
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(HostError::Membership {
-                    group: g.id,
-                    detail: e.to_string(),
-                })
-            }
-            Err(RaftError::Fatal(e)) => Err(Self::fatal(g.id, e)),
+            Ok((reply, index)) => Ok(Outcome { reply, index }),
+            Err(e) => Err(self.write_error(g, e)),
         }
     }
 
@@ -486,7 +492,8 @@ impl RaftHost {
         }
     }
 
-    fn membership_error(
+    /// Maps openraft's write error, for commands and membership changes alike.
+    fn write_error(
         &self,
         g: &Group,
         e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
@@ -526,7 +533,7 @@ impl RaftHost {
                     "learner {node} did not catch up within {MEMBERSHIP_TIMEOUT_MS} ms"
                 ),
             })?
-            .map_err(|e| self.membership_error(g, e))?;
+            .map_err(|e| self.write_error(g, e))?;
         Ok(Outcome {
             reply: Vec::new(),
             index: resp.log_id.index,
@@ -553,7 +560,7 @@ impl RaftHost {
                     "membership change did not commit within {MEMBERSHIP_TIMEOUT_MS} ms"
                 ),
             })?
-            .map_err(|e| self.membership_error(g, e))?;
+            .map_err(|e| self.write_error(g, e))?;
         Ok(Outcome {
             reply: Vec::new(),
             index: resp.log_id.index,

@@ -15,6 +15,7 @@ mod host;
 mod log_store;
 mod metrics;
 mod network;
+mod proposer;
 mod service;
 mod sm_store;
 pub mod state_machine;

@@ -176,7 +176,15 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             inner.last_applied = Some(entry.log_id);
             let reply = match entry.payload {
                 EntryPayload::Blank => Reply::default(),
-                EntryPayload::Normal(cmd) => Reply(inner.sm.apply(entry.log_id.index, &cmd.0)),
+                EntryPayload::Normal(batch) => {
+                    let index = entry.log_id.index;
+                    let replies = batch
+                        .commands
+                        .iter()
+                        .map(|c| serde_bytes::ByteBuf::from(inner.sm.apply(index, c)))
+                        .collect();
+                    Reply { replies }
+                }
                 EntryPayload::Membership(m) => {
                     inner.membership = StoredMembership::new(Some(entry.log_id), m);
                     Reply::default()

@@ -12,13 +12,20 @@ pub type GroupId = u64;
 /// The meta group.
 pub const META_GROUP: GroupId = 0;
 
-/// A state-machine command, opaque to the Raft layer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Command(#[serde(with = "serde_bytes")] pub Vec<u8>);
-
-/// A state machine's answer to one command.
+/// The payload of one Raft entry: a batch of state-machine commands, opaque
+/// to the Raft layer, applied in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply(#[serde(with = "serde_bytes")] pub Vec<u8>);
+pub struct Command {
+    /// The commands, in proposal order.
+    pub commands: Vec<serde_bytes::ByteBuf>,
+}
+
+/// The state machine's answers to one entry's commands, in the same order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// One reply per command.
+    pub replies: Vec<serde_bytes::ByteBuf>,
+}
 
 openraft::declare_raft_types!(
     /// gangway's openraft type configuration.

@@ -8,7 +8,10 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use gangway_proto::admin::{AddLearnerRequest, BalanceRequest, ChangeMembershipRequest, CompactRequest, TransferLeaderRequest};
+use gangway_proto::admin::{
+    AddLearnerRequest, BalanceRequest, ChangeMembershipRequest, CompactRequest,
+    TransferLeaderRequest,
+};
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{Envelope, RaftRequest};
 use support::{free_port, list_names, register, wipe, Cluster};
@@ -23,12 +26,17 @@ async fn leader_failover_restart_and_snapshot_rejoin() {
     let mut inv = c.inventory(1).await;
     for i in 0..30 {
         let name = format!("n-{i:03}");
-        register(&mut inv, &name).await.expect("register before the kill");
+        register(&mut inv, &name)
+            .await
+            .expect("register before the kill");
         acked.insert(name);
     }
 
     // SIGKILL the meta group's leader: the survivors elect a new one within 2 s.
-    let old = c.agreed_leader(META, &[1, 2, 3]).await.expect("a meta leader");
+    let old = c
+        .agreed_leader(META, &[1, 2, 3])
+        .await
+        .expect("a meta leader");
     let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != old).collect();
     let killed_at = Instant::now();
     c.kill(old);
@@ -38,18 +46,26 @@ async fn leader_failover_restart_and_snapshot_rejoin() {
                 break l;
             }
         }
-        assert!(killed_at.elapsed() < Duration::from_secs(5), "no new meta leader 5 s after the kill");
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(5),
+            "no new meta leader 5 s after the kill"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     let failover = killed_at.elapsed();
     eprintln!("meta leader {old} killed; node {new_leader} leads after {failover:?}");
-    assert!(failover < Duration::from_secs(2), "failover took {failover:?}");
+    assert!(
+        failover < Duration::from_secs(2),
+        "failover took {failover:?}"
+    );
 
     // Writes continue through a survivor, then the killed process restarts from its sled data.
     let mut inv = c.inventory(survivors[0]).await;
     for i in 30..60 {
         let name = format!("n-{i:03}");
-        register(&mut inv, &name).await.expect("register after the kill");
+        register(&mut inv, &name)
+            .await
+            .expect("register after the kill");
         acked.insert(name);
     }
     c.spawn(old);
@@ -64,40 +80,67 @@ async fn leader_failover_restart_and_snapshot_rejoin() {
     wipe(&c.procs[&3].data);
     let out = c.command(3).output().expect("run gangway serve");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a wiped replica must not rejoin under its old id");
+    assert!(
+        !out.status.success(),
+        "a wiped replica must not rejoin under its old id"
+    );
     assert!(stderr.contains("lost its disk"), "{stderr}");
 
     // With the log compacted, a new member (id 4) can only catch up by snapshot.
     let mut inv = c.inventory(1).await;
     for i in 60..80 {
         let name = format!("n-{i:03}");
-        register(&mut inv, &name).await.expect("register with node 3 down");
+        register(&mut inv, &name)
+            .await
+            .expect("register with node 3 down");
         acked.insert(name);
     }
     for id in [1, 2] {
-        c.admin(id).await.compact(CompactRequest { group_id: None }).await.expect("compact");
+        c.admin(id)
+            .await
+            .compact(CompactRequest { group_id: None })
+            .await
+            .expect("compact");
     }
     let addr4 = format!("127.0.0.1:{}", free_port());
-    let peers = [1, 2].into_iter().map(|id| (id, c.procs[&id].grpc.clone())).collect();
+    let peers = [1, 2]
+        .into_iter()
+        .map(|id| (id, c.procs[&id].grpc.clone()))
+        .collect();
     c.add_proc(4, addr4.clone(), peers, true);
     c.spawn(4);
     let mut admin = c.admin(1).await;
     admin
-        .add_learner(AddLearnerRequest { group_id: None, node_id: 4, addr: addr4 })
+        .add_learner(AddLearnerRequest {
+            group_id: None,
+            node_id: 4,
+            addr: addr4,
+        })
         .await
         .unwrap_or_else(|e| panic!("add learner 4: {e}\n{}", c.log(4)));
     c.admin(2)
         .await
-        .change_membership(ChangeMembershipRequest { group_id: None, voters: vec![1, 2, 4] })
+        .change_membership(ChangeMembershipRequest {
+            group_id: None,
+            voters: vec![1, 2, 4],
+        })
         .await
         .expect("replace 3 by 4");
     let states = c.wait_converged(&[1, 2, 4], Duration::from_secs(30)).await;
     let node4 = c.status(4, false).await.expect("node 4 status");
     for g in &node4.groups {
-        assert!(g.snapshot_index > 0, "node 4 installed a snapshot for group {}: {g:?}", g.group_id);
+        assert!(
+            g.snapshot_index > 0,
+            "node 4 installed a snapshot for group {}: {g:?}",
+            g.group_id
+        );
         assert_eq!(g.voters, vec![1, 2, 4]);
     }
-    assert!(states[0].iter().all(|g| g.purged_index > 0), "the log was compacted: {:?}", states[0]);
+    assert!(
+        states[0].iter().all(|g| g.purged_index > 0),
+        "the log was compacted: {:?}",
+        states[0]
+    );
     let mut inv4 = c.inventory(4).await;
     let listed: BTreeSet<String> = list_names(&mut inv4).await.into_iter().collect();
     assert_eq!(listed, acked);
@@ -130,7 +173,11 @@ async fn full_cluster_crash_loses_no_acknowledged_write() {
     for w in writers {
         acked.extend(w.await.expect("writer task"));
     }
-    assert!(acked.len() > 10, "writers made progress before the crash: {}", acked.len());
+    assert!(
+        acked.len() > 10,
+        "writers made progress before the crash: {}",
+        acked.len()
+    );
     for id in [1, 2, 3] {
         c.spawn(id);
     }
@@ -138,7 +185,12 @@ async fn full_cluster_crash_loses_no_acknowledged_write() {
     let mut inv = c.inventory(2).await;
     let listed: BTreeSet<String> = list_names(&mut inv).await.into_iter().collect();
     let lost: Vec<_> = acked.difference(&listed).collect();
-    assert!(lost.is_empty(), "{} acknowledged writes lost, e.g. {:?}", lost.len(), lost.iter().take(5).collect::<Vec<_>>());
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        lost.len(),
+        lost.iter().take(5).collect::<Vec<_>>()
+    );
     c.wait_converged(&[1, 2, 3], Duration::from_secs(20)).await;
 }
 
@@ -148,12 +200,28 @@ async fn balancing_spreads_seven_groups_over_three_processes() {
     c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
     let mut admin = c.admin(1).await;
     for g in 0..=6 {
-        let r = admin.transfer_leader(TransferLeaderRequest { group_id: g, to_node: 1 }).await.expect("transfer");
+        let r = admin
+            .transfer_leader(TransferLeaderRequest {
+                group_id: g,
+                to_node: 1,
+            })
+            .await
+            .expect("transfer");
         assert_eq!(r.into_inner().leader, 1);
     }
     let s = c.status(1, false).await.expect("status");
-    assert!(s.groups.iter().all(|g| g.leader == 1), "node 1 leads every group: {:?}", s.groups);
-    let reply = c.admin(2).await.balance(BalanceRequest {}).await.expect("balance").into_inner();
+    assert!(
+        s.groups.iter().all(|g| g.leader == 1),
+        "node 1 leads every group: {:?}",
+        s.groups
+    );
+    let reply = c
+        .admin(2)
+        .await
+        .balance(BalanceRequest {})
+        .await
+        .expect("balance")
+        .into_inner();
     eprintln!("balance: {:?}", reply.transfers);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(10)).await;
     let s = c.status(3, false).await.expect("status");
@@ -161,19 +229,33 @@ async fn balancing_spreads_seven_groups_over_three_processes() {
     for g in &s.groups {
         *per_node.entry(g.leader).or_default() += 1;
     }
-    assert!(per_node.values().all(|n| *n <= 3), "leaders per node after balancing: {per_node:?}");
+    assert!(
+        per_node.values().all(|n| *n <= 3),
+        "leaders per node after balancing: {per_node:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
     // A peer list naming the process itself.
     let out = std::process::Command::new(support::gangway_bin())
-        .args(["serve", "--id", "1", "--peer", "1=127.0.0.1:7001", "--data", "/nonexistent/never-created"])
+        .args([
+            "serve",
+            "--id",
+            "1",
+            "--peer",
+            "1=127.0.0.1:7001",
+            "--data",
+            "/nonexistent/never-created",
+        ])
         .output()
         .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("--peer: 1=127.0.0.1:7001 names this process itself"), "{stderr}");
+    assert!(
+        stderr.contains("--peer: 1=127.0.0.1:7001 names this process itself"),
+        "{stderr}"
+    );
     assert!(!std::path::Path::new("/nonexistent/never-created").exists());
 
     // A one-process cluster to aim RPCs at.
@@ -187,21 +269,43 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
         .await
         .expect("connect");
     let mut raft = RaftTransportClient::new(ch);
-    let envelope = |cluster: &str, group: u64| Envelope { cluster_id: cluster.into(), group_id: group, from_node: 9, to_node: 1 };
+    let envelope = |cluster: &str, group: u64| Envelope {
+        cluster_id: cluster.into(),
+        group_id: group,
+        from_node: 9,
+        to_node: 1,
+    };
     let err = raft
-        .vote(RaftRequest { envelope: Some(envelope(&c.cluster_id, 99)), payload: Vec::new() })
+        .vote(RaftRequest {
+            envelope: Some(envelope(&c.cluster_id, 99)),
+            payload: Vec::new(),
+        })
         .await
         .expect_err("group 99 does not exist");
     assert_eq!(err.code(), tonic::Code::NotFound);
-    assert!(err.message().contains("unknown raft group 99"), "{}", err.message());
+    assert!(
+        err.message().contains("unknown raft group 99"),
+        "{}",
+        err.message()
+    );
     let err = raft
-        .vote(RaftRequest { envelope: Some(envelope("another", 0)), payload: Vec::new() })
+        .vote(RaftRequest {
+            envelope: Some(envelope("another", 0)),
+            payload: Vec::new(),
+        })
         .await
         .expect_err("foreign cluster");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(err.message().contains("cluster id mismatch"), "{}", err.message());
+    assert!(
+        err.message().contains("cluster id mismatch"),
+        "{}",
+        err.message()
+    );
     let err = raft
-        .vote(RaftRequest { envelope: Some(envelope(&c.cluster_id, 0)), payload: vec![0xff; 3] })
+        .vote(RaftRequest {
+            envelope: Some(envelope(&c.cluster_id, 0)),
+            payload: vec![0xff; 3],
+        })
         .await
         .expect_err("garbage payload");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
@@ -210,18 +314,28 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
     let mut inv = c.inventory(1).await;
     let mut bad = support::node("Bad_Name");
     let err = inv
-        .register_node(gangway_proto::v1::RegisterNodeRequest { node: Some(bad.clone()) })
+        .register_node(gangway_proto::v1::RegisterNodeRequest {
+            node: Some(bad.clone()),
+        })
         .await
         .expect_err("invalid name");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().starts_with("node.name:"), "{}", err.message());
     bad.name = "good".into();
-    bad.taints.push(gangway_proto::v1::Taint { key: "k".into(), value: String::new(), effect: "Sometimes".into() });
+    bad.taints.push(gangway_proto::v1::Taint {
+        key: "k".into(),
+        value: String::new(),
+        effect: "Sometimes".into(),
+    });
     let err = inv
         .register_node(gangway_proto::v1::RegisterNodeRequest { node: Some(bad) })
         .await
         .expect_err("invalid taint");
-    assert!(err.message().starts_with("node.taints[0].effect:"), "{}", err.message());
+    assert!(
+        err.message().starts_with("node.taints[0].effect:"),
+        "{}",
+        err.message()
+    );
     assert!(list_names(&mut inv).await.is_empty(), "nothing was stored");
 
     // A port already in use.
@@ -233,22 +347,41 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
         .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains(&format!("cannot listen on {taken} (--listen)")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {taken} (--listen)")),
+        "{stderr}"
+    );
     assert!(stderr.to_lowercase().contains("in use"), "{stderr}");
 
     // A data dir that belongs to another cluster id.
     c.kill(1);
     let data = c.procs[&1].data.clone();
     let out = std::process::Command::new(support::gangway_bin())
-        .args(["serve", "--id", "1", "--cluster-id", "someone-else", "--shards", "1"])
-        .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--http", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "serve",
+            "--id",
+            "1",
+            "--cluster-id",
+            "someone-else",
+            "--shards",
+            "1",
+        ])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--http",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
         .arg("--data")
         .arg(&data)
         .output()
         .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains(&format!("belongs to cluster \"{}\"", c.cluster_id)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("belongs to cluster \"{}\"", c.cluster_id)),
+        "{stderr}"
+    );
     // The refused start changed nothing: the rightful replica still starts and serves.
     c.spawn(1);
     c.wait_ready(&[1], Duration::from_secs(20)).await;

@@ -21,6 +21,9 @@ impl SledStore {
             .path(dir)
             .cache_capacity(cache_bytes)
             .mode(sled::Mode::HighThroughput)
+            // Group commit flushes after every append; sled's own periodic
+            // flusher would only contend with it.
+            .flush_every_ms(None)
             .open()?;
         Ok(Self { db })
     }

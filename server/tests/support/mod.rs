@@ -56,7 +56,9 @@ impl Cluster {
     pub fn start(n: u64, shards: u32) -> Cluster {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("tempdir");
-        let addrs: BTreeMap<u64, String> = (1..=n).map(|id| (id, format!("127.0.0.1:{}", free_port()))).collect();
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
         let mut cluster = Cluster {
             procs: BTreeMap::new(),
             dir,
@@ -65,7 +67,11 @@ impl Cluster {
             _serial: serial,
         };
         for (&id, addr) in &addrs {
-            let peers = addrs.iter().filter(|(p, _)| **p != id).map(|(p, a)| (*p, a.clone())).collect();
+            let peers = addrs
+                .iter()
+                .filter(|(p, _)| **p != id)
+                .map(|(p, a)| (*p, a.clone()))
+                .collect();
             cluster.add_proc(id, addr.clone(), peers, false);
             cluster.spawn(id);
         }
@@ -76,7 +82,18 @@ impl Cluster {
     pub fn add_proc(&mut self, id: u64, grpc: String, peers: BTreeMap<u64, String>, join: bool) {
         let data = self.dir.path().join(format!("node-{id}"));
         let http = format!("127.0.0.1:{}", free_port());
-        self.procs.insert(id, Proc { id, grpc, http, data, peers, join, child: None });
+        self.procs.insert(
+            id,
+            Proc {
+                id,
+                grpc,
+                http,
+                data,
+                peers,
+                join,
+                child: None,
+            },
+        );
     }
 
     /// The command line of process `id`.
@@ -84,8 +101,20 @@ impl Cluster {
         let p = &self.procs[&id];
         let mut cmd = Command::new(gangway_bin());
         cmd.arg("serve")
-            .args(["--id", &id.to_string(), "--listen", &p.grpc, "--http", &p.http])
-            .args(["--cluster-id", &self.cluster_id, "--shards", &self.shards.to_string()])
+            .args([
+                "--id",
+                &id.to_string(),
+                "--listen",
+                &p.grpc,
+                "--http",
+                &p.http,
+            ])
+            .args([
+                "--cluster-id",
+                &self.cluster_id,
+                "--shards",
+                &self.shards.to_string(),
+            ])
             .arg("--data")
             .arg(&p.data)
             .args(["--balance-interval-ms", "0"]);
@@ -104,7 +133,11 @@ impl Cluster {
 
     /// Starts process `id`, logging to a file in the cluster dir.
     pub fn spawn(&mut self, id: u64) {
-        let log = OpenOptions::new().create(true).append(true).open(self.log_path(id)).expect("log file");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .expect("log file");
         let err = log.try_clone().expect("log file");
         let child = self
             .command(id)
@@ -126,7 +159,11 @@ impl Cluster {
 
     /// The process ids currently running.
     pub fn live(&self) -> Vec<u64> {
-        self.procs.values().filter(|p| p.child.is_some()).map(|p| p.id).collect()
+        self.procs
+            .values()
+            .filter(|p| p.child.is_some())
+            .map(|p| p.id)
+            .collect()
     }
 
     /// The log of process `id`, for failure messages.
@@ -136,7 +173,11 @@ impl Cluster {
 
     async fn channel(&self, id: u64) -> Option<Channel> {
         let ep = Endpoint::from_shared(format!("http://{}", self.procs[&id].grpc)).ok()?;
-        ep.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(10)).connect().await.ok()
+        ep.connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .ok()
     }
 
     /// Admin client of process `id`.
@@ -146,7 +187,11 @@ impl Cluster {
             if let Some(ch) = self.channel(id).await {
                 return AdminClient::new(ch);
             }
-            assert!(Instant::now() < deadline, "process {id} does not accept connections:\n{}", self.log(id));
+            assert!(
+                Instant::now() < deadline,
+                "process {id} does not accept connections:\n{}",
+                self.log(id)
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -160,9 +205,15 @@ impl Cluster {
     /// Status of process `id`, or None if it does not answer within a second.
     pub async fn status(&self, id: u64, with_hash: bool) -> Option<StatusReply> {
         let ch = self.channel(id).await?;
-        let mut req = tonic::Request::new(StatusRequest { include_state_hash: with_hash });
+        let mut req = tonic::Request::new(StatusRequest {
+            include_state_hash: with_hash,
+        });
         req.set_timeout(Duration::from_secs(1));
-        AdminClient::new(ch).status(req).await.ok().map(|r| r.into_inner())
+        AdminClient::new(ch)
+            .status(req)
+            .await
+            .ok()
+            .map(|r| r.into_inner())
     }
 
     /// Waits until every process in `ids` knows a leader among `ids` for every group.
@@ -179,7 +230,11 @@ impl Cluster {
             if ready {
                 return;
             }
-            assert!(Instant::now() < deadline, "cluster {ids:?} not ready within {timeout:?}:\n{}", self.logs(ids));
+            assert!(
+                Instant::now() < deadline,
+                "cluster {ids:?} not ready within {timeout:?}:\n{}",
+                self.logs(ids)
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -211,13 +266,18 @@ impl Cluster {
             if all.len() == ids.len() && converged(&all) {
                 return all;
             }
-            assert!(Instant::now() < deadline, "replicas {ids:?} did not converge within {timeout:?}: {all:?}");
+            assert!(
+                Instant::now() < deadline,
+                "replicas {ids:?} did not converge within {timeout:?}: {all:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     fn logs(&self, ids: &[u64]) -> String {
-        ids.iter().map(|id| format!("--- node {id} ---\n{}", self.log(*id))).collect()
+        ids.iter()
+            .map(|id| format!("--- node {id} ---\n{}", self.log(*id)))
+            .collect()
     }
 }
 
@@ -226,7 +286,9 @@ fn converged(all: &[Vec<GroupStatus>]) -> bool {
     all.iter().all(|groups| {
         groups.len() == first.len()
             && groups.iter().zip(first).all(|(a, b)| {
-                a.group_id == b.group_id && a.applied_index == b.applied_index && a.state_hash == b.state_hash
+                a.group_id == b.group_id
+                    && a.applied_index == b.applied_index
+                    && a.state_hash == b.state_hash
             })
     })
 }
@@ -244,7 +306,9 @@ impl Drop for Cluster {
 pub fn node(name: &str) -> NodeSpec {
     NodeSpec {
         name: name.to_string(),
-        labels: [("rack".to_string(), "r1".to_string())].into_iter().collect(),
+        labels: [("rack".to_string(), "r1".to_string())]
+            .into_iter()
+            .collect(),
         taints: Vec::new(),
         allocatable: [("cpu".to_string(), "8".to_string())].into_iter().collect(),
         unschedulable: false,
@@ -253,13 +317,25 @@ pub fn node(name: &str) -> NodeSpec {
 
 /// Registers `name` through process `via`.
 pub async fn register(inv: &mut InventoryClient<Channel>, name: &str) -> Result<(), tonic::Status> {
-    inv.register_node(RegisterNodeRequest { node: Some(node(name)) }).await.map(|_| ())
+    inv.register_node(RegisterNodeRequest {
+        node: Some(node(name)),
+    })
+    .await
+    .map(|_| ())
 }
 
 /// Every node name the cluster lists through `inv`.
 pub async fn list_names(inv: &mut InventoryClient<Channel>) -> Vec<String> {
-    let reply = inv.list_nodes(ListNodesRequest { shard: None }).await.expect("list nodes").into_inner();
-    let mut names: Vec<String> = reply.nodes.into_iter().filter_map(|n| n.node.map(|s| s.name)).collect();
+    let reply = inv
+        .list_nodes(ListNodesRequest { shard: None })
+        .await
+        .expect("list nodes")
+        .into_inner();
+    let mut names: Vec<String> = reply
+        .nodes
+        .into_iter()
+        .filter_map(|n| n.node.map(|s| s.name))
+        .collect();
     names.sort();
     names
 }
