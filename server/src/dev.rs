@@ -253,6 +253,7 @@ async fn register_fleet(addr: SocketAddr, count: u32) -> anyhow::Result<BTreeMap
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
             unschedulable: false,
+            not_ready: false,
         };
         let reply = client
             .register_node(RegisterNodeRequest { node: Some(node) })

@@ -1,19 +1,21 @@
 //! Glue between gangway's ledgers and gangway-raft: each Raft group's
 //! `StateMachine` decodes commands and queries (JSON), applies them to its
-//! ledger, and encodes the reply. A malformed command gets a `Rejected` reply
-//! and changes nothing. Group 0 is the meta group, 1..=S are shards.
+//! ledger, and encodes the reply. A malformed command gets a `Malformed` /
+//! `Rejected` reply and changes nothing. Group 0 is the meta group, 1..=S are
+//! shards.
 
 use gangway_raft::{GroupId, RestoreError, StateMachine, META_GROUP};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::ledger::inventory::{NodeInventory, ShardReply};
 use crate::ledger::meta::{MetaReply, MetaState};
+use crate::ledger::query::{answer, ShardAnswer};
+use crate::ledger::{LedgerReply, ShardLedger};
 
 /// Encodes a command, query or reply for the Raft log.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Serializing these plain data types cannot fail: no maps with non-string
-    // keys and no custom serializers.
+    // These are plain data types with string or integer map keys; encoding
+    // them as JSON cannot fail.
     serde_json::to_vec(value).unwrap_or_default()
 }
 
@@ -22,14 +24,28 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error>
     serde_json::from_slice(bytes)
 }
 
+/// A shard's answer to one command: the ledger's reply, or why the command
+/// could not be decoded (it reached no ledger).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardOutcome {
+    /// The ledger applied (or refused) the command.
+    Applied(LedgerReply),
+    /// The command was not a ledger command.
+    Malformed {
+        /// The decoding error.
+        reason: String,
+    },
+}
+
 /// The meta group's state machine.
 pub struct MetaMachine {
     state: MetaState,
 }
 
-/// A shard group's state machine.
+/// A shard group's state machine: the shard ledger.
 pub struct ShardMachine {
-    inventory: NodeInventory,
+    ledger: ShardLedger,
 }
 
 /// Builds the state machine of `group` in a cluster of `shards` shards.
@@ -40,21 +56,9 @@ pub fn machine_for(group: GroupId, shards: u32) -> Box<dyn StateMachine> {
         })
     } else {
         Box::new(ShardMachine {
-            inventory: NodeInventory::default(),
+            ledger: ShardLedger::new(),
         })
     }
-}
-
-fn rejected_meta(e: serde_json::Error) -> Vec<u8> {
-    encode(&MetaReply::Rejected {
-        reason: format!("malformed meta command: {e}"),
-    })
-}
-
-fn rejected_shard(e: serde_json::Error) -> Vec<u8> {
-    encode(&ShardReply::Rejected {
-        reason: format!("malformed shard command: {e}"),
-    })
 }
 
 fn restore<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, RestoreError> {
@@ -65,7 +69,9 @@ impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode(command) {
             Ok(cmd) => encode(&self.state.apply(&cmd)),
-            Err(e) => rejected_meta(e),
+            Err(e) => encode(&MetaReply::Rejected {
+                reason: format!("malformed meta command: {e}"),
+            }),
         }
     }
     fn snapshot(&self) -> Vec<u8> {
@@ -78,7 +84,9 @@ impl StateMachine for MetaMachine {
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
             Ok(q) => encode(&self.state.query(&q)),
-            Err(e) => rejected_meta(e),
+            Err(e) => encode(&MetaReply::Rejected {
+                reason: format!("malformed meta query: {e}"),
+            }),
         }
     }
 }
@@ -86,21 +94,25 @@ impl StateMachine for MetaMachine {
 impl StateMachine for ShardMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode(command) {
-            Ok(cmd) => encode(&self.inventory.apply(&cmd)),
-            Err(e) => rejected_shard(e),
+            Ok(cmd) => encode(&ShardOutcome::Applied(self.ledger.apply(&cmd))),
+            Err(e) => encode(&ShardOutcome::Malformed {
+                reason: format!("malformed shard command: {e}"),
+            }),
         }
     }
     fn snapshot(&self) -> Vec<u8> {
-        encode(&self.inventory)
+        self.ledger.snapshot()
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        self.inventory = restore(snapshot)?;
+        self.ledger = ShardLedger::restore(snapshot).map_err(|e| RestoreError(e.to_string()))?;
         Ok(())
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(q) => encode(&self.inventory.query(&q)),
-            Err(e) => rejected_shard(e),
+            Ok(q) => encode(&answer(&self.ledger, &q)),
+            Err(e) => encode(&ShardAnswer::Malformed {
+                reason: e.to_string(),
+            }),
         }
     }
 }
@@ -108,16 +120,48 @@ impl StateMachine for ShardMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::{LedgerCommand, LedgerOp};
+    use crate::model::{Node, Resources};
 
     #[test]
     fn malformed_command_is_rejected_and_changes_nothing() {
         let mut m = machine_for(1, 4);
         let before = m.snapshot();
-        let reply: ShardReply = decode(&m.apply(1, b"{not json")).expect("reply decodes");
-        assert!(matches!(reply, ShardReply::Rejected { .. }));
+        let reply: ShardOutcome = decode(&m.apply(1, b"{not json")).expect("reply decodes");
+        assert!(matches!(reply, ShardOutcome::Malformed { .. }));
         assert_eq!(before, m.snapshot());
         let mut meta = machine_for(META_GROUP, 4);
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
+    }
+
+    #[test]
+    fn shard_snapshot_round_trips_through_restore() {
+        let mut m = machine_for(1, 4);
+        let node = Node::new(
+            "n1",
+            Resources {
+                cpu_milli: 4000,
+                memory_bytes: 1 << 30,
+                pods: 10,
+                ..Resources::zero()
+            },
+        );
+        let cmd = LedgerCommand {
+            at_ms: 5,
+            op: LedgerOp::RegisterNode { node },
+        };
+        let reply: ShardOutcome = decode(&m.apply(1, &encode(&cmd))).expect("reply decodes");
+        assert!(
+            matches!(
+                reply,
+                ShardOutcome::Applied(LedgerReply::NodeRegistered { .. })
+            ),
+            "{reply:?}"
+        );
+        let snap = m.snapshot();
+        let mut other = machine_for(1, 4);
+        other.restore(&snap).expect("restore");
+        assert_eq!(other.snapshot(), snap);
     }
 }

@@ -3,7 +3,7 @@
 //! recorded in that shard. Both writes are idempotent, so a retried
 //! registration converges.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
@@ -14,15 +14,13 @@ use gangway_proto::v1::{
 use gangway_raft::{HostError, RaftHost, META_GROUP};
 use tonic::{Request, Response, Status};
 
-use crate::ledger::inventory::{
-    NodeRecord, NodeRecordSpec, ShardCommand, ShardQuery, ShardReply, TaintRecord,
-};
 use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply};
-use crate::replicated::{decode, encode};
-
-/// Longest node name (a DNS-1123 subdomain).
-pub const NODE_NAME_BYTES_MAX: usize = 253;
-const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::ledger::{LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::model::node::RawTaint;
+use crate::model::resources::RawQuantity;
+use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
+use crate::replicated::{decode, encode, ShardOutcome};
 
 /// The Inventory gRPC service over one replica's host.
 pub struct InventoryService {
@@ -61,6 +59,20 @@ impl InventoryService {
             _ => Ok(None),
         }
     }
+
+    async fn shard_nodes(&self, shard: u32, query: &ShardQuery) -> Result<Vec<NodeEntry>, Status> {
+        let out = self
+            .host
+            .read(u64::from(shard), encode(query))
+            .await
+            .map_err(status)?;
+        match decode::<ShardAnswer>(&out.reply).map_err(internal)? {
+            ShardAnswer::Nodes { nodes } => Ok(nodes),
+            ShardAnswer::Malformed { reason } => Err(Status::internal(format!(
+                "shard {shard} could not read the query: {reason}"
+            ))),
+        }
+    }
 }
 
 fn status(e: HostError) -> Status {
@@ -78,90 +90,108 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Checks a node spec; every error names the field.
-pub fn validate_node(spec: &NodeSpec) -> Result<NodeRecordSpec, Status> {
-    let name = &spec.name;
-    if name.is_empty() {
-        return Err(Status::invalid_argument("node.name: must not be empty"));
-    }
-    if name.len() > NODE_NAME_BYTES_MAX {
-        return Err(Status::invalid_argument(format!(
-            "node.name: longer than {NODE_NAME_BYTES_MAX} characters"
-        )));
-    }
-    let valid_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if !name.chars().all(valid_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
-        return Err(Status::invalid_argument(format!(
-            "node.name: {name:?} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')"
-        )));
-    }
-    let mut taints = Vec::new();
-    for (i, t) in spec.taints.iter().enumerate() {
-        if t.key.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "node.taints[{i}].key: must not be empty"
-            )));
-        }
-        if !TAINT_EFFECTS.contains(&t.effect.as_str()) {
-            return Err(Status::invalid_argument(format!(
-                "node.taints[{i}].effect: {:?} is not one of NoSchedule, PreferNoSchedule, NoExecute",
-                t.effect
-            )));
-        }
-        taints.push(TaintRecord {
-            key: t.key.clone(),
-            value: t.value.clone(),
-            effect: t.effect.clone(),
-        });
-    }
-    for (k, v) in &spec.allocatable {
-        if k.is_empty() {
-            return Err(Status::invalid_argument(
-                "node.allocatable: empty resource name",
-            ));
-        }
-        if v.is_empty() || v.starts_with('-') {
-            return Err(Status::invalid_argument(format!(
-                "node.allocatable[{k}]: {v:?} is not a non-negative quantity"
-            )));
-        }
-    }
-    Ok(NodeRecordSpec {
-        name: name.clone(),
+/// Checks a node spec and converts it to the model; every error names the field under `node.`.
+pub fn validate_node(spec: &NodeSpec) -> Result<Node, Status> {
+    let raw = RawNode {
+        name: spec.name.clone(),
         labels: spec.labels.clone().into_iter().collect(),
-        taints,
-        allocatable: spec.allocatable.clone().into_iter().collect(),
+        taints: spec
+            .taints
+            .iter()
+            .map(|t| RawTaint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+            })
+            .collect(),
+        allocatable: spec
+            .allocatable
+            .iter()
+            .map(|(k, v)| (k.clone(), RawQuantity::Text(v.clone())))
+            .collect(),
         unschedulable: spec.unschedulable,
-    })
+        ready: !spec.not_ready,
+    };
+    raw.validate()
+        .map_err(|e| Status::invalid_argument(format!("node.{e}")))
 }
 
-fn node_info(record: NodeRecord, shard: u32) -> NodeInfo {
-    let s = record.spec;
-    NodeInfo {
-        node: Some(NodeSpec {
-            name: s.name,
-            labels: s.labels.into_iter().collect(),
-            taints: s
-                .taints
-                .into_iter()
-                .map(|t| Taint {
-                    key: t.key,
-                    value: t.value,
-                    effect: t.effect,
-                })
-                .collect(),
-            allocatable: s.allocatable.into_iter().collect(),
-            unschedulable: s.unschedulable,
-        }),
-        shard,
-        registered_at_ms: record.registered_at_ms,
-        updated_at_ms: record.updated_at_ms,
+/// A resource vector as Kubernetes quantities (zero entries left out).
+pub fn quantities(r: &Resources) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    if r.cpu_milli > 0 {
+        let cpu = if r.cpu_milli % 1000 == 0 {
+            (r.cpu_milli / 1000).to_string()
+        } else {
+            format!("{}m", r.cpu_milli)
+        };
+        out.insert("cpu".to_string(), cpu);
+    }
+    if r.memory_bytes > 0 {
+        out.insert("memory".to_string(), bytes(r.memory_bytes));
+    }
+    if r.ephemeral_storage_bytes > 0 {
+        out.insert(
+            "ephemeral-storage".to_string(),
+            bytes(r.ephemeral_storage_bytes),
+        );
+    }
+    if r.pods > 0 {
+        out.insert("pods".to_string(), r.pods.to_string());
+    }
+    for (name, n) in &r.extended {
+        out.insert(name.clone(), n.to_string());
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    for (suffix, unit) in [
+        ("Ti", 1u64 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ] {
+        if n % unit == 0 {
+            return format!("{}{suffix}", n / unit);
+        }
+    }
+    n.to_string()
+}
+
+fn node_spec(node: &Node) -> NodeSpec {
+    NodeSpec {
+        name: node.name.clone(),
+        labels: node.labels.clone().into_iter().collect(),
+        taints: node
+            .taints
+            .iter()
+            .map(|t| Taint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: t.effect.to_string(),
+            })
+            .collect(),
+        allocatable: quantities(&node.allocatable),
+        unschedulable: node.schedulability == Schedulability::Cordoned,
+        not_ready: node.readiness == Readiness::NotReady,
     }
 }
 
-fn rejected(reason: String) -> Status {
-    Status::invalid_argument(reason)
+fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
+    NodeInfo {
+        node: Some(node_spec(&entry.node)),
+        shard,
+        requested: quantities(&entry.usage.requested()),
+        pods: entry.usage.pods.len() as u32,
+    }
+}
+
+fn refused(error: LedgerError) -> Status {
+    match error {
+        LedgerError::InvalidNode { .. } => Status::invalid_argument(format!("node: {error}")),
+        other => Status::failed_precondition(other.to_string()),
+    }
 }
 
 #[tonic::async_trait]
@@ -174,17 +204,16 @@ impl Inventory for InventoryService {
             .into_inner()
             .node
             .ok_or_else(|| Status::invalid_argument("node: missing"))?;
-        let spec = validate_node(&spec)?;
+        let node = validate_node(&spec)?;
         let at_ms = now_ms();
-        let labels: BTreeMap<String, String> = spec.labels.clone();
         let proposed = shard_for(
-            &spec.name,
-            &labels,
+            &node.name,
+            &node.labels,
             self.topology_label.as_deref(),
             self.shards,
         );
         let assign = MetaCommand::AssignNode {
-            node: spec.name.clone(),
+            node: node.name.clone(),
             shard: proposed,
             at_ms,
         };
@@ -195,20 +224,32 @@ impl Inventory for InventoryService {
             .map_err(status)?;
         let shard = match decode::<MetaReply>(&out.reply).map_err(internal)? {
             MetaReply::Shard { shard } => shard,
-            MetaReply::Rejected { reason } => return Err(rejected(reason)),
+            MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
-        let register = ShardCommand::RegisterNode { spec, at_ms };
+        let register = LedgerCommand {
+            at_ms,
+            op: LedgerOp::RegisterNode { node: node.clone() },
+        };
         let out = self
             .host
             .write(u64::from(shard), encode(&register))
             .await
             .map_err(status)?;
-        match decode::<ShardReply>(&out.reply).map_err(internal)? {
-            ShardReply::Node { node } => Ok(Response::new(RegisterNodeReply {
-                node: Some(node_info(node, shard)),
-            })),
-            ShardReply::Rejected { reason } => Err(rejected(reason)),
+        match decode::<ShardOutcome>(&out.reply).map_err(internal)? {
+            ShardOutcome::Applied(LedgerReply::NodeRegistered { .. }) => {
+                let entry = self
+                    .shard_nodes(
+                        shard,
+                        &ShardQuery::GetNode {
+                            name: node.name.clone(),
+                        },
+                    )
+                    .await?;
+                let info = entry.first().map(|e| node_info(e, shard));
+                Ok(Response::new(RegisterNodeReply { node: info }))
+            }
+            ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refused(error)),
             other => Err(Status::internal(format!(
                 "unexpected shard reply {other:?}"
             ))),
@@ -225,12 +266,13 @@ impl Inventory for InventoryService {
         }
         let not_found = || Status::not_found(format!("node {name:?} is not registered"));
         let shard = self.shard_of(&name).await?.ok_or_else(not_found)?;
-        let q = encode(&ShardQuery::GetNode { name: name.clone() });
-        let out = self.host.read(u64::from(shard), q).await.map_err(status)?;
-        match decode::<ShardReply>(&out.reply).map_err(internal)? {
-            ShardReply::Node { node } => Ok(Response::new(node_info(node, shard))),
-            _ => Err(not_found()),
-        }
+        let nodes = self
+            .shard_nodes(shard, &ShardQuery::GetNode { name: name.clone() })
+            .await?;
+        nodes
+            .first()
+            .map(|e| Response::new(node_info(e, shard)))
+            .ok_or_else(not_found)
     }
 
     async fn list_nodes(
@@ -249,16 +291,8 @@ impl Inventory for InventoryService {
         };
         let mut nodes = Vec::new();
         for shard in shards {
-            let out = self
-                .host
-                .read(u64::from(shard), encode(&ShardQuery::ListNodes))
-                .await
-                .map_err(status)?;
-            if let ShardReply::Nodes { nodes: list } =
-                decode::<ShardReply>(&out.reply).map_err(internal)?
-            {
-                nodes.extend(list.into_iter().map(|n| node_info(n, shard)));
-            }
+            let entries = self.shard_nodes(shard, &ShardQuery::ListNodes).await?;
+            nodes.extend(entries.iter().map(|e| node_info(e, shard)));
         }
         Ok(Response::new(ListNodesReply { nodes }))
     }

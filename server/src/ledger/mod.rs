@@ -1,7 +1,31 @@
-//! The deterministic state machines of gangway's Raft groups: no clock, no
-//! I/O, no randomness; ordered maps only, so the same commands give
-//! byte-identical snapshots on every replica. Called by `replicated` (the
-//! glue to gangway-raft) and read by the front door through queries.
+//! Ledger: the deterministic state machines of gangway's replicated groups.
+//!
+//! Owns the meta group's shard map ([`meta`]) and the shard ledger
+//! ([`ShardLedger`]): nodes, usage, two-phase reservations, placements and bind
+//! status of one shard, changed only by [`LedgerCommand`]s through
+//! [`ShardLedger::apply`]. Invariants: no clock, no I/O, no randomness,
+//! `BTreeMap`s only (I6: same log, same bytes); I2 after every command; bad
+//! input changes nothing. The read-only [`LedgerView`] is what the engine
+//! consumes; [`query`] answers the front door. Called by `replicated` (apply,
+//! snapshot, restore), the engine (views) and the front door (queries).
 
-pub mod inventory;
+pub mod command;
 pub mod meta;
+pub mod query;
+pub mod shard;
+pub mod usage;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+pub use command::{
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
+    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+};
+pub use shard::{
+    FinishedTxn, InvariantViolation, NodeEntry, OpenTxn, ShardLedger, SnapshotError,
+    FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
+};
+pub use usage::{NodeUsage, PodSlot, SlotState};
+pub use view::{LedgerView, NodeView};

@@ -312,6 +312,7 @@ pub fn node(name: &str) -> NodeSpec {
         taints: Vec::new(),
         allocatable: [("cpu".to_string(), "8".to_string())].into_iter().collect(),
         unschedulable: false,
+        not_ready: false,
     }
 }
 

@@ -1,0 +1,302 @@
+//! Scheduling profile: which score plugins run, with which weights and arguments.
+//!
+//! Owns [`Profile`], a KubeSchedulerConfiguration-like description (serde, camelCase):
+//! enabled score plugins with weights, the resources and weights the resource-fit
+//! strategies score, the RequestedToCapacityRatio shape (utilization 0..=100 → score
+//! 0..=10, scaled to 0..=100 as Kubernetes does), and the node label used to pack a gang
+//! into one topology domain. Invariants of a validated profile: weights within
+//! 1..=[`PLUGIN_WEIGHT_MAX`], at most one resource-fit strategy, no plugin twice, a shape
+//! with strictly increasing utilizations. Called by the engine's scoring and placement,
+//! and by configuration loading.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::error::{FieldPath, ValidationError};
+use crate::model::names::validate_qualified_name;
+use crate::model::node::LABEL_ZONE;
+use crate::model::resources::ResourceName;
+
+/// Largest plugin or resource weight.
+pub const PLUGIN_WEIGHT_MAX: u32 = 100;
+/// Largest utilization in a shape point (percent).
+pub const SHAPE_UTILIZATION_MAX: u32 = 100;
+/// Largest score in a shape point (Kubernetes' MaxCustomPriorityScore).
+pub const SHAPE_SCORE_MAX: u32 = 10;
+
+/// A score plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ScorePlugin {
+    /// NodeResourcesFit, strategy LeastAllocated: prefer emptier nodes.
+    LeastAllocated,
+    /// NodeResourcesFit, strategy MostAllocated: prefer fuller nodes (bin packing).
+    MostAllocated,
+    /// NodeResourcesFit, strategy RequestedToCapacityRatio: a utilization → score shape.
+    RequestedToCapacityRatio,
+    /// NodeResourcesBalancedAllocation: prefer nodes whose resources stay balanced.
+    BalancedAllocation,
+    /// NodeAffinity: preferred node affinity terms.
+    NodeAffinity,
+    /// TaintToleration: fewer intolerable PreferNoSchedule taints.
+    TaintToleration,
+    /// InterPodAffinity: preferred pod affinity and anti-affinity terms.
+    InterPodAffinity,
+}
+
+impl ScorePlugin {
+    /// Whether this plugin is one of the three resource-fit strategies.
+    pub fn is_fit_strategy(self) -> bool {
+        matches!(
+            self,
+            Self::LeastAllocated | Self::MostAllocated | Self::RequestedToCapacityRatio
+        )
+    }
+}
+
+/// An enabled plugin and its weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginWeight {
+    /// The plugin.
+    pub plugin: ScorePlugin,
+    /// Its weight in the weighted sum.
+    pub weight: u32,
+}
+
+/// A resource scored by the fit strategies, and its weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceWeight {
+    /// Resource name (`cpu`, `memory`, `nvidia.com/gpu`, …).
+    pub name: String,
+    /// Its weight.
+    pub weight: u32,
+}
+
+/// One point of the RequestedToCapacityRatio shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShapePoint {
+    /// Utilization in percent, 0..=100.
+    pub utilization: u32,
+    /// Score at that utilization, 0..=10.
+    pub score: u32,
+}
+
+/// Score plugins and their arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Profile {
+    /// Enabled score plugins with weights.
+    pub score_plugins: Vec<PluginWeight>,
+    /// Resources (and weights) the fit strategies score.
+    pub fit_resources: Vec<ResourceWeight>,
+    /// RequestedToCapacityRatio shape.
+    pub shape: Vec<ShapePoint>,
+    /// Node label whose values are the domains a gang is packed into; `None` disables packing.
+    pub gang_topology_key: Option<String>,
+}
+
+impl Default for Profile {
+    /// Kubernetes' default score weights, LeastAllocated over cpu and memory, a
+    /// bin-packing RTCR shape, and zone packing for gangs.
+    fn default() -> Self {
+        let plugin = |plugin, weight| PluginWeight { plugin, weight };
+        let resource = |name: &str| ResourceWeight {
+            name: name.to_string(),
+            weight: 1,
+        };
+        Self {
+            score_plugins: vec![
+                plugin(ScorePlugin::LeastAllocated, 1),
+                plugin(ScorePlugin::BalancedAllocation, 1),
+                plugin(ScorePlugin::NodeAffinity, 2),
+                plugin(ScorePlugin::TaintToleration, 3),
+                plugin(ScorePlugin::InterPodAffinity, 2),
+            ],
+            fit_resources: vec![resource("cpu"), resource("memory")],
+            shape: vec![
+                ShapePoint {
+                    utilization: 0,
+                    score: 0,
+                },
+                ShapePoint {
+                    utilization: 100,
+                    score: SHAPE_SCORE_MAX,
+                },
+            ],
+            gang_topology_key: Some(LABEL_ZONE.to_string()),
+        }
+    }
+}
+
+impl Profile {
+    /// The weight of `plugin`, if enabled.
+    pub fn weight_of(&self, plugin: ScorePlugin) -> Option<u32> {
+        self.score_plugins
+            .iter()
+            .find(|p| p.plugin == plugin)
+            .map(|p| p.weight)
+    }
+
+    /// The fit resources as names and weights.
+    pub fn resource_weights(&self) -> Vec<(ResourceName, u64)> {
+        self.fit_resources
+            .iter()
+            .map(|r| (ResourceName::from_name(&r.name), u64::from(r.weight)))
+            .collect()
+    }
+
+    /// Checks the profile; errors name the field path.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let root = FieldPath::root();
+        self.validate_plugins(&root.child("scorePlugins"))?;
+        self.validate_resources(&root.child("fitResources"))?;
+        validate_shape(&root.child("shape"), &self.shape)?;
+        match &self.gang_topology_key {
+            Some(key) => validate_qualified_name(&root.child("gangTopologyKey"), key),
+            None => Ok(()),
+        }
+    }
+
+    fn validate_plugins(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        for (i, p) in self.score_plugins.iter().enumerate() {
+            let at = path.index(i);
+            validate_weight(&at.child("weight"), p.weight)?;
+            if self.score_plugins[..i].iter().any(|q| q.plugin == p.plugin) {
+                return Err(at.error(format!("plugin {:?} enabled twice", p.plugin)));
+            }
+            let other_fit = self.score_plugins[..i]
+                .iter()
+                .any(|q| q.plugin.is_fit_strategy());
+            if p.plugin.is_fit_strategy() && other_fit {
+                return Err(at.error(
+                    "at most one of LeastAllocated, MostAllocated, RequestedToCapacityRatio may be enabled",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_resources(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        for (i, r) in self.fit_resources.iter().enumerate() {
+            let at = path.index(i);
+            ResourceName::parse(&at.child("name"), &r.name)?;
+            validate_weight(&at.child("weight"), r.weight)?;
+            if self.fit_resources[..i].iter().any(|q| q.name == r.name) {
+                return Err(at
+                    .child("name")
+                    .error(format!("resource {} listed twice", r.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_weight(path: &FieldPath, weight: u32) -> Result<(), ValidationError> {
+    if (1..=PLUGIN_WEIGHT_MAX).contains(&weight) {
+        Ok(())
+    } else {
+        Err(path.error(format!(
+            "weight {weight} out of range 1..={PLUGIN_WEIGHT_MAX}"
+        )))
+    }
+}
+
+fn validate_shape(path: &FieldPath, shape: &[ShapePoint]) -> Result<(), ValidationError> {
+    if shape.is_empty() {
+        return Err(path.error("needs at least one point"));
+    }
+    for (i, point) in shape.iter().enumerate() {
+        let at = path.index(i);
+        if point.utilization > SHAPE_UTILIZATION_MAX {
+            return Err(at.child("utilization").error(format!(
+                "{} out of range 0..={SHAPE_UTILIZATION_MAX}",
+                point.utilization
+            )));
+        }
+        if point.score > SHAPE_SCORE_MAX {
+            return Err(at.child("score").error(format!(
+                "{} out of range 0..={SHAPE_SCORE_MAX}",
+                point.score
+            )));
+        }
+        if i > 0 && shape[i - 1].utilization >= point.utilization {
+            return Err(at
+                .child("utilization")
+                .error("utilizations must increase strictly"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_profile_is_valid() {
+        assert_eq!(Profile::default().validate(), Ok(()));
+        let json = serde_json::to_string(&Profile::default()).unwrap_or_default();
+        let back: Profile = serde_json::from_str(&json).unwrap_or_else(|_| Profile {
+            score_plugins: Vec::new(),
+            ..Profile::default()
+        });
+        assert_eq!(back, Profile::default());
+    }
+
+    #[test]
+    fn bad_profiles_name_the_field() {
+        let mut p = Profile::default();
+        p.score_plugins.push(PluginWeight {
+            plugin: ScorePlugin::MostAllocated,
+            weight: 1,
+        });
+        let err = p.validate().map_err(|e| e.to_string());
+        assert!(
+            matches!(&err, Err(m) if m.starts_with("scorePlugins[5]: at most one of")),
+            "{err:?}"
+        );
+
+        let mut p = Profile::default();
+        p.score_plugins[0].weight = 0;
+        assert_eq!(
+            p.validate().map_err(|e| e.path),
+            Err("scorePlugins[0].weight".to_string())
+        );
+
+        let p = Profile {
+            shape: vec![
+                ShapePoint {
+                    utilization: 50,
+                    score: 1,
+                },
+                ShapePoint {
+                    utilization: 50,
+                    score: 2,
+                },
+            ],
+            ..Profile::default()
+        };
+        assert_eq!(
+            p.validate().map_err(|e| e.path),
+            Err("shape[1].utilization".to_string())
+        );
+
+        let mut p = Profile::default();
+        p.shape[1].score = 11;
+        assert_eq!(
+            p.validate().map_err(|e| e.path),
+            Err("shape[1].score".to_string())
+        );
+
+        let mut p = Profile::default();
+        p.fit_resources[0].name = "gpu".into();
+        assert_eq!(
+            p.validate().map_err(|e| e.path),
+            Err("fitResources[0].name".to_string())
+        );
+
+        let unknown = serde_json::from_str::<PluginWeight>(r#"{"plugin": "Spread", "weight": 1}"#);
+        assert!(unknown.is_err());
+    }
+}

@@ -1,0 +1,366 @@
+//! Commands a shard ledger applies and the replies it gives.
+//!
+//! Owns the replicated vocabulary of a shard group: [`LedgerCommand`] (a leader timestamp
+//! plus one [`LedgerOp`]), [`LedgerReply`], refusals (a reserve's "no" vote) and
+//! [`LedgerError`] (bad input, answered without changing state). Invariant: everything
+//! here is plain serde data with deterministic encoding, so a command logged on one
+//! replica applies identically on all of them. Called by the shard service (which logs
+//! commands) and by [`crate::ledger::ShardLedger::apply`].
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::gang::MemberKey;
+use crate::model::node::Node;
+use crate::model::pod::{HostPort, PodSummary};
+use crate::model::resources::ResourceName;
+
+/// Transaction id: unique, and the idempotency key of every two-phase step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TxnId(pub u64);
+
+impl fmt::Display for TxnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "txn-{}", self.0)
+    }
+}
+
+/// One replicated ledger command: the leader's timestamp and the operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerCommand {
+    /// Leader's wall-clock time in milliseconds when the command was proposed.
+    pub at_ms: u64,
+    /// The operation.
+    pub op: LedgerOp,
+}
+
+impl LedgerCommand {
+    /// Builds a command.
+    pub fn new(at_ms: u64, op: LedgerOp) -> Self {
+        Self { at_ms, op }
+    }
+}
+
+/// One member of a reservation: which pod goes to which node, and what it takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveMember {
+    /// The member.
+    pub member: MemberKey,
+    /// Target node.
+    pub node: String,
+    /// What the ledger keeps of the pod.
+    pub pod: PodSummary,
+}
+
+/// What a release gives back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseTarget {
+    /// These committed or bound members (pods deleted or finished).
+    Members(Vec<MemberKey>),
+    /// Everything a transaction holds: an open one is aborted, a committed one freed.
+    Txn(TxnId),
+}
+
+/// The operations of a shard ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LedgerOp {
+    /// Inserts or updates a node (an update may not shrink allocatable below usage).
+    RegisterNode {
+        /// The node.
+        node: Node,
+    },
+    /// Removes a node; refused while it holds any reservation or placement.
+    RemoveNode {
+        /// Node name.
+        name: String,
+    },
+    /// Phase 1: holds every member on its node, all or nothing, until `deadline_ms`.
+    Reserve {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// Members and their nodes.
+        members: Vec<ReserveMember>,
+        /// When the holder should ask the coordinator for the decision.
+        deadline_ms: u64,
+    },
+    /// Reserve and commit in one entry (a gang group that fits in one shard).
+    ReserveAndCommit {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// Members and their nodes.
+        members: Vec<ReserveMember>,
+    },
+    /// Phase 2: turns a reservation into placements.
+    Commit {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// Phase 2: drops a reservation; on an unknown id, records a tombstone so a late reserve cannot land.
+    Abort {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// Gives back placements (or aborts an open transaction).
+    Release {
+        /// What to release.
+        target: ReleaseTarget,
+    },
+    /// Records that the pod was bound through the Kubernetes API.
+    BindConfirmed {
+        /// The member.
+        member: MemberKey,
+    },
+    /// Reports open reservations whose deadline is at or before `at_ms`; changes nothing.
+    Tick,
+}
+
+/// Final state of a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOutcome {
+    /// Committed: its members became placements.
+    Committed,
+    /// Aborted by the coordinator (or released while open).
+    Aborted,
+    /// Refused at reserve time: the shard voted no.
+    Refused,
+}
+
+/// Whether a node was new or replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeChange {
+    /// The node was not known.
+    Added,
+    /// The node replaced a known one.
+    Updated,
+}
+
+/// Whether a removed node existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Presence {
+    /// It existed and is gone now.
+    Removed,
+    /// It did not exist (a repeated removal).
+    Absent,
+}
+
+/// Why one member of a reservation cannot be held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalCause {
+    /// The node is not in this shard.
+    UnknownNode,
+    /// The node is not ready.
+    NodeNotReady,
+    /// Not enough of one resource, counting earlier members of the same batch on the node.
+    Insufficient {
+        /// The resource.
+        resource: ResourceName,
+        /// Requested by the batch on this node up to and including this member.
+        requested: u64,
+        /// Free on the node before the batch.
+        free: u64,
+    },
+    /// A host port is taken (by a placed pod or an earlier member of the batch).
+    HostPortInUse {
+        /// The port.
+        port: HostPort,
+    },
+    /// The member is already reserved or placed (on the named node).
+    MemberHeld {
+        /// Node holding it.
+        node: String,
+    },
+}
+
+/// A refused member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The member.
+    pub member: MemberKey,
+    /// The node it was meant for.
+    pub node: String,
+    /// Why.
+    pub cause: RefusalCause,
+}
+
+/// Bad input: the command is answered with this and changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum LedgerError {
+    /// The node failed validation.
+    #[error("invalid node: {message}")]
+    InvalidNode {
+        /// The validation error.
+        message: String,
+    },
+    /// The node still holds reservations or placements.
+    #[error("node {name} still holds {pods} pod(s)")]
+    NodeInUse {
+        /// Node name.
+        name: String,
+        /// Pods it holds.
+        pods: u64,
+    },
+    /// A node update would leave usage above the new allocatable.
+    #[error("node {name}: new allocatable {resource} is below what its pods hold")]
+    AllocatableBelowUsage {
+        /// Node name.
+        name: String,
+        /// The resource.
+        resource: ResourceName,
+    },
+    /// A reservation without members.
+    #[error("{txn_id}: a reservation needs at least one member")]
+    EmptyReservation {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// A member listed twice in one reservation.
+    #[error("{txn_id}: member {member} listed twice")]
+    DuplicateMember {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// The member.
+        member: MemberKey,
+    },
+    /// A member summary failed validation.
+    #[error("{txn_id}: member {member}: {message}")]
+    InvalidMember {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// The member.
+        member: MemberKey,
+        /// The validation error.
+        message: String,
+    },
+    /// The deadline is not after the command's timestamp.
+    #[error("{txn_id}: deadline {deadline_ms} ms is not after {at_ms} ms")]
+    DeadlinePassed {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// The deadline given.
+        deadline_ms: u64,
+        /// The command time.
+        at_ms: u64,
+    },
+    /// The id is already used for a different reservation.
+    #[error("{txn_id} is already used for a different reservation")]
+    TxnConflict {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// No open or recently finished transaction has this id.
+    #[error("{txn_id} is unknown")]
+    UnknownTxn {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// Commit of a transaction that was aborted or refused.
+    #[error("{txn_id} cannot commit: it ended {outcome:?}")]
+    TxnNotCommittable {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// How it ended.
+        outcome: TxnOutcome,
+    },
+    /// Abort of a transaction that was committed.
+    #[error("{txn_id} cannot abort: it was committed")]
+    TxnCommitted {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// Release of a member that is only reserved (abort its transaction instead).
+    #[error("member {member} is reserved by open {txn_id}; abort the transaction instead")]
+    MemberReserved {
+        /// The member.
+        member: MemberKey,
+        /// Its open transaction.
+        txn_id: TxnId,
+    },
+    /// Bind of a member whose transaction is not committed yet.
+    #[error("member {member} is only reserved by open {txn_id}; commit it first")]
+    NotCommitted {
+        /// The member.
+        member: MemberKey,
+        /// Its open transaction.
+        txn_id: TxnId,
+    },
+    /// The member is not held by this shard.
+    #[error("member {member} is unknown")]
+    UnknownMember {
+        /// The member.
+        member: MemberKey,
+    },
+}
+
+/// The answer to one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LedgerReply {
+    /// The node is registered.
+    NodeRegistered {
+        /// Node name.
+        name: String,
+        /// Added or updated.
+        change: NodeChange,
+    },
+    /// The node is gone.
+    NodeRemoved {
+        /// Node name.
+        name: String,
+        /// Whether it existed.
+        presence: Presence,
+    },
+    /// Phase 1 yes vote: every member is held.
+    Reserved {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// Deadline of the hold.
+        deadline_ms: u64,
+    },
+    /// Phase 1 no vote: nothing is held (some refusals may be left out, see `REFUSALS_KEPT_MAX`).
+    ReserveRefused {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// Why.
+        refusals: Vec<Refusal>,
+    },
+    /// The transaction's members are placements now.
+    Committed {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// The transaction holds nothing and never will.
+    Aborted {
+        /// Transaction id.
+        txn_id: TxnId,
+    },
+    /// Placements given back.
+    Released {
+        /// Members released by this command.
+        released: Vec<MemberKey>,
+        /// Members named that held nothing (already released).
+        absent: Vec<MemberKey>,
+    },
+    /// The bind is recorded.
+    BindRecorded {
+        /// The member.
+        member: MemberKey,
+    },
+    /// Open reservations past their deadline, for the caller to resolve with the coordinator.
+    Expired {
+        /// Their ids, ascending.
+        txn_ids: Vec<TxnId>,
+    },
+    /// A reserve retried after its transaction ended.
+    AlreadyFinished {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// How it ended.
+        outcome: TxnOutcome,
+    },
+    /// Bad input: nothing changed.
+    Rejected {
+        /// Why.
+        error: LedgerError,
+    },
+}

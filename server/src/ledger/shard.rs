@@ -1,0 +1,898 @@
+//! The shard ledger: the deterministic state machine of one shard group.
+//!
+//! Owns [`ShardLedger`]: the shard's nodes and their usage, open reservations (phase 1
+//! of the two-phase protocol), placements, bind status, and a bounded record of finished
+//! transactions that makes every step idempotent by transaction id. Invariants, checked
+//! by [`ShardLedger::check_invariants`] and debug-asserted after every command:
+//! - I2: for every node, reserved + committed <= allocatable;
+//! - usage sums equal the sums of the node's slots; a host port is held once per node;
+//! - every `Reserved` slot belongs to exactly one open transaction and vice versa, and
+//!   no committed slot names an open transaction (so I5: aborting or committing every
+//!   open transaction leaves nothing reserved);
+//! - at most [`FINISHED_TXNS_MAX`] finished records are kept, none for an open id.
+//!
+//! Debug builds assert I2 after every command on each node the command touched (other
+//! nodes cannot change); tests call the full check.
+//!
+//! `apply` never reads a clock (the command carries the leader's time), never does I/O
+//! and only iterates `BTreeMap`s, so the same commands give byte-identical snapshots on
+//! every replica (I6). Bad input is answered with [`LedgerReply::Rejected`] and changes
+//! nothing. Expired reservations are reported by `Tick`, never dropped here: the caller
+//! asks the coordinator for the decision (DESIGN §6). Called by the shard service on
+//! every replica, and read by the engine through [`LedgerView`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::command::{
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
+    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+};
+use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
+use crate::ledger::view::{LedgerView, NodeView};
+use crate::model::error::FieldPath;
+use crate::model::gang::MemberKey;
+use crate::model::node::{Node, Readiness};
+use crate::model::resources::Resources;
+
+/// Most finished transactions remembered for idempotent retries; the oldest finished is
+/// forgotten first. A retry of a transaction forgotten this way is answered as unknown
+/// (commit) or by its live placements (abort of a committed one is still refused).
+pub const FINISHED_TXNS_MAX: usize = 10_000;
+/// Most refusals kept in a refused reservation's reply and record.
+pub const REFUSALS_KEPT_MAX: usize = 32;
+/// Version of the snapshot encoding.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+/// A node and what is held on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    /// The node.
+    pub node: Node,
+    /// Its usage.
+    pub usage: NodeUsage,
+}
+
+/// An open (reserved, undecided) transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenTxn {
+    /// Member → node it is reserved on.
+    pub members: BTreeMap<MemberKey, String>,
+    /// When the holder should ask the coordinator.
+    pub deadline_ms: u64,
+    /// When the reservation was applied.
+    pub reserved_at_ms: u64,
+}
+
+/// The remembered end of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishedTxn {
+    /// Finish order (eviction order).
+    pub seq: u64,
+    /// How it ended.
+    pub outcome: TxnOutcome,
+    /// When it ended.
+    pub at_ms: u64,
+    /// Why it was refused (refused transactions only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<Refusal>,
+}
+
+/// A broken ledger invariant (a bug, or a corrupt snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ledger invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+/// A snapshot that cannot be restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Not a ledger snapshot.
+    #[error("cannot decode ledger snapshot: {0}")]
+    Decode(String),
+    /// Written by an unknown format version.
+    #[error("unsupported ledger snapshot format {found}, expected {SNAPSHOT_FORMAT}")]
+    Format {
+        /// The version found.
+        found: u32,
+    },
+    /// Decoded, but inconsistent.
+    #[error(transparent)]
+    Invariant(#[from] InvariantViolation),
+}
+
+/// The replicated part of the ledger: exactly what a snapshot holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct LedgerState {
+    format: u32,
+    nodes: BTreeMap<String, NodeEntry>,
+    open: BTreeMap<TxnId, OpenTxn>,
+    finished: BTreeMap<TxnId, FinishedTxn>,
+    next_seq: u64,
+}
+
+impl Default for LedgerState {
+    fn default() -> Self {
+        Self {
+            format: SNAPSHOT_FORMAT,
+            nodes: BTreeMap::new(),
+            open: BTreeMap::new(),
+            finished: BTreeMap::new(),
+            next_seq: 0,
+        }
+    }
+}
+
+/// Indexes derived from the state, rebuilt on restore.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Indexes {
+    /// Member → node holding it.
+    locations: BTreeMap<MemberKey, String>,
+    /// Transaction → members it holds (open or committed).
+    by_txn: BTreeMap<TxnId, BTreeSet<MemberKey>>,
+    /// Finish sequence → transaction.
+    finish_order: BTreeMap<u64, TxnId>,
+}
+
+impl Indexes {
+    fn build(state: &LedgerState) -> Self {
+        let mut out = Self::default();
+        for (name, entry) in &state.nodes {
+            for (member, slot) in &entry.usage.pods {
+                out.locations.insert(member.clone(), name.clone());
+                out.by_txn
+                    .entry(slot.state.txn_id())
+                    .or_default()
+                    .insert(member.clone());
+            }
+        }
+        for (txn_id, done) in &state.finished {
+            out.finish_order.insert(done.seq, *txn_id);
+        }
+        out
+    }
+}
+
+/// How long a reservation holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Until the coordinator decides (deadline in ms).
+    Until(u64),
+    /// Committed in the same entry.
+    CommitNow,
+}
+
+/// The state machine of one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardLedger {
+    state: LedgerState,
+    index: Indexes,
+}
+
+impl ShardLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one command; bad input is answered with `Rejected` and changes nothing.
+    pub fn apply(&mut self, cmd: &LedgerCommand) -> LedgerReply {
+        let at_ms = cmd.at_ms;
+        #[cfg(debug_assertions)]
+        let touched = self.nodes_touched_by(&cmd.op);
+        let result = match &cmd.op {
+            LedgerOp::RegisterNode { node } => self.register_node(node),
+            LedgerOp::RemoveNode { name } => self.remove_node(name),
+            LedgerOp::Reserve {
+                txn_id,
+                members,
+                deadline_ms,
+            } => self.reserve(at_ms, *txn_id, members, Hold::Until(*deadline_ms)),
+            LedgerOp::ReserveAndCommit { txn_id, members } => {
+                self.reserve(at_ms, *txn_id, members, Hold::CommitNow)
+            }
+            LedgerOp::Commit { txn_id } => self.commit(at_ms, *txn_id),
+            LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
+            LedgerOp::Release { target } => self.release(at_ms, target),
+            LedgerOp::BindConfirmed { member } => self.bind_confirmed(at_ms, member),
+            LedgerOp::Tick => Ok(self.expired(at_ms)),
+        };
+        #[cfg(debug_assertions)]
+        self.assert_i2(&touched);
+        result.unwrap_or_else(|error| LedgerReply::Rejected { error })
+    }
+
+    /// Nodes whose usage `op` may change (computed before applying it).
+    #[cfg(debug_assertions)]
+    fn nodes_touched_by(&self, op: &LedgerOp) -> BTreeSet<String> {
+        let of_members = |keys: &mut dyn Iterator<Item = &MemberKey>| -> BTreeSet<String> {
+            keys.filter_map(|k| self.index.locations.get(k).cloned())
+                .collect()
+        };
+        match op {
+            LedgerOp::RegisterNode { node } => BTreeSet::from([node.name.clone()]),
+            LedgerOp::Reserve { members, .. } | LedgerOp::ReserveAndCommit { members, .. } => {
+                members.iter().map(|m| m.node.clone()).collect()
+            }
+            LedgerOp::Commit { txn_id }
+            | LedgerOp::Abort { txn_id }
+            | LedgerOp::Release {
+                target: ReleaseTarget::Txn(txn_id),
+            } => of_members(&mut self.index.by_txn.get(txn_id).into_iter().flatten()),
+            LedgerOp::Release {
+                target: ReleaseTarget::Members(keys),
+            } => of_members(&mut keys.iter()),
+            LedgerOp::BindConfirmed { member } => of_members(&mut std::iter::once(member)),
+            LedgerOp::RemoveNode { .. } | LedgerOp::Tick => BTreeSet::new(),
+        }
+    }
+
+    /// Debug check after every command: I2 and usage sums on every node it touched.
+    #[cfg(debug_assertions)]
+    fn assert_i2(&self, touched: &BTreeSet<String>) {
+        for name in touched {
+            if let Some(entry) = self.state.nodes.get(name) {
+                let (reserved, committed) = entry.usage.recomputed();
+                debug_assert_eq!(
+                    (&reserved, &committed),
+                    (&entry.usage.reserved, &entry.usage.committed)
+                );
+                let total = reserved.checked_add(&committed);
+                debug_assert!(
+                    total.is_some_and(|t| t.fits(&entry.node.allocatable)),
+                    "I2 violated on node {name}"
+                );
+            }
+        }
+        debug_assert!(self.state.finished.len() <= FINISHED_TXNS_MAX);
+    }
+
+    // ---- nodes -------------------------------------------------------------------------
+
+    fn register_node(&mut self, node: &Node) -> Result<LedgerReply, LedgerError> {
+        node.validate(&FieldPath::new("node"))
+            .map_err(|e| LedgerError::InvalidNode {
+                message: e.to_string(),
+            })?;
+        let change = match self.state.nodes.get_mut(&node.name) {
+            Some(entry) => {
+                if let Some(resource) = entry.usage.requested().shortfall(&node.allocatable) {
+                    return Err(LedgerError::AllocatableBelowUsage {
+                        name: node.name.clone(),
+                        resource,
+                    });
+                }
+                entry.node = node.clone();
+                NodeChange::Updated
+            }
+            None => {
+                let entry = NodeEntry {
+                    node: node.clone(),
+                    usage: NodeUsage::default(),
+                };
+                self.state.nodes.insert(node.name.clone(), entry);
+                NodeChange::Added
+            }
+        };
+        Ok(LedgerReply::NodeRegistered {
+            name: node.name.clone(),
+            change,
+        })
+    }
+
+    fn remove_node(&mut self, name: &str) -> Result<LedgerReply, LedgerError> {
+        let presence = match self.state.nodes.get(name) {
+            None => Presence::Absent,
+            Some(entry) if !entry.usage.pods.is_empty() => {
+                return Err(LedgerError::NodeInUse {
+                    name: name.to_string(),
+                    pods: entry.usage.pods.len() as u64,
+                });
+            }
+            Some(_) => {
+                self.state.nodes.remove(name);
+                Presence::Removed
+            }
+        };
+        Ok(LedgerReply::NodeRemoved {
+            name: name.to_string(),
+            presence,
+        })
+    }
+
+    // ---- phase 1 -----------------------------------------------------------------------
+
+    fn reserve(
+        &mut self,
+        at_ms: u64,
+        txn_id: TxnId,
+        members: &[ReserveMember],
+        hold: Hold,
+    ) -> Result<LedgerReply, LedgerError> {
+        if let Some(open) = self.state.open.get(&txn_id) {
+            return match hold {
+                Hold::Until(_) if self.is_same_reservation(open, members) => {
+                    Ok(LedgerReply::Reserved {
+                        txn_id,
+                        deadline_ms: open.deadline_ms,
+                    })
+                }
+                _ => Err(LedgerError::TxnConflict { txn_id }),
+            };
+        }
+        if let Some(done) = self.state.finished.get(&txn_id) {
+            return Ok(finished_answer(txn_id, done, hold));
+        }
+        if self.index.by_txn.contains_key(&txn_id) {
+            return Ok(LedgerReply::AlreadyFinished {
+                txn_id,
+                outcome: TxnOutcome::Committed,
+            });
+        }
+        validate_reservation(at_ms, txn_id, members, hold)?;
+        let mut refusals = self.refusals(members);
+        if !refusals.is_empty() {
+            refusals.truncate(REFUSALS_KEPT_MAX);
+            self.finish(txn_id, TxnOutcome::Refused, at_ms, refusals.clone());
+            return Ok(LedgerReply::ReserveRefused { txn_id, refusals });
+        }
+        let state = match hold {
+            Hold::Until(_) => SlotState::Reserved { txn_id },
+            Hold::CommitNow => SlotState::Committed { txn_id, at_ms },
+        };
+        for member in members {
+            self.hold_member(member, state);
+        }
+        match hold {
+            Hold::Until(deadline_ms) => {
+                let open = OpenTxn {
+                    members: members
+                        .iter()
+                        .map(|m| (m.member.clone(), m.node.clone()))
+                        .collect(),
+                    deadline_ms,
+                    reserved_at_ms: at_ms,
+                };
+                self.state.open.insert(txn_id, open);
+                Ok(LedgerReply::Reserved {
+                    txn_id,
+                    deadline_ms,
+                })
+            }
+            Hold::CommitNow => {
+                self.finish(txn_id, TxnOutcome::Committed, at_ms, Vec::new());
+                Ok(LedgerReply::Committed { txn_id })
+            }
+        }
+    }
+
+    fn is_same_reservation(&self, open: &OpenTxn, members: &[ReserveMember]) -> bool {
+        members.len() == open.members.len()
+            && members.iter().all(|m| {
+                open.members.get(&m.member) == Some(&m.node)
+                    && self
+                        .state
+                        .nodes
+                        .get(&m.node)
+                        .and_then(|entry| entry.usage.pods.get(&m.member))
+                        .is_some_and(|slot| slot.pod == m.pod)
+            })
+    }
+
+    /// Every member that cannot be held, checking the batch cumulatively per node.
+    fn refusals(&self, members: &[ReserveMember]) -> Vec<Refusal> {
+        let mut batches: BTreeMap<&str, BatchLoad> = BTreeMap::new();
+        let mut out = Vec::new();
+        for m in members {
+            let batch = batches.get(m.node.as_str()).cloned().unwrap_or_default();
+            match self.refusal_cause(m, &batch) {
+                Some(cause) => out.push(Refusal {
+                    member: m.member.clone(),
+                    node: m.node.clone(),
+                    cause,
+                }),
+                None => batches.entry(m.node.as_str()).or_default().add(&m.pod),
+            }
+        }
+        out
+    }
+
+    fn refusal_cause(&self, m: &ReserveMember, batch: &BatchLoad) -> Option<RefusalCause> {
+        if let Some(node) = self.index.locations.get(&m.member) {
+            return Some(RefusalCause::MemberHeld { node: node.clone() });
+        }
+        let Some(entry) = self.state.nodes.get(&m.node) else {
+            return Some(RefusalCause::UnknownNode);
+        };
+        if entry.node.readiness == Readiness::NotReady {
+            return Some(RefusalCause::NodeNotReady);
+        }
+        entry
+            .usage
+            .refusal_for(&entry.node.allocatable, batch, &m.pod)
+    }
+
+    fn hold_member(&mut self, m: &ReserveMember, state: SlotState) {
+        let Some(entry) = self.state.nodes.get_mut(&m.node) else {
+            return;
+        };
+        let slot = PodSlot {
+            pod: m.pod.clone(),
+            state,
+        };
+        entry.usage.hold(m.member.clone(), slot);
+        self.index
+            .locations
+            .insert(m.member.clone(), m.node.clone());
+        self.index
+            .by_txn
+            .entry(state.txn_id())
+            .or_default()
+            .insert(m.member.clone());
+    }
+
+    // ---- phase 2 -----------------------------------------------------------------------
+
+    fn commit(&mut self, at_ms: u64, txn_id: TxnId) -> Result<LedgerReply, LedgerError> {
+        if let Some(open) = self.state.open.remove(&txn_id) {
+            for (member, node) in &open.members {
+                if let Some(entry) = self.state.nodes.get_mut(node) {
+                    entry.usage.promote(member, at_ms);
+                }
+            }
+            self.finish(txn_id, TxnOutcome::Committed, at_ms, Vec::new());
+            return Ok(LedgerReply::Committed { txn_id });
+        }
+        match self.state.finished.get(&txn_id).map(|done| done.outcome) {
+            Some(TxnOutcome::Committed) => Ok(LedgerReply::Committed { txn_id }),
+            Some(outcome) => Err(LedgerError::TxnNotCommittable { txn_id, outcome }),
+            None if self.index.by_txn.contains_key(&txn_id) => {
+                Ok(LedgerReply::Committed { txn_id })
+            }
+            None => Err(LedgerError::UnknownTxn { txn_id }),
+        }
+    }
+
+    fn abort(&mut self, at_ms: u64, txn_id: TxnId) -> Result<LedgerReply, LedgerError> {
+        if self.state.open.contains_key(&txn_id) {
+            self.drop_open(at_ms, txn_id);
+            return Ok(LedgerReply::Aborted { txn_id });
+        }
+        match self.state.finished.get(&txn_id).map(|done| done.outcome) {
+            Some(TxnOutcome::Committed) => Err(LedgerError::TxnCommitted { txn_id }),
+            Some(_) => Ok(LedgerReply::Aborted { txn_id }),
+            None if self.index.by_txn.contains_key(&txn_id) => {
+                Err(LedgerError::TxnCommitted { txn_id })
+            }
+            None => {
+                // Tombstone: a reserve for this id arriving later must not land.
+                self.finish(txn_id, TxnOutcome::Aborted, at_ms, Vec::new());
+                Ok(LedgerReply::Aborted { txn_id })
+            }
+        }
+    }
+
+    /// Drops an open transaction's reservations and records it aborted; returns its members.
+    fn drop_open(&mut self, at_ms: u64, txn_id: TxnId) -> Vec<MemberKey> {
+        let Some(open) = self.state.open.remove(&txn_id) else {
+            return Vec::new();
+        };
+        let members: Vec<MemberKey> = open.members.into_keys().collect();
+        for member in &members {
+            self.take_member(member);
+        }
+        self.finish(txn_id, TxnOutcome::Aborted, at_ms, Vec::new());
+        members
+    }
+
+    // ---- placements --------------------------------------------------------------------
+
+    fn release(&mut self, at_ms: u64, target: &ReleaseTarget) -> Result<LedgerReply, LedgerError> {
+        match target {
+            ReleaseTarget::Txn(txn_id) => Ok(self.release_txn(at_ms, *txn_id)),
+            ReleaseTarget::Members(keys) => self.release_members(keys),
+        }
+    }
+
+    fn release_txn(&mut self, at_ms: u64, txn_id: TxnId) -> LedgerReply {
+        if self.state.open.contains_key(&txn_id) {
+            let released = self.drop_open(at_ms, txn_id);
+            return LedgerReply::Released {
+                released,
+                absent: Vec::new(),
+            };
+        }
+        let members: Vec<MemberKey> = self
+            .index
+            .by_txn
+            .get(&txn_id)
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default();
+        for member in &members {
+            self.take_member(member);
+        }
+        LedgerReply::Released {
+            released: members,
+            absent: Vec::new(),
+        }
+    }
+
+    fn release_members(&mut self, keys: &[MemberKey]) -> Result<LedgerReply, LedgerError> {
+        let keys: BTreeSet<&MemberKey> = keys.iter().collect();
+        for key in &keys {
+            if let Some(txn_id) = self.reserved_txn_of(key) {
+                return Err(LedgerError::MemberReserved {
+                    member: (*key).clone(),
+                    txn_id,
+                });
+            }
+        }
+        let mut released = Vec::new();
+        let mut absent = Vec::new();
+        for key in keys {
+            match self.take_member(key) {
+                Some(_) => released.push(key.clone()),
+                None => absent.push(key.clone()),
+            }
+        }
+        Ok(LedgerReply::Released { released, absent })
+    }
+
+    fn reserved_txn_of(&self, key: &MemberKey) -> Option<TxnId> {
+        self.slot(key)
+            .filter(|slot| slot.state.is_reserved())
+            .map(|slot| slot.state.txn_id())
+    }
+
+    /// Removes a member's slot wherever it is, keeping the indexes in step.
+    fn take_member(&mut self, key: &MemberKey) -> Option<PodSlot> {
+        let node = self.index.locations.remove(key)?;
+        let slot = self.state.nodes.get_mut(&node)?.usage.take(key)?;
+        let txn_id = slot.state.txn_id();
+        if let Some(set) = self.index.by_txn.get_mut(&txn_id) {
+            set.remove(key);
+            if set.is_empty() {
+                self.index.by_txn.remove(&txn_id);
+            }
+        }
+        Some(slot)
+    }
+
+    fn bind_confirmed(
+        &mut self,
+        at_ms: u64,
+        member: &MemberKey,
+    ) -> Result<LedgerReply, LedgerError> {
+        let unknown = || LedgerError::UnknownMember {
+            member: member.clone(),
+        };
+        let node = self.index.locations.get(member).ok_or_else(unknown)?;
+        let slot = self
+            .state
+            .nodes
+            .get_mut(node)
+            .and_then(|entry| entry.usage.pods.get_mut(member))
+            .ok_or_else(unknown)?;
+        match slot.state {
+            SlotState::Reserved { txn_id } => Err(LedgerError::NotCommitted {
+                member: member.clone(),
+                txn_id,
+            }),
+            SlotState::Committed { txn_id, .. } => {
+                slot.state = SlotState::Bound { txn_id, at_ms };
+                Ok(LedgerReply::BindRecorded {
+                    member: member.clone(),
+                })
+            }
+            SlotState::Bound { .. } => Ok(LedgerReply::BindRecorded {
+                member: member.clone(),
+            }),
+        }
+    }
+
+    fn expired(&self, at_ms: u64) -> LedgerReply {
+        let txn_ids = self
+            .state
+            .open
+            .iter()
+            .filter(|(_, open)| open.deadline_ms <= at_ms)
+            .map(|(txn_id, _)| *txn_id)
+            .collect();
+        LedgerReply::Expired { txn_ids }
+    }
+
+    /// Records how a transaction ended, forgetting the oldest record beyond the bound.
+    fn finish(&mut self, txn_id: TxnId, outcome: TxnOutcome, at_ms: u64, refusals: Vec<Refusal>) {
+        let seq = self.state.next_seq;
+        self.state.next_seq = seq.saturating_add(1);
+        let record = FinishedTxn {
+            seq,
+            outcome,
+            at_ms,
+            refusals,
+        };
+        if let Some(old) = self.state.finished.insert(txn_id, record) {
+            self.index.finish_order.remove(&old.seq);
+        }
+        self.index.finish_order.insert(seq, txn_id);
+        while self.state.finished.len() > FINISHED_TXNS_MAX {
+            let Some((_, oldest)) = self.index.finish_order.pop_first() else {
+                break;
+            };
+            self.state.finished.remove(&oldest);
+        }
+    }
+
+    // ---- reads -------------------------------------------------------------------------
+
+    /// A node and its usage.
+    pub fn node(&self, name: &str) -> Option<&NodeEntry> {
+        self.state.nodes.get(name)
+    }
+
+    /// All nodes with usage, in name order.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.state.nodes.values()
+    }
+
+    /// Open transactions, by id.
+    pub fn open_txns(&self) -> &BTreeMap<TxnId, OpenTxn> {
+        &self.state.open
+    }
+
+    /// How a remembered transaction ended.
+    pub fn outcome(&self, txn_id: TxnId) -> Option<TxnOutcome> {
+        self.state.finished.get(&txn_id).map(|done| done.outcome)
+    }
+
+    /// Number of remembered finished transactions.
+    pub fn finished_count(&self) -> usize {
+        self.state.finished.len()
+    }
+
+    /// The node holding a member, if any.
+    pub fn member_node(&self, member: &MemberKey) -> Option<&str> {
+        self.index.locations.get(member).map(String::as_str)
+    }
+
+    /// A member's slot, if held.
+    pub fn slot(&self, member: &MemberKey) -> Option<&PodSlot> {
+        let node = self.index.locations.get(member)?;
+        self.state.nodes.get(node)?.usage.pods.get(member)
+    }
+
+    /// Sum of reserved footprints over all nodes.
+    pub fn total_reserved(&self) -> Resources {
+        self.state
+            .nodes
+            .values()
+            .fold(Resources::zero(), |acc, entry| {
+                acc.saturating_add(&entry.usage.reserved)
+            })
+    }
+
+    // ---- snapshots ---------------------------------------------------------------------
+
+    /// The replicated state as JSON; identical states give identical bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        // Every map key is a string or an integer, so encoding cannot fail.
+        serde_json::to_vec(&self.state).expect("ledger state always encodes")
+    }
+
+    /// Rebuilds a ledger from [`ShardLedger::snapshot`] bytes, checking every invariant.
+    pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let state: LedgerState =
+            serde_json::from_slice(bytes).map_err(|e| SnapshotError::Decode(e.to_string()))?;
+        if state.format != SNAPSHOT_FORMAT {
+            return Err(SnapshotError::Format {
+                found: state.format,
+            });
+        }
+        let index = Indexes::build(&state);
+        let ledger = Self { state, index };
+        ledger.check_invariants()?;
+        Ok(ledger)
+    }
+
+    // ---- invariants --------------------------------------------------------------------
+
+    /// Checks every ledger invariant (I2 and the bookkeeping that I5 rests on).
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        for (name, entry) in &self.state.nodes {
+            self.check_node(name, entry)?;
+        }
+        for (txn_id, open) in &self.state.open {
+            self.check_open(*txn_id, open)?;
+        }
+        self.check_records()
+    }
+
+    fn check_node(&self, name: &str, entry: &NodeEntry) -> Result<(), InvariantViolation> {
+        let fail = |what: String| Err(InvariantViolation(format!("node {name}: {what}")));
+        if entry.node.name != name {
+            return fail(format!("keyed under the wrong name {}", entry.node.name));
+        }
+        let (reserved, committed) = entry.usage.recomputed();
+        if reserved != entry.usage.reserved || committed != entry.usage.committed {
+            return fail("usage sums differ from its slots".to_string());
+        }
+        let Some(total) = reserved.checked_add(&committed) else {
+            return fail("usage overflows".to_string());
+        };
+        if let Some(resource) = total.shortfall(&entry.node.allocatable) {
+            return fail(format!("I2: {resource} held exceeds allocatable"));
+        }
+        let mut ports = BTreeSet::new();
+        for (member, slot) in &entry.usage.pods {
+            if slot.pod.host_ports.iter().any(|p| !ports.insert(*p)) {
+                return fail(format!("host port of {member} held twice"));
+            }
+            self.check_slot(name, member, slot)?;
+        }
+        Ok(())
+    }
+
+    fn check_slot(
+        &self,
+        node: &str,
+        member: &MemberKey,
+        slot: &PodSlot,
+    ) -> Result<(), InvariantViolation> {
+        let txn_id = slot.state.txn_id();
+        let open_node = self
+            .state
+            .open
+            .get(&txn_id)
+            .and_then(|open| open.members.get(member));
+        let consistent = match slot.state {
+            SlotState::Reserved { .. } => open_node.map(String::as_str) == Some(node),
+            SlotState::Committed { .. } | SlotState::Bound { .. } => {
+                !self.state.open.contains_key(&txn_id)
+            }
+        };
+        if consistent {
+            Ok(())
+        } else {
+            Err(InvariantViolation(format!(
+                "member {member} on {node} disagrees with {txn_id}"
+            )))
+        }
+    }
+
+    fn check_open(&self, txn_id: TxnId, open: &OpenTxn) -> Result<(), InvariantViolation> {
+        if self.state.finished.contains_key(&txn_id) {
+            return Err(InvariantViolation(format!(
+                "{txn_id} is both open and finished"
+            )));
+        }
+        for (member, node) in &open.members {
+            let held = self
+                .state
+                .nodes
+                .get(node)
+                .and_then(|entry| entry.usage.pods.get(member))
+                .is_some_and(|slot| slot.state == SlotState::Reserved { txn_id });
+            if !held {
+                return Err(InvariantViolation(format!(
+                    "{txn_id} lists {member} on {node}, which does not hold it"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_records(&self) -> Result<(), InvariantViolation> {
+        if self.state.finished.len() > FINISHED_TXNS_MAX {
+            return Err(InvariantViolation("too many finished records".to_string()));
+        }
+        if self
+            .state
+            .finished
+            .values()
+            .any(|done| done.seq >= self.state.next_seq)
+        {
+            return Err(InvariantViolation(
+                "finished record from the future".to_string(),
+            ));
+        }
+        if self.index.finish_order.len() != self.state.finished.len() {
+            return Err(InvariantViolation(
+                "two finished records share a sequence number".to_string(),
+            ));
+        }
+        let slots: usize = self.state.nodes.values().map(|e| e.usage.pods.len()).sum();
+        if self.index.locations.len() != slots {
+            return Err(InvariantViolation(
+                "a member is held on two nodes".to_string(),
+            ));
+        }
+        if Indexes::build(&self.state) != self.index {
+            return Err(InvariantViolation(
+                "derived indexes out of step".to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn finished_answer(txn_id: TxnId, done: &FinishedTxn, hold: Hold) -> LedgerReply {
+    match (done.outcome, hold) {
+        (TxnOutcome::Refused, _) => LedgerReply::ReserveRefused {
+            txn_id,
+            refusals: done.refusals.clone(),
+        },
+        (TxnOutcome::Committed, Hold::CommitNow) => LedgerReply::Committed { txn_id },
+        (outcome, _) => LedgerReply::AlreadyFinished { txn_id, outcome },
+    }
+}
+
+fn validate_reservation(
+    at_ms: u64,
+    txn_id: TxnId,
+    members: &[ReserveMember],
+    hold: Hold,
+) -> Result<(), LedgerError> {
+    if members.is_empty() {
+        return Err(LedgerError::EmptyReservation { txn_id });
+    }
+    if let Hold::Until(deadline_ms) = hold {
+        if deadline_ms <= at_ms {
+            return Err(LedgerError::DeadlinePassed {
+                txn_id,
+                deadline_ms,
+                at_ms,
+            });
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for m in members {
+        if !seen.insert(&m.member) {
+            return Err(LedgerError::DuplicateMember {
+                txn_id,
+                member: m.member.clone(),
+            });
+        }
+        validate_summary(txn_id, m)?;
+    }
+    Ok(())
+}
+
+fn validate_summary(txn_id: TxnId, m: &ReserveMember) -> Result<(), LedgerError> {
+    let invalid = |message: String| LedgerError::InvalidMember {
+        txn_id,
+        member: m.member.clone(),
+        message,
+    };
+    m.member.validate().map_err(|e| invalid(e.to_string()))?;
+    let path = FieldPath::new("pod").child("requests");
+    m.pod
+        .requests
+        .validate(&path)
+        .map_err(|e| invalid(e.to_string()))?;
+    if m.pod.requests.pods != 0 {
+        return Err(invalid(format!(
+            "{path}.pods: every pod counts as one; leave it zero"
+        )));
+    }
+    Ok(())
+}
+
+impl LedgerView for ShardLedger {
+    fn node_views(&self) -> Vec<NodeView<'_>> {
+        self.state
+            .nodes
+            .values()
+            .map(|entry| NodeView {
+                node: &entry.node,
+                usage: &entry.usage,
+            })
+            .collect()
+    }
+
+    fn node_view(&self, name: &str) -> Option<NodeView<'_>> {
+        self.state.nodes.get(name).map(|entry| NodeView {
+            node: &entry.node,
+            usage: &entry.usage,
+        })
+    }
+}

@@ -1,0 +1,825 @@
+//! Ledger tests: command semantics, idempotency, invariants, determinism.
+//!
+//! Table-style unit tests for each command and property tests over random command
+//! sequences (I2 after every command, rejected input changes nothing, two replicas agree
+//! byte for byte, snapshot/restore round-trips, I5 after resolving open transactions).
+
+use proptest::prelude::*;
+
+use crate::ledger::command::{
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, RefusalCause,
+    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+};
+use crate::ledger::shard::{ShardLedger, SnapshotError, FINISHED_TXNS_MAX};
+use crate::ledger::usage::SlotState;
+use crate::model::gang::MemberKey;
+use crate::model::node::{Node, Readiness};
+use crate::model::pod::{HostPort, PodSummary, Protocol};
+use crate::model::resources::{ResourceName, Resources};
+
+const GPU: &str = "nvidia.com/gpu";
+
+fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
+    Node::new(
+        name,
+        Resources {
+            cpu_milli,
+            memory_bytes: 1 << 30,
+            pods,
+            ..Resources::zero()
+        },
+    )
+}
+
+fn key(member: &str) -> MemberKey {
+    MemberKey::new("ns", "g", member)
+}
+
+fn pod(cpu_milli: u64) -> PodSummary {
+    PodSummary {
+        requests: Resources {
+            cpu_milli,
+            ..Resources::zero()
+        },
+        ..PodSummary::default()
+    }
+}
+
+fn with_port(mut p: PodSummary, port: u16) -> PodSummary {
+    p.host_ports.push(HostPort {
+        port,
+        protocol: Protocol::Tcp,
+    });
+    p
+}
+
+fn rm(member: &str, node: &str, p: PodSummary) -> ReserveMember {
+    ReserveMember {
+        member: key(member),
+        node: node.to_string(),
+        pod: p,
+    }
+}
+
+fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
+    ledger.apply(&LedgerCommand::new(at_ms, op))
+}
+
+fn reserve(txn: u64, members: Vec<ReserveMember>, deadline_ms: u64) -> LedgerOp {
+    LedgerOp::Reserve {
+        txn_id: TxnId(txn),
+        members,
+        deadline_ms,
+    }
+}
+
+fn ledger_with(nodes: &[Node]) -> ShardLedger {
+    let mut ledger = ShardLedger::new();
+    for n in nodes {
+        let reply = apply(&mut ledger, 0, LedgerOp::RegisterNode { node: n.clone() });
+        assert!(
+            matches!(reply, LedgerReply::NodeRegistered { .. }),
+            "{reply:?}"
+        );
+    }
+    ledger
+}
+
+fn rejected(reply: &LedgerReply) -> Option<&LedgerError> {
+    match reply {
+        LedgerReply::Rejected { error } => Some(error),
+        _ => None,
+    }
+}
+
+#[test]
+fn nodes_register_update_and_remove() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let reply = apply(
+        &mut ledger,
+        1,
+        LedgerOp::RegisterNode {
+            node: node("n1", 2000, 10),
+        },
+    );
+    assert_eq!(
+        reply,
+        LedgerReply::NodeRegistered {
+            name: "n1".into(),
+            change: NodeChange::Updated
+        }
+    );
+    apply(
+        &mut ledger,
+        2,
+        reserve(1, vec![rm("a", "n1", pod(1500))], 100),
+    );
+    let shrink = apply(
+        &mut ledger,
+        3,
+        LedgerOp::RegisterNode {
+            node: node("n1", 1000, 10),
+        },
+    );
+    assert_eq!(
+        rejected(&shrink),
+        Some(&LedgerError::AllocatableBelowUsage {
+            name: "n1".into(),
+            resource: ResourceName::Cpu
+        })
+    );
+    let busy = apply(&mut ledger, 4, LedgerOp::RemoveNode { name: "n1".into() });
+    assert!(matches!(
+        rejected(&busy),
+        Some(LedgerError::NodeInUse { pods: 1, .. })
+    ));
+    apply(&mut ledger, 5, LedgerOp::Abort { txn_id: TxnId(1) });
+    let gone = apply(&mut ledger, 6, LedgerOp::RemoveNode { name: "n1".into() });
+    assert_eq!(
+        gone,
+        LedgerReply::NodeRemoved {
+            name: "n1".into(),
+            presence: Presence::Removed
+        }
+    );
+    let again = apply(&mut ledger, 7, LedgerOp::RemoveNode { name: "n1".into() });
+    assert_eq!(
+        again,
+        LedgerReply::NodeRemoved {
+            name: "n1".into(),
+            presence: Presence::Absent
+        }
+    );
+    let bad = apply(
+        &mut ledger,
+        8,
+        LedgerOp::RegisterNode {
+            node: node("Bad_Name", 1, 1),
+        },
+    );
+    assert!(
+        matches!(rejected(&bad), Some(LedgerError::InvalidNode { message }) if message.starts_with("node.name"))
+    );
+}
+
+#[test]
+fn reserve_is_all_or_nothing_and_retries_return_the_stored_answer() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10), node("n2", 1000, 10)]);
+    let before = ledger.snapshot();
+    let members = vec![
+        rm("a", "n1", pod(600)),
+        rm("b", "n2", pod(600)),
+        rm("c", "n1", pod(600)),
+    ];
+    let reply = apply(&mut ledger, 1, reserve(7, members.clone(), 50));
+    let LedgerReply::ReserveRefused { txn_id, refusals } = &reply else {
+        panic!("expected a refusal, got {reply:?}");
+    };
+    assert_eq!(*txn_id, TxnId(7));
+    assert_eq!(refusals.len(), 1);
+    assert_eq!(refusals[0].member, key("c"));
+    assert_eq!(
+        refusals[0].cause,
+        RefusalCause::Insufficient {
+            resource: ResourceName::Cpu,
+            requested: 1200,
+            free: 1000
+        }
+    );
+    assert_eq!(ledger.total_reserved(), Resources::zero());
+    assert_eq!(ledger.member_node(&key("a")), None);
+    assert_eq!(apply(&mut ledger, 2, reserve(7, members, 50)), reply);
+    assert_eq!(ledger.outcome(TxnId(7)), Some(TxnOutcome::Refused));
+    assert_ne!(ledger.snapshot(), before, "the no vote is recorded");
+}
+
+#[test]
+fn reserve_repeat_and_conflict() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let members = vec![rm("a", "n1", pod(500))];
+    let first = apply(&mut ledger, 1, reserve(1, members.clone(), 50));
+    assert_eq!(
+        first,
+        LedgerReply::Reserved {
+            txn_id: TxnId(1),
+            deadline_ms: 50
+        }
+    );
+    let snap = ledger.snapshot();
+    assert_eq!(apply(&mut ledger, 2, reserve(1, members, 99)), first);
+    assert_eq!(ledger.snapshot(), snap);
+    let other = apply(
+        &mut ledger,
+        3,
+        reserve(1, vec![rm("a", "n1", pod(400))], 50),
+    );
+    assert_eq!(
+        rejected(&other),
+        Some(&LedgerError::TxnConflict { txn_id: TxnId(1) })
+    );
+    assert_eq!(ledger.snapshot(), snap);
+    let held = apply(&mut ledger, 4, reserve(2, vec![rm("a", "n1", pod(1))], 50));
+    assert!(matches!(
+        &held,
+        LedgerReply::ReserveRefused { refusals, .. } if refusals[0].cause == RefusalCause::MemberHeld { node: "n1".into() }
+    ));
+}
+
+#[test]
+fn commit_abort_and_their_retries() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(
+        &mut ledger,
+        1,
+        reserve(1, vec![rm("a", "n1", pod(500))], 50),
+    );
+    assert_eq!(
+        apply(&mut ledger, 2, LedgerOp::Commit { txn_id: TxnId(1) }),
+        LedgerReply::Committed { txn_id: TxnId(1) }
+    );
+    assert_eq!(
+        apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(1) }),
+        LedgerReply::Committed { txn_id: TxnId(1) }
+    );
+    let abort = apply(&mut ledger, 4, LedgerOp::Abort { txn_id: TxnId(1) });
+    assert_eq!(
+        rejected(&abort),
+        Some(&LedgerError::TxnCommitted { txn_id: TxnId(1) })
+    );
+    let late = apply(
+        &mut ledger,
+        5,
+        reserve(1, vec![rm("a", "n1", pod(500))], 50),
+    );
+    assert_eq!(
+        late,
+        LedgerReply::AlreadyFinished {
+            txn_id: TxnId(1),
+            outcome: TxnOutcome::Committed
+        }
+    );
+    let Some(entry) = ledger.node("n1") else {
+        panic!("n1 registered");
+    };
+    assert_eq!(entry.usage.committed.cpu_milli, 500);
+    assert_eq!(entry.usage.reserved, Resources::zero());
+
+    apply(
+        &mut ledger,
+        6,
+        reserve(2, vec![rm("b", "n1", pod(500))], 50),
+    );
+    assert_eq!(
+        apply(&mut ledger, 7, LedgerOp::Abort { txn_id: TxnId(2) }),
+        LedgerReply::Aborted { txn_id: TxnId(2) }
+    );
+    assert_eq!(
+        apply(&mut ledger, 8, LedgerOp::Abort { txn_id: TxnId(2) }),
+        LedgerReply::Aborted { txn_id: TxnId(2) }
+    );
+    let commit = apply(&mut ledger, 9, LedgerOp::Commit { txn_id: TxnId(2) });
+    assert_eq!(
+        rejected(&commit),
+        Some(&LedgerError::TxnNotCommittable {
+            txn_id: TxnId(2),
+            outcome: TxnOutcome::Aborted
+        })
+    );
+    let unknown = apply(&mut ledger, 10, LedgerOp::Commit { txn_id: TxnId(99) });
+    assert_eq!(
+        rejected(&unknown),
+        Some(&LedgerError::UnknownTxn { txn_id: TxnId(99) })
+    );
+}
+
+#[test]
+fn abort_before_reserve_leaves_a_tombstone() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    assert_eq!(
+        apply(&mut ledger, 1, LedgerOp::Abort { txn_id: TxnId(5) }),
+        LedgerReply::Aborted { txn_id: TxnId(5) }
+    );
+    let late = apply(
+        &mut ledger,
+        2,
+        reserve(5, vec![rm("a", "n1", pod(500))], 50),
+    );
+    assert_eq!(
+        late,
+        LedgerReply::AlreadyFinished {
+            txn_id: TxnId(5),
+            outcome: TxnOutcome::Aborted
+        }
+    );
+    assert_eq!(ledger.member_node(&key("a")), None);
+}
+
+#[test]
+fn reserve_and_commit_in_one_entry() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let op = LedgerOp::ReserveAndCommit {
+        txn_id: TxnId(3),
+        members: vec![rm("a", "n1", pod(300)), rm("b", "n1", pod(300))],
+    };
+    assert_eq!(
+        apply(&mut ledger, 1, op.clone()),
+        LedgerReply::Committed { txn_id: TxnId(3) }
+    );
+    assert_eq!(
+        apply(&mut ledger, 2, op),
+        LedgerReply::Committed { txn_id: TxnId(3) }
+    );
+    assert!(matches!(
+        ledger.slot(&key("b")).map(|s| s.state),
+        Some(SlotState::Committed {
+            txn_id: TxnId(3),
+            at_ms: 1
+        })
+    ));
+    assert!(ledger.open_txns().is_empty());
+}
+
+#[test]
+fn host_ports_conflict_with_placed_pods_and_within_the_batch() {
+    let mut ledger = ledger_with(&[node("n1", 4000, 10)]);
+    let reply = apply(
+        &mut ledger,
+        1,
+        reserve(
+            1,
+            vec![
+                rm("a", "n1", with_port(pod(1), 80)),
+                rm("b", "n1", with_port(pod(1), 80)),
+            ],
+            50,
+        ),
+    );
+    assert!(matches!(
+        &reply,
+        LedgerReply::ReserveRefused { refusals, .. }
+            if refusals.len() == 1 && refusals[0].member == key("b")
+                && matches!(refusals[0].cause, RefusalCause::HostPortInUse { .. })
+    ));
+    apply(
+        &mut ledger,
+        2,
+        reserve(2, vec![rm("a", "n1", with_port(pod(1), 80))], 50),
+    );
+    let reply = apply(
+        &mut ledger,
+        3,
+        reserve(3, vec![rm("c", "n1", with_port(pod(1), 80))], 50),
+    );
+    assert!(matches!(reply, LedgerReply::ReserveRefused { .. }));
+    let udp = PodSummary {
+        host_ports: vec![HostPort {
+            port: 80,
+            protocol: Protocol::Udp,
+        }],
+        ..pod(1)
+    };
+    let reply = apply(&mut ledger, 4, reserve(4, vec![rm("d", "n1", udp)], 50));
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+}
+
+#[test]
+fn refusals_for_unknown_and_unready_nodes_and_extended_resources() {
+    let mut sick = node("n2", 1000, 10);
+    sick.readiness = Readiness::NotReady;
+    let mut ledger = ledger_with(&[node("n1", 1000, 10), sick]);
+    let mut gpu = pod(1);
+    gpu.requests.set(&ResourceName::Extended(GPU.into()), 1);
+    let reply = apply(
+        &mut ledger,
+        1,
+        reserve(
+            1,
+            vec![
+                rm("a", "n9", pod(1)),
+                rm("b", "n2", pod(1)),
+                rm("c", "n1", gpu),
+            ],
+            50,
+        ),
+    );
+    let LedgerReply::ReserveRefused { refusals, .. } = reply else {
+        panic!("expected refusal");
+    };
+    let causes: Vec<_> = refusals.into_iter().map(|r| r.cause).collect();
+    assert_eq!(causes[0], RefusalCause::UnknownNode);
+    assert_eq!(causes[1], RefusalCause::NodeNotReady);
+    assert!(
+        matches!(&causes[2], RefusalCause::Insufficient { resource: ResourceName::Extended(n), .. } if n == GPU)
+    );
+}
+
+#[test]
+fn pods_allocatable_counts_one_per_member() {
+    let mut ledger = ledger_with(&[node("n1", 10_000, 2)]);
+    let reply = apply(
+        &mut ledger,
+        1,
+        reserve(
+            1,
+            vec![
+                rm("a", "n1", pod(0)),
+                rm("b", "n1", pod(0)),
+                rm("c", "n1", pod(0)),
+            ],
+            50,
+        ),
+    );
+    assert!(matches!(
+        &reply,
+        LedgerReply::ReserveRefused { refusals, .. }
+            if refusals[0].cause == RefusalCause::Insufficient { resource: ResourceName::Pods, requested: 3, free: 2 }
+    ));
+}
+
+#[test]
+fn bad_reservations_change_nothing() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let snap = ledger.snapshot();
+    let mut zero_entry = pod(1);
+    zero_entry.requests.extended.insert(GPU.into(), 0);
+    let mut with_pods = pod(1);
+    with_pods.requests.pods = 3;
+    let cases = [
+        (reserve(1, vec![], 50), "EmptyReservation"),
+        (
+            reserve(1, vec![rm("a", "n1", pod(1)), rm("a", "n1", pod(1))], 50),
+            "DuplicateMember",
+        ),
+        (
+            reserve(1, vec![rm("a", "n1", pod(1))], 10),
+            "DeadlinePassed",
+        ),
+        (
+            reserve(1, vec![rm("a", "n1", zero_entry)], 50),
+            "InvalidMember",
+        ),
+        (
+            reserve(1, vec![rm("a", "n1", with_pods)], 50),
+            "InvalidMember",
+        ),
+        (
+            reserve(
+                1,
+                vec![ReserveMember {
+                    member: MemberKey::new("n/s", "g", "a"),
+                    node: "n1".into(),
+                    pod: pod(1),
+                }],
+                50,
+            ),
+            "InvalidMember",
+        ),
+    ];
+    for (op, expected) in cases {
+        let reply = apply(&mut ledger, 10, op);
+        let error = rejected(&reply)
+            .map(|e| format!("{e:?}"))
+            .unwrap_or_default();
+        assert!(error.starts_with(expected), "{reply:?}");
+        assert_eq!(ledger.snapshot(), snap);
+    }
+}
+
+#[test]
+fn release_and_bind() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(
+        &mut ledger,
+        1,
+        reserve(
+            1,
+            vec![rm("a", "n1", pod(100)), rm("b", "n1", pod(100))],
+            50,
+        ),
+    );
+    let early = apply(
+        &mut ledger,
+        2,
+        LedgerOp::Release {
+            target: ReleaseTarget::Members(vec![key("a")]),
+        },
+    );
+    assert_eq!(
+        rejected(&early),
+        Some(&LedgerError::MemberReserved {
+            member: key("a"),
+            txn_id: TxnId(1)
+        })
+    );
+    let bind_early = apply(&mut ledger, 3, LedgerOp::BindConfirmed { member: key("a") });
+    assert!(matches!(
+        rejected(&bind_early),
+        Some(LedgerError::NotCommitted { .. })
+    ));
+    apply(&mut ledger, 4, LedgerOp::Commit { txn_id: TxnId(1) });
+    assert_eq!(
+        apply(&mut ledger, 5, LedgerOp::BindConfirmed { member: key("a") }),
+        LedgerReply::BindRecorded { member: key("a") }
+    );
+    assert_eq!(
+        apply(&mut ledger, 6, LedgerOp::BindConfirmed { member: key("a") }),
+        LedgerReply::BindRecorded { member: key("a") }
+    );
+    assert!(matches!(
+        ledger.slot(&key("a")).map(|s| s.state),
+        Some(SlotState::Bound { at_ms: 5, .. })
+    ));
+    let released = apply(
+        &mut ledger,
+        7,
+        LedgerOp::Release {
+            target: ReleaseTarget::Members(vec![key("a"), key("zz"), key("a")]),
+        },
+    );
+    assert_eq!(
+        released,
+        LedgerReply::Released {
+            released: vec![key("a")],
+            absent: vec![key("zz")]
+        }
+    );
+    let rest = apply(
+        &mut ledger,
+        8,
+        LedgerOp::Release {
+            target: ReleaseTarget::Txn(TxnId(1)),
+        },
+    );
+    assert_eq!(
+        rest,
+        LedgerReply::Released {
+            released: vec![key("b")],
+            absent: vec![]
+        }
+    );
+    let unknown = apply(&mut ledger, 9, LedgerOp::BindConfirmed { member: key("b") });
+    assert_eq!(
+        rejected(&unknown),
+        Some(&LedgerError::UnknownMember { member: key("b") })
+    );
+    let Some(entry) = ledger.node("n1") else {
+        panic!("n1 registered");
+    };
+    assert!(entry.usage.committed.is_zero() && entry.usage.pods.is_empty());
+}
+
+#[test]
+fn release_of_an_open_txn_aborts_it() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(
+        &mut ledger,
+        1,
+        reserve(1, vec![rm("a", "n1", pod(100))], 50),
+    );
+    let reply = apply(
+        &mut ledger,
+        2,
+        LedgerOp::Release {
+            target: ReleaseTarget::Txn(TxnId(1)),
+        },
+    );
+    assert_eq!(
+        reply,
+        LedgerReply::Released {
+            released: vec![key("a")],
+            absent: vec![]
+        }
+    );
+    assert_eq!(ledger.outcome(TxnId(1)), Some(TxnOutcome::Aborted));
+    assert_eq!(ledger.total_reserved(), Resources::zero());
+}
+
+#[test]
+fn tick_reports_expired_reservations_without_dropping_them() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(
+        &mut ledger,
+        1,
+        reserve(1, vec![rm("a", "n1", pod(100))], 50),
+    );
+    apply(
+        &mut ledger,
+        1,
+        reserve(2, vec![rm("b", "n1", pod(100))], 80),
+    );
+    assert_eq!(
+        apply(&mut ledger, 49, LedgerOp::Tick),
+        LedgerReply::Expired { txn_ids: vec![] }
+    );
+    assert_eq!(
+        apply(&mut ledger, 50, LedgerOp::Tick),
+        LedgerReply::Expired {
+            txn_ids: vec![TxnId(1)]
+        }
+    );
+    assert_eq!(
+        apply(&mut ledger, 500, LedgerOp::Tick),
+        LedgerReply::Expired {
+            txn_ids: vec![TxnId(1), TxnId(2)]
+        }
+    );
+    assert_eq!(ledger.open_txns().len(), 2);
+    assert_eq!(
+        apply(&mut ledger, 501, LedgerOp::Commit { txn_id: TxnId(1) }),
+        LedgerReply::Committed { txn_id: TxnId(1) }
+    );
+}
+
+#[test]
+fn finished_records_are_bounded() {
+    let mut ledger = ShardLedger::new();
+    let extra = 5u64;
+    for i in 0..(FINISHED_TXNS_MAX as u64 + extra) {
+        apply(&mut ledger, i, LedgerOp::Abort { txn_id: TxnId(i) });
+    }
+    assert_eq!(ledger.finished_count(), FINISHED_TXNS_MAX);
+    assert_eq!(ledger.outcome(TxnId(0)), None);
+    assert_eq!(ledger.outcome(TxnId(extra)), Some(TxnOutcome::Aborted));
+    assert_eq!(ledger.check_invariants(), Ok(()));
+}
+
+#[test]
+fn restore_refuses_garbage_and_inconsistent_snapshots() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(
+        &mut ledger,
+        1,
+        reserve(1, vec![rm("a", "n1", pod(800))], 50),
+    );
+    assert!(matches!(
+        ShardLedger::restore(b"not json"),
+        Err(SnapshotError::Decode(_))
+    ));
+    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let shrunk = text.replacen("\"cpu_milli\":1000", "\"cpu_milli\":700", 1);
+    assert_ne!(shrunk, text);
+    assert!(matches!(
+        ShardLedger::restore(shrunk.as_bytes()),
+        Err(SnapshotError::Invariant(_))
+    ));
+    let future = text.replacen("\"format\":1", "\"format\":9", 1);
+    assert_eq!(
+        ShardLedger::restore(future.as_bytes()),
+        Err(SnapshotError::Format { found: 9 })
+    );
+    let twin_seq = {
+        let mut l = ledger.clone();
+        apply(&mut l, 2, LedgerOp::Abort { txn_id: TxnId(8) });
+        apply(&mut l, 3, LedgerOp::Abort { txn_id: TxnId(9) });
+        let t = String::from_utf8(l.snapshot()).unwrap_or_default();
+        t.replacen("\"seq\":1", "\"seq\":0", 1)
+    };
+    assert!(matches!(
+        ShardLedger::restore(twin_seq.as_bytes()),
+        Err(SnapshotError::Invariant(_))
+    ));
+    let restored = ShardLedger::restore(text.as_bytes());
+    assert_eq!(restored.as_ref().ok(), Some(&ledger));
+}
+
+// ---- property tests ------------------------------------------------------------------------
+
+const NODE_NAMES: [&str; 4] = ["n0", "n1", "n2", "n9"];
+const MEMBERS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+
+fn arb_node() -> impl Strategy<Value = Node> {
+    (0usize..3, 0u64..4, 0u64..4, any::<bool>(), 0u64..3).prop_map(|(i, cpu, pods, ready, gpus)| {
+        let mut n = node(NODE_NAMES[i], cpu * 1000, pods);
+        n.allocatable.set(&ResourceName::Extended(GPU.into()), gpus);
+        if !ready {
+            n.readiness = Readiness::NotReady;
+        }
+        n
+    })
+}
+
+fn arb_summary() -> impl Strategy<Value = PodSummary> {
+    (
+        0u64..3,
+        0u64..2,
+        prop::option::of(80u16..82),
+        prop_oneof![Just(0u64), Just(1), Just(u64::MAX)],
+    )
+        .prop_map(|(cpu, gpus, port, huge_mem)| {
+            let mut p = pod(cpu * 500);
+            p.requests.memory_bytes = huge_mem;
+            p.requests.set(&ResourceName::Extended(GPU.into()), gpus);
+            match port {
+                Some(port) => with_port(p, port),
+                None => p,
+            }
+        })
+}
+
+fn arb_member() -> impl Strategy<Value = ReserveMember> {
+    (
+        0usize..MEMBERS.len(),
+        0usize..NODE_NAMES.len(),
+        arb_summary(),
+    )
+        .prop_map(|(m, n, p)| rm(MEMBERS[m], NODE_NAMES[n], p))
+}
+
+fn arb_op() -> impl Strategy<Value = LedgerOp> {
+    let txn = || (0u64..6).prop_map(TxnId);
+    prop_oneof![
+        2 => arb_node().prop_map(|node| LedgerOp::RegisterNode { node }),
+        1 => (0usize..NODE_NAMES.len()).prop_map(|i| LedgerOp::RemoveNode { name: NODE_NAMES[i].into() }),
+        5 => (txn(), prop::collection::vec(arb_member(), 0..4), 0u64..60)
+            .prop_map(|(txn_id, members, deadline_ms)| LedgerOp::Reserve { txn_id, members, deadline_ms }),
+        1 => (txn(), prop::collection::vec(arb_member(), 0..3))
+            .prop_map(|(txn_id, members)| LedgerOp::ReserveAndCommit { txn_id, members }),
+        3 => txn().prop_map(|txn_id| LedgerOp::Commit { txn_id }),
+        3 => txn().prop_map(|txn_id| LedgerOp::Abort { txn_id }),
+        1 => txn().prop_map(|t| LedgerOp::Release { target: ReleaseTarget::Txn(t) }),
+        1 => prop::collection::vec(0usize..MEMBERS.len(), 0..3)
+            .prop_map(|ms| LedgerOp::Release { target: ReleaseTarget::Members(ms.into_iter().map(|m| key(MEMBERS[m])).collect()) }),
+        1 => (0usize..MEMBERS.len()).prop_map(|m| LedgerOp::BindConfirmed { member: key(MEMBERS[m]) }),
+        1 => Just(LedgerOp::Tick),
+    ]
+}
+
+fn arb_commands() -> impl Strategy<Value = Vec<LedgerCommand>> {
+    prop::collection::vec((0u64..20, arb_op()), 1..60).prop_map(|steps| {
+        let mut at_ms = 0;
+        steps
+            .into_iter()
+            .map(|(delta, op)| {
+                at_ms += delta;
+                LedgerCommand::new(at_ms, op)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn invariants_hold_and_rejections_change_nothing(commands in arb_commands()) {
+        let mut ledger = ShardLedger::new();
+        for cmd in &commands {
+            let before = ledger.snapshot();
+            let reply = ledger.apply(cmd);
+            prop_assert_eq!(ledger.check_invariants(), Ok(()));
+            if rejected(&reply).is_some() {
+                prop_assert_eq!(ledger.snapshot(), before);
+            }
+            // Something is reserved exactly while some transaction is open.
+            prop_assert_eq!(ledger.total_reserved().is_zero(), ledger.open_txns().is_empty());
+        }
+    }
+
+    #[test]
+    fn replicas_agree_and_snapshots_round_trip(commands in arb_commands()) {
+        let mut a = ShardLedger::new();
+        let mut b = ShardLedger::new();
+        for cmd in &commands {
+            prop_assert_eq!(a.apply(cmd), b.apply(cmd));
+        }
+        let snap = a.snapshot();
+        prop_assert_eq!(&snap, &b.snapshot());
+        let restored = ShardLedger::restore(&snap);
+        prop_assert!(restored.is_ok());
+        let restored = restored.unwrap_or_default();
+        prop_assert_eq!(&restored.snapshot(), &snap);
+        prop_assert_eq!(&restored, &a);
+        // The restored replica keeps agreeing with the original on further commands.
+        let mut restored = restored;
+        for cmd in commands.iter().take(10) {
+            prop_assert_eq!(restored.apply(cmd), a.apply(cmd));
+        }
+        prop_assert_eq!(restored.snapshot(), a.snapshot());
+    }
+
+    #[test]
+    fn every_reservation_ends(commands in arb_commands(), commit_first in any::<bool>()) {
+        let mut ledger = ShardLedger::new();
+        let mut at_ms = 0;
+        for cmd in &commands {
+            ledger.apply(cmd);
+            at_ms = cmd.at_ms;
+        }
+        let open: Vec<TxnId> = ledger.open_txns().keys().copied().collect();
+        for (i, txn_id) in open.into_iter().enumerate() {
+            let op = if commit_first && i % 2 == 0 {
+                LedgerOp::Commit { txn_id }
+            } else {
+                LedgerOp::Abort { txn_id }
+            };
+            let reply = ledger.apply(&LedgerCommand::new(at_ms, op));
+            prop_assert!(matches!(reply, LedgerReply::Committed { .. } | LedgerReply::Aborted { .. }), "{:?}", reply);
+        }
+        prop_assert!(ledger.open_txns().is_empty());
+        prop_assert!(ledger.total_reserved().is_zero());
+        for entry in ledger.nodes() {
+            prop_assert!(entry.usage.pods.values().all(|slot| !slot.state.is_reserved()));
+        }
+        prop_assert_eq!(ledger.check_invariants(), Ok(()));
+    }
+}

@@ -1,0 +1,198 @@
+//! Per-node usage: what the pods reserved or placed on one node hold.
+//!
+//! Owns [`NodeUsage`] and [`PodSlot`]. Invariants: `reserved` is the sum of the
+//! footprints of the node's `Reserved` slots and `committed` the sum of its `Committed`
+//! and `Bound` slots; no two slots hold the same host port. The ledger keeps I2
+//! (`reserved + committed <= allocatable`) by checking [`NodeUsage::refusal_for`] before
+//! every [`NodeUsage::hold`]. Extension point: a device ledger (DRA) adds a `devices`
+//! part here, checked in `refusal_for`, taken in `hold` and given back in `take`, so
+//! callers do not change. Called by the ledger only; the engine reads it through
+//! [`crate::ledger::view`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::command::{RefusalCause, TxnId};
+use crate::model::gang::MemberKey;
+use crate::model::pod::{HostPort, PodSummary};
+use crate::model::resources::Resources;
+
+/// Where a pod is in its life on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotState {
+    /// Held by an open transaction.
+    Reserved {
+        /// The transaction.
+        txn_id: TxnId,
+    },
+    /// Placed by a committed transaction, not yet bound.
+    Committed {
+        /// The transaction.
+        txn_id: TxnId,
+        /// When the commit was applied.
+        at_ms: u64,
+    },
+    /// Placed and bound through the Kubernetes API.
+    Bound {
+        /// The transaction.
+        txn_id: TxnId,
+        /// When the bind was recorded.
+        at_ms: u64,
+    },
+}
+
+impl SlotState {
+    /// The transaction that holds the slot.
+    pub fn txn_id(&self) -> TxnId {
+        match self {
+            Self::Reserved { txn_id }
+            | Self::Committed { txn_id, .. }
+            | Self::Bound { txn_id, .. } => *txn_id,
+        }
+    }
+
+    /// Whether the slot is only reserved (not yet committed).
+    pub fn is_reserved(&self) -> bool {
+        matches!(self, Self::Reserved { .. })
+    }
+}
+
+/// One pod held on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodSlot {
+    /// What the ledger keeps of the pod.
+    pub pod: PodSummary,
+    /// Its state.
+    pub state: SlotState,
+}
+
+/// What the members of one reservation batch already take on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchLoad {
+    /// Sum of their footprints.
+    pub footprint: Resources,
+    /// Host ports they use.
+    pub ports: Vec<HostPort>,
+}
+
+impl BatchLoad {
+    /// Adds an accepted member.
+    pub fn add(&mut self, pod: &PodSummary) {
+        self.footprint = self.footprint.saturating_add(&pod.footprint());
+        self.ports.extend(pod.host_ports.iter().copied());
+    }
+}
+
+/// What the pods on one node hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    /// Sum of reserved footprints.
+    pub reserved: Resources,
+    /// Sum of committed and bound footprints.
+    pub committed: Resources,
+    /// The pods, by member key.
+    pub pods: BTreeMap<MemberKey, PodSlot>,
+}
+
+impl NodeUsage {
+    /// Everything held: reserved plus committed.
+    pub fn requested(&self) -> Resources {
+        self.reserved.saturating_add(&self.committed)
+    }
+
+    /// What is left of `allocatable`.
+    pub fn free(&self, allocatable: &Resources) -> Resources {
+        allocatable.saturating_sub(&self.requested())
+    }
+
+    /// Whether a held pod uses `port`.
+    pub fn port_in_use(&self, port: &HostPort) -> bool {
+        self.pods
+            .values()
+            .any(|slot| slot.pod.host_ports.contains(port))
+    }
+
+    /// Why `pod` cannot be held beside the pods held and the `batch` accepted so far, if so.
+    pub fn refusal_for(
+        &self,
+        allocatable: &Resources,
+        batch: &BatchLoad,
+        pod: &PodSummary,
+    ) -> Option<RefusalCause> {
+        let taken = |p: &HostPort| self.port_in_use(p) || batch.ports.contains(p);
+        if let Some(port) = pod.host_ports.iter().find(|p| taken(p)) {
+            return Some(RefusalCause::HostPortInUse { port: *port });
+        }
+        let free = self.free(allocatable);
+        let footprint = pod.footprint();
+        if let Some(resource) = batch.footprint.first_overflow(&footprint) {
+            return Some(RefusalCause::Insufficient {
+                requested: u64::MAX,
+                free: free.get(&resource),
+                resource,
+            });
+        }
+        let wanted = batch.footprint.saturating_add(&footprint);
+        wanted
+            .shortfall(&free)
+            .map(|resource| RefusalCause::Insufficient {
+                requested: wanted.get(&resource),
+                free: free.get(&resource),
+                resource,
+            })
+    }
+
+    /// Takes the pod's footprint and records its slot; callers check `refusal_for` first.
+    pub fn hold(&mut self, member: MemberKey, slot: PodSlot) {
+        let footprint = slot.pod.footprint();
+        if slot.state.is_reserved() {
+            self.reserved = self.reserved.saturating_add(&footprint);
+        } else {
+            self.committed = self.committed.saturating_add(&footprint);
+        }
+        self.pods.insert(member, slot);
+    }
+
+    /// Moves a reserved slot to committed; returns whether it was reserved.
+    pub fn promote(&mut self, member: &MemberKey, at_ms: u64) -> bool {
+        let Some(slot) = self.pods.get_mut(member) else {
+            return false;
+        };
+        let SlotState::Reserved { txn_id } = slot.state else {
+            return false;
+        };
+        slot.state = SlotState::Committed { txn_id, at_ms };
+        let footprint = slot.pod.footprint();
+        self.reserved = self.reserved.saturating_sub(&footprint);
+        self.committed = self.committed.saturating_add(&footprint);
+        true
+    }
+
+    /// Removes a slot and gives its footprint back.
+    pub fn take(&mut self, member: &MemberKey) -> Option<PodSlot> {
+        let slot = self.pods.remove(member)?;
+        let footprint = slot.pod.footprint();
+        if slot.state.is_reserved() {
+            self.reserved = self.reserved.saturating_sub(&footprint);
+        } else {
+            self.committed = self.committed.saturating_sub(&footprint);
+        }
+        Some(slot)
+    }
+
+    /// Recomputes `(reserved, committed)` from the slots, for invariant checks.
+    pub fn recomputed(&self) -> (Resources, Resources) {
+        let mut reserved = Resources::zero();
+        let mut committed = Resources::zero();
+        for slot in self.pods.values() {
+            let footprint = slot.pod.footprint();
+            if slot.state.is_reserved() {
+                reserved = reserved.saturating_add(&footprint);
+            } else {
+                committed = committed.saturating_add(&footprint);
+            }
+        }
+        (reserved, committed)
+    }
+}

@@ -1,0 +1,511 @@
+//! Gangs, gang groups and member identities.
+//!
+//! Owns [`Gang`] (pods that start together: minMember, totalNumber, Strict/NonStrict,
+//! waitTime, priority, creation order, members), [`GangGroup`] (gangs placed together),
+//! the keys that name them ([`GangId`], [`MemberKey`]) and their submitted JSON forms.
+//! Invariants of a validated gang: 1 <= minMember <= totalNumber, at least one member,
+//! no more members than totalNumber, unique member names, valid member specs. A group has
+//! at least one gang and no gang twice. Called by the front door (validation), the queue
+//! and the engine (placement), and the ledger (member keys).
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::error::{FieldPath, ValidationError};
+use crate::model::names::{validate_dns_label, validate_dns_subdomain};
+use crate::model::pod::{PodSpec, RawPodSpec};
+
+/// Wait time used when a submission names none (Koordinator's default, 600 s).
+pub const DEFAULT_WAIT_TIME_MS: u64 = 600_000;
+
+/// Identity of a gang: namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GangId {
+    /// Namespace.
+    pub namespace: String,
+    /// Gang name.
+    pub name: String,
+}
+
+impl GangId {
+    /// Builds a gang id.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for GangId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A member key string that is not `namespace/gang/member`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid member key \"{0}\": expected namespace/gang/member")]
+pub struct MemberKeyError(pub String);
+
+/// Identity of one gang member (one pod): `namespace/gang/member`.
+///
+/// Serialized as that string, so it can key JSON maps.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MemberKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Gang name.
+    pub gang: String,
+    /// Member name.
+    pub member: String,
+}
+
+impl MemberKey {
+    /// Builds a member key.
+    pub fn new(
+        namespace: impl Into<String>,
+        gang: impl Into<String>,
+        member: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            gang: gang.into(),
+            member: member.into(),
+        }
+    }
+
+    /// Checks that every part is non-empty and free of `/`, so the string form round-trips.
+    pub fn validate(&self) -> Result<(), MemberKeyError> {
+        let parts = [&self.namespace, &self.gang, &self.member];
+        if parts.iter().all(|p| !p.is_empty() && !p.contains('/')) {
+            Ok(())
+        } else {
+            Err(MemberKeyError(self.to_string()))
+        }
+    }
+
+    /// The gang this member belongs to.
+    pub fn gang_id(&self) -> GangId {
+        GangId::new(self.namespace.clone(), self.gang.clone())
+    }
+
+    /// Whether this member belongs to `gang`.
+    pub fn is_in(&self, gang: &GangId) -> bool {
+        self.namespace == gang.namespace && self.gang == gang.name
+    }
+}
+
+impl fmt::Display for MemberKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.gang, self.member)
+    }
+}
+
+impl From<MemberKey> for String {
+    fn from(key: MemberKey) -> Self {
+        key.to_string()
+    }
+}
+
+impl TryFrom<String> for MemberKey {
+    type Error = MemberKeyError;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        let mut parts = text.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(ns), Some(gang), Some(member), None)
+                if !ns.is_empty() && !gang.is_empty() && !member.is_empty() =>
+            {
+                Ok(Self::new(ns, gang, member))
+            }
+            _ => Err(MemberKeyError(text)),
+        }
+    }
+}
+
+/// How a gang accumulates placed members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GangMode {
+    /// One failure aborts the whole gang group.
+    Strict,
+    /// Placed members accumulate until minMember is reached or waitTime passes.
+    NonStrict,
+}
+
+impl GangMode {
+    /// Parses the Koordinator spelling, naming the allowed values on error.
+    pub fn parse(path: &FieldPath, value: &str) -> Result<Self, ValidationError> {
+        match value {
+            "Strict" => Ok(Self::Strict),
+            "NonStrict" => Ok(Self::NonStrict),
+            other => Err(path.error(format!(
+                "unknown mode \"{other}\": expected one of Strict, NonStrict"
+            ))),
+        }
+    }
+}
+
+/// One member of a gang: a named pod spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Member (pod) name, unique in the gang.
+    pub name: String,
+    /// Its scheduling spec.
+    pub spec: PodSpec,
+}
+
+/// A gang: pods that are placed all together or not at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gang {
+    /// Gang name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Members that must be placed for the gang to start.
+    pub min_member: u32,
+    /// Members the gang will have once all have arrived.
+    pub total_number: u32,
+    /// Strict or NonStrict accumulation.
+    pub mode: GangMode,
+    /// How long placed members may wait for the rest, in milliseconds.
+    pub wait_time_ms: u64,
+    /// Queue priority (higher first).
+    pub priority: i32,
+    /// Creation order supplied by the caller (earlier first among equal priorities).
+    pub creation_order: u64,
+    /// Members that have arrived so far.
+    pub members: Vec<Member>,
+}
+
+impl Gang {
+    /// The gang's identity.
+    pub fn id(&self) -> GangId {
+        GangId::new(self.namespace.clone(), self.name.clone())
+    }
+
+    /// The key of `member` in this gang.
+    pub fn member_key(&self, member: &Member) -> MemberKey {
+        MemberKey::new(
+            self.namespace.clone(),
+            self.name.clone(),
+            member.name.clone(),
+        )
+    }
+
+    /// Checks the gang invariants; paths use the submitted JSON names under `path`.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        validate_dns_subdomain(&path.child("name"), &self.name)?;
+        validate_dns_label(&path.child("namespace"), &self.namespace)?;
+        let spec = path.child("spec");
+        if self.min_member < 1 {
+            return Err(spec.child("minMember").error("must be at least 1"));
+        }
+        if self.min_member > self.total_number {
+            return Err(spec.child("minMember").error(format!(
+                "minMember {} exceeds totalNumber {}",
+                self.min_member, self.total_number
+            )));
+        }
+        self.validate_members(&spec.child("members"))
+    }
+
+    fn validate_members(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        if self.members.is_empty() {
+            return Err(path.error("a gang needs at least one member"));
+        }
+        if self.members.len() as u64 > u64::from(self.total_number) {
+            return Err(path.error(format!(
+                "{} members exceed totalNumber {}",
+                self.members.len(),
+                self.total_number
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, member) in self.members.iter().enumerate() {
+            let at = path.index(i);
+            validate_dns_subdomain(&at.child("name"), &member.name)?;
+            if !seen.insert(member.name.as_str()) {
+                return Err(at
+                    .child("name")
+                    .error(format!("duplicate member name \"{}\"", member.name)));
+            }
+            member.spec.validate(&at)?;
+        }
+        Ok(())
+    }
+}
+
+/// Gangs placed together: none is bound until every one reaches its minMember.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangGroup {
+    /// Group id.
+    pub id: String,
+    /// The gangs.
+    pub gangs: Vec<Gang>,
+}
+
+impl GangGroup {
+    /// Checks the group and every gang in it.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        validate_dns_subdomain(&path.child("id"), &self.id)?;
+        let gangs = path.child("gangs");
+        if self.gangs.is_empty() {
+            return Err(gangs.error("a gang group needs at least one gang"));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, gang) in self.gangs.iter().enumerate() {
+            let at = gangs.index(i);
+            gang.validate(&at)?;
+            if !seen.insert(gang.id()) {
+                return Err(at.error(format!("duplicate gang {}", gang.id())));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A member as submitted: its name beside the pod spec fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawMember {
+    /// Member name.
+    pub name: String,
+    /// Pod spec fields.
+    #[serde(flatten)]
+    pub spec: RawPodSpec,
+}
+
+/// A gang spec as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawGangSpec {
+    /// minMember (signed so that a negative value gets a field error).
+    pub min_member: i64,
+    /// totalNumber; absent means the number of members.
+    #[serde(default)]
+    pub total_number: Option<i64>,
+    /// `Strict` (default) or `NonStrict`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Wait time in milliseconds; absent means [`DEFAULT_WAIT_TIME_MS`].
+    #[serde(default)]
+    pub wait_time_ms: Option<u64>,
+    /// Priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// Members.
+    #[serde(default)]
+    pub members: Vec<RawMember>,
+}
+
+/// A gang as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawGang {
+    /// Gang name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Creation order assigned by the caller.
+    #[serde(default)]
+    pub creation_order: u64,
+    /// The spec.
+    pub spec: RawGangSpec,
+}
+
+impl RawGang {
+    /// Validates and converts into a [`Gang`]; errors name the field path.
+    pub fn validate(&self) -> Result<Gang, ValidationError> {
+        self.validate_at(&FieldPath::root())
+    }
+
+    /// Like [`RawGang::validate`], with paths under `path`.
+    pub fn validate_at(&self, path: &FieldPath) -> Result<Gang, ValidationError> {
+        let spec = path.child("spec");
+        let min_member = count_field(&spec.child("minMember"), self.spec.min_member)?;
+        let total_number = match self.spec.total_number {
+            Some(n) => count_field(&spec.child("totalNumber"), n)?,
+            None => u32::try_from(self.spec.members.len())
+                .map_err(|_| spec.child("members").error("too many members"))?,
+        };
+        let mode = match self.spec.mode.as_deref() {
+            None => GangMode::Strict,
+            Some(text) => GangMode::parse(&spec.child("mode"), text)?,
+        };
+        let members = self
+            .spec
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let at = spec.child("members").index(i);
+                Ok(Member {
+                    name: m.name.clone(),
+                    spec: m.spec.validate(&at)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ValidationError>>()?;
+        let gang = Gang {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            min_member,
+            total_number,
+            mode,
+            wait_time_ms: self.spec.wait_time_ms.unwrap_or(DEFAULT_WAIT_TIME_MS),
+            priority: self.spec.priority,
+            creation_order: self.creation_order,
+            members,
+        };
+        gang.validate(path)?;
+        Ok(gang)
+    }
+}
+
+fn count_field(path: &FieldPath, value: i64) -> Result<u32, ValidationError> {
+    u32::try_from(value).map_err(|_| path.error(format!("{value} out of range 0..={}", u32::MAX)))
+}
+
+/// A gang group as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawGangGroup {
+    /// Group id.
+    pub id: String,
+    /// Gangs.
+    #[serde(default)]
+    pub gangs: Vec<RawGang>,
+}
+
+impl RawGangGroup {
+    /// Validates and converts into a [`GangGroup`]; errors name the field path.
+    pub fn validate(&self) -> Result<GangGroup, ValidationError> {
+        let root = FieldPath::root();
+        let gangs = self
+            .gangs
+            .iter()
+            .enumerate()
+            .map(|(i, g)| g.validate_at(&root.child("gangs").index(i)))
+            .collect::<Result<Vec<_>, ValidationError>>()?;
+        let group = GangGroup {
+            id: self.id.clone(),
+            gangs,
+        };
+        group.validate(&root)?;
+        Ok(group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gang_json(spec: &str) -> String {
+        format!(r#"{{"name": "train", "namespace": "ml", "creationOrder": 3, "spec": {spec}}}"#)
+    }
+
+    fn parse(json: &str) -> Result<Gang, String> {
+        let raw: RawGang = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        raw.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn valid_gang() {
+        let gang = parse(&gang_json(
+            r#"{"minMember": 2, "totalNumber": 3, "mode": "NonStrict", "waitTimeMs": 1000, "priority": 5,
+                "members": [{"name": "w-0", "requests": {"cpu": "1"}}, {"name": "w-1", "labels": {"role": "w"}}]}"#,
+        ))
+        .expect("valid");
+        assert_eq!(gang.min_member, 2);
+        assert_eq!(gang.total_number, 3);
+        assert_eq!(gang.mode, GangMode::NonStrict);
+        assert_eq!(gang.members[0].spec.requests.cpu_milli, 1000);
+        assert_eq!(
+            gang.member_key(&gang.members[1]).to_string(),
+            "ml/train/w-1"
+        );
+        let defaults = parse(&gang_json(
+            r#"{"minMember": 1, "members": [{"name": "a"}]}"#,
+        ))
+        .expect("valid");
+        assert_eq!(defaults.total_number, 1);
+        assert_eq!(defaults.mode, GangMode::Strict);
+        assert_eq!(defaults.wait_time_ms, DEFAULT_WAIT_TIME_MS);
+    }
+
+    #[test]
+    fn bad_gangs_name_the_field() {
+        let cases = [
+            (
+                r#"{"minMember": 4, "totalNumber": 3, "members": [{"name": "a"}]}"#,
+                "spec.minMember: minMember 4 exceeds totalNumber 3",
+            ),
+            (r#"{"minMember": 0, "members": [{"name": "a"}]}"#, "spec.minMember: must be at least 1"),
+            (r#"{"minMember": -1, "members": [{"name": "a"}]}"#, "spec.minMember: -1 out of range"),
+            (r#"{"minMember": 1, "totalNumber": 1, "members": []}"#, "spec.members: a gang needs at least one member"),
+            (
+                r#"{"minMember": 1, "totalNumber": 2, "members": [{"name": "a"}, {"name": "a"}]}"#,
+                "spec.members[1].name: duplicate member name \"a\"",
+            ),
+            (
+                r#"{"minMember": 1, "totalNumber": 1, "members": [{"name": "a"}, {"name": "b"}]}"#,
+                "spec.members: 2 members exceed totalNumber 1",
+            ),
+            (
+                r#"{"minMember": 1, "mode": "Loose", "members": [{"name": "a"}]}"#,
+                "spec.mode: unknown mode \"Loose\"",
+            ),
+            (
+                r#"{"minMember": 1, "totalNumber": 3, "members": [{"name": "a"}, {"name": "b"}, {"name": "c", "requests": {"cpu": "-1"}}]}"#,
+                "spec.members[2].requests.cpu: invalid quantity \"-1\"",
+            ),
+            (
+                r#"{"minMember": 1, "members": [{"name": "a", "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Within", "values": ["1"]}]}]}}}}]}"#,
+                "spec.members[0].affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator: unknown operator \"Within\"",
+            ),
+            (r#"{"minMember": 1, "members": [{"name": "A"}]}"#, "spec.members[0].name: invalid name"),
+        ];
+        for (spec, expected) in cases {
+            let err = parse(&gang_json(spec)).expect_err(spec);
+            assert!(err.starts_with(expected), "got {err}\nwant {expected}");
+        }
+        let err = parse(r#"{"name": "t", "namespace": "Bad NS", "spec": {"minMember": 1, "members": [{"name": "a"}]}}"#)
+            .expect_err("ns");
+        assert!(err.starts_with("namespace: invalid name"), "{err}");
+    }
+
+    #[test]
+    fn groups_refuse_empty_and_duplicates() {
+        let parse_group = |json: &str| -> Result<GangGroup, String> {
+            let raw: RawGangGroup = serde_json::from_str(json).map_err(|e| e.to_string())?;
+            raw.validate().map_err(|e| e.to_string())
+        };
+        let err = parse_group(r#"{"id": "g", "gangs": []}"#).expect_err("empty");
+        assert_eq!(err, "gangs: a gang group needs at least one gang");
+        let one = gang_json(r#"{"minMember": 1, "members": [{"name": "a"}]}"#);
+        let err =
+            parse_group(&format!(r#"{{"id": "g", "gangs": [{one}, {one}]}}"#)).expect_err("dup");
+        assert_eq!(err, "gangs[1]: duplicate gang ml/train");
+        let bad = gang_json(r#"{"minMember": 2, "totalNumber": 1, "members": [{"name": "a"}]}"#);
+        let err =
+            parse_group(&format!(r#"{{"id": "g", "gangs": [{one}, {bad}]}}"#)).expect_err("bad");
+        assert!(err.starts_with("gangs[1].spec.minMember"), "{err}");
+        assert!(parse_group(&format!(r#"{{"id": "g", "gangs": [{one}]}}"#)).is_ok());
+    }
+
+    #[test]
+    fn member_keys_round_trip_as_strings() {
+        let key = MemberKey::new("ns", "g", "m");
+        let json = serde_json::to_string(&key).expect("serialize");
+        assert_eq!(json, "\"ns/g/m\"");
+        let back: MemberKey = serde_json::from_str(&json).expect("deserialize");
+        assert_eq!(back, key);
+        assert!(serde_json::from_str::<MemberKey>("\"a/b\"").is_err());
+        assert!(serde_json::from_str::<MemberKey>("\"a//c\"").is_err());
+        assert!(MemberKey::new("a/b", "g", "m").validate().is_err());
+        assert!(MemberKey::new("a", "", "m").validate().is_err());
+        assert_eq!(key.validate(), Ok(()));
+    }
+}
