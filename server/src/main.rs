@@ -3,6 +3,7 @@
 //! with a one-line message and exit code 1.
 
 use clap::{Parser, Subcommand};
+use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
 use gangway_server::dev::DevArgs;
@@ -33,6 +34,8 @@ enum Command {
 enum Bench {
     /// Raft commit throughput and latency, sled and in-memory stores.
     Raft(RaftBenchArgs),
+    /// Placement engine and shard ledger throughput on one core, and memory per node.
+    Engine(EngineBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -49,6 +52,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Raft(args),
         } => bench::raft::run(args).await,
+        Command::Bench {
+            which: Bench::Engine(args),
+        } => bench::engine::run_bench(args),
     }
 }
 

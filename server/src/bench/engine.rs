@@ -1,0 +1,102 @@
+//! `gangway bench engine`: the placement engine and shard ledger on one core,
+//! no Raft: single basic pods placed one at a time (engine, then reserve and
+//! commit in the ledger), whole gangs placed as batches, and the memory a
+//! registered node costs. The workloads are `engine::bench`; this file times
+//! them and measures memory.
+
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::engine::bench::{fleet, run, run_gangs, BenchReport};
+use crate::ledger::{LedgerCommand, LedgerOp, ShardLedger};
+
+/// Most nodes any part of the benchmark builds.
+pub const BENCH_NODES_MAX: usize = 1_000_000;
+
+/// Flags of `gangway bench engine`.
+#[derive(Debug, clap::Args)]
+pub struct EngineBenchArgs {
+    /// Nodes for the single-pod run.
+    #[arg(long, default_value_t = 5_000)]
+    pub nodes: usize,
+    /// Basic cpu + memory pods placed one at a time.
+    #[arg(long, default_value_t = 20_000)]
+    pub pods: usize,
+    /// Nodes for the gang run.
+    #[arg(long, default_value_t = 10_000)]
+    pub gang_nodes: usize,
+    /// Gangs in the gang run.
+    #[arg(long, default_value_t = 64)]
+    pub gangs: usize,
+    /// Members per gang.
+    #[arg(long, default_value_t = 128)]
+    pub members: usize,
+    /// Nodes registered to measure memory per node.
+    #[arg(long, default_value_t = 50_000)]
+    pub memory_nodes: usize,
+}
+
+/// Runs the benchmark and prints a markdown table.
+pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
+    for (flag, n) in [("--nodes", args.nodes), ("--gang-nodes", args.gang_nodes), ("--memory-nodes", args.memory_nodes)] {
+        if n == 0 || n > BENCH_NODES_MAX {
+            bail!("{flag}: {n} is not in 1..={BENCH_NODES_MAX}");
+        }
+    }
+    if args.pods == 0 || args.gangs == 0 || args.members == 0 {
+        bail!("--pods, --gangs and --members must be >= 1");
+    }
+    let started = Instant::now();
+    let single = run(args.nodes, args.pods);
+    let single_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let gangs = run_gangs(args.gang_nodes, args.gangs, args.members);
+    let gangs_s = started.elapsed().as_secs_f64();
+    let per_node = memory_per_node(args.memory_nodes);
+
+    println!("| workload | nodes | placed | seconds | rate |");
+    println!("|---|---:|---:|---:|---:|");
+    row("single pods (cpu+memory), one at a time", &single, single_s, single.pods_placed as f64 / single_s, "pods/s");
+    row(
+        &format!("gangs of {} members", args.members),
+        &gangs,
+        gangs_s,
+        gangs.gangs_placed as f64 / gangs_s,
+        &format!("gangs/s ({:.0} pods/s)", gangs.pods_placed as f64 / gangs_s),
+    );
+    match per_node {
+        Some(bytes) => println!("\nmemory per registered node: {bytes:.0} bytes (RSS growth over {} nodes)", args.memory_nodes),
+        None => println!("\nmemory per registered node: not measurable here (no /proc/self/status)"),
+    }
+    Ok(())
+}
+
+fn row(what: &str, r: &BenchReport, seconds: f64, rate: f64, unit: &str) {
+    println!(
+        "| {what} | {} | {} of {} pods | {seconds:.3} | {rate:.0} {unit} |",
+        r.nodes, r.pods_placed, r.pods_requested
+    );
+}
+
+/// Resident memory of this process in bytes.
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes of resident memory one registered node adds to a shard ledger.
+fn memory_per_node(count: usize) -> Option<f64> {
+    let nodes = fleet(count);
+    let before = rss_bytes()?;
+    let mut ledger = ShardLedger::new();
+    for (i, node) in nodes.into_iter().enumerate() {
+        ledger.apply(&LedgerCommand { at_ms: i as u64, op: LedgerOp::RegisterNode { node } });
+    }
+    let after = rss_bytes()?;
+    let per_node = after.saturating_sub(before) as f64 / count as f64;
+    drop(ledger);
+    Some(per_node)
+}
