@@ -39,7 +39,11 @@ pub struct EngineBenchArgs {
 
 /// Runs the benchmark and prints a markdown table.
 pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
-    for (flag, n) in [("--nodes", args.nodes), ("--gang-nodes", args.gang_nodes), ("--memory-nodes", args.memory_nodes)] {
+    for (flag, n) in [
+        ("--nodes", args.nodes),
+        ("--gang-nodes", args.gang_nodes),
+        ("--memory-nodes", args.memory_nodes),
+    ] {
         if n == 0 || n > BENCH_NODES_MAX {
             bail!("{flag}: {n} is not in 1..={BENCH_NODES_MAX}");
         }
@@ -57,7 +61,13 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
 
     println!("| workload | nodes | placed | seconds | rate |");
     println!("|---|---:|---:|---:|---:|");
-    row("single pods (cpu+memory), one at a time", &single, single_s, single.pods_placed as f64 / single_s, "pods/s");
+    row(
+        "single pods (cpu+memory), one at a time",
+        &single,
+        single_s,
+        single.pods_placed as f64 / single_s,
+        "pods/s",
+    );
     row(
         &format!("gangs of {} members", args.members),
         &gangs,
@@ -66,8 +76,13 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
         &format!("gangs/s ({:.0} pods/s)", gangs.pods_placed as f64 / gangs_s),
     );
     match per_node {
-        Some(bytes) => println!("\nmemory per registered node: {bytes:.0} bytes (RSS growth over {} nodes)", args.memory_nodes),
-        None => println!("\nmemory per registered node: not measurable here (no /proc/self/status)"),
+        Some(bytes) => println!(
+            "\nmemory per registered node: {bytes:.0} bytes (RSS growth over {} nodes)",
+            args.memory_nodes
+        ),
+        None => {
+            println!("\nmemory per registered node: not measurable here (no /proc/self/status)")
+        }
     }
     Ok(())
 }
@@ -93,7 +108,10 @@ fn memory_per_node(count: usize) -> Option<f64> {
     let before = rss_bytes()?;
     let mut ledger = ShardLedger::new();
     for (i, node) in nodes.into_iter().enumerate() {
-        ledger.apply(&LedgerCommand { at_ms: i as u64, op: LedgerOp::RegisterNode { node } });
+        ledger.apply(&LedgerCommand {
+            at_ms: i as u64,
+            op: LedgerOp::RegisterNode { node },
+        });
     }
     let after = rss_bytes()?;
     let per_node = after.saturating_sub(before) as f64 / count as f64;
