@@ -1,0 +1,124 @@
+//! Gang groups as the meta group records them: the durable queue of every
+//! accepted submission and its state, from `Queued` to a terminal state.
+//!
+//! Invariants: a group holds capacity on shards only in `Placing` (reserved,
+//! undecided), `Placed` and `Releasing`; a terminal group holds nothing. The
+//! idempotency key maps to exactly one group.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::TxnId;
+use crate::model::GangGroup;
+
+/// Sequence number the meta group gives each accepted gang group.
+pub type GroupSeq = u64;
+
+/// Where a gang group is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum GroupState {
+    /// Waiting to be placed (again after `not_before_ms` when retried).
+    Queued,
+    /// Transaction `txn` is reserving its members on shards.
+    Placing {
+        /// The transaction.
+        txn: TxnId,
+    },
+    /// Every gang reached its minMember in one committed decision.
+    Placed,
+    /// Its members are being released on their shards; then it ends as `then`.
+    Releasing {
+        /// The terminal state after the release.
+        then: Terminal,
+    },
+    /// Finished; holds nothing.
+    Done {
+        /// How it ended.
+        how: Terminal,
+    },
+}
+
+/// How a gang group ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Terminal {
+    /// Its work finished and it was released.
+    Released,
+    /// Cancelled by a user.
+    Cancelled,
+    /// waitTime passed before it could be placed.
+    TimedOut,
+}
+
+impl GroupState {
+    /// The state's name as the API shows it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GroupState::Queued => "Queued",
+            GroupState::Placing { .. } => "Placing",
+            GroupState::Placed => "Placed",
+            GroupState::Releasing { .. } => "Releasing",
+            GroupState::Done {
+                how: Terminal::Released,
+            } => "Released",
+            GroupState::Done {
+                how: Terminal::Cancelled,
+            } => "Cancelled",
+            GroupState::Done {
+                how: Terminal::TimedOut,
+            } => "TimedOut",
+        }
+    }
+
+    /// Whether the group has ended.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, GroupState::Done { .. })
+    }
+}
+
+/// Where one member was placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Node name.
+    pub node: String,
+    /// The node's shard.
+    pub shard: u32,
+}
+
+/// A gang group and everything the meta group knows of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    /// Sequence number (the group's id in the API).
+    pub seq: GroupSeq,
+    /// The submitter's idempotency key.
+    pub key: String,
+    /// The validated group; each gang's `creation_order` is `seq`.
+    pub group: GangGroup,
+    /// Where it is.
+    pub state: GroupState,
+    /// When it was accepted (leader's clock).
+    pub submitted_at_ms: u64,
+    /// When it times out if still unplaced (None: never).
+    pub deadline_ms: Option<u64>,
+    /// Placement attempts that ended in an abort.
+    pub attempts: u32,
+    /// Not retried before this time.
+    pub not_before_ms: u64,
+    /// Why the last attempt failed, for people.
+    pub reason: String,
+    /// Member key (`ns/gang/member`) → placement, once placed.
+    pub placements: BTreeMap<String, Placement>,
+    /// Bumped on every change, so watchers see each one.
+    pub version: u64,
+    /// Highest priority over its gangs (queue order).
+    pub priority: i32,
+}
+
+impl GroupRecord {
+    /// Queue order: higher priority first, then earlier submission, then lower seq.
+    pub fn order_key(&self) -> (i64, GroupSeq) {
+        (-i64::from(self.priority), self.seq)
+    }
+}

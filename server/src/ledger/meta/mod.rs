@@ -1,0 +1,592 @@
+//! The meta group's state: the shard map (node -> shard), the durable queue of
+//! gang groups with their states, and the 2PC decision log.
+//!
+//! Invariants: deterministic (ordered maps, times only from commands); a node's
+//! shard never changes once assigned; an idempotency key names one group; a
+//! transaction's decision never changes once written; a terminal group holds
+//! nothing. Called through `replicated::MetaMachine`; the coordinator and the
+//! front door write its commands.
+
+pub mod decisions;
+pub mod groups;
+pub mod shard_map;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use decisions::{Decision, TxnRecord};
+pub use groups::{GroupRecord, GroupSeq, GroupState, Placement, Terminal};
+pub use shard_map::shard_for;
+
+use crate::ledger::TxnId;
+use crate::model::GangGroup;
+
+/// Terminal groups kept (with their idempotency keys); older ones are forgotten.
+pub const FINISHED_GROUPS_MAX: usize = 10_000;
+/// Decided transactions kept; older ones are forgotten.
+pub const DECIDED_TXNS_MAX: usize = 50_000;
+/// First retry delay after an aborted attempt.
+pub const RETRY_BACKOFF_BASE_MS: u64 = 100;
+/// Longest retry delay.
+pub const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
+
+/// A command of the meta group; `at_ms` is the proposer's clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaCommand {
+    /// Assigns `node` to `shard` unless it already has a shard.
+    AssignNode {
+        /// Node name.
+        node: String,
+        /// Proposed shard.
+        shard: u32,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Accepts a gang group (or finds the one already accepted under `key`).
+    Submit {
+        /// Idempotency key.
+        key: String,
+        /// The validated group.
+        group: GangGroup,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Starts a placement transaction for a queued group.
+    BeginTxn {
+        /// The group.
+        seq: GroupSeq,
+        /// Shards that will be asked to reserve.
+        participants: Vec<u32>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Records the coordinator's decision (the commit point of 2PC).
+    Decide {
+        /// The transaction.
+        txn: TxnId,
+        /// Commit or abort.
+        decision: Decision,
+        /// Member key -> placement, for a commit.
+        placements: BTreeMap<String, Placement>,
+        /// Why, for an abort.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A participant's question at its reservation deadline: the decision, or an ABORT tombstone.
+    AbortIfUndecided {
+        /// The transaction.
+        txn: TxnId,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Times out a queued group whose waitTime has passed.
+    Expire {
+        /// The group.
+        seq: GroupSeq,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Cancels a group in any state; placed members get released.
+    Cancel {
+        /// The group.
+        seq: GroupSeq,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Releases a placed group whose work finished.
+    Release {
+        /// The group.
+        seq: GroupSeq,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The coordinator released a group's members on every shard.
+    ReleaseDone {
+        /// The group.
+        seq: GroupSeq,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+}
+
+/// The meta group's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaReply {
+    /// The node's shard.
+    Shard {
+        /// Shard id.
+        shard: u32,
+    },
+    /// The node has no shard yet.
+    NotAssigned,
+    /// The whole shard map.
+    ShardMap {
+        /// node -> shard.
+        map: BTreeMap<String, u32>,
+    },
+    /// A submission was accepted (`created`) or found under its key.
+    Submitted {
+        /// The group.
+        seq: GroupSeq,
+        /// Whether this call created it.
+        created: bool,
+    },
+    /// A transaction began.
+    TxnBegun {
+        /// The transaction.
+        txn: TxnId,
+    },
+    /// A transaction's decision (new or already recorded).
+    Decided {
+        /// The transaction.
+        txn: TxnId,
+        /// The decision.
+        decision: Decision,
+    },
+    /// One group.
+    Group {
+        /// Its record.
+        record: Box<GroupRecord>,
+    },
+    /// Several groups, in queue order.
+    Groups {
+        /// Their records.
+        records: Vec<GroupRecord>,
+    },
+    /// One transaction, if known.
+    Txn {
+        /// Its record.
+        record: Option<TxnRecord>,
+    },
+    /// Refused; the state is unchanged.
+    Rejected {
+        /// Why, naming the field.
+        reason: String,
+    },
+}
+
+/// A read-only question to the meta group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaQuery {
+    /// The shard of one node.
+    ShardOf {
+        /// Node name.
+        node: String,
+    },
+    /// The whole shard map.
+    ShardMap,
+    /// One group.
+    Group {
+        /// The group.
+        seq: GroupSeq,
+    },
+    /// Groups, in queue order (all, or only those not terminal).
+    Groups {
+        /// Leave out terminal groups.
+        active_only: bool,
+    },
+    /// One transaction.
+    Txn {
+        /// The transaction.
+        txn: TxnId,
+    },
+}
+
+/// The meta group's replicated state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaState {
+    shards: u32,
+    shard_map: BTreeMap<String, u32>,
+    groups: BTreeMap<GroupSeq, GroupRecord>,
+    keys: BTreeMap<String, GroupSeq>,
+    txns: BTreeMap<TxnId, TxnRecord>,
+    next_seq: GroupSeq,
+    next_txn: u64,
+}
+
+fn rejected(reason: impl Into<String>) -> MetaReply {
+    MetaReply::Rejected {
+        reason: reason.into(),
+    }
+}
+
+/// Delay before retry number `attempts` (1-based), doubling up to the cap.
+pub fn retry_backoff_ms(attempts: u32) -> u64 {
+    let shift = attempts.saturating_sub(1).min(16);
+    (RETRY_BACKOFF_BASE_MS << shift).min(RETRY_BACKOFF_MAX_MS)
+}
+
+impl MetaState {
+    /// An empty state over `shards` shards.
+    pub fn new(shards: u32) -> Self {
+        Self {
+            shards,
+            next_seq: 1,
+            next_txn: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Applies one command.
+    pub fn apply(&mut self, cmd: &MetaCommand) -> MetaReply {
+        match cmd {
+            MetaCommand::AssignNode { node, shard, .. } => self.assign_node(node, *shard),
+            MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
+            MetaCommand::BeginTxn {
+                seq,
+                participants,
+                at_ms,
+            } => self.begin_txn(*seq, participants, *at_ms),
+            MetaCommand::Decide {
+                txn,
+                decision,
+                placements,
+                reason,
+                at_ms,
+            } => self.decide(*txn, *decision, placements, reason, *at_ms),
+            MetaCommand::AbortIfUndecided { txn, at_ms } => self.decide(
+                *txn,
+                Decision::Abort,
+                &BTreeMap::new(),
+                "reservation deadline passed",
+                *at_ms,
+            ),
+            MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
+            MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
+            MetaCommand::Release { seq, .. } => self.release(*seq),
+            MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
+        }
+    }
+
+    /// Answers a query.
+    pub fn query(&self, q: &MetaQuery) -> MetaReply {
+        match q {
+            MetaQuery::ShardOf { node } => match self.shard_map.get(node) {
+                Some(shard) => MetaReply::Shard { shard: *shard },
+                None => MetaReply::NotAssigned,
+            },
+            MetaQuery::ShardMap => MetaReply::ShardMap {
+                map: self.shard_map.clone(),
+            },
+            MetaQuery::Group { seq } => match self.groups.get(seq) {
+                Some(r) => MetaReply::Group {
+                    record: Box::new(r.clone()),
+                },
+                None => rejected(format!("id: no gang group {seq}")),
+            },
+            MetaQuery::Groups { active_only } => {
+                let mut records: Vec<GroupRecord> = self
+                    .groups
+                    .values()
+                    .filter(|r| !active_only || !r.state.is_terminal())
+                    .cloned()
+                    .collect();
+                records.sort_by_key(GroupRecord::order_key);
+                MetaReply::Groups { records }
+            }
+            MetaQuery::Txn { txn } => MetaReply::Txn {
+                record: self.txns.get(txn).cloned(),
+            },
+        }
+    }
+
+    fn assign_node(&mut self, node: &str, shard: u32) -> MetaReply {
+        if node.is_empty() {
+            return rejected("node: must not be empty");
+        }
+        if shard == 0 || shard > self.shards {
+            return rejected(format!("shard: {shard} is not in 1..={}", self.shards));
+        }
+        let shard = *self.shard_map.entry(node.to_string()).or_insert(shard);
+        MetaReply::Shard { shard }
+    }
+
+    fn submit(&mut self, key: &str, group: &GangGroup, at_ms: u64) -> MetaReply {
+        if key.is_empty() {
+            return rejected("idempotency_key: must not be empty");
+        }
+        if let Some(seq) = self.keys.get(key) {
+            return MetaReply::Submitted {
+                seq: *seq,
+                created: false,
+            };
+        }
+        if let Err(e) = group.validate(&crate::model::FieldPath::root()) {
+            return rejected(e.to_string());
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut group = group.clone();
+        for gang in &mut group.gangs {
+            gang.creation_order = seq;
+        }
+        let deadline_ms = group
+            .gangs
+            .iter()
+            .filter(|g| g.wait_time_ms > 0)
+            .map(|g| at_ms.saturating_add(g.wait_time_ms))
+            .min();
+        let priority = group.gangs.iter().map(|g| g.priority).max().unwrap_or(0);
+        let record = GroupRecord {
+            seq,
+            key: key.to_string(),
+            group,
+            state: GroupState::Queued,
+            submitted_at_ms: at_ms,
+            deadline_ms,
+            attempts: 0,
+            not_before_ms: at_ms,
+            reason: String::new(),
+            placements: BTreeMap::new(),
+            version: 1,
+            priority,
+        };
+        self.groups.insert(seq, record);
+        self.keys.insert(key.to_string(), seq);
+        self.forget_old_groups();
+        MetaReply::Submitted { seq, created: true }
+    }
+
+    fn begin_txn(&mut self, seq: GroupSeq, participants: &[u32], at_ms: u64) -> MetaReply {
+        let Some(record) = self.groups.get_mut(&seq) else {
+            return rejected(format!("seq: no gang group {seq}"));
+        };
+        if record.state != GroupState::Queued {
+            return rejected(format!(
+                "gang group {seq} is {}, not Queued",
+                record.state.name()
+            ));
+        }
+        if let Some(bad) = participants.iter().find(|s| **s == 0 || **s > self.shards) {
+            return rejected(format!(
+                "participants: shard {bad} is not in 1..={}",
+                self.shards
+            ));
+        }
+        // Never reuse an id that already has a record (e.g. a tombstone).
+        while self.txns.contains_key(&TxnId(self.next_txn)) {
+            self.next_txn += 1;
+        }
+        let txn = TxnId(self.next_txn);
+        self.next_txn += 1;
+        record.state = GroupState::Placing { txn };
+        record.version += 1;
+        let mut participants = participants.to_vec();
+        participants.sort_unstable();
+        participants.dedup();
+        self.txns.insert(
+            txn,
+            TxnRecord {
+                txn,
+                group: Some(seq),
+                participants,
+                decision: None,
+                began_at_ms: at_ms,
+            },
+        );
+        MetaReply::TxnBegun { txn }
+    }
+
+    fn decide(
+        &mut self,
+        txn: TxnId,
+        decision: Decision,
+        placements: &BTreeMap<String, Placement>,
+        reason: &str,
+        at_ms: u64,
+    ) -> MetaReply {
+        let record = match self.txns.get_mut(&txn) {
+            Some(r) => r,
+            None if decision == Decision::Abort => {
+                // A tombstone: no record means no coordinator will ever commit it.
+                self.txns.insert(
+                    txn,
+                    TxnRecord {
+                        txn,
+                        group: None,
+                        participants: Vec::new(),
+                        decision: Some(Decision::Abort),
+                        began_at_ms: at_ms,
+                    },
+                );
+                self.forget_old_txns();
+                return MetaReply::Decided { txn, decision };
+            }
+            None => {
+                return rejected(format!(
+                    "txn: {txn} is unknown; only an abort can be recorded for it"
+                ))
+            }
+        };
+        if let Some(existing) = record.decision {
+            return MetaReply::Decided {
+                txn,
+                decision: existing,
+            };
+        }
+        record.decision = Some(decision);
+        let group = record.group;
+        if let Some(g) = group.and_then(|seq| self.groups.get_mut(&seq)) {
+            if g.state == (GroupState::Placing { txn }) {
+                apply_decision(g, decision, placements, reason, at_ms);
+            }
+        }
+        self.forget_old_txns();
+        MetaReply::Decided { txn, decision }
+    }
+
+    fn expire(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return rejected(format!("seq: no gang group {seq}"));
+        };
+        let due = g.deadline_ms.is_some_and(|d| d <= at_ms);
+        if g.state == GroupState::Queued && due {
+            g.state = GroupState::Done {
+                how: Terminal::TimedOut,
+            };
+            g.reason = format!(
+                "waitTime passed before the group could be placed ({})",
+                g.reason
+            );
+            g.version += 1;
+        }
+        MetaReply::Group {
+            record: Box::new(g.clone()),
+        }
+    }
+
+    fn cancel(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {
+        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        let next = match state {
+            GroupState::Queued => GroupState::Done {
+                how: Terminal::Cancelled,
+            },
+            GroupState::Placing { txn } => {
+                // Abort the undecided transaction first, so a late commit cannot land.
+                if let Some(t) = self.txns.get_mut(&txn) {
+                    t.decision.get_or_insert(Decision::Abort);
+                }
+                GroupState::Releasing {
+                    then: Terminal::Cancelled,
+                }
+            }
+            GroupState::Placed => GroupState::Releasing {
+                then: Terminal::Cancelled,
+            },
+            GroupState::Releasing { .. } | GroupState::Done { .. } => state,
+        };
+        let _ = at_ms;
+        self.set_state(seq, next)
+    }
+
+    fn release(&mut self, seq: GroupSeq) -> MetaReply {
+        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        match state {
+            GroupState::Placed => self.set_state(
+                seq,
+                GroupState::Releasing {
+                    then: Terminal::Released,
+                },
+            ),
+            GroupState::Releasing { .. } | GroupState::Done { .. } => self.set_state(seq, state),
+            other => rejected(format!(
+                "gang group {seq} is {}, not Placed; cancel it instead",
+                other.name()
+            )),
+        }
+    }
+
+    fn release_done(&mut self, seq: GroupSeq) -> MetaReply {
+        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        match state {
+            GroupState::Releasing { then } => self.set_state(seq, GroupState::Done { how: then }),
+            other => self.set_state(seq, other),
+        }
+    }
+
+    fn set_state(&mut self, seq: GroupSeq, state: GroupState) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        if g.state != state {
+            g.state = state;
+            g.version += 1;
+        }
+        let reply = MetaReply::Group {
+            record: Box::new(g.clone()),
+        };
+        self.forget_old_groups();
+        reply
+    }
+
+    fn forget_old_groups(&mut self) {
+        let terminal: Vec<GroupSeq> = self
+            .groups
+            .values()
+            .filter(|g| g.state.is_terminal())
+            .map(|g| g.seq)
+            .collect();
+        let excess = terminal.len().saturating_sub(FINISHED_GROUPS_MAX);
+        for seq in terminal.into_iter().take(excess) {
+            if let Some(g) = self.groups.remove(&seq) {
+                self.keys.remove(&g.key);
+            }
+        }
+    }
+
+    fn forget_old_txns(&mut self) {
+        let decided: Vec<TxnId> = self
+            .txns
+            .values()
+            .filter(|t| t.decision.is_some())
+            .map(|t| t.txn)
+            .collect();
+        let excess = decided.len().saturating_sub(DECIDED_TXNS_MAX);
+        for txn in decided.into_iter().take(excess) {
+            self.txns.remove(&txn);
+        }
+    }
+}
+
+fn apply_decision(
+    g: &mut GroupRecord,
+    decision: Decision,
+    placements: &BTreeMap<String, Placement>,
+    reason: &str,
+    at_ms: u64,
+) {
+    g.version += 1;
+    match decision {
+        Decision::Commit => {
+            g.state = GroupState::Placed;
+            g.placements = placements.clone();
+            g.reason.clear();
+        }
+        Decision::Abort => {
+            g.attempts += 1;
+            g.reason = reason.to_string();
+            if g.deadline_ms.is_some_and(|d| d <= at_ms) {
+                g.state = GroupState::Done {
+                    how: Terminal::TimedOut,
+                };
+            } else {
+                g.state = GroupState::Queued;
+                g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,367 @@
+//! Unit and property tests of the meta state: idempotent submission, the 2PC
+//! decision rules (decision written once; a tombstone beats a late commit),
+//! retries with backoff, timeouts, cancel and release, and determinism.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::model::{Gang, GangMode, Member, PodSpec};
+
+fn gang(name: &str, members: u32, min: u32, wait_ms: u64, priority: i32) -> Gang {
+    Gang {
+        name: name.into(),
+        namespace: "default".into(),
+        min_member: min,
+        total_number: members,
+        mode: GangMode::Strict,
+        wait_time_ms: wait_ms,
+        priority,
+        creation_order: 0,
+        members: (0..members)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                spec: PodSpec::default(),
+            })
+            .collect(),
+    }
+}
+
+fn group(id: &str, gangs: Vec<Gang>) -> GangGroup {
+    GangGroup {
+        id: id.into(),
+        gangs,
+    }
+}
+
+fn submit(m: &mut MetaState, key: &str, g: GangGroup, at_ms: u64) -> GroupSeq {
+    match m.apply(&MetaCommand::Submit {
+        key: key.into(),
+        group: g,
+        at_ms,
+    }) {
+        MetaReply::Submitted { seq, .. } => seq,
+        other => panic!("submit failed: {other:?}"),
+    }
+}
+
+fn begin(m: &mut MetaState, seq: GroupSeq, at_ms: u64) -> TxnId {
+    match m.apply(&MetaCommand::BeginTxn {
+        seq,
+        participants: vec![1, 2],
+        at_ms,
+    }) {
+        MetaReply::TxnBegun { txn } => txn,
+        other => panic!("begin failed: {other:?}"),
+    }
+}
+
+fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Decision {
+    let placements = BTreeMap::from([(
+        "default/a/m0".to_string(),
+        Placement {
+            node: "n1".into(),
+            shard: 1,
+        },
+    )]);
+    match m.apply(&MetaCommand::Decide {
+        txn,
+        decision,
+        placements,
+        reason: "no room".into(),
+        at_ms,
+    }) {
+        MetaReply::Decided { decision, .. } => decision,
+        other => panic!("decide failed: {other:?}"),
+    }
+}
+
+fn state(m: &MetaState, seq: GroupSeq) -> GroupRecord {
+    match m.query(&MetaQuery::Group { seq }) {
+        MetaReply::Group { record } => *record,
+        other => panic!("no group {seq}: {other:?}"),
+    }
+}
+
+#[test]
+fn the_same_key_yields_the_same_group() {
+    let mut m = MetaState::new(2);
+    let a = submit(&mut m, "k1", group("g", vec![gang("a", 2, 2, 0, 0)]), 10);
+    let reply = m.apply(&MetaCommand::Submit {
+        key: "k1".into(),
+        group: group("g", vec![gang("a", 2, 2, 0, 0)]),
+        at_ms: 20,
+    });
+    assert_eq!(
+        reply,
+        MetaReply::Submitted {
+            seq: a,
+            created: false
+        }
+    );
+    match m.query(&MetaQuery::Groups { active_only: false }) {
+        MetaReply::Groups { records } => assert_eq!(records.len(), 1),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn invalid_submissions_are_refused_and_store_nothing() {
+    let mut m = MetaState::new(2);
+    let before = m.clone();
+    let reply = m.apply(&MetaCommand::Submit {
+        key: String::new(),
+        group: group("g", vec![gang("a", 1, 1, 0, 0)]),
+        at_ms: 1,
+    });
+    assert!(
+        matches!(reply, MetaReply::Rejected { reason } if reason.starts_with("idempotency_key"))
+    );
+    let reply = m.apply(&MetaCommand::Submit {
+        key: "k".into(),
+        group: group("g", vec![gang("a", 2, 3, 0, 0)]),
+        at_ms: 1,
+    });
+    assert!(
+        matches!(reply, MetaReply::Rejected { .. }),
+        "minMember > totalNumber: {reply:?}"
+    );
+    assert_eq!(m, before);
+}
+
+#[test]
+fn commit_places_and_a_decision_never_changes() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    assert_eq!(decide(&mut m, txn, Decision::Commit, 2), Decision::Commit);
+    assert_eq!(state(&m, seq).state, GroupState::Placed);
+    assert_eq!(
+        decide(&mut m, txn, Decision::Abort, 3),
+        Decision::Commit,
+        "a later abort cannot undo a commit"
+    );
+    let reply = m.apply(&MetaCommand::AbortIfUndecided { txn, at_ms: 4 });
+    assert_eq!(
+        reply,
+        MetaReply::Decided {
+            txn,
+            decision: Decision::Commit
+        }
+    );
+}
+
+#[test]
+fn tombstone_beats_a_late_commit() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    let reply = m.apply(&MetaCommand::AbortIfUndecided { txn, at_ms: 50 });
+    assert_eq!(
+        reply,
+        MetaReply::Decided {
+            txn,
+            decision: Decision::Abort
+        }
+    );
+    assert_eq!(decide(&mut m, txn, Decision::Commit, 51), Decision::Abort);
+    let r = state(&m, seq);
+    assert_eq!(r.state, GroupState::Queued, "requeued after the abort");
+    assert_eq!(r.attempts, 1);
+    assert_eq!(r.not_before_ms, 50 + retry_backoff_ms(1));
+    // An unknown transaction gets a tombstone too, and can then never commit.
+    let ghost = TxnId(999);
+    assert_eq!(
+        m.apply(&MetaCommand::AbortIfUndecided {
+            txn: ghost,
+            at_ms: 60
+        }),
+        MetaReply::Decided {
+            txn: ghost,
+            decision: Decision::Abort
+        }
+    );
+    assert_eq!(decide(&mut m, ghost, Decision::Commit, 61), Decision::Abort);
+}
+
+#[test]
+fn abort_after_wait_time_times_the_group_out() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 1_000, 0)]), 0);
+    let txn = begin(&mut m, seq, 500);
+    decide(&mut m, txn, Decision::Abort, 1_000);
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Done {
+            how: Terminal::TimedOut
+        }
+    );
+    let seq2 = submit(
+        &mut m,
+        "k2",
+        group("g2", vec![gang("b", 1, 1, 1_000, 0)]),
+        0,
+    );
+    m.apply(&MetaCommand::Expire {
+        seq: seq2,
+        at_ms: 999,
+    });
+    assert_eq!(state(&m, seq2).state, GroupState::Queued, "not yet due");
+    m.apply(&MetaCommand::Expire {
+        seq: seq2,
+        at_ms: 1_000,
+    });
+    assert_eq!(
+        state(&m, seq2).state,
+        GroupState::Done {
+            how: Terminal::TimedOut
+        }
+    );
+}
+
+#[test]
+fn cancel_and_release_pass_through_releasing() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    m.apply(&MetaCommand::Cancel { seq, at_ms: 2 });
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Releasing {
+            then: Terminal::Cancelled
+        }
+    );
+    assert_eq!(
+        decide(&mut m, txn, Decision::Commit, 3),
+        Decision::Abort,
+        "cancel aborted the open transaction"
+    );
+    m.apply(&MetaCommand::ReleaseDone { seq, at_ms: 4 });
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Done {
+            how: Terminal::Cancelled
+        }
+    );
+
+    let seq = submit(&mut m, "k2", group("g2", vec![gang("a", 1, 1, 0, 0)]), 10);
+    let refused = m.apply(&MetaCommand::Release { seq, at_ms: 11 });
+    assert!(
+        matches!(refused, MetaReply::Rejected { .. }),
+        "a queued group cannot be released"
+    );
+    let txn = begin(&mut m, seq, 12);
+    decide(&mut m, txn, Decision::Commit, 13);
+    m.apply(&MetaCommand::Release { seq, at_ms: 14 });
+    m.apply(&MetaCommand::ReleaseDone { seq, at_ms: 15 });
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Done {
+            how: Terminal::Released
+        }
+    );
+}
+
+#[test]
+fn queue_order_is_priority_then_submission() {
+    let mut m = MetaState::new(2);
+    let low = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 1)]), 0);
+    let high = submit(&mut m, "b", group("b", vec![gang("b", 1, 1, 0, 9)]), 1);
+    let low2 = submit(&mut m, "c", group("c", vec![gang("c", 1, 1, 0, 1)]), 2);
+    match m.query(&MetaQuery::Groups { active_only: true }) {
+        MetaReply::Groups { records } => {
+            let order: Vec<_> = records.iter().map(|r| r.seq).collect();
+            assert_eq!(order, vec![high, low, low2]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn shard_assignment_is_sticky_and_bounded() {
+    let mut m = MetaState::new(3);
+    let a = MetaCommand::AssignNode {
+        node: "n1".into(),
+        shard: 2,
+        at_ms: 1,
+    };
+    assert_eq!(m.apply(&a), MetaReply::Shard { shard: 2 });
+    let b = MetaCommand::AssignNode {
+        node: "n1".into(),
+        shard: 3,
+        at_ms: 2,
+    };
+    assert_eq!(m.apply(&b), MetaReply::Shard { shard: 2 });
+    let bad = MetaCommand::AssignNode {
+        node: "n2".into(),
+        shard: 4,
+        at_ms: 3,
+    };
+    assert!(
+        matches!(m.apply(&bad), MetaReply::Rejected { reason } if reason.starts_with("shard:"))
+    );
+}
+
+fn arb_command() -> impl Strategy<Value = MetaCommand> {
+    prop_oneof![
+        (0u8..6, 1u32..4, 0u64..3_000).prop_map(|(k, n, wait)| MetaCommand::Submit {
+            key: format!("k{k}"),
+            group: group("g", vec![gang("a", n, n, wait, 0)]),
+            at_ms: 0,
+        }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::BeginTxn {
+            seq,
+            participants: vec![1, 2],
+            at_ms
+        }),
+        (1u64..10, prop::bool::ANY, 0u64..5_000).prop_map(|(t, commit, at_ms)| {
+            MetaCommand::Decide {
+                txn: TxnId(t),
+                decision: if commit {
+                    Decision::Commit
+                } else {
+                    Decision::Abort
+                },
+                placements: BTreeMap::new(),
+                reason: String::new(),
+                at_ms,
+            }
+        }),
+        (1u64..10, 0u64..5_000).prop_map(|(t, at_ms)| MetaCommand::AbortIfUndecided {
+            txn: TxnId(t),
+            at_ms
+        }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Cancel { seq, at_ms }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Release { seq, at_ms }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::ReleaseDone { seq, at_ms }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Expire { seq, at_ms }),
+    ]
+}
+
+proptest! {
+    /// Same commands, same bytes; a decision never changes; Placing always names an undecided-or-own txn.
+    #[test]
+    fn deterministic_and_decisions_are_final(cmds in prop::collection::vec(arb_command(), 1..60)) {
+        let mut a = MetaState::new(2);
+        let mut b = MetaState::new(2);
+        let mut decided: BTreeMap<TxnId, Decision> = BTreeMap::new();
+        for cmd in &cmds {
+            let ra = a.apply(cmd);
+            let rb = b.apply(cmd);
+            prop_assert_eq!(&ra, &rb);
+            if let MetaReply::Decided { txn, decision } = ra {
+                if let Some(prev) = decided.insert(txn, decision) {
+                    prop_assert_eq!(prev, decision, "decision of {} changed", txn);
+                }
+            }
+            for g in a.groups.values() {
+                if let GroupState::Placing { txn } = g.state {
+                    let t = a.txns.get(&txn);
+                    prop_assert!(t.is_some_and(|t| t.decision.is_none()), "Placing group {} with decided txn {}", g.seq, txn);
+                }
+            }
+        }
+        prop_assert_eq!(serde_json::to_vec(&a).ok(), serde_json::to_vec(&b).ok());
+    }
+}
