@@ -15,7 +15,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
 
 use crate::frontdoor::inventory::InventoryService;
-use crate::replicated::machine_for;
+use crate::replicated::{machine_for, Groups};
 
 /// What a replica needs besides its storage and listener.
 #[derive(Debug, Clone)]
@@ -46,7 +46,8 @@ impl Replica {
         let shards = opts.shards;
         let factory = move |g| machine_for(g, shards);
         let host = RaftHost::start(opts.host, store, &factory).await?;
-        let inventory = InventoryService::new(host.clone(), shards, opts.topology_label);
+        let inventory =
+            InventoryService::new(Groups::new(host.clone()), shards, opts.topology_label);
         let router = tonic::transport::Server::builder()
             .add_service(host.transport_service())
             .add_service(host.admin_service())

@@ -4,13 +4,15 @@
 //! `Rejected` reply and changes nothing. Group 0 is the meta group, 1..=S are
 //! shards.
 
-use gangway_raft::{GroupId, RestoreError, StateMachine, META_GROUP};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gangway_raft::{GroupId, HostError, RaftHost, RestoreError, StateMachine, META_GROUP};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::meta::{MetaReply, MetaState};
-use crate::ledger::query::{answer, ShardAnswer};
-use crate::ledger::{LedgerReply, ShardLedger};
+use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState};
+use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
+use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 
 /// Encodes a command, query or reply for the Raft log.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -114,6 +116,102 @@ impl StateMachine for ShardMachine {
                 reason: e.to_string(),
             }),
         }
+    }
+}
+
+/// A failure talking to a replicated group.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// Routing, quorum or storage failure.
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// A reply that is not what the group's state machine sends.
+    #[error("group {group} sent an undecodable reply: {reason}")]
+    Decode {
+        /// The group.
+        group: GroupId,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl GroupError {
+    /// The gRPC status for this failure.
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            GroupError::Host(e) => e.to_status(),
+            GroupError::Decode { .. } => tonic::Status::internal(self.to_string()),
+        }
+    }
+}
+
+/// The proposer's wall clock in ms, stamped on commands (apply never reads a clock).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Typed access to the meta group and the shards through a replica's host.
+#[derive(Clone)]
+pub struct Groups {
+    host: RaftHost,
+}
+
+impl Groups {
+    /// Wraps `host`.
+    pub fn new(host: RaftHost) -> Self {
+        Self { host }
+    }
+
+    /// The underlying host.
+    pub fn host(&self) -> &RaftHost {
+        &self.host
+    }
+
+    fn decode<T: DeserializeOwned>(group: GroupId, bytes: &[u8]) -> Result<T, GroupError> {
+        decode(bytes).map_err(|e| GroupError::Decode {
+            group,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Commits a meta command on the meta leader.
+    pub async fn meta(&self, cmd: &MetaCommand) -> Result<MetaReply, GroupError> {
+        let out = self.host.write(META_GROUP, encode(cmd)).await?;
+        Self::decode(META_GROUP, &out.reply)
+    }
+
+    /// Reads the meta group linearizably.
+    pub async fn meta_query(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
+        let out = self.host.read(META_GROUP, encode(q)).await?;
+        Self::decode(META_GROUP, &out.reply)
+    }
+
+    /// Commits a ledger operation on shard `shard`, stamped with this clock.
+    pub async fn shard(&self, shard: u32, op: LedgerOp) -> Result<ShardOutcome, GroupError> {
+        let group = u64::from(shard);
+        let cmd = LedgerCommand {
+            at_ms: now_ms(),
+            op,
+        };
+        let out = self.host.write(group, encode(&cmd)).await?;
+        Self::decode(group, &out.reply)
+    }
+
+    /// Reads shard `shard` linearizably.
+    pub async fn shard_query(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
+        let group = u64::from(shard);
+        let out = self.host.read(group, encode(q)).await?;
+        Self::decode(group, &out.reply)
+    }
+
+    /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's own state).
+    pub fn shard_query_local(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
+        let group = u64::from(shard);
+        let out = self.host.read_local(group, &encode(q))?;
+        Self::decode(group, &out.reply)
     }
 }
 

@@ -4,90 +4,71 @@
 //! registration converges.
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
 use gangway_proto::v1::{
     GetNodeRequest, ListNodesReply, ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeReply,
     RegisterNodeRequest, Taint,
 };
-use gangway_raft::{HostError, RaftHost, META_GROUP};
 use tonic::{Request, Response, Status};
 
 use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
 use crate::model::node::RawTaint;
 use crate::model::resources::RawQuantity;
 use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
-use crate::replicated::{decode, encode, ShardOutcome};
+use crate::replicated::{now_ms, Groups, ShardOutcome};
 
-/// The Inventory gRPC service over one replica's host.
+/// The Inventory gRPC service over one replica's groups.
 pub struct InventoryService {
-    host: RaftHost,
+    groups: Groups,
     shards: u32,
     topology_label: Option<String>,
 }
 
 impl InventoryService {
-    /// A service routing to `host`'s groups; nodes are partitioned by `topology_label` when set.
+    /// A service routing to `groups`; nodes are partitioned by `topology_label` when set.
     pub fn new(
-        host: RaftHost,
+        groups: Groups,
         shards: u32,
         topology_label: Option<String>,
     ) -> InventoryServer<Self> {
         InventoryServer::new(Self {
-            host,
+            groups,
             shards,
             topology_label,
         })
     }
 
     async fn shard_of(&self, node: &str) -> Result<Option<u32>, Status> {
-        let out = self
-            .host
-            .read(
-                META_GROUP,
-                encode(&MetaQuery::ShardOf {
-                    node: node.to_string(),
-                }),
-            )
+        let q = MetaQuery::ShardOf {
+            node: node.to_string(),
+        };
+        match self
+            .groups
+            .meta_query(&q)
             .await
-            .map_err(status)?;
-        match decode::<MetaReply>(&out.reply).map_err(internal)? {
+            .map_err(|e| e.to_status())?
+        {
             MetaReply::Shard { shard } => Ok(Some(shard)),
             _ => Ok(None),
         }
     }
 
     async fn shard_nodes(&self, shard: u32, query: &ShardQuery) -> Result<Vec<NodeEntry>, Status> {
-        let out = self
-            .host
-            .read(u64::from(shard), encode(query))
+        match self
+            .groups
+            .shard_query(shard, query)
             .await
-            .map_err(status)?;
-        match decode::<ShardAnswer>(&out.reply).map_err(internal)? {
+            .map_err(|e| e.to_status())?
+        {
             ShardAnswer::Nodes { nodes } => Ok(nodes),
-            ShardAnswer::Malformed { reason } => Err(Status::internal(format!(
-                "shard {shard} could not read the query: {reason}"
+            other => Err(Status::internal(format!(
+                "shard {shard} answered a node query with {other:?}"
             ))),
         }
     }
-}
-
-fn status(e: HostError) -> Status {
-    e.to_status()
-}
-
-fn internal(e: serde_json::Error) -> Status {
-    Status::internal(format!("undecodable reply from a state machine: {e}"))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Checks a node spec and converts it to the model; every error names the field under `node.`.
@@ -217,26 +198,18 @@ impl Inventory for InventoryService {
             shard: proposed,
             at_ms,
         };
-        let out = self
-            .host
-            .write(META_GROUP, encode(&assign))
-            .await
-            .map_err(status)?;
-        let shard = match decode::<MetaReply>(&out.reply).map_err(internal)? {
+        let shard = match self.groups.meta(&assign).await.map_err(|e| e.to_status())? {
             MetaReply::Shard { shard } => shard,
             MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
-        let register = LedgerCommand {
-            at_ms,
-            op: LedgerOp::RegisterNode { node: node.clone() },
-        };
-        let out = self
-            .host
-            .write(u64::from(shard), encode(&register))
+        let register = LedgerOp::RegisterNode { node: node.clone() };
+        match self
+            .groups
+            .shard(shard, register)
             .await
-            .map_err(status)?;
-        match decode::<ShardOutcome>(&out.reply).map_err(internal)? {
+            .map_err(|e| e.to_status())?
+        {
             ShardOutcome::Applied(LedgerReply::NodeRegistered { .. }) => {
                 let entry = self
                     .shard_nodes(

@@ -1,12 +1,17 @@
-//! Read-only questions to a shard ledger and their answers, as the front door
-//! asks them through a linearizable read of the shard group.
+//! Read-only questions to a shard ledger and their answers: the front door's
+//! node listings, the coordinator's placement plans (the engine run against
+//! this shard's ledger on its leader), and the open reservations and
+//! transaction outcomes that resolvers and a recovering coordinator need.
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::{place_members, GangPlacement, MemberRef, Profile};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
+use crate::ledger::{TxnId, TxnOutcome};
+use crate::model::{MemberKey, PodSpec};
 
 /// A read-only question to a shard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardQuery {
     /// One node with its usage.
@@ -16,16 +21,49 @@ pub enum ShardQuery {
     },
     /// Every node of the shard, in name order.
     ListNodes,
+    /// Where this shard would place these members now (nothing is held).
+    Plan {
+        /// Members and their specs.
+        members: Vec<(MemberKey, PodSpec)>,
+        /// Scoring profile.
+        profile: Box<Profile>,
+    },
+    /// Reservations not yet committed or aborted, with their deadlines.
+    OpenTxns,
+    /// What became of a transaction here, with the nodes of its members.
+    Txn {
+        /// The transaction.
+        txn: TxnId,
+    },
 }
 
 /// A shard's answer to a query.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardAnswer {
     /// The nodes asked for (empty: no such node).
     Nodes {
         /// Node and usage, in name order.
         nodes: Vec<NodeEntry>,
+    },
+    /// A placement plan.
+    Plan {
+        /// The engine's placement.
+        placement: GangPlacement,
+    },
+    /// Open reservations: (transaction, deadline in ms).
+    OpenTxns {
+        /// In transaction order.
+        txns: Vec<(TxnId, u64)>,
+    },
+    /// A transaction's fate here.
+    Txn {
+        /// Open (None) or finished outcome; `known` says whether the shard saw it at all.
+        outcome: Option<TxnOutcome>,
+        /// Whether the shard knows the transaction.
+        known: bool,
+        /// Its members and their nodes, while it holds them.
+        members: Vec<(MemberKey, String)>,
     },
     /// The query could not be decoded.
     Malformed {
@@ -36,9 +74,54 @@ pub enum ShardAnswer {
 
 /// Answers `q` from `ledger`.
 pub fn answer(ledger: &ShardLedger, q: &ShardQuery) -> ShardAnswer {
-    let nodes = match q {
-        ShardQuery::GetNode { name } => ledger.node(name).cloned().into_iter().collect(),
-        ShardQuery::ListNodes => ledger.nodes().cloned().collect(),
-    };
-    ShardAnswer::Nodes { nodes }
+    match q {
+        ShardQuery::GetNode { name } => ShardAnswer::Nodes {
+            nodes: ledger.node(name).cloned().into_iter().collect(),
+        },
+        ShardQuery::ListNodes => ShardAnswer::Nodes {
+            nodes: ledger.nodes().cloned().collect(),
+        },
+        ShardQuery::Plan { members, profile } => {
+            let refs: Vec<MemberRef<'_>> = members
+                .iter()
+                .map(|(key, spec)| MemberRef { key, spec })
+                .collect();
+            ShardAnswer::Plan {
+                placement: place_members(ledger, &refs, profile, &[]),
+            }
+        }
+        ShardQuery::OpenTxns => ShardAnswer::OpenTxns {
+            txns: ledger
+                .open_txns()
+                .iter()
+                .map(|(id, t)| (*id, t.deadline_ms))
+                .collect(),
+        },
+        ShardQuery::Txn { txn } => {
+            let open = ledger.open_txns().get(txn);
+            let outcome = ledger.outcome(*txn);
+            let members: Vec<(MemberKey, String)> = match open {
+                Some(t) => t
+                    .members
+                    .iter()
+                    .map(|(m, n)| (m.clone(), n.clone()))
+                    .collect(),
+                None => ledger
+                    .nodes()
+                    .flat_map(|e| {
+                        e.usage
+                            .pods
+                            .iter()
+                            .filter(|(_, slot)| slot.state.txn_id() == *txn)
+                            .map(move |(m, _)| (m.clone(), e.node.name.clone()))
+                    })
+                    .collect(),
+            };
+            ShardAnswer::Txn {
+                outcome,
+                known: open.is_some() || outcome.is_some(),
+                members,
+            }
+        }
+    }
 }

@@ -114,6 +114,8 @@ pub struct GroupRecord {
     pub version: u64,
     /// Highest priority over its gangs (queue order).
     pub priority: i32,
+    /// Its latest placement transaction.
+    pub txn: Option<TxnId>,
 }
 
 impl GroupRecord {

@@ -345,6 +345,7 @@ impl MetaState {
             placements: BTreeMap::new(),
             version: 1,
             priority,
+            txn: None,
         };
         self.groups.insert(seq, record);
         self.keys.insert(key.to_string(), seq);
@@ -375,6 +376,7 @@ impl MetaState {
         let txn = TxnId(self.next_txn);
         self.next_txn += 1;
         record.state = GroupState::Placing { txn };
+        record.txn = Some(txn);
         record.version += 1;
         let mut participants = participants.to_vec();
         participants.sort_unstable();
