@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/gangway/raft/v1/raft.proto",
         "proto/gangway/admin/v1/admin.proto",
         "proto/gangway/v1/inventory.proto",
+        "proto/gangway/v1/scheduler.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -9,7 +9,11 @@ use gangway_proto::admin::{
     BalanceReply, BalanceRequest, CompactRequest, StatusReply, StatusRequest,
 };
 use gangway_proto::v1::inventory_client::InventoryClient;
-use gangway_proto::v1::{ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeRequest};
+use gangway_proto::v1::scheduler_client::SchedulerClient;
+use gangway_proto::v1::{
+    GangGroupRef, GangGroupStatus, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest,
+    NodeInfo, NodeSpec, RegisterNodeRequest, ShardInfo, SubmitGangGroupRequest,
+};
 use tonic::transport::{Channel, Endpoint};
 
 pub use gangway_proto::{admin as admin_api, v1 as api};
@@ -155,4 +159,101 @@ impl Client {
             .await?;
         Ok(reply.into_inner().nodes)
     }
+
+    fn scheduler(&self) -> SchedulerClient<Channel> {
+        SchedulerClient::new(self.channel.clone())
+    }
+
+    /// Submits a gang group; the same idempotency key always yields the same group.
+    pub async fn submit(
+        &self,
+        request: SubmitGangGroupRequest,
+    ) -> Result<GangGroupStatus, ClientError> {
+        Ok(self
+            .scheduler()
+            .submit_gang_group(request)
+            .await?
+            .into_inner())
+    }
+
+    /// A gang group's status.
+    pub async fn get(&self, id: u64) -> Result<GangGroupStatus, ClientError> {
+        Ok(self
+            .scheduler()
+            .get_gang_group(GangGroupRef { id })
+            .await?
+            .into_inner())
+    }
+
+    /// Follows a gang group until `until` accepts a status or the group ends; returns that status.
+    pub async fn watch_until(
+        &self,
+        id: u64,
+        mut until: impl FnMut(&GangGroupStatus) -> bool,
+    ) -> Result<GangGroupStatus, ClientError> {
+        let mut stream = self
+            .scheduler()
+            .watch_gang_group(GangGroupRef { id })
+            .await?
+            .into_inner();
+        let mut last = None;
+        while let Some(status) = stream.message().await? {
+            let stop = until(&status) || TERMINAL_STATES.contains(&status.state.as_str());
+            if stop {
+                return Ok(status);
+            }
+            last = Some(status);
+        }
+        match last {
+            Some(s) => Ok(s),
+            None => Err(ClientError::Rpc(tonic::Status::unavailable(
+                "the watch ended before any status",
+            ))),
+        }
+    }
+
+    /// Cancels a gang group; whatever it holds is released.
+    pub async fn cancel(&self, id: u64) -> Result<GangGroupStatus, ClientError> {
+        Ok(self
+            .scheduler()
+            .cancel_gang_group(GangGroupRef { id })
+            .await?
+            .into_inner())
+    }
+
+    /// Releases a placed gang group whose work finished.
+    pub async fn release(&self, id: u64) -> Result<GangGroupStatus, ClientError> {
+        Ok(self
+            .scheduler()
+            .release_gang_group(GangGroupRef { id })
+            .await?
+            .into_inner())
+    }
+
+    /// Gang groups (only unfinished ones unless `include_finished`).
+    pub async fn list_groups(
+        &self,
+        include_finished: bool,
+    ) -> Result<Vec<GangGroupStatus>, ClientError> {
+        let req = ListGangGroupsRequest { include_finished };
+        Ok(self
+            .scheduler()
+            .list_gang_groups(req)
+            .await?
+            .into_inner()
+            .groups)
+    }
+
+    /// Every shard with its leader, voters and node count.
+    pub async fn shards(&self) -> Result<Vec<ShardInfo>, ClientError> {
+        Ok(self
+            .scheduler()
+            .list_shards(ListShardsRequest {})
+            .await?
+            .into_inner()
+            .shards)
+    }
 }
+
+/// States in which a gang group has ended.
+pub const TERMINAL_STATES: [&str; 3] = ["Released", "Cancelled", "TimedOut"];

@@ -3,7 +3,7 @@
 //! internal Raft transport (`gangway.raft.v1`). Generated at build time from
 //! `proto/`; nothing here is written by hand.
 
-/// Public API: node inventory for agents outside Kubernetes.
+/// Public API: the scheduler for batch frameworks and node inventory for agents.
 pub mod v1 {
     tonic::include_proto!("gangway.v1");
 }

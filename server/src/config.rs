@@ -98,6 +98,9 @@ pub struct ServeArgs {
     /// Period of automatic leader balancing in ms, 0 to disable [default: 30000].
     #[arg(long)]
     pub balance_interval_ms: Option<u64>,
+    /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
+    #[arg(long, hide = true)]
+    pub test_failpoints: bool,
 }
 
 /// The config file's keys (kebab-case, as the flags).
@@ -149,6 +152,8 @@ pub struct ServeConfig {
     pub sled_cache_bytes: u64,
     /// Raft timing.
     pub timing: RaftTiming,
+    /// Whether test crash points are honoured.
+    pub test_failpoints: bool,
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -316,6 +321,7 @@ impl ServeConfig {
                 * 1024
                 * 1024,
             timing,
+            test_failpoints: args.test_failpoints,
         })
     }
 

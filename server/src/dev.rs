@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::datadir::{self, DataDirState, Identity};
+use crate::engine::Profile;
+use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::serve::shutdown_signal;
@@ -158,6 +160,8 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             host: host_config(DEV_CLUSTER_ID, id, &members[&id], args.shards, timing),
             shards: args.shards,
             topology_label: Some("topology.kubernetes.io/zone".into()),
+            profile: Profile::default(),
+            failpoints: Failpoints::disabled(),
         };
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);
     }

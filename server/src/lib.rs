@@ -6,9 +6,11 @@
 
 pub mod bench;
 pub mod config;
+pub mod coordinator;
 pub mod datadir;
 pub mod dev;
 pub mod engine;
+pub mod failpoints;
 pub mod frontdoor;
 pub mod ledger;
 pub mod model;
@@ -16,3 +18,4 @@ pub mod observe;
 pub mod replica;
 pub mod replicated;
 pub mod serve;
+pub mod shard;

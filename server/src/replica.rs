@@ -1,21 +1,29 @@
 //! One gangway replica: a multi-raft host for the meta group and every shard,
-//! and the gRPC server that serves its Raft transport, cluster admin and the
-//! public front door. `gangway serve` runs one, `gangway dev` three.
+//! the gRPC server for its Raft transport, cluster admin and the public front
+//! door, and the services that act when it leads a group (the coordinator on
+//! the meta leader, resolvers on shard leaders). `gangway serve` runs one,
+//! `gangway dev` three.
 //!
-//! Invariant: the gRPC server task is owned by the `Replica` and stops with it.
+//! Invariant: the gRPC server and every service task are owned by the
+//! `Replica` and stop with it.
 
 use std::sync::Arc;
 
 use gangway_raft::storage::KvStore;
 use gangway_raft::{HostConfig, HostError, RaftHost, StateMachineFactory};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
 
+use crate::coordinator::Coordinator;
+use crate::engine::Profile;
+use crate::failpoints::Failpoints;
 use crate::frontdoor::inventory::InventoryService;
+use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
+use crate::shard::resolver;
 
 /// What a replica needs besides its storage and listener.
 #[derive(Debug, Clone)]
@@ -26,6 +34,10 @@ pub struct ReplicaOptions {
     pub shards: u32,
     /// Node label partitioning nodes into shards.
     pub topology_label: Option<String>,
+    /// Scoring profile of the placement engine.
+    pub profile: Profile,
+    /// Crash points (tests only).
+    pub failpoints: Failpoints,
 }
 
 /// A running replica.
@@ -34,10 +46,12 @@ pub struct Replica {
     pub host: RaftHost,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     stop: oneshot::Sender<()>,
+    services: Vec<JoinHandle<()>>,
+    stop_services: watch::Sender<bool>,
 }
 
 impl Replica {
-    /// Starts the host on `store` and serves gRPC on `listener`.
+    /// Starts the host on `store`, serves gRPC on `listener` and starts the services.
     pub async fn start(
         opts: ReplicaOptions,
         store: Arc<dyn KvStore>,
@@ -46,13 +60,26 @@ impl Replica {
         let shards = opts.shards;
         let factory = move |g| machine_for(g, shards);
         let host = RaftHost::start(opts.host, store, &factory).await?;
-        let inventory =
-            InventoryService::new(Groups::new(host.clone()), shards, opts.topology_label);
+        let groups = Groups::new(host.clone());
         let router = tonic::transport::Server::builder()
             .add_service(host.transport_service())
             .add_service(host.admin_service())
-            .add_service(inventory);
-        Ok(Self::serve(host, router, listener))
+            .add_service(InventoryService::new(
+                groups.clone(),
+                shards,
+                opts.topology_label,
+            ))
+            .add_service(SchedulerService::new(groups.clone(), shards));
+        let mut replica = Self::serve(host, router, listener);
+        let stop = replica.stop_services.subscribe();
+        let coordinator = Coordinator::new(groups.clone(), shards, opts.profile, opts.failpoints);
+        replica
+            .services
+            .push(tokio::spawn(coordinator.run(stop.clone())));
+        replica
+            .services
+            .push(tokio::spawn(resolver::run(groups, shards, stop)));
+        Ok(replica)
     }
 
     /// Starts a bare host with custom state machines (no front door), for benchmarks.
@@ -77,11 +104,22 @@ impl Replica {
                 let _ = stopped.await;
             },
         ));
-        Self { host, server, stop }
+        let (stop_services, _) = watch::channel(false);
+        Self {
+            host,
+            server,
+            stop,
+            services: Vec::new(),
+            stop_services,
+        }
     }
 
-    /// Stops serving and shuts the host down.
+    /// Stops the services, then serving, then the host.
     pub async fn stop(self) {
+        let _ = self.stop_services.send(true);
+        for task in self.services {
+            let _ = task.await;
+        }
         let _ = self.stop.send(());
         self.host.shutdown().await;
         match self.server.await {

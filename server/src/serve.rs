@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 
 use crate::config::ServeConfig;
 use crate::datadir::{self, DataDirState, Identity};
+use crate::engine::Profile;
+use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
 
@@ -59,6 +61,12 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         ),
         shards: cfg.shards,
         topology_label: cfg.topology_label.clone(),
+        profile: Profile::default(),
+        failpoints: if cfg.test_failpoints {
+            Failpoints::from_env()
+        } else {
+            Failpoints::disabled()
+        },
     };
     let replica = Replica::start(opts, Arc::new(store), grpc).await?;
     if bootstrap {

@@ -2,3 +2,4 @@
 //! validated here and routed to the owning Raft group's leader.
 
 pub mod inventory;
+pub mod scheduler;

@@ -44,6 +44,9 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub cluster_id: String,
     pub shards: u32,
+    /// Extra flags and environment for every process.
+    pub extra_args: Vec<String>,
+    pub env: Vec<(String, String)>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -54,6 +57,16 @@ pub fn gangway_bin() -> &'static str {
 impl Cluster {
     /// Starts `n` processes (ids 1..=n) of a new cluster with `shards` shards.
     pub fn start(n: u64, shards: u32) -> Cluster {
+        Self::start_with(n, shards, Vec::new(), Vec::new())
+    }
+
+    /// Like `start`, with extra flags and environment for every process.
+    pub fn start_with(
+        n: u64,
+        shards: u32,
+        extra_args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Cluster {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: BTreeMap<u64, String> = (1..=n)
@@ -64,6 +77,8 @@ impl Cluster {
             dir,
             cluster_id: format!("test-{}", std::process::id()),
             shards,
+            extra_args,
+            env,
             _serial: serial,
         };
         for (&id, addr) in &addrs {
@@ -124,6 +139,8 @@ impl Cluster {
         if p.join {
             cmd.arg("--join");
         }
+        cmd.args(&self.extra_args);
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd
     }
 
@@ -339,6 +356,14 @@ pub async fn list_names(inv: &mut InventoryClient<Channel>) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// A client connected to process `id`.
+pub async fn client(c: &Cluster, id: u64) -> gangway_client::Client {
+    let _ = c.admin(id).await;
+    gangway_client::Client::connect(&[c.procs[&id].grpc.clone()])
+        .await
+        .expect("client connects")
 }
 
 /// Removes a data dir as a lost disk would.

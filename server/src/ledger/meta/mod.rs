@@ -82,6 +82,15 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// A placement attempt failed before any reservation: retry later (or time out).
+    Requeue {
+        /// The group.
+        seq: GroupSeq,
+        /// Why, for people.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
     /// Times out a queued group whose waitTime has passed.
     Expire {
         /// The group.
@@ -256,6 +265,7 @@ impl MetaState {
                 "reservation deadline passed",
                 *at_ms,
             ),
+            MetaCommand::Requeue { seq, reason, at_ms } => self.requeue(*seq, reason, *at_ms),
             MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
             MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
             MetaCommand::Release { seq, .. } => self.release(*seq),
@@ -440,6 +450,31 @@ impl MetaState {
         }
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
+    }
+
+    fn requeue(&mut self, seq: GroupSeq, reason: &str, at_ms: u64) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return rejected(format!("seq: no gang group {seq}"));
+        };
+        if g.state != GroupState::Queued {
+            return rejected(format!(
+                "gang group {seq} is {}, not Queued",
+                g.state.name()
+            ));
+        }
+        g.attempts += 1;
+        g.reason = reason.to_string();
+        g.version += 1;
+        if g.deadline_ms.is_some_and(|d| d <= at_ms) {
+            g.state = GroupState::Done {
+                how: Terminal::TimedOut,
+            };
+        } else {
+            g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
+        }
+        MetaReply::Group {
+            record: Box::new(g.clone()),
+        }
     }
 
     fn expire(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {

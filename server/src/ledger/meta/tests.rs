@@ -336,6 +336,11 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Release { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::ReleaseDone { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Expire { seq, at_ms }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Requeue {
+            seq,
+            reason: "full".into(),
+            at_ms
+        }),
     ]
 }
 

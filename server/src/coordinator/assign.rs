@@ -1,0 +1,215 @@
+//! Assignment: given every shard's placement plan for a gang group's members,
+//! decide which shard reserves which members. Fewest shards first: one shard
+//! that places every member wins outright; otherwise shards are taken in order
+//! of how many members they place. The group is ready only if every gang
+//! reaches its minMember. Pure and deterministic (ties by shard id).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::engine::GangPlacement;
+use crate::ledger::ReserveMember;
+use crate::model::{GangGroup, MemberKey, PodSpec};
+
+/// Which members each participant shard reserves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Shard -> its members, in plan order.
+    pub per_shard: BTreeMap<u32, Vec<ReserveMember>>,
+}
+
+/// The result of assigning a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AssignOutcome {
+    /// Every gang reaches minMember.
+    Ready(Assignment),
+    /// Some gang cannot; why, for people.
+    Short(String),
+}
+
+/// Assigns `group`'s members to shards from their `plans`.
+pub fn assign(group: &GangGroup, plans: &BTreeMap<u32, GangPlacement>) -> AssignOutcome {
+    let single = plans
+        .iter()
+        .find(|(_, p)| p.unplaced.is_empty() && !p.assignments.is_empty());
+    let per_shard = match single {
+        Some((shard, plan)) => BTreeMap::from([(*shard, plan.assignments.clone())]),
+        None => merge(group, plans),
+    };
+    let placed: BTreeSet<&MemberKey> = per_shard.values().flatten().map(|m| &m.member).collect();
+    for gang in &group.gangs {
+        let count = gang
+            .members
+            .iter()
+            .filter(|m| placed.contains(&gang.member_key(m)))
+            .count() as u32;
+        if count < gang.min_member {
+            let why = first_diagnosis(plans);
+            return AssignOutcome::Short(format!(
+                "gang {}/{}: {count} of minMember {} members fit{why}",
+                gang.namespace, gang.name, gang.min_member
+            ));
+        }
+    }
+    AssignOutcome::Ready(Assignment { per_shard })
+}
+
+/// Combines partial plans, shards that place most first. Members with the
+/// same spec are interchangeable, and every shard planned the whole group, so
+/// each planned slot goes to the next unassigned member of its template.
+fn merge(
+    group: &GangGroup,
+    plans: &BTreeMap<u32, GangPlacement>,
+) -> BTreeMap<u32, Vec<ReserveMember>> {
+    let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
+    let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
+    for gang in &group.gangs {
+        for m in &gang.members {
+            let key = gang.member_key(m);
+            spec_of.insert(key.clone(), &m.spec);
+            match waiting.iter_mut().find(|(spec, _)| **spec == m.spec) {
+                Some((_, queue)) => queue.push_back(key),
+                None => waiting.push((&m.spec, VecDeque::from([key]))),
+            }
+        }
+    }
+    let mut order: Vec<(&u32, &GangPlacement)> = plans.iter().collect();
+    order.sort_by_key(|(shard, p)| (std::cmp::Reverse(p.assignments.len()), **shard));
+    let mut per_shard = BTreeMap::new();
+    for (shard, plan) in order {
+        let mut mine = Vec::new();
+        for slot in &plan.assignments {
+            let Some(spec) = spec_of.get(&slot.member) else {
+                continue;
+            };
+            let Some((_, queue)) = waiting.iter_mut().find(|(s, _)| *s == *spec) else {
+                continue;
+            };
+            if let Some(member) = queue.pop_front() {
+                mine.push(ReserveMember {
+                    member,
+                    node: slot.node.clone(),
+                    pod: slot.pod.clone(),
+                });
+            }
+        }
+        if !mine.is_empty() {
+            per_shard.insert(*shard, mine);
+        }
+    }
+    per_shard
+}
+
+fn first_diagnosis(plans: &BTreeMap<u32, GangPlacement>) -> String {
+    plans
+        .iter()
+        .find_map(|(shard, p)| {
+            p.unplaced
+                .first()
+                .map(|u| format!("; shard {shard}: {}", u.diagnosis))
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Diagnosis, Unplaced};
+    use crate::model::{Gang, GangMode, Member, PodSpec, PodSummary};
+
+    fn group(members: u32, min: u32) -> GangGroup {
+        let gang = Gang {
+            name: "g".into(),
+            namespace: "ns".into(),
+            min_member: min,
+            total_number: members,
+            mode: GangMode::Strict,
+            wait_time_ms: 0,
+            priority: 0,
+            creation_order: 1,
+            members: (0..members)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    spec: PodSpec::default(),
+                })
+                .collect(),
+        };
+        GangGroup {
+            id: "x".into(),
+            gangs: vec![gang],
+        }
+    }
+
+    fn key(i: u32) -> MemberKey {
+        MemberKey::new("ns", "g", format!("m{i}"))
+    }
+
+    fn plan(placed: &[u32], unplaced: &[u32]) -> GangPlacement {
+        GangPlacement {
+            assignments: placed
+                .iter()
+                .map(|i| ReserveMember {
+                    member: key(*i),
+                    node: format!("n{i}"),
+                    pod: PodSummary::default(),
+                })
+                .collect(),
+            unplaced: unplaced
+                .iter()
+                .map(|i| Unplaced {
+                    member: key(*i),
+                    diagnosis: Diagnosis::default(),
+                })
+                .collect(),
+            domain: None,
+        }
+    }
+
+    #[test]
+    fn one_shard_that_fits_everything_wins() {
+        let plans = BTreeMap::from([(1, plan(&[0, 1], &[2, 3])), (2, plan(&[0, 1, 2, 3], &[]))]);
+        let AssignOutcome::Ready(a) = assign(&group(4, 4), &plans) else {
+            panic!("ready")
+        };
+        assert_eq!(a.per_shard.keys().copied().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn members_spread_over_the_fewest_shards_without_duplicates() {
+        // Every shard planned the first members of the template; the merge hands
+        // each planned slot to the next member still waiting.
+        let plans = BTreeMap::from([
+            (1, plan(&[0, 1], &[2, 3, 4, 5])),
+            (2, plan(&[0, 1, 2, 3], &[4, 5])),
+            (3, plan(&[0], &[1, 2, 3, 4, 5])),
+        ]);
+        let AssignOutcome::Ready(a) = assign(&group(6, 6), &plans) else {
+            panic!("ready")
+        };
+        assert_eq!(a.per_shard.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            a.per_shard[&2].len(),
+            4,
+            "the shard placing most goes first"
+        );
+        let all: Vec<_> = a
+            .per_shard
+            .values()
+            .flatten()
+            .map(|m| m.member.clone())
+            .collect();
+        let unique: BTreeSet<_> = all.iter().cloned().collect();
+        assert_eq!(all.len(), unique.len());
+    }
+
+    #[test]
+    fn short_of_min_member_is_not_ready() {
+        let plans = BTreeMap::from([(1, plan(&[0], &[1, 2])), (2, plan(&[0], &[1, 2]))]);
+        assert!(
+            matches!(assign(&group(3, 2), &plans), AssignOutcome::Ready(_)),
+            "two shards hold one member each"
+        );
+        assert!(
+            matches!(assign(&group(3, 3), &plans), AssignOutcome::Short(r) if r.contains("2 of minMember 3"))
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! Crash points at protocol steps, for fault tests only. `gangway serve`
+//! honours them only when started with `--test-failpoints` and the
+//! environment names them (`GANGWAY_TEST_FAILPOINTS=a,b`); a production
+//! config cannot arm them by accident. With `GANGWAY_TEST_FAILPOINT_DIR` set, a
+//! point fires once per cluster: the first process to create its marker file
+//! there crashes, the others pass.
+//!
+//! A firing point aborts the process at once (no cleanup), as SIGKILL would.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// The coordinator has every reservation and has not written its decision.
+pub const AFTER_RESERVE: &str = "coordinator-after-reserve";
+/// The coordinator wrote COMMIT and has not told the participants.
+pub const AFTER_DECIDE: &str = "coordinator-after-decide";
+
+/// The armed crash points of a process.
+#[derive(Debug, Clone, Default)]
+pub struct Failpoints {
+    armed: BTreeSet<String>,
+    once_dir: Option<PathBuf>,
+}
+
+impl Failpoints {
+    /// No crash points (production).
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// The points named by the environment.
+    pub fn from_env() -> Self {
+        let armed = std::env::var("GANGWAY_TEST_FAILPOINTS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        let once_dir = std::env::var_os("GANGWAY_TEST_FAILPOINT_DIR").map(PathBuf::from);
+        Self { armed, once_dir }
+    }
+
+    /// Crashes the process if `name` is armed (and not yet fired elsewhere).
+    pub fn hit(&self, name: &str) {
+        if !self.armed.contains(name) {
+            return;
+        }
+        if let Some(dir) = &self.once_dir {
+            let marker = dir.join(name);
+            if std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&marker)
+                .is_err()
+            {
+                return;
+            }
+        }
+        eprintln!("gangway: failpoint {name} fired: aborting the process");
+        std::process::abort();
+    }
+}

@@ -1,0 +1,375 @@
+//! The Scheduler service: batch frameworks submit gang groups here and watch
+//! them placed. A submission is validated completely (errors name the field),
+//! then committed to the meta group before it is acknowledged; the same
+//! idempotency key always yields the same group. Placement itself is the
+//! coordinator's job.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
+use gangway_proto::v1::{
+    GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
+    ListShardsReply, ListShardsRequest, MemberPlacement, ShardInfo, SubmitGangGroupRequest,
+};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::ledger::meta::{GroupRecord, GroupSeq, MetaCommand, MetaQuery, MetaReply};
+use crate::model::gang::{RawGang, RawGangSpec, RawMember};
+use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
+use crate::replicated::{now_ms, Groups};
+
+/// Most members one gang group may have.
+pub const GROUP_MEMBERS_MAX: usize = 10_000;
+/// Most gangs one gang group may have.
+pub const GROUP_GANGS_MAX: usize = 256;
+/// How often a watch looks for changes.
+pub const WATCH_POLL_MS: u64 = 50;
+/// Status updates buffered per watcher.
+pub const WATCH_BUFFER: usize = 16;
+
+/// The Scheduler gRPC service over one replica's groups.
+pub struct SchedulerService {
+    groups: Groups,
+    shards: u32,
+}
+
+impl SchedulerService {
+    /// A service over `groups` with `shards` shards.
+    pub fn new(groups: Groups, shards: u32) -> SchedulerServer<Self> {
+        SchedulerServer::new(Self { groups, shards })
+    }
+
+    async fn record(&self, seq: GroupSeq) -> Result<GroupRecord, Status> {
+        match self
+            .groups
+            .meta_query(&MetaQuery::Group { seq })
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Group { record } => Ok(*record),
+            _ => Err(Status::not_found(format!("id: no gang group {seq}"))),
+        }
+    }
+
+    async fn command(&self, cmd: MetaCommand) -> Result<GangGroupStatus, Status> {
+        match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::Group { record } => Ok(status_of(&record)),
+            MetaReply::Rejected { reason } if reason.starts_with("id:") => {
+                Err(Status::not_found(reason))
+            }
+            MetaReply::Rejected { reason } => Err(Status::failed_precondition(reason)),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+}
+
+fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {reason}"))
+}
+
+/// Converts a submission into the model, checking every field.
+pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, Status> {
+    if req.gangs.is_empty() {
+        return Err(invalid(
+            "gangs".into(),
+            "a gang group needs at least one gang",
+        ));
+    }
+    if req.gangs.len() > GROUP_GANGS_MAX {
+        return Err(invalid(
+            "gangs".into(),
+            format!("more than {GROUP_GANGS_MAX} gangs"),
+        ));
+    }
+    let mut total = 0usize;
+    let mut gangs = Vec::with_capacity(req.gangs.len());
+    for (i, g) in req.gangs.iter().enumerate() {
+        gangs.push(raw_gang(&format!("gangs[{i}]"), g, &mut total)?);
+    }
+    let id = if req.name.is_empty() {
+        "group".to_string()
+    } else {
+        req.name.clone()
+    };
+    RawGangGroup { id, gangs }
+        .validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn raw_gang(at: &str, g: &GangSpec, total: &mut usize) -> Result<RawGang, Status> {
+    let mut members = Vec::new();
+    for (j, m) in g.members.iter().enumerate() {
+        let field = format!("{at}.members[{j}]");
+        let spec: RawPodSpec = if m.pod_json.trim().is_empty() {
+            RawPodSpec::default()
+        } else {
+            serde_json::from_str(&m.pod_json)
+                .map_err(|e| invalid(format!("{field}.pod_json"), e))?
+        };
+        let count = m.count.max(1) as usize;
+        *total += count;
+        if *total > GROUP_MEMBERS_MAX {
+            return Err(invalid(
+                format!("{field}.count"),
+                format!("the group would have more than {GROUP_MEMBERS_MAX} members"),
+            ));
+        }
+        for k in 0..count {
+            let name = if m.count > 1 {
+                format!("{}-{k}", m.name)
+            } else {
+                m.name.clone()
+            };
+            members.push(RawMember {
+                name,
+                spec: spec.clone(),
+            });
+        }
+    }
+    let mode = match g.mode.as_str() {
+        "" => None,
+        "Strict" | "NonStrict" => Some(g.mode.clone()),
+        other => {
+            return Err(invalid(
+                format!("{at}.mode"),
+                format!("{other:?} is not Strict or NonStrict"),
+            ))
+        }
+    };
+    let total_number = if g.total_number == 0 {
+        None
+    } else {
+        Some(i64::from(g.total_number))
+    };
+    Ok(RawGang {
+        name: g.name.clone(),
+        namespace: if g.namespace.is_empty() {
+            "default".into()
+        } else {
+            g.namespace.clone()
+        },
+        creation_order: 0,
+        spec: RawGangSpec {
+            min_member: i64::from(g.min_member),
+            total_number,
+            mode,
+            wait_time_ms: (g.wait_time_ms > 0).then_some(g.wait_time_ms),
+            priority: g.priority,
+            members,
+        },
+    })
+}
+
+/// The API view of a group record.
+pub fn status_of(r: &GroupRecord) -> GangGroupStatus {
+    let placements = r
+        .placements
+        .iter()
+        .filter_map(|(key, p)| {
+            let member = MemberKey::try_from(key.clone()).ok()?;
+            Some(MemberPlacement {
+                namespace: member.namespace,
+                gang: member.gang,
+                member: member.member,
+                node: p.node.clone(),
+                shard: p.shard,
+            })
+        })
+        .collect();
+    GangGroupStatus {
+        id: r.seq,
+        name: r.group.id.clone(),
+        idempotency_key: r.key.clone(),
+        state: r.state.name().to_string(),
+        reason: r.reason.clone(),
+        attempts: r.attempts,
+        placements,
+        version: r.version,
+        submitted_at_ms: r.submitted_at_ms,
+        gangs: r
+            .group
+            .gangs
+            .iter()
+            .map(|g| format!("{}/{}", g.namespace, g.name))
+            .collect(),
+        members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
+    }
+}
+
+fn new_key() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("auto-{}-{}-{n}", now_ms(), std::process::id())
+}
+
+type StatusStream = Pin<Box<dyn Stream<Item = Result<GangGroupStatus, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Scheduler for SchedulerService {
+    async fn submit_gang_group(
+        &self,
+        request: Request<SubmitGangGroupRequest>,
+    ) -> Result<Response<GangGroupStatus>, Status> {
+        let req = request.into_inner();
+        let group = validate_submission(&req)?;
+        let key = if req.idempotency_key.is_empty() {
+            new_key()
+        } else {
+            req.idempotency_key.clone()
+        };
+        let cmd = MetaCommand::Submit {
+            key,
+            group,
+            at_ms: now_ms(),
+        };
+        let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::Submitted { seq, .. } => seq,
+            MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
+            other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        };
+        Ok(Response::new(status_of(&self.record(seq).await?)))
+    }
+
+    async fn get_gang_group(
+        &self,
+        request: Request<GangGroupRef>,
+    ) -> Result<Response<GangGroupStatus>, Status> {
+        Ok(Response::new(status_of(
+            &self.record(request.into_inner().id).await?,
+        )))
+    }
+
+    type WatchGangGroupStream = StatusStream;
+
+    async fn watch_gang_group(
+        &self,
+        request: Request<GangGroupRef>,
+    ) -> Result<Response<StatusStream>, Status> {
+        let seq = request.into_inner().id;
+        let first = self.record(seq).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let groups = self.groups.clone();
+        tokio::spawn(async move {
+            let mut version = first.version;
+            let mut done = first.state.is_terminal();
+            if tx.send(Ok(status_of(&first))).await.is_err() {
+                return;
+            }
+            while !done {
+                tokio::time::sleep(Duration::from_millis(WATCH_POLL_MS)).await;
+                let record = match groups.meta_query(&MetaQuery::Group { seq }).await {
+                    Ok(MetaReply::Group { record }) => record,
+                    Ok(_) => {
+                        let _ = tx
+                            .send(Err(Status::not_found(format!(
+                                "id: gang group {seq} is gone"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(e) if e.to_status().code() == tonic::Code::Unavailable => continue,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_status())).await;
+                        return;
+                    }
+                };
+                if record.version == version {
+                    if tx.is_closed() {
+                        return;
+                    }
+                    continue;
+                }
+                version = record.version;
+                done = record.state.is_terminal();
+                if tx.send(Ok(status_of(&record))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn cancel_gang_group(
+        &self,
+        request: Request<GangGroupRef>,
+    ) -> Result<Response<GangGroupStatus>, Status> {
+        let seq = request.into_inner().id;
+        Ok(Response::new(
+            self.command(MetaCommand::Cancel {
+                seq,
+                at_ms: now_ms(),
+            })
+            .await?,
+        ))
+    }
+
+    async fn release_gang_group(
+        &self,
+        request: Request<GangGroupRef>,
+    ) -> Result<Response<GangGroupStatus>, Status> {
+        let seq = request.into_inner().id;
+        Ok(Response::new(
+            self.command(MetaCommand::Release {
+                seq,
+                at_ms: now_ms(),
+            })
+            .await?,
+        ))
+    }
+
+    async fn list_gang_groups(
+        &self,
+        request: Request<ListGangGroupsRequest>,
+    ) -> Result<Response<ListGangGroupsReply>, Status> {
+        let active_only = !request.into_inner().include_finished;
+        match self
+            .groups
+            .meta_query(&MetaQuery::Groups { active_only })
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Groups { records } => Ok(Response::new(ListGangGroupsReply {
+                groups: records.iter().map(status_of).collect(),
+            })),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    async fn list_shards(
+        &self,
+        _request: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsReply>, Status> {
+        let map = match self
+            .groups
+            .meta_query(&MetaQuery::ShardMap)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::ShardMap { map } => map,
+            _ => BTreeMap::new(),
+        };
+        let mut nodes = BTreeMap::<u32, u32>::new();
+        for shard in map.values() {
+            *nodes.entry(*shard).or_default() += 1;
+        }
+        let status = self.groups.host().status(false);
+        let shards = (1..=self.shards)
+            .map(|shard| {
+                let g = status.iter().find(|g| g.group_id == u64::from(shard));
+                ShardInfo {
+                    shard,
+                    leader: g.map(|g| g.leader).unwrap_or(0),
+                    voters: g.map(|g| g.voters.clone()).unwrap_or_default(),
+                    nodes: nodes.get(&shard).copied().unwrap_or(0),
+                }
+            })
+            .collect();
+        Ok(Response::new(ListShardsReply { shards }))
+    }
+}

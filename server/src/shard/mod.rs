@@ -1,0 +1,3 @@
+//! Services around the shard groups that run on a shard's leader.
+
+pub mod resolver;

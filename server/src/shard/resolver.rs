@@ -1,0 +1,80 @@
+//! The participant side of 2PC: on every shard this replica leads, a
+//! reservation that outlived its deadline is resolved by asking the decision
+//! log: COMMIT commits it, ABORT releases it, and no record makes the meta
+//! group write an ABORT tombstone first (so a late COMMIT cannot land), then
+//! releases. Nothing is dropped without a recorded decision.
+//! One task per replica, owned by the `Replica`.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::ledger::meta::{Decision, MetaCommand, MetaQuery, MetaReply};
+use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::ledger::{LedgerOp, TxnId};
+use crate::replicated::{now_ms, GroupError, Groups};
+
+/// Period of the resolver's checks.
+pub const RESOLVE_TICK_MS: u64 = 250;
+/// Most reservations resolved per shard per check.
+pub const RESOLVE_PER_TICK_MAX: usize = 256;
+
+/// Resolves expired reservations on the shards this replica leads until `stop` fires.
+pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(RESOLVE_TICK_MS)) => {}
+            _ = stop.changed() => return,
+        }
+        let me = groups.host().node_id();
+        for shard in 1..=shards {
+            if groups.host().leader_of(u64::from(shard)) != Some(me) {
+                continue;
+            }
+            if let Err(e) = resolve_shard(&groups, shard).await {
+                tracing::warn!(shard, error = %e, "resolving expired reservations failed");
+            }
+        }
+    }
+}
+
+async fn resolve_shard(groups: &Groups, shard: u32) -> Result<(), GroupError> {
+    let ShardAnswer::OpenTxns { txns } = groups.shard_query_local(shard, &ShardQuery::OpenTxns)?
+    else {
+        return Ok(());
+    };
+    let now = now_ms();
+    let expired = txns
+        .into_iter()
+        .filter(|(_, deadline)| *deadline <= now)
+        .take(RESOLVE_PER_TICK_MAX);
+    for (txn, _) in expired {
+        let decision = decision_of(groups, txn).await?;
+        tracing::info!(shard, %txn, ?decision, "resolved an expired reservation");
+        let op = match decision {
+            Decision::Commit => LedgerOp::Commit { txn_id: txn },
+            Decision::Abort => LedgerOp::Abort { txn_id: txn },
+        };
+        groups.shard(shard, op).await?;
+    }
+    Ok(())
+}
+
+/// The recorded decision, or an ABORT tombstone written now.
+async fn decision_of(groups: &Groups, txn: TxnId) -> Result<Decision, GroupError> {
+    if let MetaReply::Txn { record: Some(t) } = groups.meta_query(&MetaQuery::Txn { txn }).await? {
+        if let Some(d) = t.decision {
+            return Ok(d);
+        }
+    }
+    match groups
+        .meta(&MetaCommand::AbortIfUndecided {
+            txn,
+            at_ms: now_ms(),
+        })
+        .await?
+    {
+        MetaReply::Decided { decision, .. } => Ok(decision),
+        _ => Ok(Decision::Abort),
+    }
+}

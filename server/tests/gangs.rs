@@ -1,0 +1,302 @@
+//! Gang placement across shards with real `gangway serve` processes: strict
+//! groups are all-or-nothing on every shard's ledger, the same idempotency key
+//! yields one group, the seeds' resource-deadlock case, waitTime expiry, and
+//! the coordinator killed between reserve and decide and between decide and
+//! commit (through test failpoints).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use gangway_client::Client;
+use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, NodeSpec, SubmitGangGroupRequest};
+use support::{client, Cluster};
+
+/// Registers nodes (cpu `cpu`, 64Gi, 110 pods) until every shard has `per_shard` of them.
+async fn fleet(c: &Client, shards: u32, per_shard: u32, cpu: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut i = 0;
+    while (1..=shards).any(|s| by_shard.get(&s).map_or(0, Vec::len) < per_shard as usize) {
+        assert!(i < 1_000, "could not fill every shard: {by_shard:?}");
+        let name = format!("node-{i:03}");
+        i += 1;
+        let spec = NodeSpec {
+            name: name.clone(),
+            labels: [("kubernetes.io/hostname".to_string(), name.clone())]
+                .into_iter()
+                .collect(),
+            taints: Vec::new(),
+            allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            unschedulable: false,
+            not_ready: false,
+        };
+        let info = c.register_node(spec.clone()).await.expect("register node");
+        let list = by_shard.entry(info.shard).or_default();
+        if list.len() < per_shard as usize {
+            list.push(name);
+        } else {
+            // Full shard: cordon the extra node so it takes no pods.
+            c.register_node(NodeSpec {
+                unschedulable: true,
+                ..spec
+            })
+            .await
+            .expect("cordon");
+        }
+    }
+    by_shard
+}
+
+fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) -> GangSpec {
+    GangSpec {
+        name: name.into(),
+        namespace: "team-a".into(),
+        min_member: min,
+        total_number: members,
+        mode: "Strict".into(),
+        wait_time_ms,
+        priority: 0,
+        members: vec![MemberSpec {
+            name: "worker".into(),
+            count: members,
+            pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
+        }],
+    }
+}
+
+fn submission(key: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
+    SubmitGangGroupRequest {
+        idempotency_key: key.into(),
+        name: key.into(),
+        gangs,
+    }
+}
+
+/// Pods held (reserved or placed) per node, over every shard's ledger.
+async fn held(c: &Client) -> BTreeMap<String, u32> {
+    let nodes = c.list_nodes(None).await.expect("list nodes");
+    nodes
+        .into_iter()
+        .filter_map(|n| Some((n.node?.name, n.pods)))
+        .filter(|(_, p)| *p > 0)
+        .collect()
+}
+
+async fn wait_state(c: &Client, id: u64, state: &str, timeout: Duration) -> GangGroupStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = c.get(id).await.expect("get group");
+        if s.state == state {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {id} not {state} within {timeout:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_group_across_three_shards_is_all_or_nothing() {
+    let c = Cluster::start(3, 3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 3, 2, "4").await;
+
+    // Six 4-cpu members on six 4-cpu nodes, two per shard: only all three shards together fit it.
+    let first = cl
+        .submit(submission("train-1", vec![gang("train", 6, 6, "4", 0)]))
+        .await
+        .expect("submit");
+    let placed = cl
+        .watch_until(first.id, |s| s.state == "Placed")
+        .await
+        .expect("watch");
+    assert_eq!(placed.state, "Placed", "{placed:?}");
+    let shards: BTreeSet<u32> = placed.placements.iter().map(|p| p.shard).collect();
+    assert_eq!(
+        shards.len(),
+        3,
+        "spans three shards: {:?}",
+        placed.placements
+    );
+    let on_ledgers = held(&cl).await;
+    assert_eq!(on_ledgers.values().sum::<u32>(), 6, "{on_ledgers:?}");
+    assert!(on_ledgers.values().all(|p| *p == 1));
+
+    // The same key again: the same group, no second placement.
+    let again = cl
+        .submit(submission("train-1", vec![gang("train", 6, 6, "4", 0)]))
+        .await
+        .expect("resubmit");
+    assert_eq!(again.id, first.id);
+    assert_eq!(held(&cl).await.values().sum::<u32>(), 6);
+
+    // A second gang cannot fit while the first holds everything: it waits and holds nothing.
+    let second = cl
+        .submit(submission("train-2", vec![gang("train2", 2, 2, "4", 0)]))
+        .await
+        .expect("submit");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let waiting = cl.get(second.id).await.expect("get");
+    assert_eq!(waiting.state, "Queued", "{waiting:?}");
+    assert!(!waiting.reason.is_empty(), "says why it waits");
+    assert_eq!(
+        held(&cl).await.values().sum::<u32>(),
+        6,
+        "the waiting gang holds nothing"
+    );
+
+    // Releasing the first lets the second in.
+    cl.release(first.id).await.expect("release");
+    wait_state(&cl, first.id, "Released", Duration::from_secs(10)).await;
+    wait_state(&cl, second.id, "Placed", Duration::from_secs(10)).await;
+    assert_eq!(held(&cl).await.values().sum::<u32>(), 2);
+
+    // Invalid submissions name the field and store nothing.
+    let mut bad = gang("bad", 2, 3, "1", 0);
+    let err = cl
+        .submit(submission("bad", vec![bad.clone()]))
+        .await
+        .expect_err("minMember > totalNumber");
+    assert!(err.to_string().contains("minMember"), "{err}");
+    bad.min_member = 1;
+    bad.members[0].pod_json = "{\"requests\": {\"cpu\": \"-1\"}}".into();
+    let err = cl
+        .submit(submission("bad", vec![bad.clone()]))
+        .await
+        .expect_err("negative cpu");
+    assert!(err.to_string().contains("requests.cpu"), "{err}");
+    bad.members[0].pod_json = "{\"requests\": ".into();
+    let err = cl
+        .submit(submission("bad", vec![bad]))
+        .await
+        .expect_err("malformed json");
+    assert!(
+        err.to_string().contains("gangs[0].members[0].pod_json"),
+        "{err}"
+    );
+    assert_eq!(cl.list_groups(true).await.expect("list").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlock_case_and_wait_time_expiry() {
+    let c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let cl = client(&c, 2).await;
+    // Capacity 10: ten 1-cpu nodes, five per shard.
+    fleet(&cl, 2, 5, "1").await;
+
+    // Three strict gangs of 5 submitted together: never three half-placed gangs.
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        let s = cl
+            .submit(submission(
+                &format!("dl-{k}"),
+                vec![gang(&format!("dl{k}"), 5, 5, "1", 0)],
+            ))
+            .await
+            .expect("submit");
+        ids.push(s.id);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut placed = 0;
+    for id in &ids {
+        if cl.get(*id).await.expect("get").state == "Placed" {
+            placed += 1;
+        }
+    }
+    assert!(placed >= 1, "at least one gang placed");
+    assert_eq!(
+        held(&cl).await.values().sum::<u32>(),
+        5 * placed,
+        "only placed gangs hold capacity"
+    );
+
+    // A gang that cannot fit before its waitTime ends timed out, holding nothing.
+    let late = cl
+        .submit(submission("late", vec![gang("late", 20, 20, "1", 1_000)]))
+        .await
+        .expect("submit");
+    let watch = cl.watch_until(late.id, |_| false);
+    let end = tokio::time::timeout(Duration::from_secs(30), watch)
+        .await
+        .expect("ended within 30 s")
+        .expect("watch");
+    assert_eq!(end.state, "TimedOut", "{end:?}");
+    assert_eq!(held(&cl).await.values().sum::<u32>(), 5 * placed);
+}
+
+async fn coordinator_crash(failpoint: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = vec![
+        ("GANGWAY_TEST_FAILPOINTS".to_string(), failpoint.to_string()),
+        (
+            "GANGWAY_TEST_FAILPOINT_DIR".to_string(),
+            dir.path().display().to_string(),
+        ),
+    ];
+    let mut c = Cluster::start_with(3, 3, vec!["--test-failpoints".into()], env);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
+    let via = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != meta_leader)
+        .expect("a follower");
+    let cl = client(&c, via).await;
+    fleet(&cl, 3, 2, "4").await;
+
+    let g = cl
+        .submit(submission("crash", vec![gang("crash", 6, 6, "4", 0)]))
+        .await
+        .expect("submit");
+    // The meta leader's coordinator reaches the failpoint and dies; another takes over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.path().join(failpoint).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "failpoint {failpoint} never fired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.kill(meta_leader);
+    let placed = wait_state(&cl, g.id, "Placed", Duration::from_secs(30)).await;
+    assert_eq!(placed.placements.len(), 6);
+    // Every reservation resolved: exactly the six placed members are held, once each.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let h = held(&cl).await;
+        let placed_nodes: BTreeSet<String> =
+            placed.placements.iter().map(|p| p.node.clone()).collect();
+        let held_nodes: BTreeSet<String> = h.keys().cloned().collect();
+        if h.values().sum::<u32>() == 6 && held_nodes == placed_nodes {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ledgers hold {h:?}, placements {:?}",
+            placed.placements
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The crashed process comes back and agrees.
+    c.spawn(meta_leader);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    c.wait_converged(&[1, 2, 3], Duration::from_secs(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_killed_between_reserve_and_decide() {
+    coordinator_crash("coordinator-after-reserve").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_killed_between_decide_and_commit() {
+    coordinator_crash("coordinator-after-decide").await;
+}
