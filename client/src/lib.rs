@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+pub mod spec;
+
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::{
     BalanceReply, BalanceRequest, CompactRequest, StatusReply, StatusRequest,

@@ -1,8 +1,11 @@
 //! `gangctl`: the command line for people. Exit codes a script can trust:
-//! 0 success, 1 the server refused or failed the request, 2 bad usage,
-//! 3 no replica could be reached.
+//! 0 success, 1 the server refused or failed the request, 2 bad usage or a bad
+//! group file, 3 no replica could be reached, 4 `watch` saw the group end
+//! without reaching the state it waited for.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use gangway_client::api::GangGroupStatus;
+use gangway_client::spec::{self, SpecError};
 use gangway_client::{Client, ClientError};
 use serde_json::json;
 
@@ -34,6 +37,46 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Submit a gang group from a YAML file.
+    Submit {
+        /// The group file (see `gangway_client::spec` for the format); `-` reads stdin.
+        #[arg(long, short = 'f')]
+        file: String,
+        /// Idempotency key (overrides the file's).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Show one gang group.
+    Get {
+        /// Gang group id.
+        id: u64,
+    },
+    /// List gang groups.
+    List {
+        /// Include finished groups.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Follow a gang group's state changes.
+    Watch {
+        /// Gang group id.
+        id: u64,
+        /// Stop when the group reaches this state (exit 4 if it ends elsewhere).
+        #[arg(long)]
+        until: Option<String>,
+    },
+    /// Cancel a gang group; whatever it holds is released.
+    Cancel {
+        /// Gang group id.
+        id: u64,
+    },
+    /// Release a placed gang group whose work finished.
+    Release {
+        /// Gang group id.
+        id: u64,
+    },
+    /// Shards with their leaders and node counts.
+    Shards,
     /// Cluster membership and Raft groups.
     Cluster {
         #[command(subcommand)]
@@ -61,12 +104,186 @@ enum ClusterCommand {
     },
 }
 
-async fn run(cli: Cli) -> Result<(), ClientError> {
+/// Why gangctl failed, and so its exit code.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("gang group {id} ended {state}, not {wanted}")]
+    WrongEnd {
+        id: u64,
+        state: String,
+        wanted: String,
+    },
+}
+
+impl Failure {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Failure::Client(ClientError::Connect { .. }) => 3,
+            Failure::Client(ClientError::Rpc(_)) => 1,
+            Failure::Spec(_) | Failure::Usage(_) => 2,
+            Failure::WrongEnd { .. } => 4,
+        }
+    }
+}
+
+fn print_group(s: &GangGroupStatus, output: Output) {
+    match output {
+        Output::Json => {
+            let placements: Vec<_> = s
+                .placements
+                .iter()
+                .map(|p| json!({"namespace": p.namespace, "gang": p.gang, "member": p.member, "node": p.node, "shard": p.shard}))
+                .collect();
+            println!(
+                "{}",
+                json!({"id": s.id, "name": s.name, "key": s.idempotency_key, "state": s.state, "reason": s.reason,
+                       "attempts": s.attempts, "members": s.members, "gangs": s.gangs, "placements": placements,
+                       "version": s.version})
+            );
+        }
+        Output::Table => {
+            println!(
+                "{:<6} {:<24} {:<10} {:<8} {:<8} REASON",
+                "ID", "NAME", "STATE", "MEMBERS", "PLACED"
+            );
+            println!(
+                "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
+                s.id,
+                s.name,
+                s.state,
+                s.members,
+                s.placements.len(),
+                s.reason
+            );
+        }
+    }
+}
+
+fn print_groups(list: &[GangGroupStatus], output: Output) {
+    if let Output::Json = output {
+        for s in list {
+            print_group(s, output);
+        }
+        return;
+    }
+    println!(
+        "{:<6} {:<24} {:<10} {:<8} {:<8} REASON",
+        "ID", "NAME", "STATE", "MEMBERS", "PLACED"
+    );
+    for s in list {
+        println!(
+            "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
+            s.id,
+            s.name,
+            s.state,
+            s.members,
+            s.placements.len(),
+            s.reason
+        );
+    }
+}
+
+fn read_file(path: &str) -> Result<String, Failure> {
+    let text = if path == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    };
+    text.map_err(|e| Failure::Usage(format!("--file {path}: {e}")))
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let request = match &cli.command {
+        Command::Submit { file, key } => {
+            let mut req = spec::from_yaml(&read_file(file)?)?;
+            if let Some(k) = key {
+                req.idempotency_key = k.clone();
+            }
+            Some(req)
+        }
+        _ => None,
+    };
     let client = Client::connect(&cli.server).await?;
     match cli.command {
+        Command::Submit { .. } => {
+            let Some(req) = request else { return Ok(()) };
+            print_group(&client.submit(req).await?, cli.output);
+            Ok(())
+        }
+        Command::Get { id } => {
+            print_group(&client.get(id).await?, cli.output);
+            Ok(())
+        }
+        Command::List { all } => {
+            print_groups(&client.list_groups(all).await?, cli.output);
+            Ok(())
+        }
+        Command::Watch { id, until } => {
+            let output = cli.output;
+            let last = client
+                .watch_until(id, |s| {
+                    match output {
+                        Output::Json => print_group(s, output),
+                        Output::Table => println!(
+                            "{:<6} {:<10} placed {}/{} {}",
+                            s.id,
+                            s.state,
+                            s.placements.len(),
+                            s.members,
+                            s.reason
+                        ),
+                    }
+                    until.as_deref() == Some(s.state.as_str())
+                })
+                .await?;
+            match until {
+                Some(wanted) if wanted != last.state => Err(Failure::WrongEnd {
+                    id,
+                    state: last.state,
+                    wanted,
+                }),
+                _ => Ok(()),
+            }
+        }
+        Command::Cancel { id } => {
+            print_group(&client.cancel(id).await?, cli.output);
+            Ok(())
+        }
+        Command::Release { id } => {
+            print_group(&client.release(id).await?, cli.output);
+            Ok(())
+        }
+        Command::Shards => {
+            let shards = client.shards().await?;
+            match cli.output {
+                Output::Json => {
+                    let list: Vec<_> = shards
+                        .iter()
+                        .map(|s| json!({"shard": s.shard, "leader": s.leader, "voters": s.voters, "nodes": s.nodes}))
+                        .collect();
+                    println!("{}", json!(list));
+                }
+                Output::Table => {
+                    println!("{:<6} {:<7} {:<6} VOTERS", "SHARD", "LEADER", "NODES");
+                    for s in &shards {
+                        println!(
+                            "{:<6} {:<7} {:<6} {:?}",
+                            s.shard, s.leader, s.nodes, s.voters
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
         Command::Cluster {
             command: ClusterCommand::Status,
-        } => cluster_status(&client, cli.output).await,
+        } => Ok(cluster_status(&client, cli.output).await?),
         Command::Cluster {
             command: ClusterCommand::Balance,
         } => {
@@ -185,9 +402,6 @@ async fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli).await {
         eprintln!("gangctl: error: {e}");
-        std::process::exit(match e {
-            ClientError::Connect { .. } => 3,
-            ClientError::Rpc(_) => 1,
-        });
+        std::process::exit(e.exit_code());
     }
 }
