@@ -15,10 +15,38 @@ use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 
 /// Encodes a command, query or reply for the Raft log.
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // These are plain data types with string or integer map keys; encoding
-    // them as JSON cannot fail.
-    serde_json::to_vec(value).unwrap_or_default()
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(value)
+}
+
+/// Encodes a state machine's reply; if the reply cannot be encoded, the
+/// error reply `on_error` builds is sent instead, so the caller learns why.
+fn reply<T: Serialize>(value: &T, on_error: impl FnOnce(String) -> T) -> Vec<u8> {
+    match encode(value) {
+        Ok(bytes) => bytes,
+        Err(e) => encode(&on_error(format!("reply could not be encoded: {e}"))).unwrap_or_default(),
+    }
+}
+
+/// Encodes a state for a snapshot. The states hold only data with string or
+/// integer map keys, so a failure means the state itself is corrupt.
+fn snapshot_bytes<T: Serialize>(what: &str, state: &T) -> Vec<u8> {
+    match encode(state) {
+        Ok(bytes) => bytes,
+        Err(e) => panic!("{what} state cannot be encoded, it is corrupt: {e}"),
+    }
+}
+
+fn meta_rejected(reason: String) -> MetaReply {
+    MetaReply::Rejected { reason }
+}
+
+fn shard_malformed(reason: String) -> ShardOutcome {
+    ShardOutcome::Malformed { reason }
+}
+
+fn answer_malformed(reason: String) -> ShardAnswer {
+    ShardAnswer::Malformed { reason }
 }
 
 /// Decodes a reply or query.
@@ -70,14 +98,15 @@ fn restore<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, RestoreError> {
 impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode(command) {
-            Ok(cmd) => encode(&self.state.apply(&cmd)),
-            Err(e) => encode(&MetaReply::Rejected {
-                reason: format!("malformed meta command: {e}"),
-            }),
+            Ok(cmd) => reply(&self.state.apply(&cmd), meta_rejected),
+            Err(e) => reply(
+                &meta_rejected(format!("malformed meta command: {e}")),
+                meta_rejected,
+            ),
         }
     }
     fn snapshot(&self) -> Vec<u8> {
-        encode(&self.state)
+        snapshot_bytes("meta", &self.state)
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.state = restore(snapshot)?;
@@ -85,10 +114,11 @@ impl StateMachine for MetaMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(q) => encode(&self.state.query(&q)),
-            Err(e) => encode(&MetaReply::Rejected {
-                reason: format!("malformed meta query: {e}"),
-            }),
+            Ok(q) => reply(&self.state.query(&q), meta_rejected),
+            Err(e) => reply(
+                &meta_rejected(format!("malformed meta query: {e}")),
+                meta_rejected,
+            ),
         }
     }
 }
@@ -96,10 +126,14 @@ impl StateMachine for MetaMachine {
 impl StateMachine for ShardMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode(command) {
-            Ok(cmd) => encode(&ShardOutcome::Applied(self.ledger.apply(&cmd))),
-            Err(e) => encode(&ShardOutcome::Malformed {
-                reason: format!("malformed shard command: {e}"),
-            }),
+            Ok(cmd) => reply(
+                &ShardOutcome::Applied(self.ledger.apply(&cmd)),
+                shard_malformed,
+            ),
+            Err(e) => reply(
+                &shard_malformed(format!("malformed shard command: {e}")),
+                shard_malformed,
+            ),
         }
     }
     fn snapshot(&self) -> Vec<u8> {
@@ -111,10 +145,8 @@ impl StateMachine for ShardMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(q) => encode(&answer(&self.ledger, &q)),
-            Err(e) => encode(&ShardAnswer::Malformed {
-                reason: e.to_string(),
-            }),
+            Ok(q) => reply(&answer(&self.ledger, &q), answer_malformed),
+            Err(e) => reply(&answer_malformed(e.to_string()), answer_malformed),
         }
     }
 }
@@ -125,6 +157,14 @@ pub enum GroupError {
     /// Routing, quorum or storage failure.
     #[error(transparent)]
     Host(#[from] HostError),
+    /// A command or query that cannot be encoded.
+    #[error("cannot encode a request for group {group}: {reason}")]
+    Encode {
+        /// The group.
+        group: GroupId,
+        /// Why.
+        reason: String,
+    },
     /// A reply that is not what the group's state machine sends.
     #[error("group {group} sent an undecodable reply: {reason}")]
     Decode {
@@ -140,7 +180,9 @@ impl GroupError {
     pub fn to_status(&self) -> tonic::Status {
         match self {
             GroupError::Host(e) => e.to_status(),
-            GroupError::Decode { .. } => tonic::Status::internal(self.to_string()),
+            GroupError::Decode { .. } | GroupError::Encode { .. } => {
+                tonic::Status::internal(self.to_string())
+            }
         }
     }
 }
@@ -170,6 +212,13 @@ impl Groups {
         &self.host
     }
 
+    fn encode<T: Serialize>(group: GroupId, value: &T) -> Result<Vec<u8>, GroupError> {
+        encode(value).map_err(|e| GroupError::Encode {
+            group,
+            reason: e.to_string(),
+        })
+    }
+
     fn decode<T: DeserializeOwned>(group: GroupId, bytes: &[u8]) -> Result<T, GroupError> {
         decode(bytes).map_err(|e| GroupError::Decode {
             group,
@@ -179,13 +228,19 @@ impl Groups {
 
     /// Commits a meta command on the meta leader.
     pub async fn meta(&self, cmd: &MetaCommand) -> Result<MetaReply, GroupError> {
-        let out = self.host.write(META_GROUP, encode(cmd)).await?;
+        let out = self
+            .host
+            .write(META_GROUP, Self::encode(META_GROUP, cmd)?)
+            .await?;
         Self::decode(META_GROUP, &out.reply)
     }
 
     /// Reads the meta group linearizably.
     pub async fn meta_query(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
-        let out = self.host.read(META_GROUP, encode(q)).await?;
+        let out = self
+            .host
+            .read(META_GROUP, Self::encode(META_GROUP, q)?)
+            .await?;
         Self::decode(META_GROUP, &out.reply)
     }
 
@@ -196,21 +251,21 @@ impl Groups {
             at_ms: now_ms(),
             op,
         };
-        let out = self.host.write(group, encode(&cmd)).await?;
+        let out = self.host.write(group, Self::encode(group, &cmd)?).await?;
         Self::decode(group, &out.reply)
     }
 
     /// Reads shard `shard` linearizably.
     pub async fn shard_query(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        let out = self.host.read(group, encode(q)).await?;
+        let out = self.host.read(group, Self::encode(group, q)?).await?;
         Self::decode(group, &out.reply)
     }
 
     /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's own state).
     pub fn shard_query_local(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        let out = self.host.read_local(group, &encode(q))?;
+        let out = self.host.read_local(group, &Self::encode(group, q)?)?;
         Self::decode(group, &out.reply)
     }
 }
@@ -249,7 +304,8 @@ mod tests {
             at_ms: 5,
             op: LedgerOp::RegisterNode { node },
         };
-        let reply: ShardOutcome = decode(&m.apply(1, &encode(&cmd))).expect("reply decodes");
+        let reply: ShardOutcome =
+            decode(&m.apply(1, &encode(&cmd).expect("encodes"))).expect("reply decodes");
         assert!(
             matches!(
                 reply,

@@ -232,6 +232,65 @@ async fn deadlock_case_and_wait_time_expiry() {
     assert_eq!(held(&cl).await.values().sum::<u32>(), 5 * placed);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_strict_accumulates_across_rounds_and_wait_time_releases_all() {
+    let c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 2, 1, "1").await;
+
+    // Four 1-cpu members, two nodes: two are placed and held while the gang waits.
+    let mut g = gang("ns", 4, 4, "1", 0);
+    g.mode = "NonStrict".into();
+    let s = cl
+        .submit(submission("ns-1", vec![g]))
+        .await
+        .expect("submit");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = cl.get(s.id).await.expect("get");
+        if now.placements.len() == 2 {
+            assert_eq!(now.state, "Queued", "{now:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two members never accumulated: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        held(&cl).await.values().sum::<u32>(),
+        2,
+        "accumulated members hold their nodes"
+    );
+    // More capacity arrives: the rest is placed in a later round.
+    fleet(&cl, 2, 2, "1").await;
+    let placed = wait_state(&cl, s.id, "Placed", Duration::from_secs(10)).await;
+    assert_eq!(placed.placements.len(), 4);
+
+    // A NonStrict gang that never reaches minMember releases what it held when waitTime passes.
+    let mut g = gang("ns2", 3, 3, "1", 1_500);
+    g.mode = "NonStrict".into();
+    let before = held(&cl).await.values().sum::<u32>();
+    fleet(&cl, 2, 3, "1").await;
+    let s = cl
+        .submit(submission("ns-2", vec![g]))
+        .await
+        .expect("submit");
+    let watch = cl.watch_until(s.id, |_| false);
+    let end = tokio::time::timeout(Duration::from_secs(30), watch)
+        .await
+        .expect("ended")
+        .expect("watch");
+    assert_eq!(end.state, "TimedOut", "{end:?}");
+    assert_eq!(
+        held(&cl).await.values().sum::<u32>(),
+        before,
+        "everything it held was released"
+    );
+}
+
 async fn coordinator_crash(failpoint: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let env = vec![

@@ -22,32 +22,47 @@ pub struct Assignment {
 pub enum AssignOutcome {
     /// Every gang reaches minMember.
     Ready(Assignment),
-    /// Some gang cannot; why, for people.
-    Short(String),
+    /// Some gang cannot reach minMember now; why, and what does fit.
+    Short {
+        /// Why, for people.
+        reason: String,
+        /// The members that fit (a NonStrict group may hold them while it waits).
+        partial: Assignment,
+    },
 }
 
-/// Assigns `group`'s members to shards from their `plans`.
-pub fn assign(group: &GangGroup, plans: &BTreeMap<u32, GangPlacement>) -> AssignOutcome {
+/// Assigns `group`'s members to shards from their `plans`; members in
+/// `placed_before` (earlier NonStrict rounds) count toward minMember.
+pub fn assign(
+    group: &GangGroup,
+    plans: &BTreeMap<u32, GangPlacement>,
+    placed_before: &BTreeSet<String>,
+) -> AssignOutcome {
     let single = plans
         .iter()
         .find(|(_, p)| p.unplaced.is_empty() && !p.assignments.is_empty());
     let per_shard = match single {
         Some((shard, plan)) => BTreeMap::from([(*shard, plan.assignments.clone())]),
-        None => merge(group, plans),
+        None => merge(group, plans, placed_before),
     };
     let placed: BTreeSet<&MemberKey> = per_shard.values().flatten().map(|m| &m.member).collect();
     for gang in &group.gangs {
         let count = gang
             .members
             .iter()
-            .filter(|m| placed.contains(&gang.member_key(m)))
+            .map(|m| gang.member_key(m))
+            .filter(|k| placed.contains(k) || placed_before.contains(&k.to_string()))
             .count() as u32;
         if count < gang.min_member {
             let why = first_diagnosis(plans);
-            return AssignOutcome::Short(format!(
+            let reason = format!(
                 "gang {}/{}: {count} of minMember {} members fit{why}",
                 gang.namespace, gang.name, gang.min_member
-            ));
+            );
+            return AssignOutcome::Short {
+                reason,
+                partial: Assignment { per_shard },
+            };
         }
     }
     AssignOutcome::Ready(Assignment { per_shard })
@@ -59,6 +74,7 @@ pub fn assign(group: &GangGroup, plans: &BTreeMap<u32, GangPlacement>) -> Assign
 fn merge(
     group: &GangGroup,
     plans: &BTreeMap<u32, GangPlacement>,
+    placed_before: &BTreeSet<String>,
 ) -> BTreeMap<u32, Vec<ReserveMember>> {
     let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
     let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
@@ -66,6 +82,9 @@ fn merge(
         for m in &gang.members {
             let key = gang.member_key(m);
             spec_of.insert(key.clone(), &m.spec);
+            if placed_before.contains(&key.to_string()) {
+                continue;
+            }
             match waiting.iter_mut().find(|(spec, _)| **spec == m.spec) {
                 Some((_, queue)) => queue.push_back(key),
                 None => waiting.push((&m.spec, VecDeque::from([key]))),
@@ -167,7 +186,7 @@ mod tests {
     #[test]
     fn one_shard_that_fits_everything_wins() {
         let plans = BTreeMap::from([(1, plan(&[0, 1], &[2, 3])), (2, plan(&[0, 1, 2, 3], &[]))]);
-        let AssignOutcome::Ready(a) = assign(&group(4, 4), &plans) else {
+        let AssignOutcome::Ready(a) = assign(&group(4, 4), &plans, &BTreeSet::new()) else {
             panic!("ready")
         };
         assert_eq!(a.per_shard.keys().copied().collect::<Vec<_>>(), vec![2]);
@@ -182,7 +201,7 @@ mod tests {
             (2, plan(&[0, 1, 2, 3], &[4, 5])),
             (3, plan(&[0], &[1, 2, 3, 4, 5])),
         ]);
-        let AssignOutcome::Ready(a) = assign(&group(6, 6), &plans) else {
+        let AssignOutcome::Ready(a) = assign(&group(6, 6), &plans, &BTreeSet::new()) else {
             panic!("ready")
         };
         assert_eq!(a.per_shard.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
@@ -205,11 +224,14 @@ mod tests {
     fn short_of_min_member_is_not_ready() {
         let plans = BTreeMap::from([(1, plan(&[0], &[1, 2])), (2, plan(&[0], &[1, 2]))]);
         assert!(
-            matches!(assign(&group(3, 2), &plans), AssignOutcome::Ready(_)),
+            matches!(
+                assign(&group(3, 2), &plans, &BTreeSet::new()),
+                AssignOutcome::Ready(_)
+            ),
             "two shards hold one member each"
         );
         assert!(
-            matches!(assign(&group(3, 3), &plans), AssignOutcome::Short(r) if r.contains("2 of minMember 3"))
+            matches!(assign(&group(3, 3), &plans, &BTreeSet::new()), AssignOutcome::Short { reason, .. } if reason.contains("2 of minMember 3"))
         );
     }
 }

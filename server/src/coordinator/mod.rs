@@ -14,7 +14,7 @@
 
 pub mod assign;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -169,9 +169,15 @@ impl Coordinator {
     async fn place(&self, r: &GroupRecord) -> Result<(), GroupError> {
         let members = Self::members(r);
         let plans = self.plans(&members).await;
-        let assignment = match assign(&r.group, &plans) {
+        let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();
+        let assignment = match assign(&r.group, &plans, &placed_before) {
             AssignOutcome::Ready(a) => a,
-            AssignOutcome::Short(reason) => {
+            AssignOutcome::Short { partial, .. }
+                if r.accumulates() && !partial.per_shard.is_empty() =>
+            {
+                partial
+            }
+            AssignOutcome::Short { reason, .. } => {
                 self.groups
                     .meta(&MetaCommand::Requeue {
                         seq: r.seq,
@@ -391,18 +397,29 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Gives back everything a releasing group holds: an undecided (now
+    /// aborted) transaction on its participants, then every placed member.
     async fn release(&self, r: &GroupRecord) -> Result<(), GroupError> {
         if let Some(txn) = r.txn {
-            let participants = match self.groups.meta_query(&MetaQuery::Txn { txn }).await? {
-                MetaReply::Txn { record: Some(t) } => t.participants,
-                _ => r.placements.values().map(|p| p.shard).collect(),
-            };
-            for shard in participants {
-                let op = LedgerOp::Release {
-                    target: ReleaseTarget::Txn(txn),
-                };
-                self.groups.shard(shard, op).await?;
+            if let MetaReply::Txn { record: Some(t) } =
+                self.groups.meta_query(&MetaQuery::Txn { txn }).await?
+            {
+                if t.decision != Some(Decision::Commit) {
+                    self.tell(txn, &t.participants, Decision::Abort).await;
+                }
             }
+        }
+        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+        for (key, p) in &r.placements {
+            if let Ok(member) = MemberKey::try_from(key.clone()) {
+                per_shard.entry(p.shard).or_default().push(member);
+            }
+        }
+        for (shard, members) in per_shard {
+            let op = LedgerOp::Release {
+                target: ReleaseTarget::Members(members),
+            };
+            self.groups.shard(shard, op).await?;
         }
         self.groups
             .meta(&MetaCommand::ReleaseDone {

@@ -2,13 +2,14 @@
 //!
 //! Owns [`run`] (single pods placed one by one: quote-free placement, Reserve, Commit)
 //! and [`run_gangs`] (whole gangs placed as batches, Reserve, Commit), over a synthetic
-//! fleet from [`fleet`]. They do no timing and read no clock: the caller times them and
+//! fleet from [`fleet`], both through one [`Placer`] with the default profile, as a
+//! shard leader places. They do no timing and read no clock: the caller times them and
 //! reads the counts in [`BenchReport`]. Deterministic: the same sizes give the same
 //! report. Called by benchmark harnesses and tests.
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::placement::{place_gang, place_members, MemberRef};
+use crate::engine::placement::{MemberRef, Placer};
 use crate::engine::profile::Profile;
 use crate::ledger::command::{LedgerCommand, LedgerOp, LedgerReply, ReserveMember, TxnId};
 use crate::ledger::shard::ShardLedger;
@@ -145,12 +146,13 @@ impl Bench {
 pub fn run(nodes: usize, pods: usize) -> BenchReport {
     let mut bench = Bench::new(nodes);
     let profile = Profile::default();
+    let mut placer = Placer::new();
     for i in 0..pods {
         bench.report.gangs_requested += 1;
         bench.report.pods_requested += 1;
         let key = MemberKey::new("bench", format!("pod-{i}"), "0");
         let spec = basic_pod(i);
-        let placement = place_members(
+        let placement = placer.place_members(
             &bench.ledger,
             &[MemberRef {
                 key: &key,
@@ -202,11 +204,12 @@ fn bench_gang(index: usize, members: usize) -> Gang {
 pub fn run_gangs(nodes: usize, gangs: usize, members: usize) -> BenchReport {
     let mut bench = Bench::new(nodes);
     let profile = Profile::default();
+    let mut placer = Placer::new();
     for g in 0..gangs {
         let gang = bench_gang(g, members);
         bench.report.gangs_requested += 1;
         bench.report.pods_requested += members as u64;
-        let placement = place_gang(&bench.ledger, &gang, &profile, &[]);
+        let placement = placer.place_gang(&bench.ledger, &gang, &profile, &[]);
         let placed = placement.assignments.len() as u64;
         if placement.is_complete() && bench.reserve_and_commit(placement.assignments) {
             bench.report.gangs_placed += 1;
@@ -245,14 +248,5 @@ mod tests {
         let too_many = run_gangs(4, 3, 16);
         assert_eq!(too_many.gangs_placed, 2);
         assert_eq!(too_many.pods_unplaced, 16);
-    }
-
-    #[test]
-    #[ignore = "full-size workload; run with --release --ignored and time it from outside"]
-    fn full_size() {
-        let single = run(5_000, 5_000);
-        assert_eq!(single.pods_placed, 5_000);
-        let gangs = run_gangs(10_000, 64, 128);
-        assert_eq!(gangs.gangs_placed, 64);
     }
 }

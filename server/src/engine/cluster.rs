@@ -1,12 +1,16 @@
 //! The engine's working copy of a ledger view.
 //!
-//! Owns [`Cluster`]: every node of a [`LedgerView`] with what is requested on it, the
-//! pods held on it (borrowed from the view) and the nominations that target it, plus the
-//! pods the engine plans during one placement round (owned, removable again). Also owns
-//! [`Nomination`], the engine-input form of Kubernetes' nominatedNodeName. Invariants:
-//! nodes stay in the view's name order; `requested` always equals the view's reserved +
-//! committed plus the footprints of planned pods; the view itself is never mutated.
-//! Called by placement, quoting and preemption.
+//! Owns [`Cluster`]: the nodes of a [`LedgerView`] read in place (by position, in name
+//! order, with their [`NodeFit`] summaries), the nominations that target them, and on
+//! top the pods the engine plans during one placement round (owned, removable again).
+//! Nothing is copied per node when a cluster is built from a view that keeps an
+//! [`crate::ledger::view::IndexedView`]; other views are listed once. [`NodeState`] is
+//! the materialized form of one node (its pods, planned ones included), built on demand
+//! for the filters that need every pod. Also owns [`Nomination`], the engine-input form
+//! of Kubernetes' nominatedNodeName. Invariants: positions follow the view's name
+//! order; a node's requested resources are always the view's reserved + committed plus
+//! the footprints of the pods planned on it; the view itself is never mutated. Called
+//! by placement, quoting and preemption.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::usage::SlotState;
-use crate::ledger::view::LedgerView;
+use crate::ledger::view::{fixed_dims, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{HostPort, PodSummary};
@@ -55,7 +59,25 @@ pub struct PodInfo<'a> {
     pub phase: PodPhase,
 }
 
-/// A node and what is held or planned on it.
+/// Footprints of the nominations among `nominated` that bind a pod of `priority`.
+fn binding_load<'n>(
+    nominated: impl Iterator<Item = &'n Nomination>,
+    priority: i32,
+    own: &BTreeSet<MemberKey>,
+) -> Resources {
+    nominated
+        .filter(|n| binds(n, priority, own))
+        .fold(Resources::zero(), |acc, n| {
+            acc.saturating_add(&n.pod.footprint())
+        })
+}
+
+/// Whether a nomination binds a pod of `priority`: higher or equal priority, not its own.
+fn binds(nomination: &Nomination, priority: i32, own: &BTreeSet<MemberKey>) -> bool {
+    nomination.pod.priority >= priority && !own.contains(&nomination.member)
+}
+
+/// A node and what is held or planned on it, materialized.
 #[derive(Debug, Clone)]
 pub struct NodeState<'a> {
     /// The node.
@@ -76,10 +98,7 @@ impl<'a> NodeState<'a> {
 
     /// Footprints of nominations with priority >= `priority`, not belonging to `own`.
     pub fn nominated_load(&self, priority: i32, own: &BTreeSet<MemberKey>) -> Resources {
-        self.binding_nominations(priority, own)
-            .fold(Resources::zero(), |acc, n| {
-                acc.saturating_add(&n.pod.footprint())
-            })
+        binding_load(self.nominated.iter().copied(), priority, own)
     }
 
     /// Nominations that bind a pod of `priority` (higher or equal priority, not its own).
@@ -91,7 +110,7 @@ impl<'a> NodeState<'a> {
         self.nominated
             .iter()
             .copied()
-            .filter(move |n| n.pod.priority >= priority && !own.contains(&n.member))
+            .filter(move |n| binds(n, priority, own))
     }
 
     /// Whether `port` is used by a pod here or by a binding nomination.
@@ -103,11 +122,71 @@ impl<'a> NodeState<'a> {
     }
 }
 
-/// Every node of a view, with planned pods on top.
+/// The view's nodes, read in place or listed once.
+#[derive(Debug, Clone)]
+enum Base<'a> {
+    Indexed(IndexedView<'a>),
+    Listed {
+        views: Vec<NodeView<'a>>,
+        fits: Vec<NodeFit>,
+    },
+}
+
+/// A pod planned in this round.
+#[derive(Debug, Clone)]
+struct Planned {
+    key: MemberKey,
+    pod: PodSummary,
+}
+
+/// What is planned on one node.
+#[derive(Debug, Clone, Default)]
+struct Overlay {
+    /// Summed footprints of the pods planned here.
+    requested: Resources,
+    /// The same, built-in dimensions only.
+    fixed: [u64; 4],
+    /// `NodeFit::HOST_PORTS` / `ANTI_AFFINITY` of the pods planned here.
+    flags: u8,
+    /// Their indexes in `Cluster::planned`, in plan order.
+    pods: Vec<usize>,
+}
+
+impl Overlay {
+    fn recompute(&mut self, planned: &[Planned]) {
+        let mut requested = Resources::zero();
+        let mut flags = 0;
+        for pod in self.pods.iter().filter_map(|&p| planned.get(p)) {
+            requested = requested.saturating_add(&pod.pod.footprint());
+            flags |= pod_flags(&pod.pod);
+        }
+        self.fixed = fixed_dims(&requested);
+        self.requested = requested;
+        self.flags = flags;
+    }
+}
+
+fn pod_flags(pod: &PodSummary) -> u8 {
+    let mut flags = 0;
+    if !pod.host_ports.is_empty() {
+        flags |= NodeFit::HOST_PORTS;
+    }
+    if !pod.anti_affinity.is_empty() {
+        flags |= NodeFit::ANTI_AFFINITY;
+    }
+    flags
+}
+
+/// Every node of a view, with nominations and planned pods on top.
 #[derive(Debug, Clone)]
 pub struct Cluster<'a> {
-    /// Nodes in name order.
-    pub nodes: Vec<NodeState<'a>>,
+    base: Base<'a>,
+    /// Planned pods, in plan order.
+    planned: Vec<Planned>,
+    /// Nodes with planned pods, sorted by position.
+    overlay: Vec<(usize, Overlay)>,
+    /// Nominations by node position (sorted, input order within a node).
+    nominated: Vec<(usize, &'a Nomination)>,
     /// Whether any pod holds a required anti-affinity term (enables the symmetric check).
     pub has_anti_affinity: bool,
 }
@@ -115,37 +194,23 @@ pub struct Cluster<'a> {
 impl<'a> Cluster<'a> {
     /// Builds the working copy; nominations to unknown nodes or of held members are ignored.
     pub fn build<V: LedgerView + ?Sized>(view: &'a V, nominations: &'a [Nomination]) -> Self {
-        let mut has_anti_affinity = false;
-        let nodes: Vec<NodeState<'a>> = view
-            .node_views()
-            .into_iter()
-            .map(|nv| {
-                let pods: Vec<PodInfo<'a>> = nv
-                    .pods()
-                    .map(|(key, slot)| {
-                        has_anti_affinity |= !slot.pod.anti_affinity.is_empty();
-                        PodInfo {
-                            key: Cow::Borrowed(key),
-                            pod: Cow::Borrowed(&slot.pod),
-                            phase: match slot.state {
-                                SlotState::Reserved { .. } => PodPhase::Reserved,
-                                SlotState::Committed { .. } | SlotState::Bound { .. } => {
-                                    PodPhase::Placed
-                                }
-                            },
-                        }
-                    })
+        let (base, has_anti_affinity) = match view.indexed() {
+            Some(indexed) => (Base::Indexed(indexed), indexed.has_anti_affinity()),
+            None => {
+                let views = view.node_views();
+                let fits: Vec<NodeFit> = views
+                    .iter()
+                    .map(|nv| NodeFit::of(nv.node, nv.usage))
                     .collect();
-                NodeState {
-                    node: nv.node,
-                    requested: nv.requested(),
-                    pods,
-                    nominated: Vec::new(),
-                }
-            })
-            .collect();
+                let anti = fits.iter().any(|f| f.has(NodeFit::ANTI_AFFINITY));
+                (Base::Listed { views, fits }, anti)
+            }
+        };
         let mut cluster = Self {
-            nodes,
+            base,
+            planned: Vec::new(),
+            overlay: Vec::new(),
+            nominated: Vec::new(),
             has_anti_affinity,
         };
         cluster.attach(nominations);
@@ -157,63 +222,258 @@ impl<'a> Cluster<'a> {
         if nominations.is_empty() {
             return;
         }
-        let held: BTreeSet<&MemberKey> = self
-            .nodes
-            .iter()
-            .flat_map(|n| n.pods.iter().map(|p| p.key.as_ref()))
+        let held: BTreeSet<&MemberKey> = (0..self.len())
+            .filter_map(|i| self.view(i))
+            .flat_map(|nv| nv.usage.pods.keys())
             .collect();
-        let pending: Vec<(usize, &'a Nomination)> = nominations
+        let mut pending: Vec<(usize, &'a Nomination)> = nominations
             .iter()
             .filter(|n| !held.contains(&n.member))
             .filter_map(|n| Some((self.index_of(&n.node)?, n)))
             .collect();
-        for (idx, nomination) in pending {
-            self.nodes[idx].nominated.push(nomination);
+        pending.sort_by_key(|(idx, _)| *idx);
+        self.nominated = pending;
+    }
+
+    /// Number of nodes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        match &self.base {
+            Base::Indexed(indexed) => indexed.len(),
+            Base::Listed { views, .. } => views.len(),
         }
+    }
+
+    /// Whether there is no node.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Node `idx` and its usage in the view (planned pods not included).
+    pub fn view(&self, idx: usize) -> Option<NodeView<'a>> {
+        match &self.base {
+            Base::Indexed(indexed) => indexed.node(idx),
+            Base::Listed { views, .. } => views.get(idx).copied(),
+        }
+    }
+
+    /// Node `idx`.
+    pub fn node(&self, idx: usize) -> Option<&'a Node> {
+        self.view(idx).map(|nv| nv.node)
+    }
+
+    /// Node `idx`'s summary as the view has it (planned pods not included).
+    #[inline]
+    pub fn base_fit(&self, idx: usize) -> Option<&NodeFit> {
+        match &self.base {
+            Base::Indexed(indexed) => indexed.fits().get(idx),
+            Base::Listed { fits, .. } => fits.get(idx),
+        }
+    }
+
+    #[inline]
+    fn overlay_of(&self, idx: usize) -> Option<&Overlay> {
+        if self.overlay.is_empty() {
+            return None;
+        }
+        self.overlay
+            .binary_search_by_key(&idx, |(i, _)| *i)
+            .ok()
+            .and_then(|at| self.overlay.get(at))
+            .map(|(_, overlay)| overlay)
+    }
+
+    /// Node `idx`'s stamp in the view (see [`IndexedView`]), when the view keeps stamps
+    /// and nothing is planned on the node, so that the stamp names its whole state.
+    #[inline]
+    pub fn stamp(&self, idx: usize) -> Option<u64> {
+        match &self.base {
+            Base::Indexed(indexed) if !self.has_planned(idx) => indexed.stamp(idx),
+            _ => None,
+        }
+    }
+
+    /// Whether pods are planned on node `idx`.
+    #[inline]
+    pub fn has_planned(&self, idx: usize) -> bool {
+        self.overlay_of(idx).is_some()
+    }
+
+    /// Node `idx`'s summary with the pods planned on it included.
+    pub fn fit(&self, idx: usize) -> Option<NodeFit> {
+        let mut fit = *self.base_fit(idx)?;
+        if let Some(overlay) = self.overlay_of(idx) {
+            for (requested, planned) in fit.requested.iter_mut().zip(overlay.fixed) {
+                *requested = requested.saturating_add(planned);
+            }
+            fit.flags |= overlay.flags;
+        }
+        Some(fit)
+    }
+
+    /// Reserved + committed + planned on node `idx`, every dimension.
+    pub fn requested(&self, idx: usize) -> Resources {
+        let held = self.view(idx).map(|nv| nv.requested()).unwrap_or_default();
+        match self.overlay_of(idx) {
+            Some(overlay) => held.saturating_add(&overlay.requested),
+            None => held,
+        }
+    }
+
+    /// Whether any nomination targets a node.
+    pub fn has_nominations(&self) -> bool {
+        !self.nominated.is_empty()
+    }
+
+    /// Nominations to node `idx`.
+    pub fn nominations(&self, idx: usize) -> impl Iterator<Item = &'a Nomination> + '_ {
+        let start = self.nominated.partition_point(|(i, _)| *i < idx);
+        self.nominated[start..]
+            .iter()
+            .take_while(move |(i, _)| *i == idx)
+            .map(|(_, n)| *n)
+    }
+
+    /// Footprints of the nominations to node `idx` that bind a pod of `priority`.
+    pub fn nominated_load(
+        &self,
+        idx: usize,
+        priority: i32,
+        own: &BTreeSet<MemberKey>,
+    ) -> Resources {
+        binding_load(self.nominations(idx), priority, own)
+    }
+
+    /// Whether `port` is used on node `idx` by a pod (held or planned) or a binding nomination.
+    pub fn port_taken(
+        &self,
+        idx: usize,
+        port: &HostPort,
+        priority: i32,
+        own: &BTreeSet<MemberKey>,
+    ) -> bool {
+        self.pods(idx).any(|p| p.pod.host_ports.contains(port))
+            || self
+                .nominations(idx)
+                .any(|n| binds(n, priority, own) && n.pod.host_ports.contains(port))
+    }
+
+    /// Pods on node `idx`: held ones in key order, then planned ones in plan order.
+    pub fn pods(&self, idx: usize) -> impl Iterator<Item = PodInfo<'_>> + '_ {
+        let held = self.view(idx).into_iter().flat_map(|nv| {
+            nv.usage.pods.iter().map(|(key, slot)| PodInfo {
+                key: Cow::Borrowed(key),
+                pod: Cow::Borrowed(&slot.pod),
+                phase: match slot.state {
+                    SlotState::Reserved { .. } => PodPhase::Reserved,
+                    SlotState::Committed { .. } | SlotState::Bound { .. } => PodPhase::Placed,
+                },
+            })
+        });
+        let planned = self
+            .overlay_of(idx)
+            .into_iter()
+            .flat_map(|overlay| overlay.pods.iter())
+            .filter_map(|&p| self.planned.get(p))
+            .map(|p| PodInfo {
+                key: Cow::Borrowed(&p.key),
+                pod: Cow::Borrowed(&p.pod),
+                phase: PodPhase::Planned,
+            });
+        held.chain(planned)
+    }
+
+    /// Node `idx` materialized: its pods, requested resources and nominations.
+    pub fn state(&self, idx: usize) -> Option<NodeState<'_>> {
+        Some(NodeState {
+            node: self.node(idx)?,
+            requested: self.requested(idx),
+            pods: self.pods(idx).collect(),
+            nominated: self.nominations(idx).collect(),
+        })
     }
 
     /// Plans `pod` on node `idx` (it now counts as requested there).
     pub fn plan(&mut self, idx: usize, key: MemberKey, pod: PodSummary) {
-        let Some(state) = self.nodes.get_mut(idx) else {
+        if idx >= self.len() {
             return;
-        };
+        }
         self.has_anti_affinity |= !pod.anti_affinity.is_empty();
-        state.requested = state.requested.saturating_add(&pod.footprint());
-        state.pods.push(PodInfo {
-            key: Cow::Owned(key),
-            pod: Cow::Owned(pod),
-            phase: PodPhase::Planned,
-        });
+        let footprint = pod.footprint();
+        let flags = pod_flags(&pod);
+        let p = self.planned.len();
+        self.planned.push(Planned { key, pod });
+        let at = match self.overlay.binary_search_by_key(&idx, |(i, _)| *i) {
+            Ok(at) => at,
+            Err(at) => {
+                self.overlay.insert(at, (idx, Overlay::default()));
+                at
+            }
+        };
+        if let Some((_, overlay)) = self.overlay.get_mut(at) {
+            overlay.requested = overlay.requested.saturating_add(&footprint);
+            overlay.fixed = fixed_dims(&overlay.requested);
+            overlay.flags |= flags;
+            overlay.pods.push(p);
+        }
     }
 
     /// Removes the pod planned last on node `idx`.
     pub fn unplan_last(&mut self, idx: usize) {
-        let Some(state) = self.nodes.get_mut(idx) else {
+        let Ok(at) = self.overlay.binary_search_by_key(&idx, |(i, _)| *i) else {
             return;
         };
-        if state.pods.last().map(|p| p.phase) != Some(PodPhase::Planned) {
+        let Some((_, overlay)) = self.overlay.get_mut(at) else {
             return;
+        };
+        let Some(p) = overlay.pods.pop() else {
+            return;
+        };
+        if overlay.pods.is_empty() {
+            self.overlay.remove(at);
+        } else {
+            overlay.recompute(&self.planned);
         }
-        if let Some(info) = state.pods.pop() {
-            state.requested = state.requested.saturating_sub(&info.pod.footprint());
+        // Rollbacks go last first, so this is normally the newest planned pod; an older
+        // one stays in `planned`, unreferenced, until the round ends.
+        if p + 1 == self.planned.len() {
+            self.planned.pop();
         }
     }
 
-    /// Node indexes grouped by the value of label `key` (nodes without it are left out).
+    /// Node positions grouped by the value of label `key` (nodes without it are left out).
     pub fn domains(&self, key: &str) -> BTreeMap<String, Vec<usize>> {
         let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        for (i, state) in self.nodes.iter().enumerate() {
-            if let Some(value) = state.node.label(key) {
-                out.entry(value.to_string()).or_default().push(i);
+        for i in 0..self.len() {
+            let Some(value) = self.node(i).and_then(|node| node.label(key)) else {
+                continue;
+            };
+            match out.get_mut(value) {
+                Some(nodes) => nodes.push(i),
+                None => {
+                    out.insert(value.to_string(), vec![i]);
+                }
             }
         }
         out
     }
 
-    /// Index of the node named `name`.
+    /// Name of node `idx`.
+    pub fn name(&self, idx: usize) -> Option<&'a str> {
+        self.node(idx).map(|node| node.name.as_str())
+    }
+
+    /// Position of the node named `name`.
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.nodes
-            .binary_search_by(|n| n.node.name.as_str().cmp(name))
-            .ok()
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.name(mid)?.cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
     }
 }

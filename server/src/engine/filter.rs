@@ -6,17 +6,22 @@
 //! nodeSelector and required node affinity, TaintToleration (NoSchedule and NoExecute),
 //! NodePorts, NodeResourcesFit (counting nominations of higher or equal priority), and
 //! InterPodAffinity. The first failing filter names the reason. Pure functions over a
-//! [`NodeState`]; called by placement, quoting and preemption.
+//! [`NodeState`], and [`Probe`], the same pipeline prepared once per pod template and run
+//! on a node of a [`Cluster`] in place: it reads the node's [`NodeFit`] summary and only
+//! looks at labels, taints, pods or extended resources when a summary flag or the
+//! template says they can matter, so it gives exactly `filter_node`'s answer. Called by
+//! placement, quoting and preemption.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::cluster::NodeState;
+use crate::engine::cluster::{Cluster, NodeState};
 use crate::engine::interpod::InterPodState;
 use crate::engine::selectors::{node_selector_matches, required_affinity_matches};
 use crate::engine::taints::{first_untolerated, tolerates_unschedulable};
+use crate::ledger::view::{fixed_dims, NodeFit, FIXED_DIMS};
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness, Schedulability, TaintEffect};
 use crate::model::pod::PodSpec;
@@ -100,7 +105,33 @@ pub struct Diagnosis {
     /// Nodes examined.
     pub nodes: u64,
     /// Failing nodes per reason.
+    #[serde(with = "reason_counts")]
     pub reasons: BTreeMap<FilterReason, u64>,
+}
+
+/// Encodes the reason counts as a list of pairs: reasons are structured
+/// values, and JSON object keys must be strings.
+mod reason_counts {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::FilterReason;
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<FilterReason, u64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let pairs: Vec<(&FilterReason, &u64)> = map.iter().collect();
+        pairs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<FilterReason, u64>, D::Error> {
+        let pairs: Vec<(FilterReason, u64)> = Vec::deserialize(d)?;
+        Ok(pairs.into_iter().collect())
+    }
 }
 
 impl Diagnosis {
@@ -186,9 +217,24 @@ pub fn resources_filter(
 ) -> Result<u64, FilterReason> {
     let nominated = state.nominated_load(candidate.spec.priority, candidate.own);
     let available = state.free().saturating_sub(&nominated);
-    match candidate.footprint.shortfall(&available) {
+    copies_within(candidate.footprint, &available)
+}
+
+/// How many copies of `footprint` fit within `available`, if at least one does.
+fn copies_within(footprint: &Resources, available: &Resources) -> Result<u64, FilterReason> {
+    match footprint.shortfall(available) {
         Some(resource) => Err(FilterReason::Insufficient(resource)),
-        None => Ok(candidate.footprint.copies_within(&available)),
+        None => Ok(footprint.copies_within(available)),
+    }
+}
+
+/// The built-in dimension at `NodeFit` position `d`.
+fn fixed_name(d: usize) -> ResourceName {
+    match d {
+        0 => ResourceName::Cpu,
+        1 => ResourceName::Memory,
+        2 => ResourceName::Pods,
+        _ => ResourceName::EphemeralStorage,
     }
 }
 
@@ -207,6 +253,129 @@ pub fn filter_node(
     interpod.check(state.node, candidate.spec)?;
     let single = !candidate.spec.host_ports.is_empty() || candidate.spec.has_pod_affinity_terms();
     Ok(if single { copies.min(1) } else { copies })
+}
+
+/// A pod template prepared for filtering many nodes of one cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe<'s> {
+    candidate: Candidate<'s>,
+    interpod: &'s InterPodState,
+    /// The footprint's built-in dimensions, if it has no extended resource.
+    fixed: Option<[u64; FIXED_DIMS]>,
+    /// Whether node labels cannot refuse it (no nodeSelector, no required node affinity).
+    any_labels: bool,
+    /// Whether inter-pod affinity cannot refuse it.
+    any_neighbours: bool,
+    /// Whether copies are capped at one (host ports or inter-pod terms).
+    single: bool,
+}
+
+impl<'s> Probe<'s> {
+    /// Prepares `candidate`, whose inter-pod state over the cluster is `interpod`.
+    pub fn new(candidate: Candidate<'s>, interpod: &'s InterPodState) -> Self {
+        let spec = candidate.spec;
+        Self {
+            candidate,
+            interpod,
+            fixed: candidate
+                .footprint
+                .extended
+                .is_empty()
+                .then(|| fixed_dims(candidate.footprint)),
+            any_labels: spec.node_selector.is_empty() && spec.node_affinity.required.is_none(),
+            any_neighbours: interpod.filters_nothing(spec),
+            single: !spec.host_ports.is_empty() || spec.has_pod_affinity_terms(),
+        }
+    }
+
+    /// [`filter_node`] on node `idx` of `cluster`, with the copies capped at `cap`.
+    ///
+    /// Callers that need no more than `cap` copies pass it, which spares the division
+    /// when `cap` is one.
+    pub fn check(&self, cluster: &Cluster<'_>, idx: usize, cap: u64) -> Result<u64, FilterReason> {
+        match cluster.fit(idx) {
+            Some(fit) => self.check_fit(cluster, idx, &fit, cap),
+            None => Err(FilterReason::NodeNotReady),
+        }
+    }
+
+    /// [`Probe::check`] given node `idx`'s summary `fit` (`cluster.fit(idx)`).
+    pub fn check_fit(
+        &self,
+        cluster: &Cluster<'_>,
+        idx: usize,
+        fit: &NodeFit,
+        cap: u64,
+    ) -> Result<u64, FilterReason> {
+        let node = cluster.node(idx);
+        let spec = self.candidate.spec;
+        if fit.has(NodeFit::NODE_FILTERED) || !self.any_labels {
+            if let Some(node) = node {
+                node_filter(node, spec)?;
+            }
+        }
+        if !spec.host_ports.is_empty()
+            && (fit.has(NodeFit::HOST_PORTS) || cluster.has_nominations())
+            && spec
+                .host_ports
+                .iter()
+                .any(|port| cluster.port_taken(idx, port, spec.priority, self.candidate.own))
+        {
+            return Err(FilterReason::HostPortConflict);
+        }
+        let copies = match self.fixed {
+            Some(footprint) if cluster.nominations(idx).next().is_none() => {
+                fixed_copies(&footprint, fit, cap)?
+            }
+            _ => {
+                let nominated = cluster.nominated_load(idx, spec.priority, self.candidate.own);
+                let free = node
+                    .map(|n| n.allocatable.saturating_sub(&cluster.requested(idx)))
+                    .unwrap_or_default();
+                copies_within(self.candidate.footprint, &free.saturating_sub(&nominated))?
+            }
+        };
+        if !self.any_neighbours {
+            if let Some(node) = node {
+                self.interpod.check(node, spec)?;
+            }
+        }
+        let copies = if self.single { copies.min(1) } else { copies };
+        Ok(copies.min(cap))
+    }
+
+    /// Whether, without nominations, the outcome on a node whose summary has none of
+    /// the [`NodeFit::NODE_FILTERED`] flags depends on that summary alone.
+    pub fn reads_fit_only(&self) -> bool {
+        self.any_labels
+            && self.fixed.is_some()
+            && self.any_neighbours
+            && self.candidate.spec.host_ports.is_empty()
+    }
+}
+
+/// NodeResourcesFit on the built-in dimensions: copies of `footprint` that fit, up to `cap`.
+fn fixed_copies(
+    footprint: &[u64; FIXED_DIMS],
+    fit: &NodeFit,
+    cap: u64,
+) -> Result<u64, FilterReason> {
+    let mut available = [0u64; FIXED_DIMS];
+    for d in 0..FIXED_DIMS {
+        available[d] = fit.allocatable[d].saturating_sub(fit.requested[d]);
+        if footprint[d] > available[d] {
+            return Err(FilterReason::Insufficient(fixed_name(d)));
+        }
+    }
+    if cap <= 1 {
+        // Fitting at all means one copy fits.
+        return Ok(cap);
+    }
+    Ok((0..FIXED_DIMS)
+        .filter(|&d| footprint[d] > 0)
+        .map(|d| available[d] / footprint[d])
+        .min()
+        .unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -277,10 +446,19 @@ mod tests {
             own: &own,
         };
         let interpod = InterPodState::build(&cluster, spec, |_, _| Counted::Yes);
-        cluster
-            .nodes
-            .iter()
-            .map(|state| filter_node(state, &candidate, &interpod))
+        let probe = Probe::new(candidate, &interpod);
+        (0..cluster.len())
+            .map(|i| {
+                let state = cluster.state(i).expect("node in range");
+                let full = filter_node(&state, &candidate, &interpod);
+                assert_eq!(probe.check(&cluster, i, u64::MAX), full, "probe agrees");
+                let one = full
+                    .as_ref()
+                    .map(|copies| (*copies).min(1))
+                    .map_err(Clone::clone);
+                assert_eq!(probe.check(&cluster, i, 1), one, "capped probe agrees");
+                full
+            })
             .collect()
     }
 

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use crate::engine::cluster::{Cluster, PodInfo};
 use crate::engine::filter::FilterReason;
 use crate::engine::selectors::pod_term_matches;
+use crate::ledger::view::NodeFit;
 use crate::model::node::Node;
 use crate::model::pod::{PodAffinityTerm, PodSpec, PodSummary};
 
@@ -45,23 +46,46 @@ pub enum Counted {
 
 impl InterPodState {
     /// Counts every pod of `cluster` for which `counted` says yes, for template `spec`.
+    ///
+    /// A template without terms of its own only meets pods with anti-affinity terms, so
+    /// only nodes holding such pods are visited then.
     pub fn build(
         cluster: &Cluster<'_>,
         spec: &PodSpec,
         counted: impl Fn(usize, &PodInfo<'_>) -> Counted,
     ) -> Self {
         let mut state = Self::default();
-        if !spec.has_pod_affinity_terms() && !cluster.has_anti_affinity {
+        let own_terms = spec.has_pod_affinity_terms();
+        if !own_terms && !cluster.has_anti_affinity {
             return state;
         }
-        for (idx, node) in cluster.nodes.iter().enumerate() {
-            for pod in &node.pods {
-                if counted(idx, pod) == Counted::Yes {
-                    state.update(node.node, &pod.pod, spec, 1);
+        for idx in 0..cluster.len() {
+            let relevant = own_terms
+                || cluster
+                    .fit(idx)
+                    .is_some_and(|fit| fit.has(NodeFit::ANTI_AFFINITY));
+            let Some(node) = cluster.node(idx).filter(|_| relevant) else {
+                continue;
+            };
+            for pod in cluster.pods(idx) {
+                if counted(idx, &pod) == Counted::Yes {
+                    state.update(node, &pod.pod, spec, 1);
                 }
             }
         }
         state
+    }
+
+    /// Whether [`InterPodState::check`] passes every node for `spec`.
+    pub fn filters_nothing(&self, spec: &PodSpec) -> bool {
+        spec.pod_affinity.required.is_empty()
+            && spec.pod_anti_affinity.required.is_empty()
+            && self.existing_anti_affinity.is_empty()
+    }
+
+    /// Whether [`InterPodState::preferred_score`] is zero on every node.
+    pub fn prefers_nothing(&self) -> bool {
+        self.preferred.is_empty()
     }
 
     /// Adds (`delta` = 1) or removes (`delta` = -1) one pod on `node`.

@@ -3,13 +3,16 @@
 //! Owns filtering (node conditions, selectors and node affinity, taints, host ports,
 //! resources with nominations, inter-pod affinity), scoring (resource-fit strategies,
 //! balanced allocation, node affinity, taint toleration, inter-pod affinity, weighted by
-//! a [`Profile`]), gang placement as one batch with topology-domain packing, quotes,
-//! gang-aware preemption with nominations, the gang queue, and benchmark workloads.
-//! Invariants: nothing here mutates a ledger, reads a clock or draws randomness; equal
-//! inputs give equal outputs, ties broken by node name. Called by shard leaders (quote,
+//! a [`Profile`]), the node search (kube-scheduler's percentageOfNodesToScore and its
+//! round-robin start), gang placement as one batch with topology-domain packing,
+//! quotes, gang-aware preemption with nominations, the gang queue, and benchmark
+//! workloads. Invariants: nothing here mutates a ledger, reads a clock or draws
+//! randomness; equal inputs give equal outputs, ties broken by node name (a
+//! [`Placer`]'s search cursor counts as an input). Called by shard leaders (quote,
 //! place, preempt) and the coordinator (queue, assignment).
 
 pub mod bench;
+pub mod cache;
 pub mod cluster;
 pub mod filter;
 pub mod interpod;
@@ -18,6 +21,7 @@ pub mod preemption;
 pub mod profile;
 pub mod queue;
 pub mod score;
+pub mod search;
 pub mod selectors;
 pub mod taints;
 
@@ -27,8 +31,8 @@ mod tests;
 pub use cluster::{Cluster, Nomination};
 pub use filter::{Diagnosis, FilterReason};
 pub use placement::{
-    place_gang, place_group, place_members, quote, quote_many, GangPlacement, MemberRef, Quote,
-    TopologyDomain, Unplaced,
+    place_gang, place_group, place_members, quote, quote_many, GangPlacement, MemberRef, Placer,
+    Quote, TopologyDomain, Unplaced,
 };
 pub use preemption::{preempt, PreemptionOutcome, PreemptionPlan, Victim};
 pub use profile::{PluginWeight, Profile, ResourceWeight, ScorePlugin, ShapePoint};

@@ -1,27 +1,36 @@
 //! Gang placement and quotes.
 //!
 //! Owns the batch placement of a gang (or a gang group, or any member list) onto the
-//! nodes of a ledger view, and [`quote`]. Members with identical pod specs form one
-//! template; each template's filters and scores run once per node, and its members are
-//! poured into the best-scored nodes up to each node's fit count. Templates with
-//! inter-pod terms are placed one member at a time instead, re-evaluated after each
-//! placement, since every member changes what the next one sees. Larger templates go
-//! first. When the profile names a gang topology key, the gang is first tried inside
-//! single domains of that label (those estimated to hold it, best score first, tightest
-//! fit next); only if none holds it is it spread over the whole view. Invariants: the
-//! view is never modified; the result is deterministic (ties break by node name);
-//! every member is either assigned or reported unplaced with a diagnosis. Called by the
+//! nodes of a ledger view, [`Placer`] (the same with a round-robin search cursor kept
+//! across calls, as kube-scheduler keeps one) and [`quote`]. Members with identical pod
+//! specs form one template; each template's filters and scores run once per node
+//! searched, and its members are poured into the best-scored nodes up to each node's
+//! fit count. Templates with inter-pod terms are placed one member at a time instead,
+//! re-evaluated after each placement, since every member changes what the next one
+//! sees. Larger templates go first. A template's node search follows the profile's
+//! `percentageOfNodesToScore` (see [`crate::engine::search`]): it visits nodes
+//! round-robin from the cursor and stops once it has found that many feasible nodes
+//! *and* room for all the template's members, so sampling never leaves a member
+//! unplaced that the searched nodes could hold; 100 searches every node. When the
+//! profile names a gang topology key, the gang is first tried inside single domains of
+//! that label (those estimated, over every node, to hold it, best score first, tightest
+//! fit next); only if none holds it is it spread over the whole view. Quotes always
+//! look at every node. Invariants: the view is never modified; the result is
+//! deterministic for a given view, inputs and cursor (ties break by node name); every
+//! member is either assigned or reported unplaced with a diagnosis. Called by the
 //! shard leader (quotes, and placement within its shard) and the coordinator.
 
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::cache::FitCache;
 use crate::engine::cluster::{Cluster, Nomination};
-use crate::engine::filter::{filter_node, Candidate, Diagnosis, FilterReason};
+use crate::engine::filter::{Candidate, Diagnosis, FilterReason, Probe};
 use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::profile::Profile;
-use crate::engine::score::{score_nodes, ScoreInput};
+use crate::engine::score::{RawScore, ScoreInput, Scorer};
+use crate::engine::search::{feasible_nodes_to_find, Scope};
 use crate::ledger::command::ReserveMember;
 use crate::ledger::view::LedgerView;
 use crate::model::gang::{Gang, GangGroup, MemberKey};
@@ -98,6 +107,11 @@ impl Template<'_> {
     fn is_interacting(&self) -> bool {
         self.spec.has_pod_affinity_terms()
     }
+
+    /// Its inter-pod state over `cluster`, every pod counted.
+    fn interpod(&self, cluster: &Cluster<'_>) -> InterPodState {
+        InterPodState::build(cluster, self.spec, |_, _| Counted::Yes)
+    }
 }
 
 /// One feasible node for a template.
@@ -105,60 +119,186 @@ impl Template<'_> {
 struct Fit {
     node: usize,
     copies: u64,
+    raw: RawScore,
     score: u64,
 }
 
-/// Filters and scores one template over `allowed` nodes; feasible nodes best first.
-fn evaluate(
-    cluster: &Cluster<'_>,
-    template: &Template<'_>,
-    own: &BTreeSet<MemberKey>,
-    profile: &Profile,
-    allowed: &[usize],
-) -> (Vec<Fit>, Diagnosis) {
-    let interpod = InterPodState::build(cluster, template.spec, |_, _| Counted::Yes);
-    let candidate = Candidate {
-        spec: template.spec,
-        footprint: &template.footprint,
-        own,
-    };
-    let mut diagnosis = Diagnosis {
-        nodes: allowed.len() as u64,
-        ..Diagnosis::default()
-    };
-    let mut feasible = Vec::new();
-    let mut copies = Vec::new();
-    for &idx in allowed {
-        let Some(state) = cluster.nodes.get(idx) else {
-            continue;
-        };
-        match filter_node(state, &candidate, &interpod) {
-            Ok(n) => {
-                feasible.push(idx);
-                copies.push(n);
-            }
-            Err(reason) => diagnosis.record(reason),
+/// How far a node search goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extent {
+    /// Every node in scope, copies uncapped (quotes, domain ranking).
+    Exhaustive,
+    /// Round-robin from the cursor until the profile's share of feasible nodes is found
+    /// and, together, they hold `need` copies (or the scope runs out).
+    Sampled { need: u64 },
+}
+
+/// The template-independent inputs of a search.
+struct Searcher<'r> {
+    own: &'r BTreeSet<MemberKey>,
+    profile: &'r Profile,
+    /// Results kept across calls, if the caller keeps them.
+    cache: Option<&'r mut FitCache>,
+    /// A list to fill next, kept to spare an allocation per search.
+    spare: Vec<Fit>,
+}
+
+impl Searcher<'_> {
+    /// Gives back a list of fits for the next search to reuse.
+    fn recycle(&mut self, fits: Vec<Fit>) {
+        if fits.capacity() > self.spare.capacity() {
+            self.spare = fits;
         }
     }
-    let input = ScoreInput {
-        spec: template.spec,
-        footprint: &template.footprint,
-        interpod: &interpod,
-        profile,
-    };
-    let scores = score_nodes(cluster, &feasible, &input);
-    let mut fits: Vec<Fit> = feasible
-        .into_iter()
-        .zip(copies)
-        .zip(scores)
-        .map(|((node, copies), score)| Fit {
-            node,
-            copies,
-            score,
-        })
-        .collect();
-    fits.sort_by(|a, b| b.score.cmp(&a.score).then(a.node.cmp(&b.node)));
-    (fits, diagnosis)
+
+    /// Filters and scores one template over `scope`; feasible nodes in search order.
+    ///
+    /// A sampled search starts at `cursor` and leaves it after the last node it visited.
+    fn evaluate(
+        &mut self,
+        cluster: &Cluster<'_>,
+        template: &Template<'_>,
+        interpod: &InterPodState,
+        scope: Scope<'_>,
+        extent: Extent,
+        cursor: &mut usize,
+    ) -> (Vec<Fit>, Diagnosis) {
+        let candidate = Candidate {
+            spec: template.spec,
+            footprint: &template.footprint,
+            own: self.own,
+        };
+        let probe = Probe::new(candidate, interpod);
+        let scorer = Scorer::new(ScoreInput {
+            spec: template.spec,
+            footprint: &template.footprint,
+            interpod,
+            profile: self.profile,
+        });
+        let fit_only =
+            probe.reads_fit_only() && scorer.reads_fit_only() && !cluster.has_nominations();
+        let mut slot = match self.cache.as_deref_mut() {
+            Some(cache) if fit_only => {
+                Some(cache.template(template.spec, self.profile, cluster.len()))
+            }
+            _ => None,
+        };
+        let len = scope.len();
+        let (to_find, need, first) = match extent {
+            Extent::Exhaustive => (usize::MAX, u64::MAX, 0),
+            Extent::Sampled { need } => (
+                feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len),
+                need,
+                scope.first_position(*cursor),
+            ),
+        };
+        let mut diagnosis = Diagnosis {
+            nodes: len as u64,
+            ..Diagnosis::default()
+        };
+        let mut fits = std::mem::take(&mut self.spare);
+        fits.clear();
+        fits.reserve(to_find.min(len));
+        let mut held = 0u64;
+        let mut processed = 0;
+        while processed < len {
+            let node = scope.node_at_step(first, processed);
+            processed += 1;
+            // A result kept for this very node state, if any; otherwise judge the node
+            // now, and keep the result when it depends on the node's summary alone.
+            let stamp = match slot {
+                Some(_) => cluster.stamp(node),
+                None => None,
+            };
+            let hit = match (&slot, stamp) {
+                (Some(slot), Some(stamp)) => slot.get(node, stamp),
+                _ => None,
+            };
+            let copies = match hit {
+                Some(hit) if hit.copies > 0 => {
+                    let copies = hit.copies.min(need);
+                    fits.push(Fit {
+                        node,
+                        copies,
+                        raw: RawScore::local_only(hit.local),
+                        score: 0,
+                    });
+                    copies
+                }
+                Some(hit) => {
+                    diagnosis.record(hit.refusal());
+                    continue;
+                }
+                None => {
+                    let planned_fit;
+                    let fit = if cluster.has_planned(node) {
+                        let Some(fit) = cluster.fit(node) else {
+                            continue;
+                        };
+                        planned_fit = fit;
+                        &planned_fit
+                    } else {
+                        match cluster.base_fit(node) {
+                            Some(fit) => fit,
+                            None => continue,
+                        }
+                    };
+                    let (slot, stamp) = match (slot.as_mut(), stamp) {
+                        (Some(slot), Some(stamp)) => (Some(slot), stamp),
+                        _ => (None, 0),
+                    };
+                    // What is kept is uncapped; what is used now is capped at `need`.
+                    let cap = if slot.is_some() { u64::MAX } else { need };
+                    let outcome = probe.check_fit(cluster, node, fit, cap);
+                    let raw = match outcome {
+                        Ok(_) => scorer.raw_fit(cluster, node, fit),
+                        Err(_) => RawScore::default(),
+                    };
+                    if let Some(slot) = slot {
+                        slot.put(node, stamp, fit, &outcome, raw.local);
+                    }
+                    match outcome {
+                        Ok(copies) => {
+                            let copies = copies.min(need);
+                            fits.push(Fit {
+                                node,
+                                copies,
+                                raw,
+                                score: 0,
+                            });
+                            copies
+                        }
+                        Err(reason) => {
+                            diagnosis.record(reason);
+                            continue;
+                        }
+                    }
+                }
+            };
+            held = held.saturating_add(copies);
+            if fits.len() >= to_find && held >= need {
+                break;
+            }
+        }
+        if let Extent::Sampled { .. } = extent {
+            *cursor = scope.cursor_after(first, processed, *cursor);
+        }
+        let normalizer = scorer.normalizer(fits.iter().map(|fit| &fit.raw));
+        for fit in &mut fits {
+            fit.score = normalizer.total(&fit.raw);
+        }
+        (fits, diagnosis)
+    }
+}
+
+/// Best score first, then node order (name order).
+fn best_first(a: &Fit, b: &Fit) -> std::cmp::Ordering {
+    b.score.cmp(&a.score).then(a.node.cmp(&b.node))
+}
+
+/// The best fit, if any.
+fn best(fits: &[Fit]) -> Option<&Fit> {
+    fits.iter().min_by(|a, b| best_first(a, b))
 }
 
 /// Groups members by identical spec, larger footprints first, then first appearance.
@@ -194,19 +334,20 @@ struct Fill {
 struct Round<'r, 'a> {
     members: &'r [MemberRef<'a>],
     templates: &'r [Template<'a>],
-    own: &'r BTreeSet<MemberKey>,
-    profile: &'r Profile,
+    searcher: Searcher<'r>,
+    /// Where the next sampled search starts.
+    cursor: usize,
 }
 
 impl Round<'_, '_> {
-    /// Plans every template over `allowed` nodes.
-    fn fill(&self, cluster: &mut Cluster<'_>, allowed: &[usize]) -> Fill {
+    /// Plans every template over the `scope` nodes.
+    fn fill(&mut self, cluster: &mut Cluster<'_>, scope: Scope<'_>) -> Fill {
         let mut fill = Fill::default();
         for template in self.templates {
             if template.is_interacting() {
-                self.fill_one_by_one(cluster, template, allowed, &mut fill);
+                self.fill_one_by_one(cluster, template, scope, &mut fill);
             } else {
-                self.fill_by_counts(cluster, template, allowed, &mut fill);
+                self.fill_by_counts(cluster, template, scope, &mut fill);
             }
         }
         fill
@@ -227,16 +368,35 @@ impl Round<'_, '_> {
     }
 
     fn fill_by_counts(
-        &self,
+        &mut self,
         cluster: &mut Cluster<'_>,
         template: &Template<'_>,
-        allowed: &[usize],
+        scope: Scope<'_>,
         fill: &mut Fill,
     ) {
-        let (fits, mut diagnosis) = evaluate(cluster, template, self.own, self.profile, allowed);
+        let interpod = template.interpod(cluster);
+        let need = template.members.len() as u64;
+        let (mut fits, mut diagnosis) = self.searcher.evaluate(
+            cluster,
+            template,
+            &interpod,
+            scope,
+            Extent::Sampled { need },
+            &mut self.cursor,
+        );
+        if need > 1 {
+            fits.sort_unstable_by(best_first);
+        } else if let Some(at) =
+            best(&fits).and_then(|b| fits.iter().position(|f| f.node == b.node))
+        {
+            fits.swap(0, at);
+        }
         let mut pending = template.members.iter().copied();
-        let mut left = template.members.len() as u64;
+        let mut left = need;
         for fit in &fits {
+            if left == 0 {
+                break;
+            }
             let take = fit.copies.min(left);
             for member in pending.by_ref().take(take as usize) {
                 self.plan(cluster, template, member, fit.node, fill);
@@ -244,35 +404,57 @@ impl Round<'_, '_> {
             left -= take;
         }
         diagnosis.record_many(FilterReason::CapacityTakenByGang, fits.len() as u64);
+        self.searcher.recycle(fits);
         for member in pending {
             fill.failed.push((member, diagnosis.clone()));
         }
     }
 
     fn fill_one_by_one(
-        &self,
+        &mut self,
         cluster: &mut Cluster<'_>,
         template: &Template<'_>,
-        allowed: &[usize],
+        scope: Scope<'_>,
         fill: &mut Fill,
     ) {
+        // Every placement is counted in as it happens, as a rebuild would count it.
+        let mut interpod = template.interpod(cluster);
         for &member in &template.members {
-            let (fits, diagnosis) = evaluate(cluster, template, self.own, self.profile, allowed);
-            match fits.first() {
-                Some(best) => self.plan(cluster, template, member, best.node, fill),
+            let (fits, diagnosis) = self.searcher.evaluate(
+                cluster,
+                template,
+                &interpod,
+                scope,
+                Extent::Sampled { need: 1 },
+                &mut self.cursor,
+            );
+            let chosen = best(&fits).map(|fit| fit.node);
+            self.searcher.recycle(fits);
+            match chosen {
+                Some(node) => {
+                    self.plan(cluster, template, member, node, fill);
+                    if let Some(n) = cluster.node(node) {
+                        interpod.update(n, &template.summary, template.spec, 1);
+                    }
+                }
                 None => fill.failed.push((member, diagnosis)),
             }
         }
     }
 
     /// Domains of `key` estimated to hold the whole batch, best first.
-    fn ranked_domains(&self, cluster: &Cluster<'_>, key: &str) -> Vec<(String, Vec<usize>)> {
-        let domains = cluster.domains(key);
+    ///
+    /// The estimate looks at every node, whatever the profile's percentage of nodes to
+    /// score: it decides where the gang goes, not which nodes it takes there.
+    fn ranked_domains(&mut self, cluster: &Cluster<'_>, key: &str) -> Vec<(String, Vec<usize>)> {
+        let domains = match self.searcher.cache.as_deref_mut() {
+            Some(cache) => cache.domains(cluster, key),
+            None => cluster.domains(key),
+        };
         if domains.len() < 2 {
             return domains.into_iter().collect();
         }
-        let all: Vec<usize> = (0..cluster.nodes.len()).collect();
-        let mut domain_of = vec![None; cluster.nodes.len()];
+        let mut domain_of = vec![None; cluster.len()];
         for (d, nodes) in domains.values().enumerate() {
             for &n in nodes {
                 domain_of[n] = Some(d);
@@ -283,7 +465,15 @@ impl Round<'_, '_> {
         let mut score = vec![0u64; domains.len()];
         let mut spare = vec![0u64; domains.len()];
         for template in self.templates {
-            let (fits, _) = evaluate(cluster, template, self.own, self.profile, &all);
+            let interpod = template.interpod(cluster);
+            let (fits, _) = self.searcher.evaluate(
+                cluster,
+                template,
+                &interpod,
+                Scope::All(cluster.len()),
+                Extent::Exhaustive,
+                &mut 0,
+            );
             let mut capacity = vec![0u64; domains.len()];
             let mut best = vec![0u64; domains.len()];
             for fit in &fits {
@@ -292,6 +482,7 @@ impl Round<'_, '_> {
                     best[d] = best[d].max(fit.score);
                 }
             }
+            self.searcher.recycle(fits);
             let need = template.members.len() as u64;
             for d in 0..domains.len() {
                 holds[d] &= capacity[d] >= need;
@@ -329,7 +520,7 @@ impl Round<'_, '_> {
                 let m = self.members.get(member)?;
                 Some(ReserveMember {
                     member: m.key.clone(),
-                    node: cluster.nodes.get(node)?.node.name.clone(),
+                    node: cluster.name(node)?.to_string(),
                     pod: PodSummary::from_spec(m.spec),
                 })
             })
@@ -358,6 +549,157 @@ fn rollback(cluster: &mut Cluster<'_>, fill: &Fill) {
     }
 }
 
+/// The placement engine with what kube-scheduler keeps between scheduling cycles: the
+/// node where the last search stopped, where the next one starts (round-robin).
+///
+/// A shard leader keeps one and places through it; the free functions
+/// ([`place_members`], …) are a single call of a placer starting at the first node.
+/// Results depend only on the view, the inputs and this cursor. A placer also keeps,
+/// per pod template, results that depend on a node's summary alone, and each node's
+/// gang topology domain, both checked against the view's node stamps before use (see
+/// [`crate::engine::cache`]); they make repeated placements fast and never change a
+/// result. Memory: 32 bytes per node for each of the last few templates placed, plus a
+/// search buffer of up to 56 bytes per node searched.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    next_start: usize,
+    /// Template results kept across calls (`None`: a single call, nothing kept).
+    cache: Option<FitCache>,
+    /// A list of fits to reuse.
+    spare: Vec<Fit>,
+}
+
+impl Placer {
+    /// A placer whose first search starts at the first node.
+    pub fn new() -> Self {
+        Self::starting_at(0)
+    }
+
+    /// A placer whose next search starts at node position `node` (modulo the node count).
+    pub fn starting_at(node: usize) -> Self {
+        Self {
+            next_start: node,
+            cache: Some(FitCache::default()),
+            spare: Vec::new(),
+        }
+    }
+
+    /// A placer that keeps no results between calls, starting at node position `node`.
+    pub(crate) fn uncached(node: usize) -> Self {
+        Self {
+            next_start: node,
+            cache: None,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Node position where the next search starts.
+    pub fn next_start(&self) -> usize {
+        self.next_start
+    }
+
+    /// Places a list of members as one batch (see the module header for the strategy).
+    pub fn place_members<V: LedgerView + ?Sized>(
+        &mut self,
+        view: &V,
+        members: &[MemberRef<'_>],
+        profile: &Profile,
+        nominations: &[Nomination],
+    ) -> GangPlacement {
+        let mut cluster = Cluster::build(view, nominations);
+        // Only nominations look at who is being placed.
+        let own: BTreeSet<MemberKey> = if cluster.has_nominations() {
+            members.iter().map(|m| m.key.clone()).collect()
+        } else {
+            BTreeSet::new()
+        };
+        let templates = templates(members);
+        let mut round = Round {
+            members,
+            templates: &templates,
+            searcher: Searcher {
+                own: &own,
+                profile,
+                cache: self.cache.as_mut(),
+                spare: std::mem::take(&mut self.spare),
+            },
+            cursor: self.next_start,
+        };
+        let placement = place_round(&mut round, &mut cluster);
+        self.next_start = round.cursor;
+        self.spare = round.searcher.spare;
+        placement
+    }
+
+    /// Places every member of a gang as one batch.
+    pub fn place_gang<V: LedgerView + ?Sized>(
+        &mut self,
+        view: &V,
+        gang: &Gang,
+        profile: &Profile,
+        nominations: &[Nomination],
+    ) -> GangPlacement {
+        let keys: Vec<MemberKey> = gang.members.iter().map(|m| gang.member_key(m)).collect();
+        let members: Vec<MemberRef<'_>> = gang
+            .members
+            .iter()
+            .zip(&keys)
+            .map(|(m, key)| MemberRef { key, spec: &m.spec })
+            .collect();
+        self.place_members(view, &members, profile, nominations)
+    }
+
+    /// Places every member of every gang of a group as one batch.
+    pub fn place_group<V: LedgerView + ?Sized>(
+        &mut self,
+        view: &V,
+        group: &GangGroup,
+        profile: &Profile,
+        nominations: &[Nomination],
+    ) -> GangPlacement {
+        let pairs: Vec<(MemberKey, &PodSpec)> = group
+            .gangs
+            .iter()
+            .flat_map(|g| g.members.iter().map(move |m| (g.member_key(m), &m.spec)))
+            .collect();
+        let members: Vec<MemberRef<'_>> = pairs
+            .iter()
+            .map(|(key, spec)| MemberRef { key, spec })
+            .collect();
+        self.place_members(view, &members, profile, nominations)
+    }
+}
+
+impl Default for Placer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Packs the round into the best domain that holds it, or spreads it over every node.
+fn place_round(round: &mut Round<'_, '_>, cluster: &mut Cluster<'_>) -> GangPlacement {
+    let profile = round.searcher.profile;
+    if let Some(key) = profile
+        .gang_topology_key
+        .as_deref()
+        .filter(|_| round.members.len() > 1)
+    {
+        for (value, nodes) in round.ranked_domains(cluster, key) {
+            let fill = round.fill(cluster, Scope::Only(&nodes));
+            if fill.failed.is_empty() {
+                let domain = TopologyDomain {
+                    key: key.to_string(),
+                    value,
+                };
+                return round.result(cluster, fill, Some(domain));
+            }
+            rollback(cluster, &fill);
+        }
+    }
+    let fill = round.fill(cluster, Scope::All(cluster.len()));
+    round.result(cluster, fill, None)
+}
+
 /// Places a list of members as one batch (see the module header for the strategy).
 pub fn place_members<V: LedgerView + ?Sized>(
     view: &V,
@@ -365,35 +707,7 @@ pub fn place_members<V: LedgerView + ?Sized>(
     profile: &Profile,
     nominations: &[Nomination],
 ) -> GangPlacement {
-    let mut cluster = Cluster::build(view, nominations);
-    let own: BTreeSet<MemberKey> = members.iter().map(|m| m.key.clone()).collect();
-    let templates = templates(members);
-    let round = Round {
-        members,
-        templates: &templates,
-        own: &own,
-        profile,
-    };
-    if let Some(key) = profile
-        .gang_topology_key
-        .as_deref()
-        .filter(|_| members.len() > 1)
-    {
-        for (value, nodes) in round.ranked_domains(&cluster, key) {
-            let fill = round.fill(&mut cluster, &nodes);
-            if fill.failed.is_empty() {
-                let domain = TopologyDomain {
-                    key: key.to_string(),
-                    value,
-                };
-                return round.result(&cluster, fill, Some(domain));
-            }
-            rollback(&mut cluster, &fill);
-        }
-    }
-    let all: Vec<usize> = (0..cluster.nodes.len()).collect();
-    let fill = round.fill(&mut cluster, &all);
-    round.result(&cluster, fill, None)
+    Placer::uncached(0).place_members(view, members, profile, nominations)
 }
 
 /// Places every member of a gang as one batch.
@@ -403,14 +717,7 @@ pub fn place_gang<V: LedgerView + ?Sized>(
     profile: &Profile,
     nominations: &[Nomination],
 ) -> GangPlacement {
-    let keys: Vec<MemberKey> = gang.members.iter().map(|m| gang.member_key(m)).collect();
-    let members: Vec<MemberRef<'_>> = gang
-        .members
-        .iter()
-        .zip(&keys)
-        .map(|(m, key)| MemberRef { key, spec: &m.spec })
-        .collect();
-    place_members(view, &members, profile, nominations)
+    Placer::uncached(0).place_gang(view, gang, profile, nominations)
 }
 
 /// Places every member of every gang of a group as one batch.
@@ -420,16 +727,7 @@ pub fn place_group<V: LedgerView + ?Sized>(
     profile: &Profile,
     nominations: &[Nomination],
 ) -> GangPlacement {
-    let pairs: Vec<(MemberKey, &PodSpec)> = group
-        .gangs
-        .iter()
-        .flat_map(|g| g.members.iter().map(move |m| (g.member_key(m), &m.spec)))
-        .collect();
-    let members: Vec<MemberRef<'_>> = pairs
-        .iter()
-        .map(|(key, spec)| MemberRef { key, spec })
-        .collect();
-    place_members(view, &members, profile, nominations)
+    Placer::uncached(0).place_group(view, group, profile, nominations)
 }
 
 /// Quotes one template: how many copies fit and the best score.
@@ -449,6 +747,8 @@ pub fn quote<V: LedgerView + ?Sized>(
 }
 
 /// Quotes several templates against one copy of the view (one batched quote).
+///
+/// Quotes look at every node, whatever the profile's percentage of nodes to score.
 pub fn quote_many<V: LedgerView + ?Sized>(
     view: &V,
     specs: &[&PodSpec],
@@ -456,8 +756,13 @@ pub fn quote_many<V: LedgerView + ?Sized>(
     nominations: &[Nomination],
 ) -> Vec<Quote> {
     let cluster = Cluster::build(view, nominations);
-    let all: Vec<usize> = (0..cluster.nodes.len()).collect();
     let own = BTreeSet::new();
+    let mut searcher = Searcher {
+        own: &own,
+        profile,
+        cache: None,
+        spare: Vec::new(),
+    };
     specs
         .iter()
         .map(|spec| {
@@ -467,14 +772,24 @@ pub fn quote_many<V: LedgerView + ?Sized>(
                 footprint: footprint_of(&spec.requests),
                 members: Vec::new(),
             };
-            let (fits, diagnosis) = evaluate(&cluster, &template, &own, profile, &all);
-            Quote {
+            let interpod = template.interpod(&cluster);
+            let (fits, diagnosis) = searcher.evaluate(
+                &cluster,
+                &template,
+                &interpod,
+                Scope::All(cluster.len()),
+                Extent::Exhaustive,
+                &mut 0,
+            );
+            let quote = Quote {
                 fit_count: fits
                     .iter()
                     .fold(0u64, |acc, f| acc.saturating_add(f.copies)),
-                best_score: fits.first().map(|f| f.score),
+                best_score: best(&fits).map(|f| f.score),
                 diagnosis,
-            }
+            };
+            searcher.recycle(fits);
+            quote
         })
         .collect()
 }

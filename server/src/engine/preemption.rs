@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::cluster::{Cluster, NodeState, Nomination, PodPhase};
-use crate::engine::filter::{filter_node, Candidate, Diagnosis};
+use crate::engine::cluster::{Cluster, Nomination, PodPhase};
+use crate::engine::filter::{filter_node, Candidate, Diagnosis, Probe};
 use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::profile::Profile;
 use crate::engine::score::{score_nodes, ScoreInput};
@@ -75,8 +75,8 @@ struct Unit {
 
 fn collect_units(cluster: &Cluster<'_>, preemptor_priority: i32) -> BTreeMap<GangId, Unit> {
     let mut units: BTreeMap<GangId, Unit> = BTreeMap::new();
-    for (n, state) in cluster.nodes.iter().enumerate() {
-        for (p, pod) in state.pods.iter().enumerate() {
+    for n in 0..cluster.len() {
+        for (p, pod) in cluster.pods(n).enumerate() {
             let unit = units.entry(pod.key.gang_id()).or_insert(Unit {
                 members: Vec::new(),
                 max_priority: i32::MIN,
@@ -129,18 +129,17 @@ impl Attempt<'_, '_> {
 
     /// Whether the candidate fits on node `idx` once the `removed` units are gone.
     fn fits_without(&self, idx: usize, removed: &BTreeSet<&GangId>) -> bool {
-        let Some(state) = self.cluster.nodes.get(idx) else {
+        let Some(mut trimmed) = self.cluster.state(idx) else {
             return false;
         };
-        let mut trimmed: NodeState<'_> = state.clone();
-        trimmed.pods.retain(|p| !Self::is_removed(removed, &p.key));
-        for gone in state
-            .pods
-            .iter()
+        for gone in self
+            .cluster
+            .pods(idx)
             .filter(|p| Self::is_removed(removed, &p.key))
         {
             trimmed.requested = trimmed.requested.saturating_sub(&gone.pod.footprint());
         }
+        trimmed.pods.retain(|p| !Self::is_removed(removed, &p.key));
         let interpod = InterPodState::build(self.cluster, self.candidate.spec, |_, pod| {
             if Self::is_removed(removed, &pod.key) {
                 Counted::No
@@ -184,11 +183,10 @@ impl Attempt<'_, '_> {
             .filter_map(|g| self.units.get(*g))
             .flat_map(|u| u.members.iter())
             .filter_map(|&(n, p)| {
-                let state = self.cluster.nodes.get(n)?;
-                let pod = state.pods.get(p)?;
+                let pod = self.cluster.pods(n).nth(p)?;
                 Some(Victim {
-                    member: pod.key.clone().into_owned(),
-                    node: state.node.name.clone(),
+                    member: pod.key.into_owned(),
+                    node: self.cluster.name(n)?.to_string(),
                     priority: pod.pod.priority,
                 })
             })
@@ -216,13 +214,14 @@ pub fn preempt<V: LedgerView + ?Sized>(
     };
     let interpod = InterPodState::build(&cluster, spec, |_, _| Counted::Yes);
     let mut diagnosis = Diagnosis {
-        nodes: cluster.nodes.len() as u64,
+        nodes: cluster.len() as u64,
         ..Diagnosis::default()
     };
     let mut feasible = Vec::new();
     let mut curable = Vec::new();
-    for (idx, state) in cluster.nodes.iter().enumerate() {
-        match filter_node(state, &candidate, &interpod) {
+    let probe = Probe::new(candidate, &interpod);
+    for idx in 0..cluster.len() {
+        match probe.check(&cluster, idx, 1) {
             Ok(_) => feasible.push(idx),
             Err(reason) => {
                 if reason.resolvable_by_preemption() {
@@ -245,9 +244,9 @@ pub fn preempt<V: LedgerView + ?Sized>(
             .zip(scores)
             .max_by(|(a, sa), (b, sb)| sa.cmp(sb).then(b.cmp(a)))
             .map(|(idx, _)| *idx);
-        if let Some(state) = best.and_then(|idx| cluster.nodes.get(idx)) {
+        if let Some(name) = best.and_then(|idx| cluster.name(idx)) {
             return PreemptionOutcome::Fits {
-                node: state.node.name.clone(),
+                node: name.to_string(),
             };
         }
     }
@@ -261,7 +260,7 @@ pub fn preempt<V: LedgerView + ?Sized>(
         .into_iter()
         .filter_map(|idx| attempt.try_node(idx))
         .min_by_key(Choice::rank);
-    match best.and_then(|c| Some((cluster.nodes.get(c.node)?.node.name.clone(), c.victims))) {
+    match best.and_then(|c| Some((cluster.name(c.node)?.to_string(), c.victims))) {
         Some((nominated_node, victims)) => PreemptionOutcome::Preempt(PreemptionPlan {
             nominated_node,
             victims,

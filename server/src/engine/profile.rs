@@ -3,14 +3,17 @@
 //! Owns [`Profile`], a KubeSchedulerConfiguration-like description (serde, camelCase):
 //! enabled score plugins with weights, the resources and weights the resource-fit
 //! strategies score, the RequestedToCapacityRatio shape (utilization 0..=100 → score
-//! 0..=10, scaled to 0..=100 as Kubernetes does), and the node label used to pack a gang
-//! into one topology domain. Invariants of a validated profile: weights within
-//! 1..=[`PLUGIN_WEIGHT_MAX`], at most one resource-fit strategy, no plugin twice, a shape
-//! with strictly increasing utilizations. Called by the engine's scoring and placement,
+//! 0..=10, scaled to 0..=100 as Kubernetes does), the node label used to pack a gang
+//! into one topology domain, and `percentageOfNodesToScore` (how much of the cluster a
+//! node search looks at, as kube-scheduler's setting of that name). Invariants of a
+//! validated profile: weights within 1..=[`PLUGIN_WEIGHT_MAX`], at most one resource-fit
+//! strategy, no plugin twice, a shape with strictly increasing utilizations, a
+//! percentage within 0..=100. Called by the engine's scoring and placement,
 //! and by configuration loading.
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::search::ALL_NODES_PERCENTAGE;
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::validate_qualified_name;
 use crate::model::node::LABEL_ZONE;
@@ -94,6 +97,12 @@ pub struct Profile {
     pub shape: Vec<ShapePoint>,
     /// Node label whose values are the domains a gang is packed into; `None` disables packing.
     pub gang_topology_key: Option<String>,
+    /// kube-scheduler's percentageOfNodesToScore: a node search stops once it has found
+    /// this share of the nodes feasible (never fewer than 100 nodes, and never before the
+    /// found nodes hold every member being placed). 0 (the default) is adaptive,
+    /// `50 - nodes/125` percent but at least 5; 100 searches every node.
+    #[serde(default)]
+    pub percentage_of_nodes_to_score: u32,
 }
 
 impl Default for Profile {
@@ -125,6 +134,7 @@ impl Default for Profile {
                 },
             ],
             gang_topology_key: Some(LABEL_ZONE.to_string()),
+            percentage_of_nodes_to_score: 0,
         }
     }
 }
@@ -152,6 +162,12 @@ impl Profile {
         self.validate_plugins(&root.child("scorePlugins"))?;
         self.validate_resources(&root.child("fitResources"))?;
         validate_shape(&root.child("shape"), &self.shape)?;
+        if self.percentage_of_nodes_to_score > ALL_NODES_PERCENTAGE {
+            return Err(root.child("percentageOfNodesToScore").error(format!(
+                "{} out of range 0..={ALL_NODES_PERCENTAGE}",
+                self.percentage_of_nodes_to_score
+            )));
+        }
         match &self.gang_topology_key {
             Some(key) => validate_qualified_name(&root.child("gangTopologyKey"), key),
             None => Ok(()),
@@ -298,5 +314,25 @@ mod tests {
 
         let unknown = serde_json::from_str::<PluginWeight>(r#"{"plugin": "Spread", "weight": 1}"#);
         assert!(unknown.is_err());
+
+        let p = Profile {
+            percentage_of_nodes_to_score: 101,
+            ..Profile::default()
+        };
+        assert_eq!(
+            p.validate().map_err(|e| e.path),
+            Err("percentageOfNodesToScore".to_string())
+        );
+    }
+
+    #[test]
+    fn percentage_of_nodes_to_score_is_optional_in_json() {
+        let mut json = serde_json::to_value(Profile::default()).unwrap_or_default();
+        assert_eq!(json["percentageOfNodesToScore"], 0);
+        if let Some(fields) = json.as_object_mut() {
+            fields.remove("percentageOfNodesToScore");
+        }
+        let back: Option<Profile> = serde_json::from_value(json).ok();
+        assert_eq!(back, Some(Profile::default()));
     }
 }

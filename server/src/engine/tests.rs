@@ -3,22 +3,24 @@
 //! Fixtures are real ledgers built through commands, so the engine is exercised exactly
 //! on what a shard leader would give it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::engine::cluster::Nomination;
-use crate::engine::filter::FilterReason;
+use crate::engine::cluster::{Cluster, Nomination};
+use crate::engine::filter::{filter_node, Candidate, FilterReason};
+use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::placement::{
-    place_gang, place_group, place_members, quote, quote_many, MemberRef,
+    place_gang, place_group, place_members, quote, quote_many, MemberRef, Placer,
 };
 use crate::engine::preemption::{preempt, PreemptionOutcome, Victim};
 use crate::engine::profile::{PluginWeight, Profile, ScorePlugin};
+use crate::engine::score::{score_nodes, ScoreInput};
 use crate::ledger::command::{LedgerCommand, LedgerOp, LedgerReply, ReserveMember, TxnId};
 use crate::ledger::shard::ShardLedger;
 use crate::model::gang::{Gang, GangGroup, GangMode, Member, MemberKey};
 use crate::model::node::{Node, Taint, TaintEffect, LABEL_HOSTNAME, LABEL_ZONE};
 use crate::model::pod::{
-    HostPort, LabelSelector, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
-    PodAffinityTerm, PodSpec, PodSummary, PreferredSchedulingTerm, Protocol,
+    footprint_of, HostPort, LabelSelector, NodeSelectorOperator, NodeSelectorRequirement,
+    NodeSelectorTerm, PodAffinityTerm, PodSpec, PodSummary, PreferredSchedulingTerm, Protocol,
 };
 use crate::model::resources::{ResourceName, Resources};
 
@@ -678,4 +680,518 @@ fn preemption_respects_other_nominations() {
     let (key, spec) = preemptor(2000, 10);
     let outcome = preempt(&f.ledger, &key, &spec, &Profile::default(), &nominations);
     assert_eq!(nominated(&outcome), Some("b"));
+}
+
+// ---- node search: percentageOfNodesToScore and round-robin ----------------------------------
+
+/// `count` nodes n000… in one zone with `cpu_milli` each, except `big` with four times as much.
+fn fleet_with_big(count: usize, cpu_milli: u64, big: usize) -> Vec<Node> {
+    (0..count)
+        .map(|i| {
+            let cpu = if i == big { 4 * cpu_milli } else { cpu_milli };
+            node(&format!("n{i:03}"), "z", cpu)
+        })
+        .collect()
+}
+
+fn sampling(percentage: u32) -> Profile {
+    Profile {
+        percentage_of_nodes_to_score: percentage,
+        ..no_packing()
+    }
+}
+
+/// Where `placer` puts one pod of `spec`.
+fn place_one(
+    f: &Fixture,
+    placer: &mut Placer,
+    spec: &PodSpec,
+    profile: &Profile,
+) -> Option<String> {
+    let key = MemberKey::new("ns", "single", "0");
+    let placement = placer.place_members(&f.ledger, &[MemberRef { key: &key, spec }], profile, &[]);
+    placement.assignments.first().map(|a| a.node.clone())
+}
+
+/// The best node over every node, computed the plain way: filter every node, score all
+/// feasible ones together, take the highest score, then the first name.
+fn exhaustive_best(f: &Fixture, spec: &PodSpec, profile: &Profile) -> Option<String> {
+    let cluster = Cluster::build(&f.ledger, &[]);
+    let own = BTreeSet::new();
+    let footprint = footprint_of(&spec.requests);
+    let candidate = Candidate {
+        spec,
+        footprint: &footprint,
+        own: &own,
+    };
+    let interpod = InterPodState::build(&cluster, spec, |_, _| Counted::Yes);
+    let feasible: Vec<usize> = (0..cluster.len())
+        .filter(|&i| {
+            cluster
+                .state(i)
+                .is_some_and(|state| filter_node(&state, &candidate, &interpod).is_ok())
+        })
+        .collect();
+    let input = ScoreInput {
+        spec,
+        footprint: &footprint,
+        interpod: &interpod,
+        profile,
+    };
+    let scores = score_nodes(&cluster, &feasible, &input);
+    let best = feasible
+        .iter()
+        .zip(&scores)
+        .max_by(|(a, sa), (b, sb)| sa.cmp(sb).then(b.cmp(a)))
+        .map(|(i, _)| *i)?;
+    cluster.name(best).map(str::to_string)
+}
+
+#[test]
+fn a_search_stops_at_its_share_of_feasible_nodes_and_the_next_starts_there() {
+    // 200 nodes: 50% is 100 nodes. n150 is the roomiest, so LeastAllocated wants it.
+    let f = Fixture::new(&fleet_with_big(200, 4000, 150));
+    let spec = cpu_spec(1000);
+    let half = sampling(50);
+    let mut placer = Placer::new();
+    assert_eq!(
+        place_one(&f, &mut placer, &spec, &half).as_deref(),
+        Some("n000"),
+        "the first search sees n000..n099 only, all alike: the first name wins"
+    );
+    assert_eq!(placer.next_start(), 100);
+    assert_eq!(
+        place_one(&f, &mut placer, &spec, &half).as_deref(),
+        Some("n150"),
+        "the second search starts where the first stopped and sees n100..n199"
+    );
+    assert_eq!(placer.next_start(), 0, "and wraps around");
+    // Score-all and the free functions (a fresh search from the first node).
+    let all = sampling(100);
+    assert_eq!(
+        place_one(&f, &mut Placer::new(), &spec, &all).as_deref(),
+        Some("n150")
+    );
+    let key = MemberKey::new("ns", "single", "0");
+    let free = place_members(
+        &f.ledger,
+        &[MemberRef {
+            key: &key,
+            spec: &spec,
+        }],
+        &half,
+        &[],
+    );
+    assert_eq!(free.assignments[0].node, "n000");
+}
+
+#[test]
+fn the_adaptive_default_follows_kube_scheduler() {
+    // 0 = adaptive: 50% - 200/125 = 49% of 200 = 98, raised to the minimum of 100.
+    let f = Fixture::new(&fleet_with_big(200, 4000, 150));
+    let mut placer = Placer::new();
+    assert_eq!(Profile::default().percentage_of_nodes_to_score, 0);
+    place_one(&f, &mut placer, &cpu_spec(1000), &sampling(0));
+    assert_eq!(placer.next_start(), 100);
+    // Below 100 nodes every node is searched, as before.
+    let small = Fixture::new(&fleet_with_big(60, 4000, 40));
+    let mut placer = Placer::starting_at(10);
+    assert_eq!(
+        place_one(&small, &mut placer, &cpu_spec(1000), &sampling(0)).as_deref(),
+        Some("n040")
+    );
+    assert_eq!(placer.next_start(), 10, "a full lap ends where it began");
+}
+
+#[test]
+fn refused_nodes_do_not_count_towards_the_share() {
+    let mut nodes = fleet_with_big(200, 4000, 199);
+    for n in nodes.iter_mut().take(50) {
+        n.schedulability = crate::model::node::Schedulability::Cordoned;
+    }
+    let f = Fixture::new(&nodes);
+    let mut placer = Placer::new();
+    let chosen = place_one(&f, &mut placer, &cpu_spec(1000), &sampling(50));
+    assert_eq!(chosen.as_deref(), Some("n050"));
+    assert_eq!(
+        placer.next_start(),
+        150,
+        "50 refused + 100 feasible visited"
+    );
+    // Round-robin from the middle: n180..n199 then n000..n079 (n000..n049 refused).
+    let mut placer = Placer::starting_at(180);
+    let chosen = place_one(&f, &mut placer, &cpu_spec(1000), &sampling(50));
+    assert_eq!(
+        chosen.as_deref(),
+        Some("n199"),
+        "the roomy node is in this window"
+    );
+    assert_eq!(placer.next_start(), 130);
+}
+
+#[test]
+fn scoring_every_node_picks_the_exhaustive_best_from_any_start() {
+    // A mixed fleet: sizes, zones, soft taints, a busy node, a selector-relevant label.
+    let mut nodes = Vec::new();
+    for i in 0..150u64 {
+        let mut n = node(
+            &format!("n{i:03}"),
+            ["a", "b", "c"][(i % 3) as usize],
+            2000 + (i * 7919) % 9000,
+        );
+        if i % 11 == 0 {
+            n.taints.push(Taint {
+                key: "spot".into(),
+                value: String::new(),
+                effect: TaintEffect::PreferNoSchedule,
+            });
+        }
+        if i % 5 == 0 {
+            n.labels.insert("disk".into(), "ssd".into());
+        }
+        nodes.push(n);
+    }
+    let mut f = Fixture::new(&nodes);
+    f.place(
+        "busy",
+        &[
+            ("0", "n042", summary(1500, 0)),
+            ("1", "n099", summary(900, 0)),
+        ],
+    );
+    let mut preferring = cpu_spec(700);
+    preferring
+        .node_affinity
+        .preferred
+        .push(PreferredSchedulingTerm {
+            weight: 20,
+            preference: NodeSelectorTerm {
+                match_expressions: vec![NodeSelectorRequirement {
+                    key: "disk".into(),
+                    operator: NodeSelectorOperator::In,
+                    values: vec!["ssd".into()],
+                }],
+            },
+        });
+    let mut binpack = sampling(100);
+    binpack.score_plugins = vec![PluginWeight {
+        plugin: ScorePlugin::MostAllocated,
+        weight: 1,
+    }];
+    for spec in [cpu_spec(700), cpu_spec(5000), preferring] {
+        for profile in [sampling(100), binpack.clone()] {
+            let best = exhaustive_best(&f, &spec, &profile);
+            assert!(best.is_some());
+            for start in [0, 37, 149, 1000] {
+                let mut placer = Placer::starting_at(start);
+                assert_eq!(
+                    place_one(&f, &mut placer, &spec, &profile),
+                    best,
+                    "start {start}"
+                );
+                assert_eq!(placer.next_start(), start % 150, "a full lap");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gang_searches_on_until_its_members_have_room() {
+    // 200 one-cpu nodes; 5% would stop at 100 nodes, but 150 members need 150 of them.
+    let nodes: Vec<Node> = (0..200)
+        .map(|i| node(&format!("n{i:03}"), "z", 1000))
+        .collect();
+    let f = Fixture::new(&nodes);
+    let mut placer = Placer::new();
+    let placement = placer.place_gang(
+        &f.ledger,
+        &gang("g", &vec![cpu_spec(1000); 150]),
+        &sampling(5),
+        &[],
+    );
+    assert!(placement.is_complete(), "{:?}", placement.unplaced.first());
+    assert_eq!(nodes_of(&placement).len(), 150);
+    assert_eq!(placer.next_start(), 150);
+    // More members than the whole fleet holds: every node is searched and reported.
+    let placement = placer.place_gang(
+        &f.ledger,
+        &gang("g", &vec![cpu_spec(1000); 250]),
+        &sampling(5),
+        &[],
+    );
+    assert_eq!(placement.assignments.len(), 200);
+    assert_eq!(placement.unplaced.len(), 50);
+    assert_eq!(placement.unplaced[0].diagnosis.nodes, 200);
+    assert_eq!(
+        placement.unplaced[0]
+            .diagnosis
+            .reasons
+            .get(&FilterReason::CapacityTakenByGang),
+        Some(&200)
+    );
+}
+
+#[test]
+fn kept_results_never_change_a_placement() {
+    // A fleet with every kind of node, placements committed between calls, more
+    // templates than the cache keeps, and a clone of the ledger that diverges.
+    let mut nodes = Vec::new();
+    for i in 0..130u64 {
+        let mut n = node(
+            &format!("n{i:03}"),
+            ["a", "b"][(i % 2) as usize],
+            3000 + (i % 4) * 1000,
+        );
+        match i % 13 {
+            0 => n.taints.push(Taint {
+                key: "spot".into(),
+                value: String::new(),
+                effect: TaintEffect::PreferNoSchedule,
+            }),
+            1 => n.schedulability = crate::model::node::Schedulability::Cordoned,
+            2 => n
+                .labels
+                .insert("disk".into(), "ssd".into())
+                .map_or((), |_| ()),
+            3 => n
+                .allocatable
+                .set(&ResourceName::Extended("nvidia.com/gpu".into()), 2),
+            _ => {}
+        }
+        nodes.push(n);
+    }
+    let mut specs: Vec<PodSpec> = (1..=10).map(|k| cpu_spec(250 * k)).collect();
+    specs[3].node_selector.insert("disk".into(), "ssd".into());
+    specs[4].host_ports.push(HostPort {
+        port: 8080,
+        protocol: Protocol::Tcp,
+    });
+    specs[5]
+        .requests
+        .set(&ResourceName::Extended("nvidia.com/gpu".into()), 1);
+    let mut a = Fixture::new(&nodes);
+    let mut b = Fixture::new(&[]);
+    let mut cached = Placer::new();
+    let mut plain = Placer::uncached(0);
+    let profiles = [Profile::default(), sampling(30)];
+    for step in 0..120usize {
+        if step == 60 {
+            b = Fixture {
+                ledger: a.ledger.clone(),
+                txn: a.txn,
+            };
+        }
+        let f = if step >= 60 && step % 2 == 1 {
+            &mut b
+        } else {
+            &mut a
+        };
+        let spec = &specs[(step * 7) % specs.len()];
+        let profile = &profiles[step % 2];
+        let members = 1 + step % 3;
+        let g = gang(&format!("g{step}"), &vec![spec.clone(); members]);
+        let with_cache = cached.place_gang(&f.ledger, &g, profile, &[]);
+        let without = plain.place_gang(&f.ledger, &g, profile, &[]);
+        assert_eq!(with_cache, without, "step {step}");
+        assert_eq!(cached.next_start(), plain.next_start(), "step {step}");
+        if with_cache.is_complete() {
+            f.txn += 1;
+            let reply = f.apply(LedgerOp::ReserveAndCommit {
+                txn_id: TxnId(f.txn),
+                members: with_cache.assignments,
+            });
+            assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
+        }
+        if step % 17 == 16 {
+            let reply = f.apply(LedgerOp::Release {
+                target: crate::ledger::command::ReleaseTarget::Txn(TxnId(f.txn / 2)),
+            });
+            assert!(matches!(reply, LedgerReply::Released { .. }), "{reply:?}");
+        }
+    }
+}
+
+// ---- the filter fast path agrees with the full pipeline ---------------------------------------
+
+/// A small deterministic generator for scenario property tests.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn app_selector(app: &str) -> LabelSelector {
+    let mut selector = LabelSelector::default();
+    selector.match_labels.insert("app".into(), app.into());
+    selector
+}
+
+fn random_node(g: &mut Gen, i: u64) -> Node {
+    let mut n = node(
+        &format!("n{i:02}"),
+        ["a", "b"][g.below(2) as usize],
+        1000 * (1 + g.below(6)),
+    );
+    n.allocatable.pods = 1 + g.below(6);
+    if g.chance(20) {
+        n.allocatable.set(
+            &ResourceName::Extended("nvidia.com/gpu".into()),
+            1 + g.below(2),
+        );
+    }
+    if g.chance(30) {
+        n.labels.insert("disk".into(), "ssd".into());
+    }
+    let effects = [
+        TaintEffect::PreferNoSchedule,
+        TaintEffect::NoSchedule,
+        TaintEffect::NoExecute,
+    ];
+    if g.chance(20) {
+        n.taints.push(Taint {
+            key: "t".into(),
+            value: String::new(),
+            effect: effects[g.below(3) as usize],
+        });
+    }
+    if g.chance(10) {
+        n.schedulability = crate::model::node::Schedulability::Cordoned;
+    }
+    if g.chance(10) {
+        n.readiness = crate::model::node::Readiness::NotReady;
+    }
+    n
+}
+
+fn random_summary(g: &mut Gen) -> PodSummary {
+    let mut pod = summary(250 * g.below(5), g.below(10) as i32);
+    pod.labels
+        .insert("app".into(), ["x", "y"][g.below(2) as usize].into());
+    if g.chance(20) {
+        pod.host_ports.push(HostPort {
+            port: 80 + g.below(2) as u16,
+            protocol: Protocol::Tcp,
+        });
+    }
+    if g.chance(15) {
+        pod.anti_affinity.push(PodAffinityTerm {
+            label_selector: Some(app_selector("x")),
+            topology_key: [LABEL_HOSTNAME, LABEL_ZONE][g.below(2) as usize].into(),
+        });
+    }
+    pod
+}
+
+fn random_spec(g: &mut Gen) -> PodSpec {
+    let mut spec = cpu_spec(250 * (1 + g.below(8)));
+    spec.priority = g.below(10) as i32;
+    spec.labels
+        .insert("app".into(), ["x", "y"][g.below(2) as usize].into());
+    if g.chance(15) {
+        spec.requests
+            .set(&ResourceName::Extended("nvidia.com/gpu".into()), 1);
+    }
+    if g.chance(15) {
+        spec.node_selector.insert("disk".into(), "ssd".into());
+    }
+    if g.chance(15) {
+        spec.tolerations.push(crate::model::pod::Toleration {
+            key: "t".into(),
+            operator: crate::model::pod::TolerationOperator::Exists,
+            value: String::new(),
+            effect: None,
+            toleration_seconds: None,
+        });
+    }
+    if g.chance(20) {
+        spec.host_ports.push(HostPort {
+            port: 80 + g.below(2) as u16,
+            protocol: Protocol::Tcp,
+        });
+    }
+    if g.chance(15) {
+        spec.pod_anti_affinity.required.push(PodAffinityTerm {
+            label_selector: Some(app_selector("x")),
+            topology_key: LABEL_HOSTNAME.into(),
+        });
+    }
+    if g.chance(15) {
+        spec.pod_affinity.required.push(PodAffinityTerm {
+            label_selector: Some(app_selector("y")),
+            topology_key: LABEL_ZONE.into(),
+        });
+    }
+    spec
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn the_filter_fast_path_agrees_with_the_full_pipeline(seed in 1u64..u64::MAX) {
+        let mut g = Gen(seed);
+        let count = 1 + g.below(12);
+        let nodes: Vec<Node> = (0..count).map(|i| random_node(&mut g, i)).collect();
+        let mut f = Fixture::new(&nodes);
+        for p in 0..g.below(10) {
+            f.txn += 1;
+            f.apply(LedgerOp::ReserveAndCommit {
+                txn_id: TxnId(f.txn),
+                members: vec![ReserveMember {
+                    member: MemberKey::new("ns", format!("p{p}"), "0"),
+                    node: format!("n{:02}", g.below(count)),
+                    pod: random_summary(&mut g),
+                }],
+            });
+        }
+        let nominations: Vec<Nomination> = (0..g.below(3))
+            .map(|k| Nomination {
+                member: MemberKey::new("ns", format!("nom{k}"), "0"),
+                node: format!("n{:02}", g.below(count)),
+                pod: random_summary(&mut g),
+            })
+            .collect();
+        let mut cluster = Cluster::build(&f.ledger, &nominations);
+        for k in 0..g.below(4) {
+            cluster.plan(
+                g.below(count) as usize,
+                MemberKey::new("ns", "planned", format!("{k}")),
+                random_summary(&mut g),
+            );
+        }
+        for _ in 0..4 {
+            let spec = random_spec(&mut g);
+            let own = if g.chance(50) {
+                BTreeSet::from([MemberKey::new("ns", "nom0", "0")])
+            } else {
+                BTreeSet::new()
+            };
+            let footprint = footprint_of(&spec.requests);
+            let candidate = Candidate { spec: &spec, footprint: &footprint, own: &own };
+            let interpod = InterPodState::build(&cluster, &spec, |_, _| Counted::Yes);
+            let probe = crate::engine::filter::Probe::new(candidate, &interpod);
+            for i in 0..cluster.len() {
+                let state = cluster.state(i);
+                proptest::prop_assert!(state.is_some());
+                let full = state.map(|s| filter_node(&s, &candidate, &interpod));
+                for cap in [1, 2, u64::MAX] {
+                    let expected = full.clone().map(|r| r.map(|copies| copies.min(cap)));
+                    proptest::prop_assert_eq!(Some(probe.check(&cluster, i, cap)), expected);
+                }
+            }
+        }
+    }
 }

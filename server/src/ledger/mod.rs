@@ -6,7 +6,11 @@
 //! [`ShardLedger::apply`]. Invariants: no clock, no I/O, no randomness,
 //! `BTreeMap`s only (I6: same log, same bytes); I2 after every command; bad
 //! input changes nothing. The read-only [`LedgerView`] is what the engine
-//! consumes; [`query`] answers the front door. Called by `replicated` (apply,
+//! consumes; the shard ledger keeps every node's engine summary ([`NodeFit`])
+//! current as commands apply and offers it in place ([`IndexedView`]), so
+//! placement never rebuilds a copy of the nodes (node stamps, from a
+//! process-wide counter, key the engine's caches and are not replicated
+//! state); [`query`] answers the front door and the coordinator. Called by `replicated` (apply,
 //! snapshot, restore), the engine (views) and the front door (queries).
 
 pub mod command;
@@ -28,4 +32,4 @@ pub use shard::{
     FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
 };
 pub use usage::{NodeUsage, PodSlot, SlotState};
-pub use view::{LedgerView, NodeView};
+pub use view::{IndexedView, LedgerView, NodeFit, NodeView};

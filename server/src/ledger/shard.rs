@@ -9,28 +9,35 @@
 //! - every `Reserved` slot belongs to exactly one open transaction and vice versa, and
 //!   no committed slot names an open transaction (so I5: aborting or committing every
 //!   open transaction leaves nothing reserved);
-//! - at most [`FINISHED_TXNS_MAX`] finished records are kept, none for an open id.
+//! - at most [`FINISHED_TXNS_MAX`] finished records are kept, none for an open id;
+//! - every node's [`NodeFit`] summary (what the engine's hot loop reads, see
+//!   [`LedgerView::indexed`]) is that of its node and usage: every command that
+//!   changes a node refreshes it, so the engine never rebuilds per call.
 //!
 //! Debug builds assert I2 after every command on each node the command touched (other
 //! nodes cannot change); tests call the full check.
 //!
 //! `apply` never reads a clock (the command carries the leader's time), never does I/O
-//! and only iterates `BTreeMap`s, so the same commands give byte-identical snapshots on
-//! every replica (I6). Bad input is answered with [`LedgerReply::Rejected`] and changes
+//! and only iterates `BTreeMap`s and the name-ordered node table, so the same commands
+//! give byte-identical snapshots on every replica (I6); the nodes encode exactly as a
+//! map from name to [`NodeEntry`]. Node stamps (see [`IndexedView`]) are drawn from a
+//! process-wide counter and are no part of the state: snapshots and equality ignore
+//! them. Bad input is answered with [`LedgerReply::Rejected`] and changes
 //! nothing. Expired reservations are reported by `Tick`, never dropped here: the caller
 //! asks the coordinator for the decision (DESIGN §6). Called by the shard service on
 //! every replica, and read by the engine through [`LedgerView`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
     ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
 };
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
-use crate::ledger::view::{LedgerView, NodeView};
+use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
@@ -101,11 +108,141 @@ pub enum SnapshotError {
     Invariant(#[from] InvariantViolation),
 }
 
+/// The shard's nodes in name order, each with the summary the engine reads.
+///
+/// Encodes exactly like a `BTreeMap<String, NodeEntry>` keyed by node name. Invariants:
+/// entries are sorted by name without duplicates; `fits[i]` is `NodeFit::of` entry `i`;
+/// `stamps[i]` was drawn from [`next_stamp`] after entry `i` last changed (stamps are
+/// not state: equality and snapshots ignore them); `anti_affinity_nodes` counts the
+/// summaries with the anti-affinity flag. Every change goes through
+/// [`NodeTable::update`], `insert` or `remove`, which keep them in step.
+#[derive(Debug, Clone, Default)]
+struct NodeTable {
+    #[allow(
+        clippy::vec_box,
+        reason = "a node added in name order shifts pointers, not entries, and spare capacity costs a pointer per node"
+    )]
+    entries: Vec<Box<NodeEntry>>,
+    fits: Vec<NodeFit>,
+    stamps: Vec<u64>,
+    anti_affinity_nodes: usize,
+}
+
+impl NodeTable {
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.entries
+            .binary_search_by(|entry| entry.node.name.as_str().cmp(name))
+    }
+
+    fn get(&self, name: &str) -> Option<&NodeEntry> {
+        let i = self.position(name).ok()?;
+        self.entries.get(i).map(|entry| &**entry)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.entries.iter().map(|entry| &**entry)
+    }
+
+    /// Changes the entry named `name` (if any) and brings its summary up to date.
+    fn update<R>(&mut self, name: &str, change: impl FnOnce(&mut NodeEntry) -> R) -> Option<R> {
+        let i = self.position(name).ok()?;
+        let out = change(self.entries.get_mut(i)?);
+        self.refresh(i);
+        Some(out)
+    }
+
+    fn refresh(&mut self, i: usize) {
+        let (Some(entry), Some(fit)) = (self.entries.get(i), self.fits.get_mut(i)) else {
+            return;
+        };
+        let fresh = NodeFit::of(&entry.node, &entry.usage);
+        match (
+            fit.has(NodeFit::ANTI_AFFINITY),
+            fresh.has(NodeFit::ANTI_AFFINITY),
+        ) {
+            (false, true) => self.anti_affinity_nodes += 1,
+            (true, false) => self.anti_affinity_nodes -= 1,
+            _ => {}
+        }
+        *fit = fresh;
+        if let Some(stamp) = self.stamps.get_mut(i) {
+            *stamp = next_stamp();
+        }
+    }
+
+    /// Adds a node that is not in the table yet.
+    fn insert(&mut self, entry: NodeEntry) {
+        let Err(i) = self.position(&entry.node.name) else {
+            return;
+        };
+        self.entries.insert(i, Box::new(entry));
+        self.fits.insert(i, NodeFit::default());
+        self.stamps.insert(i, 0);
+        self.refresh(i);
+    }
+
+    fn remove(&mut self, name: &str) -> Option<NodeEntry> {
+        let i = self.position(name).ok()?;
+        if self.fits.remove(i).has(NodeFit::ANTI_AFFINITY) {
+            self.anti_affinity_nodes -= 1;
+        }
+        self.stamps.remove(i);
+        Some(*self.entries.remove(i))
+    }
+
+    fn view(&self) -> IndexedView<'_> {
+        IndexedView::new(
+            &self.entries,
+            &self.fits,
+            &self.stamps,
+            self.anti_affinity_nodes,
+        )
+    }
+
+    /// Whether the summaries and the count are those of the entries.
+    fn in_step(&self) -> bool {
+        self.fits.len() == self.entries.len()
+            && self.stamps.len() == self.entries.len()
+            && self
+                .iter()
+                .zip(&self.fits)
+                .all(|(entry, fit)| *fit == NodeFit::of(&entry.node, &entry.usage))
+            && self.anti_affinity_nodes
+                == self
+                    .fits
+                    .iter()
+                    .filter(|fit| fit.has(NodeFit::ANTI_AFFINITY))
+                    .count()
+            && self
+                .entries
+                .windows(2)
+                .all(|pair| pair[0].node.name < pair[1].node.name)
+    }
+}
+
+impl PartialEq for NodeTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for NodeTable {}
+
+impl Serialize for NodeTable {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.entries.len()))?;
+        for entry in &self.entries {
+            map.serialize_entry(&entry.node.name, &**entry)?;
+        }
+        map.end()
+    }
+}
+
 /// The replicated part of the ledger: exactly what a snapshot holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 struct LedgerState {
     format: u32,
-    nodes: BTreeMap<String, NodeEntry>,
+    nodes: NodeTable,
     open: BTreeMap<TxnId, OpenTxn>,
     finished: BTreeMap<TxnId, FinishedTxn>,
     next_seq: u64,
@@ -115,11 +252,44 @@ impl Default for LedgerState {
     fn default() -> Self {
         Self {
             format: SNAPSHOT_FORMAT,
-            nodes: BTreeMap::new(),
+            nodes: NodeTable::default(),
             open: BTreeMap::new(),
             finished: BTreeMap::new(),
             next_seq: 0,
         }
+    }
+}
+
+/// A snapshot as decoded, before its nodes are indexed.
+#[derive(Deserialize)]
+struct StoredState {
+    format: u32,
+    nodes: BTreeMap<String, NodeEntry>,
+    open: BTreeMap<TxnId, OpenTxn>,
+    finished: BTreeMap<TxnId, FinishedTxn>,
+    next_seq: u64,
+}
+
+impl StoredState {
+    /// The ledger state, refusing a node stored under another node's name.
+    fn into_state(self) -> Result<LedgerState, InvariantViolation> {
+        let mut nodes = NodeTable::default();
+        for (name, entry) in self.nodes {
+            if entry.node.name != name {
+                return Err(InvariantViolation(format!(
+                    "node {name}: keyed under the wrong name {}",
+                    entry.node.name
+                )));
+            }
+            nodes.insert(entry);
+        }
+        Ok(LedgerState {
+            format: self.format,
+            nodes,
+            open: self.open,
+            finished: self.finished,
+            next_seq: self.next_seq,
+        })
     }
 }
 
@@ -137,9 +307,10 @@ struct Indexes {
 impl Indexes {
     fn build(state: &LedgerState) -> Self {
         let mut out = Self::default();
-        for (name, entry) in &state.nodes {
+        for entry in state.nodes.iter() {
             for (member, slot) in &entry.usage.pods {
-                out.locations.insert(member.clone(), name.clone());
+                out.locations
+                    .insert(member.clone(), entry.node.name.clone());
                 out.by_txn
                     .entry(slot.state.txn_id())
                     .or_default()
@@ -254,7 +425,7 @@ impl ShardLedger {
             .map_err(|e| LedgerError::InvalidNode {
                 message: e.to_string(),
             })?;
-        let change = match self.state.nodes.get_mut(&node.name) {
+        let change = match self.state.nodes.get(&node.name) {
             Some(entry) => {
                 if let Some(resource) = entry.usage.requested().shortfall(&node.allocatable) {
                     return Err(LedgerError::AllocatableBelowUsage {
@@ -262,15 +433,16 @@ impl ShardLedger {
                         resource,
                     });
                 }
-                entry.node = node.clone();
+                self.state
+                    .nodes
+                    .update(&node.name, |entry| entry.node = node.clone());
                 NodeChange::Updated
             }
             None => {
-                let entry = NodeEntry {
+                self.state.nodes.insert(NodeEntry {
                     node: node.clone(),
                     usage: NodeUsage::default(),
-                };
-                self.state.nodes.insert(node.name.clone(), entry);
+                });
                 NodeChange::Added
             }
         };
@@ -345,11 +517,12 @@ impl ShardLedger {
         }
         match hold {
             Hold::Until(deadline_ms) => {
+                let mut held = BTreeMap::new();
+                for m in members {
+                    held.insert(m.member.clone(), m.node.clone());
+                }
                 let open = OpenTxn {
-                    members: members
-                        .iter()
-                        .map(|m| (m.member.clone(), m.node.clone()))
-                        .collect(),
+                    members: held,
                     deadline_ms,
                     reserved_at_ms: at_ms,
                 };
@@ -382,16 +555,21 @@ impl ShardLedger {
     /// Every member that cannot be held, checking the batch cumulatively per node.
     fn refusals(&self, members: &[ReserveMember]) -> Vec<Refusal> {
         let mut batches: BTreeMap<&str, BatchLoad> = BTreeMap::new();
+        let nothing_yet = BatchLoad::default();
         let mut out = Vec::new();
-        for m in members {
-            let batch = batches.get(m.node.as_str()).cloned().unwrap_or_default();
-            match self.refusal_cause(m, &batch) {
+        for (i, m) in members.iter().enumerate() {
+            let batch = batches.get(m.node.as_str()).unwrap_or(&nothing_yet);
+            match self.refusal_cause(m, batch) {
                 Some(cause) => out.push(Refusal {
                     member: m.member.clone(),
                     node: m.node.clone(),
                     cause,
                 }),
-                None => batches.entry(m.node.as_str()).or_default().add(&m.pod),
+                // Only later members see what this one takes.
+                None if i + 1 < members.len() => {
+                    batches.entry(m.node.as_str()).or_default().add(&m.pod)
+                }
+                None => {}
             }
         }
         out
@@ -413,14 +591,17 @@ impl ShardLedger {
     }
 
     fn hold_member(&mut self, m: &ReserveMember, state: SlotState) {
-        let Some(entry) = self.state.nodes.get_mut(&m.node) else {
-            return;
-        };
         let slot = PodSlot {
             pod: m.pod.clone(),
             state,
         };
-        entry.usage.hold(m.member.clone(), slot);
+        let held = self
+            .state
+            .nodes
+            .update(&m.node, |entry| entry.usage.hold(m.member.clone(), slot));
+        if held.is_none() {
+            return;
+        }
         self.index
             .locations
             .insert(m.member.clone(), m.node.clone());
@@ -436,9 +617,9 @@ impl ShardLedger {
     fn commit(&mut self, at_ms: u64, txn_id: TxnId) -> Result<LedgerReply, LedgerError> {
         if let Some(open) = self.state.open.remove(&txn_id) {
             for (member, node) in &open.members {
-                if let Some(entry) = self.state.nodes.get_mut(node) {
-                    entry.usage.promote(member, at_ms);
-                }
+                self.state
+                    .nodes
+                    .update(node, |entry| entry.usage.promote(member, at_ms));
             }
             self.finish(txn_id, TxnOutcome::Committed, at_ms, Vec::new());
             return Ok(LedgerReply::Committed { txn_id });
@@ -547,7 +728,11 @@ impl ShardLedger {
     /// Removes a member's slot wherever it is, keeping the indexes in step.
     fn take_member(&mut self, key: &MemberKey) -> Option<PodSlot> {
         let node = self.index.locations.remove(key)?;
-        let slot = self.state.nodes.get_mut(&node)?.usage.take(key)?;
+        let slot = self
+            .state
+            .nodes
+            .update(&node, |entry| entry.usage.take(key))
+            .flatten()?;
         let txn_id = slot.state.txn_id();
         if let Some(set) = self.index.by_txn.get_mut(&txn_id) {
             set.remove(key);
@@ -567,26 +752,29 @@ impl ShardLedger {
             member: member.clone(),
         };
         let node = self.index.locations.get(member).ok_or_else(unknown)?;
-        let slot = self
+        let state = self
             .state
             .nodes
-            .get_mut(node)
-            .and_then(|entry| entry.usage.pods.get_mut(member))
+            .update(node, |entry| {
+                let slot = entry.usage.pods.get_mut(member)?;
+                let before = slot.state;
+                if let SlotState::Committed { txn_id, .. } = before {
+                    slot.state = SlotState::Bound { txn_id, at_ms };
+                }
+                Some(before)
+            })
+            .flatten()
             .ok_or_else(unknown)?;
-        match slot.state {
+        match state {
             SlotState::Reserved { txn_id } => Err(LedgerError::NotCommitted {
                 member: member.clone(),
                 txn_id,
             }),
-            SlotState::Committed { txn_id, .. } => {
-                slot.state = SlotState::Bound { txn_id, at_ms };
+            SlotState::Committed { .. } | SlotState::Bound { .. } => {
                 Ok(LedgerReply::BindRecorded {
                     member: member.clone(),
                 })
             }
-            SlotState::Bound { .. } => Ok(LedgerReply::BindRecorded {
-                member: member.clone(),
-            }),
         }
     }
 
@@ -632,7 +820,7 @@ impl ShardLedger {
 
     /// All nodes with usage, in name order.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeEntry> {
-        self.state.nodes.values()
+        self.state.nodes.iter()
     }
 
     /// Open transactions, by id.
@@ -665,7 +853,7 @@ impl ShardLedger {
     pub fn total_reserved(&self) -> Resources {
         self.state
             .nodes
-            .values()
+            .iter()
             .fold(Resources::zero(), |acc, entry| {
                 acc.saturating_add(&entry.usage.reserved)
             })
@@ -681,13 +869,14 @@ impl ShardLedger {
 
     /// Rebuilds a ledger from [`ShardLedger::snapshot`] bytes, checking every invariant.
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        let state: LedgerState =
+        let stored: StoredState =
             serde_json::from_slice(bytes).map_err(|e| SnapshotError::Decode(e.to_string()))?;
-        if state.format != SNAPSHOT_FORMAT {
+        if stored.format != SNAPSHOT_FORMAT {
             return Err(SnapshotError::Format {
-                found: state.format,
+                found: stored.format,
             });
         }
+        let state = stored.into_state()?;
         let index = Indexes::build(&state);
         let ledger = Self { state, index };
         ledger.check_invariants()?;
@@ -698,8 +887,11 @@ impl ShardLedger {
 
     /// Checks every ledger invariant (I2 and the bookkeeping that I5 rests on).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        for (name, entry) in &self.state.nodes {
-            self.check_node(name, entry)?;
+        if !self.state.nodes.in_step() {
+            return Err(InvariantViolation("node summaries out of step".to_string()));
+        }
+        for entry in self.state.nodes.iter() {
+            self.check_node(&entry.node.name, entry)?;
         }
         for (txn_id, open) in &self.state.open {
             self.check_open(*txn_id, open)?;
@@ -800,7 +992,7 @@ impl ShardLedger {
                 "two finished records share a sequence number".to_string(),
             ));
         }
-        let slots: usize = self.state.nodes.values().map(|e| e.usage.pods.len()).sum();
+        let slots: usize = self.state.nodes.iter().map(|e| e.usage.pods.len()).sum();
         if self.index.locations.len() != slots {
             return Err(InvariantViolation(
                 "a member is held on two nodes".to_string(),
@@ -846,7 +1038,7 @@ fn validate_reservation(
     }
     let mut seen = BTreeSet::new();
     for m in members {
-        if !seen.insert(&m.member) {
+        if members.len() > 1 && !seen.insert(&m.member) {
             return Err(LedgerError::DuplicateMember {
                 txn_id,
                 member: m.member.clone(),
@@ -864,6 +1056,10 @@ fn validate_summary(txn_id: TxnId, m: &ReserveMember) -> Result<(), LedgerError>
         message,
     };
     m.member.validate().map_err(|e| invalid(e.to_string()))?;
+    // Only extended resources can be invalid, and only errors need the path.
+    if m.pod.requests.extended.is_empty() && m.pod.requests.pods == 0 {
+        return Ok(());
+    }
     let path = FieldPath::new("pod").child("requests");
     m.pod
         .requests
@@ -881,7 +1077,7 @@ impl LedgerView for ShardLedger {
     fn node_views(&self) -> Vec<NodeView<'_>> {
         self.state
             .nodes
-            .values()
+            .iter()
             .map(|entry| NodeView {
                 node: &entry.node,
                 usage: &entry.usage,
@@ -894,5 +1090,9 @@ impl LedgerView for ShardLedger {
             node: &entry.node,
             usage: &entry.usage,
         })
+    }
+
+    fn indexed(&self) -> Option<IndexedView<'_>> {
+        Some(self.state.nodes.view())
     }
 }

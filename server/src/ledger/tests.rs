@@ -12,6 +12,7 @@ use crate::ledger::command::{
 };
 use crate::ledger::shard::{ShardLedger, SnapshotError, FINISHED_TXNS_MAX};
 use crate::ledger::usage::SlotState;
+use crate::ledger::view::{LedgerView, NodeFit};
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
 use crate::model::pod::{HostPort, PodSummary, Protocol};
@@ -680,6 +681,85 @@ fn restore_refuses_garbage_and_inconsistent_snapshots() {
     ));
     let restored = ShardLedger::restore(text.as_bytes());
     assert_eq!(restored.as_ref().ok(), Some(&ledger));
+}
+
+#[test]
+fn nodes_are_indexed_in_name_order_with_fresh_summaries() {
+    let mut ledger = ledger_with(&[
+        node("n2", 2000, 10),
+        node("n0", 1000, 10),
+        node("n1", 4000, 10),
+    ]);
+    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let (n0, n1, n2) = (
+        text.find("\"n0\":"),
+        text.find("\"n1\":"),
+        text.find("\"n2\":"),
+    );
+    assert!(n0 < n1 && n1 < n2, "encoded as a name-ordered map: {text}");
+    let stamps = |l: &ShardLedger| -> Vec<u64> {
+        let view = l.indexed().expect("the shard ledger keeps an indexed view");
+        (0..view.len()).filter_map(|i| view.stamp(i)).collect()
+    };
+    let summaries_agree = |l: &ShardLedger| {
+        let view = l.indexed().expect("indexed");
+        let listed = l.node_views();
+        assert_eq!(view.len(), listed.len());
+        for (i, nv) in listed.iter().enumerate() {
+            let at = view.node(i).expect("in range");
+            assert_eq!(at.node.name, nv.node.name);
+            assert_eq!(view.fits()[i], NodeFit::of(nv.node, nv.usage));
+        }
+    };
+    summaries_agree(&ledger);
+    let before = stamps(&ledger);
+    assert!(before.iter().all(|s| *s != 0));
+    apply(
+        &mut ledger,
+        1,
+        reserve(1, vec![rm("a", "n1", with_port(pod(500), 80))], 50),
+    );
+    summaries_agree(&ledger);
+    let after = stamps(&ledger);
+    assert_eq!(
+        (after[0], after[2]),
+        (before[0], before[2]),
+        "untouched nodes keep theirs"
+    );
+    assert_ne!(after[1], before[1], "the changed node gets a new stamp");
+    let fit = ledger.indexed().map(|v| v.fits()[1]).unwrap_or_default();
+    assert_eq!(fit.requested[0], 500);
+    assert!(fit.has(NodeFit::HOST_PORTS));
+    // A clone is the same node states; from then on each side changes on its own.
+    let mut twin = ledger.clone();
+    assert_eq!(stamps(&twin), after);
+    apply(&mut twin, 2, LedgerOp::Commit { txn_id: TxnId(1) });
+    apply(&mut ledger, 2, LedgerOp::Abort { txn_id: TxnId(1) });
+    assert_ne!(stamps(&twin)[1], stamps(&ledger)[1]);
+    summaries_agree(&twin);
+    summaries_agree(&ledger);
+    // Restored nodes are indexed again; stamps are not state.
+    let restored = ShardLedger::restore(&twin.snapshot());
+    assert_eq!(restored.as_ref().ok(), Some(&twin));
+    if let Ok(restored) = &restored {
+        summaries_agree(restored);
+        assert_ne!(stamps(restored), stamps(&twin));
+    }
+    apply(&mut ledger, 3, LedgerOp::RemoveNode { name: "n0".into() });
+    summaries_agree(&ledger);
+    assert_eq!(ledger.check_invariants(), Ok(()));
+}
+
+#[test]
+fn a_snapshot_with_a_node_under_another_name_is_refused() {
+    let ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let renamed = text.replacen("\"n1\":", "\"n9\":", 1);
+    assert_ne!(renamed, text);
+    assert!(matches!(
+        ShardLedger::restore(renamed.as_bytes()),
+        Err(SnapshotError::Invariant(_))
+    ));
 }
 
 // ---- property tests ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::TxnId;
-use crate::model::GangGroup;
+use crate::model::{GangGroup, GangMode};
 
 /// Sequence number the meta group gives each accepted gang group.
 pub type GroupSeq = u64;
@@ -119,6 +119,42 @@ pub struct GroupRecord {
 }
 
 impl GroupRecord {
+    /// Whether every gang has at least minMember placed members.
+    pub fn every_gang_at_min(&self) -> bool {
+        self.group.gangs.iter().all(|gang| {
+            let placed = gang
+                .members
+                .iter()
+                .filter(|m| {
+                    self.placements
+                        .contains_key(&gang.member_key(m).to_string())
+                })
+                .count();
+            placed as u32 >= gang.min_member
+        })
+    }
+
+    /// The state a group times out into: releasing what it accumulated, or done.
+    pub fn timed_out(&self) -> GroupState {
+        if self.placements.is_empty() {
+            GroupState::Done {
+                how: Terminal::TimedOut,
+            }
+        } else {
+            GroupState::Releasing {
+                then: Terminal::TimedOut,
+            }
+        }
+    }
+
+    /// Whether every gang of the group is NonStrict (placed members accumulate).
+    pub fn accumulates(&self) -> bool {
+        self.group
+            .gangs
+            .iter()
+            .all(|g| g.mode == GangMode::NonStrict)
+    }
+
     /// Queue order: higher priority first, then earlier submission, then lower seq.
     pub fn order_key(&self) -> (i64, GroupSeq) {
         (-i64::from(self.priority), self.seq)

@@ -466,9 +466,7 @@ impl MetaState {
         g.reason = reason.to_string();
         g.version += 1;
         if g.deadline_ms.is_some_and(|d| d <= at_ms) {
-            g.state = GroupState::Done {
-                how: Terminal::TimedOut,
-            };
+            g.state = g.timed_out();
         } else {
             g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
         }
@@ -483,9 +481,7 @@ impl MetaState {
         };
         let due = g.deadline_ms.is_some_and(|d| d <= at_ms);
         if g.state == GroupState::Queued && due {
-            g.state = GroupState::Done {
-                how: Terminal::TimedOut,
-            };
+            g.state = g.timed_out();
             g.reason = format!(
                 "waitTime passed before the group could be placed ({})",
                 g.reason
@@ -502,6 +498,16 @@ impl MetaState {
             return rejected(format!("id: no gang group {seq}"));
         };
         let next = match state {
+            GroupState::Queued
+                if self
+                    .groups
+                    .get(&seq)
+                    .is_some_and(|g| !g.placements.is_empty()) =>
+            {
+                GroupState::Releasing {
+                    then: Terminal::Cancelled,
+                }
+            }
             GroupState::Queued => GroupState::Done {
                 how: Terminal::Cancelled,
             },
@@ -606,17 +612,26 @@ fn apply_decision(
     g.version += 1;
     match decision {
         Decision::Commit => {
-            g.state = GroupState::Placed;
-            g.placements = placements.clone();
-            g.reason.clear();
+            g.placements
+                .extend(placements.iter().map(|(k, p)| (k.clone(), p.clone())));
+            if g.every_gang_at_min() {
+                g.state = GroupState::Placed;
+                g.reason.clear();
+            } else {
+                // NonStrict: placed members accumulate until every gang reaches minMember.
+                g.state = GroupState::Queued;
+                g.reason = format!(
+                    "{} members placed, accumulating toward minMember",
+                    g.placements.len()
+                );
+                g.not_before_ms = at_ms.saturating_add(RETRY_BACKOFF_BASE_MS);
+            }
         }
         Decision::Abort => {
             g.attempts += 1;
             g.reason = reason.to_string();
             if g.deadline_ms.is_some_and(|d| d <= at_ms) {
-                g.state = GroupState::Done {
-                    how: Terminal::TimedOut,
-                };
+                g.state = g.timed_out();
             } else {
                 g.state = GroupState::Queued;
                 g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));

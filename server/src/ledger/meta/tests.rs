@@ -264,6 +264,64 @@ fn cancel_and_release_pass_through_releasing() {
 }
 
 #[test]
+fn non_strict_members_accumulate_until_min_member() {
+    let mut m = MetaState::new(2);
+    let mut g = gang("a", 2, 2, 10_000, 0);
+    g.mode = GangMode::NonStrict;
+    let seq = submit(&mut m, "k", group("g", vec![g]), 0);
+    let place = |m: &mut MetaState, member: &str, at_ms: u64| {
+        let txn = begin(m, seq, at_ms);
+        let placements = BTreeMap::from([(
+            format!("default/a/{member}"),
+            Placement {
+                node: "n".into(),
+                shard: 1,
+            },
+        )]);
+        m.apply(&MetaCommand::Decide {
+            txn,
+            decision: Decision::Commit,
+            placements,
+            reason: String::new(),
+            at_ms,
+        });
+    };
+    place(&mut m, "m0", 1);
+    let r = state(&m, seq);
+    assert_eq!(r.state, GroupState::Queued, "one of two: still waiting");
+    assert_eq!(r.placements.len(), 1);
+    place(&mut m, "m1", 2);
+    assert_eq!(state(&m, seq).state, GroupState::Placed);
+
+    // Timing out with accumulated members releases them first.
+    let mut g = gang("b", 2, 2, 100, 0);
+    g.mode = GangMode::NonStrict;
+    let seq = submit(&mut m, "k2", group("g2", vec![g]), 0);
+    let txn = begin(&mut m, seq, 10);
+    let placements = BTreeMap::from([(
+        "default/b/m0".to_string(),
+        Placement {
+            node: "n".into(),
+            shard: 1,
+        },
+    )]);
+    m.apply(&MetaCommand::Decide {
+        txn,
+        decision: Decision::Commit,
+        placements,
+        reason: String::new(),
+        at_ms: 11,
+    });
+    m.apply(&MetaCommand::Expire { seq, at_ms: 100 });
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Releasing {
+            then: Terminal::TimedOut
+        }
+    );
+}
+
+#[test]
 fn queue_order_is_priority_then_submission() {
     let mut m = MetaState::new(2);
     let low = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 1)]), 0);

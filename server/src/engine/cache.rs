@@ -1,0 +1,377 @@
+//! Filter and score results of pod templates, kept across placement calls.
+//!
+//! Owns [`FitCache`], kept by a [`crate::engine::placement::Placer`]. Some templates
+//! are judged on a node's [`NodeFit`] summary alone: no nodeSelector or required node
+//! affinity, no extended resource requests, no host ports, no inter-pod filter or
+//! preferred inter-pod score in play, no preferred node affinity, built-in fit
+//! resources, and no nominations in the cluster (the searcher decides this per call).
+//! On a node whose summary carries no condition or taint flag, such a template's filter
+//! outcome and node-local score are then a function of (template, profile, summary).
+//! The cache keeps them per node position with the node's stamp
+//! ([`crate::ledger::view::IndexedView`]): a stamp names one state of one node, so an
+//! entry is used only while the node at that position is in exactly the state it was
+//! computed from. Invariant: a hit returns exactly what recomputing would, so the cache
+//! changes speed, never results. Bounded to [`CACHED_TEMPLATES_MAX`] templates, the
+//! least recently used evicted first; 32 bytes per node and template. The same stamps
+//! keep each node's value of the gang topology label ([`FitCache::domains`]), so a
+//! gang's domains are regrouped without reading the labels of unchanged nodes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::engine::cluster::Cluster;
+use crate::engine::filter::FilterReason;
+use crate::engine::profile::Profile;
+use crate::ledger::view::NodeFit;
+use crate::model::pod::PodSpec;
+use crate::model::resources::ResourceName;
+
+/// Most templates whose results are kept.
+pub const CACHED_TEMPLATES_MAX: usize = 8;
+
+/// One template's results on one node position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Entry {
+    /// Stamp of the node state they were computed from; 0 when empty.
+    stamp: u64,
+    /// Copies that fit (uncapped), or 0 when the node is refused.
+    copies: u64,
+    /// Weighted node-local score.
+    local: u64,
+    /// The dimension that is short, when refused.
+    short: u8,
+}
+
+/// A template's results by node position.
+#[derive(Debug, Clone)]
+struct TemplateEntries {
+    spec: PodSpec,
+    profile: Profile,
+    last_use: u64,
+    entries: Vec<Entry>,
+}
+
+/// Each node position's value of one label, valid while the node's stamp is.
+#[derive(Clone, Default)]
+struct DomainEntries {
+    key: String,
+    /// Per position: the stamp, and the value's index in `values` (or [`NO_VALUE`]).
+    of: Vec<(u64, u32)>,
+    values: Vec<String>,
+    ids: BTreeMap<String, u32>,
+}
+
+/// A node without the label.
+const NO_VALUE: u32 = u32::MAX;
+/// Distinct values kept beyond the node count before the value list starts afresh.
+const SPARE_VALUES: usize = 1024;
+
+/// Results of fit-only templates per node position, valid while the node's stamp is.
+#[derive(Clone, Default)]
+pub struct FitCache {
+    templates: Vec<TemplateEntries>,
+    uses: u64,
+    domains: DomainEntries,
+}
+
+impl fmt::Debug for FitCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FitCache")
+            .field("templates", &self.templates.len())
+            .field("domain_key", &self.domains.key)
+            .finish()
+    }
+}
+
+/// A kept filter outcome and node-local score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    /// Copies that fit (uncapped), or 0 when the node is refused.
+    pub copies: u64,
+    /// Weighted node-local score.
+    pub local: u64,
+    short: u8,
+}
+
+impl Hit {
+    /// Why the node is refused (meaningful when `copies` is 0).
+    pub fn refusal(&self) -> FilterReason {
+        FilterReason::Insufficient(dim_name(self.short))
+    }
+
+    /// The filter outcome.
+    pub fn outcome(&self) -> Result<u64, FilterReason> {
+        if self.copies > 0 {
+            Ok(self.copies)
+        } else {
+            Err(self.refusal())
+        }
+    }
+}
+
+impl FitCache {
+    /// The entries of `spec` under `profile`, sized for `nodes` positions.
+    pub fn template(
+        &mut self,
+        spec: &PodSpec,
+        profile: &Profile,
+        nodes: usize,
+    ) -> TemplateSlot<'_> {
+        self.uses += 1;
+        let at = match self
+            .templates
+            .iter()
+            .position(|t| t.spec == *spec && t.profile == *profile)
+        {
+            Some(at) => at,
+            None => self.add(spec, profile),
+        };
+        let template = &mut self.templates[at];
+        template.last_use = self.uses;
+        if template.entries.len() != nodes {
+            template.entries.resize(nodes, Entry::default());
+        }
+        TemplateSlot {
+            entries: &mut template.entries,
+        }
+    }
+
+    fn add(&mut self, spec: &PodSpec, profile: &Profile) -> usize {
+        let fresh = TemplateEntries {
+            spec: spec.clone(),
+            profile: profile.clone(),
+            last_use: self.uses,
+            entries: Vec::new(),
+        };
+        if self.templates.len() < CACHED_TEMPLATES_MAX {
+            self.templates.push(fresh);
+            return self.templates.len() - 1;
+        }
+        let oldest = self
+            .templates
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, t)| t.last_use)
+            .map_or(0, |(i, _)| i);
+        self.templates[oldest] = fresh;
+        oldest
+    }
+
+    /// Number of templates kept.
+    pub fn templates(&self) -> usize {
+        self.templates.len()
+    }
+
+    /// [`Cluster::domains`]: node positions grouped by their value of label `key`,
+    /// reading the labels only of nodes whose stamp changed since the last call.
+    pub fn domains(&mut self, cluster: &Cluster<'_>, key: &str) -> BTreeMap<String, Vec<usize>> {
+        let cache = &mut self.domains;
+        let nodes = cluster.len();
+        if cache.key != key || cache.values.len() > nodes + SPARE_VALUES {
+            *cache = DomainEntries {
+                key: key.to_string(),
+                ..DomainEntries::default()
+            };
+        }
+        cache.of.resize(nodes, (0, NO_VALUE));
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); cache.values.len()];
+        for i in 0..nodes {
+            let stamp = cluster.stamp(i);
+            let id = match (stamp, cache.of.get(i)) {
+                (Some(stamp), Some(&(seen, id))) if seen == stamp && stamp != 0 => id,
+                _ => {
+                    let id = match cluster.node(i).and_then(|node| node.label(key)) {
+                        Some(value) => cache.intern(value),
+                        None => NO_VALUE,
+                    };
+                    if let (Some(stamp), Some(slot)) = (stamp, cache.of.get_mut(i)) {
+                        *slot = (stamp, id);
+                    }
+                    id
+                }
+            };
+            if id == NO_VALUE {
+                continue;
+            }
+            let id = id as usize;
+            if groups.len() <= id {
+                groups.resize(id + 1, Vec::new());
+            }
+            groups[id].push(i);
+        }
+        groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, nodes)| !nodes.is_empty())
+            .filter_map(|(id, nodes)| Some((cache.values.get(id)?.clone(), nodes)))
+            .collect()
+    }
+}
+
+impl DomainEntries {
+    fn intern(&mut self, value: &str) -> u32 {
+        if let Some(&id) = self.ids.get(value) {
+            return id;
+        }
+        let id = u32::try_from(self.values.len()).unwrap_or(NO_VALUE);
+        if id != NO_VALUE {
+            self.values.push(value.to_string());
+            self.ids.insert(value.to_string(), id);
+        }
+        id
+    }
+}
+
+/// One template's entries, for one search.
+pub struct TemplateSlot<'c> {
+    entries: &'c mut Vec<Entry>,
+}
+
+impl TemplateSlot<'_> {
+    /// The result at `idx` if it was computed for the node state named `stamp`.
+    #[inline]
+    pub fn get(&self, idx: usize, stamp: u64) -> Option<Hit> {
+        let entry = self
+            .entries
+            .get(idx)
+            .filter(|e| e.stamp == stamp && stamp != 0)?;
+        Some(Hit {
+            copies: entry.copies,
+            local: entry.local,
+            short: entry.short,
+        })
+    }
+
+    /// Keeps the result at `idx` computed for the node state named `stamp` on summary
+    /// `fit`; only results that depend on the summary alone are kept (no condition or
+    /// taint flag on the node, an outcome that is a fit or a built-in shortfall).
+    pub fn put(
+        &mut self,
+        idx: usize,
+        stamp: u64,
+        fit: &NodeFit,
+        outcome: &Result<u64, FilterReason>,
+        local: u64,
+    ) {
+        if fit.has(NodeFit::NODE_FILTERED | NodeFit::SOFT_TAINTS) {
+            return;
+        }
+        let (copies, short) = match outcome {
+            Ok(copies) if *copies > 0 => (*copies, 0),
+            Err(FilterReason::Insufficient(name)) => match dim_of(name) {
+                Some(d) => (0, d),
+                None => return,
+            },
+            _ => return,
+        };
+        if let Some(entry) = self.entries.get_mut(idx) {
+            *entry = Entry {
+                stamp,
+                copies,
+                local,
+                short,
+            };
+        }
+    }
+}
+
+fn dim_of(name: &ResourceName) -> Option<u8> {
+    match name {
+        ResourceName::Cpu => Some(0),
+        ResourceName::Memory => Some(1),
+        ResourceName::Pods => Some(2),
+        ResourceName::EphemeralStorage => Some(3),
+        ResourceName::Extended(_) => None,
+    }
+}
+
+fn dim_name(d: u8) -> ResourceName {
+    match d {
+        0 => ResourceName::Cpu,
+        1 => ResourceName::Memory,
+        2 => ResourceName::Pods,
+        _ => ResourceName::EphemeralStorage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain() -> NodeFit {
+        NodeFit {
+            allocatable: [4000, 1 << 30, 10, 0],
+            requested: [0; 4],
+            flags: 0,
+        }
+    }
+
+    fn seen(
+        slot: &TemplateSlot<'_>,
+        idx: usize,
+        stamp: u64,
+    ) -> Option<(Result<u64, FilterReason>, u64)> {
+        slot.get(idx, stamp).map(|hit| (hit.outcome(), hit.local))
+    }
+
+    #[test]
+    fn entries_are_used_only_for_the_stamp_they_were_computed_for() {
+        let mut cache = FitCache::default();
+        let spec = PodSpec::default();
+        let profile = Profile::default();
+        let mut slot = cache.template(&spec, &profile, 3);
+        assert_eq!(seen(&slot, 1, 7), None, "empty");
+        slot.put(1, 7, &plain(), &Ok(4), 170);
+        assert_eq!(seen(&slot, 1, 7), Some((Ok(4), 170)));
+        assert_eq!(seen(&slot, 1, 8), None, "the node changed since");
+        let short = Err(FilterReason::Insufficient(ResourceName::Memory));
+        slot.put(1, 8, &plain(), &short, 0);
+        assert_eq!(seen(&slot, 1, 8), Some((short, 0)));
+        assert_eq!(seen(&slot, 1, 7), None, "replaced");
+        slot.put(2, 9, &plain(), &Err(FilterReason::NodeNotReady), 0);
+        assert_eq!(seen(&slot, 2, 9), None, "only fits and shortfalls are kept");
+        let mut sick = plain();
+        sick.flags = NodeFit::NOT_READY;
+        slot.put(2, 10, &sick, &Ok(1), 0);
+        assert_eq!(
+            seen(&slot, 2, 10),
+            None,
+            "nodes with condition flags are not kept"
+        );
+        assert_eq!(seen(&slot, 0, 0), None, "stamp 0 names nothing");
+    }
+
+    #[test]
+    fn templates_are_bounded_least_recently_used_first() {
+        let mut cache = FitCache::default();
+        let profile = Profile::default();
+        let spec = |cpu: u64| {
+            let mut s = PodSpec::default();
+            s.requests.cpu_milli = cpu;
+            s
+        };
+        for cpu in 0..CACHED_TEMPLATES_MAX as u64 {
+            cache
+                .template(&spec(cpu), &profile, 1)
+                .put(0, 1, &plain(), &Ok(1), cpu);
+        }
+        // Touch template 0 so that template 1 is the least recently used.
+        cache.template(&spec(0), &profile, 1);
+        cache.template(&spec(99), &profile, 1);
+        assert_eq!(cache.templates(), CACHED_TEMPLATES_MAX);
+        assert_eq!(
+            seen(&cache.template(&spec(0), &profile, 1), 0, 1),
+            Some((Ok(1), 0))
+        );
+        assert_eq!(seen(&cache.template(&spec(1), &profile, 1), 0, 1), None);
+        let other = Profile {
+            percentage_of_nodes_to_score: 100,
+            ..Profile::default()
+        };
+        assert_eq!(
+            seen(&cache.template(&spec(0), &other, 1), 0, 1),
+            None,
+            "per profile"
+        );
+    }
+}
