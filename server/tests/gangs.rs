@@ -291,6 +291,63 @@ async fn non_strict_accumulates_across_rounds_and_wait_time_releases_all() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn participant_leader_killed_during_reserve() {
+    let mut c = Cluster::start(3, 3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 3, 2, "4").await;
+    for (round, delay_ms) in [(0u64, 0u64), (1, 25), (2, 60)] {
+        // Twelve 1-cpu members: more than one shard's 8 cpus, so at least two shards reserve.
+        let shard = 1 + (round % 3);
+        let victim = c
+            .agreed_leader(shard, &[1, 2, 3])
+            .await
+            .expect("shard leader");
+        let via = [1, 2, 3]
+            .into_iter()
+            .find(|id| *id != victim)
+            .expect("another process");
+        let cl = client(&c, via).await;
+        let key = format!("pk-{round}");
+        let s = cl
+            .submit(submission(&key, vec![gang(&key, 12, 12, "1", 0)]))
+            .await
+            .expect("submit");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        c.kill(victim);
+        let placed = wait_state(&cl, s.id, "Placed", Duration::from_secs(30)).await;
+        assert_eq!(placed.placements.len(), 12);
+        let placed_nodes: BTreeMap<String, u32> =
+            placed.placements.iter().fold(BTreeMap::new(), |mut m, p| {
+                *m.entry(p.node.clone()).or_default() += 1;
+                m
+            });
+        // No reservation is left half: ledgers hold exactly the placed members.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let h = held(&cl).await;
+            if h == placed_nodes {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: ledgers hold {h:?}, placed {placed_nodes:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cl.release(s.id).await.expect("release");
+        wait_state(&cl, s.id, "Released", Duration::from_secs(10)).await;
+        c.spawn(victim);
+        c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+        assert!(
+            held(&cl).await.is_empty(),
+            "round {round}: everything released"
+        );
+    }
+    c.wait_converged(&[1, 2, 3], Duration::from_secs(20)).await;
+}
+
 async fn coordinator_crash(failpoint: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let env = vec![
