@@ -3,6 +3,7 @@
 //! with a one-line message and exit code 1.
 
 use clap::{Parser, Subcommand};
+use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
@@ -36,6 +37,8 @@ enum Bench {
     Raft(RaftBenchArgs),
     /// Placement engine and shard ledger throughput on one core, and memory per node.
     Engine(EngineBenchArgs),
+    /// End to end: three real processes, nodes through the Inventory API, gangs through the client.
+    E2e(E2eBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -55,6 +58,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Engine(args),
         } => bench::engine::run_bench(args),
+        Command::Bench {
+            which: Bench::E2e(args),
+        } => bench::e2e::run(args).await,
     }
 }
 

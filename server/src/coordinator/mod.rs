@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{
-    Decision, GroupRecord, GroupState, MetaCommand, MetaQuery, MetaReply, Placement,
+    Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, Placement,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{
@@ -40,6 +40,8 @@ pub const COORDINATOR_TICK_MS: u64 = 20;
 pub const RESERVE_TTL_MS: u64 = 10_000;
 /// Most groups looked at in one round.
 pub const GROUPS_PER_ROUND_MAX: usize = 256;
+/// Most members planned together in one batched round.
+pub const BATCH_MEMBERS_MAX: usize = 8_192;
 
 /// The coordinator of one replica.
 pub struct Coordinator {
@@ -99,13 +101,25 @@ impl Coordinator {
         else {
             return Ok(());
         };
-        for record in records.into_iter().take(GROUPS_PER_ROUND_MAX) {
+        let records: Vec<GroupRecord> = records.into_iter().take(GROUPS_PER_ROUND_MAX).collect();
+        let now = now_ms();
+        let ready: Vec<&GroupRecord> = records
+            .iter()
+            .filter(|r| {
+                r.state == GroupState::Queued
+                    && r.not_before_ms <= now
+                    && r.deadline_ms.is_none_or(|d| d > now)
+            })
+            .collect();
+        let batched = self.place_batch(&ready).await;
+        for record in &records {
             let seq = record.seq;
             let result = match record.state {
-                GroupState::Queued => self.queued(&record).await,
-                GroupState::Placing { txn } => self.recover(&record, txn).await,
-                GroupState::Releasing { .. } => self.release(&record).await,
-                GroupState::Placed if first_round => self.finish_commit(&record).await,
+                GroupState::Queued if batched.contains(&seq) => Ok(()),
+                GroupState::Queued => self.queued(record).await,
+                GroupState::Placing { txn } => self.recover(record, txn).await,
+                GroupState::Releasing { .. } => self.release(record).await,
+                GroupState::Placed if first_round => self.finish_commit(record).await,
                 _ => Ok(()),
             };
             if let Err(e) = result {
@@ -113,6 +127,81 @@ impl Coordinator {
             }
         }
         Ok(())
+    }
+
+    /// Places, in one pass, every ready group that one shard can hold whole:
+    /// one plan query per shard for all of them (the engine accounts the
+    /// capacity each takes), each group to the first shard whose plan holds
+    /// all its members, then all of them committed concurrently (their Raft
+    /// writes batch). Returns the groups it handled; the rest take the
+    /// one-at-a-time path, which can split a group over shards.
+    async fn place_batch(&self, ready: &[&GroupRecord]) -> BTreeSet<GroupSeq> {
+        let mut batch: Vec<(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = Vec::new();
+        let mut total = 0usize;
+        for r in ready.iter().filter(|r| r.placements.is_empty()) {
+            let members = Self::members(r);
+            if total + members.len() > BATCH_MEMBERS_MAX {
+                break;
+            }
+            total += members.len();
+            batch.push((r, members));
+        }
+        if batch.len() < 2 {
+            return BTreeSet::new();
+        }
+        let all: Vec<(MemberKey, PodSpec)> =
+            batch.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
+        let plans = self.plans(&all).await;
+        let slots: BTreeMap<u32, BTreeMap<MemberKey, ReserveMember>> = plans
+            .into_iter()
+            .map(|(shard, p)| {
+                (
+                    shard,
+                    p.assignments
+                        .into_iter()
+                        .map(|a| (a.member.clone(), a))
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut chosen = Vec::new();
+        for (r, members) in &batch {
+            let whole = slots.iter().find_map(|(shard, placed)| {
+                let mine: Option<Vec<ReserveMember>> = members
+                    .iter()
+                    .map(|(k, _)| placed.get(k).cloned())
+                    .collect();
+                mine.map(|m| (*shard, m))
+            });
+            if let Some((shard, mine)) = whole {
+                chosen.push((*r, shard, mine));
+            }
+        }
+        let runs = chosen.iter().map(|(r, shard, members)| async move {
+            let a = Assignment { per_shard: BTreeMap::from([(*shard, members.clone())]) };
+            if let Err(e) = self.commit_in_one_shard(r, *shard, &a).await {
+                tracing::warn!(group = r.seq, error = %e, "batched placement failed; retrying next round");
+            }
+        });
+        join_all(runs).await;
+        chosen.iter().map(|(r, _, _)| r.seq).collect()
+    }
+
+    async fn commit_in_one_shard(
+        &self,
+        r: &GroupRecord,
+        shard: u32,
+        a: &Assignment,
+    ) -> Result<(), GroupError> {
+        let begin = MetaCommand::BeginTxn {
+            seq: r.seq,
+            participants: vec![shard],
+            at_ms: now_ms(),
+        };
+        let MetaReply::TxnBegun { txn } = self.groups.meta(&begin).await? else {
+            return Ok(());
+        };
+        self.place_in_one_shard(txn, shard, a).await
     }
 
     async fn queued(&self, r: &GroupRecord) -> Result<(), GroupError> {
