@@ -229,7 +229,7 @@ async fn run_size(
                 submitted.len()
             );
         }
-        for g in client.list_groups(true).await? {
+        for g in client.list_groups(false).await? {
             if g.state == "Placed" {
                 if let Some(at) = submitted.remove(&g.id) {
                     latencies_ms.push(at.elapsed().as_millis() as u64);

@@ -94,14 +94,15 @@ impl Coordinator {
     }
 
     async fn round(&self, first_round: bool) -> Result<(), GroupError> {
-        let MetaReply::Groups { records } = self
-            .groups
-            .meta_query(&MetaQuery::Groups { active_only: true })
-            .await?
-        else {
+        if first_round {
+            self.finish_commits().await?;
+        }
+        let pending = MetaQuery::Pending {
+            limit: GROUPS_PER_ROUND_MAX as u32,
+        };
+        let MetaReply::Groups { records } = self.groups.meta_query(&pending).await? else {
             return Ok(());
         };
-        let records: Vec<GroupRecord> = records.into_iter().take(GROUPS_PER_ROUND_MAX).collect();
         let now = now_ms();
         let ready: Vec<&GroupRecord> = records
             .iter()
@@ -119,7 +120,6 @@ impl Coordinator {
                 GroupState::Queued => self.queued(record).await,
                 GroupState::Placing { txn } => self.recover(record, txn).await,
                 GroupState::Releasing { .. } => self.release(record).await,
-                GroupState::Placed if first_round => self.finish_commit(record).await,
                 _ => Ok(()),
             };
             if let Err(e) = result {
@@ -473,7 +473,22 @@ impl Coordinator {
         Ok(())
     }
 
-    /// After a meta failover, commits of placed groups may not have reached every participant.
+    /// After a meta failover, commits of placed groups may not have reached
+    /// every participant: push them again (commits are idempotent).
+    async fn finish_commits(&self) -> Result<(), GroupError> {
+        let MetaReply::Groups { records } = self
+            .groups
+            .meta_query(&MetaQuery::Groups { active_only: true })
+            .await?
+        else {
+            return Ok(());
+        };
+        for r in records.iter().filter(|r| r.state == GroupState::Placed) {
+            self.finish_commit(r).await?;
+        }
+        Ok(())
+    }
+
     async fn finish_commit(&self, r: &GroupRecord) -> Result<(), GroupError> {
         let Some(txn) = r.txn else { return Ok(()) };
         if let MetaReply::Txn { record: Some(t) } =

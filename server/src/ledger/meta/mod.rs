@@ -204,6 +204,11 @@ pub enum MetaQuery {
         /// The transaction.
         txn: TxnId,
     },
+    /// Groups the coordinator must act on (queued, placing, releasing), in queue order.
+    Pending {
+        /// At most this many.
+        limit: u32,
+    },
 }
 
 /// The meta group's replicated state.
@@ -297,6 +302,17 @@ impl MetaState {
                     .cloned()
                     .collect();
                 records.sort_by_key(GroupRecord::order_key);
+                MetaReply::Groups { records }
+            }
+            MetaQuery::Pending { limit } => {
+                let mut records: Vec<GroupRecord> = self
+                    .groups
+                    .values()
+                    .filter(|r| !r.state.is_terminal() && r.state != GroupState::Placed)
+                    .cloned()
+                    .collect();
+                records.sort_by_key(GroupRecord::order_key);
+                records.truncate(*limit as usize);
                 MetaReply::Groups { records }
             }
             MetaQuery::Txn { txn } => MetaReply::Txn {

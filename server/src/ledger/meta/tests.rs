@@ -322,6 +322,25 @@ fn non_strict_members_accumulate_until_min_member() {
 }
 
 #[test]
+fn pending_work_leaves_out_placed_groups() {
+    let mut m = MetaState::new(2);
+    let placed = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 5)]), 0);
+    let txn = begin(&mut m, placed, 1);
+    decide(&mut m, txn, Decision::Commit, 2);
+    let queued = submit(&mut m, "b", group("b", vec![gang("b", 1, 1, 0, 0)]), 3);
+    match m.query(&MetaQuery::Pending { limit: 1 }) {
+        MetaReply::Groups { records } => {
+            assert_eq!(
+                records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+                vec![queued],
+                "a placed group never crowds out queued ones"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn queue_order_is_priority_then_submission() {
     let mut m = MetaState::new(2);
     let low = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 1)]), 0);
