@@ -147,45 +147,26 @@ fn print_group(s: &GangGroupStatus, output: Output) {
                        "version": s.version})
             );
         }
+        Output::Table => print_groups(std::slice::from_ref(s), output),
+    }
+}
+
+fn print_groups(list: &[GangGroupStatus], output: Output) {
+    match output {
+        Output::Json => list.iter().for_each(|s| print_group(s, output)),
         Output::Table => {
             println!(
                 "{:<6} {:<24} {:<10} {:<8} {:<8} REASON",
                 "ID", "NAME", "STATE", "MEMBERS", "PLACED"
             );
-            println!(
-                "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
-                s.id,
-                s.name,
-                s.state,
-                s.members,
-                s.placements.len(),
-                s.reason
-            );
+            for s in list {
+                let placed = s.placements.len();
+                println!(
+                    "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
+                    s.id, s.name, s.state, s.members, placed, s.reason
+                );
+            }
         }
-    }
-}
-
-fn print_groups(list: &[GangGroupStatus], output: Output) {
-    if let Output::Json = output {
-        for s in list {
-            print_group(s, output);
-        }
-        return;
-    }
-    println!(
-        "{:<6} {:<24} {:<10} {:<8} {:<8} REASON",
-        "ID", "NAME", "STATE", "MEMBERS", "PLACED"
-    );
-    for s in list {
-        println!(
-            "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
-            s.id,
-            s.name,
-            s.state,
-            s.members,
-            s.placements.len(),
-            s.reason
-        );
     }
 }
 

@@ -118,7 +118,7 @@ impl Coordinator {
             let result = match record.state {
                 GroupState::Queued if batched.contains(&seq) => Ok(()),
                 GroupState::Queued => self.queued(record).await,
-                GroupState::Placing { txn } => self.recover(record, txn).await,
+                GroupState::Placing { txn } => self.recover(txn).await,
                 GroupState::Releasing { .. } => self.release(record).await,
                 _ => Ok(()),
             };
@@ -405,7 +405,7 @@ impl Coordinator {
     }
 
     /// A group left in Placing by an earlier coordinator: its transaction is undecided.
-    async fn recover(&self, r: &GroupRecord, txn: TxnId) -> Result<(), GroupError> {
+    async fn recover(&self, txn: TxnId) -> Result<(), GroupError> {
         let MetaReply::Txn { record: Some(t) } =
             self.groups.meta_query(&MetaQuery::Txn { txn }).await?
         else {
@@ -416,7 +416,7 @@ impl Coordinator {
             return Ok(());
         }
         if let [shard] = t.participants[..] {
-            return self.recover_one_shard(r, txn, shard).await;
+            return self.recover_one_shard(txn, shard).await;
         }
         let decided = self
             .decide(
@@ -432,12 +432,7 @@ impl Coordinator {
 
     /// In the one-shard path the shard is authoritative: abort there first (a
     /// tombstone if it never saw the entry); if it had committed, record that.
-    async fn recover_one_shard(
-        &self,
-        _r: &GroupRecord,
-        txn: TxnId,
-        shard: u32,
-    ) -> Result<(), GroupError> {
+    async fn recover_one_shard(&self, txn: TxnId, shard: u32) -> Result<(), GroupError> {
         match self
             .groups
             .shard(shard, LedgerOp::Abort { txn_id: txn })
