@@ -167,15 +167,28 @@ impl Client {
     }
 
     /// Submits a gang group; the same idempotency key always yields the same group.
+    ///
+    /// Without a key one is made here, so that retrying a submission whose
+    /// answer was lost (the replica failed over) can never create a second group.
     pub async fn submit(
         &self,
-        request: SubmitGangGroupRequest,
+        mut request: SubmitGangGroupRequest,
     ) -> Result<GangGroupStatus, ClientError> {
-        Ok(self
-            .scheduler()
-            .submit_gang_group(request)
-            .await?
-            .into_inner())
+        if request.idempotency_key.is_empty() {
+            request.idempotency_key = new_idempotency_key(&request.name);
+        }
+        let mut attempt = 1;
+        loop {
+            match self.scheduler().submit_gang_group(request.clone()).await {
+                Ok(reply) => return Ok(reply.into_inner()),
+                Err(status) if is_transient(&status) && attempt < SUBMIT_ATTEMPTS_MAX => {
+                    tokio::time::sleep(Duration::from_millis(SUBMIT_RETRY_BASE_MS << attempt))
+                        .await;
+                    attempt += 1;
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
     }
 
     /// A gang group's status.
@@ -255,6 +268,26 @@ impl Client {
             .into_inner()
             .shards)
     }
+}
+
+/// Attempts of one submission before its error is returned.
+pub const SUBMIT_ATTEMPTS_MAX: u32 = 6;
+/// First retry delay of a submission; doubles per attempt.
+pub const SUBMIT_RETRY_BASE_MS: u64 = 50;
+
+fn is_transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+    )
+}
+
+fn new_idempotency_key(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{name}-{nanos}-{}", std::process::id())
 }
 
 /// States in which a gang group has ended.

@@ -32,6 +32,46 @@ async fn leader_failover_restart_and_snapshot_rejoin() {
         acked.insert(name);
     }
 
+    // Every group committed writes: the meta group (shard map) and each shard (nodes).
+    let status = c.status(1, false).await.expect("status");
+    assert!(
+        status.groups.iter().all(|g| g.applied_index >= 2),
+        "every group applied writes: {:?}",
+        status.groups
+    );
+    let shards: BTreeSet<u32> = c
+        .inventory(1)
+        .await
+        .list_nodes(gangway_proto::v1::ListNodesRequest { shard: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .nodes
+        .iter()
+        .map(|n| n.shard)
+        .collect();
+    assert_eq!(
+        shards,
+        BTreeSet::from([1, 2]),
+        "nodes landed in both shards"
+    );
+
+    // The HTTP endpoints: ready, and per-group Raft metrics.
+    let http = c.procs[&1].http.clone();
+    let (code, body) = support::http_get(&http, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    let (code, metrics) = support::http_get(&http, "/metrics").await;
+    assert_eq!(code, 200);
+    for name in [
+        "gangway_raft_term",
+        "gangway_raft_leader_changes_total",
+        "gangway_raft_commit_index",
+        "gangway_raft_apply_lag",
+        "gangway_raft_append_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}");
+    }
+
     // SIGKILL the meta group's leader: the survivors elect a new one within 2 s.
     let old = c
         .agreed_leader(META, &[1, 2, 3])

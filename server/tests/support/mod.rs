@@ -358,6 +358,35 @@ pub async fn list_names(inv: &mut InventoryClient<Channel>) -> Vec<String> {
     names
 }
 
+/// GET `path` from `addr` over plain HTTP/1.1; (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the HTTP endpoint");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send request");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("HTTP answer within 5 s")
+        .expect("read answer");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
 /// A client connected to process `id`.
 pub async fn client(c: &Cluster, id: u64) -> gangway_client::Client {
     let _ = c.admin(id).await;
