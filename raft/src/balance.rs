@@ -44,13 +44,10 @@ pub fn plan(
         }
     }
     let mut moves = Vec::new();
-    loop {
-        let Some((&busiest, &n)) = count
-            .iter()
-            .max_by_key(|(id, c)| (**c, std::cmp::Reverse(**id)))
-        else {
-            break;
-        };
+    while let Some((&busiest, &n)) = count
+        .iter()
+        .max_by_key(|(id, c)| (**c, std::cmp::Reverse(**id)))
+    {
         if n <= max {
             break;
         }

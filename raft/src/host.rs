@@ -95,6 +95,17 @@ pub struct HostConfig {
     pub timing: RaftTiming,
 }
 
+/// What every group of a host is opened with.
+#[derive(Clone, Copy)]
+struct GroupDeps<'a> {
+    cfg: &'a HostConfig,
+    cluster_id: &'a Arc<str>,
+    store: &'a Arc<dyn KvStore>,
+    sync: &'a SyncHandle,
+    pool: &'a Arc<PeerPool>,
+    factory: &'a StateMachineFactory,
+}
+
 /// One group's replica in this process.
 pub(crate) struct Group {
     pub(crate) id: GroupId,
@@ -175,11 +186,17 @@ impl RaftHost {
         let (shutdown, _) = watch::channel(false);
         let mut groups = BTreeMap::new();
         let mut proposer_tasks = Vec::new();
+        let deps = GroupDeps {
+            cfg: &cfg,
+            cluster_id: &cluster_id,
+            store: &store,
+            sync: &sync,
+            pool: &pool,
+            factory,
+        };
         for &gid in &cfg.groups {
             let stop = shutdown.subscribe();
-            let (group, task) =
-                Self::open_group(&cfg, &cluster_id, gid, &store, &sync, &pool, factory, stop)
-                    .await?;
+            let (group, task) = Self::open_group(&deps, gid, stop).await?;
             groups.insert(gid, Arc::new(group));
             proposer_tasks.push(task);
         }
@@ -208,15 +225,18 @@ impl RaftHost {
     }
 
     async fn open_group(
-        cfg: &HostConfig,
-        cluster_id: &Arc<str>,
+        deps: &GroupDeps<'_>,
         gid: GroupId,
-        store: &Arc<dyn KvStore>,
-        sync: &SyncHandle,
-        pool: &Arc<PeerPool>,
-        factory: &StateMachineFactory,
         stop: watch::Receiver<bool>,
     ) -> Result<(Group, impl std::future::Future<Output = ()>), HostError> {
+        let GroupDeps {
+            cfg,
+            cluster_id,
+            store,
+            sync,
+            pool,
+            factory,
+        } = *deps;
         let committed_next = Arc::new(AtomicU64::new(0));
         let log = LogStore::new(
             gid,

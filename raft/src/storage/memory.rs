@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{KvStore, KvTree, StoreError, WriteOp};
+use super::{KvPair, KvStore, KvTree, StoreError, WriteOp};
 
 /// A store whose trees live in memory.
 #[derive(Default)]
@@ -20,13 +20,15 @@ impl MemoryStore {
     }
 }
 
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
 #[derive(Default)]
 struct MemoryTree {
-    map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    map: Mutex<Map>,
 }
 
 impl MemoryTree {
-    fn lock(&self) -> Result<MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>>, StoreError> {
+    fn lock(&self) -> Result<MutexGuard<'_, Map>, StoreError> {
         self.map
             .lock()
             .map_err(|_| StoreError::Io("memory tree lock poisoned".into()))
@@ -58,7 +60,7 @@ impl KvTree for MemoryTree {
         from: &[u8],
         to: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    ) -> Result<Vec<KvPair>, StoreError> {
         let map = self.lock()?;
         let upper = match to {
             Some(to) => Bound::Excluded(to.to_vec()),
@@ -71,7 +73,7 @@ impl KvTree for MemoryTree {
             .collect())
     }
 
-    fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn last(&self) -> Result<Option<KvPair>, StoreError> {
         Ok(self
             .lock()?
             .iter()

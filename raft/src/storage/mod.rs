@@ -37,6 +37,9 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// A stored key and its value.
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
 /// One write in an atomic batch.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -53,14 +56,10 @@ pub trait KvTree: Send + Sync + 'static {
     /// Applies every op of `batch` atomically.
     fn apply(&self, batch: Vec<WriteOp>) -> Result<(), StoreError>;
     /// Entries with `from <= key < to` (`to = None`: no upper bound), in key order, at most `limit`.
-    fn scan(
-        &self,
-        from: &[u8],
-        to: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan(&self, from: &[u8], to: Option<&[u8]>, limit: usize)
+        -> Result<Vec<KvPair>, StoreError>;
     /// The entry with the greatest key.
-    fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn last(&self) -> Result<Option<KvPair>, StoreError>;
 }
 
 /// A process-wide store holding many trees.

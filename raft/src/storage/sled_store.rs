@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{KvStore, KvTree, StoreError, WriteOp};
+use super::{KvPair, KvStore, KvTree, StoreError, WriteOp};
 
 /// Default bound on sled's page cache.
 pub const SLED_CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -52,7 +52,7 @@ impl KvTree for SledTree {
         from: &[u8],
         to: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    ) -> Result<Vec<KvPair>, StoreError> {
         let iter = match to {
             Some(to) => self.0.range(from..to),
             None => self.0.range(from..),
@@ -65,7 +65,7 @@ impl KvTree for SledTree {
         Ok(out)
     }
 
-    fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn last(&self) -> Result<Option<KvPair>, StoreError> {
         Ok(self.0.last()?.map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 }

@@ -101,7 +101,7 @@ pub fn validate_node(spec: &NodeSpec) -> Result<Node, Status> {
 pub fn quantities(r: &Resources) -> HashMap<String, String> {
     let mut out = HashMap::new();
     if r.cpu_milli > 0 {
-        let cpu = if r.cpu_milli % 1000 == 0 {
+        let cpu = if r.cpu_milli.is_multiple_of(1000) {
             (r.cpu_milli / 1000).to_string()
         } else {
             format!("{}m", r.cpu_milli)
@@ -133,7 +133,7 @@ fn bytes(n: u64) -> String {
         ("Mi", 1 << 20),
         ("Ki", 1 << 10),
     ] {
-        if n % unit == 0 {
+        if n.is_multiple_of(unit) {
             return format!("{}{suffix}", n / unit);
         }
     }
