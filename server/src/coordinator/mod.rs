@@ -15,6 +15,7 @@
 pub mod assign;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -49,6 +50,8 @@ pub struct Coordinator {
     shards: u32,
     profile: Profile,
     failpoints: Failpoints,
+    /// Rounds run, to rotate the shard asked first.
+    rounds: AtomicU32,
 }
 
 /// What a reservation attempt on one participant came to.
@@ -65,6 +68,7 @@ impl Coordinator {
             shards,
             profile,
             failpoints,
+            rounds: AtomicU32::new(0),
         }
     }
 
@@ -129,12 +133,13 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Places, in one pass, every ready group that one shard can hold whole:
-    /// one plan query per shard for all of them (the engine accounts the
-    /// capacity each takes), each group to the first shard whose plan holds
-    /// all its members, then all of them committed concurrently (their Raft
-    /// writes batch). Returns the groups it handled; the rest take the
-    /// one-at-a-time path, which can split a group over shards.
+    /// Places, in one pass, every ready group that one shard can hold whole.
+    /// Shards are asked in turn (starting at a shard that rotates per round):
+    /// each plans only the groups no earlier shard could hold, in one query
+    /// (the engine accounts the capacity each takes). Then all chosen groups
+    /// commit concurrently (their Raft writes batch). Returns the groups it
+    /// handled; the rest take the one-at-a-time path, which can split a group
+    /// over shards.
     async fn place_batch(&self, ready: &[&GroupRecord]) -> BTreeSet<GroupSeq> {
         let mut batch: Vec<(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = Vec::new();
         let mut total = 0usize;
@@ -149,33 +154,37 @@ impl Coordinator {
         if batch.len() < 2 {
             return BTreeSet::new();
         }
-        let all: Vec<(MemberKey, PodSpec)> =
-            batch.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
-        let plans = self.plans(&all).await;
-        let slots: BTreeMap<u32, BTreeMap<MemberKey, ReserveMember>> = plans
-            .into_iter()
-            .map(|(shard, p)| {
-                (
-                    shard,
-                    p.assignments
-                        .into_iter()
-                        .map(|a| (a.member.clone(), a))
-                        .collect(),
-                )
-            })
-            .collect();
         let mut chosen = Vec::new();
-        for (r, members) in &batch {
-            let whole = slots.iter().find_map(|(shard, placed)| {
+        let mut left: Vec<&(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = batch.iter().collect();
+        let start = self.rounds.fetch_add(1, Ordering::Relaxed) % self.shards;
+        for k in 0..self.shards {
+            if left.is_empty() {
+                break;
+            }
+            let shard = 1 + (start + k) % self.shards;
+            let members: Vec<(MemberKey, PodSpec)> =
+                left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
+            let Some(plan) = self.plan(shard, &members).await else {
+                continue;
+            };
+            let placed: BTreeMap<MemberKey, ReserveMember> = plan
+                .assignments
+                .into_iter()
+                .map(|a| (a.member.clone(), a))
+                .collect();
+            left.retain(|(r, members)| {
                 let mine: Option<Vec<ReserveMember>> = members
                     .iter()
                     .map(|(k, _)| placed.get(k).cloned())
                     .collect();
-                mine.map(|m| (*shard, m))
+                match mine {
+                    Some(m) => {
+                        chosen.push((*r, shard, m));
+                        false
+                    }
+                    None => true,
+                }
             });
-            if let Some((shard, mine)) = whole {
-                chosen.push((*r, shard, mine));
-            }
         }
         let runs = chosen.iter().map(|(r, shard, members)| async move {
             let a = Assignment { per_shard: BTreeMap::from([(*shard, members.clone())]) };
@@ -231,6 +240,24 @@ impl Coordinator {
                     .map(move |m| (g.member_key(m), m.spec.clone()))
             })
             .collect()
+    }
+
+    async fn plan(&self, shard: u32, members: &[(MemberKey, PodSpec)]) -> Option<GangPlacement> {
+        let query = ShardQuery::Plan {
+            members: members.to_vec(),
+            profile: Box::new(self.profile.clone()),
+        };
+        match self.groups.shard_query(shard, &query).await {
+            Ok(ShardAnswer::Plan { placement }) => Some(placement),
+            Ok(other) => {
+                tracing::warn!(shard, ?other, "unexpected plan answer");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "shard could not plan; leaving it out");
+                None
+            }
+        }
     }
 
     async fn plans(&self, members: &[(MemberKey, PodSpec)]) -> BTreeMap<u32, GangPlacement> {
