@@ -14,7 +14,8 @@ use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
 use gangway_proto::v1::{
     GangGroupRef, GangGroupStatus, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest,
-    NodeInfo, NodeSpec, RegisterNodeRequest, ShardInfo, SubmitGangGroupRequest,
+    NodeInfo, NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo,
+    SubmitGangGroupRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -243,6 +244,16 @@ impl Client {
             .release_gang_group(GangGroupRef { id })
             .await?
             .into_inner())
+    }
+
+    /// Releases some members (`namespace/gang/member`) of a placed group; the rest stay placed.
+    pub async fn release_members(
+        &self,
+        id: u64,
+        members: Vec<String>,
+    ) -> Result<GangGroupStatus, ClientError> {
+        let req = ReleaseMembersRequest { id, members };
+        Ok(self.scheduler().release_members(req).await?.into_inner())
     }
 
     /// Gang groups (only unfinished ones unless `include_finished`).

@@ -70,10 +70,13 @@ enum Command {
         /// Gang group id.
         id: u64,
     },
-    /// Release a placed gang group whose work finished.
+    /// Release a placed gang group whose work finished (or only some of its members).
     Release {
         /// Gang group id.
         id: u64,
+        /// Release only this member (namespace/gang/member); repeat for several.
+        #[arg(long = "member")]
+        members: Vec<String>,
     },
     /// Shards with their leaders and node counts.
     Shards,
@@ -236,8 +239,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print_group(&client.cancel(id).await?, cli.output);
             Ok(())
         }
-        Command::Release { id } => {
-            print_group(&client.release(id).await?, cli.output);
+        Command::Release { id, members } => {
+            let status = if members.is_empty() {
+                client.release(id).await?
+            } else {
+                client.release_members(id, members).await?
+            };
+            print_group(&status, cli.output);
             Ok(())
         }
         Command::Shards => {

@@ -152,6 +152,24 @@ async fn strict_group_across_three_shards_is_all_or_nothing() {
         "the waiting gang holds nothing"
     );
 
+    // One member finishes: only its node is given back, the rest stay placed.
+    let one = &placed.placements[0];
+    let name = format!("{}/{}/{}", one.namespace, one.gang, one.member);
+    let after = cl
+        .release_members(first.id, vec![name.clone()])
+        .await
+        .expect("release one member");
+    assert_eq!(
+        (after.state.as_str(), after.placements.len()),
+        ("Placed", 5)
+    );
+    assert_eq!(held(&cl).await.values().sum::<u32>(), 5);
+    let err = cl
+        .release_members(first.id, vec![name])
+        .await
+        .expect_err("already released");
+    assert!(err.to_string().contains("not a placed member"), "{err}");
+
     // Releasing the first lets the second in.
     cl.release(first.id).await.expect("release");
     wait_state(&cl, first.id, "Released", Duration::from_secs(10)).await;

@@ -11,12 +11,14 @@ use std::time::Duration;
 use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
     GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
-    ListShardsReply, ListShardsRequest, MemberPlacement, ShardInfo, SubmitGangGroupRequest,
+    ListShardsReply, ListShardsRequest, MemberPlacement, ReleaseMembersRequest, ShardInfo,
+    SubmitGangGroupRequest,
 };
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::ledger::meta::{GroupRecord, GroupSeq, MetaCommand, MetaQuery, MetaReply};
+use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
 use crate::replicated::{now_ms, Groups};
@@ -321,6 +323,47 @@ impl Scheduler for SchedulerService {
             })
             .await?,
         ))
+    }
+
+    async fn release_members(
+        &self,
+        request: Request<ReleaseMembersRequest>,
+    ) -> Result<Response<GangGroupStatus>, Status> {
+        let req = request.into_inner();
+        if req.members.is_empty() {
+            return Err(Status::invalid_argument(
+                "members: name at least one member",
+            ));
+        }
+        let record = self.record(req.id).await?;
+        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+        for (i, name) in req.members.iter().enumerate() {
+            let Some(p) = record.placements.get(name) else {
+                return Err(Status::failed_precondition(format!(
+                    "members[{i}]: {name} is not a placed member of gang group {}",
+                    req.id
+                )));
+            };
+            let key = MemberKey::try_from(name.clone())
+                .map_err(|e| Status::invalid_argument(format!("members[{i}]: {e}")))?;
+            per_shard.entry(p.shard).or_default().push(key);
+        }
+        // Shards first (idempotent), then the record: a retry after a crash converges.
+        for (shard, members) in per_shard {
+            let op = LedgerOp::Release {
+                target: ReleaseTarget::Members(members),
+            };
+            self.groups
+                .shard(shard, op)
+                .await
+                .map_err(|e| e.to_status())?;
+        }
+        let cmd = MetaCommand::MembersReleased {
+            seq: req.id,
+            members: req.members,
+            at_ms: now_ms(),
+        };
+        Ok(Response::new(self.command(cmd).await?))
     }
 
     async fn list_gang_groups(

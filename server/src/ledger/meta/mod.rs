@@ -112,6 +112,15 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// Some members of a placed group finished and were released on their shards.
+    MembersReleased {
+        /// The group.
+        seq: GroupSeq,
+        /// Member keys (`ns/gang/member`).
+        members: Vec<String>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
     /// The coordinator released a group's members on every shard.
     ReleaseDone {
         /// The group.
@@ -274,6 +283,9 @@ impl MetaState {
             MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
             MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
             MetaCommand::Release { seq, .. } => self.release(*seq),
+            MetaCommand::MembersReleased { seq, members, .. } => {
+                self.members_released(*seq, members)
+            }
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
         }
     }
@@ -562,6 +574,37 @@ impl MetaState {
                 other.name()
             )),
         }
+    }
+
+    fn members_released(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        if g.state != GroupState::Placed {
+            return rejected(format!(
+                "gang group {seq} is {}, not Placed",
+                g.state.name()
+            ));
+        }
+        if let Some(unknown) = members.iter().find(|m| !g.placements.contains_key(*m)) {
+            return rejected(format!(
+                "members: {unknown} is not a placed member of gang group {seq}"
+            ));
+        }
+        for m in members {
+            g.placements.remove(m);
+        }
+        g.version += 1;
+        if g.placements.is_empty() {
+            g.state = GroupState::Done {
+                how: Terminal::Released,
+            };
+        }
+        let reply = MetaReply::Group {
+            record: Box::new(g.clone()),
+        };
+        self.forget_old_groups();
+        reply
     }
 
     fn release_done(&mut self, seq: GroupSeq) -> MetaReply {

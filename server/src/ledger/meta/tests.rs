@@ -341,6 +341,36 @@ fn pending_work_leaves_out_placed_groups() {
 }
 
 #[test]
+fn members_are_released_one_by_one_until_the_group_ends() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    decide(&mut m, txn, Decision::Commit, 2);
+    let bad = m.apply(&MetaCommand::MembersReleased {
+        seq,
+        members: vec!["default/a/zz".into()],
+        at_ms: 3,
+    });
+    assert!(matches!(bad, MetaReply::Rejected { reason } if reason.starts_with("members:")));
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Placed,
+        "a refused release changes nothing"
+    );
+    m.apply(&MetaCommand::MembersReleased {
+        seq,
+        members: vec!["default/a/m0".into()],
+        at_ms: 4,
+    });
+    assert_eq!(
+        state(&m, seq).state,
+        GroupState::Done {
+            how: Terminal::Released
+        }
+    );
+}
+
+#[test]
 fn queue_order_is_priority_then_submission() {
     let mut m = MetaState::new(2);
     let low = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 1)]), 0);
@@ -412,6 +442,11 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Cancel { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Release { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::ReleaseDone { seq, at_ms }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::MembersReleased {
+            seq,
+            members: vec!["default/a/m0".into()],
+            at_ms,
+        }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Expire { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Requeue {
             seq,
