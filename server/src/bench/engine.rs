@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::engine::bench::{run, run_gangs, BenchReport};
+use crate::engine::bench::{run, run_device_gangs, run_devices, run_gangs, BenchReport};
 use crate::ledger::{LedgerCommand, LedgerOp, ShardLedger};
 use crate::model::{Node, Resources};
 
@@ -36,6 +36,21 @@ pub struct EngineBenchArgs {
     /// Nodes registered to measure memory per node.
     #[arg(long, default_value_t = 50_000)]
     pub memory_nodes: usize,
+    /// Run the device workloads instead: GPUs chosen by CEL selectors, and MIG-like slices for gangs.
+    #[arg(long)]
+    pub devices: bool,
+    /// Nodes (8 GPUs each) for the single-pod device run.
+    #[arg(long, default_value_t = 500)]
+    pub device_nodes: usize,
+    /// Pods (one claim for one GPU each) for the single-pod device run.
+    #[arg(long, default_value_t = 4_000)]
+    pub device_pods: usize,
+    /// Nodes (8 GPUs cut into slices) for the device gang run.
+    #[arg(long, default_value_t = 2_000)]
+    pub slice_nodes: usize,
+    /// Gangs of 64 pods with 2 slices each for the device gang run.
+    #[arg(long, default_value_t = 200)]
+    pub slice_gangs: usize,
 }
 
 /// Runs the benchmark and prints a markdown table.
@@ -51,6 +66,9 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
     }
     if args.pods == 0 || args.gangs == 0 || args.members == 0 {
         bail!("--pods, --gangs and --members must be >= 1");
+    }
+    if args.devices {
+        return run_device_bench(&args);
     }
     // Memory first: later workloads free memory that this would reuse.
     let per_node = memory_per_node(args.memory_nodes);
@@ -86,6 +104,45 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
             println!("\nmemory per registered node: not measurable here (no /proc/self/status)")
         }
     }
+    Ok(())
+}
+
+/// Members per gang in the device gang run.
+pub const SLICE_GANG_MEMBERS: usize = 64;
+
+fn run_device_bench(args: &EngineBenchArgs) -> anyhow::Result<()> {
+    for (flag, n) in [
+        ("--device-nodes", args.device_nodes),
+        ("--slice-nodes", args.slice_nodes),
+    ] {
+        if n == 0 || n > BENCH_NODES_MAX {
+            bail!("{flag}: {n} is not in 1..={BENCH_NODES_MAX}");
+        }
+    }
+    if args.device_pods == 0 || args.slice_gangs == 0 {
+        bail!("--device-pods and --slice-gangs must be >= 1");
+    }
+    let started = Instant::now();
+    let single = run_devices(args.device_nodes, args.device_pods);
+    let single_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let gangs = run_device_gangs(args.slice_nodes, args.slice_gangs, SLICE_GANG_MEMBERS);
+    let gangs_s = started.elapsed().as_secs_f64();
+    println!("| workload | nodes | placed | devices | seconds | rate |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| pods with one claim for 1 GPU by CEL (model, memory), one at a time | {} | {} of {} pods | {} | {single_s:.3} | {:.0} pods/s |",
+        single.nodes, single.pods_placed, single.pods_requested, single.devices_allocated, single.pods_placed as f64 / single_s
+    );
+    println!(
+        "| gangs of {SLICE_GANG_MEMBERS} pods, 2 MIG-like slices each (setup included) | {} | {} of {} pods | {} | {gangs_s:.3} | {:.0} gangs/s ({:.0} pods/s) |",
+        gangs.nodes,
+        gangs.pods_placed,
+        gangs.pods_requested,
+        gangs.devices_allocated,
+        gangs.gangs_placed as f64 / gangs_s,
+        gangs.pods_placed as f64 / gangs_s
+    );
     Ok(())
 }
 

@@ -2,10 +2,16 @@
 //!
 //! Owns [`run`] (single pods placed one by one: quote-free placement, Reserve, Commit)
 //! and [`run_gangs`] (whole gangs placed as batches, Reserve, Commit), over a synthetic
-//! fleet from [`fleet`], both through one [`Placer`] with the default profile, as a
-//! shard leader places. They do no timing and read no clock: the caller times them and
-//! reads the counts in [`BenchReport`]. Deterministic: the same sizes give the same
-//! report. Called by benchmark harnesses and tests.
+//! fleet from [`fleet`], and the device workloads: [`run_devices`] (nodes with
+//! [`BENCH_GPUS_PER_NODE`] GPUs published as a pool, every pod claiming one GPU through
+//! a CEL selector on model and memory, placed one at a time) and [`run_device_gangs`]
+//! (GPUs partitioned into MIG-like slices that consume shared counters, gangs whose pods
+//! claim two slices each). All go through one [`Placer`] with the default profile and
+//! the ledger, as a shard leader places. They do no timing and read no clock: the
+//! caller times them and reads the counts in [`BenchReport`]. Deterministic: the same
+//! sizes give the same report. Called by benchmark harnesses and tests.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +19,13 @@ use crate::engine::placement::{MemberRef, Placer};
 use crate::engine::profile::Profile;
 use crate::ledger::command::{LedgerCommand, LedgerOp, LedgerReply, ReserveMember, TxnId};
 use crate::ledger::shard::ShardLedger;
+use crate::model::claim::{
+    AdminAccess, AllocationMode, DeviceRequest, ExactRequest, PodClaim, RequestSpec,
+};
+use crate::model::device::{
+    AttributeValue, CelSelector, CounterConsumption, CounterSet, Device, DeviceCapacity,
+    DeviceClass, DeviceQuantity,
+};
 use crate::model::gang::{Gang, GangMode, Member, MemberKey};
 use crate::model::node::{Node, LABEL_HOSTNAME, LABEL_ZONE};
 use crate::model::pod::PodSpec;
@@ -44,7 +57,17 @@ pub struct BenchReport {
     pub ledger_commands: u64,
     /// Reservations the ledger refused.
     pub reserve_refusals: u64,
+    /// Devices allocated to committed pods.
+    #[serde(default)]
+    pub devices_allocated: u64,
 }
+
+/// GPUs per node in the device workloads.
+pub const BENCH_GPUS_PER_NODE: usize = 8;
+/// The driver of the device workloads.
+pub const BENCH_DRIVER: &str = "gpu.example.com";
+/// The device class of the device workloads.
+const BENCH_CLASS: &str = "gpu.example.com";
 
 /// A fleet of `count` identical nodes (32 cpu, 128 GiB, 110 pods) over [`BENCH_ZONES`] zones.
 pub fn fleet(count: usize) -> Vec<Node> {
@@ -116,6 +139,35 @@ impl Bench {
         self.clock_ms += 1;
         self.report.ledger_commands += 1;
         self.ledger.apply(&LedgerCommand::new(self.clock_ms, op))
+    }
+
+    /// Adds the device class and publishes one pool per node from `devices_of(node index)`.
+    fn with_devices(
+        mut self,
+        devices_of: impl Fn(usize) -> (Vec<Device>, Vec<CounterSet>),
+    ) -> Self {
+        self.apply(LedgerOp::PutDeviceClass {
+            class: DeviceClass {
+                name: BENCH_CLASS.to_string(),
+                selectors: vec![CelSelector::new(format!(
+                    "device.driver == \"{BENCH_DRIVER}\""
+                ))],
+                config: Vec::new(),
+                extended_resource_name: None,
+            },
+        });
+        for i in 0..self.report.nodes as usize {
+            let (devices, counter_sets) = devices_of(i);
+            self.apply(LedgerOp::PublishPool {
+                node: format!("node-{i:05}"),
+                driver: BENCH_DRIVER.to_string(),
+                pool: format!("node-{i:05}"),
+                generation: 1,
+                devices,
+                counter_sets,
+            });
+        }
+        self
     }
 
     /// Reserves and commits a placement; returns whether it landed.
@@ -221,6 +273,194 @@ pub fn run_gangs(nodes: usize, gangs: usize, members: usize) -> BenchReport {
     bench.report
 }
 
+/// The 8 GPUs of node `node`: model `a100`, 40 or 80 GiB of memory alternating.
+pub fn bench_gpus(node: usize) -> Vec<Device> {
+    (0..BENCH_GPUS_PER_NODE)
+        .map(|g| {
+            let mut d = Device::new(format!("gpu-{g}"));
+            d.attributes
+                .insert("model".into(), AttributeValue::String("a100".into()));
+            d.attributes.insert(
+                "index".into(),
+                AttributeValue::Int(i64::try_from(node * BENCH_GPUS_PER_NODE + g).unwrap_or(0)),
+            );
+            let memory = if g % 2 == 0 { 40 } else { 80 };
+            d.capacity.insert(
+                "memory".into(),
+                DeviceCapacity::fixed(DeviceQuantity::from_units(memory * GIB)),
+            );
+            d
+        })
+        .collect()
+}
+
+/// A pod claim of `count` devices of the bench class matching `selector`.
+fn claim_of(count: u32, selector: &str) -> PodClaim {
+    PodClaim {
+        name: "gpus".into(),
+        requests: vec![DeviceRequest {
+            name: "gpu".into(),
+            spec: RequestSpec::Exactly(ExactRequest {
+                device_class_name: BENCH_CLASS.into(),
+                selectors: vec![CelSelector::new(selector)],
+                allocation_mode: AllocationMode::ExactCount(count),
+                admin_access: AdminAccess::Disabled,
+                tolerations: Vec::new(),
+                capacity: BTreeMap::new(),
+            }),
+        }],
+        constraints: Vec::new(),
+        config: Vec::new(),
+    }
+}
+
+/// A 1-cpu, 4 GiB pod claiming one A100 with at least 40 GiB.
+fn gpu_pod() -> PodSpec {
+    PodSpec {
+        requests: Resources {
+            cpu_milli: 1000,
+            memory_bytes: 4 * GIB,
+            ..Resources::zero()
+        },
+        claims: vec![claim_of(
+            1,
+            r#"device.attributes["gpu.example.com"].model == "a100" && device.capacity["gpu.example.com"].memory.compareTo(quantity("40Gi")) >= 0"#,
+        )],
+        ..PodSpec::default()
+    }
+}
+
+/// Places `pods` GPU pods one by one on `nodes` nodes of [`BENCH_GPUS_PER_NODE`] GPUs,
+/// each through Reserve + Commit; every pod claims one GPU by a CEL selector.
+pub fn run_devices(nodes: usize, pods: usize) -> BenchReport {
+    let mut bench = Bench::new(nodes).with_devices(|i| (bench_gpus(i), Vec::new()));
+    let profile = Profile::default();
+    let mut placer = Placer::new();
+    let spec = gpu_pod();
+    for i in 0..pods {
+        bench.report.gangs_requested += 1;
+        bench.report.pods_requested += 1;
+        let key = MemberKey::new("bench", format!("pod-{i}"), "0");
+        let placement = placer.place_members(
+            &bench.ledger,
+            &[MemberRef {
+                key: &key,
+                spec: &spec,
+            }],
+            &profile,
+            &[],
+        );
+        let devices: u64 = placement
+            .assignments
+            .iter()
+            .map(|a| a.pod.devices.len() as u64)
+            .sum();
+        if placement.is_complete() && bench.reserve_and_commit(placement.assignments) {
+            bench.report.gangs_placed += 1;
+            bench.report.pods_placed += 1;
+            bench.report.devices_allocated += devices;
+        } else {
+            bench.report.pods_unplaced += 1;
+        }
+    }
+    bench.report
+}
+
+/// MIG-like profiles of one GPU: (name, compute slices, memory GiB, how many).
+const MIG_PROFILES: [(&str, u64, u64, usize); 4] = [
+    ("1g.5gb", 1, 5, 7),
+    ("2g.10gb", 2, 10, 3),
+    ("3g.20gb", 3, 20, 2),
+    ("7g.40gb", 7, 40, 1),
+];
+
+/// The 8 GPUs of a node partitioned into MIG-like slices: per GPU a counter set (40 GiB
+/// of memory, 7 compute slices) and 13 partition devices consuming from it.
+pub fn bench_mig_pool() -> (Vec<Device>, Vec<CounterSet>) {
+    let mut devices = Vec::new();
+    let mut sets = Vec::new();
+    for g in 0..BENCH_GPUS_PER_NODE {
+        let set = format!("gpu-{g}");
+        sets.push(CounterSet {
+            name: set.clone(),
+            counters: BTreeMap::from([
+                ("memory".to_string(), DeviceQuantity::from_units(40 * GIB)),
+                ("slices".to_string(), DeviceQuantity::from_units(7)),
+            ]),
+        });
+        for (profile, slices, memory, count) in MIG_PROFILES {
+            for k in 0..count {
+                let mut d = Device::new(format!("gpu-{g}-{}-{k}", profile.replace('.', "-")));
+                d.attributes
+                    .insert("profile".into(), AttributeValue::String(profile.into()));
+                d.attributes
+                    .insert("parent".into(), AttributeValue::String(set.clone()));
+                d.consumes_counters.push(CounterConsumption {
+                    counter_set: set.clone(),
+                    counters: BTreeMap::from([
+                        (
+                            "memory".to_string(),
+                            DeviceQuantity::from_units(memory * GIB),
+                        ),
+                        ("slices".to_string(), DeviceQuantity::from_units(slices)),
+                    ]),
+                });
+                devices.push(d);
+            }
+        }
+    }
+    (devices, sets)
+}
+
+/// A gang of `members` workers, each claiming two 1g.5gb slices.
+fn mig_gang(index: usize, members: usize) -> Gang {
+    let spec = PodSpec {
+        requests: Resources {
+            cpu_milli: 500,
+            memory_bytes: 2 * GIB,
+            ..Resources::zero()
+        },
+        claims: vec![claim_of(
+            2,
+            r#"device.attributes["gpu.example.com"].profile == "1g.5gb""#,
+        )],
+        ..PodSpec::default()
+    };
+    let mut gang = bench_gang(index, members);
+    for member in &mut gang.members {
+        member.spec = spec.clone();
+    }
+    gang
+}
+
+/// Places `gangs` gangs of `members` pods (two MIG slices each) on `nodes` nodes of
+/// partitioned GPUs, each gang as one batch through Reserve + Commit.
+pub fn run_device_gangs(nodes: usize, gangs: usize, members: usize) -> BenchReport {
+    let mut bench = Bench::new(nodes).with_devices(|_| bench_mig_pool());
+    let profile = Profile::default();
+    let mut placer = Placer::new();
+    for g in 0..gangs {
+        let gang = mig_gang(g, members);
+        bench.report.gangs_requested += 1;
+        bench.report.pods_requested += members as u64;
+        let placement = placer.place_gang(&bench.ledger, &gang, &profile, &[]);
+        let placed = placement.assignments.len() as u64;
+        let devices: u64 = placement
+            .assignments
+            .iter()
+            .map(|a| a.pod.devices.len() as u64)
+            .sum();
+        if placement.is_complete() && bench.reserve_and_commit(placement.assignments) {
+            bench.report.gangs_placed += 1;
+            bench.report.pods_placed += placed;
+            bench.report.devices_allocated += devices;
+        } else {
+            bench.report.pods_unplaced += members as u64;
+        }
+    }
+    bench.report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +488,26 @@ mod tests {
         let too_many = run_gangs(4, 3, 16);
         assert_eq!(too_many.gangs_placed, 2);
         assert_eq!(too_many.pods_unplaced, 16);
+    }
+
+    #[test]
+    fn gpu_pods_fill_every_gpu_and_no_more() {
+        // 4 nodes × 8 GPUs: 32 pods fit, the 33rd finds no device.
+        let report = run_devices(4, 33);
+        assert_eq!(report.pods_placed, 32);
+        assert_eq!(report.devices_allocated, 32);
+        assert_eq!(report.pods_unplaced, 1);
+        assert_eq!(report.reserve_refusals, 0);
+        assert_eq!(run_devices(4, 33), report, "deterministic");
+    }
+
+    #[test]
+    fn mig_gangs_never_over_consume_slices() {
+        // 2 nodes × 8 GPUs × 7 one-slice partitions = 112 slices: 56 pods of 2 slices.
+        let report = run_device_gangs(2, 4, 16);
+        assert_eq!(report.gangs_placed, 3);
+        assert_eq!(report.pods_placed, 48);
+        assert_eq!(report.devices_allocated, 96);
+        assert_eq!(report.reserve_refusals, 0);
     }
 }

@@ -7,6 +7,10 @@
 //! resources, and no nominations in the cluster (the searcher decides this per call).
 //! On a node whose summary carries no condition or taint flag, such a template's filter
 //! outcome and node-local score are then a function of (template, profile, summary).
+//! Templates with device needs (claims) are judged on the summary and the node's
+//! devices, also named by its stamp, and on the device classes they name: their
+//! entries are kept per (template, profile, classes), with the device score and the
+//! "cannot allocate all claims" refusal.
 //! The cache keeps them per node position with the node's stamp
 //! ([`crate::ledger::view::IndexedView`]): a stamp names one state of one node, so an
 //! entry is used only while the node at that position is in exactly the state it was
@@ -18,11 +22,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::engine::cluster::Cluster;
+use crate::engine::devices::{needs_devices, DeviceDemand};
 use crate::engine::filter::FilterReason;
 use crate::engine::profile::Profile;
 use crate::ledger::view::NodeFit;
+use crate::model::device::DeviceClass;
 use crate::model::pod::PodSpec;
 use crate::model::resources::ResourceName;
 
@@ -38,15 +45,22 @@ struct Entry {
     copies: u64,
     /// Weighted node-local score.
     local: u64,
-    /// The dimension that is short, when refused.
+    /// Device score (firstAvailable preference).
+    devices: u32,
+    /// The dimension that is short, or [`DEVICES_SHORT`], when refused.
     short: u8,
 }
+
+/// The `short` code of "cannot allocate all claims".
+const DEVICES_SHORT: u8 = 4;
 
 /// A template's results by node position.
 #[derive(Debug, Clone)]
 struct TemplateEntries {
     spec: PodSpec,
     profile: Profile,
+    /// The device classes the template names, as they were.
+    classes: Vec<DeviceClass>,
     last_use: u64,
     entries: Vec<Entry>,
 }
@@ -66,12 +80,22 @@ const NO_VALUE: u32 = u32::MAX;
 /// Distinct values kept beyond the node count before the value list starts afresh.
 const SPARE_VALUES: usize = 1024;
 
+/// A template's resolved device needs, kept across calls.
+#[derive(Debug, Clone)]
+struct KeptDemand {
+    spec: PodSpec,
+    demand: Arc<DeviceDemand>,
+    last_use: u64,
+}
+
 /// Results of fit-only templates per node position, valid while the node's stamp is.
 #[derive(Clone, Default)]
 pub struct FitCache {
     templates: Vec<TemplateEntries>,
     uses: u64,
     domains: DomainEntries,
+    /// Device needs of recent templates (with the qualifying devices they keep per node).
+    demands: Vec<KeptDemand>,
 }
 
 impl fmt::Debug for FitCache {
@@ -90,12 +114,17 @@ pub struct Hit {
     pub copies: u64,
     /// Weighted node-local score.
     pub local: u64,
+    /// Device score.
+    pub devices: u32,
     short: u8,
 }
 
 impl Hit {
     /// Why the node is refused (meaningful when `copies` is 0).
     pub fn refusal(&self) -> FilterReason {
+        if self.short == DEVICES_SHORT {
+            return FilterReason::CannotAllocateDevices;
+        }
         FilterReason::Insufficient(dim_name(self.short))
     }
 
@@ -117,14 +146,24 @@ impl FitCache {
         profile: &Profile,
         nodes: usize,
     ) -> TemplateSlot<'_> {
+        self.template_for(spec, profile, &[], nodes)
+    }
+
+    /// The entries of `spec` under `profile` with the device classes `classes` (those
+    /// the template names, as they are now), sized for `nodes` positions.
+    pub fn template_for(
+        &mut self,
+        spec: &PodSpec,
+        profile: &Profile,
+        classes: &[DeviceClass],
+        nodes: usize,
+    ) -> TemplateSlot<'_> {
         self.uses += 1;
-        let at = match self
-            .templates
-            .iter()
-            .position(|t| t.spec == *spec && t.profile == *profile)
-        {
+        let at = match self.templates.iter().position(|t| {
+            t.spec == *spec && t.profile == *profile && t.classes.as_slice() == classes
+        }) {
             Some(at) => at,
-            None => self.add(spec, profile),
+            None => self.add(spec, profile, classes),
         };
         let template = &mut self.templates[at];
         template.last_use = self.uses;
@@ -136,10 +175,11 @@ impl FitCache {
         }
     }
 
-    fn add(&mut self, spec: &PodSpec, profile: &Profile) -> usize {
+    fn add(&mut self, spec: &PodSpec, profile: &Profile, classes: &[DeviceClass]) -> usize {
         let fresh = TemplateEntries {
             spec: spec.clone(),
             profile: profile.clone(),
+            classes: classes.to_vec(),
             last_use: self.uses,
             entries: Vec::new(),
         };
@@ -160,6 +200,47 @@ impl FitCache {
     /// Number of templates kept.
     pub fn templates(&self) -> usize {
         self.templates.len()
+    }
+
+    /// The device needs of `spec` under `classes`: the kept ones while they resolve the
+    /// same way (they keep each node's qualifying devices), else freshly built. At most
+    /// [`CACHED_TEMPLATES_MAX`] are kept, the least recently used replaced first.
+    pub fn demand(
+        &mut self,
+        spec: &PodSpec,
+        classes: &BTreeMap<String, DeviceClass>,
+    ) -> Option<Arc<DeviceDemand>> {
+        if !needs_devices(spec, classes) {
+            return None;
+        }
+        self.uses += 1;
+        let uses = self.uses;
+        if let Some(kept) = self.demands.iter_mut().find(|k| k.spec == *spec) {
+            if kept.demand.resolves_same(spec, classes) {
+                kept.last_use = uses;
+                return Some(Arc::clone(&kept.demand));
+            }
+        }
+        let demand = Arc::new(DeviceDemand::build(spec, classes)?);
+        let fresh = KeptDemand {
+            spec: spec.clone(),
+            demand: Arc::clone(&demand),
+            last_use: uses,
+        };
+        match self.demands.iter().position(|k| k.spec == *spec) {
+            Some(at) => self.demands[at] = fresh,
+            None if self.demands.len() < CACHED_TEMPLATES_MAX => self.demands.push(fresh),
+            None => {
+                let oldest = self
+                    .demands
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, k)| k.last_use)
+                    .map_or(0, |(i, _)| i);
+                self.demands[oldest] = fresh;
+            }
+        }
+        Some(demand)
     }
 
     /// [`Cluster::domains`]: node positions grouped by their value of label `key`,
@@ -238,6 +319,7 @@ impl TemplateSlot<'_> {
         Some(Hit {
             copies: entry.copies,
             local: entry.local,
+            devices: entry.devices,
             short: entry.short,
         })
     }
@@ -253,6 +335,20 @@ impl TemplateSlot<'_> {
         outcome: &Result<u64, FilterReason>,
         local: u64,
     ) {
+        self.put_scored(idx, stamp, fit, outcome, local, 0);
+    }
+
+    /// [`TemplateSlot::put`] with the node's device score; "cannot allocate all
+    /// claims" is kept too.
+    pub fn put_scored(
+        &mut self,
+        idx: usize,
+        stamp: u64,
+        fit: &NodeFit,
+        outcome: &Result<u64, FilterReason>,
+        local: u64,
+        devices: u32,
+    ) {
         if fit.has(NodeFit::NODE_FILTERED | NodeFit::SOFT_TAINTS) {
             return;
         }
@@ -262,6 +358,7 @@ impl TemplateSlot<'_> {
                 Some(d) => (0, d),
                 None => return,
             },
+            Err(FilterReason::CannotAllocateDevices) => (0, DEVICES_SHORT),
             _ => return,
         };
         if let Some(entry) = self.entries.get_mut(idx) {
@@ -269,6 +366,7 @@ impl TemplateSlot<'_> {
                 stamp,
                 copies,
                 local,
+                devices,
                 short,
             };
         }

@@ -6,7 +6,8 @@
 //! Nothing is copied per node when a cluster is built from a view that keeps an
 //! [`crate::ledger::view::IndexedView`]; other views are listed once. [`NodeState`] is
 //! the materialized form of one node (its pods, planned ones included), built on demand
-//! for the filters that need every pod. Also owns [`Nomination`], the engine-input form
+//! for the filters that need every pod; the devices of planned pods are read by the
+//! device allocator so that a round never hands out a device twice. Also owns [`Nomination`], the engine-input form
 //! of Kubernetes' nominatedNodeName. Invariants: positions follow the view's name
 //! order; a node's requested resources are always the view's reserved + committed plus
 //! the footprints of the pods planned on it; the view itself is never mutated. Called
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::usage::SlotState;
 use crate::ledger::view::{fixed_dims, IndexedView, LedgerView, NodeFit, NodeView};
+use crate::model::claim::DeviceAllocation;
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{HostPort, PodSummary};
@@ -381,6 +383,15 @@ impl<'a> Cluster<'a> {
                 phase: PodPhase::Planned,
             });
         held.chain(planned)
+    }
+
+    /// Devices allocated to the pods planned on node `idx` in this round.
+    pub fn planned_devices(&self, idx: usize) -> impl Iterator<Item = &DeviceAllocation> + '_ {
+        self.overlay_of(idx)
+            .into_iter()
+            .flat_map(|overlay| overlay.pods.iter())
+            .filter_map(|&p| self.planned.get(p))
+            .flat_map(|p| p.pod.devices.iter())
     }
 
     /// Node `idx` materialized: its pods, requested resources and nominations.

@@ -4,8 +4,10 @@
 //! the filter pipeline, in Kubernetes' order: node readiness, NodeUnschedulable (only the
 //! `node.kubernetes.io/unschedulable:NoSchedule` toleration admits a cordoned node),
 //! nodeSelector and required node affinity, TaintToleration (NoSchedule and NoExecute),
-//! NodePorts, NodeResourcesFit (counting nominations of higher or equal priority), and
-//! InterPodAffinity. The first failing filter names the reason. Pure functions over a
+//! NodePorts, NodeResourcesFit (counting nominations of higher or equal priority),
+//! InterPodAffinity, and, for templates with device needs, DynamicResources (the
+//! node's devices must serve every claim; see [`crate::engine::devices`]), which also
+//! caps the copies. The first failing filter names the reason. Pure functions over a
 //! [`NodeState`], and [`Probe`], the same pipeline prepared once per pod template and run
 //! on a node of a [`Cluster`] in place: it reads the node's [`NodeFit`] summary and only
 //! looks at labels, taints, pods or extended resources when a summary flag or the
@@ -18,6 +20,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::cluster::{Cluster, NodeState};
+use crate::engine::devices::DeviceDemand;
 use crate::engine::interpod::InterPodState;
 use crate::engine::selectors::{node_selector_matches, required_affinity_matches};
 use crate::engine::taints::{first_untolerated, tolerates_unschedulable};
@@ -55,6 +58,14 @@ pub enum FilterReason {
     ExistingPodAntiAffinity,
     /// The node fitted, but earlier members of the same round took its room.
     CapacityTakenByGang,
+    /// The node's devices cannot satisfy every claim (Kubernetes: "cannot allocate all claims").
+    CannotAllocateDevices,
+    /// A claim names a device class the ledger does not have.
+    DeviceClassNotFound(String),
+    /// A device selector failed at run time (a missing attribute, a non-bool result).
+    DeviceSelectorError(String),
+    /// The device search gave up after [`crate::engine::devices::SEARCH_STEPS_MAX`] steps.
+    DeviceSearchLimit,
 }
 
 impl FilterReason {
@@ -94,6 +105,12 @@ impl fmt::Display for FilterReason {
             }
             Self::CapacityTakenByGang => {
                 f.write_str("node(s) were filled by other members of the gang")
+            }
+            Self::CannotAllocateDevices => f.write_str("cannot allocate all claims"),
+            Self::DeviceClassNotFound(name) => write!(f, "device class {name} does not exist"),
+            Self::DeviceSelectorError(message) => write!(f, "device selector failed: {message}"),
+            Self::DeviceSearchLimit => {
+                f.write_str("device allocation search exceeded its step limit")
             }
         }
     }
@@ -268,6 +285,8 @@ pub struct Probe<'s> {
     any_neighbours: bool,
     /// Whether copies are capped at one (host ports or inter-pod terms).
     single: bool,
+    /// The template's device needs, if it has claims or device-served extended resources.
+    devices: Option<&'s DeviceDemand>,
 }
 
 impl<'s> Probe<'s> {
@@ -285,7 +304,14 @@ impl<'s> Probe<'s> {
             any_labels: spec.node_selector.is_empty() && spec.node_affinity.required.is_none(),
             any_neighbours: interpod.filters_nothing(spec),
             single: !spec.host_ports.is_empty() || spec.has_pod_affinity_terms(),
+            devices: None,
         }
+    }
+
+    /// The same probe, also allocating `devices` (the template's device needs) on each node.
+    pub fn with_devices(mut self, devices: Option<&'s DeviceDemand>) -> Self {
+        self.devices = devices;
+        self
     }
 
     /// [`filter_node`] on node `idx` of `cluster`, with the copies capped at `cap`.
@@ -307,6 +333,19 @@ impl<'s> Probe<'s> {
         fit: &NodeFit,
         cap: u64,
     ) -> Result<u64, FilterReason> {
+        self.check_fit_scored(cluster, idx, fit, cap)
+            .map(|(copies, _)| copies)
+    }
+
+    /// [`Probe::check_fit`], with the node's device score (the firstAvailable
+    /// preference of the devices it would allocate; 0 without claims).
+    pub fn check_fit_scored(
+        &self,
+        cluster: &Cluster<'_>,
+        idx: usize,
+        fit: &NodeFit,
+        cap: u64,
+    ) -> Result<(u64, u32), FilterReason> {
         let node = cluster.node(idx);
         let spec = self.candidate.spec;
         if fit.has(NodeFit::NODE_FILTERED) || !self.any_labels {
@@ -332,7 +371,14 @@ impl<'s> Probe<'s> {
                 let free = node
                     .map(|n| n.allocatable.saturating_sub(&cluster.requested(idx)))
                     .unwrap_or_default();
-                copies_within(self.candidate.footprint, &free.saturating_sub(&nominated))?
+                let available = free.saturating_sub(&nominated);
+                match (self.devices, node) {
+                    (Some(demand), Some(node)) if demand.serves_extended() => copies_within(
+                        &demand.footprint_on(node, self.candidate.footprint),
+                        &available,
+                    )?,
+                    _ => copies_within(self.candidate.footprint, &available)?,
+                }
             }
         };
         if !self.any_neighbours {
@@ -341,7 +387,14 @@ impl<'s> Probe<'s> {
             }
         }
         let copies = if self.single { copies.min(1) } else { copies };
-        Ok(copies.min(cap))
+        let copies = copies.min(cap);
+        match self.devices {
+            None => Ok((copies, 0)),
+            Some(demand) => {
+                let fit = demand.fit(cluster, idx, copies)?;
+                Ok((fit.copies, fit.score))
+            }
+        }
     }
 
     /// Whether, without nominations, the outcome on a node whose summary has none of
@@ -351,6 +404,19 @@ impl<'s> Probe<'s> {
             && self.fixed.is_some()
             && self.any_neighbours
             && self.candidate.spec.host_ports.is_empty()
+            && self.devices.is_none()
+    }
+
+    /// Whether, without nominations, the outcome on a node without the
+    /// [`NodeFit::NODE_FILTERED`] flags depends on that node's own state alone (its
+    /// summary, and for templates with device needs its devices), so that a result kept
+    /// for the node's stamp (and the template's device classes) can be reused.
+    pub fn reads_node_only(&self) -> bool {
+        self.reads_fit_only()
+            || (self.devices.is_some()
+                && self.any_labels
+                && self.any_neighbours
+                && self.candidate.spec.host_ports.is_empty())
     }
 }
 

@@ -1,9 +1,10 @@
 //! Placement engine: pure functions over a ledger view.
 //!
 //! Owns filtering (node conditions, selectors and node affinity, taints, host ports,
-//! resources with nominations, inter-pod affinity), scoring (resource-fit strategies,
-//! balanced allocation, node affinity, taint toleration, inter-pod affinity, weighted by
-//! a [`Profile`]), the node search (kube-scheduler's percentageOfNodesToScore and its
+//! resources with nominations, inter-pod affinity, device allocation for resource
+//! claims), scoring (resource-fit strategies, balanced allocation, node affinity, taint
+//! toleration, inter-pod affinity, firstAvailable device preference, weighted by a
+//! [`Profile`]), the node search (kube-scheduler's percentageOfNodesToScore and its
 //! round-robin start), gang placement as one batch with topology-domain packing,
 //! quotes, gang-aware preemption with nominations, the gang queue, and benchmark
 //! workloads. Invariants: nothing here mutates a ledger, reads a clock or draws
@@ -14,6 +15,7 @@
 pub mod bench;
 pub mod cache;
 pub mod cluster;
+pub mod devices;
 pub mod filter;
 pub mod interpod;
 pub mod placement;
@@ -26,9 +28,12 @@ pub mod selectors;
 pub mod taints;
 
 #[cfg(test)]
+mod device_tests;
+#[cfg(test)]
 mod tests;
 
 pub use cluster::{Cluster, Nomination};
+pub use devices::{DeviceDemand, DeviceFit};
 pub use filter::{Diagnosis, FilterReason};
 pub use placement::{
     place_gang, place_group, place_members, quote, quote_many, GangPlacement, MemberRef, Placer,

@@ -15,17 +15,24 @@
 //! profile names a gang topology key, the gang is first tried inside single domains of
 //! that label (those estimated, over every node, to hold it, best score first, tightest
 //! fit next); only if none holds it is it spread over the whole view. Quotes always
-//! look at every node. Invariants: the view is never modified; the result is
-//! deterministic for a given view, inputs and cursor (ties break by node name); every
-//! member is either assigned or reported unplaced with a diagnosis. Called by the
+//! look at every node. Templates with resource claims (or device-served extended
+//! resources) have their devices chosen in the same pass as their node (see
+//! [`crate::engine::devices`]): each node's fit count is how many copies its devices
+//! can serve one after the other, and every member poured into a node gets its own
+//! allocation there, recorded in its reservation's pod summary. Invariants: the view is
+//! never modified; the result is deterministic for a given view, inputs and cursor
+//! (ties break by node name); every member is either assigned or reported unplaced with
+//! a diagnosis; no two members of a round are given the same exclusive device. Called by the
 //! shard leader (quotes, and placement within its shard) and the coordinator.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::cache::FitCache;
 use crate::engine::cluster::{Cluster, Nomination};
+use crate::engine::devices::DeviceDemand;
 use crate::engine::filter::{Candidate, Diagnosis, FilterReason, Probe};
 use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::profile::Profile;
@@ -33,6 +40,7 @@ use crate::engine::score::{RawScore, ScoreInput, Scorer};
 use crate::engine::search::{feasible_nodes_to_find, Scope};
 use crate::ledger::command::ReserveMember;
 use crate::ledger::view::LedgerView;
+use crate::model::device::DeviceClass;
 use crate::model::gang::{Gang, GangGroup, MemberKey};
 use crate::model::pod::{footprint_of, PodSpec, PodSummary};
 use crate::model::resources::Resources;
@@ -100,6 +108,8 @@ struct Template<'a> {
     footprint: Resources,
     /// Indexes into the member list.
     members: Vec<usize>,
+    /// Its device needs (claims, device-served extended resources), if any.
+    demand: Option<Arc<DeviceDemand>>,
 }
 
 impl Template<'_> {
@@ -168,18 +178,21 @@ impl Searcher<'_> {
             footprint: &template.footprint,
             own: self.own,
         };
-        let probe = Probe::new(candidate, interpod);
+        let demand = template.demand.as_deref();
+        let probe = Probe::new(candidate, interpod).with_devices(demand);
         let scorer = Scorer::new(ScoreInput {
             spec: template.spec,
             footprint: &template.footprint,
             interpod,
             profile: self.profile,
-        });
+        })
+        .with_devices(demand);
         let fit_only =
-            probe.reads_fit_only() && scorer.reads_fit_only() && !cluster.has_nominations();
+            probe.reads_node_only() && scorer.reads_fit_only() && !cluster.has_nominations();
+        let classes: &[DeviceClass] = demand.map_or(&[], DeviceDemand::classes);
         let mut slot = match self.cache.as_deref_mut() {
             Some(cache) if fit_only => {
-                Some(cache.template(template.spec, self.profile, cluster.len()))
+                Some(cache.template_for(template.spec, self.profile, classes, cluster.len()))
             }
             _ => None,
         };
@@ -217,10 +230,12 @@ impl Searcher<'_> {
             let copies = match hit {
                 Some(hit) if hit.copies > 0 => {
                     let copies = hit.copies.min(need);
+                    let mut raw = RawScore::local_only(hit.local);
+                    raw.devices = u64::from(hit.devices);
                     fits.push(Fit {
                         node,
                         copies,
-                        raw: RawScore::local_only(hit.local),
+                        raw,
                         score: 0,
                     });
                     copies
@@ -249,13 +264,19 @@ impl Searcher<'_> {
                     };
                     // What is kept is uncapped; what is used now is capped at `need`.
                     let cap = if slot.is_some() { u64::MAX } else { need };
-                    let outcome = probe.check_fit(cluster, node, fit, cap);
+                    let scored = probe.check_fit_scored(cluster, node, fit, cap);
+                    let device_score = scored.as_ref().map_or(0, |(_, score)| *score);
+                    let outcome = scored.map(|(copies, _)| copies);
                     let raw = match outcome {
-                        Ok(_) => scorer.raw_fit(cluster, node, fit),
+                        Ok(_) => {
+                            let mut raw = scorer.raw_fit(cluster, node, fit);
+                            raw.devices = u64::from(device_score);
+                            raw
+                        }
                         Err(_) => RawScore::default(),
                     };
                     if let Some(slot) = slot {
-                        slot.put(node, stamp, fit, &outcome, raw.local);
+                        slot.put_scored(node, stamp, fit, &outcome, raw.local, device_score);
                     }
                     match outcome {
                         Ok(copies) => {
@@ -301,8 +322,13 @@ fn best(fits: &[Fit]) -> Option<&Fit> {
     fits.iter().min_by(|a, b| best_first(a, b))
 }
 
-/// Groups members by identical spec, larger footprints first, then first appearance.
-fn templates<'a>(members: &[MemberRef<'a>]) -> Vec<Template<'a>> {
+/// Groups members by identical spec, larger footprints first, then first appearance;
+/// device needs are resolved against `classes` (through `cache` when kept).
+fn templates<'a>(
+    members: &[MemberRef<'a>],
+    classes: &BTreeMap<String, DeviceClass>,
+    mut cache: Option<&mut FitCache>,
+) -> Vec<Template<'a>> {
     let mut out: Vec<Template<'a>> = Vec::new();
     for (i, m) in members.iter().enumerate() {
         match out.iter_mut().find(|t| t.spec == m.spec) {
@@ -312,6 +338,10 @@ fn templates<'a>(members: &[MemberRef<'a>]) -> Vec<Template<'a>> {
                 summary: PodSummary::from_spec(m.spec),
                 footprint: footprint_of(&m.spec.requests),
                 members: vec![i],
+                demand: match cache.as_deref_mut() {
+                    Some(cache) => cache.demand(m.spec, classes),
+                    None => DeviceDemand::build(m.spec, classes).map(Arc::new),
+                },
             }),
         }
     }
@@ -328,6 +358,8 @@ fn templates<'a>(members: &[MemberRef<'a>]) -> Vec<Template<'a>> {
 struct Fill {
     planned: Vec<(usize, usize)>,
     failed: Vec<(usize, Diagnosis)>,
+    /// Summaries of planned members with device allocations, by member.
+    summaries: BTreeMap<usize, PodSummary>,
 }
 
 /// Shared inputs of one placement round.
@@ -353,6 +385,7 @@ impl Round<'_, '_> {
         fill
     }
 
+    /// Plans `member` on `node` (allocating its devices there); `Err` says why it cannot.
     fn plan(
         &self,
         cluster: &mut Cluster<'_>,
@@ -360,9 +393,35 @@ impl Round<'_, '_> {
         member: usize,
         node: usize,
         fill: &mut Fill,
+    ) -> Result<(), FilterReason> {
+        let Some(m) = self.members.get(member) else {
+            return Ok(());
+        };
+        let summary = match &template.demand {
+            None => template.summary.clone(),
+            Some(demand) => {
+                let summary = demand.allocate(cluster, node, m.key, &template.summary)?;
+                fill.summaries.insert(member, summary.clone());
+                summary
+            }
+        };
+        cluster.plan(node, m.key.clone(), summary);
+        fill.planned.push((member, node));
+        Ok(())
+    }
+
+    /// Plans `member` on `node` with the summary its devices were allocated in.
+    fn place_as(
+        &self,
+        cluster: &mut Cluster<'_>,
+        member: usize,
+        node: usize,
+        summary: PodSummary,
+        fill: &mut Fill,
     ) {
         if let Some(m) = self.members.get(member) {
-            cluster.plan(node, m.key.clone(), template.summary.clone());
+            fill.summaries.insert(member, summary.clone());
+            cluster.plan(node, m.key.clone(), summary);
             fill.planned.push((member, node));
         }
     }
@@ -393,19 +452,55 @@ impl Round<'_, '_> {
         }
         let mut pending = template.members.iter().copied();
         let mut left = need;
+        let mut refused = Vec::new();
         for fit in &fits {
             if left == 0 {
                 break;
             }
             let take = fit.copies.min(left);
-            for member in pending.by_ref().take(take as usize) {
-                self.plan(cluster, template, member, fit.node, fill);
+            let batch: Vec<usize> = pending.by_ref().take(take as usize).collect();
+            match &template.demand {
+                // Devices for the node's members in one search, one after the other.
+                Some(demand) => {
+                    let keys: Vec<&MemberKey> = batch
+                        .iter()
+                        .filter_map(|&m| self.members.get(m).map(|r| r.key))
+                        .collect();
+                    let summaries =
+                        match demand.allocate_each(cluster, fit.node, &keys, &template.summary) {
+                            Ok(summaries) => summaries,
+                            Err(reason) => {
+                                diagnosis.record(reason);
+                                Vec::new()
+                            }
+                        };
+                    let mut summaries = summaries.into_iter();
+                    for member in batch {
+                        match summaries.next() {
+                            Some(summary) => {
+                                self.place_as(cluster, member, fit.node, summary, fill)
+                            }
+                            None => {
+                                diagnosis.record(FilterReason::CannotAllocateDevices);
+                                refused.push(member);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    for member in batch {
+                        if let Err(reason) = self.plan(cluster, template, member, fit.node, fill) {
+                            diagnosis.record(reason);
+                            refused.push(member);
+                        }
+                    }
+                }
             }
             left -= take;
         }
         diagnosis.record_many(FilterReason::CapacityTakenByGang, fits.len() as u64);
         self.searcher.recycle(fits);
-        for member in pending {
+        for member in refused.into_iter().chain(pending) {
             fill.failed.push((member, diagnosis.clone()));
         }
     }
@@ -431,12 +526,18 @@ impl Round<'_, '_> {
             let chosen = best(&fits).map(|fit| fit.node);
             self.searcher.recycle(fits);
             match chosen {
-                Some(node) => {
-                    self.plan(cluster, template, member, node, fill);
-                    if let Some(n) = cluster.node(node) {
-                        interpod.update(n, &template.summary, template.spec, 1);
+                Some(node) => match self.plan(cluster, template, member, node, fill) {
+                    Ok(()) => {
+                        if let Some(n) = cluster.node(node) {
+                            interpod.update(n, &template.summary, template.spec, 1);
+                        }
                     }
-                }
+                    Err(reason) => {
+                        let mut diagnosis = diagnosis;
+                        diagnosis.record(reason);
+                        fill.failed.push((member, diagnosis));
+                    }
+                },
                 None => fill.failed.push((member, diagnosis)),
             }
         }
@@ -511,6 +612,7 @@ impl Round<'_, '_> {
         domain: Option<TopologyDomain>,
     ) -> GangPlacement {
         let mut planned = fill.planned;
+        let mut summaries = fill.summaries;
         planned.sort_unstable();
         let mut failed = fill.failed;
         failed.sort_by_key(|(member, _)| *member);
@@ -521,7 +623,9 @@ impl Round<'_, '_> {
                 Some(ReserveMember {
                     member: m.key.clone(),
                     node: cluster.name(node)?.to_string(),
-                    pod: PodSummary::from_spec(m.spec),
+                    pod: summaries
+                        .remove(&member)
+                        .unwrap_or_else(|| PodSummary::from_spec(m.spec)),
                 })
             })
             .collect();
@@ -613,7 +717,7 @@ impl Placer {
         } else {
             BTreeSet::new()
         };
-        let templates = templates(members);
+        let templates = templates(members, view.device_classes(), self.cache.as_mut());
         let mut round = Round {
             members,
             templates: &templates,
@@ -771,6 +875,7 @@ pub fn quote_many<V: LedgerView + ?Sized>(
                 summary: PodSummary::from_spec(spec),
                 footprint: footprint_of(&spec.requests),
                 members: Vec::new(),
+                demand: DeviceDemand::build(spec, view.device_classes()).map(Arc::new),
             };
             let interpod = template.interpod(&cluster);
             let (fits, diagnosis) = searcher.evaluate(

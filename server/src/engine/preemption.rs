@@ -10,13 +10,17 @@
 //! highest-victim priority, then the fewest victims, then the lowest priority sum, then
 //! the first name. The result names the nominated node; the caller records a
 //! [`crate::engine::cluster::Nomination`] so that later pods of lower or equal priority
-//! leave the freed room alone. Pure; called by the shard leader when a placement fails.
+//! leave the freed room alone. Pods with device needs are checked against the nodes'
+//! devices as they are: a node whose devices cannot serve the pod is never chosen, and
+//! devices held by victims are not counted as freed (conservative). Pure; called by
+//! the shard leader when a placement fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::cluster::{Cluster, Nomination, PodPhase};
+use crate::engine::devices::DeviceDemand;
 use crate::engine::filter::{filter_node, Candidate, Diagnosis, Probe};
 use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::profile::Profile;
@@ -95,6 +99,9 @@ struct Attempt<'c, 'a> {
     cluster: &'c Cluster<'a>,
     candidate: Candidate<'c>,
     units: &'c BTreeMap<GangId, Unit>,
+    /// The preemptor's device needs: a node must satisfy them as it is (victims'
+    /// devices are not counted as freed, so no eviction is proposed that devices defeat).
+    devices: Option<&'c DeviceDemand>,
 }
 
 /// A node where preemption works, with its victims.
@@ -152,6 +159,9 @@ impl Attempt<'_, '_> {
 
     /// Minimal victims on node `idx`, if evicting eligible units there makes room.
     fn try_node(&self, idx: usize) -> Option<Choice> {
+        if let Some(demand) = self.devices {
+            demand.fit(self.cluster, idx, 1).ok()?;
+        }
         let mut on_node: Vec<(&GangId, &Unit)> = self
             .units
             .iter()
@@ -219,7 +229,8 @@ pub fn preempt<V: LedgerView + ?Sized>(
     };
     let mut feasible = Vec::new();
     let mut curable = Vec::new();
-    let probe = Probe::new(candidate, &interpod);
+    let demand = DeviceDemand::build(spec, view.device_classes());
+    let probe = Probe::new(candidate, &interpod).with_devices(demand.as_ref());
     for idx in 0..cluster.len() {
         match probe.check(&cluster, idx, 1) {
             Ok(_) => feasible.push(idx),
@@ -255,6 +266,7 @@ pub fn preempt<V: LedgerView + ?Sized>(
         cluster: &cluster,
         candidate,
         units: &units,
+        devices: demand.as_ref(),
     };
     let best = curable
         .into_iter()

@@ -1,7 +1,7 @@
 //! Scheduling profile: which score plugins run, with which weights and arguments.
 //!
 //! Owns [`Profile`], a KubeSchedulerConfiguration-like description (serde, camelCase):
-//! enabled score plugins with weights, the resources and weights the resource-fit
+//! enabled score plugins with weights (the default adds DynamicResources, weight 1), the resources and weights the resource-fit
 //! strategies score, the RequestedToCapacityRatio shape (utilization 0..=100 → score
 //! 0..=10, scaled to 0..=100 as Kubernetes does), the node label used to pack a gang
 //! into one topology domain, and `percentageOfNodesToScore` (how much of the cluster a
@@ -43,6 +43,8 @@ pub enum ScorePlugin {
     TaintToleration,
     /// InterPodAffinity: preferred pod affinity and anti-affinity terms.
     InterPodAffinity,
+    /// DynamicResources: prefer nodes whose devices satisfy earlier firstAvailable choices.
+    DynamicResources,
 }
 
 impl ScorePlugin {
@@ -121,6 +123,7 @@ impl Default for Profile {
                 plugin(ScorePlugin::NodeAffinity, 2),
                 plugin(ScorePlugin::TaintToleration, 3),
                 plugin(ScorePlugin::InterPodAffinity, 2),
+                plugin(ScorePlugin::DynamicResources, 1),
             ],
             fit_resources: vec![resource("cpu"), resource("memory")],
             shape: vec![
@@ -269,7 +272,7 @@ mod tests {
         });
         let err = p.validate().map_err(|e| e.to_string());
         assert!(
-            matches!(&err, Err(m) if m.starts_with("scorePlugins[5]: at most one of")),
+            matches!(&err, Err(m) if m.starts_with("scorePlugins[6]: at most one of")),
             "{err:?}"
         );
 

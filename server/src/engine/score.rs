@@ -5,13 +5,15 @@
 //! the profile's resources, skipping resources a node does not have), BalancedAllocation
 //! (one minus the standard deviation of the requested fractions), NodeAffinity (sum of
 //! matching preferred weights, normalized by the maximum), TaintToleration (intolerable
-//! PreferNoSchedule taints, normalized and reversed) and InterPodAffinity (preferred
-//! terms, min–max normalized). The total is the weighted sum over enabled plugins.
+//! PreferNoSchedule taints, normalized and reversed), InterPodAffinity (preferred
+//! terms, min–max normalized) and DynamicResources (the firstAvailable preference of
+//! the devices the filter allocated, normalized by the maximum). The total is the weighted sum over enabled plugins.
 //! "Requested" means what the node holds plus the candidate's own footprint. Pure
 //! functions, and [`Scorer`], the same sums prepared once per pod template and read from
 //! a node's [`NodeFit`] summary; called by placement, quoting and preemption.
 
 use crate::engine::cluster::Cluster;
+use crate::engine::devices::DeviceDemand;
 use crate::engine::interpod::InterPodState;
 use crate::engine::profile::{Profile, ScorePlugin, ShapePoint};
 use crate::engine::selectors::preferred_affinity_weight;
@@ -284,6 +286,8 @@ pub struct RawScore {
     pub taints: u64,
     /// Preferred inter-pod (anti-)affinity score.
     pub interpod: i64,
+    /// firstAvailable preference of the devices the node would allocate (DynamicResources).
+    pub devices: u64,
 }
 
 impl RawScore {
@@ -295,6 +299,7 @@ impl RawScore {
             affinity: 0,
             taints: 0,
             interpod: 0,
+            devices: 0,
         }
     }
 }
@@ -307,6 +312,7 @@ pub struct Normalizer {
     affinity: Option<(u64, u64)>,
     taints: Option<(u64, u64)>,
     interpod: Option<(u64, i64, i64)>,
+    devices: Option<(u64, u64)>,
 }
 
 impl Normalizer {
@@ -324,6 +330,10 @@ impl Normalizer {
         }
         if let Some((weight, min, max)) = self.interpod {
             let score = scale_min_max(raw.interpod, min, max);
+            total = total.saturating_add(score.saturating_mul(weight));
+        }
+        if let Some((weight, max)) = self.devices {
+            let score = scale_by_max(raw.devices, max, Direction::Ascending);
             total = total.saturating_add(score.saturating_mul(weight));
         }
         total
@@ -350,6 +360,8 @@ pub struct Scorer<'s> {
     affinity: Option<u64>,
     taints: Option<u64>,
     interpod: Option<u64>,
+    /// Weight of the device score, when the template has firstAvailable requests.
+    devices: Option<u64>,
 }
 
 fn fixed_dim(name: &ResourceName) -> Option<usize> {
@@ -390,6 +402,8 @@ impl<'s> Scorer<'s> {
                         add(&mut interpod, weight);
                     }
                 }
+                // Weighed through `with_devices`, from what the device filter found.
+                ScorePlugin::DynamicResources => {}
                 plugin => local.push((plugin, weight)),
             }
         }
@@ -403,7 +417,22 @@ impl<'s> Scorer<'s> {
             affinity,
             taints,
             interpod,
+            devices: None,
         }
+    }
+
+    /// The same scorer, also weighing the device score of `devices` (a template's
+    /// device needs) when it has firstAvailable requests and the profile enables
+    /// DynamicResources.
+    pub fn with_devices(mut self, devices: Option<&DeviceDemand>) -> Self {
+        self.devices = match (
+            devices,
+            self.input.profile.weight_of(ScorePlugin::DynamicResources),
+        ) {
+            (Some(demand), Some(weight)) if demand.scores() => Some(u64::from(weight)),
+            _ => None,
+        };
+        self
     }
 
     /// Raw score of node `idx` (planned pods included).
@@ -441,6 +470,7 @@ impl<'s> Scorer<'s> {
                 Some(_) => self.input.interpod.preferred_score(node),
                 None => 0,
             },
+            devices: 0,
         }
     }
 
@@ -509,11 +539,13 @@ impl<'s> Scorer<'s> {
     pub fn normalizer<'r>(&self, raws: impl IntoIterator<Item = &'r RawScore>) -> Normalizer {
         let mut max_affinity = 0u64;
         let mut max_taints = 0u64;
+        let mut max_devices = 0u64;
         let mut min_interpod = 0i64;
         let mut max_interpod = 0i64;
         for (i, raw) in raws.into_iter().enumerate() {
             max_affinity = max_affinity.max(raw.affinity);
             max_taints = max_taints.max(raw.taints);
+            max_devices = max_devices.max(raw.devices);
             if i == 0 {
                 (min_interpod, max_interpod) = (raw.interpod, raw.interpod);
             } else {
@@ -547,11 +579,19 @@ impl<'s> Scorer<'s> {
             }
             other => other.map(|weight| (weight, min_interpod, max_interpod)),
         };
+        let devices = match self.devices {
+            Some(weight) if max_devices == 0 => {
+                add(weight, scale_by_max(0, 0, Direction::Ascending));
+                None
+            }
+            other => other.map(|weight| (weight, max_devices)),
+        };
         Normalizer {
             constant,
             affinity,
             taints,
             interpod,
+            devices,
         }
     }
 }
@@ -778,6 +818,8 @@ mod tests {
                         .collect();
                     normalize_min_max(&raw)
                 }
+                // These templates have no claims: every node scores zero.
+                ScorePlugin::DynamicResources => vec![0; nodes.len()],
             };
             for (total, score) in totals.iter_mut().zip(scores) {
                 *total = total.saturating_add(score.saturating_mul(u64::from(enabled.weight)));

@@ -11,6 +11,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::devices::{AgentLink, DeviceEviction, DeviceHealthReport, PoolChange};
+use crate::model::device::{
+    CounterSet, Device, DeviceClass, DeviceId, DeviceTaint, DeviceTaintEffect,
+};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{HostPort, PodSummary};
@@ -112,8 +116,67 @@ pub enum LedgerOp {
         /// The member.
         member: MemberKey,
     },
-    /// Reports open reservations whose deadline is at or before `at_ms`; changes nothing.
+    /// Reports open reservations whose deadline is at or before `at_ms` (it never drops
+    /// them), and marks the devices of nodes whose agent's grace period has passed unhealthy.
     Tick,
+    /// Publishes one pool of a node's devices (a ResourceSlice generation): a newer
+    /// generation replaces the pool, an older one is ignored, the same one must be identical.
+    PublishPool {
+        /// The node.
+        node: String,
+        /// Driver.
+        driver: String,
+        /// Pool name.
+        pool: String,
+        /// Generation.
+        generation: u64,
+        /// Every device of the pool.
+        devices: Vec<Device>,
+        /// Shared counter sets of the pool.
+        counter_sets: Vec<CounterSet>,
+    },
+    /// Records device health, as a device plugin's ListAndWatch reports it.
+    SetDeviceHealth {
+        /// The node.
+        node: String,
+        /// Health per device.
+        devices: Vec<DeviceHealthReport>,
+    },
+    /// Replaces the taints rules put on one device (on top of its driver's); empty removes them.
+    SetDeviceTaints {
+        /// The node.
+        node: String,
+        /// The device.
+        device: DeviceId,
+        /// The taints.
+        taints: Vec<DeviceTaint>,
+    },
+    /// The node agent stopped reporting at `since_ms`; its devices turn unhealthy once
+    /// `grace_ms` (default [`crate::ledger::devices::AGENT_GRACE_MS_DEFAULT`]) has passed,
+    /// applied by the first `Tick` at or after that time.
+    AgentDisconnected {
+        /// The node.
+        node: String,
+        /// When the link dropped, in ms.
+        since_ms: u64,
+        /// Grace period, in ms.
+        grace_ms: Option<u64>,
+    },
+    /// The node agent reports again (it then re-sends device health).
+    AgentConnected {
+        /// The node.
+        node: String,
+    },
+    /// Inserts or replaces a device class.
+    PutDeviceClass {
+        /// The class.
+        class: DeviceClass,
+    },
+    /// Removes a device class (allocations made through it stay).
+    RemoveDeviceClass {
+        /// Class name.
+        name: String,
+    },
 }
 
 /// Final state of a transaction.
@@ -127,7 +190,7 @@ pub enum TxnOutcome {
     Refused,
 }
 
-/// Whether a node was new or replaced.
+/// Whether an entry (a node, a device class) was new or replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeChange {
     /// The node was not known.
@@ -136,7 +199,7 @@ pub enum NodeChange {
     Updated,
 }
 
-/// Whether a removed node existed.
+/// Whether a removed entry (a node, a device class) existed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Presence {
     /// It existed and is gone now.
@@ -170,6 +233,57 @@ pub enum RefusalCause {
     MemberHeld {
         /// Node holding it.
         node: String,
+    },
+    /// A device the member was allocated cannot take it.
+    DeviceUnavailable {
+        /// The device.
+        device: DeviceId,
+        /// Why.
+        reason: DeviceRefusal,
+    },
+}
+
+/// Why a device cannot take an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceRefusal {
+    /// No published pool of the node has it.
+    NotPublished,
+    /// It is unhealthy (reported, or its agent is gone past the grace period).
+    Unhealthy,
+    /// It has a NoSchedule or NoExecute taint the allocation does not tolerate.
+    Tainted {
+        /// Taint key.
+        key: String,
+        /// Taint effect.
+        effect: DeviceTaintEffect,
+    },
+    /// It is exclusive and already held.
+    InUse,
+    /// It is exclusive, but the allocation consumes capacity or names a share.
+    NotShared,
+    /// It is shared, but the allocation names no share id.
+    ShareIdMissing,
+    /// It is shared, but the allocation does not consume (or names an unknown) capacity.
+    CapacityNotConsumed {
+        /// Capacity name.
+        capacity: String,
+    },
+    /// The amount consumed is not one the capacity's request policy allows.
+    PolicyViolated {
+        /// Capacity name.
+        capacity: String,
+    },
+    /// Its holders would consume more than its capacity.
+    CapacityExceeded {
+        /// Capacity name.
+        capacity: String,
+    },
+    /// Taking it would consume more of a shared counter than its set holds.
+    CountersExceeded {
+        /// Counter set.
+        counter_set: String,
+        /// Counter.
+        counter: String,
     },
 }
 
@@ -291,6 +405,50 @@ pub enum LedgerError {
         /// The member.
         member: MemberKey,
     },
+    /// The node is not in this shard.
+    #[error("node {name} is unknown")]
+    UnknownNode {
+        /// Node name.
+        name: String,
+    },
+    /// A published pool failed validation (the message names the field).
+    #[error("invalid pool: {message}")]
+    InvalidPool {
+        /// The validation error.
+        message: String,
+    },
+    /// A pool was published again under its current generation with other content.
+    #[error("node {node}: pool {driver}/{pool} generation {generation} was published with other content; bump the generation")]
+    PoolGenerationReused {
+        /// Node name.
+        node: String,
+        /// Driver.
+        driver: String,
+        /// Pool.
+        pool: String,
+        /// The generation.
+        generation: u64,
+    },
+    /// A device the node does not publish.
+    #[error("node {node} publishes no device {device}")]
+    UnknownDevice {
+        /// Node name.
+        node: String,
+        /// The device.
+        device: DeviceId,
+    },
+    /// Device taints failed validation (the message names the field).
+    #[error("invalid device taints: {message}")]
+    InvalidTaints {
+        /// The validation error.
+        message: String,
+    },
+    /// A device class failed validation (the message names the field).
+    #[error("invalid device class: {message}")]
+    InvalidDeviceClass {
+        /// The validation error.
+        message: String,
+    },
 }
 
 /// The answer to one command.
@@ -346,10 +504,14 @@ pub enum LedgerReply {
         /// The member.
         member: MemberKey,
     },
-    /// Open reservations past their deadline, for the caller to resolve with the coordinator.
+    /// Open reservations past their deadline, for the caller to resolve with the
+    /// coordinator, and pods to evict from devices whose agent's grace period passed.
     Expired {
         /// Their ids, ascending.
         txn_ids: Vec<TxnId>,
+        /// Pods holding devices that turned unhealthy, for the caller to evict.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evictions: Vec<DeviceEviction>,
     },
     /// A reserve retried after its transaction ended.
     AlreadyFinished {
@@ -357,6 +519,58 @@ pub enum LedgerReply {
         txn_id: TxnId,
         /// How it ended.
         outcome: TxnOutcome,
+    },
+    /// A pool was published (or ignored as stale, or found unchanged).
+    PoolPublished {
+        /// Node name.
+        node: String,
+        /// Driver.
+        driver: String,
+        /// Pool.
+        pool: String,
+        /// The generation offered.
+        generation: u64,
+        /// What happened.
+        change: PoolChange,
+        /// Pods whose devices are gone or now tainted out, for the caller to evict.
+        evictions: Vec<DeviceEviction>,
+    },
+    /// Device health is recorded.
+    DeviceHealthRecorded {
+        /// Node name.
+        node: String,
+        /// Pods holding devices reported unhealthy, for the caller to evict.
+        evictions: Vec<DeviceEviction>,
+    },
+    /// A device's rule taints are replaced.
+    DeviceTaintsSet {
+        /// Node name.
+        node: String,
+        /// The device.
+        device: DeviceId,
+        /// Pods its NoExecute taints evict, for the caller to act on.
+        evictions: Vec<DeviceEviction>,
+    },
+    /// The agent link is recorded.
+    AgentLinkRecorded {
+        /// Node name.
+        node: String,
+        /// The link now.
+        link: AgentLink,
+    },
+    /// A device class is stored.
+    DeviceClassStored {
+        /// Class name.
+        name: String,
+        /// Added or updated.
+        change: NodeChange,
+    },
+    /// A device class is gone.
+    DeviceClassRemoved {
+        /// Class name.
+        name: String,
+        /// Whether it existed.
+        presence: Presence,
     },
     /// Bad input: nothing changed.
     Rejected {

@@ -1,7 +1,8 @@
 //! Ledger: the deterministic state machines of gangway's replicated groups.
 //!
 //! Owns the meta group's shard map ([`meta`]) and the shard ledger
-//! ([`ShardLedger`]): nodes, usage, two-phase reservations, placements and bind
+//! ([`ShardLedger`]): nodes, their devices ([`devices`]: pools, health, agent
+//! links, device classes), usage, two-phase reservations, placements and bind
 //! status of one shard, changed only by [`LedgerCommand`]s through
 //! [`ShardLedger::apply`]. Invariants: no clock, no I/O, no randomness,
 //! `BTreeMap`s only (I6: same log, same bytes); I2 after every command; bad
@@ -14,6 +15,7 @@
 //! snapshot, restore), the engine (views) and the front door (queries).
 
 pub mod command;
+pub mod devices;
 pub mod meta;
 pub mod query;
 pub mod shard;
@@ -21,11 +23,17 @@ pub mod usage;
 pub mod view;
 
 #[cfg(test)]
+mod device_tests;
+#[cfg(test)]
 mod tests;
 
 pub use command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
-    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    DeviceRefusal, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence,
+    Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+};
+pub use devices::{
+    AgentLink, DeviceEviction, DeviceHealth, DeviceHealthReport, EvictionCause, NodeDevices,
+    PoolChange, AGENT_GRACE_MS_DEFAULT,
 };
 pub use shard::{
     FinishedTxn, InvariantViolation, NodeEntry, OpenTxn, ShardLedger, SnapshotError,

@@ -1,9 +1,14 @@
 //! The shard ledger: the deterministic state machine of one shard group.
 //!
-//! Owns [`ShardLedger`]: the shard's nodes and their usage, open reservations (phase 1
-//! of the two-phase protocol), placements, bind status, and a bounded record of finished
-//! transactions that makes every step idempotent by transaction id. Invariants, checked
-//! by [`ShardLedger::check_invariants`] and debug-asserted after every command:
+//! Owns [`ShardLedger`]: the shard's nodes and their usage, their devices (the only
+//! writable record of them: published pools, health, agent links, and who holds what),
+//! the device classes, open reservations (phase 1 of the two-phase protocol),
+//! placements, bind status, and a bounded record of finished transactions that makes
+//! every step idempotent by transaction id. Invariants, checked by
+//! [`ShardLedger::check_invariants`] and debug-asserted after every command:
+//! - I1: on every node, an exclusive device is held by at most one allocation, shared
+//!   devices and shared counters are never consumed beyond their amounts, and the device
+//!   accounting is that of the slots (see [`crate::ledger::devices`]);
 //! - I2: for every node, reserved + committed <= allocatable;
 //! - usage sums equal the sums of the node's slots; a host port is held once per node;
 //! - every `Reserved` slot belongs to exactly one open transaction and vice versa, and
@@ -14,8 +19,12 @@
 //!   [`LedgerView::indexed`]) is that of its node and usage: every command that
 //!   changes a node refreshes it, so the engine never rebuilds per call.
 //!
-//! Debug builds assert I2 after every command on each node the command touched (other
-//! nodes cannot change); tests call the full check.
+//! Debug builds assert I1 and I2 after every command on each node the command touched
+//! (other nodes cannot change); tests call the full check. Device effects that need the
+//! caller (evicting pods from unhealthy, NoExecute-tainted or removed devices) are
+//! returned in the replies of the commands that cause them; a disconnected agent's grace
+//! period is applied by the first `Tick` at or after its end, and Reserve already treats
+//! those devices as unhealthy from then on.
 //!
 //! `apply` never reads a clock (the command carries the leader's time), never does I/O
 //! and only iterates `BTreeMap`s and the name-ordered node table, so the same commands
@@ -36,8 +45,14 @@ use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
     ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
 };
+use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
+use crate::model::claim::validate_allocations;
+use crate::model::device::{
+    validate_device_taint, validate_pool, CounterSet, Device, DeviceClass, DeviceId, DeviceTaint,
+    DEVICE_TAINTS_MAX,
+};
 use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
@@ -246,6 +261,8 @@ struct LedgerState {
     open: BTreeMap<TxnId, OpenTxn>,
     finished: BTreeMap<TxnId, FinishedTxn>,
     next_seq: u64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    device_classes: BTreeMap<String, DeviceClass>,
 }
 
 impl Default for LedgerState {
@@ -256,6 +273,7 @@ impl Default for LedgerState {
             open: BTreeMap::new(),
             finished: BTreeMap::new(),
             next_seq: 0,
+            device_classes: BTreeMap::new(),
         }
     }
 }
@@ -268,6 +286,8 @@ struct StoredState {
     open: BTreeMap<TxnId, OpenTxn>,
     finished: BTreeMap<TxnId, FinishedTxn>,
     next_seq: u64,
+    #[serde(default)]
+    device_classes: BTreeMap<String, DeviceClass>,
 }
 
 impl StoredState {
@@ -289,6 +309,7 @@ impl StoredState {
             open: self.open,
             finished: self.finished,
             next_seq: self.next_seq,
+            device_classes: self.device_classes,
         })
     }
 }
@@ -302,12 +323,17 @@ struct Indexes {
     by_txn: BTreeMap<TxnId, BTreeSet<MemberKey>>,
     /// Finish sequence → transaction.
     finish_order: BTreeMap<u64, TxnId>,
+    /// Nodes whose agent is disconnected within its grace period.
+    disconnected: BTreeSet<String>,
 }
 
 impl Indexes {
     fn build(state: &LedgerState) -> Self {
         let mut out = Self::default();
         for entry in state.nodes.iter() {
+            if let AgentLink::Disconnected { .. } = entry.usage.devices.agent {
+                out.disconnected.insert(entry.node.name.clone());
+            }
             for (member, slot) in &entry.usage.pods {
                 out.locations
                     .insert(member.clone(), entry.node.name.clone());
@@ -366,7 +392,39 @@ impl ShardLedger {
             LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
             LedgerOp::Release { target } => self.release(at_ms, target),
             LedgerOp::BindConfirmed { member } => self.bind_confirmed(at_ms, member),
-            LedgerOp::Tick => Ok(self.expired(at_ms)),
+            LedgerOp::Tick => Ok(self.tick(at_ms)),
+            LedgerOp::PublishPool {
+                node,
+                driver,
+                pool,
+                generation,
+                devices,
+                counter_sets,
+            } => self.publish_pool(
+                at_ms,
+                node,
+                driver,
+                pool,
+                *generation,
+                devices,
+                counter_sets,
+            ),
+            LedgerOp::SetDeviceHealth { node, devices } => {
+                self.set_device_health(at_ms, node, devices)
+            }
+            LedgerOp::SetDeviceTaints {
+                node,
+                device,
+                taints,
+            } => self.set_device_taints(at_ms, node, device, taints),
+            LedgerOp::AgentDisconnected {
+                node,
+                since_ms,
+                grace_ms,
+            } => self.agent_disconnected(node, *since_ms, *grace_ms),
+            LedgerOp::AgentConnected { node } => self.agent_connected(node),
+            LedgerOp::PutDeviceClass { class } => self.put_device_class(class),
+            LedgerOp::RemoveDeviceClass { name } => Ok(self.remove_device_class(name)),
         };
         #[cfg(debug_assertions)]
         self.assert_i2(&touched);
@@ -394,7 +452,15 @@ impl ShardLedger {
                 target: ReleaseTarget::Members(keys),
             } => of_members(&mut keys.iter()),
             LedgerOp::BindConfirmed { member } => of_members(&mut std::iter::once(member)),
-            LedgerOp::RemoveNode { .. } | LedgerOp::Tick => BTreeSet::new(),
+            LedgerOp::PublishPool { node, .. }
+            | LedgerOp::SetDeviceHealth { node, .. }
+            | LedgerOp::SetDeviceTaints { node, .. }
+            | LedgerOp::AgentDisconnected { node, .. }
+            | LedgerOp::AgentConnected { node } => BTreeSet::from([node.clone()]),
+            LedgerOp::Tick => self.index.disconnected.clone(),
+            LedgerOp::RemoveNode { .. }
+            | LedgerOp::PutDeviceClass { .. }
+            | LedgerOp::RemoveDeviceClass { .. } => BTreeSet::new(),
         }
     }
 
@@ -413,6 +479,8 @@ impl ShardLedger {
                     total.is_some_and(|t| t.fits(&entry.node.allocatable)),
                     "I2 violated on node {name}"
                 );
+                let devices = entry.usage.devices.check(&entry.usage.pods);
+                debug_assert!(devices.is_ok(), "node {name}: {devices:?}");
             }
         }
         debug_assert!(self.state.finished.len() <= FINISHED_TXNS_MAX);
@@ -463,6 +531,7 @@ impl ShardLedger {
             }
             Some(_) => {
                 self.state.nodes.remove(name);
+                self.index.disconnected.remove(name);
                 Presence::Removed
             }
         };
@@ -502,7 +571,7 @@ impl ShardLedger {
             });
         }
         validate_reservation(at_ms, txn_id, members, hold)?;
-        let mut refusals = self.refusals(members);
+        let mut refusals = self.refusals(members, at_ms);
         if !refusals.is_empty() {
             refusals.truncate(REFUSALS_KEPT_MAX);
             self.finish(txn_id, TxnOutcome::Refused, at_ms, refusals.clone());
@@ -553,13 +622,13 @@ impl ShardLedger {
     }
 
     /// Every member that cannot be held, checking the batch cumulatively per node.
-    fn refusals(&self, members: &[ReserveMember]) -> Vec<Refusal> {
+    fn refusals(&self, members: &[ReserveMember], at_ms: u64) -> Vec<Refusal> {
         let mut batches: BTreeMap<&str, BatchLoad> = BTreeMap::new();
         let nothing_yet = BatchLoad::default();
         let mut out = Vec::new();
         for (i, m) in members.iter().enumerate() {
             let batch = batches.get(m.node.as_str()).unwrap_or(&nothing_yet);
-            match self.refusal_cause(m, batch) {
+            match self.refusal_cause(m, batch, at_ms) {
                 Some(cause) => out.push(Refusal {
                     member: m.member.clone(),
                     node: m.node.clone(),
@@ -567,7 +636,11 @@ impl ShardLedger {
                 }),
                 // Only later members see what this one takes.
                 None if i + 1 < members.len() => {
-                    batches.entry(m.node.as_str()).or_default().add(&m.pod)
+                    let batch = batches.entry(m.node.as_str()).or_default();
+                    match self.state.nodes.get(&m.node) {
+                        Some(entry) => batch.add_counted(&m.pod, &entry.usage.devices),
+                        None => batch.add(&m.pod),
+                    }
                 }
                 None => {}
             }
@@ -575,7 +648,12 @@ impl ShardLedger {
         out
     }
 
-    fn refusal_cause(&self, m: &ReserveMember, batch: &BatchLoad) -> Option<RefusalCause> {
+    fn refusal_cause(
+        &self,
+        m: &ReserveMember,
+        batch: &BatchLoad,
+        at_ms: u64,
+    ) -> Option<RefusalCause> {
         if let Some(node) = self.index.locations.get(&m.member) {
             return Some(RefusalCause::MemberHeld { node: node.clone() });
         }
@@ -587,7 +665,7 @@ impl ShardLedger {
         }
         entry
             .usage
-            .refusal_for(&entry.node.allocatable, batch, &m.pod)
+            .refusal_at(&entry.node.allocatable, batch, &m.pod, Some(at_ms))
     }
 
     fn hold_member(&mut self, m: &ReserveMember, state: SlotState) {
@@ -778,7 +856,7 @@ impl ShardLedger {
         }
     }
 
-    fn expired(&self, at_ms: u64) -> LedgerReply {
+    fn tick(&mut self, at_ms: u64) -> LedgerReply {
         let txn_ids = self
             .state
             .open
@@ -786,7 +864,252 @@ impl ShardLedger {
             .filter(|(_, open)| open.deadline_ms <= at_ms)
             .map(|(txn_id, _)| *txn_id)
             .collect();
-        LedgerReply::Expired { txn_ids }
+        let mut evictions = Vec::new();
+        let waiting: Vec<String> = self.index.disconnected.iter().cloned().collect();
+        for name in waiting {
+            let lost = self.state.nodes.update(&name, |entry| {
+                let usage = &mut entry.usage;
+                let out = usage.devices.expire_agent(&name, &usage.pods, at_ms);
+                let lost = matches!(usage.devices.agent, AgentLink::Lost { .. });
+                (out, lost)
+            });
+            match lost {
+                Some((out, lost)) => {
+                    evictions.extend(out);
+                    if lost {
+                        self.index.disconnected.remove(&name);
+                    }
+                }
+                None => {
+                    self.index.disconnected.remove(&name);
+                }
+            }
+        }
+        LedgerReply::Expired { txn_ids, evictions }
+    }
+
+    // ---- devices -----------------------------------------------------------------------
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the fields of one PublishPool command"
+    )]
+    fn publish_pool(
+        &mut self,
+        at_ms: u64,
+        node: &str,
+        driver: &str,
+        pool: &str,
+        generation: u64,
+        devices: &[Device],
+        counter_sets: &[CounterSet],
+    ) -> Result<LedgerReply, LedgerError> {
+        validate_pool(&FieldPath::root(), driver, pool, devices, counter_sets).map_err(|e| {
+            LedgerError::InvalidPool {
+                message: e.to_string(),
+            }
+        })?;
+        let published = PoolParts {
+            driver,
+            name: pool,
+            generation,
+            devices,
+            counter_sets,
+        };
+        let outcome = self
+            .state
+            .nodes
+            .update(node, |entry| {
+                let usage = &mut entry.usage;
+                usage.devices.publish(node, published, &usage.pods, at_ms)
+            })
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        match outcome {
+            Ok((change, evictions)) => Ok(LedgerReply::PoolPublished {
+                node: node.to_string(),
+                driver: driver.to_string(),
+                pool: pool.to_string(),
+                generation,
+                change,
+                evictions,
+            }),
+            Err(generation) => Err(LedgerError::PoolGenerationReused {
+                node: node.to_string(),
+                driver: driver.to_string(),
+                pool: pool.to_string(),
+                generation,
+            }),
+        }
+    }
+
+    fn set_device_health(
+        &mut self,
+        at_ms: u64,
+        node: &str,
+        reports: &[DeviceHealthReport],
+    ) -> Result<LedgerReply, LedgerError> {
+        let entry = self
+            .state
+            .nodes
+            .get(node)
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        if let Some(unknown) = reports
+            .iter()
+            .find(|r| entry.usage.devices.device(&r.device).is_none())
+        {
+            return Err(LedgerError::UnknownDevice {
+                node: node.to_string(),
+                device: unknown.device.clone(),
+            });
+        }
+        let outcome = self.state.nodes.update(node, |entry| {
+            let usage = &mut entry.usage;
+            usage.devices.set_health(node, reports, &usage.pods, at_ms)
+        });
+        match outcome {
+            Some(Ok(evictions)) => Ok(LedgerReply::DeviceHealthRecorded {
+                node: node.to_string(),
+                evictions,
+            }),
+            Some(Err(device)) => Err(LedgerError::UnknownDevice {
+                node: node.to_string(),
+                device,
+            }),
+            None => Err(LedgerError::UnknownNode {
+                name: node.to_string(),
+            }),
+        }
+    }
+
+    fn set_device_taints(
+        &mut self,
+        at_ms: u64,
+        node: &str,
+        device: &DeviceId,
+        taints: &[DeviceTaint],
+    ) -> Result<LedgerReply, LedgerError> {
+        let path = FieldPath::new("taints");
+        let invalid = |message: String| LedgerError::InvalidTaints { message };
+        if taints.len() > DEVICE_TAINTS_MAX {
+            return Err(invalid(format!(
+                "{path}: at most {DEVICE_TAINTS_MAX} taints per device, got {}",
+                taints.len()
+            )));
+        }
+        for (i, taint) in taints.iter().enumerate() {
+            validate_device_taint(&path.index(i), taint).map_err(|e| invalid(e.to_string()))?;
+        }
+        let entry = self
+            .state
+            .nodes
+            .get(node)
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        if entry.usage.devices.device(device).is_none() {
+            return Err(LedgerError::UnknownDevice {
+                node: node.to_string(),
+                device: device.clone(),
+            });
+        }
+        let evictions = self
+            .state
+            .nodes
+            .update(node, |entry| {
+                let usage = &mut entry.usage;
+                usage
+                    .devices
+                    .set_rule_taints(node, device, taints, &usage.pods, at_ms)
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        Ok(LedgerReply::DeviceTaintsSet {
+            node: node.to_string(),
+            device: device.clone(),
+            evictions,
+        })
+    }
+
+    fn agent_disconnected(
+        &mut self,
+        node: &str,
+        since_ms: u64,
+        grace_ms: Option<u64>,
+    ) -> Result<LedgerReply, LedgerError> {
+        let grace_ms = grace_ms.unwrap_or(AGENT_GRACE_MS_DEFAULT);
+        let link = self
+            .state
+            .nodes
+            .update(node, |entry| {
+                let devices = &mut entry.usage.devices;
+                if devices.agent == AgentLink::Connected {
+                    devices.set_agent(AgentLink::Disconnected { since_ms, grace_ms });
+                }
+                devices.agent
+            })
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        if let AgentLink::Disconnected { .. } = link {
+            self.index.disconnected.insert(node.to_string());
+        }
+        Ok(LedgerReply::AgentLinkRecorded {
+            node: node.to_string(),
+            link,
+        })
+    }
+
+    fn agent_connected(&mut self, node: &str) -> Result<LedgerReply, LedgerError> {
+        let link = self
+            .state
+            .nodes
+            .update(node, |entry| {
+                entry.usage.devices.set_agent(AgentLink::Connected);
+                entry.usage.devices.agent
+            })
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        self.index.disconnected.remove(node);
+        Ok(LedgerReply::AgentLinkRecorded {
+            node: node.to_string(),
+            link,
+        })
+    }
+
+    fn put_device_class(&mut self, class: &DeviceClass) -> Result<LedgerReply, LedgerError> {
+        class
+            .validate(&FieldPath::root())
+            .map_err(|e| LedgerError::InvalidDeviceClass {
+                message: e.to_string(),
+            })?;
+        let change = match self
+            .state
+            .device_classes
+            .insert(class.name.clone(), class.clone())
+        {
+            Some(_) => NodeChange::Updated,
+            None => NodeChange::Added,
+        };
+        Ok(LedgerReply::DeviceClassStored {
+            name: class.name.clone(),
+            change,
+        })
+    }
+
+    fn remove_device_class(&mut self, name: &str) -> LedgerReply {
+        let presence = match self.state.device_classes.remove(name) {
+            Some(_) => Presence::Removed,
+            None => Presence::Absent,
+        };
+        LedgerReply::DeviceClassRemoved {
+            name: name.to_string(),
+            presence,
+        }
     }
 
     /// Records how a transaction ended, forgetting the oldest record beyond the bound.
@@ -831,6 +1154,35 @@ impl ShardLedger {
     /// How a remembered transaction ended.
     pub fn outcome(&self, txn_id: TxnId) -> Option<TxnOutcome> {
         self.state.finished.get(&txn_id).map(|done| done.outcome)
+    }
+
+    /// The device classes, by name.
+    pub fn device_classes(&self) -> &BTreeMap<String, DeviceClass> {
+        &self.state.device_classes
+    }
+
+    /// Who holds `device` on `node`: each reserved, committed or bound member with the
+    /// allocation that names it (admin access and detached allocations included).
+    pub fn holders_of(
+        &self,
+        node: &str,
+        device: &DeviceId,
+    ) -> Vec<(&MemberKey, &crate::model::claim::DeviceAllocation)> {
+        let Some(entry) = self.state.nodes.get(node) else {
+            return Vec::new();
+        };
+        entry
+            .usage
+            .pods
+            .iter()
+            .flat_map(|(member, slot)| {
+                slot.pod
+                    .devices
+                    .iter()
+                    .filter(|a| a.device == *device)
+                    .map(move |a| (member, a))
+            })
+            .collect()
     }
 
     /// Number of remembered finished transactions.
@@ -913,6 +1265,9 @@ impl ShardLedger {
         };
         if let Some(resource) = total.shortfall(&entry.node.allocatable) {
             return fail(format!("I2: {resource} held exceeds allocatable"));
+        }
+        if let Err(what) = entry.usage.devices.check(&entry.usage.pods) {
+            return fail(what);
         }
         let mut ports = BTreeSet::new();
         for (member, slot) in &entry.usage.pods {
@@ -1056,6 +1411,10 @@ fn validate_summary(txn_id: TxnId, m: &ReserveMember) -> Result<(), LedgerError>
         message,
     };
     m.member.validate().map_err(|e| invalid(e.to_string()))?;
+    if !m.pod.devices.is_empty() {
+        validate_allocations(&FieldPath::new("pod").child("devices"), &m.pod.devices)
+            .map_err(|e| invalid(e.to_string()))?;
+    }
     // Only extended resources can be invalid, and only errors need the path.
     if m.pod.requests.extended.is_empty() && m.pod.requests.pods == 0 {
         return Ok(());
@@ -1094,5 +1453,9 @@ impl LedgerView for ShardLedger {
 
     fn indexed(&self) -> Option<IndexedView<'_>> {
         Some(self.state.nodes.view())
+    }
+
+    fn device_classes(&self) -> &BTreeMap<String, DeviceClass> {
+        &self.state.device_classes
     }
 }

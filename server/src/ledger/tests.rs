@@ -610,18 +610,23 @@ fn tick_reports_expired_reservations_without_dropping_them() {
     );
     assert_eq!(
         apply(&mut ledger, 49, LedgerOp::Tick),
-        LedgerReply::Expired { txn_ids: vec![] }
+        LedgerReply::Expired {
+            txn_ids: vec![],
+            evictions: vec![]
+        }
     );
     assert_eq!(
         apply(&mut ledger, 50, LedgerOp::Tick),
         LedgerReply::Expired {
-            txn_ids: vec![TxnId(1)]
+            txn_ids: vec![TxnId(1)],
+            evictions: vec![]
         }
     );
     assert_eq!(
         apply(&mut ledger, 500, LedgerOp::Tick),
         LedgerReply::Expired {
-            txn_ids: vec![TxnId(1), TxnId(2)]
+            txn_ids: vec![TxnId(1), TxnId(2)],
+            evictions: vec![]
         }
     );
     assert_eq!(ledger.open_txns().len(), 2);

@@ -2,11 +2,11 @@
 //!
 //! Owns [`NodeUsage`] and [`PodSlot`]. Invariants: `reserved` is the sum of the
 //! footprints of the node's `Reserved` slots and `committed` the sum of its `Committed`
-//! and `Bound` slots; no two slots hold the same host port. The ledger keeps I2
-//! (`reserved + committed <= allocatable`) by checking [`NodeUsage::refusal_for`] before
-//! every [`NodeUsage::hold`]. Extension point: a device ledger (DRA) adds a `devices`
-//! part here, checked in `refusal_for`, taken in `hold` and given back in `take`, so
-//! callers do not change. Called by the ledger only; the engine reads it through
+//! and `Bound` slots; no two slots hold the same host port; `devices` (the node's device
+//! ledger, see [`crate::ledger::devices`]) counts exactly the device allocations of the
+//! slots. The ledger keeps I2 (`reserved + committed <= allocatable`) and I1 (devices)
+//! by checking [`NodeUsage::refusal_at`] before every [`NodeUsage::hold`]; `take` gives
+//! a pod's devices back at once. Called by the ledger only; the engine reads it through
 //! [`crate::ledger::view`].
 
 use std::collections::BTreeMap;
@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::command::{RefusalCause, TxnId};
+use crate::ledger::devices::{DeviceBatch, NodeDevices};
 use crate::model::gang::MemberKey;
 use crate::model::pod::{HostPort, PodSummary};
 use crate::model::resources::Resources;
@@ -74,6 +75,8 @@ pub struct BatchLoad {
     pub footprint: Resources,
     /// Host ports they use.
     pub ports: Vec<HostPort>,
+    /// Devices allocated to them.
+    pub devices: DeviceBatch,
 }
 
 impl BatchLoad {
@@ -81,6 +84,15 @@ impl BatchLoad {
     pub fn add(&mut self, pod: &PodSummary) {
         self.footprint = self.footprint.saturating_add(&pod.footprint());
         self.ports.extend(pod.host_ports.iter().copied());
+        self.devices.push(&pod.devices);
+    }
+
+    /// Adds an accepted member, counting its devices against `devices` (the node's)
+    /// at once, so that later checks of the batch do not count them again.
+    pub fn add_counted(&mut self, pod: &PodSummary, devices: &NodeDevices) {
+        self.footprint = self.footprint.saturating_add(&pod.footprint());
+        self.ports.extend(pod.host_ports.iter().copied());
+        devices.count_into(&mut self.devices, &pod.devices);
     }
 }
 
@@ -93,6 +105,9 @@ pub struct NodeUsage {
     pub committed: Resources,
     /// The pods, by member key.
     pub pods: BTreeMap<MemberKey, PodSlot>,
+    /// The node's devices and who holds them.
+    #[serde(default, skip_serializing_if = "NodeDevices::is_empty")]
+    pub devices: NodeDevices,
 }
 
 impl NodeUsage {
@@ -113,12 +128,24 @@ impl NodeUsage {
             .any(|slot| slot.pod.host_ports.contains(port))
     }
 
-    /// Why `pod` cannot be held beside the pods held and the `batch` accepted so far, if so.
+    /// Why `pod` cannot be held beside the pods held and the `batch` accepted so far, if
+    /// so (device health as recorded, ignoring a pending agent expiry).
     pub fn refusal_for(
         &self,
         allocatable: &Resources,
         batch: &BatchLoad,
         pod: &PodSummary,
+    ) -> Option<RefusalCause> {
+        self.refusal_at(allocatable, batch, pod, None)
+    }
+
+    /// [`NodeUsage::refusal_for`] with device health as of `at_ms`.
+    pub fn refusal_at(
+        &self,
+        allocatable: &Resources,
+        batch: &BatchLoad,
+        pod: &PodSummary,
+        at_ms: Option<u64>,
     ) -> Option<RefusalCause> {
         let taken = |p: &HostPort| self.port_in_use(p) || batch.ports.contains(p);
         if let Some(port) = pod.host_ports.iter().find(|p| taken(p)) {
@@ -134,13 +161,15 @@ impl NodeUsage {
             });
         }
         let wanted = batch.footprint.saturating_add(&footprint);
-        wanted
-            .shortfall(&free)
-            .map(|resource| RefusalCause::Insufficient {
+        if let Some(resource) = wanted.shortfall(&free) {
+            return Some(RefusalCause::Insufficient {
                 requested: wanted.get(&resource),
                 free: free.get(&resource),
                 resource,
-            })
+            });
+        }
+        self.devices
+            .refusal_for(&batch.devices, &pod.devices, at_ms)
     }
 
     /// Takes the pod's footprint and records its slot; callers check `refusal_for` first.
@@ -151,6 +180,7 @@ impl NodeUsage {
         } else {
             self.committed = self.committed.saturating_add(&footprint);
         }
+        self.devices.hold(&slot.pod.devices);
         self.pods.insert(member, slot);
     }
 
@@ -169,9 +199,10 @@ impl NodeUsage {
         true
     }
 
-    /// Removes a slot and gives its footprint back.
+    /// Removes a slot and gives its footprint and devices back.
     pub fn take(&mut self, member: &MemberKey) -> Option<PodSlot> {
         let slot = self.pods.remove(member)?;
+        self.devices.release(member, &slot.pod.devices);
         let footprint = slot.pod.footprint();
         if slot.state.is_reserved() {
             self.reserved = self.reserved.saturating_sub(&footprint);

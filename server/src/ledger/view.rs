@@ -1,7 +1,8 @@
 //! Read-only view of a ledger, as the placement engine sees it.
 //!
-//! Owns the [`LedgerView`] trait, [`NodeView`] (a node, its usage, its free resources
-//! and the pods held on it with their labels), [`NodeFit`] (the few numbers and flags
+//! Owns the [`LedgerView`] trait (nodes with usage and devices, and the device classes
+//! claims resolve against), [`NodeView`] (a node, its usage, its free resources and the
+//! pods held on it with their labels), [`NodeFit`] (the few numbers and flags
 //! the engine's hot loop reads of a node) and [`IndexedView`] (every node by position,
 //! with its `NodeFit`, without building anything per call). Invariant: a view never
 //! mutates the ledger and lists nodes in name order, so engine results are
@@ -11,10 +12,12 @@
 //! present nodes with usage (a merged multi-shard view, a test fixture), which need
 //! not provide the indexed form.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ledger::shard::NodeEntry;
 use crate::ledger::usage::{NodeUsage, PodSlot};
+use crate::model::device::DeviceClass;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness, Schedulability, TaintEffect};
 use crate::model::resources::Resources;
@@ -224,4 +227,12 @@ pub trait LedgerView {
     fn indexed(&self) -> Option<IndexedView<'_>> {
         None
     }
+
+    /// The device classes claims may name (none unless the view keeps them).
+    fn device_classes(&self) -> &BTreeMap<String, DeviceClass> {
+        &NO_DEVICE_CLASSES
+    }
 }
+
+/// The device classes of a view that keeps none.
+static NO_DEVICE_CLASSES: BTreeMap<String, DeviceClass> = BTreeMap::new();

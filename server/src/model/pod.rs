@@ -1,13 +1,14 @@
 //! The scheduling part of a pod spec.
 //!
 //! Owns [`PodSpec`] (requests, nodeSelector, node affinity, tolerations, host ports,
-//! priority, pod (anti-)affinity, labels), the selector and toleration types it is made
-//! of, [`PodSummary`] (what the ledger keeps of a placed pod), and [`RawPodSpec`], the
+//! priority, pod (anti-)affinity, labels, resource claims), the selector and toleration
+//! types it is made of, [`PodSummary`] (what the ledger keeps of a placed pod, with the
+//! devices allocated to its claims), and [`RawPodSpec`], the
 //! Kubernetes-shaped JSON form. Invariants of a validated spec: operators carry the
 //! value counts Kubernetes demands (In/NotIn ≥ 1, Exists/DoesNotExist none, Gt/Lt exactly
 //! one integer), weights are within 1..=100, tolerations are well-formed, host ports are
-//! unique, and `requests.pods` is zero (each pod counts as one, see
-//! [`PodSummary::footprint`]). Error paths use the Kubernetes JSON field names. Called by
+//! unique, `requests.pods` is zero (each pod counts as one, see
+//! [`PodSummary::footprint`]), and claims are valid (see [`crate::model::claim`]). Error paths use the Kubernetes JSON field names. Called by
 //! gang validation, the ledger (summaries) and the engine (filters, scores).
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::claim::{validate_claims, DeviceAllocation, PodClaim, RawPodClaim};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{validate_label_value, validate_labels, validate_qualified_name};
 use crate::model::node::TaintEffect;
@@ -282,6 +284,9 @@ pub struct PodSpec {
     pub priority: i32,
     /// The pod's own labels.
     pub labels: BTreeMap<String, String>,
+    /// Resource claims (DRA): devices the pod needs on its node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<PodClaim>,
 }
 
 impl PodSpec {
@@ -303,7 +308,8 @@ impl PodSpec {
         for (i, toleration) in self.tolerations.iter().enumerate() {
             validate_toleration(&path.child("tolerations").index(i), toleration)?;
         }
-        validate_host_ports(&path.child("hostPorts"), &self.host_ports)
+        validate_host_ports(&path.child("hostPorts"), &self.host_ports)?;
+        validate_claims(&path.child("claims"), &self.claims)
     }
 
     /// Whether the spec has any inter-pod affinity or anti-affinity term.
@@ -491,6 +497,9 @@ pub struct PodSummary {
     /// Required anti-affinity terms, which later pods must respect.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub anti_affinity: Vec<PodAffinityTerm>,
+    /// Devices allocated to the pod's claims on its node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceAllocation>,
 }
 
 impl PodSummary {
@@ -502,6 +511,7 @@ impl PodSummary {
             labels: spec.labels.clone(),
             host_ports: spec.host_ports.clone(),
             anti_affinity: spec.pod_anti_affinity.required.clone(),
+            devices: Vec::new(),
         }
     }
 
@@ -694,6 +704,9 @@ pub struct RawPodSpec {
     /// Pod labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Resource claims.
+    #[serde(default)]
+    pub claims: Vec<RawPodClaim>,
 }
 
 impl RawPodSpec {
@@ -732,6 +745,9 @@ impl RawPodSpec {
             )?,
             priority: self.priority,
             labels: self.labels.clone(),
+            claims: convert_list(&path.child("claims"), &self.claims, |at, raw| {
+                raw.convert(at)
+            })?,
         };
         spec.validate(path)?;
         Ok(spec)

@@ -6,8 +6,10 @@
 //! `P`, `E`) or a decimal exponent (`e3`, `E-2`). Conversions round up, like
 //! Kubernetes' `Value()` and `MilliValue()`. Invariants: a parsed [`Quantity`] is never
 //! negative (`-0` is zero), and conversions never overflow silently: a value that does
-//! not fit in `u64` is an error. Deliberate strictness beyond Kubernetes: a sign or a
-//! dot with no digit at all (`"-"`, `"."`) is rejected. Called by model validation.
+//! not fit in `u64` is an error. [`parse_nano`] gives the signed, exact nano-unit value
+//! Kubernetes stores (device capacities, counters, CEL quantities). Deliberate
+//! strictness beyond Kubernetes: a sign or a dot with no digit at all (`"-"`, `"."`)
+//! is rejected. Called by model validation and the CEL library.
 
 use std::fmt;
 
@@ -100,17 +102,26 @@ impl Quantity {
 
     /// The value in units of `10^-decimals`, rounded up (3 gives milli-units).
     pub fn scaled_ceil(&self, decimals: u32) -> Option<u64> {
+        u64::try_from(self.scaled_ceil_wide(decimals)?).ok()
+    }
+
+    /// [`Quantity::scaled_ceil`] with a 128-bit result.
+    pub fn scaled_ceil_wide(&self, decimals: u32) -> Option<u128> {
         if self.mantissa == 0 {
             return Some(0);
         }
         let numerator = pow2_times(self.mantissa, self.exp2)?;
         let exp = self.exp10.checked_add(i64::from(decimals))?;
-        let value = if exp >= 0 {
-            numerator.checked_mul(pow10(exp)?)?
+        if exp >= 0 {
+            numerator.checked_mul(pow10(exp)?)
         } else {
-            ceil_div_pow10(numerator, exp.unsigned_abs())
-        };
-        u64::try_from(value).ok()
+            Some(ceil_div_pow10(numerator, exp.unsigned_abs()))
+        }
+    }
+
+    /// Whether the quantity was written with a binary suffix (`Ki` … `Ei`).
+    pub fn is_binary(&self) -> bool {
+        self.exp2 > 0
     }
 
     /// Whether the value has no fractional part.
@@ -127,6 +138,42 @@ impl Quantity {
         let twos = u64::from(self.mantissa.trailing_zeros()) + u64::from(self.exp2);
         self.mantissa % five_k == 0 && twos >= k
     }
+}
+
+/// Nano-units (10^-9) per unit.
+pub const NANO_PER_UNIT: i128 = 1_000_000_000;
+/// Largest value, in units, of a quantity written with a binary suffix; Kubernetes caps
+/// larger ones to it.
+const BINARY_UNITS_MAX: i128 = i64::MAX as i128;
+
+/// Parses a possibly negative quantity in nano-units (10^-9), exactly as Kubernetes
+/// stores it: the magnitude rounded up to nano precision, a binary-suffixed magnitude
+/// capped at 2^63-1 units. Values beyond `i128` nano-units (about 1.7 × 10^29 units)
+/// are refused as out of range.
+pub fn parse_nano(input: &str) -> Result<i128, QuantityError> {
+    let fail = |kind| QuantityError {
+        input: input.to_string(),
+        kind,
+    };
+    let (sign, rest) = split_sign(input);
+    if rest.starts_with(['+', '-']) {
+        return Err(fail(QuantityErrorKind::Malformed));
+    }
+    let q = Quantity::parse(rest).map_err(|e| fail(e.kind))?;
+    let magnitude = q
+        .scaled_ceil_wide(9)
+        .and_then(|n| i128::try_from(n).ok())
+        .ok_or(fail(QuantityErrorKind::OutOfRange))?;
+    let cap = BINARY_UNITS_MAX * NANO_PER_UNIT;
+    let magnitude = if q.is_binary() && magnitude > cap {
+        cap
+    } else {
+        magnitude
+    };
+    Ok(match sign {
+        Sign::Negative => -magnitude,
+        Sign::Positive => magnitude,
+    })
 }
 
 /// Parses `input` and returns it in milli-units, rounded up (`"500m"` → 500, `"1.5"` → 1500).
@@ -366,6 +413,28 @@ mod tests {
             parse_whole_units("0.5").map_err(|e| e.kind),
             Err(QuantityErrorKind::NotWhole)
         );
+    }
+
+    #[test]
+    fn nano_values_keep_sign_and_round_away_from_zero() {
+        assert_eq!(parse_nano("16Gi"), Ok(16 * (1i128 << 30) * NANO_PER_UNIT));
+        assert_eq!(parse_nano("-1.5"), Ok(-1_500_000_000));
+        assert_eq!(parse_nano("0.1n"), Ok(1));
+        assert_eq!(parse_nano("-0.1n"), Ok(-1));
+        assert_eq!(
+            parse_nano("1e30"),
+            Err(QuantityError {
+                input: "1e30".into(),
+                kind: QuantityErrorKind::OutOfRange
+            })
+        );
+        assert_eq!(
+            parse_nano("16Ei"),
+            Ok(i128::from(i64::MAX) * NANO_PER_UNIT),
+            "binary values are capped"
+        );
+        assert!(parse_nano("--1").is_err());
+        assert!(parse_nano("-").is_err());
     }
 
     #[test]

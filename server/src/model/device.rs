@@ -1,0 +1,1365 @@
+//! Devices in the Kubernetes DRA structured-parameters model, their pools and classes.
+//!
+//! Owns [`DeviceId`] (driver, pool, device), [`Device`] (attributes, capacity with an
+//! optional request policy, taints, consumed shared counters, and whether several claims
+//! may share it), [`ResourcePool`] (one driver's devices and counter sets on one node,
+//! published with a generation as ResourceSlices are), [`DeviceClass`] (CEL selectors,
+//! opaque config, an optional extended resource name it serves), [`DeviceQuantity`]
+//! (capacities and counters in exact nano-units) and the Kubernetes-shaped `Raw*` JSON
+//! forms. Invariants of a validated pool: driver, pool and device names follow
+//! Kubernetes' rules; device names are unique; every device has at most
+//! [`DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX`] attributes and capacities with qualified
+//! names (`id` or `domain/id`), string and version values of at most
+//! [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes (versions are semver 2.0.0), well-formed request
+//! policies, at most [`DEVICE_TAINTS_MAX`] taints, and consumes only counters that its
+//! pool's counter sets declare. A validated class has selectors that compile to bool.
+//! Errors name the field path. Called by the ledger (PublishPool, PutDeviceClass), the
+//! engine (allocation) and the kube adapter (through the raw forms).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::model::cel::compile_selector;
+use crate::model::error::{FieldPath, ValidationError};
+use crate::model::names::{
+    validate_dns_label, validate_dns_subdomain, validate_label_value, validate_qualified_name,
+    DNS1123_LABEL_MAX,
+};
+use crate::model::quantity::{parse_nano, QuantityError, QuantityErrorKind};
+use crate::model::semver::Semver;
+
+/// Most devices in one published pool (a pool may span several 128-device ResourceSlices).
+pub const POOL_DEVICES_MAX: usize = 1024;
+/// Most attributes plus capacities on one device (Kubernetes: 32).
+pub const DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX: usize = 32;
+/// Longest string or version attribute value, in bytes (Kubernetes: 64).
+pub const ATTRIBUTE_VALUE_LENGTH_MAX: usize = 64;
+/// Longest attribute, capacity or counter identifier after its domain, in bytes (Kubernetes: 32).
+pub const ATTRIBUTE_ID_LENGTH_MAX: usize = 32;
+/// Longest driver name, in bytes (Kubernetes: 63).
+pub const DRIVER_NAME_LENGTH_MAX: usize = 63;
+/// Longest pool name, in bytes (Kubernetes: 253).
+pub const POOL_NAME_LENGTH_MAX: usize = 253;
+/// Most taints on one device (Kubernetes: 4).
+pub const DEVICE_TAINTS_MAX: usize = 4;
+/// Most counter sets in one pool.
+pub const COUNTER_SETS_MAX: usize = 32;
+/// Most counters in one counter set.
+pub const COUNTERS_PER_SET_MAX: usize = 32;
+/// Most counter sets one device consumes from.
+pub const CONSUMED_COUNTER_SETS_MAX: usize = 8;
+/// Most valid values in a capacity request policy (Kubernetes: 10).
+pub const POLICY_VALID_VALUES_MAX: usize = 10;
+/// Most selectors in a device class or a request (Kubernetes: 32).
+pub const SELECTORS_MAX: usize = 32;
+/// Most config entries in a device class or claim (Kubernetes: 32).
+pub const CONFIGS_MAX: usize = 32;
+/// Longest opaque config parameters, in bytes of JSON.
+pub const CONFIG_PARAMETERS_LENGTH_MAX: usize = 10 * 1024;
+
+/// A capacity or counter amount in nano-units (10^-9), exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceQuantity(u128);
+
+impl DeviceQuantity {
+    /// Zero.
+    pub const ZERO: Self = Self(0);
+
+    /// A quantity of `nano` nano-units.
+    pub fn from_nano(nano: u128) -> Self {
+        Self(nano)
+    }
+
+    /// A quantity of whole units.
+    pub fn from_units(units: u64) -> Self {
+        Self(u128::from(units) * 1_000_000_000)
+    }
+
+    /// The amount in nano-units.
+    pub fn nano(&self) -> u128 {
+        self.0
+    }
+
+    /// Parses a Kubernetes quantity (`"40Gi"`, `"1500m"`); negative values are refused.
+    pub fn parse(input: &str) -> Result<Self, QuantityError> {
+        let nano = parse_nano(input)?;
+        u128::try_from(nano).map(Self).map_err(|_| QuantityError {
+            input: input.to_string(),
+            kind: QuantityErrorKind::Negative,
+        })
+    }
+
+    /// `self + other`, or `None` on overflow.
+    pub fn checked_add(&self, other: &Self) -> Option<Self> {
+        self.0.checked_add(other.0).map(Self)
+    }
+
+    /// `self - other`, floored at zero.
+    pub fn saturating_sub(&self, other: &Self) -> Self {
+        Self(self.0.saturating_sub(other.0))
+    }
+}
+
+impl fmt::Display for DeviceQuantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        if n % 1_000_000_000 == 0 {
+            write!(f, "{}", n / 1_000_000_000)
+        } else if n % 1_000_000 == 0 {
+            write!(f, "{}m", n / 1_000_000)
+        } else if n % 1_000 == 0 {
+            write!(f, "{}u", n / 1_000)
+        } else {
+            write!(f, "{n}n")
+        }
+    }
+}
+
+impl Serialize for DeviceQuantity {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceQuantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A device's identity: driver, pool and device name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DeviceId {
+    /// Driver name (`gpu.example.com`).
+    pub driver: String,
+    /// Pool name.
+    pub pool: String,
+    /// Device name within the pool.
+    pub device: String,
+}
+
+impl DeviceId {
+    /// Builds an id.
+    pub fn new(
+        driver: impl Into<String>,
+        pool: impl Into<String>,
+        device: impl Into<String>,
+    ) -> Self {
+        Self {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+        }
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// One attribute value (exactly one of Kubernetes' `int`, `bool`, `string`, `version`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AttributeValue {
+    /// A 64-bit integer.
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A string of at most [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes.
+    String(String),
+    /// A semver 2.0.0 version.
+    Version(String),
+}
+
+/// Which amounts a request may take of a shared device's capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CapacityValidity {
+    /// Any amount.
+    Any,
+    /// One of these amounts, ascending; a request is rounded up to the next one.
+    Values(Vec<DeviceQuantity>),
+    /// `min`, then steps of `step` (if set), never above `max` (if set).
+    Range {
+        /// Smallest amount; smaller requests are rounded up to it.
+        min: DeviceQuantity,
+        /// Largest amount.
+        max: Option<DeviceQuantity>,
+        /// Granularity above `min`; requests are rounded up to it.
+        step: Option<DeviceQuantity>,
+    },
+}
+
+/// How requests consume a capacity of a device that allows multiple allocations.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CapacityRequestPolicy {
+    /// Consumed when a request names no amount; without it, the whole capacity.
+    pub default: Option<DeviceQuantity>,
+    /// Which amounts are valid.
+    pub valid: CapacityValidity,
+}
+
+/// One capacity of a device.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeviceCapacity {
+    /// The total amount.
+    pub value: DeviceQuantity,
+    /// How shared allocations consume it (shared devices only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_policy: Option<CapacityRequestPolicy>,
+}
+
+impl DeviceCapacity {
+    /// A capacity without a request policy.
+    pub fn fixed(value: DeviceQuantity) -> Self {
+        Self {
+            value,
+            request_policy: None,
+        }
+    }
+
+    /// What one allocation consumes of it when `requested` is asked for, or `None` if
+    /// the request violates the policy (Kubernetes' consumable-capacity rules: no
+    /// amount means the default, else the whole capacity; an amount is rounded up to a
+    /// valid value or step, and must then be valid).
+    pub fn consumed_by(&self, requested: Option<DeviceQuantity>) -> Option<DeviceQuantity> {
+        let Some(requested) = requested else {
+            return Some(
+                self.request_policy
+                    .as_ref()
+                    .and_then(|p| p.default)
+                    .unwrap_or(self.value),
+            );
+        };
+        let Some(policy) = &self.request_policy else {
+            return Some(requested);
+        };
+        match &policy.valid {
+            CapacityValidity::Any => Some(requested),
+            CapacityValidity::Values(values) => values.iter().copied().find(|v| *v >= requested),
+            CapacityValidity::Range { min, max, step } => {
+                let rounded = if requested <= *min {
+                    *min
+                } else {
+                    match step {
+                        Some(step) if step.0 > 0 => {
+                            let above = requested.0 - min.0;
+                            let steps = above.div_ceil(step.0);
+                            DeviceQuantity(min.0.checked_add(steps.checked_mul(step.0)?)?)
+                        }
+                        _ => requested,
+                    }
+                };
+                match max {
+                    Some(max) if rounded > *max => None,
+                    _ => Some(rounded),
+                }
+            }
+        }
+    }
+}
+
+/// What a device taint does to claims that do not tolerate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DeviceTaintEffect {
+    /// The device takes no new allocations.
+    NoSchedule,
+    /// The device takes no new allocations and pods using it are evicted.
+    NoExecute,
+}
+
+impl DeviceTaintEffect {
+    /// Parses the Kubernetes spelling, naming the allowed values on error.
+    pub fn parse(path: &FieldPath, value: &str) -> Result<Self, ValidationError> {
+        match value {
+            "NoSchedule" => Ok(Self::NoSchedule),
+            "NoExecute" => Ok(Self::NoExecute),
+            other => Err(path.error(format!(
+                "unknown taint effect \"{other}\": expected one of NoSchedule, NoExecute"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for DeviceTaintEffect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NoSchedule => "NoSchedule",
+            Self::NoExecute => "NoExecute",
+        })
+    }
+}
+
+/// A device taint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeviceTaint {
+    /// Taint key (a qualified name).
+    pub key: String,
+    /// Taint value (may be empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// Effect.
+    pub effect: DeviceTaintEffect,
+    /// When the taint was added, in ms since the epoch (eviction deadlines count from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added_ms: Option<u64>,
+}
+
+/// A named set of shared counters in a pool (e.g. one physical GPU's memory and slices).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CounterSet {
+    /// Name, unique in the pool.
+    pub name: String,
+    /// Counter name → total amount.
+    pub counters: BTreeMap<String, DeviceQuantity>,
+}
+
+/// What a device consumes of one counter set while it is allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CounterConsumption {
+    /// The counter set.
+    pub counter_set: String,
+    /// Counter name → amount consumed.
+    pub counters: BTreeMap<String, DeviceQuantity>,
+}
+
+/// Whether several claims may hold a device at once (Kubernetes' `allowMultipleAllocations`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AllocationSharing {
+    /// One claim at a time.
+    #[default]
+    Exclusive,
+    /// Several claims, each consuming part of its capacity.
+    Shared,
+}
+
+/// One device as its driver publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Device {
+    /// Name, unique in the pool (a DNS label).
+    pub name: String,
+    /// Qualified attribute name → value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// Qualified capacity name → capacity.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, DeviceCapacity>,
+    /// Shared counters it consumes while allocated (partitionable devices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumes_counters: Vec<CounterConsumption>,
+    /// Taints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<DeviceTaint>,
+    /// Whether claims may share it.
+    #[serde(default, skip_serializing_if = "is_exclusive")]
+    pub sharing: AllocationSharing,
+}
+
+fn is_exclusive(sharing: &AllocationSharing) -> bool {
+    *sharing == AllocationSharing::Exclusive
+}
+
+impl Device {
+    /// A device without attributes, capacity, counters or taints.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            attributes: BTreeMap::new(),
+            capacity: BTreeMap::new(),
+            consumes_counters: Vec::new(),
+            taints: Vec::new(),
+            sharing: AllocationSharing::Exclusive,
+        }
+    }
+
+    /// The attribute with qualified name `name` (`id` under the driver's domain, or `domain/id`).
+    pub fn attribute(&self, driver: &str, name: &str) -> Option<&AttributeValue> {
+        let (domain, id) = crate::model::cel::split_qualified(driver, name);
+        self.attributes
+            .iter()
+            .find(|(n, _)| crate::model::cel::split_qualified(driver, n) == (domain, id))
+            .map(|(_, v)| v)
+    }
+
+    /// The capacity with qualified name `name`.
+    pub fn capacity_of(&self, driver: &str, name: &str) -> Option<&DeviceCapacity> {
+        let (domain, id) = crate::model::cel::split_qualified(driver, name);
+        self.capacity
+            .iter()
+            .find(|(n, _)| crate::model::cel::split_qualified(driver, n) == (domain, id))
+            .map(|(_, v)| v)
+    }
+}
+
+/// A driver's devices on one node, as one published pool generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourcePool {
+    /// Driver name.
+    pub driver: String,
+    /// Pool name.
+    pub name: String,
+    /// Generation: a newer one replaces the pool, an older one is ignored.
+    pub generation: u64,
+    /// Devices.
+    pub devices: Vec<Device>,
+    /// Shared counter sets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counter_sets: Vec<CounterSet>,
+}
+
+impl ResourcePool {
+    /// Checks every rule of a published pool; errors name the field under `path`.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        validate_pool(
+            path,
+            &self.driver,
+            &self.name,
+            &self.devices,
+            &self.counter_sets,
+        )
+    }
+}
+
+/// [`ResourcePool::validate`] on a pool's parts.
+pub fn validate_pool(
+    path: &FieldPath,
+    driver: &str,
+    name: &str,
+    devices: &[Device],
+    counter_sets: &[CounterSet],
+) -> Result<(), ValidationError> {
+    validate_driver_name(&path.child("driver"), driver)?;
+    validate_pool_name(&path.child("pool").child("name"), name)?;
+    let sets_path = path.child("sharedCounters");
+    if counter_sets.len() > COUNTER_SETS_MAX {
+        return Err(sets_path.error(format!(
+            "at most {COUNTER_SETS_MAX} counter sets, got {}",
+            counter_sets.len()
+        )));
+    }
+    let mut sets: BTreeMap<&str, &CounterSet> = BTreeMap::new();
+    for (i, set) in counter_sets.iter().enumerate() {
+        let at = sets_path.index(i);
+        validate_dns_label(&at.child("name"), &set.name)?;
+        if sets.insert(&set.name, set).is_some() {
+            return Err(at
+                .child("name")
+                .error(format!("duplicate counter set name \"{}\"", set.name)));
+        }
+        validate_counters(&at.child("counters"), &set.counters)?;
+    }
+    let devices_path = path.child("devices");
+    if devices.len() > POOL_DEVICES_MAX {
+        return Err(devices_path.error(format!(
+            "at most {POOL_DEVICES_MAX} devices per pool, got {}",
+            devices.len()
+        )));
+    }
+    let mut names = BTreeSet::new();
+    for (i, device) in devices.iter().enumerate() {
+        let at = || devices_path.index(i);
+        if !names.insert(device.name.as_str()) {
+            return Err(at()
+                .child("name")
+                .error(format!("duplicate device name \"{}\"", device.name)));
+        }
+        validate_device(&at, device, &sets)?;
+    }
+    Ok(())
+}
+
+fn validate_counters(
+    path: &FieldPath,
+    counters: &BTreeMap<String, DeviceQuantity>,
+) -> Result<(), ValidationError> {
+    if counters.is_empty() {
+        return Err(path.error("must name at least one counter"));
+    }
+    if counters.len() > COUNTERS_PER_SET_MAX {
+        return Err(path.error(format!(
+            "at most {COUNTERS_PER_SET_MAX} counters, got {}",
+            counters.len()
+        )));
+    }
+    for name in counters.keys() {
+        validate_c_identifier(&path.key(name), name)?;
+    }
+    Ok(())
+}
+
+/// Runs `check` without building a path; only when it fails is it run again with
+/// `path()`, so that valid input builds no path strings.
+fn lazily(
+    path: impl Fn() -> FieldPath,
+    check: impl Fn(&FieldPath) -> Result<(), ValidationError>,
+) -> Result<(), ValidationError> {
+    match check(&FieldPath::root()) {
+        Ok(()) => Ok(()),
+        Err(_) => check(&path()),
+    }
+}
+
+fn validate_device(
+    path: &dyn Fn() -> FieldPath,
+    device: &Device,
+    sets: &BTreeMap<&str, &CounterSet>,
+) -> Result<(), ValidationError> {
+    lazily(
+        || path().child("name"),
+        |p| validate_dns_label(p, &device.name),
+    )?;
+    let named = device.attributes.len() + device.capacity.len();
+    if named > DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX {
+        return Err(path().error(format!(
+            "at most {DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX} attributes and capacities per device, got {named}"
+        )));
+    }
+    for (name, value) in &device.attributes {
+        lazily(
+            || path().child("attributes").key(name),
+            |at| {
+                validate_attribute_name(at, name)?;
+                validate_attribute_value(at, value)
+            },
+        )?;
+    }
+    for (name, capacity) in &device.capacity {
+        lazily(
+            || path().child("capacity").key(name),
+            |at| {
+                validate_attribute_name(at, name)?;
+                validate_capacity(at, capacity)
+            },
+        )?;
+    }
+    let consumes = || path().child("consumesCounters");
+    if device.consumes_counters.len() > CONSUMED_COUNTER_SETS_MAX {
+        return Err(consumes().error(format!(
+            "at most {CONSUMED_COUNTER_SETS_MAX} counter sets per device, got {}",
+            device.consumes_counters.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, use_) in device.consumes_counters.iter().enumerate() {
+        let at = || consumes().index(i);
+        let Some(set) = sets.get(use_.counter_set.as_str()) else {
+            return Err(at().child("counterSet").error(format!(
+                "counter set \"{}\" is not declared by the pool",
+                use_.counter_set
+            )));
+        };
+        if !seen.insert(use_.counter_set.as_str()) {
+            return Err(at()
+                .child("counterSet")
+                .error(format!("counter set \"{}\" listed twice", use_.counter_set)));
+        }
+        lazily(
+            || at().child("counters"),
+            |p| validate_counters(p, &use_.counters),
+        )?;
+        for name in use_.counters.keys() {
+            if !set.counters.contains_key(name) {
+                return Err(at().child("counters").key(name).error(format!(
+                    "counter \"{name}\" is not in counter set \"{}\"",
+                    set.name
+                )));
+            }
+        }
+    }
+    let taints = || path().child("taints");
+    if device.taints.len() > DEVICE_TAINTS_MAX {
+        return Err(taints().error(format!(
+            "at most {DEVICE_TAINTS_MAX} taints per device, got {}",
+            device.taints.len()
+        )));
+    }
+    for (i, taint) in device.taints.iter().enumerate() {
+        lazily(|| taints().index(i), |p| validate_device_taint(p, taint))?;
+        if device.taints[..i]
+            .iter()
+            .any(|t| t.key == taint.key && t.effect == taint.effect)
+        {
+            return Err(taints().index(i).error(format!(
+                "duplicate taint \"{}\" with effect {}",
+                taint.key, taint.effect
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one device taint.
+pub fn validate_device_taint(path: &FieldPath, taint: &DeviceTaint) -> Result<(), ValidationError> {
+    validate_qualified_name(&path.child("key"), &taint.key)?;
+    validate_label_value(&path.child("value"), &taint.value)
+}
+
+fn validate_attribute_value(
+    path: &FieldPath,
+    value: &AttributeValue,
+) -> Result<(), ValidationError> {
+    match value {
+        AttributeValue::String(s) if s.len() > ATTRIBUTE_VALUE_LENGTH_MAX => Err(path
+            .child("string")
+            .error(format!("longer than {ATTRIBUTE_VALUE_LENGTH_MAX} bytes"))),
+        AttributeValue::Version(v) => Semver::parse(v)
+            .map(|_| ())
+            .map_err(|e| path.child("version").error(e)),
+        _ => Ok(()),
+    }
+}
+
+fn validate_capacity(path: &FieldPath, capacity: &DeviceCapacity) -> Result<(), ValidationError> {
+    let Some(policy) = &capacity.request_policy else {
+        return Ok(());
+    };
+    let at = path.child("requestPolicy");
+    if let Some(default) = policy.default {
+        if default > capacity.value {
+            return Err(at.child("default").error(format!(
+                "default {default} exceeds the capacity {}",
+                capacity.value
+            )));
+        }
+    }
+    match &policy.valid {
+        CapacityValidity::Any => Ok(()),
+        CapacityValidity::Values(values) => {
+            let values_path = at.child("validValues");
+            if values.is_empty() || values.len() > POLICY_VALID_VALUES_MAX {
+                return Err(
+                    values_path.error(format!("must list 1 to {POLICY_VALID_VALUES_MAX} values"))
+                );
+            }
+            if values.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(values_path.error("must be strictly ascending"));
+            }
+            if values.iter().any(|v| *v > capacity.value) {
+                return Err(values_path.error("values may not exceed the capacity"));
+            }
+            match policy.default {
+                Some(d) if !values.contains(&d) => Err(at
+                    .child("default")
+                    .error("default must be one of the valid values")),
+                _ => Ok(()),
+            }
+        }
+        CapacityValidity::Range { min, max, step } => {
+            let range = at.child("validRange");
+            if *min > capacity.value {
+                return Err(range.child("min").error("min exceeds the capacity"));
+            }
+            if let Some(max) = max {
+                if max < min || *max > capacity.value {
+                    return Err(range
+                        .child("max")
+                        .error("max must be within min and the capacity"));
+                }
+            }
+            if let Some(step) = step {
+                if step.0 == 0 {
+                    return Err(range.child("step").error("step must be positive"));
+                }
+            }
+            match policy.default {
+                Some(d) if capacity.consumed_by(Some(d)) != Some(d) => Err(at
+                    .child("default")
+                    .error("default must be a valid amount of the range")),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Checks a driver name: a DNS subdomain of at most [`DRIVER_NAME_LENGTH_MAX`] bytes.
+pub fn validate_driver_name(path: &FieldPath, name: &str) -> Result<(), ValidationError> {
+    if name.len() > DRIVER_NAME_LENGTH_MAX {
+        return Err(path.error(format!(
+            "driver name is longer than {DRIVER_NAME_LENGTH_MAX} characters"
+        )));
+    }
+    validate_dns_subdomain(path, name)
+}
+
+/// Checks a pool name: DNS subdomains separated by `/`, at most [`POOL_NAME_LENGTH_MAX`] bytes.
+pub fn validate_pool_name(path: &FieldPath, name: &str) -> Result<(), ValidationError> {
+    if name.is_empty() || name.len() > POOL_NAME_LENGTH_MAX {
+        return Err(path.error(format!(
+            "pool name must have 1 to {POOL_NAME_LENGTH_MAX} characters"
+        )));
+    }
+    for part in name.split('/') {
+        validate_dns_subdomain(path, part)?;
+    }
+    Ok(())
+}
+
+/// Checks a C identifier of at most [`ATTRIBUTE_ID_LENGTH_MAX`] bytes.
+fn validate_c_identifier(path: &FieldPath, id: &str) -> Result<(), ValidationError> {
+    let mut bytes = id.bytes();
+    let first_ok = bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    if first_ok
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && id.len() <= ATTRIBUTE_ID_LENGTH_MAX
+    {
+        Ok(())
+    } else {
+        Err(path.error(format!(
+            "invalid name \"{id}\": must be a C identifier of at most {ATTRIBUTE_ID_LENGTH_MAX} characters"
+        )))
+    }
+}
+
+/// Checks an attribute or capacity name: `id` or `domain/id` (domain a DNS subdomain
+/// of at most 63 characters, id a C identifier).
+pub fn validate_attribute_name(path: &FieldPath, name: &str) -> Result<(), ValidationError> {
+    match name.split_once('/') {
+        Some((domain, id)) => {
+            if domain.len() > DNS1123_LABEL_MAX {
+                return Err(path.error(format!(
+                    "domain \"{domain}\" is longer than {DNS1123_LABEL_MAX} characters"
+                )));
+            }
+            validate_dns_subdomain(path, domain)?;
+            validate_c_identifier(path, id)
+        }
+        None => validate_c_identifier(path, name),
+    }
+}
+
+/// A CEL expression selecting devices.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CelSelector {
+    /// The expression; it must evaluate to bool.
+    pub expression: String,
+}
+
+impl CelSelector {
+    /// A selector with `expression`.
+    pub fn new(expression: impl Into<String>) -> Self {
+        Self {
+            expression: expression.into(),
+        }
+    }
+}
+
+/// Checks a list of selectors: each compiles and evaluates to bool.
+pub fn validate_selectors(
+    path: &FieldPath,
+    selectors: &[CelSelector],
+) -> Result<(), ValidationError> {
+    if selectors.len() > SELECTORS_MAX {
+        return Err(path.error(format!(
+            "at most {SELECTORS_MAX} selectors, got {}",
+            selectors.len()
+        )));
+    }
+    for (i, selector) in selectors.iter().enumerate() {
+        compile_selector(&selector.expression).map_err(|message| {
+            path.index(i)
+                .child("cel")
+                .child("expression")
+                .error(message)
+        })?;
+    }
+    Ok(())
+}
+
+/// Opaque driver configuration: a driver and its parameters as canonical JSON text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpaqueConfig {
+    /// The driver the parameters are for.
+    pub driver: String,
+    /// Parameters, JSON text.
+    pub parameters: String,
+}
+
+/// Checks a list of opaque configs.
+pub fn validate_configs(path: &FieldPath, configs: &[OpaqueConfig]) -> Result<(), ValidationError> {
+    if configs.len() > CONFIGS_MAX {
+        return Err(path.error(format!(
+            "at most {CONFIGS_MAX} configs, got {}",
+            configs.len()
+        )));
+    }
+    for (i, config) in configs.iter().enumerate() {
+        let at = path.index(i).child("opaque");
+        validate_driver_name(&at.child("driver"), &config.driver)?;
+        if config.parameters.len() > CONFIG_PARAMETERS_LENGTH_MAX {
+            return Err(at
+                .child("parameters")
+                .error(format!("longer than {CONFIG_PARAMETERS_LENGTH_MAX} bytes")));
+        }
+        serde_json::from_str::<serde_json::Value>(&config.parameters)
+            .map_err(|e| at.child("parameters").error(format!("not JSON: {e}")))?;
+    }
+    Ok(())
+}
+
+/// A device class: selectors every device of the class satisfies, and config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceClass {
+    /// Name (a DNS subdomain).
+    pub name: String,
+    /// Selectors, all of which must match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selectors: Vec<CelSelector>,
+    /// Driver configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config: Vec<OpaqueConfig>,
+    /// The device-plugin style extended resource (`nvidia.com/gpu`) this class serves, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extended_resource_name: Option<String>,
+}
+
+impl DeviceClass {
+    /// Checks the class; errors name the field under `path`.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        validate_dns_subdomain(&path.child("name"), &self.name)?;
+        let spec = path.child("spec");
+        validate_selectors(&spec.child("selectors"), &self.selectors)?;
+        validate_configs(&spec.child("config"), &self.config)?;
+        if let Some(name) = &self.extended_resource_name {
+            let at = spec.child("extendedResourceName");
+            if !name.contains('/') || name.starts_with("kubernetes.io/") {
+                return Err(at.error(format!(
+                    "\"{name}\" is not an extended resource name (domain-qualified, outside kubernetes.io)"
+                )));
+            }
+            validate_qualified_name(&at, name)?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Submitted (Kubernetes JSON) forms.
+// ---------------------------------------------------------------------------------------
+
+/// A quantity wrapped as Kubernetes wraps counters: `{"value": "40Gi"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCounter {
+    /// The amount.
+    pub value: String,
+}
+
+/// A capacity request policy range as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawValidRange {
+    /// Smallest amount.
+    pub min: String,
+    /// Largest amount.
+    #[serde(default)]
+    pub max: Option<String>,
+    /// Step above `min`.
+    #[serde(default)]
+    pub step: Option<String>,
+}
+
+/// A capacity request policy as submitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawRequestPolicy {
+    /// Default amount.
+    #[serde(default)]
+    pub default: Option<String>,
+    /// Valid amounts.
+    #[serde(default)]
+    pub valid_values: Vec<String>,
+    /// Valid range.
+    #[serde(default)]
+    pub valid_range: Option<RawValidRange>,
+}
+
+/// A device capacity as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawCapacity {
+    /// Total amount.
+    pub value: String,
+    /// Request policy.
+    #[serde(default)]
+    pub request_policy: Option<RawRequestPolicy>,
+}
+
+/// A device taint as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawDeviceTaint {
+    /// Key.
+    pub key: String,
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+    /// `NoSchedule` or `NoExecute`.
+    pub effect: String,
+    /// When it was added, in ms since the epoch.
+    #[serde(default)]
+    pub time_added_ms: Option<u64>,
+}
+
+/// Counters a device consumes, as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawCounterConsumption {
+    /// Counter set name.
+    pub counter_set: String,
+    /// Counter → amount.
+    pub counters: BTreeMap<String, RawCounter>,
+}
+
+/// A device as submitted (ResourceSlice `devices[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawDevice {
+    /// Name.
+    pub name: String,
+    /// Attributes (`{"model": {"string": "a100"}}`).
+    #[serde(default)]
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// Capacities.
+    #[serde(default)]
+    pub capacity: BTreeMap<String, RawCapacity>,
+    /// Consumed counters.
+    #[serde(default)]
+    pub consumes_counters: Vec<RawCounterConsumption>,
+    /// Taints.
+    #[serde(default)]
+    pub taints: Vec<RawDeviceTaint>,
+    /// Whether several claims may share it.
+    #[serde(default)]
+    pub allow_multiple_allocations: bool,
+}
+
+/// A counter set as submitted (ResourceSlice `sharedCounters[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCounterSet {
+    /// Name.
+    pub name: String,
+    /// Counter → total.
+    pub counters: BTreeMap<String, RawCounter>,
+}
+
+/// A pool reference as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPoolRef {
+    /// Pool name.
+    pub name: String,
+    /// Generation.
+    pub generation: u64,
+}
+
+/// A pool as submitted, shaped like a ResourceSlice spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawResourcePool {
+    /// Driver.
+    pub driver: String,
+    /// Pool name and generation.
+    pub pool: RawPoolRef,
+    /// Devices.
+    #[serde(default)]
+    pub devices: Vec<RawDevice>,
+    /// Counter sets.
+    #[serde(default)]
+    pub shared_counters: Vec<RawCounterSet>,
+}
+
+fn quantity_at(path: &FieldPath, text: &str) -> Result<DeviceQuantity, ValidationError> {
+    DeviceQuantity::parse(text).map_err(|e| path.error(e.to_string()))
+}
+
+fn counters_at(
+    path: &FieldPath,
+    raw: &BTreeMap<String, RawCounter>,
+) -> Result<BTreeMap<String, DeviceQuantity>, ValidationError> {
+    raw.iter()
+        .map(|(name, c)| {
+            Ok((
+                name.clone(),
+                quantity_at(&path.key(name).child("value"), &c.value)?,
+            ))
+        })
+        .collect()
+}
+
+fn convert_capacity(
+    path: &FieldPath,
+    raw: &RawCapacity,
+) -> Result<DeviceCapacity, ValidationError> {
+    let value = quantity_at(&path.child("value"), &raw.value)?;
+    let request_policy = match &raw.request_policy {
+        None => None,
+        Some(p) => {
+            let at = path.child("requestPolicy");
+            let default = match &p.default {
+                Some(d) => Some(quantity_at(&at.child("default"), d)?),
+                None => None,
+            };
+            let valid = match (&p.valid_range, p.valid_values.is_empty()) {
+                (Some(_), false) => {
+                    return Err(at.error("validValues and validRange are mutually exclusive"))
+                }
+                (Some(r), true) => {
+                    let range = at.child("validRange");
+                    CapacityValidity::Range {
+                        min: quantity_at(&range.child("min"), &r.min)?,
+                        max: match &r.max {
+                            Some(m) => Some(quantity_at(&range.child("max"), m)?),
+                            None => None,
+                        },
+                        step: match &r.step {
+                            Some(s) => Some(quantity_at(&range.child("step"), s)?),
+                            None => None,
+                        },
+                    }
+                }
+                (None, false) => CapacityValidity::Values(
+                    p.valid_values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| quantity_at(&at.child("validValues").index(i), v))
+                        .collect::<Result<_, _>>()?,
+                ),
+                (None, true) => CapacityValidity::Any,
+            };
+            Some(CapacityRequestPolicy { default, valid })
+        }
+    };
+    Ok(DeviceCapacity {
+        value,
+        request_policy,
+    })
+}
+
+fn convert_device(path: &FieldPath, raw: &RawDevice) -> Result<Device, ValidationError> {
+    let capacity = raw
+        .capacity
+        .iter()
+        .map(|(name, c)| {
+            Ok((
+                name.clone(),
+                convert_capacity(&path.child("capacity").key(name), c)?,
+            ))
+        })
+        .collect::<Result<_, ValidationError>>()?;
+    let consumes_counters = raw
+        .consumes_counters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let at = path.child("consumesCounters").index(i);
+            Ok(CounterConsumption {
+                counter_set: c.counter_set.clone(),
+                counters: counters_at(&at.child("counters"), &c.counters)?,
+            })
+        })
+        .collect::<Result<_, ValidationError>>()?;
+    let taints = raw
+        .taints
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(DeviceTaint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: DeviceTaintEffect::parse(
+                    &path.child("taints").index(i).child("effect"),
+                    &t.effect,
+                )?,
+                time_added_ms: t.time_added_ms,
+            })
+        })
+        .collect::<Result<_, ValidationError>>()?;
+    Ok(Device {
+        name: raw.name.clone(),
+        attributes: raw.attributes.clone(),
+        capacity,
+        consumes_counters,
+        taints,
+        sharing: if raw.allow_multiple_allocations {
+            AllocationSharing::Shared
+        } else {
+            AllocationSharing::Exclusive
+        },
+    })
+}
+
+impl RawResourcePool {
+    /// Validates and converts into a [`ResourcePool`]; errors name the field path.
+    pub fn validate(&self) -> Result<ResourcePool, ValidationError> {
+        let root = FieldPath::new("spec");
+        let devices = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| convert_device(&root.child("devices").index(i), d))
+            .collect::<Result<_, _>>()?;
+        let counter_sets = self
+            .shared_counters
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let at = root.child("sharedCounters").index(i);
+                Ok(CounterSet {
+                    name: s.name.clone(),
+                    counters: counters_at(&at.child("counters"), &s.counters)?,
+                })
+            })
+            .collect::<Result<_, ValidationError>>()?;
+        let pool = ResourcePool {
+            driver: self.driver.clone(),
+            name: self.pool.name.clone(),
+            generation: self.pool.generation,
+            devices,
+            counter_sets,
+        };
+        pool.validate(&root)?;
+        Ok(pool)
+    }
+}
+
+/// A CEL selector as submitted: `{"cel": {"expression": "…"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSelector {
+    /// The CEL part.
+    pub cel: RawCelExpression,
+}
+
+/// The expression of a submitted selector.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCelExpression {
+    /// The expression.
+    pub expression: String,
+}
+
+/// Opaque config as submitted: `{"opaque": {"driver": …, "parameters": {…}}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// The opaque part.
+    pub opaque: RawOpaque,
+}
+
+/// Opaque parameters as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOpaque {
+    /// Driver.
+    pub driver: String,
+    /// Parameters, any JSON.
+    pub parameters: serde_json::Value,
+}
+
+/// A device class spec as submitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawDeviceClassSpec {
+    /// Selectors.
+    #[serde(default)]
+    pub selectors: Vec<RawSelector>,
+    /// Config.
+    #[serde(default)]
+    pub config: Vec<RawConfig>,
+    /// Extended resource served.
+    #[serde(default)]
+    pub extended_resource_name: Option<String>,
+}
+
+/// A device class as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeviceClass {
+    /// Name.
+    pub name: String,
+    /// Spec.
+    #[serde(default)]
+    pub spec: RawDeviceClassSpec,
+}
+
+/// Converts submitted selectors.
+pub fn convert_selectors(raw: &[RawSelector]) -> Vec<CelSelector> {
+    raw.iter()
+        .map(|s| CelSelector::new(s.cel.expression.clone()))
+        .collect()
+}
+
+/// Converts submitted opaque configs (parameters become canonical JSON text).
+pub fn convert_configs(raw: &[RawConfig]) -> Vec<OpaqueConfig> {
+    raw.iter()
+        .map(|c| OpaqueConfig {
+            driver: c.opaque.driver.clone(),
+            parameters: c.opaque.parameters.to_string(),
+        })
+        .collect()
+}
+
+impl RawDeviceClass {
+    /// Validates and converts into a [`DeviceClass`]; errors name the field path.
+    pub fn validate(&self) -> Result<DeviceClass, ValidationError> {
+        let class = DeviceClass {
+            name: self.name.clone(),
+            selectors: convert_selectors(&self.spec.selectors),
+            config: convert_configs(&self.spec.config),
+            extended_resource_name: self.spec.extended_resource_name.clone(),
+        };
+        class.validate(&FieldPath::root())?;
+        Ok(class)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> DeviceQuantity {
+        DeviceQuantity::parse(s).expect(s)
+    }
+
+    #[test]
+    fn quantities_round_trip_and_order_exactly() {
+        for text in ["40Gi", "1500m", "7n", "5u", "0", "1e3"] {
+            let parsed = q(text);
+            assert_eq!(q(&parsed.to_string()), parsed, "{text}");
+        }
+        assert!(q("1Gi") > q("1G"));
+        assert_eq!(q("1"), q("1000m"));
+        assert!(DeviceQuantity::parse("-1").is_err());
+        let json = serde_json::to_string(&q("1.5")).expect("encodes");
+        assert_eq!(json, "\"1500m\"");
+    }
+
+    #[test]
+    fn request_policies_round_up_and_refuse() {
+        let range = DeviceCapacity {
+            value: q("40Gi"),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(q("1Gi")),
+                valid: CapacityValidity::Range {
+                    min: q("1Gi"),
+                    max: Some(q("20Gi")),
+                    step: Some(q("1Gi")),
+                },
+            }),
+        };
+        assert_eq!(range.consumed_by(None), Some(q("1Gi")));
+        assert_eq!(range.consumed_by(Some(q("100Mi"))), Some(q("1Gi")));
+        assert_eq!(range.consumed_by(Some(q("1.5Gi"))), Some(q("2Gi")));
+        assert_eq!(range.consumed_by(Some(q("21Gi"))), None);
+        let values = DeviceCapacity {
+            value: q("8"),
+            request_policy: Some(CapacityRequestPolicy {
+                default: None,
+                valid: CapacityValidity::Values(vec![q("1"), q("2"), q("4")]),
+            }),
+        };
+        assert_eq!(values.consumed_by(Some(q("3"))), Some(q("4")));
+        assert_eq!(values.consumed_by(Some(q("5"))), None);
+        assert_eq!(
+            values.consumed_by(None),
+            Some(q("8")),
+            "no default: everything"
+        );
+        assert_eq!(
+            DeviceCapacity::fixed(q("8")).consumed_by(Some(q("3"))),
+            Some(q("3"))
+        );
+    }
+
+    #[test]
+    fn raw_pool_converts_and_bad_pools_name_the_field() {
+        let json = r#"{
+          "driver": "gpu.example.com",
+          "pool": {"name": "node-1", "generation": 2},
+          "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "40Gi"}}}],
+          "devices": [
+            {"name": "gpu-0-mig-1", "attributes": {"model": {"string": "a100"}, "driverVersion": {"version": "535.1.0"}},
+             "capacity": {"memory": {"value": "10Gi"}},
+             "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}],
+             "taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]},
+            {"name": "nic-0", "allowMultipleAllocations": true,
+             "capacity": {"bandwidth": {"value": "100G", "requestPolicy": {"default": "1G", "validRange": {"min": "1G", "step": "1G"}}}}}
+          ]
+        }"#;
+        let raw: RawResourcePool = serde_json::from_str(json).expect("decodes");
+        let pool = raw.validate().expect("valid");
+        assert_eq!(pool.devices.len(), 2);
+        assert_eq!(pool.devices[1].sharing, AllocationSharing::Shared);
+        assert_eq!(pool.generation, 2);
+
+        let bad = |edit: &dyn Fn(&mut ResourcePool)| {
+            let mut p = pool.clone();
+            edit(&mut p);
+            p.validate(&FieldPath::new("pool"))
+                .expect_err("invalid")
+                .to_string()
+        };
+        let dup = bad(&|p| p.devices[1].name = "gpu-0-mig-1".into());
+        assert!(
+            dup.starts_with("pool.devices[1].name: duplicate device name"),
+            "{dup}"
+        );
+        let set = bad(&|p| p.devices[0].consumes_counters[0].counter_set = "nope".into());
+        assert!(
+            set.starts_with("pool.devices[0].consumesCounters[0].counterSet"),
+            "{set}"
+        );
+        let version = bad(&|p| {
+            p.devices[0]
+                .attributes
+                .insert("v".into(), AttributeValue::Version("1.2".into()));
+        });
+        assert!(
+            version.starts_with("pool.devices[0].attributes.v.version"),
+            "{version}"
+        );
+        let name = bad(&|p| {
+            p.devices[0]
+                .attributes
+                .insert("bad-name".into(), AttributeValue::Int(1));
+        });
+        assert!(
+            name.starts_with("pool.devices[0].attributes.bad-name"),
+            "{name}"
+        );
+        let driver = bad(&|p| p.driver = "Bad_Driver".into());
+        assert!(driver.starts_with("pool.driver"), "{driver}");
+    }
+
+    #[test]
+    fn classes_check_their_selectors() {
+        let raw: RawDeviceClass = serde_json::from_str(
+            r#"{"name": "gpu.example.com", "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}],
+                "config": [{"opaque": {"driver": "gpu.example.com", "parameters": {"b": 1, "a": 2}}}],
+                "extendedResourceName": "example.com/gpu"}}"#,
+        )
+        .expect("decodes");
+        let class = raw.validate().expect("valid");
+        assert_eq!(class.config[0].parameters, r#"{"a":2,"b":1}"#);
+        let mut bad = raw.clone();
+        bad.spec.selectors[0].cel.expression = "device.driver".into();
+        let err = bad.validate().expect_err("not bool").to_string();
+        assert!(
+            err.starts_with("spec.selectors[0].cel.expression: must evaluate to bool"),
+            "{err}"
+        );
+        bad.spec.selectors[0].cel.expression = "device.driver ==".into();
+        let err = bad.validate().expect_err("does not compile").to_string();
+        assert!(
+            err.starts_with("spec.selectors[0].cel.expression: compilation failed"),
+            "{err}"
+        );
+    }
+}
