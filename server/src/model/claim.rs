@@ -623,15 +623,7 @@ fn convert_toleration(
     path: &FieldPath,
     raw: &RawDeviceToleration,
 ) -> Result<DeviceToleration, ValidationError> {
-    let operator = match raw.operator.as_deref() {
-        None | Some("") | Some("Equal") => TolerationOperator::Equal,
-        Some("Exists") => TolerationOperator::Exists,
-        Some(other) => {
-            return Err(path.child("operator").error(format!(
-                "unknown operator \"{other}\": expected one of Equal, Exists"
-            )))
-        }
-    };
+    let operator = TolerationOperator::parse(&path.child("operator"), raw.operator.as_deref())?;
     let effect = match raw.effect.as_deref() {
         None | Some("") => None,
         Some(text) => Some(DeviceTaintEffect::parse(&path.child("effect"), text)?),

@@ -194,6 +194,19 @@ pub enum TolerationOperator {
     Exists,
 }
 
+impl TolerationOperator {
+    /// Parses a toleration's operator; absent or empty means Equal, as in Kubernetes.
+    pub fn parse(path: &FieldPath, raw: Option<&str>) -> Result<Self, ValidationError> {
+        match raw {
+            None | Some("") | Some("Equal") => Ok(Self::Equal),
+            Some("Exists") => Ok(Self::Exists),
+            Some(other) => Err(path.error(format!(
+                "unknown operator \"{other}\": expected one of Equal, Exists"
+            ))),
+        }
+    }
+}
+
 /// A toleration of taints.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Toleration {
@@ -867,15 +880,7 @@ fn convert_toleration(
     path: &FieldPath,
     raw: &RawToleration,
 ) -> Result<Toleration, ValidationError> {
-    let operator = match raw.operator.as_deref() {
-        None | Some("") | Some("Equal") => TolerationOperator::Equal,
-        Some("Exists") => TolerationOperator::Exists,
-        Some(other) => {
-            return Err(path.child("operator").error(format!(
-                "unknown operator \"{other}\": expected one of Equal, Exists"
-            )))
-        }
-    };
+    let operator = TolerationOperator::parse(&path.child("operator"), raw.operator.as_deref())?;
     let effect = match raw.effect.as_deref() {
         None | Some("") => None,
         Some(text) => Some(TaintEffect::parse(&path.child("effect"), text)?),
