@@ -16,9 +16,14 @@ use crate::model::device::{
     CounterSet, Device, DeviceClass, DeviceId, DeviceTaint, DeviceTaintEffect,
 };
 use crate::model::gang::MemberKey;
-use crate::model::node::Node;
+use crate::model::node::{Node, Readiness};
 use crate::model::pod::{HostPort, PodSummary};
 use crate::model::resources::ResourceName;
+
+/// Shortest node lease a heartbeat may ask for, in ms.
+pub const NODE_LEASE_MS_MIN: u64 = 1_000;
+/// Longest node lease a heartbeat may ask for, in ms.
+pub const NODE_LEASE_MS_MAX: u64 = 10 * 60 * 1_000;
 
 /// Transaction id: unique, and the idempotency key of every two-phase step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -74,6 +79,17 @@ pub enum LedgerOp {
     RegisterNode {
         /// The node.
         node: Node,
+    },
+    /// Renews the node agent's lease and records the node's Ready condition; a lease not
+    /// renewed within `lease_ms` makes the node not ready at the first `Tick` after it
+    /// (the node lifecycle controller's rule, without its taints).
+    NodeHeartbeat {
+        /// Node name.
+        node: String,
+        /// Whether the agent reports the node ready.
+        ready: bool,
+        /// How long the lease lasts, in ms ([`NODE_LEASE_MS_MIN`]..=[`NODE_LEASE_MS_MAX`]).
+        lease_ms: u64,
     },
     /// Removes a node; refused while it holds any reservation or placement.
     RemoveNode {
@@ -411,6 +427,12 @@ pub enum LedgerError {
         /// Node name.
         name: String,
     },
+    /// A heartbeat's lease is out of range.
+    #[error("lease_ms: {lease_ms} is not in {NODE_LEASE_MS_MIN}..={NODE_LEASE_MS_MAX}")]
+    InvalidLease {
+        /// The lease asked for.
+        lease_ms: u64,
+    },
     /// A published pool failed validation (the message names the field).
     #[error("invalid pool: {message}")]
     InvalidPool {
@@ -460,6 +482,15 @@ pub enum LedgerReply {
         name: String,
         /// Added or updated.
         change: NodeChange,
+    },
+    /// The lease is renewed until `lease_until_ms`.
+    HeartbeatRecorded {
+        /// Node name.
+        node: String,
+        /// The node's readiness now.
+        readiness: Readiness,
+        /// When the lease lapses unless renewed, in ms.
+        lease_until_ms: u64,
     },
     /// The node is gone.
     NodeRemoved {
@@ -512,6 +543,9 @@ pub enum LedgerReply {
         /// Pods holding devices that turned unhealthy, for the caller to evict.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         evictions: Vec<DeviceEviction>,
+        /// Nodes whose lease lapsed at this tick (now not ready).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        lapsed: Vec<String>,
     },
     /// A reserve retried after its transaction ended.
     AlreadyFinished {

@@ -36,8 +36,8 @@ pub use devices::{
     PoolChange, AGENT_GRACE_MS_DEFAULT,
 };
 pub use shard::{
-    FinishedTxn, InvariantViolation, NodeEntry, OpenTxn, ShardLedger, SnapshotError,
-    FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
+    FinishedTxn, InvariantViolation, LeaseState, NodeEntry, NodeLease, OpenTxn, ShardLedger,
+    SnapshotError, FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
 };
 pub use usage::{NodeUsage, PodSlot, SlotState};
 pub use view::{IndexedView, LedgerView, NodeFit, NodeView};

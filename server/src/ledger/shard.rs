@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
-    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    ReleaseTarget, ReserveMember, TxnId, TxnOutcome, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN,
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
@@ -74,6 +74,36 @@ pub struct NodeEntry {
     pub node: Node,
     /// Its usage.
     pub usage: NodeUsage,
+    /// The agent's lease, once it has sent a heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<NodeLease>,
+}
+
+/// A node agent's lease: renewed by heartbeats, it lapses `lease_ms` after the last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLease {
+    /// When the last heartbeat was applied, in ms.
+    pub renewed_at_ms: u64,
+    /// Its length, in ms.
+    pub lease_ms: u64,
+    /// Whether it is running or has lapsed.
+    pub state: LeaseState,
+}
+
+impl NodeLease {
+    /// When it lapses unless renewed, in ms.
+    pub fn until_ms(&self) -> u64 {
+        self.renewed_at_ms.saturating_add(self.lease_ms)
+    }
+}
+
+/// Whether a node lease runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseState {
+    /// Renewed in time.
+    Live,
+    /// Not renewed in time: the node was made not ready.
+    Lapsed,
 }
 
 /// An open (reserved, undecided) transaction.
@@ -325,6 +355,8 @@ struct Indexes {
     finish_order: BTreeMap<u64, TxnId>,
     /// Nodes whose agent is disconnected within its grace period.
     disconnected: BTreeSet<String>,
+    /// Live leases by (lapse time in ms, node).
+    leases: BTreeSet<(u64, String)>,
 }
 
 impl Indexes {
@@ -333,6 +365,10 @@ impl Indexes {
         for entry in state.nodes.iter() {
             if let AgentLink::Disconnected { .. } = entry.usage.devices.agent {
                 out.disconnected.insert(entry.node.name.clone());
+            }
+            if let Some(lease) = entry.lease.filter(|l| l.state == LeaseState::Live) {
+                out.leases
+                    .insert((lease.until_ms(), entry.node.name.clone()));
             }
             for (member, slot) in &entry.usage.pods {
                 out.locations
@@ -379,6 +415,11 @@ impl ShardLedger {
         let touched = self.nodes_touched_by(&cmd.op);
         let result = match &cmd.op {
             LedgerOp::RegisterNode { node } => self.register_node(node),
+            LedgerOp::NodeHeartbeat {
+                node,
+                ready,
+                lease_ms,
+            } => self.heartbeat(at_ms, node, *ready, *lease_ms),
             LedgerOp::RemoveNode { name } => self.remove_node(name),
             LedgerOp::Reserve {
                 txn_id,
@@ -440,6 +481,7 @@ impl ShardLedger {
         };
         match op {
             LedgerOp::RegisterNode { node } => BTreeSet::from([node.name.clone()]),
+            LedgerOp::NodeHeartbeat { node, .. } => BTreeSet::from([node.clone()]),
             LedgerOp::Reserve { members, .. } | LedgerOp::ReserveAndCommit { members, .. } => {
                 members.iter().map(|m| m.node.clone()).collect()
             }
@@ -457,7 +499,11 @@ impl ShardLedger {
             | LedgerOp::SetDeviceTaints { node, .. }
             | LedgerOp::AgentDisconnected { node, .. }
             | LedgerOp::AgentConnected { node } => BTreeSet::from([node.clone()]),
-            LedgerOp::Tick => self.index.disconnected.clone(),
+            LedgerOp::Tick => {
+                let mut nodes = self.index.disconnected.clone();
+                nodes.extend(self.index.leases.iter().map(|(_, node)| node.clone()));
+                nodes
+            }
             LedgerOp::RemoveNode { .. }
             | LedgerOp::PutDeviceClass { .. }
             | LedgerOp::RemoveDeviceClass { .. } => BTreeSet::new(),
@@ -510,6 +556,7 @@ impl ShardLedger {
                 self.state.nodes.insert(NodeEntry {
                     node: node.clone(),
                     usage: NodeUsage::default(),
+                    lease: None,
                 });
                 NodeChange::Added
             }
@@ -530,7 +577,11 @@ impl ShardLedger {
                 });
             }
             Some(_) => {
-                self.state.nodes.remove(name);
+                if let Some(lease) = self.state.nodes.remove(name).and_then(|e| e.lease) {
+                    self.index
+                        .leases
+                        .remove(&(lease.until_ms(), name.to_string()));
+                }
                 self.index.disconnected.remove(name);
                 Presence::Removed
             }
@@ -885,7 +936,76 @@ impl ShardLedger {
                 }
             }
         }
-        LedgerReply::Expired { txn_ids, evictions }
+        let lapsed = self.lapse_leases(at_ms);
+        LedgerReply::Expired {
+            txn_ids,
+            evictions,
+            lapsed,
+        }
+    }
+
+    /// Makes every node whose lease ran out at or before `at_ms` not ready.
+    fn lapse_leases(&mut self, at_ms: u64) -> Vec<String> {
+        let mut lapsed = Vec::new();
+        while let Some((until_ms, name)) = self.index.leases.first().cloned() {
+            if until_ms > at_ms {
+                break;
+            }
+            self.index.leases.remove(&(until_ms, name.clone()));
+            self.state.nodes.update(&name, |entry| {
+                entry.node.readiness = Readiness::NotReady;
+                if let Some(lease) = entry.lease.as_mut() {
+                    lease.state = LeaseState::Lapsed;
+                }
+            });
+            lapsed.push(name);
+        }
+        lapsed
+    }
+
+    fn heartbeat(
+        &mut self,
+        at_ms: u64,
+        node: &str,
+        ready: bool,
+        lease_ms: u64,
+    ) -> Result<LedgerReply, LedgerError> {
+        if !(NODE_LEASE_MS_MIN..=NODE_LEASE_MS_MAX).contains(&lease_ms) {
+            return Err(LedgerError::InvalidLease { lease_ms });
+        }
+        let readiness = if ready {
+            Readiness::Ready
+        } else {
+            Readiness::NotReady
+        };
+        let lease = NodeLease {
+            renewed_at_ms: at_ms,
+            lease_ms,
+            state: LeaseState::Live,
+        };
+        let previous = self
+            .state
+            .nodes
+            .update(node, |entry| {
+                entry.node.readiness = readiness;
+                entry.lease.replace(lease)
+            })
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        if let Some(old) = previous.filter(|l| l.state == LeaseState::Live) {
+            self.index
+                .leases
+                .remove(&(old.until_ms(), node.to_string()));
+        }
+        self.index
+            .leases
+            .insert((lease.until_ms(), node.to_string()));
+        Ok(LedgerReply::HeartbeatRecorded {
+            node: node.to_string(),
+            readiness,
+            lease_until_ms: lease.until_ms(),
+        })
     }
 
     // ---- devices -----------------------------------------------------------------------

@@ -612,21 +612,24 @@ fn tick_reports_expired_reservations_without_dropping_them() {
         apply(&mut ledger, 49, LedgerOp::Tick),
         LedgerReply::Expired {
             txn_ids: vec![],
-            evictions: vec![]
+            evictions: vec![],
+            lapsed: vec![]
         }
     );
     assert_eq!(
         apply(&mut ledger, 50, LedgerOp::Tick),
         LedgerReply::Expired {
             txn_ids: vec![TxnId(1)],
-            evictions: vec![]
+            evictions: vec![],
+            lapsed: vec![]
         }
     );
     assert_eq!(
         apply(&mut ledger, 500, LedgerOp::Tick),
         LedgerReply::Expired {
             txn_ids: vec![TxnId(1), TxnId(2)],
-            evictions: vec![]
+            evictions: vec![],
+            lapsed: vec![]
         }
     );
     assert_eq!(ledger.open_txns().len(), 2);
@@ -634,6 +637,91 @@ fn tick_reports_expired_reservations_without_dropping_them() {
         apply(&mut ledger, 501, LedgerOp::Commit { txn_id: TxnId(1) }),
         LedgerReply::Committed { txn_id: TxnId(1) }
     );
+}
+
+fn heartbeat(node: &str, ready: bool, lease_ms: u64) -> LedgerOp {
+    LedgerOp::NodeHeartbeat {
+        node: node.to_string(),
+        ready,
+        lease_ms,
+    }
+}
+
+fn readiness(ledger: &ShardLedger, name: &str) -> Option<Readiness> {
+    ledger.node(name).map(|e| e.node.readiness)
+}
+
+#[test]
+fn a_lapsed_lease_makes_the_node_not_ready_until_the_next_heartbeat() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10), node("n2", 1000, 10)]);
+    let reply = apply(&mut ledger, 100, heartbeat("n1", true, 1_000));
+    assert_eq!(
+        reply,
+        LedgerReply::HeartbeatRecorded {
+            node: "n1".to_string(),
+            readiness: Readiness::Ready,
+            lease_until_ms: 1_100
+        }
+    );
+    // A renewal moves the lapse time; the old one no longer counts.
+    apply(&mut ledger, 900, heartbeat("n1", true, 1_000));
+    let tick = apply(&mut ledger, 1_100, LedgerOp::Tick);
+    assert!(matches!(tick, LedgerReply::Expired { ref lapsed, .. } if lapsed.is_empty()));
+    assert_eq!(readiness(&ledger, "n1"), Some(Readiness::Ready));
+    let tick = apply(&mut ledger, 1_900, LedgerOp::Tick);
+    assert!(
+        matches!(tick, LedgerReply::Expired { ref lapsed, .. } if lapsed == &["n1".to_string()]),
+        "{tick:?}"
+    );
+    assert_eq!(readiness(&ledger, "n1"), Some(Readiness::NotReady));
+    // A node that never sent a heartbeat has no lease to lapse.
+    assert_eq!(readiness(&ledger, "n2"), Some(Readiness::Ready));
+    // Not ready: reservations are refused.
+    let refused = apply(
+        &mut ledger,
+        2_000,
+        reserve(1, vec![rm("a", "n1", pod(100))], 9_000),
+    );
+    let LedgerReply::ReserveRefused { refusals, .. } = refused else {
+        panic!("expected refusal, got {refused:?}");
+    };
+    assert_eq!(refusals[0].cause, RefusalCause::NodeNotReady);
+    ledger.check_invariants().expect("invariants");
+    apply(&mut ledger, 2_100, heartbeat("n1", true, 1_000));
+    assert_eq!(readiness(&ledger, "n1"), Some(Readiness::Ready));
+    ledger.check_invariants().expect("invariants");
+    // The restored ledger rebuilds the lease index: the lease lapses there too.
+    let mut restored = ShardLedger::restore(&ledger.snapshot()).expect("restore");
+    let tick = apply(&mut restored, 3_100, LedgerOp::Tick);
+    assert!(matches!(tick, LedgerReply::Expired { ref lapsed, .. } if lapsed.len() == 1));
+}
+
+#[test]
+fn heartbeats_report_not_ready_and_refuse_bad_leases() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    apply(&mut ledger, 0, heartbeat("n1", false, 5_000));
+    assert_eq!(readiness(&ledger, "n1"), Some(Readiness::NotReady));
+    assert_eq!(
+        apply(&mut ledger, 0, heartbeat("n1", true, 10)),
+        LedgerReply::Rejected {
+            error: LedgerError::InvalidLease { lease_ms: 10 }
+        }
+    );
+    assert_eq!(readiness(&ledger, "n1"), Some(Readiness::NotReady));
+    assert_eq!(
+        apply(&mut ledger, 0, heartbeat("ghost", true, 5_000)),
+        LedgerReply::Rejected {
+            error: LedgerError::UnknownNode {
+                name: "ghost".to_string()
+            }
+        }
+    );
+    // Removing a node drops its lease from the index.
+    assert!(matches!(
+        apply(&mut ledger, 1, LedgerOp::RemoveNode { name: "n1".into() }),
+        LedgerReply::NodeRemoved { .. }
+    ));
+    ledger.check_invariants().expect("invariants");
 }
 
 #[test]
@@ -826,11 +914,13 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
             .prop_map(|ms| LedgerOp::Release { target: ReleaseTarget::Members(ms.into_iter().map(|m| key(MEMBERS[m])).collect()) }),
         1 => (0usize..MEMBERS.len()).prop_map(|m| LedgerOp::BindConfirmed { member: key(MEMBERS[m]) }),
         1 => Just(LedgerOp::Tick),
+        1 => (0usize..NODE_NAMES.len(), any::<bool>(), prop_oneof![Just(1_000u64), Just(1_100), Just(5)])
+            .prop_map(|(n, ready, lease_ms)| heartbeat(NODE_NAMES[n], ready, lease_ms)),
     ]
 }
 
 fn arb_commands() -> impl Strategy<Value = Vec<LedgerCommand>> {
-    prop::collection::vec((0u64..20, arb_op()), 1..60).prop_map(|steps| {
+    prop::collection::vec((0u64..40, arb_op()), 1..60).prop_map(|steps| {
         let mut at_ms = 0;
         steps
             .into_iter()
