@@ -13,9 +13,9 @@ use gangway_proto::admin::{
 use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
 use gangway_proto::v1::{
-    GangGroupRef, GangGroupStatus, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest,
-    NodeInfo, NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo,
-    SubmitGangGroupRequest,
+    DeviceListAck, DeviceListReport, GangGroupRef, GangGroupStatus, GetNodeRequest,
+    HeartbeatRequest, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest, NodeInfo,
+    NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -161,6 +161,47 @@ impl Client {
             .list_nodes(ListNodesRequest { shard })
             .await?;
         Ok(reply.into_inner().nodes)
+    }
+
+    /// One node with its usage and devices.
+    pub async fn get_node(&self, name: &str) -> Result<NodeInfo, ClientError> {
+        let reply = InventoryClient::new(self.channel.clone())
+            .get_node(GetNodeRequest {
+                name: name.to_string(),
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Renews a node's lease (`lease_ms` 0: the server's default) and reports its readiness;
+    /// answers when the lease lapses unless renewed, in ms since the Unix epoch.
+    pub async fn heartbeat(
+        &self,
+        node: &str,
+        ready: bool,
+        lease_ms: u64,
+    ) -> Result<u64, ClientError> {
+        let reply = InventoryClient::new(self.channel.clone())
+            .heartbeat(HeartbeatRequest {
+                node: node.to_string(),
+                not_ready: !ready,
+                lease_ms,
+            })
+            .await?;
+        Ok(reply.into_inner().lease_until_ms)
+    }
+
+    /// Opens a node agent's device stream: every report sent on `reports` (the full device
+    /// list of one resource, sent on every change) is answered by one ack on the stream
+    /// returned. Closing `reports` ends the stream and starts the devices' grace period.
+    pub async fn device_stream(
+        &self,
+        reports: impl tokio_stream::Stream<Item = DeviceListReport> + Send + 'static,
+    ) -> Result<tonic::Streaming<DeviceListAck>, ClientError> {
+        let reply = InventoryClient::new(self.channel.clone())
+            .list_and_watch_devices(reports)
+            .await?;
+        Ok(reply.into_inner())
     }
 
     fn scheduler(&self) -> SchedulerClient<Channel> {

@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{
-    Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, Placement,
+    Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
+    Placement,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{
@@ -477,7 +478,14 @@ impl Coordinator {
                 };
                 let placements = members
                     .into_iter()
-                    .map(|(m, node)| (m.to_string(), Placement { node, shard }))
+                    .map(|(m, node)| {
+                        let placement = Placement {
+                            node,
+                            shard,
+                            devices: Vec::new(),
+                        };
+                        (m.to_string(), placement)
+                    })
                     .collect();
                 self.decide(txn, Decision::Commit, placements, String::new())
                     .await?;
@@ -567,6 +575,16 @@ fn placements(a: &Assignment) -> BTreeMap<String, Placement> {
                     Placement {
                         node: m.node.clone(),
                         shard: *shard,
+                        devices: m
+                            .pod
+                            .devices
+                            .iter()
+                            .map(|d| PlacedDevice {
+                                claim: d.claim.clone(),
+                                request: d.request.clone(),
+                                device: d.device.clone(),
+                            })
+                            .collect(),
                     },
                 )
             })

@@ -3,22 +3,32 @@
 //! recorded in that shard. Both writes are idempotent, so a retried
 //! registration converges.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
 use gangway_proto::v1::{
-    GetNodeRequest, ListNodesReply, ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeReply,
-    RegisterNodeRequest, Taint,
+    DeviceInfo, DeviceListAck, DeviceListReport, GetNodeRequest, HeartbeatReply, HeartbeatRequest,
+    ListNodesReply, ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeReply, RegisterNodeRequest,
+    Taint,
 };
-use tonic::{Request, Response, Status};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
 
+use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
+
+use crate::ledger::devices::{AgentLink, DeviceHealth};
 use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::model::device::DeviceId;
 use crate::model::node::RawTaint;
 use crate::model::resources::RawQuantity;
 use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
+
+/// A node lease's length when a heartbeat leaves it out, in ms (kubelet's node monitor
+/// grace period).
+pub const NODE_LEASE_MS_DEFAULT: u64 = 40_000;
 
 /// The Inventory gRPC service over one replica's groups.
 pub struct InventoryService {
@@ -42,18 +52,7 @@ impl InventoryService {
     }
 
     async fn shard_of(&self, node: &str) -> Result<Option<u32>, Status> {
-        let q = MetaQuery::ShardOf {
-            node: node.to_string(),
-        };
-        match self
-            .groups
-            .meta_query(&q)
-            .await
-            .map_err(|e| e.to_status())?
-        {
-            MetaReply::Shard { shard } => Ok(Some(shard)),
-            _ => Ok(None),
-        }
+        shard_of(&self.groups, node).await
     }
 
     async fn shard_nodes(&self, shard: u32, query: &ShardQuery) -> Result<Vec<NodeEntry>, Status> {
@@ -68,6 +67,17 @@ impl InventoryService {
                 "shard {shard} answered a node query with {other:?}"
             ))),
         }
+    }
+}
+
+/// The shard a node was assigned to, or `None` when it is not registered.
+pub async fn shard_of(groups: &Groups, node: &str) -> Result<Option<u32>, Status> {
+    let q = MetaQuery::ShardOf {
+        node: node.to_string(),
+    };
+    match groups.meta_query(&q).await.map_err(|e| e.to_status())? {
+        MetaReply::Shard { shard } => Ok(Some(shard)),
+        _ => Ok(None),
     }
 }
 
@@ -160,12 +170,53 @@ fn node_spec(node: &Node) -> NodeSpec {
 }
 
 fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
+    let lease_until_ms = entry
+        .lease
+        .filter(|l| l.state == LeaseState::Live)
+        .map_or(0, |l| l.until_ms());
     NodeInfo {
         node: Some(node_spec(&entry.node)),
         shard,
         requested: quantities(&entry.usage.requested()),
         pods: entry.usage.pods.len() as u32,
+        devices: device_infos(entry),
+        agent: match entry.usage.devices.agent {
+            AgentLink::Connected if entry.usage.devices.pools.is_empty() => "",
+            AgentLink::Connected => "Connected",
+            AgentLink::Disconnected { .. } => "Disconnected",
+            AgentLink::Lost { .. } => "Lost",
+        }
+        .to_string(),
+        lease_until_ms,
     }
+}
+
+/// Every published device of the node with its health and the members holding it.
+fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
+    let mut holders: BTreeMap<&DeviceId, Vec<String>> = BTreeMap::new();
+    for (member, slot) in &entry.usage.pods {
+        for alloc in &slot.pod.devices {
+            holders
+                .entry(&alloc.device)
+                .or_default()
+                .push(member.to_string());
+        }
+    }
+    let devices = &entry.usage.devices;
+    let mut out = Vec::new();
+    for (key, pool) in &devices.pools {
+        for name in pool.devices.keys() {
+            let id = DeviceId::new(key.driver.clone(), key.pool.clone(), name.clone());
+            out.push(DeviceInfo {
+                driver: key.driver.clone(),
+                pool: key.pool.clone(),
+                name: name.clone(),
+                unhealthy: devices.health(&id, None) == DeviceHealth::Unhealthy,
+                held_by: holders.remove(&id).unwrap_or_default(),
+            });
+        }
+    }
+    out
 }
 
 fn refused(error: LedgerError) -> Status {
@@ -177,6 +228,60 @@ fn refused(error: LedgerError) -> Status {
 
 #[tonic::async_trait]
 impl Inventory for InventoryService {
+    type ListAndWatchDevicesStream = ReceiverStream<Result<DeviceListAck, Status>>;
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        let beat = request.into_inner();
+        if beat.node.is_empty() {
+            return Err(Status::invalid_argument("node: must not be empty"));
+        }
+        let lease_ms = match beat.lease_ms {
+            0 => NODE_LEASE_MS_DEFAULT,
+            ms => ms,
+        };
+        let shard = self.shard_of(&beat.node).await?.ok_or_else(|| {
+            Status::not_found(format!(
+                "node: \"{}\" is not registered; call RegisterNode first",
+                beat.node
+            ))
+        })?;
+        let op = LedgerOp::NodeHeartbeat {
+            node: beat.node.clone(),
+            ready: !beat.not_ready,
+            lease_ms,
+        };
+        match self
+            .groups
+            .shard(shard, op)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            ShardOutcome::Applied(LedgerReply::HeartbeatRecorded { lease_until_ms, .. }) => {
+                Ok(Response::new(HeartbeatReply { lease_until_ms }))
+            }
+            ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(match error {
+                LedgerError::InvalidLease { .. } => Status::invalid_argument(error.to_string()),
+                LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
+                other => refused(other),
+            }),
+            other => Err(Status::internal(format!(
+                "unexpected shard reply {other:?}"
+            ))),
+        }
+    }
+
+    async fn list_and_watch_devices(
+        &self,
+        request: Request<Streaming<DeviceListReport>>,
+    ) -> Result<Response<Self::ListAndWatchDevicesStream>, Status> {
+        let (acks, rx) = tokio::sync::mpsc::channel(DEVICE_ACKS_QUEUED_MAX);
+        spawn_stream(self.groups.clone(), request.into_inner(), acks);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     async fn register_node(
         &self,
         request: Request<RegisterNodeRequest>,

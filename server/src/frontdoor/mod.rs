@@ -1,5 +1,6 @@
 //! gangway's public gRPC services, served by every replica; requests are
 //! validated here and routed to the owning Raft group's leader.
 
+pub mod devices;
 pub mod inventory;
 pub mod scheduler;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
     GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
-    ListShardsReply, ListShardsRequest, MemberPlacement, ReleaseMembersRequest, ShardInfo,
-    SubmitGangGroupRequest,
+    ListShardsReply, ListShardsRequest, MemberPlacement, PlacedDevice, ReleaseMembersRequest,
+    ShardInfo, SubmitGangGroupRequest,
 };
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -178,6 +178,17 @@ pub fn status_of(r: &GroupRecord) -> GangGroupStatus {
                 member: member.member,
                 node: p.node.clone(),
                 shard: p.shard,
+                devices: p
+                    .devices
+                    .iter()
+                    .map(|d| PlacedDevice {
+                        claim: d.claim.clone(),
+                        request: d.request.clone(),
+                        driver: d.device.driver.clone(),
+                        pool: d.device.pool.clone(),
+                        device: d.device.device.clone(),
+                    })
+                    .collect(),
             })
         })
         .collect();

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::TxnId;
+use crate::model::device::DeviceId;
 use crate::model::{GangGroup, GangMode};
 
 /// Sequence number the meta group gives each accepted gang group.
@@ -85,6 +86,21 @@ pub struct Placement {
     pub node: String,
     /// The node's shard.
     pub shard: u32,
+    /// Devices allocated to the member there (empty when recovered after a failover:
+    /// the shard ledger keeps them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<PlacedDevice>,
+}
+
+/// One device allocated to a placed member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedDevice {
+    /// The pod claim it serves.
+    pub claim: String,
+    /// The request (`request/sub-request` for a firstAvailable choice).
+    pub request: String,
+    /// The device.
+    pub device: DeviceId,
 }
 
 /// A gang group and everything the meta group knows of it.

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use decisions::{Decision, TxnRecord};
-pub use groups::{GroupRecord, GroupSeq, GroupState, Placement, Terminal};
+pub use groups::{GroupRecord, GroupSeq, GroupState, PlacedDevice, Placement, Terminal};
 pub use shard_map::shard_for;
 
 use crate::ledger::TxnId;

@@ -63,6 +63,7 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
         Placement {
             node: "n1".into(),
             shard: 1,
+            devices: Vec::new(),
         },
     )]);
     match m.apply(&MetaCommand::Decide {
@@ -276,6 +277,7 @@ fn non_strict_members_accumulate_until_min_member() {
             Placement {
                 node: "n".into(),
                 shard: 1,
+                devices: Vec::new(),
             },
         )]);
         m.apply(&MetaCommand::Decide {
@@ -303,6 +305,7 @@ fn non_strict_members_accumulate_until_min_member() {
         Placement {
             node: "n".into(),
             shard: 1,
+            devices: Vec::new(),
         },
     )]);
     m.apply(&MetaCommand::Decide {

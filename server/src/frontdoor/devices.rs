@@ -1,0 +1,535 @@
+//! The node agent's device stream, in the device plugin's ListAndWatch style.
+//!
+//! Owns the translation of a device-plugin report (one extended resource of one node:
+//! the full device list with health) into ledger operations, and the per-stream task
+//! that applies them. A resource `vendor.example/gpu` becomes the DRA pool named after
+//! the node, of driver `gpu.vendor.example`, served to pods through the device class of
+//! that name, which maps the extended resource (upstream's DRA extended resources: the
+//! node must not also list the resource as allocatable). Invariants: a stream speaks
+//! for one node; the pool is republished (generation + 1) only when the device list
+//! changes, health is recorded on every report, and the agent link is marked connected
+//! when the stream opens and disconnected when it ends (the ledger's grace period then
+//! applies). Called by the Inventory service.
+
+use std::collections::BTreeSet;
+
+use gangway_proto::v1::{DeviceHealth as WireHealth, DeviceListAck, DeviceListReport};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::frontdoor::inventory::shard_of;
+use crate::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, PoolKey};
+use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::model::device::POOL_DEVICES_MAX;
+use crate::model::device::{AttributeValue, CelSelector, Device, DeviceClass, DeviceId};
+use crate::model::error::FieldPath;
+use crate::model::names::validate_dns_subdomain;
+use crate::model::resources::ResourceName;
+use crate::replicated::{now_ms, Groups, ShardOutcome};
+
+/// Acks queued for a slow agent before the stream stops reading its reports.
+pub const DEVICE_ACKS_QUEUED_MAX: usize = 8;
+/// Attribute holding the plugin's own device id.
+pub const DEVICE_ID_ATTRIBUTE: &str = "deviceID";
+/// Attribute holding the device's first NUMA node.
+pub const NUMA_NODE_ATTRIBUTE: &str = "numaNode";
+
+/// One validated report: the pool it describes and the health of its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginPool {
+    /// Node name.
+    pub node: String,
+    /// The extended resource served.
+    pub resource: String,
+    /// Driver name derived from the resource.
+    pub driver: String,
+    /// Devices, in report order.
+    pub devices: Vec<Device>,
+    /// Health per device.
+    pub health: Vec<DeviceHealthReport>,
+}
+
+impl PluginPool {
+    /// The pool's name: the node's.
+    pub fn pool(&self) -> &str {
+        &self.node
+    }
+
+    /// The class that serves the resource from these devices.
+    pub fn class(&self) -> DeviceClass {
+        DeviceClass {
+            name: self.driver.clone(),
+            selectors: vec![CelSelector::new(format!(
+                "device.driver == \"{}\"",
+                self.driver
+            ))],
+            config: Vec::new(),
+            extended_resource_name: Some(self.resource.clone()),
+        }
+    }
+
+    /// Counts of healthy and unhealthy devices.
+    pub fn health_counts(&self) -> (u32, u32) {
+        let unhealthy = self
+            .health
+            .iter()
+            .filter(|r| r.health == DeviceHealth::Unhealthy)
+            .count();
+        let total = self.health.len();
+        (
+            u32::try_from(total - unhealthy).unwrap_or(u32::MAX),
+            u32::try_from(unhealthy).unwrap_or(u32::MAX),
+        )
+    }
+}
+
+/// The driver name serving `vendor.example/gpu`: `gpu.vendor.example`.
+pub fn driver_for(resource: &str) -> Option<String> {
+    let (domain, name) = resource.split_once('/')?;
+    Some(format!("{}.{domain}", name.to_ascii_lowercase()))
+}
+
+/// A device name for a plugin id: lowercase, every character outside `[a-z0-9-]` as
+/// `-`, and no leading or trailing `-`.
+pub fn device_name(id: &str) -> String {
+    let mapped: String = id
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    mapped.trim_matches('-').to_string()
+}
+
+/// Checks a report and translates it; every error names the field.
+pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> {
+    let invalid =
+        |field: &str, message: String| Status::invalid_argument(format!("{field}: {message}"));
+    if report.node.is_empty() {
+        return Err(invalid("node", "must not be empty".into()));
+    }
+    let resource = &report.resource_name;
+    let extended = matches!(
+        ResourceName::parse(&FieldPath::new("resource_name"), resource),
+        Ok(ResourceName::Extended(_))
+    );
+    let driver = driver_for(resource)
+        .filter(|_| extended && !resource.starts_with("kubernetes.io/"))
+        .ok_or_else(|| {
+            invalid(
+                "resource_name",
+                format!("\"{resource}\" is not an extended resource name (vendor.example/name)"),
+            )
+        })?;
+    validate_dns_subdomain(&FieldPath::new("resource_name"), &driver)
+        .ok()
+        .filter(|()| driver.len() <= crate::model::device::DRIVER_NAME_LENGTH_MAX)
+        .ok_or_else(|| {
+            invalid(
+                "resource_name",
+                format!("\"{resource}\" does not give a driver name (name.domain, at most 63 characters)"),
+            )
+        })?;
+    if report.devices.len() > POOL_DEVICES_MAX {
+        return Err(invalid(
+            "devices",
+            format!(
+                "{} devices; at most {POOL_DEVICES_MAX} per resource",
+                report.devices.len()
+            ),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut devices = Vec::with_capacity(report.devices.len());
+    let mut health = Vec::with_capacity(report.devices.len());
+    for (i, d) in report.devices.iter().enumerate() {
+        let field = format!("devices[{i}]");
+        let name = device_name(&d.id);
+        if name.is_empty()
+            || name.len() > 63
+            || d.id.len() > crate::model::device::ATTRIBUTE_VALUE_LENGTH_MAX
+        {
+            return Err(invalid(
+                &format!("{field}.id"),
+                format!("\"{}\" must have 1 to 63 letters or digits", d.id),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(invalid(
+                &format!("{field}.id"),
+                format!(
+                    "\"{}\" names the same device as an earlier id (as \"{name}\")",
+                    d.id
+                ),
+            ));
+        }
+        let state = match WireHealth::try_from(d.health) {
+            Ok(WireHealth::Healthy) => DeviceHealth::Healthy,
+            Ok(WireHealth::Unhealthy) => DeviceHealth::Unhealthy,
+            _ => {
+                return Err(invalid(
+                    &format!("{field}.health"),
+                    "must be HEALTHY or UNHEALTHY".into(),
+                ))
+            }
+        };
+        let mut device = Device::new(name.clone());
+        device.attributes.insert(
+            DEVICE_ID_ATTRIBUTE.to_string(),
+            AttributeValue::String(d.id.clone()),
+        );
+        if let Some(numa) = d.numa_nodes.first() {
+            device
+                .attributes
+                .insert(NUMA_NODE_ATTRIBUTE.to_string(), AttributeValue::Int(*numa));
+        }
+        devices.push(device);
+        health.push(DeviceHealthReport {
+            device: DeviceId::new(driver.clone(), report.node.clone(), name),
+            health: state,
+        });
+    }
+    Ok(PluginPool {
+        node: report.node.clone(),
+        resource: resource.clone(),
+        driver,
+        devices,
+        health,
+    })
+}
+
+/// What one stream has done so far.
+#[derive(Debug, Default)]
+struct StreamState {
+    /// The node and its shard, once the first report named them.
+    node: Option<(String, u32)>,
+    /// The device list the ledger holds for each resource this stream reported, with its
+    /// generation (so an unchanged list costs no read).
+    published: Vec<(String, Vec<Device>, u64)>,
+}
+
+/// Serves one agent's stream until it ends, then marks the agent disconnected.
+pub fn spawn_stream(
+    groups: Groups,
+    mut inbound: Streaming<DeviceListReport>,
+    acks: mpsc::Sender<Result<DeviceListAck, Status>>,
+) {
+    tokio::spawn(async move {
+        let mut state = StreamState::default();
+        loop {
+            let report = match inbound.message().await {
+                Ok(Some(report)) => report,
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::info!(error = %status, "device stream broke");
+                    break;
+                }
+            };
+            let ack = apply_report(&groups, &mut state, &report).await;
+            let failed = ack.is_err();
+            if acks.send(ack).await.is_err() || failed {
+                break;
+            }
+        }
+        if let Some((node, shard)) = state.node {
+            disconnect(&groups, &node, shard).await;
+        }
+    });
+}
+
+async fn apply_report(
+    groups: &Groups,
+    state: &mut StreamState,
+    report: &DeviceListReport,
+) -> Result<DeviceListAck, Status> {
+    let pool = validate_report(report)?;
+    let shard = match &state.node {
+        Some((node, shard)) if *node == pool.node => *shard,
+        Some((node, _)) => {
+            return Err(Status::invalid_argument(format!(
+                "node: this stream reports for \"{node}\"; \"{}\" needs a stream of its own",
+                pool.node
+            )))
+        }
+        None => {
+            let shard = shard_of(groups, &pool.node).await?.ok_or_else(|| {
+                Status::not_found(format!(
+                    "node: \"{}\" is not registered; call RegisterNode first",
+                    pool.node
+                ))
+            })?;
+            ledger(
+                groups,
+                shard,
+                LedgerOp::AgentConnected {
+                    node: pool.node.clone(),
+                },
+            )
+            .await?;
+            state.node = Some((pool.node.clone(), shard));
+            shard
+        }
+    };
+    let mut evicted = Vec::new();
+    let changed = !state
+        .published
+        .iter()
+        .any(|(resource, devices, _)| *resource == pool.resource && *devices == pool.devices);
+    let generation = if changed {
+        let entry = node_entry(groups, shard, &pool.node).await?;
+        if entry.node.allocatable.extended.contains_key(&pool.resource) {
+            return Err(Status::failed_precondition(format!(
+                "resource_name: node \"{}\" lists {} in its allocatable; a streamed resource is \
+                 served by its devices, so register the node without it",
+                pool.node, pool.resource
+            )));
+        }
+        let (current, same) = published(&entry, &pool);
+        let generation = if same {
+            current
+        } else {
+            let generation = current + 1;
+            ledger(
+                groups,
+                shard,
+                LedgerOp::PutDeviceClass {
+                    class: pool.class(),
+                },
+            )
+            .await?;
+            let reply = ledger(
+                groups,
+                shard,
+                LedgerOp::PublishPool {
+                    node: pool.node.clone(),
+                    driver: pool.driver.clone(),
+                    pool: pool.pool().to_string(),
+                    generation,
+                    devices: pool.devices.clone(),
+                    counter_sets: Vec::new(),
+                },
+            )
+            .await?;
+            if let LedgerReply::PoolPublished { evictions, .. } = reply {
+                evicted.extend(evictions);
+            }
+            generation
+        };
+        state
+            .published
+            .retain(|(resource, _, _)| *resource != pool.resource);
+        state
+            .published
+            .push((pool.resource.clone(), pool.devices.clone(), generation));
+        generation
+    } else {
+        state
+            .published
+            .iter()
+            .find(|(resource, _, _)| *resource == pool.resource)
+            .map_or(0, |(_, _, generation)| *generation)
+    };
+    let reply = ledger(
+        groups,
+        shard,
+        LedgerOp::SetDeviceHealth {
+            node: pool.node.clone(),
+            devices: pool.health.clone(),
+        },
+    )
+    .await?;
+    if let LedgerReply::DeviceHealthRecorded { evictions, .. } = reply {
+        evicted.extend(evictions);
+    }
+    let (healthy, unhealthy) = pool.health_counts();
+    Ok(DeviceListAck {
+        generation,
+        healthy,
+        unhealthy,
+        evicted: evicted_members(&evicted),
+    })
+}
+
+fn evicted_members(evictions: &[DeviceEviction]) -> Vec<String> {
+    let members: BTreeSet<String> = evictions.iter().map(|e| e.member.to_string()).collect();
+    members.into_iter().collect()
+}
+
+/// The ledger's generation of the report's pool (0: none) and whether it already holds
+/// exactly these devices.
+fn published(entry: &NodeEntry, pool: &PluginPool) -> (u64, bool) {
+    let key = PoolKey {
+        driver: pool.driver.clone(),
+        pool: pool.pool().to_string(),
+    };
+    match entry.usage.devices.pools.get(&key) {
+        None => (0, false),
+        Some(held) => {
+            let same = held.devices.len() == pool.devices.len()
+                && pool
+                    .devices
+                    .iter()
+                    .all(|d| held.devices.get(&d.name) == Some(d));
+            (held.generation, same)
+        }
+    }
+}
+
+async fn node_entry(groups: &Groups, shard: u32, node: &str) -> Result<NodeEntry, Status> {
+    let query = ShardQuery::GetNode {
+        name: node.to_string(),
+    };
+    match groups
+        .shard_query(shard, &query)
+        .await
+        .map_err(|e| e.to_status())?
+    {
+        ShardAnswer::Nodes { mut nodes } if !nodes.is_empty() => Ok(nodes.swap_remove(0)),
+        ShardAnswer::Nodes { .. } => Err(Status::not_found(format!(
+            "node: \"{node}\" is not registered"
+        ))),
+        other => Err(Status::internal(format!(
+            "shard {shard} answered a node query with {other:?}"
+        ))),
+    }
+}
+
+/// Applies one ledger operation; a refusal becomes a status naming its cause.
+async fn ledger(groups: &Groups, shard: u32, op: LedgerOp) -> Result<LedgerReply, Status> {
+    match groups.shard(shard, op).await.map_err(|e| e.to_status())? {
+        ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refusal(error)),
+        ShardOutcome::Applied(reply) => Ok(reply),
+        ShardOutcome::Malformed { reason } => Err(Status::internal(reason)),
+    }
+}
+
+fn refusal(error: LedgerError) -> Status {
+    match error {
+        LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
+        LedgerError::InvalidPool { .. } | LedgerError::InvalidDeviceClass { .. } => {
+            Status::invalid_argument(format!("devices: {error}"))
+        }
+        other => Status::failed_precondition(other.to_string()),
+    }
+}
+
+async fn disconnect(groups: &Groups, node: &str, shard: u32) {
+    let op = LedgerOp::AgentDisconnected {
+        node: node.to_string(),
+        since_ms: now_ms(),
+        grace_ms: None,
+    };
+    match ledger(groups, shard, op).await {
+        Ok(_) => tracing::info!(node, "device agent disconnected; grace period started"),
+        Err(status) => {
+            tracing::warn!(node, error = %status, "could not record the device agent's disconnect")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gangway_proto::v1::PluginDevice;
+
+    use super::*;
+
+    fn report(node: &str, resource: &str, ids: &[(&str, WireHealth)]) -> DeviceListReport {
+        DeviceListReport {
+            node: node.to_string(),
+            resource_name: resource.to_string(),
+            devices: ids
+                .iter()
+                .map(|(id, health)| PluginDevice {
+                    id: (*id).to_string(),
+                    health: *health as i32,
+                    numa_nodes: vec![1],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_report_becomes_a_pool_a_class_and_health() {
+        let r = report(
+            "n1",
+            "nvidia.com/gpu",
+            &[
+                ("GPU-0a1B", WireHealth::Healthy),
+                ("GPU_7", WireHealth::Unhealthy),
+            ],
+        );
+        let pool = validate_report(&r).expect("valid");
+        assert_eq!(pool.driver, "gpu.nvidia.com");
+        assert_eq!(pool.pool(), "n1");
+        let names: Vec<&str> = pool.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0a1b", "gpu-7"]);
+        assert_eq!(
+            pool.devices[0].attributes.get(DEVICE_ID_ATTRIBUTE),
+            Some(&AttributeValue::String("GPU-0a1B".into()))
+        );
+        assert_eq!(
+            pool.devices[0].attributes.get(NUMA_NODE_ATTRIBUTE),
+            Some(&AttributeValue::Int(1))
+        );
+        assert_eq!(pool.health_counts(), (1, 1));
+        assert_eq!(
+            pool.health[1].device,
+            DeviceId::new("gpu.nvidia.com", "n1", "gpu-7")
+        );
+        let class = pool.class();
+        assert_eq!(
+            class.extended_resource_name.as_deref(),
+            Some("nvidia.com/gpu")
+        );
+        class
+            .validate(&FieldPath::root())
+            .expect("the class is valid");
+        crate::model::device::validate_pool(
+            &FieldPath::root(),
+            &pool.driver,
+            pool.pool(),
+            &pool.devices,
+            &[],
+        )
+        .expect("the pool is valid");
+    }
+
+    #[test]
+    fn bad_reports_name_the_field() {
+        let cases = [
+            (report("", "nvidia.com/gpu", &[]), "node: must not be empty"),
+            (
+                report("n1", "gpu", &[]),
+                "resource_name: \"gpu\" is not an extended resource name",
+            ),
+            (report("n1", "kubernetes.io/gpu", &[]), "resource_name:"),
+            (
+                report("n1", "nvidia.com/gpu", &[("--", WireHealth::Healthy)]),
+                "devices[0].id: \"--\" must have 1 to 63",
+            ),
+            (
+                report(
+                    "n1",
+                    "nvidia.com/gpu",
+                    &[("a_1", WireHealth::Healthy), ("A-1", WireHealth::Healthy)],
+                ),
+                "devices[1].id: \"A-1\" names the same device",
+            ),
+            (
+                report("n1", "nvidia.com/gpu", &[("a", WireHealth::Unspecified)]),
+                "devices[0].health: must be HEALTHY or UNHEALTHY",
+            ),
+        ];
+        for (r, expected) in cases {
+            let err = validate_report(&r).expect_err(expected);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{expected}");
+            assert!(
+                err.message().starts_with(expected),
+                "{} vs {expected}",
+                err.message()
+            );
+        }
+    }
+}
