@@ -117,6 +117,27 @@ pub(crate) struct Group {
     membership: tokio::sync::Mutex<()>,
 }
 
+/// Fires when a group changes on this replica (see [`RaftHost::changes`]).
+pub struct GroupChanges(
+    tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>,
+);
+
+impl GroupChanges {
+    /// Waits for the next change; `false` once the group has stopped.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+
+    /// The index applied here so far.
+    pub fn applied(&mut self) -> u64 {
+        self.0
+            .borrow_and_update()
+            .last_applied
+            .map(|l| l.index)
+            .unwrap_or(0)
+    }
+}
+
 /// The answer to a routed request.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -338,6 +359,13 @@ impl RaftHost {
             .groups
             .get(&group)
             .and_then(|g| g.raft.metrics().borrow().current_leader)
+    }
+
+    /// A feed that fires whenever `group` changes here: entries applied, a new term or
+    /// leader. Waiters use it instead of polling the state machine.
+    pub fn changes(&self, group: GroupId) -> Result<GroupChanges, HostError> {
+        let g = self.group(group)?;
+        Ok(GroupChanges(g.raft.metrics()))
     }
 
     /// Whether this replica knows a leader for every group (readiness).

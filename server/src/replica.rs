@@ -14,8 +14,8 @@ use gangway_raft::{HostConfig, HostError, RaftHost, StateMachineFactory};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
+use tonic::transport::server::TcpIncoming;
 
 use crate::coordinator::Coordinator;
 use crate::engine::Profile;
@@ -98,12 +98,11 @@ impl Replica {
 
     fn serve(host: RaftHost, router: Router, listener: TcpListener) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        // Without TCP_NODELAY, small replies wait on the peer's delayed ACK (~40 ms).
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        }));
         let (stop_services, _) = watch::channel(false);
         Self {
             host,

@@ -10,6 +10,7 @@ use gangway_raft::{GroupId, HostError, RaftHost, RestoreError, StateMachine, MET
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::Placer;
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState};
 use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
@@ -73,9 +74,11 @@ pub struct MetaMachine {
     state: MetaState,
 }
 
-/// A shard group's state machine: the shard ledger.
+/// A shard group's state machine: the shard ledger, and the placer its plans use.
 pub struct ShardMachine {
     ledger: ShardLedger,
+    /// Not state: what the engine keeps between plans on this replica.
+    placer: std::sync::Mutex<Placer>,
 }
 
 /// Builds the state machine of `group` in a cluster of `shards` shards.
@@ -87,6 +90,7 @@ pub fn machine_for(group: GroupId, shards: u32) -> Box<dyn StateMachine> {
     } else {
         Box::new(ShardMachine {
             ledger: ShardLedger::new(),
+            placer: std::sync::Mutex::new(Placer::new()),
         })
     }
 }
@@ -145,7 +149,15 @@ impl StateMachine for ShardMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(q) => reply(&answer(&self.ledger, &q), answer_malformed),
+            Ok(q) => {
+                // A panic while planning leaves no broken invariant in a placer (its
+                // caches are checked against node stamps), so a poisoned lock is reused.
+                let mut placer = self
+                    .placer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                reply(&answer(&self.ledger, &q, &mut placer), answer_malformed)
+            }
             Err(e) => reply(&answer_malformed(e.to_string()), answer_malformed),
         }
     }
@@ -241,6 +253,14 @@ impl Groups {
             .host
             .read(META_GROUP, Self::encode(META_GROUP, q)?)
             .await?;
+        Self::decode(META_GROUP, &out.reply)
+    }
+
+    /// Asks this replica's copy of the meta group (possibly stale, never ahead of the log).
+    pub fn meta_query_local(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
+        let out = self
+            .host
+            .read_local(META_GROUP, &Self::encode(META_GROUP, q)?)?;
         Self::decode(META_GROUP, &out.reply)
     }
 

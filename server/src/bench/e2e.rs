@@ -24,10 +24,12 @@ use super::percentile;
 pub const E2E_NODES_MAX: usize = 100_000;
 /// Registrations in flight at once.
 pub const REGISTER_CONCURRENCY: usize = 64;
-/// Submissions in flight at once.
-pub const SUBMIT_CONCURRENCY: usize = 32;
+/// Most submissions in flight at once (`--submit-concurrency`).
+pub const SUBMIT_CONCURRENCY_MAX: usize = 1_024;
 /// How often placement progress is polled.
 pub const POLL_MS: u64 = 10;
+/// How often a lone gang's progress is polled.
+pub const ALONE_POLL_MS: u64 = 2;
 /// Longest one gang size may take to place.
 pub const SIZE_TIMEOUT_S: u64 = 300;
 
@@ -46,6 +48,13 @@ pub struct E2eBenchArgs {
     /// Pods submitted per gang size (rounded up to whole gangs).
     #[arg(long, default_value_t = 4_096)]
     pub pods_per_size: usize,
+    /// Gangs per size then placed one at a time (each submitted when the previous one is
+    /// placed and released) for the latency of a gang that does not queue behind others.
+    #[arg(long, default_value_t = 20)]
+    pub latency_samples: usize,
+    /// Submissions in flight at once while a size is submitted all at once.
+    #[arg(long, default_value_t = 64)]
+    pub submit_concurrency: usize,
 }
 
 struct Processes {
@@ -79,11 +88,22 @@ fn parse_list(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {
         .collect()
 }
 
-fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Vec<String>)> {
-    let exe = std::env::current_exe().context("cannot find the gangway binary")?;
-    let addrs: Vec<String> = (0..3)
+/// The gRPC and HTTP addresses of the benchmark's processes.
+struct Addrs {
+    grpc: Vec<String>,
+    http: Vec<String>,
+}
+
+fn loopback_addrs(n: usize) -> anyhow::Result<Vec<String>> {
+    (0..n)
         .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)> {
+    let exe = std::env::current_exe().context("cannot find the gangway binary")?;
+    let addrs = loopback_addrs(3)?;
+    let http = loopback_addrs(3)?;
     let mut procs = Processes {
         children: Vec::new(),
         dir: dir.to_path_buf(),
@@ -99,7 +119,7 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Vec<St
                 "--listen",
                 addr,
                 "--http",
-                &format!("127.0.0.1:{}", free_port()?),
+                &http[i],
             ])
             .args(["--shards", &shards.to_string(), "--cluster-id", "bench"])
             .arg("--data")
@@ -110,13 +130,86 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Vec<St
             }
         }
         let child = cmd
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("GANGWAY_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()?;
         procs.children.push(child);
     }
-    Ok((procs, addrs))
+    Ok((procs, Addrs { grpc: addrs, http }))
+}
+
+/// Sum and count of `gangway_coordinator_phase_seconds` per phase, over every process.
+type PhaseTotals = BTreeMap<String, (f64, f64)>;
+
+/// Reads the coordinator's phase histograms from every process's /metrics.
+async fn phase_totals(http: &[String]) -> PhaseTotals {
+    let mut totals = PhaseTotals::new();
+    for addr in http {
+        let Ok(text) = fetch_metrics(addr).await else {
+            continue;
+        };
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("gangway_coordinator_phase_seconds_") else {
+                continue;
+            };
+            let (kind, rest) = match rest.split_once('{') {
+                Some(parts) => parts,
+                None => continue,
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let Some(phase) = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("phase=\""))
+                .map(|p| p.trim_end_matches('"'))
+            else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let entry = totals.entry(phase.to_string()).or_default();
+            match kind {
+                "sum" => entry.0 += value,
+                "count" => entry.1 += value,
+                _ => {}
+            }
+        }
+    }
+    totals
+}
+
+async fn fetch_metrics(addr: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body)
+}
+
+/// Mean time per phase (ms) and calls, between two readings.
+fn phase_breakdown(before: &PhaseTotals, after: &PhaseTotals) -> String {
+    const ORDER: [&str; 7] = [
+        "round", "pending", "plan", "begin", "reserve", "decide", "commit",
+    ];
+    ORDER
+        .iter()
+        .filter_map(|phase| {
+            let (sum, count) = after.get(*phase)?;
+            let (sum0, count0) = before.get(*phase).copied().unwrap_or_default();
+            let calls = count - count0;
+            (calls > 0.0)
+                .then(|| format!("{phase} {:.1} ms x{calls}", (sum - sum0) * 1000.0 / calls))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 async fn wait_ready(addrs: &[String]) -> anyhow::Result<Client> {
@@ -176,41 +269,106 @@ async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn gang_request(name: String, size: usize, g: usize) -> gangway_proto::v1::SubmitGangGroupRequest {
+    let pod = json!({"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}});
+    GangGroupBuilder::new(name.clone())
+        .idempotency_key(name)
+        .gang(
+            GangBuilder::new("bench", format!("g{g}"), size as u32).members("w", size as u32, pod),
+        )
+        .build()
+}
+
+/// Waits until no gang group is active (releases done), so the next phase starts clean.
+async fn wait_released(client: &Client) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(SIZE_TIMEOUT_S);
+    while !client.list_groups(false).await?.is_empty() {
+        if Instant::now() > deadline {
+            bail!("gang groups still releasing after {SIZE_TIMEOUT_S} s");
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    Ok(())
+}
+
+/// Places `samples` gangs of `size` one at a time; returns submit → placed latencies and
+/// how long the submit calls took, both sorted.
+async fn run_alone(
+    client: &Client,
+    shards: usize,
+    size: usize,
+    samples: usize,
+    run: usize,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let mut latencies_ms = Vec::with_capacity(samples);
+    let mut submits_ms = Vec::with_capacity(samples);
+    for g in 0..samples {
+        let name = format!("alone-s{shards}-g{size}-r{run}-{g}");
+        let at = Instant::now();
+        let id = client.submit(gang_request(name, size, g)).await?.id;
+        submits_ms.push(at.elapsed().as_millis() as u64);
+        let deadline = at + Duration::from_secs(SIZE_TIMEOUT_S);
+        loop {
+            let status = client.get(id).await?;
+            match status.state.as_str() {
+                "Placed" => break,
+                "Queued" | "Placing" => {}
+                other => bail!("gang group {id} ended {other}: {}", status.reason),
+            }
+            if Instant::now() > deadline {
+                bail!("gang group {id} not placed within {SIZE_TIMEOUT_S} s");
+            }
+            tokio::time::sleep(Duration::from_millis(ALONE_POLL_MS)).await;
+        }
+        latencies_ms.push(at.elapsed().as_millis() as u64);
+        client.release(id).await?;
+        wait_released(client).await?;
+    }
+    latencies_ms.sort_unstable();
+    submits_ms.sort_unstable();
+    Ok((latencies_ms, submits_ms))
+}
+
 struct SizeResult {
     shards: usize,
     gang: usize,
     gangs: usize,
     seconds: f64,
     latencies_ms: Vec<u64>,
+    /// Mean coordinator time per phase while the size ran.
+    phases: String,
+    /// Submit → placed of gangs placed one at a time.
+    alone_ms: Vec<u64>,
+    /// How long their submit calls took.
+    alone_submit_ms: Vec<u64>,
+    /// Mean coordinator time per phase while they ran.
+    alone_phases: String,
 }
 
 async fn run_size(
     client: &Client,
+    http: &[String],
     shards: usize,
     size: usize,
-    pods: usize,
+    args: &E2eBenchArgs,
+    run: usize,
 ) -> anyhow::Result<SizeResult> {
+    let (pods, alone, concurrency) = (
+        args.pods_per_size,
+        args.latency_samples,
+        args.submit_concurrency,
+    );
     let gangs = pods.div_ceil(size);
+    let phases_before = phase_totals(http).await;
     let started = Instant::now();
-    let permits = Arc::new(Semaphore::new(SUBMIT_CONCURRENCY));
+    let permits = Arc::new(Semaphore::new(concurrency));
     let mut submits = Vec::new();
     for g in 0..gangs {
         let permit = permits.clone().acquire_owned().await?;
         let client = client.clone();
         submits.push(tokio::spawn(async move {
             let _permit = permit;
-            let name = format!("s{shards}-g{size}-{g}");
-            let pod = json!({"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}});
-            let req = GangGroupBuilder::new(name.clone())
-                .idempotency_key(name)
-                .gang(
-                    GangBuilder::new("bench", format!("g{g}"), size as u32).members(
-                        "w",
-                        size as u32,
-                        pod,
-                    ),
-                )
-                .build();
+            let req = gang_request(format!("s{shards}-g{size}-r{run}-{g}"), size, g);
             let at = Instant::now();
             client.submit(req).await.map(|s| (s.id, at))
         }));
@@ -241,16 +399,25 @@ async fn run_size(
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let phases_after = phase_totals(http).await;
+    let phases = phase_breakdown(&phases_before, &phases_after);
     for g in client.list_groups(false).await? {
         client.release(g.id).await?;
     }
+    wait_released(client).await?;
     latencies_ms.sort_unstable();
+    let (alone_ms, alone_submit_ms) = run_alone(client, shards, size, alone, run).await?;
+    let alone_phases = phase_breakdown(&phases_after, &phase_totals(http).await);
     Ok(SizeResult {
         shards,
         gang: size,
         gangs,
         seconds,
         latencies_ms,
+        phases,
+        alone_ms,
+        alone_submit_ms,
+        alone_phases,
     })
 }
 
@@ -264,13 +431,19 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     if shard_counts.iter().chain(&sizes).any(|v| *v == 0) || args.pods_per_size == 0 {
         bail!("--shards, --gang-sizes and --pods-per-size must be >= 1");
     }
+    if !(1..=SUBMIT_CONCURRENCY_MAX).contains(&args.submit_concurrency) {
+        bail!(
+            "--submit-concurrency: {} is not in 1..={SUBMIT_CONCURRENCY_MAX}",
+            args.submit_concurrency
+        );
+    }
     let mut rows = Vec::new();
     for &shards in &shard_counts {
         let dir =
             std::env::temp_dir().join(format!("gangway-bench-e2e-{}-{shards}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let (procs, addrs) = spawn_cluster(shards, &dir)?;
-        let client = wait_ready(&addrs).await?;
+        let client = wait_ready(&addrs.grpc).await?;
         let t = Instant::now();
         register_nodes(&client, args.nodes).await?;
         eprintln!(
@@ -278,8 +451,8 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             args.nodes,
             t.elapsed().as_secs_f64()
         );
-        for &size in &sizes {
-            rows.push(run_size(&client, shards, size, args.pods_per_size).await?);
+        for (run, &size) in sizes.iter().enumerate() {
+            rows.push(run_size(&client, &addrs.http, shards, size, &args, run).await?);
         }
         drop(procs);
     }
@@ -297,6 +470,35 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             pods as f64 / r.seconds,
             percentile(&r.latencies_ms, 50.0),
             percentile(&r.latencies_ms, 99.0)
+        );
+    }
+    println!();
+    println!("One gang at a time (each submitted after the previous one was placed):");
+    println!();
+    println!("| shards | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows.iter().filter(|r| !r.alone_ms.is_empty()) {
+        println!(
+            "| {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
+            r.shards,
+            r.gang,
+            r.alone_ms.len(),
+            percentile(&r.alone_submit_ms, 50.0),
+            percentile(&r.alone_ms, 50.0),
+            percentile(&r.alone_ms, 99.0),
+            r.alone_ms.last().copied().unwrap_or(0)
+        );
+    }
+    println!();
+    println!("Coordinator phases (mean per call):");
+    for r in &rows {
+        println!(
+            "- shards {}, gangs of {}, all at once: {}",
+            r.shards, r.gang, r.phases
+        );
+        println!(
+            "- shards {}, gangs of {}, one at a time: {}",
+            r.shards, r.gang, r.alone_phases
         );
     }
     Ok(())

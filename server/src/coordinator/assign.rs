@@ -17,6 +17,13 @@ pub struct Assignment {
     pub per_shard: BTreeMap<u32, Vec<ReserveMember>>,
 }
 
+impl Assignment {
+    /// Members assigned, over every shard.
+    pub fn members(&self) -> usize {
+        self.per_shard.values().map(Vec::len).sum()
+    }
+}
+
 /// The result of assigning a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AssignOutcome {

@@ -13,6 +13,7 @@
 //! replica leads the meta group.
 
 pub mod assign;
+pub mod metrics;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -35,9 +36,13 @@ use crate::ledger::{
 use crate::model::{MemberKey, PodSpec};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 use assign::{assign, AssignOutcome, Assignment};
+use metrics::{transaction_ended, Phase, PhaseTimer};
 
-/// Period of the coordinator's rounds.
+/// Longest pause between the coordinator's rounds, in ms.
 pub const COORDINATOR_TICK_MS: u64 = 20;
+/// Shortest pause between rounds woken by a meta group change, in ms (a burst of
+/// submissions lands in one round).
+pub const COORDINATOR_ROUND_GAP_MS: u64 = 2;
 /// How long a participant holds a reservation before asking for the decision.
 pub const RESERVE_TTL_MS: u64 = 10_000;
 /// Most groups looked at in one round.
@@ -78,22 +83,39 @@ impl Coordinator {
         host.leader_of(META_GROUP) == Some(host.node_id())
     }
 
-    /// Runs rounds until `stop` fires.
+    /// Runs rounds until `stop` fires: one as soon as the meta group changes (a
+    /// submission, say), at most every [`COORDINATOR_ROUND_GAP_MS`], and one every
+    /// [`COORDINATOR_TICK_MS`] otherwise (backoffs and deadlines come due by time).
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut leading = false;
+        let mut changes = match self.groups.host().changes(META_GROUP) {
+            Ok(changes) => changes,
+            Err(e) => {
+                tracing::error!(error = %e, "the coordinator has no meta group to follow");
+                return;
+            }
+        };
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(COORDINATOR_TICK_MS)) => {}
+                alive = changes.changed() => {
+                    if !alive {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(COORDINATOR_ROUND_GAP_MS)).await;
+                }
                 _ = stop.changed() => return,
             }
             if !self.leads_meta() {
                 leading = false;
                 continue;
             }
+            // Until a round completes, every round is a first one (it finishes the
+            // commits a previous leader left and reads linearizably).
             let first_round = !leading;
-            leading = true;
-            if let Err(e) = self.round(first_round).await {
-                tracing::debug!(error = %e, "coordinator round interrupted");
+            match self.round(first_round).await {
+                Ok(()) => leading = true,
+                Err(e) => tracing::debug!(error = %e, "coordinator round interrupted"),
             }
         }
     }
@@ -102,12 +124,23 @@ impl Coordinator {
         if first_round {
             self.finish_commits().await?;
         }
+        let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
             limit: GROUPS_PER_ROUND_MAX as u32,
         };
-        let MetaReply::Groups { records } = self.groups.meta_query(&pending).await? else {
+        // The first round as leader reads linearizably (the log may hold entries this
+        // replica has not applied yet); later ones read the leader's own applied state.
+        // A stale read is harmless: every step is re-checked when the meta group applies it.
+        let timer = PhaseTimer::start(Phase::Pending);
+        let reply = if first_round {
+            self.groups.meta_query(&pending).await?
+        } else {
+            self.groups.meta_query_local(&pending)?
+        };
+        let MetaReply::Groups { records } = reply else {
             return Ok(());
         };
+        drop(timer);
         let now = now_ms();
         let ready: Vec<&GroupRecord> = records
             .iter()
@@ -137,10 +170,11 @@ impl Coordinator {
     /// Places, in one pass, every ready group that one shard can hold whole.
     /// Shards are asked in turn (starting at a shard that rotates per round):
     /// each plans only the groups no earlier shard could hold, in one query
-    /// (the engine accounts the capacity each takes). Then all chosen groups
-    /// commit concurrently (their Raft writes batch). Returns the groups it
-    /// handled; the rest take the one-at-a-time path, which can split a group
-    /// over shards.
+    /// (the engine accounts the capacity each takes), so a group that fits
+    /// the first shard costs one plan, not one per shard. Then all chosen
+    /// groups commit concurrently (their Raft writes batch). Returns the
+    /// groups it handled; the rest take the one-at-a-time path, which can
+    /// split a group over shards.
     async fn place_batch(&self, ready: &[&GroupRecord]) -> BTreeSet<GroupSeq> {
         let mut batch: Vec<(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = Vec::new();
         let mut total = 0usize;
@@ -152,7 +186,7 @@ impl Coordinator {
             total += members.len();
             batch.push((r, members));
         }
-        if batch.len() < 2 {
+        if batch.is_empty() {
             return BTreeSet::new();
         }
         let mut chosen = Vec::new();
@@ -165,9 +199,11 @@ impl Coordinator {
             let shard = 1 + (start + k) % self.shards;
             let members: Vec<(MemberKey, PodSpec)> =
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
+            let timer = PhaseTimer::start(Phase::Plan);
             let Some(plan) = self.plan(shard, &members).await else {
                 continue;
             };
+            drop(timer);
             let placed: BTreeMap<MemberKey, ReserveMember> = plan
                 .assignments
                 .into_iter()
@@ -187,31 +223,109 @@ impl Coordinator {
                 }
             });
         }
-        let runs = chosen.iter().map(|(r, shard, members)| async move {
-            let a = Assignment { per_shard: BTreeMap::from([(*shard, members.clone())]) };
-            if let Err(e) = self.commit_in_one_shard(r, *shard, &a).await {
-                tracing::warn!(group = r.seq, error = %e, "batched placement failed; retrying next round");
-            }
-        });
-        join_all(runs).await;
+        if let Err(e) = self.commit_batch(&chosen).await {
+            tracing::warn!(error = %e, "batched placement interrupted; recovering next round");
+        }
         chosen.iter().map(|(r, _, _)| r.seq).collect()
     }
 
-    async fn commit_in_one_shard(
+    /// Places groups that each fit one shard with three batched writes in all: one meta
+    /// entry begins every transaction, one entry per shard reserves and commits its
+    /// groups, one meta entry records every decision. Each operation in a batch is
+    /// applied as if alone, so the protocol is the one-shard path's; a write that fails
+    /// leaves its groups Placing, and the next round recovers them.
+    async fn commit_batch(
         &self,
-        r: &GroupRecord,
-        shard: u32,
-        a: &Assignment,
+        chosen: &[(&GroupRecord, u32, Vec<ReserveMember>)],
     ) -> Result<(), GroupError> {
-        let begin = MetaCommand::BeginTxn {
-            seq: r.seq,
-            participants: vec![shard],
-            at_ms: now_ms(),
-        };
-        let MetaReply::TxnBegun { txn } = self.groups.meta(&begin).await? else {
+        let at_ms = now_ms();
+        let begins = chosen
+            .iter()
+            .map(|(r, shard, _)| MetaCommand::BeginTxn {
+                seq: r.seq,
+                participants: vec![*shard],
+                at_ms,
+            })
+            .collect();
+        let timer = PhaseTimer::start(Phase::Begin);
+        let begun = self.meta_batch(begins).await?;
+        drop(timer);
+        let mut per_shard: BTreeMap<u32, Vec<(TxnId, &Vec<ReserveMember>)>> = BTreeMap::new();
+        for ((_, shard, members), reply) in chosen.iter().zip(begun) {
+            if let MetaReply::TxnBegun { txn } = reply {
+                per_shard.entry(*shard).or_default().push((txn, members));
+            }
+        }
+        let timer = PhaseTimer::start(Phase::Reserve);
+        let writes = per_shard.iter().map(|(shard, txns)| async move {
+            let ops = txns
+                .iter()
+                .map(|(txn, members)| LedgerOp::ReserveAndCommit {
+                    txn_id: *txn,
+                    members: (*members).clone(),
+                })
+                .collect();
+            (
+                *shard,
+                self.groups.shard(*shard, LedgerOp::Batch { ops }).await,
+            )
+        });
+        let outcomes = join_all(writes).await;
+        drop(timer);
+        let mut decides = Vec::new();
+        let mut counts = Vec::new();
+        for (shard, outcome) in outcomes {
+            let txns = per_shard.get(&shard).map(Vec::as_slice).unwrap_or_default();
+            let replies = match outcome {
+                Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
+                Ok(other) => {
+                    tracing::warn!(shard, ?other, "a batched reserve was not applied");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "a batched reserve failed");
+                    continue;
+                }
+            };
+            for ((txn, members), reply) in txns.iter().zip(replies) {
+                let (decision, reason) = one_shard_vote(shard, reply);
+                let a = Assignment {
+                    per_shard: BTreeMap::from([(shard, (*members).clone())]),
+                };
+                counts.push(members.len());
+                decides.push(MetaCommand::Decide {
+                    txn: *txn,
+                    decision,
+                    placements: placements(&a),
+                    reason,
+                    at_ms: now_ms(),
+                });
+            }
+        }
+        if decides.is_empty() {
             return Ok(());
-        };
-        self.place_in_one_shard(txn, shard, a).await
+        }
+        let timer = PhaseTimer::start(Phase::Decide);
+        let decided = self.meta_batch(decides).await?;
+        drop(timer);
+        for (reply, pods) in decided.into_iter().zip(counts) {
+            if let MetaReply::Decided { decision, .. } = reply {
+                transaction_ended(decision, pods);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `commands` as one meta entry; one reply per command.
+    async fn meta_batch(&self, commands: Vec<MetaCommand>) -> Result<Vec<MetaReply>, GroupError> {
+        let n = commands.len();
+        match self.groups.meta(&MetaCommand::Batch { commands }).await? {
+            MetaReply::Batch { replies } if replies.len() == n => Ok(replies),
+            other => Err(GroupError::Decode {
+                group: META_GROUP,
+                reason: format!("a batch of {n} was answered with {other:?}"),
+            }),
+        }
     }
 
     async fn queued(&self, r: &GroupRecord) -> Result<(), GroupError> {
@@ -284,8 +398,15 @@ impl Coordinator {
     }
 
     async fn place(&self, r: &GroupRecord) -> Result<(), GroupError> {
+        tracing::debug!(
+            group = r.seq,
+            waited_ms = now_ms().saturating_sub(r.submitted_at_ms),
+            "placing"
+        );
         let members = Self::members(r);
+        let timer = PhaseTimer::start(Phase::Plan);
         let plans = self.plans(&members).await;
+        drop(timer);
         let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();
         let assignment = match assign(&r.group, &plans, &placed_before) {
             AssignOutcome::Ready(a) => a,
@@ -311,9 +432,11 @@ impl Coordinator {
             participants: participants.clone(),
             at_ms: now_ms(),
         };
+        let timer = PhaseTimer::start(Phase::Begin);
         let MetaReply::TxnBegun { txn } = self.groups.meta(&begin).await? else {
             return Ok(());
         };
+        drop(timer);
         let span =
             tracing::info_span!("placement", group = r.seq, %txn, shards = participants.len());
         let _enter = span.enter();
@@ -322,7 +445,9 @@ impl Coordinator {
                 .place_in_one_shard(txn, participants[0], &assignment)
                 .await;
         }
+        let timer = PhaseTimer::start(Phase::Reserve);
         let votes = self.reserve_all(txn, &assignment).await;
+        drop(timer);
         let no = votes.iter().find_map(|v| match v {
             Vote::No(why) => Some(why.clone()),
             Vote::Yes => None,
@@ -340,7 +465,10 @@ impl Coordinator {
         if decided == Decision::Commit {
             self.failpoints.hit(failpoints::AFTER_DECIDE);
         }
+        let timer = PhaseTimer::start(Phase::Commit);
         self.tell(txn, &participants, decided).await;
+        drop(timer);
+        transaction_ended(decided, assignment.members());
         Ok(())
     }
 
@@ -351,6 +479,7 @@ impl Coordinator {
         a: &Assignment,
     ) -> Result<(), GroupError> {
         let members = a.per_shard.get(&shard).cloned().unwrap_or_default();
+        let timer = PhaseTimer::start(Phase::Reserve);
         let outcome = self
             .groups
             .shard(
@@ -361,15 +490,14 @@ impl Coordinator {
                 },
             )
             .await?;
+        drop(timer);
         let (decision, reason) = match outcome {
-            ShardOutcome::Applied(LedgerReply::Committed { .. })
-            | ShardOutcome::Applied(LedgerReply::AlreadyFinished {
-                outcome: TxnOutcome::Committed,
-                ..
-            }) => (Decision::Commit, String::new()),
+            ShardOutcome::Applied(reply) => one_shard_vote(shard, reply),
             other => (Decision::Abort, refusal_reason(shard, &other)),
         };
-        self.decide(txn, decision, placements(a), reason).await?;
+        let decided = self.decide(txn, decision, placements(a), reason).await?;
+        tracing::debug!(%txn, ?decided, "one-shard placement decided");
+        transaction_ended(decided, a.members());
         Ok(())
     }
 
@@ -400,6 +528,7 @@ impl Coordinator {
         placements: BTreeMap<String, Placement>,
         reason: String,
     ) -> Result<Decision, GroupError> {
+        let _timer = PhaseTimer::start(Phase::Decide);
         let cmd = MetaCommand::Decide {
             txn,
             decision,
@@ -590,6 +719,21 @@ fn placements(a: &Assignment) -> BTreeMap<String, Placement> {
             })
         })
         .collect()
+}
+
+/// The decision a one-shard reserve-and-commit reply calls for.
+fn one_shard_vote(shard: u32, reply: LedgerReply) -> (Decision, String) {
+    match reply {
+        LedgerReply::Committed { .. }
+        | LedgerReply::AlreadyFinished {
+            outcome: TxnOutcome::Committed,
+            ..
+        } => (Decision::Commit, String::new()),
+        other => (
+            Decision::Abort,
+            refusal_reason(shard, &ShardOutcome::Applied(other)),
+        ),
+    }
 }
 
 fn refusal_reason(shard: u32, outcome: &ShardOutcome) -> String {

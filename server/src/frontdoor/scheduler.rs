@@ -14,21 +14,24 @@ use gangway_proto::v1::{
     ListShardsReply, ListShardsRequest, MemberPlacement, PlacedDevice, ReleaseMembersRequest,
     ShardInfo, SubmitGangGroupRequest,
 };
+use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::ledger::meta::{GroupRecord, GroupSeq, MetaCommand, MetaQuery, MetaReply};
+use crate::ledger::meta::{GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply};
 use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
-use crate::replicated::{now_ms, Groups};
+use crate::replicated::{now_ms, GroupError, Groups};
 
 /// Most members one gang group may have.
 pub const GROUP_MEMBERS_MAX: usize = 10_000;
 /// Most gangs one gang group may have.
 pub const GROUP_GANGS_MAX: usize = 256;
-/// How often a watch looks for changes.
-pub const WATCH_POLL_MS: u64 = 50;
+/// How often a watcher confirms with a linearizable read, in ms, when nothing woke it.
+pub const WATCH_CONFIRM_MS: u64 = 1_000;
+/// Pause after a wake-up before a watcher reads, in ms, so a burst of applies costs one read.
+pub const WATCH_GAP_MS: u64 = 2;
 /// Status updates buffered per watcher.
 pub const WATCH_BUFFER: usize = 16;
 
@@ -44,21 +47,21 @@ impl SchedulerService {
         SchedulerServer::new(Self { groups, shards })
     }
 
-    async fn record(&self, seq: GroupSeq) -> Result<GroupRecord, Status> {
+    async fn record(&self, seq: GroupSeq) -> Result<GroupSummary, Status> {
         match self
             .groups
             .meta_query(&MetaQuery::Group { seq })
             .await
             .map_err(|e| e.to_status())?
         {
-            MetaReply::Group { record } => Ok(*record),
+            MetaReply::Group { group } => Ok(*group),
             _ => Err(Status::not_found(format!("id: no gang group {seq}"))),
         }
     }
 
     async fn command(&self, cmd: MetaCommand) -> Result<GangGroupStatus, Status> {
         match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
-            MetaReply::Group { record } => Ok(status_of(&record)),
+            MetaReply::Group { group } => Ok(status_of(&group)),
             MetaReply::Rejected { reason } if reason.starts_with("id:") => {
                 Err(Status::not_found(reason))
             }
@@ -166,7 +169,7 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut usize) -> Result<RawGang, Status
 }
 
 /// The API view of a group record.
-pub fn status_of(r: &GroupRecord) -> GangGroupStatus {
+pub fn status_of(r: &GroupSummary) -> GangGroupStatus {
     let placements = r
         .placements
         .iter()
@@ -194,7 +197,7 @@ pub fn status_of(r: &GroupRecord) -> GangGroupStatus {
         .collect();
     GangGroupStatus {
         id: r.seq,
-        name: r.group.id.clone(),
+        name: r.name.clone(),
         idempotency_key: r.key.clone(),
         state: r.state.name().to_string(),
         reason: r.reason.clone(),
@@ -202,13 +205,63 @@ pub fn status_of(r: &GroupRecord) -> GangGroupStatus {
         placements,
         version: r.version,
         submitted_at_ms: r.submitted_at_ms,
-        gangs: r
-            .group
-            .gangs
-            .iter()
-            .map(|g| format!("{}/{}", g.namespace, g.name))
-            .collect(),
-        members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
+        gangs: r.gangs.clone(),
+        members: r.members,
+    }
+}
+
+/// Sends `first`, then every new version of group `seq` until it ends or the receiver
+/// goes. Woken by the meta group's applies on this replica (read locally: cheap, and
+/// never ahead of the log); every [`WATCH_CONFIRM_MS`] a linearizable read confirms
+/// nothing was missed while this replica was cut off.
+async fn watch_group(
+    groups: Groups,
+    seq: GroupSeq,
+    first: GroupSummary,
+    mut changes: GroupChanges,
+    tx: tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
+) {
+    let mut version = first.version;
+    let mut done = first.state.is_terminal();
+    if tx.send(Ok(status_of(&first))).await.is_err() {
+        return;
+    }
+    let query = MetaQuery::Group { seq };
+    while !done {
+        let read = tokio::select! {
+            alive = changes.changed() => {
+                if !alive {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(WATCH_GAP_MS)).await;
+                groups.meta_query_local(&query)
+            }
+            _ = tokio::time::sleep(Duration::from_millis(WATCH_CONFIRM_MS)) => {
+                groups.meta_query(&query).await
+            }
+            _ = tx.closed() => return,
+        };
+        let group = match read {
+            Ok(MetaReply::Group { group }) => group,
+            Ok(_) => {
+                let gone = Status::not_found(format!("id: gang group {seq} is gone"));
+                let _ = tx.send(Err(gone)).await;
+                return;
+            }
+            Err(e) if e.to_status().code() == tonic::Code::Unavailable => continue,
+            Err(e) => {
+                let _ = tx.send(Err(e.to_status())).await;
+                return;
+            }
+        };
+        if group.version == version {
+            continue;
+        }
+        version = group.version;
+        done = group.state.is_terminal();
+        if tx.send(Ok(status_of(&group))).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -266,43 +319,12 @@ impl Scheduler for SchedulerService {
         let first = self.record(seq).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let groups = self.groups.clone();
-        tokio::spawn(async move {
-            let mut version = first.version;
-            let mut done = first.state.is_terminal();
-            if tx.send(Ok(status_of(&first))).await.is_err() {
-                return;
-            }
-            while !done {
-                tokio::time::sleep(Duration::from_millis(WATCH_POLL_MS)).await;
-                let record = match groups.meta_query(&MetaQuery::Group { seq }).await {
-                    Ok(MetaReply::Group { record }) => record,
-                    Ok(_) => {
-                        let _ = tx
-                            .send(Err(Status::not_found(format!(
-                                "id: gang group {seq} is gone"
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Err(e) if e.to_status().code() == tonic::Code::Unavailable => continue,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_status())).await;
-                        return;
-                    }
-                };
-                if record.version == version {
-                    if tx.is_closed() {
-                        return;
-                    }
-                    continue;
-                }
-                version = record.version;
-                done = record.state.is_terminal();
-                if tx.send(Ok(status_of(&record))).await.is_err() {
-                    return;
-                }
-            }
-        });
+        let changes = self
+            .groups
+            .host()
+            .changes(META_GROUP)
+            .map_err(|e| GroupError::from(e).to_status())?;
+        tokio::spawn(watch_group(groups, seq, first, changes, tx));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
@@ -384,12 +406,12 @@ impl Scheduler for SchedulerService {
         let active_only = !request.into_inner().include_finished;
         match self
             .groups
-            .meta_query(&MetaQuery::Groups { active_only })
+            .meta_query(&MetaQuery::Summaries { active_only })
             .await
             .map_err(|e| e.to_status())?
         {
-            MetaReply::Groups { records } => Ok(Response::new(ListGangGroupsReply {
-                groups: records.iter().map(status_of).collect(),
+            MetaReply::Summaries { groups } => Ok(Response::new(ListGangGroupsReply {
+                groups: groups.iter().map(status_of).collect(),
             })),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }

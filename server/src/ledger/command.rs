@@ -20,6 +20,8 @@ use crate::model::node::{Node, Readiness};
 use crate::model::pod::{HostPort, PodSummary};
 use crate::model::resources::ResourceName;
 
+/// Most operations in one ledger batch.
+pub const LEDGER_BATCH_MAX: usize = 1_024;
 /// Shortest node lease a heartbeat may ask for, in ms.
 pub const NODE_LEASE_MS_MIN: u64 = 1_000;
 /// Longest node lease a heartbeat may ask for, in ms.
@@ -192,6 +194,12 @@ pub enum LedgerOp {
     RemoveDeviceClass {
         /// Class name.
         name: String,
+    },
+    /// Several operations applied in order as one entry, each as if alone (the
+    /// coordinator's batched rounds); at most [`LEDGER_BATCH_MAX`], none a batch.
+    Batch {
+        /// The operations.
+        ops: Vec<LedgerOp>,
     },
 }
 
@@ -427,6 +435,15 @@ pub enum LedgerError {
         /// Node name.
         name: String,
     },
+    /// A batch holds too many operations.
+    #[error("ops: {ops} in one batch, at most {LEDGER_BATCH_MAX}")]
+    BatchTooLarge {
+        /// How many it held.
+        ops: usize,
+    },
+    /// A batch holds a batch.
+    #[error("ops: a batch cannot hold a batch")]
+    NestedBatch,
     /// A heartbeat's lease is out of range.
     #[error("lease_ms: {lease_ms} is not in {NODE_LEASE_MS_MIN}..={NODE_LEASE_MS_MAX}")]
     InvalidLease {
@@ -605,6 +622,11 @@ pub enum LedgerReply {
         name: String,
         /// Whether it existed.
         presence: Presence,
+    },
+    /// The replies to a batch, in its order.
+    Batch {
+        /// One per operation.
+        replies: Vec<LedgerReply>,
     },
     /// Bad input: nothing changed.
     Rejected {

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{place_members, GangPlacement, MemberRef, Profile};
+use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::{MemberKey, PodSpec};
@@ -72,8 +72,10 @@ pub enum ShardAnswer {
     },
 }
 
-/// Answers `q` from `ledger`.
-pub fn answer(ledger: &ShardLedger, q: &ShardQuery) -> ShardAnswer {
+/// Answers `q` from `ledger`; plans go through `placer`, which keeps kube-scheduler's
+/// round-robin start and the engine's caches between plans (they change speed and the
+/// node a search starts at, never whether a plan is valid: Reserve re-checks it).
+pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> ShardAnswer {
     match q {
         ShardQuery::GetNode { name } => ShardAnswer::Nodes {
             nodes: ledger.node(name).cloned().into_iter().collect(),
@@ -87,7 +89,7 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery) -> ShardAnswer {
                 .map(|(key, spec)| MemberRef { key, spec })
                 .collect();
             ShardAnswer::Plan {
-                placement: place_members(ledger, &refs, profile, &[]),
+                placement: placer.place_members(ledger, &refs, profile, &[]),
             }
         }
         ShardQuery::OpenTxns => ShardAnswer::OpenTxns {

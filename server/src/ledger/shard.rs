@@ -43,7 +43,8 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
-    ReleaseTarget, ReserveMember, TxnId, TxnOutcome, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN,
+    ReleaseTarget, ReserveMember, TxnId, TxnOutcome, LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX,
+    NODE_LEASE_MS_MIN,
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
@@ -410,10 +411,35 @@ impl ShardLedger {
 
     /// Applies one command; bad input is answered with `Rejected` and changes nothing.
     pub fn apply(&mut self, cmd: &LedgerCommand) -> LedgerReply {
-        let at_ms = cmd.at_ms;
+        match &cmd.op {
+            LedgerOp::Batch { ops } => self.batch(cmd.at_ms, ops),
+            op => self.apply_op(cmd.at_ms, op),
+        }
+    }
+
+    /// Applies each operation of a batch in order, as if alone.
+    fn batch(&mut self, at_ms: u64, ops: &[LedgerOp]) -> LedgerReply {
+        if ops.len() > LEDGER_BATCH_MAX {
+            return LedgerReply::Rejected {
+                error: LedgerError::BatchTooLarge { ops: ops.len() },
+            };
+        }
+        let replies = ops
+            .iter()
+            .map(|op| match op {
+                LedgerOp::Batch { .. } => LedgerReply::Rejected {
+                    error: LedgerError::NestedBatch,
+                },
+                op => self.apply_op(at_ms, op),
+            })
+            .collect();
+        LedgerReply::Batch { replies }
+    }
+
+    fn apply_op(&mut self, at_ms: u64, op: &LedgerOp) -> LedgerReply {
         #[cfg(debug_assertions)]
-        let touched = self.nodes_touched_by(&cmd.op);
-        let result = match &cmd.op {
+        let touched = self.nodes_touched_by(op);
+        let result = match op {
             LedgerOp::RegisterNode { node } => self.register_node(node),
             LedgerOp::NodeHeartbeat {
                 node,
@@ -466,6 +492,7 @@ impl ShardLedger {
             LedgerOp::AgentConnected { node } => self.agent_connected(node),
             LedgerOp::PutDeviceClass { class } => self.put_device_class(class),
             LedgerOp::RemoveDeviceClass { name } => Ok(self.remove_device_class(name)),
+            LedgerOp::Batch { .. } => Err(LedgerError::NestedBatch),
         };
         #[cfg(debug_assertions)]
         self.assert_i2(&touched);
@@ -506,7 +533,8 @@ impl ShardLedger {
             }
             LedgerOp::RemoveNode { .. }
             | LedgerOp::PutDeviceClass { .. }
-            | LedgerOp::RemoveDeviceClass { .. } => BTreeSet::new(),
+            | LedgerOp::RemoveDeviceClass { .. }
+            | LedgerOp::Batch { .. } => BTreeSet::new(),
         }
     }
 

@@ -998,3 +998,56 @@ proptest! {
         prop_assert_eq!(ledger.check_invariants(), Ok(()));
     }
 }
+
+#[test]
+fn a_batch_applies_each_operation_as_if_alone() {
+    let mut alone = ledger_with(&[node("n1", 1000, 10)]);
+    let mut batched = alone.clone();
+    let ops = vec![
+        LedgerOp::ReserveAndCommit {
+            txn_id: TxnId(1),
+            members: vec![rm("a", "n1", pod(600))],
+        },
+        // Does not fit after the first: refused, and the batch goes on.
+        LedgerOp::ReserveAndCommit {
+            txn_id: TxnId(2),
+            members: vec![rm("b", "n1", pod(600))],
+        },
+        LedgerOp::ReserveAndCommit {
+            txn_id: TxnId(3),
+            members: vec![rm("c", "n1", pod(300))],
+        },
+    ];
+    let expected: Vec<LedgerReply> = ops
+        .iter()
+        .map(|op| apply(&mut alone, 5, op.clone()))
+        .collect();
+    let reply = apply(&mut batched, 5, LedgerOp::Batch { ops });
+    assert_eq!(reply, LedgerReply::Batch { replies: expected });
+    assert_eq!(batched.snapshot(), alone.snapshot());
+    batched.check_invariants().expect("invariants");
+
+    let nested = apply(
+        &mut batched,
+        6,
+        LedgerOp::Batch {
+            ops: vec![LedgerOp::Batch { ops: vec![] }],
+        },
+    );
+    assert_eq!(
+        nested,
+        LedgerReply::Batch {
+            replies: vec![LedgerReply::Rejected {
+                error: LedgerError::NestedBatch
+            }]
+        }
+    );
+    let too_many = vec![LedgerOp::Tick; crate::ledger::command::LEDGER_BATCH_MAX + 1];
+    assert!(matches!(
+        apply(&mut batched, 7, LedgerOp::Batch { ops: too_many }),
+        LedgerReply::Rejected {
+            error: LedgerError::BatchTooLarge { .. }
+        }
+    ));
+    assert_eq!(batched.snapshot(), alone.snapshot());
+}

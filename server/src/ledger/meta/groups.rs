@@ -103,6 +103,59 @@ pub struct PlacedDevice {
     pub device: DeviceId,
 }
 
+/// What callers outside the coordinator see of a group: its record without the member
+/// specs (which can be large and never change), so status reads and command replies
+/// stay small.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSummary {
+    /// Sequence number (the group's id in the API).
+    pub seq: GroupSeq,
+    /// The submitter's idempotency key.
+    pub key: String,
+    /// The group's name.
+    pub name: String,
+    /// Where it is.
+    pub state: GroupState,
+    /// Why the last attempt failed, for people.
+    pub reason: String,
+    /// Placement attempts that ended in an abort.
+    pub attempts: u32,
+    /// Member key (`ns/gang/member`) → placement, once placed.
+    pub placements: BTreeMap<String, Placement>,
+    /// Bumped on every change.
+    pub version: u64,
+    /// When it was accepted (leader's clock).
+    pub submitted_at_ms: u64,
+    /// Its gangs as `namespace/name`.
+    pub gangs: Vec<String>,
+    /// Members over every gang.
+    pub members: u32,
+}
+
+impl GroupSummary {
+    /// The summary of `r`.
+    pub fn of(r: &GroupRecord) -> Self {
+        Self {
+            seq: r.seq,
+            key: r.key.clone(),
+            name: r.group.id.clone(),
+            state: r.state,
+            reason: r.reason.clone(),
+            attempts: r.attempts,
+            placements: r.placements.clone(),
+            version: r.version,
+            submitted_at_ms: r.submitted_at_ms,
+            gangs: r
+                .group
+                .gangs
+                .iter()
+                .map(|g| format!("{}/{}", g.namespace, g.name))
+                .collect(),
+            members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
+        }
+    }
+}
+
 /// A gang group and everything the meta group knows of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use decisions::{Decision, TxnRecord};
-pub use groups::{GroupRecord, GroupSeq, GroupState, PlacedDevice, Placement, Terminal};
+pub use groups::{
+    GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, Terminal,
+};
 pub use shard_map::shard_for;
 
 use crate::ledger::TxnId;
@@ -128,6 +130,12 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// Several commands applied in order as one entry, each as if alone (the
+    /// coordinator's batched rounds); at most [`META_BATCH_MAX`], none a batch.
+    Batch {
+        /// The commands.
+        commands: Vec<MetaCommand>,
+    },
 }
 
 /// The meta group's answer.
@@ -165,20 +173,30 @@ pub enum MetaReply {
         /// The decision.
         decision: Decision,
     },
-    /// One group.
+    /// One group, as callers outside the coordinator see it.
     Group {
-        /// Its record.
-        record: Box<GroupRecord>,
+        /// Its summary.
+        group: Box<GroupSummary>,
     },
     /// Several groups, in queue order.
     Groups {
         /// Their records.
         records: Vec<GroupRecord>,
     },
+    /// Several groups as callers outside the coordinator see them, in queue order.
+    Summaries {
+        /// Their summaries.
+        groups: Vec<GroupSummary>,
+    },
     /// One transaction, if known.
     Txn {
         /// Its record.
         record: Option<TxnRecord>,
+    },
+    /// The replies to a batch, in its order.
+    Batch {
+        /// One per command.
+        replies: Vec<MetaReply>,
     },
     /// Refused; the state is unchanged.
     Rejected {
@@ -205,6 +223,11 @@ pub enum MetaQuery {
     },
     /// Groups, in queue order (all, or only those not terminal).
     Groups {
+        /// Leave out terminal groups.
+        active_only: bool,
+    },
+    /// The summaries of groups, in queue order (all, or only those not terminal).
+    Summaries {
         /// Leave out terminal groups.
         active_only: bool,
     },
@@ -238,6 +261,9 @@ fn rejected(reason: impl Into<String>) -> MetaReply {
     }
 }
 
+/// Most commands in one meta batch.
+pub const META_BATCH_MAX: usize = 1_024;
+
 /// Delay before retry number `attempts` (1-based), doubling up to the cap.
 pub fn retry_backoff_ms(attempts: u32) -> u64 {
     let shift = attempts.saturating_sub(1).min(16);
@@ -245,6 +271,11 @@ pub fn retry_backoff_ms(attempts: u32) -> u64 {
 }
 
 impl MetaState {
+    /// The full record of one group.
+    pub fn record(&self, seq: GroupSeq) -> Option<&GroupRecord> {
+        self.groups.get(&seq)
+    }
+
     /// An empty state over `shards` shards.
     pub fn new(shards: u32) -> Self {
         Self {
@@ -287,7 +318,25 @@ impl MetaState {
                 self.members_released(*seq, members)
             }
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
+            MetaCommand::Batch { commands } => self.batch(commands),
         }
+    }
+
+    fn batch(&mut self, commands: &[MetaCommand]) -> MetaReply {
+        if commands.len() > META_BATCH_MAX {
+            return rejected(format!(
+                "commands: {} in one batch, at most {META_BATCH_MAX}",
+                commands.len()
+            ));
+        }
+        let replies = commands
+            .iter()
+            .map(|cmd| match cmd {
+                MetaCommand::Batch { .. } => rejected("commands: a batch cannot hold a batch"),
+                one => self.apply(one),
+            })
+            .collect();
+        MetaReply::Batch { replies }
     }
 
     /// Answers a query.
@@ -302,7 +351,7 @@ impl MetaState {
             },
             MetaQuery::Group { seq } => match self.groups.get(seq) {
                 Some(r) => MetaReply::Group {
-                    record: Box::new(r.clone()),
+                    group: Box::new(GroupSummary::of(r)),
                 },
                 None => rejected(format!("id: no gang group {seq}")),
             },
@@ -315,6 +364,17 @@ impl MetaState {
                     .collect();
                 records.sort_by_key(GroupRecord::order_key);
                 MetaReply::Groups { records }
+            }
+            MetaQuery::Summaries { active_only } => {
+                let mut records: Vec<&GroupRecord> = self
+                    .groups
+                    .values()
+                    .filter(|r| !active_only || !r.state.is_terminal())
+                    .collect();
+                records.sort_by_key(|r| r.order_key());
+                MetaReply::Summaries {
+                    groups: records.into_iter().map(GroupSummary::of).collect(),
+                }
             }
             MetaQuery::Pending { limit } => {
                 let mut records: Vec<GroupRecord> = self
@@ -499,7 +559,7 @@ impl MetaState {
             g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
         }
         MetaReply::Group {
-            record: Box::new(g.clone()),
+            group: Box::new(GroupSummary::of(g)),
         }
     }
 
@@ -517,7 +577,7 @@ impl MetaState {
             g.version += 1;
         }
         MetaReply::Group {
-            record: Box::new(g.clone()),
+            group: Box::new(GroupSummary::of(g)),
         }
     }
 
@@ -601,7 +661,7 @@ impl MetaState {
             };
         }
         let reply = MetaReply::Group {
-            record: Box::new(g.clone()),
+            group: Box::new(GroupSummary::of(g)),
         };
         self.forget_old_groups();
         reply
@@ -626,7 +686,7 @@ impl MetaState {
             g.version += 1;
         }
         let reply = MetaReply::Group {
-            record: Box::new(g.clone()),
+            group: Box::new(GroupSummary::of(g)),
         };
         self.forget_old_groups();
         reply

@@ -79,9 +79,9 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
 }
 
 fn state(m: &MetaState, seq: GroupSeq) -> GroupRecord {
-    match m.query(&MetaQuery::Group { seq }) {
-        MetaReply::Group { record } => *record,
-        other => panic!("no group {seq}: {other:?}"),
+    match m.record(seq) {
+        Some(record) => record.clone(),
+        None => panic!("no group {seq}"),
     }
 }
 
@@ -484,4 +484,53 @@ proptest! {
         }
         prop_assert_eq!(serde_json::to_vec(&a).ok(), serde_json::to_vec(&b).ok());
     }
+}
+
+#[test]
+fn a_batch_applies_each_command_as_if_alone() {
+    let mut alone = MetaState::new(2);
+    let a = submit(
+        &mut alone,
+        "k1",
+        group("g1", vec![gang("a", 2, 2, 0, 0)]),
+        10,
+    );
+    let b = submit(
+        &mut alone,
+        "k2",
+        group("g2", vec![gang("b", 2, 2, 0, 0)]),
+        10,
+    );
+    let mut batched = alone.clone();
+    let commands = vec![
+        MetaCommand::BeginTxn {
+            seq: a,
+            participants: vec![1],
+            at_ms: 20,
+        },
+        // Not Queued any more: rejected, and the batch goes on.
+        MetaCommand::BeginTxn {
+            seq: a,
+            participants: vec![1],
+            at_ms: 20,
+        },
+        MetaCommand::BeginTxn {
+            seq: b,
+            participants: vec![2],
+            at_ms: 20,
+        },
+    ];
+    let expected: Vec<MetaReply> = commands.iter().map(|c| alone.apply(c)).collect();
+    assert!(matches!(expected[1], MetaReply::Rejected { .. }));
+    let reply = batched.apply(&MetaCommand::Batch { commands });
+    assert_eq!(reply, MetaReply::Batch { replies: expected });
+    assert_eq!(batched, alone);
+    let nested = batched.apply(&MetaCommand::Batch {
+        commands: vec![MetaCommand::Batch { commands: vec![] }],
+    });
+    assert!(
+        matches!(&nested, MetaReply::Batch { replies } if matches!(replies[..], [MetaReply::Rejected { .. }])),
+        "{nested:?}"
+    );
+    assert_eq!(batched, alone);
 }
