@@ -117,24 +117,27 @@ pub(crate) struct Group {
     membership: tokio::sync::Mutex<()>,
 }
 
-/// Fires when a group changes on this replica (see [`RaftHost::changes`]).
-pub struct GroupChanges(
-    tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>,
-);
+/// Fires when a group applies entries on this replica (see [`RaftHost::changes`]).
+pub struct GroupChanges {
+    rx: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>,
+    seen: Option<u64>,
+}
 
 impl GroupChanges {
-    /// Waits for the next change; `false` once the group has stopped.
+    /// Waits until entries past the last seen ones are applied here; `false` once the
+    /// group has stopped. Metrics that change without an apply (heartbeat acks, say)
+    /// do not wake it.
     pub async fn changed(&mut self) -> bool {
-        self.0.changed().await.is_ok()
-    }
-
-    /// The index applied here so far.
-    pub fn applied(&mut self) -> u64 {
-        self.0
-            .borrow_and_update()
-            .last_applied
-            .map(|l| l.index)
-            .unwrap_or(0)
+        loop {
+            let applied = self.rx.borrow_and_update().last_applied.map(|l| l.index);
+            if applied != self.seen {
+                self.seen = applied;
+                return true;
+            }
+            if self.rx.changed().await.is_err() {
+                return false;
+            }
+        }
     }
 }
 
@@ -361,11 +364,13 @@ impl RaftHost {
             .and_then(|g| g.raft.metrics().borrow().current_leader)
     }
 
-    /// A feed that fires whenever `group` changes here: entries applied, a new term or
-    /// leader. Waiters use it instead of polling the state machine.
+    /// A feed that fires whenever `group` applies entries here. Waiters use it instead
+    /// of polling the state machine.
     pub fn changes(&self, group: GroupId) -> Result<GroupChanges, HostError> {
         let g = self.group(group)?;
-        Ok(GroupChanges(g.raft.metrics()))
+        let rx = g.raft.metrics();
+        let seen = rx.borrow().last_applied.map(|l| l.index);
+        Ok(GroupChanges { rx, seen })
     }
 
     /// Whether this replica knows a leader for every group (readiness).

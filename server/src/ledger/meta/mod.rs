@@ -692,14 +692,23 @@ impl MetaState {
         reply
     }
 
+    /// Forgets the oldest terminal groups once more than [`FINISHED_GROUPS_MAX`] are kept,
+    /// down to nine tenths of it, so the scan runs once per many finished groups rather
+    /// than on every command.
     fn forget_old_groups(&mut self) {
+        if self.groups.len() <= FINISHED_GROUPS_MAX {
+            return;
+        }
         let terminal: Vec<GroupSeq> = self
             .groups
             .values()
             .filter(|g| g.state.is_terminal())
             .map(|g| g.seq)
             .collect();
-        let excess = terminal.len().saturating_sub(FINISHED_GROUPS_MAX);
+        if terminal.len() <= FINISHED_GROUPS_MAX {
+            return;
+        }
+        let excess = terminal.len() - FINISHED_GROUPS_MAX * 9 / 10;
         for seq in terminal.into_iter().take(excess) {
             if let Some(g) = self.groups.remove(&seq) {
                 self.keys.remove(&g.key);
@@ -707,14 +716,22 @@ impl MetaState {
         }
     }
 
+    /// Forgets the oldest decided transactions once more than [`DECIDED_TXNS_MAX`] are
+    /// kept, down to nine tenths of it (as [`Self::forget_old_groups`]).
     fn forget_old_txns(&mut self) {
+        if self.txns.len() <= DECIDED_TXNS_MAX {
+            return;
+        }
         let decided: Vec<TxnId> = self
             .txns
             .values()
             .filter(|t| t.decision.is_some())
             .map(|t| t.txn)
             .collect();
-        let excess = decided.len().saturating_sub(DECIDED_TXNS_MAX);
+        if decided.len() <= DECIDED_TXNS_MAX {
+            return;
+        }
+        let excess = decided.len() - DECIDED_TXNS_MAX * 9 / 10;
         for txn in decided.into_iter().take(excess) {
             self.txns.remove(&txn);
         }

@@ -534,3 +534,27 @@ fn a_batch_applies_each_command_as_if_alone() {
     );
     assert_eq!(batched, alone);
 }
+
+#[test]
+fn old_finished_groups_are_forgotten_in_bulk() {
+    let mut m = MetaState::new(1);
+    let mut seqs = Vec::new();
+    for i in 0..=FINISHED_GROUPS_MAX {
+        let seq = submit(
+            &mut m,
+            &format!("k{i}"),
+            group("g", vec![gang("a", 1, 1, 0, 0)]),
+            1,
+        );
+        m.apply(&MetaCommand::Cancel { seq, at_ms: 2 });
+        seqs.push(seq);
+    }
+    // One over the bound: the oldest tenth is forgotten at once, the newest kept.
+    let kept = seqs.iter().filter(|s| m.record(**s).is_some()).count();
+    assert_eq!(kept, FINISHED_GROUPS_MAX * 9 / 10);
+    assert!(m.record(seqs[0]).is_none());
+    assert!(m.record(seqs[FINISHED_GROUPS_MAX]).is_some());
+    // A forgotten key is free again: it names a new group.
+    let again = submit(&mut m, "k0", group("g", vec![gang("a", 1, 1, 0, 0)]), 3);
+    assert!(again > seqs[FINISHED_GROUPS_MAX]);
+}
