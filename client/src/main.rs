@@ -85,7 +85,7 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// List registered nodes.
+    /// List registered nodes (devices as held/healthy/total).
     Nodes {
         /// Only this shard.
         #[arg(long)]
@@ -317,13 +317,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .iter()
                         .filter_map(|n| {
                             let s = n.node.as_ref()?;
-                            Some(json!({"name": s.name, "shard": n.shard, "labels": s.labels, "allocatable": s.allocatable}))
+                            let devices: Vec<_> = n.devices.iter().map(|d| json!({
+                                "driver": d.driver, "pool": d.pool, "name": d.name,
+                                "unhealthy": d.unhealthy, "heldBy": d.held_by,
+                            })).collect();
+                            Some(json!({
+                                "name": s.name, "shard": n.shard, "labels": s.labels,
+                                "allocatable": s.allocatable, "notReady": s.not_ready,
+                                "pods": n.pods, "devices": devices, "agent": n.agent,
+                                "leaseUntilMs": n.lease_until_ms,
+                            }))
                         })
                         .collect();
                     println!("{}", json!(list));
                 }
                 Output::Table => {
-                    println!("{:<32} {:<6} ALLOCATABLE", "NAME", "SHARD");
+                    println!(
+                        "{:<32} {:<6} {:<9} {:<5} {:<14} ALLOCATABLE",
+                        "NAME", "SHARD", "READY", "PODS", "DEVICES"
+                    );
                     for n in &nodes {
                         if let Some(s) = &n.node {
                             let mut alloc: Vec<_> = s
@@ -332,7 +344,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                                 .map(|(k, v)| format!("{k}={v}"))
                                 .collect();
                             alloc.sort();
-                            println!("{:<32} {:<6} {}", s.name, n.shard, alloc.join(","));
+                            let ready = if s.not_ready { "NotReady" } else { "Ready" };
+                            println!(
+                                "{:<32} {:<6} {:<9} {:<5} {:<14} {}",
+                                s.name,
+                                n.shard,
+                                ready,
+                                n.pods,
+                                device_summary(n),
+                                alloc.join(",")
+                            );
                         }
                     }
                 }
@@ -340,6 +361,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// `held/healthy/total` devices, `-` when the node has none.
+fn device_summary(n: &gangway_proto::v1::NodeInfo) -> String {
+    if n.devices.is_empty() {
+        return "-".to_string();
+    }
+    let healthy = n.devices.iter().filter(|d| !d.unhealthy).count();
+    let held = n.devices.iter().filter(|d| !d.held_by.is_empty()).count();
+    format!("{held}/{healthy}/{}", n.devices.len())
 }
 
 async fn cluster_status(client: &Client, output: Output) -> Result<(), ClientError> {
