@@ -317,10 +317,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .iter()
                         .filter_map(|n| {
                             let s = n.node.as_ref()?;
-                            let devices: Vec<_> = n.devices.iter().map(|d| json!({
-                                "driver": d.driver, "pool": d.pool, "name": d.name,
-                                "unhealthy": d.unhealthy, "heldBy": d.held_by,
-                            })).collect();
+                            let devices: Vec<_> = n
+                                .devices
+                                .iter()
+                                .map(|d| {
+                                    json!({
+                                        "driver": d.driver, "pool": d.pool, "name": d.name,
+                                        "unhealthy": d.unhealthy, "heldBy": d.held_by,
+                                    })
+                                })
+                                .collect();
                             Some(json!({
                                 "name": s.name, "shard": n.shard, "labels": s.labels,
                                 "allocatable": s.allocatable, "notReady": s.not_ready,

@@ -47,6 +47,9 @@ pub const COORDINATOR_ROUND_GAP_MS: u64 = 2;
 pub const RESERVE_TTL_MS: u64 = 10_000;
 /// Most groups looked at in one round.
 pub const GROUPS_PER_ROUND_MAX: usize = 256;
+// A round's batched writes carry one command per group: they must fit one batch.
+const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::meta::META_BATCH_MAX);
+const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::command::LEDGER_BATCH_MAX);
 /// Most members planned together in one batched round.
 pub const BATCH_MEMBERS_MAX: usize = 8_192;
 

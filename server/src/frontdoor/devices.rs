@@ -9,7 +9,8 @@
 //! for one node; the pool is republished (generation + 1) only when the device list
 //! changes, health is recorded on every report, and the agent link is marked connected
 //! when the stream opens and disconnected when it ends (the ledger's grace period then
-//! applies). Called by the Inventory service.
+//! applies). Called by the Inventory service; each stream's task ends with the stream
+//! (the agent closing it, or the server's shutdown closing the connection).
 
 use std::collections::BTreeSet;
 
@@ -21,8 +22,10 @@ use crate::frontdoor::inventory::shard_of;
 use crate::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, PoolKey};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
-use crate::model::device::POOL_DEVICES_MAX;
-use crate::model::device::{AttributeValue, CelSelector, Device, DeviceClass, DeviceId};
+use crate::model::device::{
+    AttributeValue, CelSelector, Device, DeviceClass, DeviceId, ATTRIBUTE_VALUE_LENGTH_MAX,
+    DRIVER_NAME_LENGTH_MAX, POOL_DEVICES_MAX,
+};
 use crate::model::error::FieldPath;
 use crate::model::names::validate_dns_subdomain;
 use crate::model::resources::ResourceName;
@@ -30,6 +33,8 @@ use crate::replicated::{now_ms, Groups, ShardOutcome};
 
 /// Acks queued for a slow agent before the stream stops reading its reports.
 pub const DEVICE_ACKS_QUEUED_MAX: usize = 8;
+/// Longest device name (a DNS label).
+pub const DEVICE_NAME_LENGTH_MAX: usize = 63;
 /// Attribute holding the plugin's own device id.
 pub const DEVICE_ID_ATTRIBUTE: &str = "deviceID";
 /// Attribute holding the device's first NUMA node.
@@ -125,7 +130,7 @@ pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> 
         })?;
     validate_dns_subdomain(&FieldPath::new("resource_name"), &driver)
         .ok()
-        .filter(|()| driver.len() <= crate::model::device::DRIVER_NAME_LENGTH_MAX)
+        .filter(|()| driver.len() <= DRIVER_NAME_LENGTH_MAX)
         .ok_or_else(|| {
             invalid(
                 "resource_name",
@@ -148,8 +153,8 @@ pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> 
         let field = format!("devices[{i}]");
         let name = device_name(&d.id);
         if name.is_empty()
-            || name.len() > 63
-            || d.id.len() > crate::model::device::ATTRIBUTE_VALUE_LENGTH_MAX
+            || name.len() > DEVICE_NAME_LENGTH_MAX
+            || d.id.len() > ATTRIBUTE_VALUE_LENGTH_MAX
         {
             return Err(invalid(
                 &format!("{field}.id"),
