@@ -18,10 +18,10 @@ use gangway_proto::v1::{DeviceHealth as WireHealth, DeviceListAck, DeviceListRep
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use crate::frontdoor::inventory::shard_of;
+use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, PoolKey};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use crate::ledger::{LedgerOp, LedgerReply, NodeEntry};
 use crate::model::device::{
     AttributeValue, CelSelector, Device, DeviceClass, DeviceId, ATTRIBUTE_VALUE_LENGTH_MAX,
     DRIVER_NAME_LENGTH_MAX, POOL_DEVICES_MAX,
@@ -29,7 +29,7 @@ use crate::model::device::{
 use crate::model::error::FieldPath;
 use crate::model::names::validate_dns_subdomain;
 use crate::model::resources::ResourceName;
-use crate::replicated::{now_ms, Groups, ShardOutcome};
+use crate::replicated::{now_ms, Groups};
 
 /// Acks queued for a slow agent before the stream stops reading its reports.
 pub const DEVICE_ACKS_QUEUED_MAX: usize = 8;
@@ -265,7 +265,7 @@ async fn apply_report(
                     pool.node
                 ))
             })?;
-            ledger(
+            apply_op(
                 groups,
                 shard,
                 LedgerOp::AgentConnected {
@@ -296,7 +296,7 @@ async fn apply_report(
             current
         } else {
             let generation = current + 1;
-            ledger(
+            apply_op(
                 groups,
                 shard,
                 LedgerOp::PutDeviceClass {
@@ -304,7 +304,7 @@ async fn apply_report(
                 },
             )
             .await?;
-            let reply = ledger(
+            let reply = apply_op(
                 groups,
                 shard,
                 LedgerOp::PublishPool {
@@ -336,7 +336,7 @@ async fn apply_report(
             .find(|(resource, _, _)| *resource == pool.resource)
             .map_or(0, |(_, _, generation)| *generation)
     };
-    let reply = ledger(
+    let reply = apply_op(
         groups,
         shard,
         LedgerOp::SetDeviceHealth {
@@ -401,32 +401,13 @@ async fn node_entry(groups: &Groups, shard: u32, node: &str) -> Result<NodeEntry
     }
 }
 
-/// Applies one ledger operation; a refusal becomes a status naming its cause.
-async fn ledger(groups: &Groups, shard: u32, op: LedgerOp) -> Result<LedgerReply, Status> {
-    match groups.shard(shard, op).await.map_err(|e| e.to_status())? {
-        ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refusal(error)),
-        ShardOutcome::Applied(reply) => Ok(reply),
-        ShardOutcome::Malformed { reason } => Err(Status::internal(reason)),
-    }
-}
-
-fn refusal(error: LedgerError) -> Status {
-    match error {
-        LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
-        LedgerError::InvalidPool { .. } | LedgerError::InvalidDeviceClass { .. } => {
-            Status::invalid_argument(format!("devices: {error}"))
-        }
-        other => Status::failed_precondition(other.to_string()),
-    }
-}
-
 async fn disconnect(groups: &Groups, node: &str, shard: u32) {
     let op = LedgerOp::AgentDisconnected {
         node: node.to_string(),
         since_ms: now_ms(),
         grace_ms: None,
     };
-    match ledger(groups, shard, op).await {
+    match apply_op(groups, shard, op).await {
         Ok(_) => tracing::info!(node, "device agent disconnected; grace period started"),
         Err(status) => {
             tracing::warn!(node, error = %status, "could not record the device agent's disconnect")

@@ -219,10 +219,25 @@ fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
     out
 }
 
+/// The status for a ledger refusal, naming the field it concerns.
 fn refused(error: LedgerError) -> Status {
     match error {
+        LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
         LedgerError::InvalidNode { .. } => Status::invalid_argument(format!("node: {error}")),
+        LedgerError::InvalidLease { .. } => Status::invalid_argument(error.to_string()),
+        LedgerError::InvalidPool { .. } | LedgerError::InvalidDeviceClass { .. } => {
+            Status::invalid_argument(format!("devices: {error}"))
+        }
         other => Status::failed_precondition(other.to_string()),
+    }
+}
+
+/// Applies one ledger operation on `shard`; a refusal becomes the status naming its cause.
+pub async fn apply_op(groups: &Groups, shard: u32, op: LedgerOp) -> Result<LedgerReply, Status> {
+    match groups.shard(shard, op).await.map_err(|e| e.to_status())? {
+        ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refused(error)),
+        ShardOutcome::Applied(reply) => Ok(reply),
+        ShardOutcome::Malformed { reason } => Err(Status::internal(reason)),
     }
 }
 
@@ -253,20 +268,10 @@ impl Inventory for InventoryService {
             ready: !beat.not_ready,
             lease_ms,
         };
-        match self
-            .groups
-            .shard(shard, op)
-            .await
-            .map_err(|e| e.to_status())?
-        {
-            ShardOutcome::Applied(LedgerReply::HeartbeatRecorded { lease_until_ms, .. }) => {
+        match apply_op(&self.groups, shard, op).await? {
+            LedgerReply::HeartbeatRecorded { lease_until_ms, .. } => {
                 Ok(Response::new(HeartbeatReply { lease_until_ms }))
             }
-            ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(match error {
-                LedgerError::InvalidLease { .. } => Status::invalid_argument(error.to_string()),
-                LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
-                other => refused(other),
-            }),
             other => Err(Status::internal(format!(
                 "unexpected shard reply {other:?}"
             ))),
@@ -309,13 +314,8 @@ impl Inventory for InventoryService {
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
         let register = LedgerOp::RegisterNode { node: node.clone() };
-        match self
-            .groups
-            .shard(shard, register)
-            .await
-            .map_err(|e| e.to_status())?
-        {
-            ShardOutcome::Applied(LedgerReply::NodeRegistered { .. }) => {
+        match apply_op(&self.groups, shard, register).await? {
+            LedgerReply::NodeRegistered { .. } => {
                 let entry = self
                     .shard_nodes(
                         shard,
@@ -327,7 +327,6 @@ impl Inventory for InventoryService {
                 let info = entry.first().map(|e| node_info(e, shard));
                 Ok(Response::new(RegisterNodeReply { node: info }))
             }
-            ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refused(error)),
             other => Err(Status::internal(format!(
                 "unexpected shard reply {other:?}"
             ))),

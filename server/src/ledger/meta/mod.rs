@@ -271,6 +271,17 @@ pub fn retry_backoff_ms(attempts: u32) -> u64 {
 }
 
 impl MetaState {
+    /// Groups in queue order (all, or only those not terminal).
+    fn in_queue_order(&self, active_only: bool) -> impl Iterator<Item = &GroupRecord> {
+        let mut records: Vec<&GroupRecord> = self
+            .groups
+            .values()
+            .filter(|r| !active_only || !r.state.is_terminal())
+            .collect();
+        records.sort_by_key(|r| r.order_key());
+        records.into_iter()
+    }
+
     /// The full record of one group.
     pub fn record(&self, seq: GroupSeq) -> Option<&GroupRecord> {
         self.groups.get(&seq)
@@ -355,27 +366,15 @@ impl MetaState {
                 },
                 None => rejected(format!("id: no gang group {seq}")),
             },
-            MetaQuery::Groups { active_only } => {
-                let mut records: Vec<GroupRecord> = self
-                    .groups
-                    .values()
-                    .filter(|r| !active_only || !r.state.is_terminal())
-                    .cloned()
-                    .collect();
-                records.sort_by_key(GroupRecord::order_key);
-                MetaReply::Groups { records }
-            }
-            MetaQuery::Summaries { active_only } => {
-                let mut records: Vec<&GroupRecord> = self
-                    .groups
-                    .values()
-                    .filter(|r| !active_only || !r.state.is_terminal())
-                    .collect();
-                records.sort_by_key(|r| r.order_key());
-                MetaReply::Summaries {
-                    groups: records.into_iter().map(GroupSummary::of).collect(),
-                }
-            }
+            MetaQuery::Groups { active_only } => MetaReply::Groups {
+                records: self.in_queue_order(*active_only).cloned().collect(),
+            },
+            MetaQuery::Summaries { active_only } => MetaReply::Summaries {
+                groups: self
+                    .in_queue_order(*active_only)
+                    .map(GroupSummary::of)
+                    .collect(),
+            },
             MetaQuery::Pending { limit } => {
                 let mut records: Vec<GroupRecord> = self
                     .groups
