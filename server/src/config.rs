@@ -98,6 +98,21 @@ pub struct ServeArgs {
     /// Period of automatic leader balancing in ms, 0 to disable [default: 30000].
     #[arg(long)]
     pub balance_interval_ms: Option<u64>,
+    /// Schedule a Kubernetes cluster's pods: the kubeconfig to reach its API server.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Schedule the Kubernetes cluster this replica runs in (service-account config).
+    #[arg(long)]
+    pub in_cluster: bool,
+    /// The schedulerName of the pods to schedule [default: gangway].
+    #[arg(long)]
+    pub scheduler_name: Option<String>,
+    /// Binding writes (claim status, bindings) per second per replica, 0 for no limit [default: 5000].
+    #[arg(long)]
+    pub bind_qps: Option<u32>,
+    /// Bindings in flight per replica [default: 64].
+    #[arg(long)]
+    pub bind_concurrency: Option<usize>,
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
@@ -123,6 +138,11 @@ struct FileConfig {
     election_max_ms: Option<u64>,
     snapshot_every: Option<u64>,
     balance_interval_ms: Option<u64>,
+    kubeconfig: Option<PathBuf>,
+    in_cluster: Option<bool>,
+    scheduler_name: Option<String>,
+    bind_qps: Option<u32>,
+    bind_concurrency: Option<usize>,
 }
 
 /// A validated `gangway serve` configuration.
@@ -152,6 +172,8 @@ pub struct ServeConfig {
     pub sled_cache_bytes: u64,
     /// Raft timing.
     pub timing: RaftTiming,
+    /// The Kubernetes cluster to schedule, if any.
+    pub kube: Option<(crate::kube::ApiServer, crate::kube::KubeOptions)>,
     /// Whether test crash points are honoured.
     pub test_failpoints: bool,
 }
@@ -187,6 +209,52 @@ pub fn parse_peer(field: &str, text: &str) -> Result<(NodeId, String), ConfigErr
     Ok((id, addr.to_string()))
 }
 
+/// The Kubernetes part of the configuration: which API server, and how to schedule its pods.
+fn resolve_kube(
+    args: &ServeArgs,
+    file: &FileConfig,
+) -> Result<Option<(crate::kube::ApiServer, crate::kube::KubeOptions)>, ConfigError> {
+    use crate::kube::{ApiServer, KubeOptions};
+    let kubeconfig = args.kubeconfig.clone().or(file.kubeconfig.clone());
+    let in_cluster = args.in_cluster || file.in_cluster.unwrap_or(false);
+    let server = match (kubeconfig, in_cluster) {
+        (Some(_), true) => {
+            return Err(invalid(
+                "--kubeconfig/--in-cluster",
+                "name one way to reach the API server, not both",
+            ))
+        }
+        (Some(path), false) => ApiServer::Kubeconfig(path),
+        (None, true) => ApiServer::InCluster,
+        (None, false) => return Ok(None),
+    };
+    let defaults = KubeOptions::default();
+    let scheduler_name = args
+        .scheduler_name
+        .clone()
+        .or(file.scheduler_name.clone())
+        .unwrap_or(defaults.scheduler_name);
+    if scheduler_name.is_empty() || scheduler_name.len() > 253 {
+        return Err(invalid("--scheduler-name", "must be 1..=253 characters"));
+    }
+    let bind_concurrency = args
+        .bind_concurrency
+        .or(file.bind_concurrency)
+        .unwrap_or(defaults.bind_concurrency);
+    if bind_concurrency == 0 || bind_concurrency > 4_096 {
+        return Err(invalid(
+            "--bind-concurrency",
+            format!("{bind_concurrency} is not in 1..=4096"),
+        ));
+    }
+    let opts = KubeOptions {
+        scheduler_name,
+        bind_qps: args.bind_qps.or(file.bind_qps).unwrap_or(defaults.bind_qps),
+        bind_concurrency,
+    };
+    Ok(Some((server, opts)))
+}
+
 impl ServeConfig {
     /// Merges flags over the config file and checks the result.
     pub fn resolve(args: ServeArgs) -> Result<Self, ConfigError> {
@@ -194,6 +262,7 @@ impl ServeConfig {
             Some(p) => read_file(p)?,
             None => FileConfig::default(),
         };
+        let kube = resolve_kube(&args, &file)?;
         let id = args
             .id
             .or(file.id)
@@ -321,6 +390,7 @@ impl ServeConfig {
                 * 1024
                 * 1024,
             timing,
+            kube,
             test_failpoints: args.test_failpoints,
         })
     }

@@ -12,6 +12,7 @@ pub mod dev;
 pub mod engine;
 pub mod failpoints;
 pub mod frontdoor;
+pub mod kube;
 pub mod ledger;
 pub mod model;
 pub mod observe;

@@ -19,6 +19,7 @@ use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
+use crate::replicated::Groups;
 
 /// Time allowed to reach each peer when checking a fresh replica's id.
 pub const REJOIN_PROBE_TIMEOUT_MS: u64 = 1_500;
@@ -73,6 +74,27 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         replica.host.bootstrap(&cfg.initial_members()).await?;
         tracing::info!(members = ?cfg.initial_members(), "bootstrapped a new cluster");
     }
+    let (stop_kube, kube_stopped) = tokio::sync::watch::channel(false);
+    let kube_task = match &cfg.kube {
+        Some((server, kube_opts)) => {
+            let client = crate::kube::connect(server)
+                .await
+                .context("cannot reach the Kubernetes API server (--kubeconfig / --in-cluster)")?;
+            println!(
+                "  scheduling pods with schedulerName {:?}",
+                kube_opts.scheduler_name
+            );
+            Some(tokio::spawn(crate::kube::run(
+                client,
+                Groups::new(replica.host.clone()),
+                cfg.shards,
+                cfg.topology_label.clone(),
+                kube_opts.clone(),
+                kube_stopped,
+            )))
+        }
+        None => None,
+    };
 
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http_state = HttpState {
@@ -84,6 +106,10 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     }));
     shutdown_signal().await;
     tracing::info!("shutting down");
+    let _ = stop_kube.send(true);
+    if let Some(task) = kube_task {
+        let _ = task.await;
+    }
     let _ = stop_http.send(());
     replica.stop().await;
     http_task.await??;

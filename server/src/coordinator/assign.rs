@@ -84,11 +84,15 @@ fn merge(
     placed_before: &BTreeSet<String>,
 ) -> BTreeMap<u32, Vec<ReserveMember>> {
     let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
+    let mut uid_of: BTreeMap<MemberKey, &str> = BTreeMap::new();
     let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
     for gang in &group.gangs {
         for m in &gang.members {
             let key = gang.member_key(m);
             spec_of.insert(key.clone(), &m.spec);
+            if let Some(uid) = &m.uid {
+                uid_of.insert(key.clone(), uid.as_str());
+            }
             if placed_before.contains(&key.to_string()) {
                 continue;
             }
@@ -111,10 +115,12 @@ fn merge(
                 continue;
             };
             if let Some(member) = queue.pop_front() {
+                let mut pod = slot.pod.clone();
+                pod.uid = uid_of.get(&member).map(|u| u.to_string());
                 mine.push(ReserveMember {
                     member,
                     node: slot.node.clone(),
-                    pod: slot.pod.clone(),
+                    pod,
                 });
             }
         }
@@ -156,6 +162,7 @@ mod tests {
                 .map(|i| Member {
                     name: format!("m{i}"),
                     spec: PodSpec::default(),
+                    uid: None,
                 })
                 .collect(),
         };

@@ -247,6 +247,7 @@ fn bench_gang(index: usize, members: usize) -> Gang {
             .map(|m| Member {
                 name: format!("worker-{m}"),
                 spec: spec.clone(),
+                uid: None,
             })
             .collect(),
     }

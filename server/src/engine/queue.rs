@@ -164,6 +164,7 @@ mod tests {
         Member {
             name: name.into(),
             spec: PodSpec::default(),
+            uid: None,
         }
     }
 

@@ -132,6 +132,7 @@ fn gang(name: &str, specs: &[PodSpec]) -> Gang {
             .map(|(i, spec)| Member {
                 name: format!("m-{i}"),
                 spec: spec.clone(),
+                uid: None,
             })
             .collect(),
     }

@@ -232,6 +232,34 @@ fn refused(error: LedgerError) -> Status {
     }
 }
 
+/// Assigns `node` a shard (kept if it has one) and inserts or updates it in that
+/// shard's ledger; the shard it lives in. Shared by RegisterNode and the kube adapter.
+pub async fn register(
+    groups: &Groups,
+    shards: u32,
+    topology_label: Option<&str>,
+    node: &Node,
+) -> Result<u32, Status> {
+    let proposed = shard_for(&node.name, &node.labels, topology_label, shards);
+    let assign = MetaCommand::AssignNode {
+        node: node.name.clone(),
+        shard: proposed,
+        at_ms: now_ms(),
+    };
+    let shard = match groups.meta(&assign).await.map_err(|e| e.to_status())? {
+        MetaReply::Shard { shard } => shard,
+        MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
+        other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+    };
+    let op = LedgerOp::RegisterNode { node: node.clone() };
+    match apply_op(groups, shard, op).await? {
+        LedgerReply::NodeRegistered { .. } => Ok(shard),
+        other => Err(Status::internal(format!(
+            "unexpected shard reply {other:?}"
+        ))),
+    }
+}
+
 /// Applies one ledger operation on `shard`; a refusal becomes the status naming its cause.
 pub async fn apply_op(groups: &Groups, shard: u32, op: LedgerOp) -> Result<LedgerReply, Status> {
     match groups.shard(shard, op).await.map_err(|e| e.to_status())? {
@@ -296,41 +324,23 @@ impl Inventory for InventoryService {
             .node
             .ok_or_else(|| Status::invalid_argument("node: missing"))?;
         let node = validate_node(&spec)?;
-        let at_ms = now_ms();
-        let proposed = shard_for(
-            &node.name,
-            &node.labels,
-            self.topology_label.as_deref(),
+        let shard = register(
+            &self.groups,
             self.shards,
-        );
-        let assign = MetaCommand::AssignNode {
-            node: node.name.clone(),
-            shard: proposed,
-            at_ms,
-        };
-        let shard = match self.groups.meta(&assign).await.map_err(|e| e.to_status())? {
-            MetaReply::Shard { shard } => shard,
-            MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
-            other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
-        };
-        let register = LedgerOp::RegisterNode { node: node.clone() };
-        match apply_op(&self.groups, shard, register).await? {
-            LedgerReply::NodeRegistered { .. } => {
-                let entry = self
-                    .shard_nodes(
-                        shard,
-                        &ShardQuery::GetNode {
-                            name: node.name.clone(),
-                        },
-                    )
-                    .await?;
-                let info = entry.first().map(|e| node_info(e, shard));
-                Ok(Response::new(RegisterNodeReply { node: info }))
-            }
-            other => Err(Status::internal(format!(
-                "unexpected shard reply {other:?}"
-            ))),
-        }
+            self.topology_label.as_deref(),
+            &node,
+        )
+        .await?;
+        let entry = self
+            .shard_nodes(
+                shard,
+                &ShardQuery::GetNode {
+                    name: node.name.clone(),
+                },
+            )
+            .await?;
+        let info = entry.first().map(|e| node_info(e, shard));
+        Ok(Response::new(RegisterNodeReply { node: info }))
     }
 
     async fn get_node(

@@ -1,14 +1,16 @@
 //! Read-only questions to a shard ledger and their answers: the front door's
 //! node listings, the coordinator's placement plans (the engine run against
 //! this shard's ledger on its leader), and the open reservations and
-//! transaction outcomes that resolvers and a recovering coordinator need.
+//! transaction outcomes that resolvers and a recovering coordinator need, and the
+//! committed Kubernetes pods a binder has yet to bind.
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
+use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
-use crate::model::{MemberKey, PodSpec};
+use crate::model::{MemberKey, PodSpec, PodSummary};
 
 /// A read-only question to a shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,6 +37,22 @@ pub enum ShardQuery {
         /// The transaction.
         txn: TxnId,
     },
+    /// Committed members of Kubernetes pods (those with a uid) not yet bound, in node order.
+    Unbound {
+        /// At most this many.
+        limit: u32,
+    },
+}
+
+/// A committed member waiting for its binding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnboundMember {
+    /// The member.
+    pub member: MemberKey,
+    /// Its node.
+    pub node: String,
+    /// What the ledger keeps of it (devices, uid).
+    pub pod: PodSummary,
 }
 
 /// A shard's answer to a query.
@@ -64,6 +82,11 @@ pub enum ShardAnswer {
         known: bool,
         /// Its members and their nodes, while it holds them.
         members: Vec<(MemberKey, String)>,
+    },
+    /// Members waiting for their binding.
+    Unbound {
+        /// In node order, then member order.
+        members: Vec<UnboundMember>,
     },
     /// The query could not be decoded.
     Malformed {
@@ -97,6 +120,23 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .open_txns()
                 .iter()
                 .map(|(id, t)| (*id, t.deadline_ms))
+                .collect(),
+        },
+        ShardQuery::Unbound { limit } => ShardAnswer::Unbound {
+            members: ledger
+                .nodes()
+                .flat_map(|e| {
+                    e.usage.pods.iter().filter_map(move |(member, slot)| {
+                        let waiting = matches!(slot.state, SlotState::Committed { .. })
+                            && slot.pod.uid.is_some();
+                        waiting.then(|| UnboundMember {
+                            member: member.clone(),
+                            node: e.node.name.clone(),
+                            pod: slot.pod.clone(),
+                        })
+                    })
+                })
+                .take(*limit as usize)
                 .collect(),
         },
         ShardQuery::Txn { txn } => {

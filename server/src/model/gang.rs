@@ -156,6 +156,10 @@ pub struct Member {
     pub name: String,
     /// Its scheduling spec.
     pub spec: PodSpec,
+    /// The Kubernetes pod's uid, for members that came from the API server (the
+    /// binding's precondition: a pod recreated under the same name is not bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// A gang: pods that are placed all together or not at all.
@@ -345,6 +349,7 @@ impl RawGang {
                 Ok(Member {
                     name: m.name.clone(),
                     spec: m.spec.validate(&at)?,
+                    uid: None,
                 })
             })
             .collect::<Result<Vec<_>, ValidationError>>()?;

@@ -513,6 +513,9 @@ pub struct PodSummary {
     /// Devices allocated to the pod's claims on its node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceAllocation>,
+    /// The Kubernetes pod's uid, when the pod came from the API server (the binder's precondition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 impl PodSummary {
@@ -525,6 +528,7 @@ impl PodSummary {
             host_ports: spec.host_ports.clone(),
             anti_affinity: spec.pod_anti_affinity.required.clone(),
             devices: Vec::new(),
+            uid: None,
         }
     }
 

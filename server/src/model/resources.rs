@@ -231,6 +231,12 @@ impl Resources {
             .unwrap_or_default()
     }
 
+    /// The larger amount of each dimension (a pod's init containers against its containers).
+    pub fn elementwise_max(&self, other: &Self) -> Self {
+        self.zip_with(other, |a, b| Some(a.max(b)))
+            .unwrap_or_default()
+    }
+
     /// `self + other` with every dimension capped at `u64::MAX`.
     pub fn saturating_add(&self, other: &Self) -> Self {
         self.zip_with(other, |a, b| Some(a.saturating_add(b)))

@@ -23,6 +23,7 @@ fn gang(name: &str, members: u32, min: u32, wait_ms: u64, priority: i32) -> Gang
             .map(|i| Member {
                 name: format!("m{i}"),
                 spec: PodSpec::default(),
+                uid: None,
             })
             .collect(),
     }

@@ -1,0 +1,317 @@
+//! The writes gangway makes to the API server, as plain REST calls: pod bindings
+//! with a uid precondition, ResourceClaim status (allocation and reservedFor),
+//! events, pod annotations and PodGroup status. Each returns the API server's
+//! answer classified the way callers act on it. Called by the binder and the
+//! ingest loop.
+
+use http::{Method, Request};
+use serde_json::{json, Value};
+
+use crate::kube::objects::PodRef;
+
+/// A failed API call.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The server answered with an error status.
+    #[error("{method} {path}: {code} {reason}: {message}")]
+    Status {
+        /// Method.
+        method: String,
+        /// Path.
+        path: String,
+        /// HTTP code.
+        code: u16,
+        /// Machine reason.
+        reason: String,
+        /// Message.
+        message: String,
+    },
+    /// The call did not complete (connection, timeout, decoding).
+    #[error("{method} {path}: {source}")]
+    Transport {
+        /// Method.
+        method: String,
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The request could not be built.
+    #[error("bad request for {path}: {reason}")]
+    Build {
+        /// Path.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ApiError {
+    /// The HTTP code of a server answer.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Sends one JSON request and decodes the JSON answer.
+pub async fn call(
+    client: &kube::Client,
+    method: Method,
+    path: &str,
+    content_type: &str,
+    body: Option<&Value>,
+) -> Result<Value, ApiError> {
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    let request = Request::builder()
+        .method(method.clone())
+        .uri(path)
+        .header("content-type", content_type)
+        .header("accept", "application/json")
+        .body(bytes)
+        .map_err(|e| ApiError::Build {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })?;
+    client.request::<Value>(request).await.map_err(|e| match e {
+        kube::Error::Api(status) => ApiError::Status {
+            method: method.to_string(),
+            path: path.to_string(),
+            code: status.code,
+            reason: status.reason.clone(),
+            message: status.message.clone(),
+        },
+        other => ApiError::Transport {
+            method: method.to_string(),
+            path: path.to_string(),
+            source: other,
+        },
+    })
+}
+
+const JSON: &str = "application/json";
+const MERGE: &str = "application/merge-patch+json";
+
+/// What a binding call found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindOutcome {
+    /// The pod is bound to the node (now, or already before).
+    Bound,
+    /// The pod is gone or is another pod under the same name.
+    PodGone,
+    /// The pod is bound to another node (someone else bound it).
+    BoundElsewhere(String),
+}
+
+/// Binds `pod` to `node` with the pod's uid as precondition; a 409 that shows the
+/// pod already on `node` is success.
+pub async fn bind(
+    client: &kube::Client,
+    pod: &PodRef,
+    node: &str,
+) -> Result<BindOutcome, ApiError> {
+    let path = format!(
+        "/api/v1/namespaces/{}/pods/{}/binding",
+        pod.namespace, pod.name
+    );
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    match call(client, Method::POST, &path, JSON, Some(&body)).await {
+        Ok(_) => Ok(BindOutcome::Bound),
+        Err(e) if e.code() == Some(404) => Ok(BindOutcome::PodGone),
+        Err(e) if e.code() == Some(409) => {
+            let current = get(client, &pod_path(pod)).await?;
+            Ok(match current {
+                None => BindOutcome::PodGone,
+                Some(p) if p["metadata"]["uid"].as_str() != Some(pod.uid.as_str()) => {
+                    BindOutcome::PodGone
+                }
+                Some(p) => match p["spec"]["nodeName"].as_str() {
+                    Some(n) if n == node => BindOutcome::Bound,
+                    Some(n) if !n.is_empty() => BindOutcome::BoundElsewhere(n.to_string()),
+                    _ => return Err(e),
+                },
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn pod_path(pod: &PodRef) -> String {
+    format!("/api/v1/namespaces/{}/pods/{}", pod.namespace, pod.name)
+}
+
+/// GETs one object; `None` for 404.
+pub async fn get(client: &kube::Client, path: &str) -> Result<Option<Value>, ApiError> {
+    match call(client, Method::GET, path, JSON, None).await {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.code() == Some(404) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What writing a claim's allocation found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The claim holds this allocation (written now or before) and is reserved for the pod.
+    Written,
+    /// The claim does not exist.
+    Missing,
+    /// The claim is allocated to other devices already.
+    AllocatedElsewhere,
+}
+
+/// Rounds of read-modify-write on a claim before giving up on conflicts.
+pub const CLAIM_WRITE_ATTEMPTS_MAX: u32 = 5;
+
+/// Writes `allocation` and `reservedFor: pod` into the status of claim `name`,
+/// re-reading on a 409 (another writer changed it).
+pub async fn write_claim(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    allocation: &Value,
+    pod: &PodRef,
+) -> Result<ClaimOutcome, ApiError> {
+    let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+    let consumer = json!({"resource": "pods", "name": pod.name, "uid": pod.uid});
+    let mut last = None;
+    for _ in 0..CLAIM_WRITE_ATTEMPTS_MAX {
+        let Some(mut claim) = get(client, &path).await? else {
+            return Ok(ClaimOutcome::Missing);
+        };
+        let status = &mut claim["status"];
+        let existing = &status["allocation"];
+        if !existing.is_null() && existing["devices"] != allocation["devices"] {
+            return Ok(ClaimOutcome::AllocatedElsewhere);
+        }
+        let reserved = status["reservedFor"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()))
+        });
+        if !existing.is_null() && reserved {
+            return Ok(ClaimOutcome::Written);
+        }
+        status["allocation"] = allocation.clone();
+        let mut consumers = status["reservedFor"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !reserved {
+            consumers.push(consumer.clone());
+        }
+        status["reservedFor"] = Value::Array(consumers);
+        match call(
+            client,
+            Method::PUT,
+            &format!("{path}/status"),
+            JSON,
+            Some(&claim),
+        )
+        .await
+        {
+            Ok(_) => return Ok(ClaimOutcome::Written),
+            Err(e) if e.code() == Some(409) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(ApiError::Build {
+        path,
+        reason: "no attempt made".into(),
+    }))
+}
+
+/// Merge-patches `patch` into the object at `path`.
+pub async fn merge_patch(
+    client: &kube::Client,
+    path: &str,
+    patch: &Value,
+) -> Result<Value, ApiError> {
+    call(client, Method::PATCH, path, MERGE, Some(patch)).await
+}
+
+/// Event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+/// Records a core/v1 Event about a pod.
+pub async fn pod_event(
+    client: &kube::Client,
+    component: &str,
+    pod: &PodRef,
+    kind: EventType,
+    reason: &str,
+    message: &str,
+    now_rfc3339: &str,
+) -> Result<(), ApiError> {
+    let path = format!("/api/v1/namespaces/{}/events", pod.namespace);
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": format!("{}.", pod.name), "namespace": pod.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
+                           "namespace": pod.namespace, "uid": pod.uid},
+        "reason": reason,
+        "message": message,
+        "type": match kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": now_rfc3339,
+        "lastTimestamp": now_rfc3339,
+        "count": 1,
+    });
+    call(client, Method::POST, &path, JSON, Some(&body))
+        .await
+        .map(|_| ())
+}
+
+/// The path of a pod.
+pub fn path_of(pod: &PodRef) -> String {
+    pod_path(pod)
+}
+
+/// `ms` since the epoch as an RFC 3339 UTC timestamp (second precision), as
+/// Kubernetes writes times.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1_000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        (rem % 3_600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40Z");
+    }
+}

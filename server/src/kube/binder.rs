@@ -1,0 +1,317 @@
+//! The binder: on every replica, for each shard it leads, binds the shard's
+//! committed Kubernetes pods: the ResourceClaim allocations first, then
+//! `pods/binding` with the pod's uid as precondition, then records the binding in
+//! the shard's log (`BindConfirmed`, batched). A new leader finds the committed but
+//! unconfirmed members in its ledger and binds them again; the API server's 409
+//! for a pod already on that node makes the retry a success, so each pod is bound
+//! exactly once, to the node the ledger committed. Pods that are gone are left to
+//! the ingest loop, which releases them. Owned by `kube::run`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch, Mutex, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
+use crate::kube::informer::{Cache, Slot};
+use crate::kube::objects::PodRef;
+use crate::kube::KubeOptions;
+use crate::ledger::command::LEDGER_BATCH_MAX;
+use crate::ledger::query::{ShardAnswer, ShardQuery, UnboundMember};
+use crate::ledger::LedgerOp;
+use crate::model::MemberKey;
+use crate::replicated::{now_ms, Groups};
+
+/// Period of the binder's look at its shards, in ms.
+pub const BIND_POLL_MS: u64 = 20;
+/// Committed members read per shard per look.
+pub const BIND_BATCH_MAX: u32 = 2_048;
+/// Wait before a failed binding is tried again, in ms.
+pub const BIND_RETRY_MS: u64 = 1_000;
+/// Results queued between binding tasks and the loop.
+pub const BIND_RESULTS_QUEUED_MAX: usize = 4_096;
+
+/// How one member's binding ended.
+#[derive(Debug)]
+enum Done {
+    Bound(u32, MemberKey),
+    Skipped(MemberKey),
+    Failed(MemberKey),
+}
+
+/// Spaces API calls to at most `qps` per second (0: no limit).
+pub struct Pacer {
+    gap: Option<Duration>,
+    next: Mutex<Instant>,
+}
+
+impl Pacer {
+    /// A pacer for `qps` calls per second.
+    pub fn new(qps: u32) -> Self {
+        Self {
+            gap: (qps > 0).then(|| Duration::from_secs(1) / qps),
+            next: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Waits for the next slot.
+    pub async fn wait(&self) {
+        let Some(gap) = self.gap else { return };
+        let at = {
+            let mut next = self.next.lock().await;
+            let now = Instant::now();
+            let at = (*next).max(now);
+            *next = at + gap;
+            at
+        };
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
+/// Everything a binding task needs.
+struct Ctx {
+    client: kube::Client,
+    cache: Arc<Cache>,
+    opts: KubeOptions,
+    pacer: Pacer,
+    slots: Semaphore,
+}
+
+/// Runs the binder until `stop` fires.
+pub async fn run(
+    groups: Groups,
+    shards: u32,
+    client: kube::Client,
+    cache: Arc<Cache>,
+    opts: KubeOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let ctx = Arc::new(Ctx {
+        client,
+        cache,
+        pacer: Pacer::new(opts.bind_qps),
+        slots: Semaphore::new(opts.bind_concurrency.max(1)),
+        opts,
+    });
+    let (tx, mut rx) = mpsc::channel::<Done>(BIND_RESULTS_QUEUED_MAX);
+    let mut tasks = JoinSet::new();
+    let mut in_flight: HashSet<MemberKey> = HashSet::new();
+    let mut retry_at: HashMap<MemberKey, Instant> = HashMap::new();
+    let mut bound: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tokio::time::sleep(Duration::from_millis(BIND_POLL_MS)) => {}
+        }
+        while let Ok(done) = rx.try_recv() {
+            match done {
+                Done::Bound(shard, m) => bound.entry(shard).or_default().push(m),
+                Done::Skipped(m) => {
+                    in_flight.remove(&m);
+                    retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
+                }
+                Done::Failed(m) => {
+                    in_flight.remove(&m);
+                    retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
+                }
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+        confirm(&groups, &mut bound, &mut in_flight).await;
+        let me = groups.host().node_id();
+        let now = Instant::now();
+        retry_at.retain(|_, at| *at > now);
+        for shard in 1..=shards {
+            if groups.host().leader_of(u64::from(shard)) != Some(me) {
+                continue;
+            }
+            let members = match groups.shard_query_local(
+                shard,
+                &ShardQuery::Unbound {
+                    limit: BIND_BATCH_MAX,
+                },
+            ) {
+                Ok(ShardAnswer::Unbound { members }) => members,
+                Ok(other) => {
+                    tracing::warn!(shard, answer = ?other, "unexpected answer to Unbound");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "cannot read unbound members");
+                    continue;
+                }
+            };
+            for m in members {
+                if in_flight.contains(&m.member) || retry_at.contains_key(&m.member) {
+                    continue;
+                }
+                in_flight.insert(m.member.clone());
+                let (ctx, tx) = (ctx.clone(), tx.clone());
+                tasks.spawn(async move {
+                    let key = m.member.clone();
+                    let done = match bind_member(&ctx, &m).await {
+                        Ok(true) => Done::Bound(shard, key),
+                        Ok(false) => Done::Skipped(key),
+                        Err(e) => {
+                            tracing::warn!(member = %key, node = %m.node, error = %e, "binding failed; will retry");
+                            Done::Failed(key)
+                        }
+                    };
+                    let _ = tx.send(done).await;
+                });
+            }
+        }
+    }
+    tasks.shutdown().await;
+}
+
+/// Records finished bindings in their shards' logs, one batch per shard.
+async fn confirm(
+    groups: &Groups,
+    bound: &mut BTreeMap<u32, Vec<MemberKey>>,
+    in_flight: &mut HashSet<MemberKey>,
+) {
+    for (shard, members) in std::mem::take(bound) {
+        for chunk in members.chunks(LEDGER_BATCH_MAX) {
+            let ops = chunk
+                .iter()
+                .map(|m| LedgerOp::BindConfirmed { member: m.clone() })
+                .collect();
+            match groups.shard(shard, LedgerOp::Batch { ops }).await {
+                Ok(_) => {
+                    for m in chunk {
+                        in_flight.remove(m);
+                    }
+                }
+                Err(e) => {
+                    // The bindings stand; a later look (here or on a new leader) confirms them.
+                    tracing::warn!(shard, error = %e, "recording bindings failed");
+                    for m in chunk {
+                        in_flight.remove(m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The allocation a claim's status carries for the devices of one pod claim on `node`.
+pub fn allocation(node: &str, devices: &[&crate::model::DeviceAllocation]) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            let mut r = json!({
+                "request": d.request,
+                "driver": d.device.driver,
+                "pool": d.device.pool,
+                "device": d.device.device,
+            });
+            if d.admin_access == crate::model::AdminAccess::Enabled {
+                r["adminAccess"] = json!(true);
+            }
+            if let Some(share) = &d.share_id {
+                r["shareID"] = json!(share);
+            }
+            r
+        })
+        .collect();
+    json!({
+        "devices": {"results": results, "config": []},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}
+        ]}]},
+    })
+}
+
+/// Binds one member; `Ok(false)` when its pod is gone or replaced (nothing to do here).
+async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError> {
+    let Some(uid) = m.pod.uid.clone() else {
+        return Ok(false);
+    };
+    let pod = PodRef {
+        namespace: m.member.namespace.clone(),
+        name: m.member.member.clone(),
+        uid,
+    };
+    let Some(object) = ctx.cache.get(Slot::Pods, &pod.namespace, &pod.name) else {
+        return Ok(false);
+    };
+    if object["metadata"]["uid"].as_str() != Some(pod.uid.as_str()) {
+        return Ok(false);
+    }
+    if object["spec"]["nodeName"].as_str() == Some(m.node.as_str()) {
+        return Ok(true);
+    }
+    let _slot = ctx.slots.acquire().await;
+    let mut claims: BTreeMap<&str, Vec<&crate::model::DeviceAllocation>> = BTreeMap::new();
+    for d in &m.pod.devices {
+        claims.entry(d.claim.as_str()).or_default().push(d);
+    }
+    for (claim, devices) in claims {
+        let Some(object_name) = claim_object(&object, claim) else {
+            tracing::warn!(pod = %pod, claim, "placed claim is not in the pod's spec or status");
+            return Ok(false);
+        };
+        ctx.pacer.wait().await;
+        match api::write_claim(
+            &ctx.client,
+            &pod.namespace,
+            &object_name,
+            &allocation(&m.node, &devices),
+            &pod,
+        )
+        .await?
+        {
+            ClaimOutcome::Written => {}
+            ClaimOutcome::Missing => return Ok(false),
+            ClaimOutcome::AllocatedElsewhere => {
+                tracing::error!(pod = %pod, claim = %object_name, "claim already allocated to other devices; not binding");
+                return Ok(false);
+            }
+        }
+    }
+    ctx.pacer.wait().await;
+    match api::bind(&ctx.client, &pod, &m.node).await? {
+        BindOutcome::Bound => {}
+        BindOutcome::PodGone => return Ok(false),
+        BindOutcome::BoundElsewhere(other) => {
+            tracing::error!(pod = %pod, ledger = %m.node, api = %other, "pod bound to another node by someone else");
+            return Ok(false);
+        }
+    }
+    let message = format!("Successfully assigned {pod} to {}", m.node);
+    if let Err(e) = api::pod_event(
+        &ctx.client,
+        &ctx.opts.scheduler_name,
+        &pod,
+        EventType::Normal,
+        "Scheduled",
+        &message,
+        &api::rfc3339(now_ms()),
+    )
+    .await
+    {
+        tracing::debug!(pod = %pod, error = %e, "Scheduled event not recorded");
+    }
+    Ok(true)
+}
+
+/// The ResourceClaim object behind pod claim `claim`.
+fn claim_object(pod: &Value, claim: &str) -> Option<String> {
+    let entry = pod["spec"]["resourceClaims"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"].as_str() == Some(claim))?;
+    if let Some(name) = entry["resourceClaimName"].as_str() {
+        return Some(name.to_string());
+    }
+    pod["status"]["resourceClaimStatuses"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"].as_str() == Some(claim))?["resourceClaimName"]
+        .as_str()
+        .map(String::from)
+}

@@ -1,0 +1,516 @@
+//! Gang recognition: which pending pods form which gang, and when a gang (or a
+//! GangGroup of gangs) has enough ready members to be submitted. Reads the PodGroups
+//! of scheduler-plugins (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the
+//! labels and annotations Koordinator accepts. Pure: the ingest loop passes the
+//! informers' objects in and gets submissions and per-pod problems out.
+//!
+//! Invariants: a pod is in at most one submission; a submission's idempotency key is
+//! a function of its pods' uids only, so re-deriving it after a failover finds the
+//! group already accepted; an invalid pod is reported and left out, never blocking
+//! pods that are fine (its gang waits for enough valid members instead).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::kube::objects::{PodProblem, PodRef};
+use crate::model::gang::DEFAULT_WAIT_TIME_MS;
+use crate::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec};
+
+/// scheduler-plugins' pod label naming the PodGroup (scheduling.x-k8s.io).
+pub const LABEL_POD_GROUP: &str = "scheduling.x-k8s.io/pod-group";
+/// The older scheduler-plugins / Koordinator label naming the PodGroup.
+pub const LABEL_POD_GROUP_SIGS: &str = "pod-group.scheduling.sigs.k8s.io";
+/// Koordinator's annotation naming the PodGroup.
+pub const ANNOTATION_POD_GROUP_NAME: &str = "pod-group.scheduling.sigs.k8s.io/name";
+/// Koordinator's annotation with the PodGroup's minimum.
+pub const ANNOTATION_POD_GROUP_MIN: &str = "pod-group.scheduling.sigs.k8s.io/min-available";
+/// Koordinator gang annotations.
+pub const GANG_PREFIX: &str = "gang.scheduling.koordinator.sh/";
+/// Marks a pod whose gang timed out (Koordinator's spelling).
+pub const ANNOTATION_TIMEOUT: &str = "gang.scheduling.koordinator.sh/timeout";
+
+/// How a pod is scheduled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// On its own.
+    Single,
+    /// As a member of a gang.
+    Gang(GangParams),
+}
+
+/// A gang's parameters as its pods (or PodGroup) declare them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangParams {
+    /// The gang.
+    pub id: GangId,
+    /// minMember.
+    pub min_member: u32,
+    /// totalNumber, if declared.
+    pub total_number: Option<u32>,
+    /// Strict or NonStrict.
+    pub mode: GangMode,
+    /// Wait time in ms.
+    pub wait_time_ms: u64,
+    /// The other gangs of its GangGroup.
+    pub group: BTreeSet<GangId>,
+}
+
+/// PodGroups by (namespace, name), from either API group.
+pub type PodGroupIndex = BTreeMap<(String, String), Value>;
+
+fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
+    pod["metadata"]["annotations"][key].as_str()
+}
+
+fn label<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
+    pod["metadata"]["labels"][key].as_str()
+}
+
+fn count(field: &str, text: &str) -> Result<u32, PodProblem> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| {
+            PodProblem::Invalid(format!(
+                "annotation {field}: \"{text}\" is not a positive integer"
+            ))
+        })
+}
+
+/// A Go duration as Koordinator accepts it (`30s`, `10m`, `1h30m`, `1500ms`), in ms.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let value: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let per_unit: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return None,
+        };
+        total = total.checked_add(value.checked_mul(per_unit)?)?;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
+}
+
+fn gang_ref(namespace: &str, text: &str) -> Result<GangId, PodProblem> {
+    match text.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => Ok(GangId::new(ns, name)),
+        None if !text.is_empty() => Ok(GangId::new(namespace, text)),
+        _ => Err(PodProblem::Invalid(format!(
+            "annotation {GANG_PREFIX}groups: \"{text}\" is not namespace/name"
+        ))),
+    }
+}
+
+/// The Koordinator keys of `object` (a pod or a PodGroup) laid over `params`.
+fn koordinator_overrides(
+    object: &Value,
+    namespace: &str,
+    params: &mut GangParams,
+) -> Result<(), PodProblem> {
+    let key = |k: &str| format!("{GANG_PREFIX}{k}");
+    if let Some(text) = annotation(object, &key("min-available")) {
+        params.min_member = count(&key("min-available"), text)?;
+    }
+    if let Some(text) = annotation(object, &key("total-number")) {
+        params.total_number = Some(count(&key("total-number"), text)?);
+    }
+    if let Some(text) = annotation(object, &key("mode")) {
+        params.mode = match text {
+            "Strict" => GangMode::Strict,
+            "NonStrict" => GangMode::NonStrict,
+            other => {
+                return Err(PodProblem::Invalid(format!(
+                    "annotation {}: unknown mode \"{other}\": expected Strict or NonStrict",
+                    key("mode")
+                )))
+            }
+        };
+    }
+    if let Some(text) = annotation(object, &key("waiting-time")) {
+        params.wait_time_ms = parse_duration_ms(text)
+            .filter(|ms| *ms > 0)
+            .ok_or_else(|| {
+                PodProblem::Invalid(format!(
+                    "annotation {}: \"{text}\" is not a duration such as 30s or 10m",
+                    key("waiting-time")
+                ))
+            })?;
+    }
+    if let Some(text) = annotation(object, &key("match-policy")) {
+        if !matches!(
+            text,
+            "once-satisfied" | "only-waiting" | "waiting-and-running"
+        ) {
+            return Err(PodProblem::Invalid(format!(
+                "annotation {}: unknown policy \"{text}\": expected once-satisfied, only-waiting or waiting-and-running",
+                key("match-policy")
+            )));
+        }
+    }
+    if let Some(text) = annotation(object, &key("groups")) {
+        let list: Vec<String> = serde_json::from_str(text).map_err(|e| {
+            PodProblem::Invalid(format!(
+                "annotation {}: not a JSON list of \"namespace/name\" strings: {e}",
+                key("groups")
+            ))
+        })?;
+        params.group = list
+            .iter()
+            .map(|g| gang_ref(namespace, g))
+            .collect::<Result<_, _>>()?;
+        params.group.remove(&params.id);
+    }
+    if let Some(total) = params.total_number {
+        if total < params.min_member {
+            return Err(PodProblem::Invalid(format!(
+                "annotation {}: {total} is less than min-available {}",
+                key("total-number"),
+                params.min_member
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangParams, PodProblem> {
+    let min = group["spec"]["minMember"].as_i64().unwrap_or(1);
+    let min_member = u32::try_from(min).ok().filter(|m| *m >= 1).ok_or_else(|| {
+        PodProblem::Invalid(format!(
+            "PodGroup {namespace}/{name}: spec.minMember {min} is not a positive integer"
+        ))
+    })?;
+    let wait_time_ms = group["spec"]["scheduleTimeoutSeconds"]
+        .as_u64()
+        .map(|s| s.saturating_mul(1_000))
+        .filter(|ms| *ms > 0)
+        .unwrap_or(DEFAULT_WAIT_TIME_MS);
+    let mut params = GangParams {
+        id: GangId::new(namespace, name),
+        min_member,
+        total_number: None,
+        mode: GangMode::Strict,
+        wait_time_ms,
+        group: BTreeSet::new(),
+    };
+    koordinator_overrides(group, namespace, &mut params)?;
+    Ok(params)
+}
+
+/// How `pod` is to be scheduled, given the PodGroups known.
+pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, PodProblem> {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let pod_group = label(pod, LABEL_POD_GROUP)
+        .or_else(|| label(pod, LABEL_POD_GROUP_SIGS))
+        .or_else(|| annotation(pod, ANNOTATION_POD_GROUP_NAME))
+        .or_else(|| annotation(pod, LABEL_POD_GROUP_SIGS));
+    if let Some(name) = pod_group {
+        if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
+            // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
+            let mut params = GangParams {
+                id: GangId::new(namespace, name),
+                min_member: count(ANNOTATION_POD_GROUP_MIN, min)?,
+                total_number: None,
+                mode: GangMode::Strict,
+                wait_time_ms: DEFAULT_WAIT_TIME_MS,
+                group: BTreeSet::new(),
+            };
+            koordinator_overrides(pod, namespace, &mut params)?;
+            return Ok(Identity::Gang(params));
+        }
+        let group = pod_groups
+            .get(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| {
+                PodProblem::Waiting(format!("waiting for PodGroup {namespace}/{name}"))
+            })?;
+        return pod_group_params(namespace, name, group).map(Identity::Gang);
+    }
+    if let Some(name) = annotation(pod, &format!("{GANG_PREFIX}name")) {
+        let min = annotation(pod, &format!("{GANG_PREFIX}min-available")).ok_or_else(|| {
+            PodProblem::Invalid(format!(
+                "annotation {GANG_PREFIX}min-available: required with {GANG_PREFIX}name"
+            ))
+        })?;
+        let mut params = GangParams {
+            id: GangId::new(namespace, name),
+            min_member: count(&format!("{GANG_PREFIX}min-available"), min)?,
+            total_number: None,
+            mode: GangMode::Strict,
+            wait_time_ms: DEFAULT_WAIT_TIME_MS,
+            group: BTreeSet::new(),
+        };
+        koordinator_overrides(pod, namespace, &mut params)?;
+        return Ok(Identity::Gang(params));
+    }
+    Ok(Identity::Single)
+}
+
+/// A pending pod ready to be a member: its identity, spec and how it is scheduled.
+#[derive(Debug, Clone)]
+pub struct ReadyPod {
+    /// The pod.
+    pub pod: PodRef,
+    /// Its scheduling spec.
+    pub spec: PodSpec,
+    /// Alone or in a gang.
+    pub identity: Identity,
+}
+
+/// One gang group to submit and the pods in it.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// Idempotency key (a function of the pods' uids).
+    pub key: String,
+    /// The group.
+    pub group: GangGroup,
+    /// Its pods.
+    pub pods: Vec<PodRef>,
+}
+
+fn submission(gangs: Vec<Gang>, pods: Vec<PodRef>) -> Submission {
+    let mut uids: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
+    uids.sort_unstable();
+    let digest = Sha256::digest(uids.join(",").as_bytes());
+    let hex = hex::encode(&digest[..10]);
+    Submission {
+        key: format!("kube:{hex}"),
+        group: GangGroup {
+            id: format!("kube-{hex}"),
+            gangs,
+        },
+        pods,
+    }
+}
+
+fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang {
+    let (min_member, total, mode, wait) = match params {
+        Some(p) => (
+            p.min_member,
+            p.total_number
+                .unwrap_or(pods.len() as u32)
+                .max(pods.len() as u32),
+            p.mode,
+            p.wait_time_ms,
+        ),
+        None => (1, 1, GangMode::Strict, 0),
+    };
+    Gang {
+        name: id.name.clone(),
+        namespace: id.namespace.clone(),
+        min_member,
+        total_number: total,
+        mode,
+        wait_time_ms: wait,
+        priority: pods.iter().map(|p| p.spec.priority).max().unwrap_or(0),
+        creation_order: 0,
+        members: pods
+            .iter()
+            .map(|p| Member {
+                name: p.pod.name.clone(),
+                spec: p.spec.clone(),
+                uid: Some(p.pod.uid.clone()),
+            })
+            .collect(),
+    }
+}
+
+/// The submissions the ready pods make. `satisfied` names gangs that already
+/// reached minMember once: their later pods go one by one, as single pods.
+pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Submission> {
+    let mut out = Vec::new();
+    let mut gangs: BTreeMap<GangId, (GangParams, Vec<&ReadyPod>)> = BTreeMap::new();
+    for pod in ready {
+        match &pod.identity {
+            Identity::Gang(params) if !satisfied.contains(&params.id) => {
+                gangs
+                    .entry(params.id.clone())
+                    .or_insert_with(|| (params.clone(), Vec::new()))
+                    .1
+                    .push(pod);
+            }
+            Identity::Gang(params) => {
+                out.push(submission(
+                    vec![gang_of(&params.id, None, &[pod])],
+                    vec![pod.pod.clone()],
+                ));
+            }
+            Identity::Single => {
+                let id = GangId::new(pod.pod.namespace.clone(), pod.pod.name.clone());
+                out.push(submission(
+                    vec![gang_of(&id, None, &[pod])],
+                    vec![pod.pod.clone()],
+                ));
+            }
+        }
+    }
+    let complete = |id: &GangId| {
+        gangs
+            .get(id)
+            .is_some_and(|(p, pods)| pods.len() as u64 >= u64::from(p.min_member))
+    };
+    let mut taken: BTreeSet<GangId> = BTreeSet::new();
+    for (id, (params, _)) in &gangs {
+        if taken.contains(id) {
+            continue;
+        }
+        let mut members: BTreeSet<GangId> = params.group.clone();
+        members.insert(id.clone());
+        if !members.iter().all(complete) {
+            continue;
+        }
+        let mut group_gangs = Vec::new();
+        let mut pods = Vec::new();
+        for gid in &members {
+            if let Some((p, list)) = gangs.get(gid) {
+                let cap = p.total_number.map(|t| t as usize).unwrap_or(list.len());
+                let list: Vec<&ReadyPod> = list.iter().take(cap).copied().collect();
+                pods.extend(list.iter().map(|r| r.pod.clone()));
+                group_gangs.push(gang_of(gid, Some(p), &list));
+            }
+            taken.insert(gid.clone());
+        }
+        out.push(submission(group_gangs, pods));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube::objects::pod_ref;
+    use serde_json::json;
+
+    fn pod(name: &str, annotations: Value, labels: Value) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                            "annotations": annotations, "labels": labels},
+               "spec": {"containers": []}})
+    }
+
+    fn ready(p: &Value, groups: &PodGroupIndex) -> ReadyPod {
+        ReadyPod {
+            pod: pod_ref(p).expect("ref"),
+            spec: PodSpec::default(),
+            identity: identify(p, groups).expect("identity"),
+        }
+    }
+
+    #[test]
+    fn koordinator_annotations_make_a_gang() {
+        let p = pod(
+            "a",
+            json!({"gang.scheduling.koordinator.sh/name": "g", "gang.scheduling.koordinator.sh/min-available": "2",
+                                "gang.scheduling.koordinator.sh/mode": "NonStrict", "gang.scheduling.koordinator.sh/waiting-time": "1m30s"}),
+            json!({}),
+        );
+        let Identity::Gang(params) = identify(&p, &PodGroupIndex::new()).expect("gang") else {
+            panic!("gang expected")
+        };
+        assert_eq!(
+            (params.min_member, params.mode, params.wait_time_ms),
+            (2, GangMode::NonStrict, 90_000)
+        );
+    }
+
+    #[test]
+    fn bad_annotations_name_the_annotation() {
+        let p = pod(
+            "a",
+            json!({"gang.scheduling.koordinator.sh/name": "g", "gang.scheduling.koordinator.sh/min-available": "two"}),
+            json!({}),
+        );
+        let err = identify(&p, &PodGroupIndex::new()).expect_err("bad");
+        assert!(err.to_string().contains("min-available"), "{err}");
+        let p = pod(
+            "a",
+            json!({"gang.scheduling.koordinator.sh/name": "g", "gang.scheduling.koordinator.sh/min-available": "1",
+                                "gang.scheduling.koordinator.sh/groups": "[not json"}),
+            json!({}),
+        );
+        assert!(identify(&p, &PodGroupIndex::new())
+            .expect_err("bad")
+            .to_string()
+            .contains("groups"));
+    }
+
+    #[test]
+    fn pod_group_label_waits_for_its_pod_group() {
+        let p = pod("a", json!({}), json!({LABEL_POD_GROUP: "pg"}));
+        assert!(matches!(
+            identify(&p, &PodGroupIndex::new()),
+            Err(PodProblem::Waiting(_))
+        ));
+        let groups = PodGroupIndex::from([(
+            ("ns".into(), "pg".into()),
+            json!({"spec": {"minMember": 3, "scheduleTimeoutSeconds": 60}}),
+        )]);
+        let Ok(Identity::Gang(params)) = identify(&p, &groups) else {
+            panic!("gang")
+        };
+        assert_eq!((params.min_member, params.wait_time_ms), (3, 60_000));
+    }
+
+    #[test]
+    fn gangs_wait_for_min_member_then_submit_once_with_a_stable_key() {
+        let groups = PodGroupIndex::from([(
+            ("ns".into(), "pg".into()),
+            json!({"spec": {"minMember": 2}}),
+        )]);
+        let a = ready(
+            &pod("a", json!({}), json!({LABEL_POD_GROUP: "pg"})),
+            &groups,
+        );
+        let b = ready(
+            &pod("b", json!({}), json!({LABEL_POD_GROUP: "pg"})),
+            &groups,
+        );
+        assert!(submissions(std::slice::from_ref(&a), &BTreeSet::new()).is_empty());
+        let first = submissions(&[a.clone(), b.clone()], &BTreeSet::new());
+        let again = submissions(&[b, a], &BTreeSet::new());
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].key, again[0].key);
+        assert_eq!(first[0].group.gangs[0].members.len(), 2);
+    }
+
+    #[test]
+    fn gang_groups_wait_for_every_gang() {
+        let ann = |name: &str| {
+            json!({"gang.scheduling.koordinator.sh/name": name, "gang.scheduling.koordinator.sh/min-available": "1",
+                                      "gang.scheduling.koordinator.sh/groups": "[\"ns/x\", \"ns/y\"]"})
+        };
+        let x = ready(&pod("x0", ann("x"), json!({})), &PodGroupIndex::new());
+        let y = ready(&pod("y0", ann("y"), json!({})), &PodGroupIndex::new());
+        assert!(submissions(std::slice::from_ref(&x), &BTreeSet::new()).is_empty());
+        let both = submissions(&[x, y], &BTreeSet::new());
+        assert_eq!(both.len(), 1);
+        assert_eq!(both[0].group.gangs.len(), 2);
+    }
+
+    #[test]
+    fn durations_follow_go() {
+        assert_eq!(parse_duration_ms("1h30m"), Some(5_400_000));
+        assert_eq!(parse_duration_ms("1500ms"), Some(1_500));
+        assert_eq!(parse_duration_ms("10"), None);
+        assert_eq!(parse_duration_ms("5d"), None);
+    }
+}

@@ -1,0 +1,216 @@
+//! Informers: one kube-rs watcher per kind, each keeping an in-memory copy of its
+//! objects (as JSON) that the ingest loop and the binders read. A watch restart
+//! (including after a 410 Gone) re-lists and swaps the copy whole, so readers
+//! never see half a list. Every change bumps one revision that wakes the loops.
+//! Owned by `kube::run`; each watcher task stops with its shutdown signal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use serde_json::Value;
+use tokio::sync::watch;
+
+/// The kinds watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Slot {
+    /// Every pod (ours pending, anyone's bound).
+    Pods,
+    /// Nodes.
+    Nodes,
+    /// PodGroups of scheduling.x-k8s.io.
+    PodGroupsX,
+    /// PodGroups of scheduling.sigs.k8s.io.
+    PodGroupsSigs,
+    /// DRA ResourceSlices.
+    ResourceSlices,
+    /// DRA DeviceClasses.
+    DeviceClasses,
+    /// DRA ResourceClaims.
+    ResourceClaims,
+}
+
+/// Every slot, in watch start order.
+pub const SLOTS: [Slot; 7] = [
+    Slot::Nodes,
+    Slot::DeviceClasses,
+    Slot::ResourceSlices,
+    Slot::PodGroupsX,
+    Slot::PodGroupsSigs,
+    Slot::ResourceClaims,
+    Slot::Pods,
+];
+
+impl Slot {
+    /// The API resource of the slot.
+    pub fn resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Slot::Pods => ("", "v1", "Pod", "pods"),
+            Slot::Nodes => ("", "v1", "Node", "nodes"),
+            Slot::PodGroupsX => ("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups"),
+            Slot::PodGroupsSigs => (
+                "scheduling.sigs.k8s.io",
+                "v1alpha1",
+                "PodGroup",
+                "podgroups",
+            ),
+            Slot::ResourceSlices => ("resource.k8s.io", "v1", "ResourceSlice", "resourceslices"),
+            Slot::DeviceClasses => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
+            Slot::ResourceClaims => ("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"),
+        };
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    /// Whether the cluster may lack the kind (a CRD): its absence must not hold up the rest.
+    pub fn optional(self) -> bool {
+        matches!(self, Slot::PodGroupsX | Slot::PodGroupsSigs)
+    }
+}
+
+/// Objects by (namespace, name); cluster-scoped objects have an empty namespace.
+pub type Objects = BTreeMap<(String, String), Value>;
+
+#[derive(Default)]
+struct SlotState {
+    objects: Objects,
+    synced: bool,
+}
+
+/// The informers' copies of the cluster's objects.
+pub struct Cache {
+    slots: RwLock<BTreeMap<Slot, SlotState>>,
+    revision: watch::Sender<u64>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self {
+            slots: RwLock::new(BTreeMap::new()),
+            revision: watch::channel(0).0,
+        }
+    }
+}
+
+fn key_of(object: &Value) -> Option<(String, String)> {
+    let meta = &object["metadata"];
+    Some((
+        meta["namespace"].as_str().unwrap_or("").to_string(),
+        meta["name"].as_str()?.to_string(),
+    ))
+}
+
+impl Cache {
+    /// Runs `f` over the objects of `slot`.
+    pub fn read<T>(&self, slot: Slot, f: impl FnOnce(&Objects) -> T) -> T {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        match slots.get(&slot) {
+            Some(state) => f(&state.objects),
+            None => f(&Objects::new()),
+        }
+    }
+
+    /// One object.
+    pub fn get(&self, slot: Slot, namespace: &str, name: &str) -> Option<Value> {
+        self.read(slot, |o| {
+            o.get(&(namespace.to_string(), name.to_string())).cloned()
+        })
+    }
+
+    /// Whether every required kind has been listed once.
+    pub fn synced(&self) -> bool {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        SLOTS
+            .iter()
+            .filter(|s| !s.optional())
+            .all(|s| slots.get(s).is_some_and(|st| st.synced))
+    }
+
+    /// A receiver that changes whenever any object does.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    fn edit(&self, slot: Slot, f: impl FnOnce(&mut SlotState)) {
+        {
+            let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+            f(slots.entry(slot).or_default());
+        }
+        self.revision.send_modify(|r| *r += 1);
+    }
+
+    /// Applies one watcher event; `buffer` collects a re-list until it is complete.
+    fn apply(&self, slot: Slot, event: Event<DynamicObject>, buffer: &mut Option<Objects>) {
+        let json = |o: &DynamicObject| serde_json::to_value(o).ok();
+        match event {
+            Event::Init => *buffer = Some(Objects::new()),
+            Event::InitApply(o) => {
+                if let (Some(buf), Some(v)) = (buffer.as_mut(), json(&o)) {
+                    if let Some(k) = key_of(&v) {
+                        buf.insert(k, v);
+                    }
+                }
+            }
+            Event::InitDone => {
+                let listed = buffer.take().unwrap_or_default();
+                self.edit(slot, |s| {
+                    s.objects = listed;
+                    s.synced = true;
+                });
+            }
+            Event::Apply(o) => {
+                if let Some(v) = json(&o) {
+                    if let Some(k) = key_of(&v) {
+                        self.edit(slot, |s| {
+                            s.objects.insert(k, v);
+                        });
+                    }
+                }
+            }
+            Event::Delete(o) => {
+                if let Some(k) = json(&o).as_ref().and_then(key_of) {
+                    self.edit(slot, |s| {
+                        s.objects.remove(&k);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Watches one kind into `cache` until `stop` fires.
+pub async fn run(
+    client: kube::Client,
+    slot: Slot,
+    cache: Arc<Cache>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let resource = slot.resource();
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let mut buffer: Option<Objects> = None;
+    let mut failures: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            next = stream.next() => match next {
+                Some(Ok(event)) => {
+                    failures = 0;
+                    cache.apply(slot, event, &mut buffer);
+                }
+                Some(Err(e)) => {
+                    failures += 1;
+                    // One line per outage, not one per retry.
+                    if failures == 1 {
+                        tracing::warn!(kind = %resource.plural, group = %resource.group, error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+                None => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! The ingest loop: on the replica that leads the meta group, turns what the
+//! informers see into gangway's replicated state and reports back. Each pass:
+//! Nodes → the shard map and shard ledgers; DeviceClasses → every shard;
+//! ResourceSlices → their node's shard; pods that are gone or finished → their
+//! placements released (a queued group losing a member is cancelled, its other
+//! pods submitted again); pending pods of our scheduler → gang groups in the meta
+//! queue (batched); timed-out gangs → the Koordinator timeout annotation; invalid
+//! pods and unplaceable groups → FailedScheduling events with the reason.
+//!
+//! Invariants: only the meta leader writes; submissions carry keys derived from pod
+//! uids, so a new leader that rebuilds its memory from the meta log re-proposes
+//! nothing new; an event is written once per pod and reason. Owned by `kube::run`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::frontdoor::inventory::{apply_op, register, shard_of};
+use crate::kube::api::{self, EventType};
+use crate::kube::gangs::{self, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
+use crate::kube::informer::{Cache, Objects, Slot};
+use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef};
+use crate::kube::KubeOptions;
+use crate::ledger::meta::{GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal};
+use crate::ledger::{LedgerOp, ReleaseTarget};
+use crate::model::{DeviceClass, GangId, MemberKey, Node};
+use crate::replicated::{now_ms, Groups};
+
+/// Longest gap between passes, in ms (a pass also starts when an object changes).
+pub const INGEST_PASS_MS: u64 = 200;
+/// Shortest gap between passes, in ms (bounds the work under a stream of changes).
+pub const INGEST_GAP_MS: u64 = 20;
+/// Submissions per meta entry.
+pub const SUBMIT_BATCH_MAX: usize = 256;
+
+/// What the leader remembers between passes; rebuilt when it becomes leader.
+#[derive(Default)]
+struct Memory {
+    leading: bool,
+    nodes: HashMap<String, Node>,
+    classes: BTreeMap<String, DeviceClass>,
+    pools: HashMap<(String, String, String), u64>,
+    /// Pod uid → key of the group it was submitted in.
+    submitted: HashMap<String, String>,
+    /// Group key → its pods.
+    pods_of: HashMap<String, Vec<PodRef>>,
+    /// Pod uid (or node name) → the last reason reported.
+    reported: HashMap<String, String>,
+    /// Pods marked timed out.
+    timed_out: HashSet<String>,
+}
+
+/// The ingest loop's dependencies.
+pub struct Ingest {
+    groups: Groups,
+    shards: u32,
+    topology_label: Option<String>,
+    client: kube::Client,
+    cache: Arc<Cache>,
+    opts: KubeOptions,
+    memory: Memory,
+}
+
+impl Ingest {
+    /// An ingest loop over `cache` writing through `groups` and `client`.
+    pub fn new(
+        groups: Groups,
+        shards: u32,
+        topology_label: Option<String>,
+        client: kube::Client,
+        cache: Arc<Cache>,
+        opts: KubeOptions,
+    ) -> Self {
+        Self {
+            groups,
+            shards,
+            topology_label,
+            client,
+            cache,
+            opts,
+            memory: Memory::default(),
+        }
+    }
+
+    /// Runs passes until `stop` fires.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut changes = self.cache.subscribe();
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(INGEST_PASS_MS)) => {}
+            }
+            if let Err(e) = self.pass().await {
+                tracing::warn!(error = %e, "kube ingest pass failed; retrying");
+            }
+            tokio::time::sleep(Duration::from_millis(INGEST_GAP_MS)).await;
+        }
+    }
+
+    async fn pass(&mut self) -> Result<(), String> {
+        if !self.cache.synced() {
+            return Ok(());
+        }
+        let me = self.groups.host().node_id();
+        if self.groups.host().leader_of(0) != Some(me) {
+            self.memory = Memory::default();
+            return Ok(());
+        }
+        if !self.memory.leading {
+            self.recover().await?;
+        }
+        self.sync_nodes().await;
+        self.sync_classes().await;
+        self.sync_slices().await;
+        let summaries = match self
+            .groups
+            .meta_query_local(&MetaQuery::Summaries { active_only: false })
+        {
+            Ok(MetaReply::Summaries { groups }) => groups,
+            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        self.release_gone(&summaries).await;
+        self.submit_pending().await;
+        self.report(&summaries).await;
+        Ok(())
+    }
+
+    /// Rebuilds which pods were submitted from the meta log (after a failover).
+    async fn recover(&mut self) -> Result<(), String> {
+        let records = match self
+            .groups
+            .meta_query(&MetaQuery::Groups { active_only: false })
+            .await
+        {
+            Ok(MetaReply::Groups { records }) => records,
+            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut memory = Memory {
+            leading: true,
+            ..Memory::default()
+        };
+        for r in records {
+            let pods: Vec<PodRef> = r
+                .group
+                .gangs
+                .iter()
+                .flat_map(|g| {
+                    g.members.iter().filter_map(|m| {
+                        m.uid.as_ref().map(|uid| PodRef {
+                            namespace: g.namespace.clone(),
+                            name: m.name.clone(),
+                            uid: uid.clone(),
+                        })
+                    })
+                })
+                .collect();
+            if pods.is_empty() {
+                continue;
+            }
+            let forget = matches!(
+                r.state,
+                GroupState::Done {
+                    how: Terminal::Cancelled
+                }
+            );
+            if !forget {
+                for p in &pods {
+                    memory.submitted.insert(p.uid.clone(), r.key.clone());
+                }
+            }
+            memory.pods_of.insert(r.key.clone(), pods);
+        }
+        tracing::info!(
+            groups = memory.pods_of.len(),
+            "kube ingest leading; state rebuilt from the meta log"
+        );
+        self.memory = memory;
+        Ok(())
+    }
+
+    async fn sync_nodes(&mut self) {
+        let listed: Vec<Value> = self
+            .cache
+            .read(Slot::Nodes, |o| o.values().cloned().collect());
+        let mut seen = HashSet::new();
+        for object in listed {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            seen.insert(name.clone());
+            let node = match objects::node(&object) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.warn_once(
+                        &format!("node/{name}"),
+                        &format!("node {name} not usable: {e}"),
+                    );
+                    continue;
+                }
+            };
+            if self.memory.nodes.get(&name) == Some(&node) {
+                continue;
+            }
+            match register(
+                &self.groups,
+                self.shards,
+                self.topology_label.as_deref(),
+                &node,
+            )
+            .await
+            {
+                Ok(_) => {
+                    self.memory.nodes.insert(name, node);
+                }
+                Err(e) => self.warn_once(
+                    &format!("node/{name}"),
+                    &format!("node {name} not registered: {}", e.message()),
+                ),
+            }
+        }
+        let gone: Vec<String> = self
+            .memory
+            .nodes
+            .keys()
+            .filter(|n| !seen.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            let Ok(Some(shard)) = shard_of(&self.groups, &name).await else {
+                continue;
+            };
+            match apply_op(
+                &self.groups,
+                shard,
+                LedgerOp::RemoveNode { name: name.clone() },
+            )
+            .await
+            {
+                Ok(_) => {
+                    self.memory.nodes.remove(&name);
+                }
+                Err(e) => self.warn_once(
+                    &format!("node/{name}"),
+                    &format!("node {name} not removed yet: {}", e.message()),
+                ),
+            }
+        }
+    }
+
+    async fn sync_classes(&mut self) {
+        let listed: Vec<Value> = self
+            .cache
+            .read(Slot::DeviceClasses, |o| o.values().cloned().collect());
+        for object in listed {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let class = match objects::device_class(&object) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.warn_once(
+                        &format!("deviceclass/{name}"),
+                        &format!("DeviceClass {name}: {e}"),
+                    );
+                    continue;
+                }
+            };
+            if self.memory.classes.get(&name) == Some(&class) {
+                continue;
+            }
+            let mut ok = true;
+            for shard in 1..=self.shards {
+                let op = LedgerOp::PutDeviceClass {
+                    class: class.clone(),
+                };
+                if let Err(e) = apply_op(&self.groups, shard, op).await {
+                    self.warn_once(
+                        &format!("deviceclass/{name}"),
+                        &format!("DeviceClass {name}: {}", e.message()),
+                    );
+                    ok = false;
+                }
+            }
+            if ok {
+                self.memory.classes.insert(name, class);
+            }
+        }
+    }
+
+    async fn sync_slices(&mut self) {
+        let listed: Vec<Value> = self
+            .cache
+            .read(Slot::ResourceSlices, |o| o.values().cloned().collect());
+        for object in listed {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let (node, pool) = match objects::slice(&object) {
+                Ok(Some(found)) => found,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.warn_once(
+                        &format!("slice/{name}"),
+                        &format!("ResourceSlice {name}: {e}"),
+                    );
+                    continue;
+                }
+            };
+            let key = (node.clone(), pool.driver.clone(), pool.name.clone());
+            if self.memory.pools.get(&key) == Some(&pool.generation)
+                || !self.memory.nodes.contains_key(&node)
+            {
+                continue;
+            }
+            let Ok(Some(shard)) = shard_of(&self.groups, &node).await else {
+                continue;
+            };
+            let generation = pool.generation;
+            let op = LedgerOp::PublishPool {
+                node: node.clone(),
+                driver: pool.driver,
+                pool: pool.name,
+                generation,
+                devices: pool.devices,
+                counter_sets: pool.counter_sets,
+            };
+            match apply_op(&self.groups, shard, op).await {
+                Ok(_) => {
+                    self.memory.pools.insert(key, generation);
+                }
+                Err(e) => self.warn_once(
+                    &format!("slice/{name}"),
+                    &format!("ResourceSlice {name}: {}", e.message()),
+                ),
+            }
+        }
+    }
+
+    /// Releases placed members whose pods are gone or finished; cancels queued
+    /// groups that lost a pod (their other pods are submitted again).
+    async fn release_gone(&mut self, summaries: &[GroupSummary]) {
+        for s in summaries {
+            let Some(pods) = self.memory.pods_of.get(&s.key) else {
+                continue;
+            };
+            let gone: Vec<&PodRef> = pods.iter().filter(|p| !self.pod_alive(p)).collect();
+            match s.state {
+                GroupState::Placed if !gone.is_empty() => {
+                    let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+                    let mut names = Vec::new();
+                    for (member, placement) in &s.placements {
+                        let Ok(key) = MemberKey::try_from(member.clone()) else {
+                            continue;
+                        };
+                        if gone
+                            .iter()
+                            .any(|p| p.namespace == key.namespace && p.name == key.member)
+                        {
+                            per_shard.entry(placement.shard).or_default().push(key);
+                            names.push(member.clone());
+                        }
+                    }
+                    if names.is_empty() {
+                        continue;
+                    }
+                    if let Err(e) = self.release_members(s.seq, per_shard, names).await {
+                        tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
+                    }
+                }
+                GroupState::Queued | GroupState::Placing { .. } if !gone.is_empty() => {
+                    let cmd = MetaCommand::Cancel {
+                        seq: s.seq,
+                        at_ms: now_ms(),
+                    };
+                    if let Err(e) = self.groups.meta(&cmd).await {
+                        tracing::warn!(group = s.seq, error = %e, "cancelling a group that lost a pod failed");
+                    }
+                }
+                GroupState::Done {
+                    how: Terminal::Cancelled,
+                } => {
+                    for p in pods {
+                        if self.memory.submitted.get(&p.uid) == Some(&s.key) {
+                            self.memory.submitted.remove(&p.uid);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn release_members(
+        &self,
+        seq: u64,
+        per_shard: BTreeMap<u32, Vec<MemberKey>>,
+        names: Vec<String>,
+    ) -> Result<(), String> {
+        // Shards first (idempotent), then the record: a retry after a crash converges.
+        for (shard, members) in per_shard {
+            let op = LedgerOp::Release {
+                target: ReleaseTarget::Members(members),
+            };
+            self.groups
+                .shard(shard, op)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let cmd = MetaCommand::MembersReleased {
+            seq,
+            members: names,
+            at_ms: now_ms(),
+        };
+        self.groups.meta(&cmd).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Whether the pod still exists under its uid and has not finished.
+    fn pod_alive(&self, pod: &PodRef) -> bool {
+        self.cache
+            .get(Slot::Pods, &pod.namespace, &pod.name)
+            .is_some_and(|o| {
+                o["metadata"]["uid"].as_str() == Some(pod.uid.as_str())
+                    && !matches!(o["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+            })
+    }
+
+    fn ours(&self, pod: &Value) -> bool {
+        pod["spec"]["schedulerName"].as_str() == Some(self.opts.scheduler_name.as_str())
+    }
+
+    async fn submit_pending(&mut self) {
+        let pod_groups = self.pod_groups();
+        let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
+        let pods: Vec<Value> = self.cache.read(Slot::Pods, |o: &Objects| {
+            o.values().filter(|p| self.ours(p)).cloned().collect()
+        });
+        let mut ready = Vec::new();
+        let mut bound_per_gang: BTreeMap<GangId, u32> = BTreeMap::new();
+        let mut min_of: BTreeMap<GangId, u32> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for pod in &pods {
+            let Some(r) = pod_ref(pod) else { continue };
+            let bound = pod["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
+            let finished = matches!(
+                pod["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            if bound {
+                if let Ok(Identity::Gang(p)) = gangs::identify(pod, &pod_groups) {
+                    if !finished {
+                        *bound_per_gang.entry(p.id.clone()).or_default() += 1;
+                    }
+                    min_of.insert(p.id, p.min_member);
+                }
+                continue;
+            }
+            let terminating = !pod["metadata"]["deletionTimestamp"].is_null();
+            let timed_out =
+                pod["metadata"]["annotations"][ANNOTATION_TIMEOUT].as_str() == Some("true");
+            if finished || terminating || timed_out || self.memory.submitted.contains_key(&r.uid) {
+                continue;
+            }
+            let identity = match gangs::identify(pod, &pod_groups) {
+                Ok(i) => i,
+                Err(p) => {
+                    problems.push((r, p));
+                    continue;
+                }
+            };
+            match objects::pod_spec(pod, &claims) {
+                Ok((spec, _)) => ready.push(ReadyPod {
+                    pod: r,
+                    spec,
+                    identity,
+                }),
+                Err(p) => problems.push((r, p)),
+            }
+        }
+        let satisfied: BTreeSet<GangId> = bound_per_gang
+            .iter()
+            .filter(|(id, n)| min_of.get(*id).is_some_and(|m| *n >= m))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for (pod, problem) in problems {
+            if let PodProblem::Invalid(why) = problem {
+                self.failed_scheduling(&pod, &why).await;
+            }
+        }
+        let submissions = gangs::submissions(&ready, &satisfied);
+        for chunk in submissions.chunks(SUBMIT_BATCH_MAX) {
+            let at_ms = now_ms();
+            let commands = chunk
+                .iter()
+                .map(|s| MetaCommand::Submit {
+                    key: s.key.clone(),
+                    group: s.group.clone(),
+                    at_ms,
+                })
+                .collect();
+            let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {
+                Ok(MetaReply::Batch { replies }) => replies,
+                Ok(other) => {
+                    tracing::warn!(reply = ?other, "unexpected reply to a submission batch");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "submitting pods failed; retrying next pass");
+                    continue;
+                }
+            };
+            for (s, reply) in chunk.iter().zip(replies) {
+                match reply {
+                    MetaReply::Submitted { .. } => {
+                        for p in &s.pods {
+                            self.memory.submitted.insert(p.uid.clone(), s.key.clone());
+                        }
+                        self.memory.pods_of.insert(s.key.clone(), s.pods.clone());
+                    }
+                    MetaReply::Rejected { reason } => {
+                        for p in &s.pods {
+                            self.failed_scheduling(p, &reason).await;
+                        }
+                    }
+                    other => tracing::warn!(reply = ?other, "unexpected submission reply"),
+                }
+            }
+        }
+    }
+
+    fn pod_groups(&self) -> PodGroupIndex {
+        let mut index = PodGroupIndex::new();
+        for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX] {
+            self.cache.read(slot, |o| {
+                for (k, v) in o {
+                    index.insert(k.clone(), v.clone());
+                }
+            });
+        }
+        index
+    }
+
+    /// Events for groups that cannot be placed, and the timeout mark for timed-out gangs.
+    async fn report(&mut self, summaries: &[GroupSummary]) {
+        for s in summaries {
+            let Some(pods) = self.memory.pods_of.get(&s.key).cloned() else {
+                continue;
+            };
+            match s.state {
+                GroupState::Queued if s.attempts > 0 && !s.reason.is_empty() => {
+                    for p in &pods {
+                        self.failed_scheduling(p, &s.reason).await;
+                    }
+                }
+                GroupState::Done {
+                    how: Terminal::TimedOut,
+                } => {
+                    for p in &pods {
+                        if self.memory.timed_out.contains(&p.uid) || !self.pod_alive(p) {
+                            continue;
+                        }
+                        let patch =
+                            json!({"metadata": {"annotations": {ANNOTATION_TIMEOUT: "true"}}});
+                        match api::merge_patch(&self.client, &api::path_of(p), &patch).await {
+                            Ok(_) => {
+                                self.memory.timed_out.insert(p.uid.clone());
+                                let why = format!(
+                                    "gang timed out before it could be placed: {}",
+                                    s.reason
+                                );
+                                self.failed_scheduling(p, &why).await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(pod = %p, error = %e, "marking a timed-out pod failed")
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn failed_scheduling(&mut self, pod: &PodRef, why: &str) {
+        if self.memory.reported.get(&pod.uid).map(String::as_str) == Some(why) {
+            return;
+        }
+        let result = api::pod_event(
+            &self.client,
+            &self.opts.scheduler_name,
+            pod,
+            EventType::Warning,
+            "FailedScheduling",
+            why,
+            &api::rfc3339(now_ms()),
+        )
+        .await;
+        match result {
+            Ok(()) => {
+                self.memory
+                    .reported
+                    .insert(pod.uid.clone(), why.to_string());
+            }
+            Err(e) => {
+                tracing::debug!(pod = %pod, error = %e, "FailedScheduling event not recorded")
+            }
+        }
+    }
+
+    fn warn_once(&mut self, subject: &str, message: &str) {
+        if self.memory.reported.get(subject).map(String::as_str) != Some(message) {
+            tracing::warn!("{message}");
+            self.memory
+                .reported
+                .insert(subject.to_string(), message.to_string());
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! Kubernetes objects (as JSON from the API server) into gangway's model: Nodes,
+//! ResourceSlices, DeviceClasses, and pods with their ResourceClaims. Pure
+//! functions; every error names the object and the field (Kubernetes JSON names),
+//! so the reason can go into a FailedScheduling event as is. Called by the ingest
+//! loop (`kube::ingest`) and the gang recognizer (`kube::gangs`).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
+use crate::model::DeviceClass;
+use crate::model::{
+    FieldPath, Node, PodSpec, RawDeviceClass, RawNode, RawPodClaim, RawPodSpec, RawResourcePool,
+    ResourcePool, Resources, ValidationError,
+};
+
+/// Identity of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Uid.
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The identity of `pod`, if it has one.
+pub fn pod_ref(pod: &Value) -> Option<PodRef> {
+    let meta = &pod["metadata"];
+    Some(PodRef {
+        namespace: meta["namespace"].as_str().unwrap_or("default").to_string(),
+        name: meta["name"].as_str()?.to_string(),
+        uid: meta["uid"].as_str()?.to_string(),
+    })
+}
+
+/// Why a pod cannot be submitted yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodProblem {
+    /// Something it needs does not exist yet (a claim, a PodGroup); not an error.
+    Waiting(String),
+    /// The pod (or an object it names) is invalid; a person must fix it.
+    Invalid(String),
+}
+
+impl std::fmt::Display for PodProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Waiting(why) | Self::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+fn invalid(e: ValidationError) -> PodProblem {
+    PodProblem::Invalid(e.to_string())
+}
+
+fn text_map(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn quantities(value: &Value) -> RawResourceList {
+    value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let q = match v {
+                        Value::String(s) => RawQuantity::Text(s.clone()),
+                        Value::Number(n) => n
+                            .as_i64()
+                            .map(RawQuantity::Integer)
+                            .unwrap_or_else(|| RawQuantity::Text(n.to_string())),
+                        other => RawQuantity::Text(other.to_string()),
+                    };
+                    (k.clone(), q)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn without(mut value: Value, fields: &[&str]) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        for f in fields {
+            map.remove(*f);
+        }
+    }
+    value
+}
+
+/// A Node: allocatable, labels, taints, unschedulable and the Ready condition.
+pub fn node(object: &Value) -> Result<Node, ValidationError> {
+    let ready = object["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| c["status"] == "True")
+        .unwrap_or(false);
+    let taints = object["spec"]["taints"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .map(|t| without(t.clone(), &["timeAdded"]))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let raw: RawNode = serde_json::from_value(json!({
+        "name": object["metadata"]["name"],
+        "labels": object["metadata"]["labels"].as_object().cloned().unwrap_or_default(),
+        "taints": taints,
+        "unschedulable": object["spec"]["unschedulable"].as_bool().unwrap_or(false),
+        "ready": ready,
+    }))
+    .map_err(|e| FieldPath::new("node").error(e.to_string()))?;
+    let raw = RawNode {
+        allocatable: quantities(&object["status"]["allocatable"]),
+        ..raw
+    };
+    raw.validate()
+}
+
+/// A ResourceSlice of one node: its node and pool. `Ok(None)` for slices not tied
+/// to a single node (network-attached devices), which gangway does not place.
+pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, ValidationError> {
+    let spec = &object["spec"];
+    let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    let devices: Vec<Value> = spec["devices"]
+        .as_array()
+        .map(|ds| {
+            ds.iter()
+                .map(|d| {
+                    let mut d = without(
+                        d.clone(),
+                        &[
+                            "bindsToNode",
+                            "bindingConditions",
+                            "bindingFailureConditions",
+                            "nodeName",
+                            "nodeSelector",
+                            "allNodes",
+                        ],
+                    );
+                    if let Some(taints) = d["taints"].as_array_mut() {
+                        for t in taints {
+                            *t = without(t.clone(), &["timeAdded"]);
+                        }
+                    }
+                    d
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let raw = json!({
+        "driver": spec["driver"],
+        "pool": without(spec["pool"].clone(), &["resourceSliceCount"]),
+        "devices": devices,
+        "sharedCounters": spec["sharedCounters"].as_array().cloned().unwrap_or_default(),
+    });
+    let raw: RawResourcePool =
+        serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
+    Ok(Some((node.to_string(), raw.validate()?)))
+}
+
+/// A DeviceClass.
+pub fn device_class(object: &Value) -> Result<DeviceClass, ValidationError> {
+    let raw = json!({
+        "name": object["metadata"]["name"],
+        "spec": without(object["spec"].clone(), &[]),
+    });
+    let raw: RawDeviceClass =
+        serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
+    raw.validate()
+}
+
+/// ResourceClaims by namespace and name.
+pub type ClaimIndex = BTreeMap<(String, String), Value>;
+
+/// The name of the ResourceClaim behind pod claim `entry`: given directly, or made
+/// from a template by the resourceclaim controller and recorded in the pod's status.
+fn claim_object_name(pod: &Value, entry: &Value) -> Result<String, PodProblem> {
+    let claim = entry["name"].as_str().unwrap_or_default();
+    if let Some(name) = entry["resourceClaimName"].as_str() {
+        return Ok(name.to_string());
+    }
+    if entry["resourceClaimTemplateName"].is_string() {
+        let made = pod["status"]["resourceClaimStatuses"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"].as_str() == Some(claim)))
+            .and_then(|s| s["resourceClaimName"].as_str());
+        return made.map(String::from).ok_or_else(|| {
+            PodProblem::Waiting(format!(
+                "waiting for the ResourceClaim of pod claim \"{claim}\" to be created from its template"
+            ))
+        });
+    }
+    Err(PodProblem::Invalid(format!(
+        "spec.resourceClaims[{claim}]: names neither resourceClaimName nor resourceClaimTemplateName"
+    )))
+}
+
+/// The pod's claims with their ResourceClaims' device requests, and the claim object names.
+fn pod_claims(
+    pod: &Value,
+    namespace: &str,
+    claims: &ClaimIndex,
+) -> Result<(Vec<RawPodClaim>, BTreeMap<String, String>), PodProblem> {
+    let mut out = Vec::new();
+    let mut names = BTreeMap::new();
+    for (i, entry) in pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let claim = entry["name"].as_str().unwrap_or_default().to_string();
+        let object_name = claim_object_name(pod, entry)?;
+        let object = claims
+            .get(&(namespace.to_string(), object_name.clone()))
+            .ok_or_else(|| {
+                PodProblem::Waiting(format!(
+                    "waiting for ResourceClaim {namespace}/{object_name} (pod claim \"{claim}\")"
+                ))
+            })?;
+        let devices = &object["spec"]["devices"];
+        let raw = json!({
+            "name": claim,
+            "requests": devices["requests"].as_array().cloned().unwrap_or_default(),
+            "constraints": devices["constraints"].as_array().cloned().unwrap_or_default(),
+            "config": devices["config"].as_array().cloned().unwrap_or_default(),
+        });
+        let raw: RawPodClaim = serde_json::from_value(raw).map_err(|e| {
+            PodProblem::Invalid(format!(
+                "ResourceClaim {namespace}/{object_name}: spec.devices: {e} (pod spec.resourceClaims[{i}])"
+            ))
+        })?;
+        names.insert(claim, object_name);
+        out.push(raw);
+    }
+    Ok((out, names))
+}
+
+/// Requests of a pod as the scheduler counts them: the sum over containers, at least
+/// the largest init container's, plus the pod overhead.
+fn pod_requests(pod: &Value) -> Result<Resources, PodProblem> {
+    let spec = &pod["spec"];
+    let of = |path: FieldPath, c: &Value| {
+        Resources::from_raw(
+            &path,
+            &quantities(&c["resources"]["requests"]),
+            ResourceListKind::Requests,
+        )
+        .map_err(invalid)
+    };
+    let mut sum = Resources::zero();
+    for (i, c) in spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let r = of(
+            FieldPath::new("spec")
+                .child("containers")
+                .index(i)
+                .child("resources")
+                .child("requests"),
+            c,
+        )?;
+        sum = sum.saturating_add(&r);
+    }
+    for (i, c) in spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let r = of(
+            FieldPath::new("spec")
+                .child("initContainers")
+                .index(i)
+                .child("resources")
+                .child("requests"),
+            c,
+        )?;
+        sum = sum.elementwise_max(&r);
+    }
+    let overhead = Resources::from_raw(
+        &FieldPath::new("spec").child("overhead"),
+        &quantities(&spec["overhead"]),
+        ResourceListKind::Requests,
+    )
+    .map_err(invalid)?;
+    Ok(sum.saturating_add(&overhead))
+}
+
+fn host_ports(pod: &Value) -> Vec<Value> {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .filter(|p| p["hostPort"].as_i64().is_some_and(|h| h > 0))
+        .map(
+            |p| json!({"port": p["hostPort"], "protocol": p["protocol"].as_str().unwrap_or("TCP")}),
+        )
+        .collect()
+}
+
+/// Affinity with the pod-affinity fields gangway does not read removed when empty
+/// (a non-empty one stays, and the conversion names it).
+fn affinity(pod: &Value) -> Value {
+    let mut a = pod["spec"]["affinity"].clone();
+    for kind in ["podAffinity", "podAntiAffinity"] {
+        for list in [
+            "requiredDuringSchedulingIgnoredDuringExecution",
+            "preferredDuringSchedulingIgnoredDuringExecution",
+        ] {
+            if let Some(terms) = a[kind][list].as_array_mut() {
+                for t in terms {
+                    let term = if t.get("podAffinityTerm").is_some() {
+                        &mut t["podAffinityTerm"]
+                    } else {
+                        t
+                    };
+                    if let Some(map) = term.as_object_mut() {
+                        for f in [
+                            "namespaces",
+                            "namespaceSelector",
+                            "matchLabelKeys",
+                            "mismatchLabelKeys",
+                        ] {
+                            let empty = map.get(f).is_some_and(|v| {
+                                v.is_null()
+                                    || v.as_array().is_some_and(|a| a.is_empty())
+                                    || v.as_object().is_some_and(|o| o.is_empty())
+                            });
+                            if empty {
+                                map.remove(f);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    a
+}
+
+/// A pod's scheduling spec and the ResourceClaim object name of each pod claim.
+pub fn pod_spec(
+    pod: &Value,
+    claims: &ClaimIndex,
+) -> Result<(PodSpec, BTreeMap<String, String>), PodProblem> {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let (raw_claims, claim_names) = pod_claims(pod, namespace, claims)?;
+    let tolerations = pod["spec"]["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let raw = json!({
+        "nodeSelector": pod["spec"]["nodeSelector"].as_object().cloned().unwrap_or_default(),
+        "affinity": affinity(pod),
+        "tolerations": tolerations,
+        "hostPorts": host_ports(pod),
+        "priority": pod["spec"]["priority"].as_i64().unwrap_or(0),
+        "labels": text_map(&pod["metadata"]["labels"]),
+    });
+    let mut raw: RawPodSpec =
+        serde_json::from_value(raw).map_err(|e| PodProblem::Invalid(format!("spec: {e}")))?;
+    raw.claims = raw_claims;
+    let mut spec = raw.validate(&FieldPath::new("spec")).map_err(invalid)?;
+    spec.requests = pod_requests(pod)?;
+    spec.validate(&FieldPath::new("spec")).map_err(invalid)?;
+    Ok((spec, claim_names))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_reads_allocatable_taints_and_readiness() {
+        let n = node(&json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule", "timeAdded": "2026-01-01T00:00:00Z"}]},
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("node");
+        assert_eq!(n.name, "n1");
+        assert_eq!(n.readiness, crate::model::Readiness::Ready);
+        assert_eq!(n.taints.len(), 1);
+        assert_eq!(n.allocatable.get(&crate::model::ResourceName::Cpu), 8000);
+    }
+
+    #[test]
+    fn node_without_ready_condition_is_not_ready() {
+        let n =
+            node(&json!({"metadata": {"name": "n1"}, "status": {"allocatable": {"pods": "10"}}}))
+                .expect("node");
+        assert_eq!(n.readiness, crate::model::Readiness::NotReady);
+    }
+
+    #[test]
+    fn slice_becomes_the_pool_of_its_node() {
+        let (node, pool) = slice(&json!({
+            "metadata": {"name": "n1-gpu"},
+            "spec": {"driver": "gpu.example.com", "nodeName": "n1",
+                     "pool": {"name": "n1", "generation": 3, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "a100"}}}]}
+        }))
+        .expect("valid")
+        .expect("node-local");
+        assert_eq!(
+            (node.as_str(), pool.generation, pool.devices.len()),
+            ("n1", 3, 1)
+        );
+        assert!(slice(&json!({"spec": {"driver": "d", "allNodes": true, "pool": {"name": "p", "generation": 1}}}))
+            .expect("valid")
+            .is_none());
+    }
+
+    #[test]
+    fn pod_requests_sum_containers_and_cover_init_containers() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "containers": [{"resources": {"requests": {"cpu": "500m"}}}, {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]
+            }
+        });
+        let (spec, _) = pod_spec(&pod, &ClaimIndex::new()).expect("spec");
+        assert_eq!(spec.requests.get(&crate::model::ResourceName::Cpu), 2000);
+    }
+
+    #[test]
+    fn claims_wait_for_their_objects_then_convert() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+        });
+        let waiting = pod_spec(&pod, &ClaimIndex::new()).expect_err("no status yet");
+        assert!(matches!(waiting, PodProblem::Waiting(_)), "{waiting}");
+        let mut pod = pod;
+        pod["status"]["resourceClaimStatuses"] =
+            json!([{"name": "gpu", "resourceClaimName": "p-gpu-x"}]);
+        let missing = pod_spec(&pod, &ClaimIndex::new()).expect_err("no claim yet");
+        assert!(matches!(missing, PodProblem::Waiting(_)), "{missing}");
+        let claims = ClaimIndex::from([(
+            ("ns".to_string(), "p-gpu-x".to_string()),
+            json!({"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}),
+        )]);
+        let (spec, names) = pod_spec(&pod, &claims).expect("spec");
+        assert_eq!(spec.claims.len(), 1);
+        assert_eq!(names.get("gpu").map(String::as_str), Some("p-gpu-x"));
+    }
+
+    #[test]
+    fn invalid_quantities_name_the_field() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}});
+        let PodProblem::Invalid(why) = pod_spec(&pod, &ClaimIndex::new()).expect_err("bad") else {
+            panic!("invalid expected")
+        };
+        assert!(
+            why.contains("spec.containers[0].resources.requests"),
+            "{why}"
+        );
+    }
+}
