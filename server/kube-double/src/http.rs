@@ -255,6 +255,12 @@ fn bind(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
             Ok(())
         })
     })?;
+    shared.record_binding(crate::Binding {
+        namespace: target.namespace.clone().unwrap_or_default(),
+        pod: name.to_string(),
+        node,
+        revision: shared.store().revision(),
+    });
     Ok((
         StatusCode::CREATED,
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),

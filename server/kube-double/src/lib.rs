@@ -63,6 +63,7 @@ impl Default for Options {
 /// State shared by the HTTP handlers and the test's direct calls.
 pub struct Shared {
     store: Mutex<Store>,
+    bindings: Mutex<Vec<Binding>>,
     revisions: watch::Sender<u64>,
     options: Options,
 }
@@ -71,6 +72,13 @@ impl Shared {
     fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock leaves a consistent store (writes are whole).
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record_binding(&self, binding: Binding) {
+        self.bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(binding);
     }
 
     /// Runs `f` on the store and wakes watches.
@@ -83,6 +91,19 @@ impl Shared {
         self.revisions.send_replace(rv);
         out
     }
+}
+
+/// One successful `pods/binding` call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Node bound to.
+    pub node: String,
+    /// Revision the binding produced.
+    pub revision: u64,
 }
 
 /// A running API server double on 127.0.0.1.
@@ -101,6 +122,7 @@ impl ApiServerDouble {
         let (revisions, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.history_events)),
+            bindings: Mutex::new(Vec::new()),
             revisions,
             options,
         });
@@ -193,6 +215,15 @@ impl ApiServerDouble {
             }
             Ok(gone)
         })
+    }
+
+    /// Every successful binding so far, in order (tests count them per pod).
+    pub fn bindings(&self) -> Vec<Binding> {
+        self.shared
+            .bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops serving (watches end).

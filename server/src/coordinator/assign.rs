@@ -48,10 +48,11 @@ pub fn assign(
     let single = plans
         .iter()
         .find(|(_, p)| p.unplaced.is_empty() && !p.assignments.is_empty());
-    let per_shard = match single {
+    let mut per_shard = match single {
         Some((shard, plan)) => BTreeMap::from([(*shard, plan.assignments.clone())]),
         None => merge(group, plans, placed_before),
     };
+    stamp_uids(group, per_shard.values_mut().flatten());
     let placed: BTreeSet<&MemberKey> = per_shard.values().flatten().map(|m| &m.member).collect();
     for gang in &group.gangs {
         let count = gang
@@ -84,15 +85,11 @@ fn merge(
     placed_before: &BTreeSet<String>,
 ) -> BTreeMap<u32, Vec<ReserveMember>> {
     let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
-    let mut uid_of: BTreeMap<MemberKey, &str> = BTreeMap::new();
     let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
     for gang in &group.gangs {
         for m in &gang.members {
             let key = gang.member_key(m);
             spec_of.insert(key.clone(), &m.spec);
-            if let Some(uid) = &m.uid {
-                uid_of.insert(key.clone(), uid.as_str());
-            }
             if placed_before.contains(&key.to_string()) {
                 continue;
             }
@@ -115,12 +112,10 @@ fn merge(
                 continue;
             };
             if let Some(member) = queue.pop_front() {
-                let mut pod = slot.pod.clone();
-                pod.uid = uid_of.get(&member).map(|u| u.to_string());
                 mine.push(ReserveMember {
                     member,
                     node: slot.node.clone(),
-                    pod,
+                    pod: slot.pod.clone(),
                 });
             }
         }
@@ -129,6 +124,23 @@ fn merge(
         }
     }
     per_shard
+}
+
+/// Gives each reserved member its pod's uid (plans are made per spec, without it),
+/// so the shard that commits it can bind it through the Kubernetes API.
+pub fn stamp_uids<'a>(group: &GangGroup, members: impl IntoIterator<Item = &'a mut ReserveMember>) {
+    let uid_of: BTreeMap<MemberKey, &String> = group
+        .gangs
+        .iter()
+        .flat_map(|g| {
+            g.members
+                .iter()
+                .filter_map(|m| Some((g.member_key(m), m.uid.as_ref()?)))
+        })
+        .collect();
+    for member in members {
+        member.pod.uid = uid_of.get(&member.member).map(|u| (*u).clone());
+    }
 }
 
 fn first_diagnosis(plans: &BTreeMap<u32, GangPlacement>) -> String {

@@ -218,7 +218,8 @@ impl Coordinator {
                     .map(|(k, _)| placed.get(k).cloned())
                     .collect();
                 match mine {
-                    Some(m) => {
+                    Some(mut m) => {
+                        assign::stamp_uids(&r.group, m.iter_mut());
                         chosen.push((*r, shard, m));
                         false
                     }

@@ -156,6 +156,7 @@ impl Cache {
             }
             Event::InitDone => {
                 let listed = buffer.take().unwrap_or_default();
+                tracing::info!(kind = ?slot, objects = listed.len(), "listed");
                 self.edit(slot, |s| {
                     s.objects = listed;
                     s.synced = true;

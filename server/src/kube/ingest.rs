@@ -103,6 +103,7 @@ impl Ingest {
 
     async fn pass(&mut self) -> Result<(), String> {
         if !self.cache.synced() {
+            tracing::debug!("kube informers not synced yet");
             return Ok(());
         }
         let me = self.groups.host().node_id();
@@ -520,6 +521,10 @@ impl Ingest {
                     continue;
                 }
             };
+            tracing::info!(
+                groups = chunk.len(),
+                "submitted pending pods as gang groups"
+            );
             for (s, reply) in chunk.iter().zip(replies) {
                 match reply {
                     MetaReply::Submitted { .. } => {

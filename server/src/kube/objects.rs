@@ -157,7 +157,7 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
                             "allNodes",
                         ],
                     );
-                    if let Some(taints) = d["taints"].as_array_mut() {
+                    if let Some(taints) = d.get_mut("taints").and_then(Value::as_array_mut) {
                         for t in taints {
                             *t = without(t.clone(), &["timeAdded"]);
                         }
@@ -332,13 +332,19 @@ fn affinity(pod: &Value) -> Value {
             "requiredDuringSchedulingIgnoredDuringExecution",
             "preferredDuringSchedulingIgnoredDuringExecution",
         ] {
-            if let Some(terms) = a[kind][list].as_array_mut() {
+            // `get_mut`, not indexing: indexing a missing key would insert a null.
+            let terms = a
+                .get_mut(kind)
+                .and_then(|k| k.get_mut(list))
+                .and_then(Value::as_array_mut);
+            if let Some(terms) = terms {
                 for t in terms {
                     let term = if t.get("podAffinityTerm").is_some() {
                         &mut t["podAffinityTerm"]
                     } else {
                         t
                     };
+                    // (the key exists, so indexing inserts nothing)
                     if let Some(map) = term.as_object_mut() {
                         for f in [
                             "namespaces",

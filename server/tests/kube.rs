@@ -1,0 +1,469 @@
+//! The Kubernetes adapter end to end: three `gangway serve` processes scheduling
+//! the pods of an API server double (gangway-kube-double: a kube-apiserver cannot
+//! run here) through kube-rs: DRA gangs bound with their claims allocated first,
+//! a binding shard leader SIGKILLed mid-way, Koordinator and scheduler-plugins
+//! gangs, bad objects reported, deleted pods freeing their devices.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use gangway_kube_double::store::{
+    DEVICE_CLASSES, EVENTS, NODES, PODS, POD_GROUPS_SIGS, POD_GROUPS_X, RESOURCE_CLAIMS,
+    RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES,
+};
+use gangway_kube_double::{ApiServerDouble, Options};
+use serde_json::{json, Value};
+use support::Cluster;
+
+const DRIVER: &str = "gpu.example.com";
+const NS: &str = "train";
+
+fn node(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    })
+}
+
+fn slice(node: &str, gpus: usize) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"model": {"string": "a100"}}}))
+        .collect();
+    json!({
+        "metadata": {"name": format!("{node}-gpus")},
+        "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices}
+    })
+}
+
+fn gpu_pod(name: &str, labels: Value, annotations: Value, template: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "labels": labels, "annotations": annotations},
+        "spec": {
+            "schedulerName": "gangway",
+            "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "1"}}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]
+        }
+    })
+}
+
+fn cpu_pod(name: &str, labels: Value, annotations: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "labels": labels, "annotations": annotations},
+        "spec": {
+            "schedulerName": "gangway",
+            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}]
+        }
+    })
+}
+
+fn template(name: &str, class: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}}
+    })
+}
+
+/// An API server double with `nodes` nodes of `gpus` GPUs each, and three gangway
+/// processes scheduling it.
+async fn start(
+    nodes: usize,
+    gpus: usize,
+    bind_qps: u32,
+) -> (ApiServerDouble, Cluster, tempfile::TempDir) {
+    let api = ApiServerDouble::start(Options::default())
+        .await
+        .expect("double starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    api.create(&DEVICE_CLASSES, json!({
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
+    }))
+    .expect("class");
+    for i in 0..nodes {
+        let name = format!("node-{i:03}");
+        api.create(&NODES, node(&name)).expect("node");
+        api.create(&RESOURCE_SLICES, slice(&name, gpus))
+            .expect("slice");
+    }
+    api.create(&RESOURCE_CLAIM_TEMPLATES, template("one-gpu", DRIVER))
+        .expect("template");
+    let args = vec![
+        "--kubeconfig".to_string(),
+        kubeconfig.display().to_string(),
+        "--bind-qps".to_string(),
+        bind_qps.to_string(),
+    ];
+    let cluster = Cluster::start_with(3, 2, args, Vec::new());
+    cluster
+        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
+        .await;
+    (api, cluster, dir)
+}
+
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    cluster: &Cluster,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > timeout {
+            let live = cluster.live();
+            let groups = match live.first() {
+                Some(id) => format!(
+                    "{:#?}",
+                    support::client(cluster, *id).await.list_groups(true).await
+                ),
+                None => "no live process".into(),
+            };
+            eprintln!("gang groups at the timeout: {groups}");
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n--- node 1 log ---\n{}\n--- node 2 log ---\n{}\n--- node 3 log ---\n{}",
+                tail(&cluster.log(1)),
+                tail(&cluster.log(2)),
+                tail(&cluster.log(3))
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn node_of(api: &ApiServerDouble, pod: &str) -> Option<String> {
+    api.get(&PODS, Some(NS), pod)
+        .ok()
+        .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from))
+}
+
+fn events_for(api: &ApiServerDouble, pod: &str, reason: &str) -> Vec<String> {
+    api.list(&EVENTS, Some(NS))
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
+        .filter_map(|e| e["message"].as_str().map(String::from))
+        .collect()
+}
+
+/// Checks every pod's claim: allocated one device of its node's pool, reserved for the
+/// pod, written before the binding; returns the devices.
+fn check_claims(api: &ApiServerDouble, pods: &[String]) -> BTreeSet<(String, String)> {
+    let mut devices = BTreeSet::new();
+    for name in pods {
+        let pod = api.get(&PODS, Some(NS), name).expect("pod");
+        let node = pod["spec"]["nodeName"].as_str().expect("bound").to_string();
+        let claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()
+            .expect("claim made from the template");
+        let claim = api
+            .get(&RESOURCE_CLAIMS, Some(NS), claim_name)
+            .expect("claim");
+        let results = claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("claim {claim_name} of {name} has no allocation: {claim}"));
+        assert_eq!(results.len(), 1, "{claim}");
+        assert_eq!(results[0]["pool"], node, "device of {name} is on its node");
+        assert_eq!(results[0]["driver"], DRIVER);
+        assert_eq!(
+            claim["status"]["reservedFor"][0]["uid"],
+            pod["metadata"]["uid"]
+        );
+        let claim_rv: u64 = claim["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("rv");
+        let binding_rv = api
+            .bindings()
+            .iter()
+            .find(|b| b.pod == *name)
+            .map(|b| b.revision)
+            .expect("binding recorded");
+        assert!(
+            claim_rv < binding_rv,
+            "claim status of {name} (rv {claim_rv}) written before its binding (rv {binding_rv})"
+        );
+        let device = (
+            node,
+            results[0]["device"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+        assert!(
+            devices.insert(device.clone()),
+            "device {device:?} allocated twice"
+        );
+    }
+    devices
+}
+
+/// Every pod bound exactly once, to the node gangway's ledger committed.
+async fn check_bound_once_where_committed(
+    api: &ApiServerDouble,
+    cluster: &Cluster,
+    live: u64,
+    pods: &[String],
+) {
+    let client = support::client(cluster, live).await;
+    let groups = client.list_groups(true).await.expect("groups");
+    let committed: BTreeMap<String, String> = groups
+        .iter()
+        .flat_map(|g| g.placements.iter())
+        .map(|p| (p.member.clone(), p.node.clone()))
+        .collect();
+    let bindings = api.bindings();
+    for pod in pods {
+        let times: Vec<_> = bindings.iter().filter(|b| b.pod == *pod).collect();
+        assert_eq!(
+            times.len(),
+            1,
+            "pod {pod} bound {} times: {times:?}",
+            times.len()
+        );
+        assert_eq!(
+            Some(&times[0].node),
+            committed.get(pod),
+            "pod {pod} bound where the ledger committed it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies() {
+    let (api, mut cluster, _dir) = start(50, 8, 10).await;
+
+    // A PodGroup with minMember 16; its pods each claim one GPU through a template.
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 16}}),
+    )
+    .expect("pod group");
+    let first: Vec<String> = (0..16).map(|i| format!("trainer-{i}")).collect();
+    for name in &first {
+        api.create(
+            &PODS,
+            gpu_pod(
+                name,
+                json!({"scheduling.x-k8s.io/pod-group": "trainer"}),
+                json!({}),
+                "one-gpu",
+            ),
+        )
+        .expect("pod");
+    }
+    wait_for("16 pods bound", Duration::from_secs(60), &cluster, || {
+        first.iter().all(|p| node_of(&api, p).is_some())
+    })
+    .await;
+    let devices = check_claims(&api, &first);
+    assert_eq!(devices.len(), 16);
+    check_bound_once_where_committed(&api, &cluster, 1, &first).await;
+
+    // A second gang; SIGKILL the leader of a shard while it binds (10 writes/s, so
+    // binding 16 pods with their claims takes seconds).
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "second", "namespace": NS}, "spec": {"minMember": 16}}),
+    )
+    .expect("pod group");
+    let second: Vec<String> = (0..16).map(|i| format!("second-{i}")).collect();
+    for name in &second {
+        api.create(
+            &PODS,
+            gpu_pod(
+                name,
+                json!({"scheduling.x-k8s.io/pod-group": "second"}),
+                json!({}),
+                "one-gpu",
+            ),
+        )
+        .expect("pod");
+    }
+    wait_for(
+        "a first binding of the second gang",
+        Duration::from_secs(60),
+        &cluster,
+        || second.iter().any(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+    let bound_before = second.iter().filter(|p| node_of(&api, p).is_some()).count();
+    let victim = cluster
+        .agreed_leader(1, &[1, 2, 3])
+        .await
+        .expect("shard 1 has a leader");
+    cluster.kill(victim);
+    eprintln!("killed node {victim} (leader of shard 1) with {bound_before} of 16 bound");
+    assert!(
+        bound_before < 16,
+        "the kill came after every binding; raise the test's gang or lower --bind-qps"
+    );
+    let live: Vec<u64> = cluster.live();
+    wait_for(
+        "the second gang bound after the kill",
+        Duration::from_secs(60),
+        &cluster,
+        || second.iter().all(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+    let all: Vec<String> = first.iter().chain(second.iter()).cloned().collect();
+    let devices = check_claims(&api, &all);
+    assert_eq!(devices.len(), 32, "32 distinct devices");
+    check_bound_once_where_committed(&api, &cluster, live[0], &all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devices() {
+    let (api, cluster, _dir) = start(2, 2, 0).await;
+
+    // A Koordinator gang (annotations only) and a scheduler-plugins PodGroup gang.
+    let koord = json!({"gang.scheduling.koordinator.sh/name": "koord", "gang.scheduling.koordinator.sh/min-available": "2"});
+    for name in ["koord-0", "koord-1"] {
+        api.create(&PODS, cpu_pod(name, json!({}), koord.clone()))
+            .expect("pod");
+    }
+    api.create(
+        &POD_GROUPS_SIGS,
+        json!({"metadata": {"name": "plugins", "namespace": NS}, "spec": {"minMember": 2}}),
+    )
+    .expect("pod group");
+    for name in ["plugins-0", "plugins-1"] {
+        api.create(
+            &PODS,
+            cpu_pod(
+                name,
+                json!({"pod-group.scheduling.sigs.k8s.io": "plugins"}),
+                json!({}),
+            ),
+        )
+        .expect("pod");
+    }
+    // Bad objects: an unparsable annotation, and a claim naming a missing DeviceClass.
+    let bad = json!({"gang.scheduling.koordinator.sh/name": "bad", "gang.scheduling.koordinator.sh/min-available": "many"});
+    api.create(&PODS, cpu_pod("bad-annotation", json!({}), bad))
+        .expect("pod");
+    api.create(
+        &RESOURCE_CLAIM_TEMPLATES,
+        template("no-class", "tpu.example.com"),
+    )
+    .expect("template");
+    api.create(
+        &PODS,
+        gpu_pod("missing-class", json!({}), json!({}), "no-class"),
+    )
+    .expect("pod");
+
+    let good = ["koord-0", "koord-1", "plugins-0", "plugins-1"];
+    wait_for(
+        "both gangs bound",
+        Duration::from_secs(60),
+        &cluster,
+        || good.iter().all(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+    wait_for(
+        "FailedScheduling for the bad annotation",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            events_for(&api, "bad-annotation", "FailedScheduling")
+                .iter()
+                .any(|m| m.contains("min-available"))
+        },
+    )
+    .await;
+    wait_for(
+        "FailedScheduling for the missing class",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            events_for(&api, "missing-class", "FailedScheduling")
+                .iter()
+                .any(|m| m.contains("tpu.example.com"))
+        },
+    )
+    .await;
+    assert_eq!(node_of(&api, "bad-annotation"), None);
+    assert_eq!(node_of(&api, "missing-class"), None);
+    for p in good {
+        assert_eq!(
+            events_for(&api, p, "Scheduled").len(),
+            1,
+            "one Scheduled event for {p}"
+        );
+        assert!(
+            events_for(&api, p, "FailedScheduling").is_empty(),
+            "{p} was not disturbed"
+        );
+    }
+
+    // Four GPUs, four single pods take them; a fifth waits until one is deleted.
+    let singles: Vec<String> = (0..4).map(|i| format!("single-{i}")).collect();
+    for name in &singles {
+        api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .expect("pod");
+    }
+    wait_for(
+        "four GPU pods bound",
+        Duration::from_secs(60),
+        &cluster,
+        || singles.iter().all(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+    api.create(&PODS, gpu_pod("waiter", json!({}), json!({}), "one-gpu"))
+        .expect("pod");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        node_of(&api, "waiter"),
+        None,
+        "no free GPU for the fifth pod"
+    );
+    let freed_claim = api.get(&PODS, Some(NS), "single-2").expect("pod")["status"]
+        ["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .map(String::from)
+        .expect("claim");
+    let freed = api
+        .get(&RESOURCE_CLAIMS, Some(NS), &freed_claim)
+        .expect("claim")["status"]["allocation"]["devices"]["results"][0]
+        .clone();
+    api.delete(&PODS, Some(NS), "single-2").expect("delete");
+    wait_for(
+        "the waiter bound after the deletion",
+        Duration::from_secs(30),
+        &cluster,
+        || node_of(&api, "waiter").is_some(),
+    )
+    .await;
+    let mut all: Vec<String> = singles
+        .iter()
+        .filter(|p| *p != "single-2")
+        .cloned()
+        .collect();
+    all.push("waiter".into());
+    check_claims(&api, &all);
+    let waiter_claim = api.get(&PODS, Some(NS), "waiter").expect("pod")["status"]
+        ["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .map(String::from)
+        .expect("claim");
+    let taken = api
+        .get(&RESOURCE_CLAIMS, Some(NS), &waiter_claim)
+        .expect("claim")["status"]["allocation"]["devices"]["results"][0]
+        .clone();
+    assert_eq!(
+        (&taken["pool"], &taken["device"]),
+        (&freed["pool"], &freed["device"]),
+        "the waiter took the freed GPU"
+    );
+}
