@@ -233,7 +233,7 @@ fn refused(error: LedgerError) -> Status {
 }
 
 /// Assigns `node` a shard (kept if it has one) and inserts or updates it in that
-/// shard's ledger; the shard it lives in. Shared by RegisterNode and the kube adapter.
+/// shard's ledger; the shard it lives in.
 pub async fn register(
     groups: &Groups,
     shards: u32,

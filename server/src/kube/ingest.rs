@@ -18,16 +18,18 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::frontdoor::inventory::{apply_op, register, shard_of};
+use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{self, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
 use crate::kube::informer::{Cache, Objects, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef};
 use crate::kube::KubeOptions;
-use crate::ledger::meta::{GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal};
-use crate::ledger::{LedgerOp, ReleaseTarget};
+use crate::ledger::meta::{
+    shard_for, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
+};
+use crate::ledger::{LedgerOp, LedgerReply, ReleaseTarget};
 use crate::model::{DeviceClass, GangId, MemberKey, Node};
-use crate::replicated::{now_ms, Groups};
+use crate::replicated::{now_ms, Groups, ShardOutcome};
 
 /// Longest gap between passes, in ms (a pass also starts when an object changes).
 pub const INGEST_PASS_MS: u64 = 200;
@@ -35,6 +37,8 @@ pub const INGEST_PASS_MS: u64 = 200;
 pub const INGEST_GAP_MS: u64 = 20;
 /// Submissions per meta entry.
 pub const SUBMIT_BATCH_MAX: usize = 256;
+/// Nodes registered per meta entry (and per shard entry).
+pub const REGISTER_BATCH_MAX: usize = 512;
 
 /// What the leader remembers between passes; rebuilt when it becomes leader.
 #[derive(Default)]
@@ -190,40 +194,25 @@ impl Ingest {
             .cache
             .read(Slot::Nodes, |o| o.values().cloned().collect());
         let mut seen = HashSet::new();
+        let mut changed = Vec::new();
         for object in listed {
             let name = object["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
             seen.insert(name.clone());
-            let node = match objects::node(&object) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.warn_once(
-                        &format!("node/{name}"),
-                        &format!("node {name} not usable: {e}"),
-                    );
-                    continue;
-                }
-            };
-            if self.memory.nodes.get(&name) == Some(&node) {
-                continue;
-            }
-            match register(
-                &self.groups,
-                self.shards,
-                self.topology_label.as_deref(),
-                &node,
-            )
-            .await
-            {
-                Ok(_) => {
-                    self.memory.nodes.insert(name, node);
-                }
+            match objects::node(&object) {
+                Ok(node) if self.memory.nodes.get(&name) != Some(&node) => changed.push(node),
+                Ok(_) => {}
                 Err(e) => self.warn_once(
                     &format!("node/{name}"),
-                    &format!("node {name} not registered: {}", e.message()),
+                    &format!("node {name} not usable: {e}"),
                 ),
+            }
+        }
+        for chunk in changed.chunks(REGISTER_BATCH_MAX) {
+            if let Err(e) = self.register_nodes(chunk).await {
+                tracing::warn!(error = %e, "registering nodes failed; retrying next pass");
             }
         }
         let gone: Vec<String> = self
@@ -253,6 +242,62 @@ impl Ingest {
                 ),
             }
         }
+    }
+
+    /// Assigns shards to `nodes` in one meta entry and registers them with one entry per shard.
+    async fn register_nodes(&mut self, nodes: &[Node]) -> Result<(), String> {
+        let at_ms = now_ms();
+        let commands = nodes
+            .iter()
+            .map(|n| MetaCommand::AssignNode {
+                node: n.name.clone(),
+                shard: shard_for(
+                    &n.name,
+                    &n.labels,
+                    self.topology_label.as_deref(),
+                    self.shards,
+                ),
+                at_ms,
+            })
+            .collect();
+        let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {
+            Ok(MetaReply::Batch { replies }) => replies,
+            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut per_shard: BTreeMap<u32, Vec<&Node>> = BTreeMap::new();
+        for (node, reply) in nodes.iter().zip(replies) {
+            match reply {
+                MetaReply::Shard { shard } => per_shard.entry(shard).or_default().push(node),
+                other => self.warn_once(
+                    &format!("node/{}", node.name),
+                    &format!("node {} not assigned a shard: {other:?}", node.name),
+                ),
+            }
+        }
+        for (shard, list) in per_shard {
+            let ops = list
+                .iter()
+                .map(|n| LedgerOp::RegisterNode { node: (*n).clone() })
+                .collect();
+            let replies = match self.groups.shard(shard, LedgerOp::Batch { ops }).await {
+                Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
+                Ok(other) => return Err(format!("unexpected shard reply {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            };
+            for (node, reply) in list.into_iter().zip(replies) {
+                match reply {
+                    LedgerReply::NodeRegistered { .. } => {
+                        self.memory.nodes.insert(node.name.clone(), node.clone());
+                    }
+                    other => self.warn_once(
+                        &format!("node/{}", node.name),
+                        &format!("node {} not registered: {other:?}", node.name),
+                    ),
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn sync_classes(&mut self) {
