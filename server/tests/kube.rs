@@ -268,6 +268,17 @@ async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies
     .await;
     let devices = check_claims(&api, &first);
     assert_eq!(devices.len(), 16);
+    wait_for(
+        "PodGroup status Scheduled 16",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            api.get(&POD_GROUPS_X, Some(NS), "trainer").is_ok_and(|g| {
+                g["status"]["phase"] == "Scheduled" && g["status"]["scheduled"] == 16
+            })
+        },
+    )
+    .await;
     check_bound_once_where_committed(&api, &cluster, 1, &first).await;
 
     // A second gang; SIGKILL the leader of a shard while it binds (10 writes/s, so

@@ -109,11 +109,8 @@ pub async fn run(
         while let Ok(done) = rx.try_recv() {
             match done {
                 Done::Bound(shard, m) => bound.entry(shard).or_default().push(m),
-                Done::Skipped(m) => {
-                    in_flight.remove(&m);
-                    retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
-                }
-                Done::Failed(m) => {
+                // A skipped member (pod gone) waits for the ingest loop to release it.
+                Done::Skipped(m) | Done::Failed(m) => {
                     in_flight.remove(&m);
                     retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
                 }

@@ -218,14 +218,48 @@ fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangPa
     Ok(params)
 }
 
+/// The PodGroup a pod names (label or annotation, either API group's spelling).
+pub fn pod_group_name(pod: &Value) -> Option<&str> {
+    label(pod, LABEL_POD_GROUP)
+        .or_else(|| label(pod, LABEL_POD_GROUP_SIGS))
+        .or_else(|| annotation(pod, ANNOTATION_POD_GROUP_NAME))
+        .or_else(|| annotation(pod, LABEL_POD_GROUP_SIGS))
+}
+
+/// The status scheduler-plugins shows for a PodGroup of `min_member` whose pods are
+/// `pods`: counts by pod state and the phase they add up to.
+pub fn pod_group_status(min_member: u64, pods: &[&Value]) -> Value {
+    let count = |f: &dyn Fn(&Value) -> bool| pods.iter().filter(|p| f(p)).count() as u64;
+    let phase_is = |p: &Value, want: &str| p["status"]["phase"].as_str() == Some(want);
+    let scheduled = count(&|p| {
+        p["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty())
+    });
+    let running = count(&|p| phase_is(p, "Running"));
+    let succeeded = count(&|p| phase_is(p, "Succeeded"));
+    let failed = count(&|p| phase_is(p, "Failed"));
+    let phase = if succeeded >= min_member {
+        "Finished"
+    } else if failed > 0 && running + succeeded < min_member {
+        "Failed"
+    } else if running + succeeded >= min_member {
+        "Running"
+    } else if scheduled >= min_member {
+        "Scheduled"
+    } else {
+        "Pending"
+    };
+    serde_json::json!({
+        "phase": phase, "scheduled": scheduled, "running": running,
+        "succeeded": succeeded, "failed": failed,
+    })
+}
+
 /// How `pod` is to be scheduled, given the PodGroups known.
 pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-    let pod_group = label(pod, LABEL_POD_GROUP)
-        .or_else(|| label(pod, LABEL_POD_GROUP_SIGS))
-        .or_else(|| annotation(pod, ANNOTATION_POD_GROUP_NAME))
-        .or_else(|| annotation(pod, LABEL_POD_GROUP_SIGS));
-    if let Some(name) = pod_group {
+    if let Some(name) = pod_group_name(pod) {
         if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
             // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
             let mut params = GangParams {
@@ -504,6 +538,23 @@ mod tests {
         let both = submissions(&[x, y], &BTreeSet::new());
         assert_eq!(both.len(), 1);
         assert_eq!(both[0].group.gangs.len(), 2);
+    }
+
+    #[test]
+    fn pod_group_status_counts_and_phases() {
+        let bound = json!({"spec": {"nodeName": "n"}, "status": {"phase": "Pending"}});
+        let running = json!({"spec": {"nodeName": "n"}, "status": {"phase": "Running"}});
+        let waiting = json!({"spec": {}, "status": {"phase": "Pending"}});
+        assert_eq!(pod_group_status(2, &[&bound, &waiting])["phase"], "Pending");
+        assert_eq!(
+            pod_group_status(2, &[&bound, &running])["phase"],
+            "Scheduled"
+        );
+        let status = pod_group_status(2, &[&running, &running]);
+        assert_eq!(
+            (status["phase"].as_str(), status["running"].as_u64()),
+            (Some("Running"), Some(2))
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 /// The kinds watched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Slot {
     /// Every pod (ours pending, anyone's bound).
     Pods,

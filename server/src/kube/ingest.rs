@@ -5,7 +5,8 @@
 //! placements released (a queued group losing a member is cancelled, its other
 //! pods submitted again); pending pods of our scheduler → gang groups in the meta
 //! queue (batched); timed-out gangs → the Koordinator timeout annotation; invalid
-//! pods and unplaceable groups → FailedScheduling events with the reason.
+//! pods and unplaceable groups → FailedScheduling events with the reason; PodGroups →
+//! their status (phase, scheduled, running, succeeded, failed).
 //!
 //! Invariants: only the meta leader writes; submissions carry keys derived from pod
 //! uids, so a new leader that rebuilds its memory from the meta log re-proposes
@@ -55,6 +56,8 @@ struct Memory {
     reported: HashMap<String, String>,
     /// Pods marked timed out.
     timed_out: HashSet<String>,
+    /// PodGroup (slot, namespace, name) → the status last written.
+    pod_group_status: HashMap<(Slot, String, String), Value>,
 }
 
 /// The ingest loop's dependencies.
@@ -129,9 +132,11 @@ impl Ingest {
             Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
             Err(e) => return Err(e.to_string()),
         };
+        self.forget_finished(&summaries);
         self.release_gone(&summaries).await;
         self.submit_pending().await;
         self.report(&summaries).await;
+        self.write_pod_group_status().await;
         Ok(())
     }
 
@@ -391,6 +396,26 @@ impl Ingest {
         }
     }
 
+    /// Drops what the meta log and the informers no longer know: groups the meta log
+    /// forgot, and reports and marks about pods that are gone (memory stays bounded by
+    /// the meta log's own bounds and the number of live pods).
+    fn forget_finished(&mut self, summaries: &[GroupSummary]) {
+        let keys: HashSet<&str> = summaries.iter().map(|s| s.key.as_str()).collect();
+        let memory = &mut self.memory;
+        memory.pods_of.retain(|k, _| keys.contains(k.as_str()));
+        let pods_of = &memory.pods_of;
+        memory.submitted.retain(|_, k| pods_of.contains_key(k));
+        let live: HashSet<String> = self.cache.read(Slot::Pods, |o| {
+            o.values()
+                .filter_map(|p| p["metadata"]["uid"].as_str().map(String::from))
+                .collect()
+        });
+        memory
+            .reported
+            .retain(|subject, _| subject.contains('/') || live.contains(subject));
+        memory.timed_out.retain(|uid| live.contains(uid));
+    }
+
     /// Releases placed members whose pods are gone or finished; cancels queued
     /// groups that lost a pod (their other pods are submitted again).
     async fn release_gone(&mut self, summaries: &[GroupSummary]) {
@@ -599,6 +624,62 @@ impl Ingest {
             });
         }
         index
+    }
+
+    /// Writes each PodGroup's status (phase, scheduled, running, succeeded, failed) when it changed.
+    async fn write_pod_group_status(&mut self) {
+        let pods: Vec<Value> = self
+            .cache
+            .read(Slot::Pods, |o| o.values().cloned().collect());
+        let mut members: HashMap<(String, String), Vec<&Value>> = HashMap::new();
+        for pod in &pods {
+            if let Some(name) = gangs::pod_group_name(pod) {
+                let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+                members
+                    .entry((ns.to_string(), name.to_string()))
+                    .or_default()
+                    .push(pod);
+            }
+        }
+        let mut seen = HashSet::new();
+        for slot in [Slot::PodGroupsX, Slot::PodGroupsSigs] {
+            let groups: Vec<((String, String), Value)> = self.cache.read(slot, |o| {
+                o.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            });
+            for ((ns, name), group) in groups {
+                let min = group["spec"]["minMember"].as_u64().unwrap_or(1);
+                let list = members
+                    .get(&(ns.clone(), name.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                let status = gangs::pod_group_status(min, &list);
+                let key = (slot, ns.clone(), name.clone());
+                seen.insert(key.clone());
+                let current = &group["status"];
+                let unchanged = ["phase", "scheduled", "running", "succeeded", "failed"]
+                    .iter()
+                    .all(|f| {
+                        current[*f] == status[*f] || (current[*f].is_null() && status[*f] == 0)
+                    });
+                if unchanged || self.memory.pod_group_status.get(&key) == Some(&status) {
+                    continue;
+                }
+                let resource = slot.resource();
+                let path = format!(
+                    "/apis/{}/namespaces/{ns}/podgroups/{name}/status",
+                    resource.api_version
+                );
+                match api::merge_patch(&self.client, &path, &json!({"status": status})).await {
+                    Ok(_) => {
+                        self.memory.pod_group_status.insert(key, status);
+                    }
+                    Err(e) => {
+                        tracing::debug!(pod_group = %format!("{ns}/{name}"), error = %e, "PodGroup status not written")
+                    }
+                }
+            }
+        }
+        self.memory.pod_group_status.retain(|k, _| seen.contains(k));
     }
 
     /// Events for groups that cannot be placed, and the timeout mark for timed-out gangs.
