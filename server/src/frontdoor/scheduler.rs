@@ -60,15 +60,43 @@ impl SchedulerService {
     }
 
     async fn command(&self, cmd: MetaCommand) -> Result<GangGroupStatus, Status> {
-        match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
-            MetaReply::Group { group } => Ok(status_of(&group)),
-            MetaReply::Rejected { reason } if reason.starts_with("id:") => {
-                Err(Status::not_found(reason))
-            }
-            MetaReply::Rejected { reason } => Err(Status::failed_precondition(reason)),
-            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
-        }
+        group_status(self.groups.meta(&cmd).await.map_err(|e| e.to_status())?)
     }
+}
+
+/// A meta reply about one group as the API shows it.
+fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
+    match reply {
+        MetaReply::Group { group } => Ok(status_of(&group)),
+        MetaReply::Rejected { reason } if reason.starts_with("id:") => {
+            Err(Status::not_found(reason))
+        }
+        MetaReply::Rejected { reason } => Err(Status::failed_precondition(reason)),
+        other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+    }
+}
+
+/// Releases placed members of group `seq`: on their shards first (idempotent), then in
+/// the group's record, so a retry after a crash converges. Used by ReleaseMembers and by
+/// the kube adapter when pods go away.
+pub async fn release_members(
+    groups: &Groups,
+    seq: GroupSeq,
+    per_shard: BTreeMap<u32, Vec<MemberKey>>,
+    names: Vec<String>,
+) -> Result<MetaReply, GroupError> {
+    for (shard, members) in per_shard {
+        let op = LedgerOp::Release {
+            target: ReleaseTarget::Members(members),
+        };
+        groups.shard(shard, op).await?;
+    }
+    let cmd = MetaCommand::MembersReleased {
+        seq,
+        members: names,
+        at_ms: now_ms(),
+    };
+    groups.meta(&cmd).await
 }
 
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
@@ -382,22 +410,10 @@ impl Scheduler for SchedulerService {
                 .map_err(|e| Status::invalid_argument(format!("members[{i}]: {e}")))?;
             per_shard.entry(p.shard).or_default().push(key);
         }
-        // Shards first (idempotent), then the record: a retry after a crash converges.
-        for (shard, members) in per_shard {
-            let op = LedgerOp::Release {
-                target: ReleaseTarget::Members(members),
-            };
-            self.groups
-                .shard(shard, op)
-                .await
-                .map_err(|e| e.to_status())?;
-        }
-        let cmd = MetaCommand::MembersReleased {
-            seq: req.id,
-            members: req.members,
-            at_ms: now_ms(),
-        };
-        Ok(Response::new(self.command(cmd).await?))
+        let reply = release_members(&self.groups, req.id, per_shard, req.members)
+            .await
+            .map_err(|e| e.to_status())?;
+        Ok(Response::new(group_status(reply)?))
     }
 
     async fn list_gang_groups(

@@ -20,15 +20,16 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::frontdoor::inventory::{apply_op, shard_of};
+use crate::frontdoor::scheduler::release_members;
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{self, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
-use crate::kube::informer::{Cache, Objects, Slot};
+use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
     shard_for, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
-use crate::ledger::{LedgerOp, LedgerReply, ReleaseTarget};
+use crate::ledger::{LedgerOp, LedgerReply};
 use crate::model::{DeviceClass, GangId, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
@@ -132,11 +133,15 @@ impl Ingest {
             Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
             Err(e) => return Err(e.to_string()),
         };
-        self.forget_finished(&summaries);
+        // One copy of the pods per pass, shared by every step that scans them.
+        let pods: Vec<Value> = self
+            .cache
+            .read(Slot::Pods, |o| o.values().cloned().collect());
+        self.forget_finished(&summaries, &pods);
         self.release_gone(&summaries).await;
-        self.submit_pending().await;
+        self.submit_pending(&pods).await;
         self.report(&summaries).await;
-        self.write_pod_group_status().await;
+        self.write_pod_group_status(&pods).await;
         Ok(())
     }
 
@@ -195,16 +200,9 @@ impl Ingest {
     }
 
     async fn sync_nodes(&mut self) {
-        let listed: Vec<Value> = self
-            .cache
-            .read(Slot::Nodes, |o| o.values().cloned().collect());
         let mut seen = HashSet::new();
         let mut changed = Vec::new();
-        for object in listed {
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+        for (name, object) in self.named(Slot::Nodes) {
             seen.insert(name.clone());
             match objects::node(&object) {
                 Ok(node) if self.memory.nodes.get(&name) != Some(&node) => changed.push(node),
@@ -247,6 +245,15 @@ impl Ingest {
                 ),
             }
         }
+    }
+
+    /// The objects of `slot` with their names (a copy: the passes write while iterating).
+    fn named(&self, slot: Slot) -> Vec<(String, Value)> {
+        self.cache.read(slot, |o| {
+            o.iter()
+                .map(|((_, name), object)| (name.clone(), object.clone()))
+                .collect()
+        })
     }
 
     /// Assigns shards to `nodes` in one meta entry and registers them with one entry per shard.
@@ -306,14 +313,7 @@ impl Ingest {
     }
 
     async fn sync_classes(&mut self) {
-        let listed: Vec<Value> = self
-            .cache
-            .read(Slot::DeviceClasses, |o| o.values().cloned().collect());
-        for object in listed {
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+        for (name, object) in self.named(Slot::DeviceClasses) {
             let class = match objects::device_class(&object) {
                 Ok(c) => c,
                 Err(e) => {
@@ -347,14 +347,7 @@ impl Ingest {
     }
 
     async fn sync_slices(&mut self) {
-        let listed: Vec<Value> = self
-            .cache
-            .read(Slot::ResourceSlices, |o| o.values().cloned().collect());
-        for object in listed {
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+        for (name, object) in self.named(Slot::ResourceSlices) {
             let (node, pool) = match objects::slice(&object) {
                 Ok(Some(found)) => found,
                 Ok(None) => continue,
@@ -399,21 +392,20 @@ impl Ingest {
     /// Drops what the meta log and the informers no longer know: groups the meta log
     /// forgot, and reports and marks about pods that are gone (memory stays bounded by
     /// the meta log's own bounds and the number of live pods).
-    fn forget_finished(&mut self, summaries: &[GroupSummary]) {
+    fn forget_finished(&mut self, summaries: &[GroupSummary], pods: &[Value]) {
         let keys: HashSet<&str> = summaries.iter().map(|s| s.key.as_str()).collect();
         let memory = &mut self.memory;
         memory.pods_of.retain(|k, _| keys.contains(k.as_str()));
         let pods_of = &memory.pods_of;
         memory.submitted.retain(|_, k| pods_of.contains_key(k));
-        let live: HashSet<String> = self.cache.read(Slot::Pods, |o| {
-            o.values()
-                .filter_map(|p| p["metadata"]["uid"].as_str().map(String::from))
-                .collect()
-        });
+        let live: HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str())
+            .collect();
         memory
             .reported
-            .retain(|subject, _| subject.contains('/') || live.contains(subject));
-        memory.timed_out.retain(|uid| live.contains(uid));
+            .retain(|subject, _| subject.contains('/') || live.contains(subject.as_str()));
+        memory.timed_out.retain(|uid| live.contains(uid.as_str()));
     }
 
     /// Releases placed members whose pods are gone or finished; cancels queued
@@ -443,7 +435,7 @@ impl Ingest {
                     if names.is_empty() {
                         continue;
                     }
-                    if let Err(e) = self.release_members(s.seq, per_shard, names).await {
+                    if let Err(e) = release_members(&self.groups, s.seq, per_shard, names).await {
                         tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
                     }
                 }
@@ -470,31 +462,6 @@ impl Ingest {
         }
     }
 
-    async fn release_members(
-        &self,
-        seq: u64,
-        per_shard: BTreeMap<u32, Vec<MemberKey>>,
-        names: Vec<String>,
-    ) -> Result<(), String> {
-        // Shards first (idempotent), then the record: a retry after a crash converges.
-        for (shard, members) in per_shard {
-            let op = LedgerOp::Release {
-                target: ReleaseTarget::Members(members),
-            };
-            self.groups
-                .shard(shard, op)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        let cmd = MetaCommand::MembersReleased {
-            seq,
-            members: names,
-            at_ms: now_ms(),
-        };
-        self.groups.meta(&cmd).await.map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
     /// Whether the pod still exists under its uid and has not finished.
     fn pod_alive(&self, pod: &PodRef) -> bool {
         self.cache
@@ -509,17 +476,15 @@ impl Ingest {
         pod["spec"]["schedulerName"].as_str() == Some(self.opts.scheduler_name.as_str())
     }
 
-    async fn submit_pending(&mut self) {
+    async fn submit_pending(&mut self, all_pods: &[Value]) {
         let pod_groups = self.pod_groups();
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
-        let pods: Vec<Value> = self.cache.read(Slot::Pods, |o: &Objects| {
-            o.values().filter(|p| self.ours(p)).cloned().collect()
-        });
+        let pods: Vec<&Value> = all_pods.iter().filter(|p| self.ours(p)).collect();
         let mut ready = Vec::new();
         let mut bound_per_gang: BTreeMap<GangId, u32> = BTreeMap::new();
         let mut min_of: BTreeMap<GangId, u32> = BTreeMap::new();
         let mut problems = Vec::new();
-        for pod in &pods {
+        for pod in pods {
             let Some(r) = pod_ref(pod) else { continue };
             let bound = pod["spec"]["nodeName"]
                 .as_str()
@@ -627,12 +592,9 @@ impl Ingest {
     }
 
     /// Writes each PodGroup's status (phase, scheduled, running, succeeded, failed) when it changed.
-    async fn write_pod_group_status(&mut self) {
-        let pods: Vec<Value> = self
-            .cache
-            .read(Slot::Pods, |o| o.values().cloned().collect());
+    async fn write_pod_group_status(&mut self, pods: &[Value]) {
         let mut members: HashMap<(String, String), Vec<&Value>> = HashMap::new();
-        for pod in &pods {
+        for pod in pods {
             if let Some(name) = gangs::pod_group_name(pod) {
                 let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
                 members
