@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+pub mod loopback;
 pub mod spec;
 
 use gangway_proto::admin::admin_client::AdminClient;

@@ -73,9 +73,7 @@ impl Drop for Processes {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(gangway_client::loopback::free_port()?)
 }
 
 fn parse_list(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {

@@ -21,10 +21,9 @@ use tonic::transport::{Channel, Endpoint};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A free loopback port (bound then released).
+/// A free loopback port outside the ephemeral range (see `gangway_client::loopback`).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    l.local_addr().expect("local addr").port()
+    gangway_client::loopback::free_port().expect("a free loopback port")
 }
 
 /// One `gangway serve` process.

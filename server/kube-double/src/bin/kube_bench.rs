@@ -75,9 +75,7 @@ impl Drop for Procs {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(gangway_client::loopback::free_port()?)
 }
 
 #[tokio::main]
