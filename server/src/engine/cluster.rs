@@ -368,7 +368,9 @@ impl<'a> Cluster<'a> {
                 pod: Cow::Borrowed(&slot.pod),
                 phase: match slot.state {
                     SlotState::Reserved { .. } => PodPhase::Reserved,
-                    SlotState::Committed { .. } | SlotState::Bound { .. } => PodPhase::Placed,
+                    SlotState::Committed { .. } | SlotState::Bound { .. } | SlotState::Observed => {
+                        PodPhase::Placed
+                    }
                 },
             })
         });

@@ -224,7 +224,9 @@ fn refused(error: LedgerError) -> Status {
     match error {
         LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
         LedgerError::InvalidNode { .. } => Status::invalid_argument(format!("node: {error}")),
-        LedgerError::InvalidLease { .. } => Status::invalid_argument(error.to_string()),
+        LedgerError::InvalidLease { .. } | LedgerError::InvalidObservedPod { .. } => {
+            Status::invalid_argument(error.to_string())
+        }
         LedgerError::InvalidPool { .. } | LedgerError::InvalidDeviceClass { .. } => {
             Status::invalid_argument(format!("devices: {error}"))
         }

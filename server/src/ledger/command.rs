@@ -12,6 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::devices::{AgentLink, DeviceEviction, DeviceHealthReport, PoolChange};
+use crate::ledger::usage::ObservedConflicts;
 use crate::model::device::{
     CounterSet, Device, DeviceClass, DeviceId, DeviceTaint, DeviceTaintEffect,
 };
@@ -26,6 +27,10 @@ pub const LEDGER_BATCH_MAX: usize = 1_024;
 pub const NODE_LEASE_MS_MIN: u64 = 1_000;
 /// Longest node lease a heartbeat may ask for, in ms.
 pub const NODE_LEASE_MS_MAX: u64 = 10 * 60 * 1_000;
+/// Most observed pods one node may carry (kubelet's maxPods is at most a few hundred).
+pub const OBSERVED_PODS_PER_NODE_MAX: usize = 1_024;
+/// The gang part of an observed pod's key; not a DNS name, so no submitted gang can take it.
+pub const OBSERVED_GANG: &str = "~observed";
 
 /// Transaction id: unique, and the idempotency key of every two-phase step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -65,6 +70,24 @@ pub struct ReserveMember {
     pub pod: PodSummary,
 }
 
+/// A pod another scheduler bound to a node, as the API server shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedPod {
+    /// Namespace.
+    pub namespace: String,
+    /// The pod's uid (unique for all time, so a pod recreated under its name is another pod).
+    pub uid: String,
+    /// What it takes (its allocated devices from its claims' status).
+    pub pod: PodSummary,
+}
+
+impl ObservedPod {
+    /// Its key in the node's slots: `namespace/~observed/uid`.
+    pub fn member_key(&self) -> MemberKey {
+        MemberKey::new(self.namespace.clone(), OBSERVED_GANG, self.uid.clone())
+    }
+}
+
 /// What a release gives back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReleaseTarget {
@@ -93,7 +116,16 @@ pub enum LedgerOp {
         /// How long the lease lasts, in ms ([`NODE_LEASE_MS_MIN`]..=[`NODE_LEASE_MS_MAX`]).
         lease_ms: u64,
     },
-    /// Removes a node; refused while it holds any reservation or placement.
+    /// Replaces the set of pods other schedulers bound to `node` (its observed pods):
+    /// they count against the node's free resources, ports and devices, never refused.
+    SetObservedPods {
+        /// The node.
+        node: String,
+        /// Every such pod on it now (at most [`OBSERVED_PODS_PER_NODE_MAX`]).
+        pods: Vec<ObservedPod>,
+    },
+    /// Removes a node (and its observed pods); refused while it holds any reservation or
+    /// placement.
     RemoveNode {
         /// Node name.
         name: String,
@@ -488,6 +520,20 @@ pub enum LedgerError {
         /// The validation error.
         message: String,
     },
+    /// An observed pod failed validation (the message names the field).
+    #[error("node {node}: invalid observed pod: {message}")]
+    InvalidObservedPod {
+        /// Node name.
+        node: String,
+        /// The validation error.
+        message: String,
+    },
+    /// A member key names an observed pod, which gangway neither releases nor binds.
+    #[error("member {member} is a pod another scheduler bound")]
+    ObservedMember {
+        /// The member.
+        member: MemberKey,
+    },
 }
 
 /// The answer to one command.
@@ -508,6 +554,19 @@ pub enum LedgerReply {
         readiness: Readiness,
         /// When the lease lapses unless renewed, in ms.
         lease_until_ms: u64,
+    },
+    /// The node's observed pods are replaced.
+    ObservedPodsSet {
+        /// Node name.
+        node: String,
+        /// Pods newly recorded.
+        added: u32,
+        /// Pods no longer there.
+        removed: u32,
+        /// Observed pods that asked for ports or devices gangway's pods hold (they are
+        /// recorded without them), by uid.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        conflicts: Vec<(String, ObservedConflicts)>,
     },
     /// The node is gone.
     NodeRemoved {

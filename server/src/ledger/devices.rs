@@ -606,6 +606,27 @@ impl NodeDevices {
         add_use(&mut self.held, &mut self.counters, a, &device, first);
     }
 
+    /// Counts an observed pod's allocations (a fact, not checked beforehand): each
+    /// that does not fit beside the counted ones is detached instead; returns their devices.
+    pub fn observe(
+        &mut self,
+        member: &MemberKey,
+        allocations: &[DeviceAllocation],
+    ) -> Vec<DeviceId> {
+        let mut left_out = Vec::new();
+        for (i, a) in allocations.iter().enumerate() {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            let mut scratch = Overlay::default();
+            if self.admit(&Overlay::default(), &mut scratch, a).is_ok() {
+                self.count(a);
+            } else {
+                self.detached.insert((member.clone(), index));
+                left_out.push(a.device.clone());
+            }
+        }
+        left_out
+    }
+
     /// Gives back a released pod's allocations (detached ones counted nothing).
     pub fn release(&mut self, member: &MemberKey, allocations: &[DeviceAllocation]) {
         for (i, a) in allocations.iter().enumerate() {
@@ -724,6 +745,7 @@ impl NodeDevices {
         let mut evictions: Vec<DeviceEviction> = self
             .recount(pods)
             .into_iter()
+            .filter(|(member, _)| pods.get(member).is_some_and(|s| s.state.is_gangway()))
             .map(|(member, device)| DeviceEviction {
                 member,
                 node: node.to_string(),
@@ -815,9 +837,10 @@ impl NodeDevices {
         self.evictions(node, pods, at_ms, |_| true)
     }
 
-    /// Holders (counted, not detached) of devices chosen by `which` that are unhealthy
-    /// or carry a NoExecute taint they do not tolerate.
-    fn evictions(
+    /// Holders placed by gangway (counted, not detached) of devices chosen by `which`
+    /// that are unhealthy or carry a NoExecute taint they do not tolerate. Observed pods
+    /// are left to the cluster's own eviction controller.
+    pub fn evictions(
         &self,
         node: &str,
         pods: &BTreeMap<MemberKey, PodSlot>,
@@ -825,7 +848,7 @@ impl NodeDevices {
         which: impl Fn(&DeviceId) -> bool,
     ) -> Vec<DeviceEviction> {
         let mut out = Vec::new();
-        for (member, slot) in pods {
+        for (member, slot) in pods.iter().filter(|(_, s)| s.state.is_gangway()) {
             for (i, a) in slot.pod.devices.iter().enumerate() {
                 let index = u32::try_from(i).unwrap_or(u32::MAX);
                 if !which(&a.device) || self.detached.contains(&(member.clone(), index)) {

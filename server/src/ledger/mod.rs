@@ -28,8 +28,9 @@ mod device_tests;
 mod tests;
 
 pub use command::{
-    DeviceRefusal, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence,
-    Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    DeviceRefusal, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod,
+    Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX,
 };
 pub use devices::{
     AgentLink, DeviceEviction, DeviceHealth, DeviceHealthReport, EvictionCause, NodeDevices,
@@ -39,5 +40,5 @@ pub use shard::{
     FinishedTxn, InvariantViolation, LeaseState, NodeEntry, NodeLease, OpenTxn, ShardLedger,
     SnapshotError, FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
 };
-pub use usage::{NodeUsage, PodSlot, SlotState};
+pub use usage::{NodeUsage, ObservedConflicts, PodSlot, SlotState, UsageSums};
 pub use view::{IndexedView, LedgerView, NodeFit, NodeView};

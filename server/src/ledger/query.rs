@@ -154,7 +154,7 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                         e.usage
                             .pods
                             .iter()
-                            .filter(|(_, slot)| slot.state.txn_id() == *txn)
+                            .filter(|(_, slot)| slot.state.txn_id() == Some(*txn))
                             .map(move |(m, _)| (m.clone(), e.node.name.clone()))
                     })
                     .collect(),

@@ -42,9 +42,9 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, Refusal, RefusalCause,
-    ReleaseTarget, ReserveMember, TxnId, TxnOutcome, LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX,
-    NODE_LEASE_MS_MIN,
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod, Presence, Refusal,
+    RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome, LEDGER_BATCH_MAX,
+    NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX,
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
@@ -374,10 +374,9 @@ impl Indexes {
             for (member, slot) in &entry.usage.pods {
                 out.locations
                     .insert(member.clone(), entry.node.name.clone());
-                out.by_txn
-                    .entry(slot.state.txn_id())
-                    .or_default()
-                    .insert(member.clone());
+                if let Some(txn_id) = slot.state.txn_id() {
+                    out.by_txn.entry(txn_id).or_default().insert(member.clone());
+                }
             }
         }
         for (txn_id, done) in &state.finished {
@@ -447,6 +446,7 @@ impl ShardLedger {
                 lease_ms,
             } => self.heartbeat(at_ms, node, *ready, *lease_ms),
             LedgerOp::RemoveNode { name } => self.remove_node(name),
+            LedgerOp::SetObservedPods { node, pods } => self.set_observed_pods(node, pods),
             LedgerOp::Reserve {
                 txn_id,
                 members,
@@ -508,7 +508,9 @@ impl ShardLedger {
         };
         match op {
             LedgerOp::RegisterNode { node } => BTreeSet::from([node.name.clone()]),
-            LedgerOp::NodeHeartbeat { node, .. } => BTreeSet::from([node.clone()]),
+            LedgerOp::NodeHeartbeat { node, .. } | LedgerOp::SetObservedPods { node, .. } => {
+                BTreeSet::from([node.clone()])
+            }
             LedgerOp::Reserve { members, .. } | LedgerOp::ReserveAndCommit { members, .. } => {
                 members.iter().map(|m| m.node.clone()).collect()
             }
@@ -543,12 +545,9 @@ impl ShardLedger {
     fn assert_i2(&self, touched: &BTreeSet<String>) {
         for name in touched {
             if let Some(entry) = self.state.nodes.get(name) {
-                let (reserved, committed) = entry.usage.recomputed();
-                debug_assert_eq!(
-                    (&reserved, &committed),
-                    (&entry.usage.reserved, &entry.usage.committed)
-                );
-                let total = reserved.checked_add(&committed);
+                let sums = entry.usage.recomputed();
+                debug_assert_eq!(sums, entry.usage.sums());
+                let total = sums.reserved.checked_add(&sums.committed);
                 debug_assert!(
                     total.is_some_and(|t| t.fits(&entry.node.allocatable)),
                     "I2 violated on node {name}"
@@ -569,7 +568,7 @@ impl ShardLedger {
             })?;
         let change = match self.state.nodes.get(&node.name) {
             Some(entry) => {
-                if let Some(resource) = entry.usage.requested().shortfall(&node.allocatable) {
+                if let Some(resource) = entry.usage.held().shortfall(&node.allocatable) {
                     return Err(LedgerError::AllocatableBelowUsage {
                         name: node.name.clone(),
                         resource,
@@ -598,13 +597,23 @@ impl ShardLedger {
     fn remove_node(&mut self, name: &str) -> Result<LedgerReply, LedgerError> {
         let presence = match self.state.nodes.get(name) {
             None => Presence::Absent,
-            Some(entry) if !entry.usage.pods.is_empty() => {
+            Some(entry) if entry.usage.pods.values().any(|s| s.state.is_gangway()) => {
+                let pods = entry
+                    .usage
+                    .pods
+                    .values()
+                    .filter(|s| s.state.is_gangway())
+                    .count();
                 return Err(LedgerError::NodeInUse {
                     name: name.to_string(),
-                    pods: entry.usage.pods.len() as u64,
+                    pods: pods as u64,
                 });
             }
-            Some(_) => {
+            Some(entry) => {
+                let observed: Vec<MemberKey> = entry.usage.pods.keys().cloned().collect();
+                for key in &observed {
+                    self.index.locations.remove(key);
+                }
                 if let Some(lease) = self.state.nodes.remove(name).and_then(|e| e.lease) {
                     self.index
                         .leases
@@ -617,6 +626,60 @@ impl ShardLedger {
         Ok(LedgerReply::NodeRemoved {
             name: name.to_string(),
             presence,
+        })
+    }
+
+    /// Replaces the node's observed pods: gone or changed ones are taken out first, then
+    /// new or changed ones recorded (unchecked, see [`NodeUsage::observe`]).
+    fn set_observed_pods(
+        &mut self,
+        node: &str,
+        pods: &[ObservedPod],
+    ) -> Result<LedgerReply, LedgerError> {
+        let entry = self
+            .state
+            .nodes
+            .get(node)
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })?;
+        validate_observed(node, pods)?;
+        let wanted: BTreeMap<MemberKey, &ObservedPod> =
+            pods.iter().map(|p| (p.member_key(), p)).collect();
+        let stale: Vec<MemberKey> = entry
+            .usage
+            .pods
+            .iter()
+            .filter(|(_, slot)| !slot.state.is_gangway())
+            .filter(|(key, slot)| wanted.get(*key).is_none_or(|p| p.pod != slot.pod))
+            .map(|(key, _)| key.clone())
+            .collect();
+        let fresh: Vec<(MemberKey, &ObservedPod)> = wanted
+            .into_iter()
+            .filter(|(key, _)| !entry.usage.pods.contains_key(key) || stale.contains(key))
+            .collect();
+        for key in &stale {
+            self.take_member(key);
+        }
+        let mut conflicts = Vec::new();
+        for (key, observed) in &fresh {
+            // A uid is on one node at a time: a report from its new node moves it.
+            if self.index.locations.get(key).is_some_and(|n| n != node) {
+                self.take_member(key);
+            }
+            let left_out = self.state.nodes.update(node, |entry| {
+                entry.usage.observe(key.clone(), observed.pod.clone())
+            });
+            self.index.locations.insert(key.clone(), node.to_string());
+            if let Some(left_out) = left_out.filter(|c| !c.is_empty()) {
+                conflicts.push((observed.uid.clone(), left_out));
+            }
+        }
+        Ok(LedgerReply::ObservedPodsSet {
+            node: node.to_string(),
+            added: fresh.len() as u32,
+            removed: stale.len() as u32,
+            conflicts,
         })
     }
 
@@ -762,11 +825,13 @@ impl ShardLedger {
         self.index
             .locations
             .insert(m.member.clone(), m.node.clone());
-        self.index
-            .by_txn
-            .entry(state.txn_id())
-            .or_default()
-            .insert(m.member.clone());
+        if let Some(txn_id) = state.txn_id() {
+            self.index
+                .by_txn
+                .entry(txn_id)
+                .or_default()
+                .insert(m.member.clone());
+        }
     }
 
     // ---- phase 2 -----------------------------------------------------------------------
@@ -858,6 +923,11 @@ impl ShardLedger {
     fn release_members(&mut self, keys: &[MemberKey]) -> Result<LedgerReply, LedgerError> {
         let keys: BTreeSet<&MemberKey> = keys.iter().collect();
         for key in &keys {
+            if self.slot(key).is_some_and(|s| !s.state.is_gangway()) {
+                return Err(LedgerError::ObservedMember {
+                    member: (*key).clone(),
+                });
+            }
             if let Some(txn_id) = self.reserved_txn_of(key) {
                 return Err(LedgerError::MemberReserved {
                     member: (*key).clone(),
@@ -879,7 +949,7 @@ impl ShardLedger {
     fn reserved_txn_of(&self, key: &MemberKey) -> Option<TxnId> {
         self.slot(key)
             .filter(|slot| slot.state.is_reserved())
-            .map(|slot| slot.state.txn_id())
+            .and_then(|slot| slot.state.txn_id())
     }
 
     /// Removes a member's slot wherever it is, keeping the indexes in step.
@@ -890,11 +960,12 @@ impl ShardLedger {
             .nodes
             .update(&node, |entry| entry.usage.take(key))
             .flatten()?;
-        let txn_id = slot.state.txn_id();
-        if let Some(set) = self.index.by_txn.get_mut(&txn_id) {
-            set.remove(key);
-            if set.is_empty() {
-                self.index.by_txn.remove(&txn_id);
+        if let Some(txn_id) = slot.state.txn_id() {
+            if let Some(set) = self.index.by_txn.get_mut(&txn_id) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.index.by_txn.remove(&txn_id);
+                }
             }
         }
         Some(slot)
@@ -932,6 +1003,9 @@ impl ShardLedger {
                     member: member.clone(),
                 })
             }
+            SlotState::Observed => Err(LedgerError::ObservedMember {
+                member: member.clone(),
+            }),
         }
     }
 
@@ -1404,11 +1478,11 @@ impl ShardLedger {
         if entry.node.name != name {
             return fail(format!("keyed under the wrong name {}", entry.node.name));
         }
-        let (reserved, committed) = entry.usage.recomputed();
-        if reserved != entry.usage.reserved || committed != entry.usage.committed {
+        let sums = entry.usage.recomputed();
+        if sums != entry.usage.sums() {
             return fail("usage sums differ from its slots".to_string());
         }
-        let Some(total) = reserved.checked_add(&committed) else {
+        let Some(total) = sums.reserved.checked_add(&sums.committed) else {
             return fail("usage overflows".to_string());
         };
         if let Some(resource) = total.shortfall(&entry.node.allocatable) {
@@ -1433,7 +1507,15 @@ impl ShardLedger {
         member: &MemberKey,
         slot: &PodSlot,
     ) -> Result<(), InvariantViolation> {
-        let txn_id = slot.state.txn_id();
+        let Some(txn_id) = slot.state.txn_id() else {
+            return if member.gang == OBSERVED_GANG {
+                Ok(())
+            } else {
+                Err(InvariantViolation(format!(
+                    "observed pod {member} on {node} is not keyed as one"
+                )))
+            };
+        };
         let open_node = self
             .state
             .open
@@ -1441,7 +1523,7 @@ impl ShardLedger {
             .and_then(|open| open.members.get(member));
         let consistent = match slot.state {
             SlotState::Reserved { .. } => open_node.map(String::as_str) == Some(node),
-            SlotState::Committed { .. } | SlotState::Bound { .. } => {
+            SlotState::Committed { .. } | SlotState::Bound { .. } | SlotState::Observed => {
                 !self.state.open.contains_key(&txn_id)
             }
         };
@@ -1548,6 +1630,37 @@ fn validate_reservation(
             });
         }
         validate_summary(txn_id, m)?;
+    }
+    Ok(())
+}
+
+/// Checks an observed pod list: bounded, keys valid and distinct, summaries sane.
+fn validate_observed(node: &str, pods: &[ObservedPod]) -> Result<(), LedgerError> {
+    let invalid = |message: String| LedgerError::InvalidObservedPod {
+        node: node.to_string(),
+        message,
+    };
+    if pods.len() > OBSERVED_PODS_PER_NODE_MAX {
+        return Err(invalid(format!(
+            "pods: {} on one node, at most {OBSERVED_PODS_PER_NODE_MAX}",
+            pods.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, p) in pods.iter().enumerate() {
+        let key = p.member_key();
+        key.validate()
+            .map_err(|e| invalid(format!("pods[{i}]: {e}")))?;
+        if !seen.insert(key) {
+            return Err(invalid(format!("pods[{i}].uid: {} listed twice", p.uid)));
+        }
+        let at = FieldPath::new("pods").index(i).child("pod");
+        validate_allocations(&at.child("devices"), &p.pod.devices)
+            .map_err(|e| invalid(e.to_string()))?;
+        p.pod
+            .requests
+            .validate(&at.child("requests"))
+            .map_err(|e| invalid(e.to_string()))?;
     }
     Ok(())
 }

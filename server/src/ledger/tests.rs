@@ -7,8 +7,8 @@
 use proptest::prelude::*;
 
 use crate::ledger::command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, Presence, RefusalCause,
-    ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod, Presence,
+    RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
 };
 use crate::ledger::shard::{ShardLedger, SnapshotError, FINISHED_TXNS_MAX};
 use crate::ledger::usage::SlotState;
@@ -84,6 +84,21 @@ fn ledger_with(nodes: &[Node]) -> ShardLedger {
         );
     }
     ledger
+}
+
+fn observed(uid: &str, pod: PodSummary) -> ObservedPod {
+    ObservedPod {
+        namespace: "kube-system".into(),
+        uid: uid.into(),
+        pod,
+    }
+}
+
+fn set_observed(node: &str, pods: Vec<ObservedPod>) -> LedgerOp {
+    LedgerOp::SetObservedPods {
+        node: node.into(),
+        pods,
+    }
 }
 
 fn rejected(reply: &LedgerReply) -> Option<&LedgerError> {
@@ -858,6 +873,7 @@ fn a_snapshot_with_a_node_under_another_name_is_refused() {
 // ---- property tests ------------------------------------------------------------------------
 
 const NODE_NAMES: [&str; 4] = ["n0", "n1", "n2", "n9"];
+const UIDS: [&str; 3] = ["u1", "u2", "u3"];
 const MEMBERS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
 fn arb_node() -> impl Strategy<Value = Node> {
@@ -916,6 +932,11 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
         1 => Just(LedgerOp::Tick),
         1 => (0usize..NODE_NAMES.len(), any::<bool>(), prop_oneof![Just(1_000u64), Just(1_100), Just(5)])
             .prop_map(|(n, ready, lease_ms)| heartbeat(NODE_NAMES[n], ready, lease_ms)),
+        2 => (0usize..NODE_NAMES.len(), prop::collection::vec((0usize..3, arb_summary()), 0..3))
+            .prop_map(|(n, pods)| LedgerOp::SetObservedPods {
+                node: NODE_NAMES[n].into(),
+                pods: pods.into_iter().map(|(u, pod)| observed(UIDS[u], pod)).collect(),
+            }),
     ]
 }
 
@@ -1050,4 +1071,149 @@ fn a_batch_applies_each_operation_as_if_alone() {
         }
     ));
     assert_eq!(batched.snapshot(), alone.snapshot());
+}
+
+#[test]
+fn observed_pods_take_room_but_are_never_refused_released_or_bound() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let ds = observed("u1", with_port(pod(600), 9100));
+    let reply = apply(&mut ledger, 1, set_observed("n1", vec![ds.clone()]));
+    assert!(
+        matches!(&reply, LedgerReply::ObservedPodsSet { added: 1, removed: 0, conflicts, .. } if conflicts.is_empty()),
+        "{reply:?}"
+    );
+    // 400m left: a 600m member is refused, and so is the observed pod's port.
+    let refused = apply(
+        &mut ledger,
+        2,
+        reserve(1, vec![rm("a", "n1", pod(600))], 50),
+    );
+    assert!(
+        matches!(refused, LedgerReply::ReserveRefused { .. }),
+        "{refused:?}"
+    );
+    let port = apply(
+        &mut ledger,
+        2,
+        reserve(2, vec![rm("a", "n1", with_port(pod(100), 9100))], 50),
+    );
+    assert!(
+        matches!(port, LedgerReply::ReserveRefused { .. }),
+        "{port:?}"
+    );
+    let fits = apply(
+        &mut ledger,
+        3,
+        LedgerOp::ReserveAndCommit {
+            txn_id: TxnId(3),
+            members: vec![rm("a", "n1", pod(400))],
+        },
+    );
+    assert_eq!(fits, LedgerReply::Committed { txn_id: TxnId(3) });
+    // A second observed pod overcommits the node: recorded anyway (it is a fact).
+    let more = apply(
+        &mut ledger,
+        4,
+        set_observed(
+            "n1",
+            vec![ds.clone(), observed("u2", with_port(pod(500), 9100))],
+        ),
+    );
+    match &more {
+        LedgerReply::ObservedPodsSet {
+            added: 1,
+            removed: 0,
+            conflicts,
+            ..
+        } => assert_eq!(conflicts.len(), 1, "the second 9100 is left out"),
+        other => panic!("{other:?}"),
+    }
+    ledger
+        .check_invariants()
+        .expect("observed overcommit is not an I2 violation");
+    let observed_key = ds.member_key();
+    assert_eq!(
+        rejected(&apply(
+            &mut ledger,
+            5,
+            LedgerOp::Release {
+                target: ReleaseTarget::Members(vec![observed_key.clone()])
+            }
+        )),
+        Some(&LedgerError::ObservedMember {
+            member: observed_key.clone()
+        })
+    );
+    assert_eq!(
+        rejected(&apply(
+            &mut ledger,
+            5,
+            LedgerOp::BindConfirmed {
+                member: observed_key
+            }
+        )),
+        Some(&LedgerError::ObservedMember {
+            member: ds.member_key()
+        })
+    );
+    // Gone from the API server: the room comes back (u1 and u2 leave, gangway's pod stays).
+    let cleared = apply(&mut ledger, 6, set_observed("n1", vec![]));
+    assert!(
+        matches!(
+            cleared,
+            LedgerReply::ObservedPodsSet {
+                added: 0,
+                removed: 2,
+                ..
+            }
+        ),
+        "{cleared:?}"
+    );
+    let entry = ledger.node("n1").expect("n1");
+    assert!(entry.usage.observed.is_zero());
+    assert_eq!(entry.usage.pods.len(), 1);
+    ledger.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_node_with_only_observed_pods_can_be_removed_and_bad_lists_change_nothing() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let before = ledger.snapshot();
+    let twice = set_observed("n1", vec![observed("u1", pod(1)), observed("u1", pod(2))]);
+    assert!(matches!(
+        rejected(&apply(&mut ledger, 1, twice)),
+        Some(LedgerError::InvalidObservedPod { message, .. }) if message.contains("pods[1].uid")
+    ));
+    let unknown = set_observed("n7", vec![observed("u1", pod(1))]);
+    assert!(matches!(
+        rejected(&apply(&mut ledger, 1, unknown)),
+        Some(LedgerError::UnknownNode { .. })
+    ));
+    let mut bad_key = observed("u/1", pod(1));
+    bad_key.namespace = String::new();
+    assert!(rejected(&apply(&mut ledger, 1, set_observed("n1", vec![bad_key]))).is_some());
+    assert_eq!(ledger.snapshot(), before);
+
+    apply(
+        &mut ledger,
+        2,
+        set_observed("n1", vec![observed("u1", pod(100))]),
+    );
+    let removed = apply(&mut ledger, 3, LedgerOp::RemoveNode { name: "n1".into() });
+    assert_eq!(
+        removed,
+        LedgerReply::NodeRemoved {
+            name: "n1".into(),
+            presence: Presence::Removed
+        }
+    );
+    ledger.check_invariants().expect("invariants");
+    // The same uid may appear on a new node.
+    let mut ledger = ledger_with(&[node("n2", 1000, 10)]);
+    apply(
+        &mut ledger,
+        4,
+        set_observed("n2", vec![observed("u1", pod(100))]),
+    );
+    ledger.check_invariants().expect("invariants");
 }

@@ -1,8 +1,10 @@
 //! Per-node usage: what the pods reserved or placed on one node hold.
 //!
 //! Owns [`NodeUsage`] and [`PodSlot`]. Invariants: `reserved` is the sum of the
-//! footprints of the node's `Reserved` slots and `committed` the sum of its `Committed`
-//! and `Bound` slots; no two slots hold the same host port; `devices` (the node's device
+//! footprints of the node's `Reserved` slots, `committed` the sum of its `Committed`
+//! and `Bound` slots and `observed` the sum of its `Observed` slots (pods other
+//! schedulers bound: facts, counted against free but never refused, so only
+//! `reserved + committed` is held to I2); no two slots hold the same host port; `devices` (the node's device
 //! ledger, see [`crate::ledger::devices`]) counts exactly the device allocations of the
 //! slots. The ledger keeps I2 (`reserved + committed <= allocatable`) and I1 (devices)
 //! by checking [`NodeUsage::refusal_at`] before every [`NodeUsage::hold`]; `take` gives
@@ -41,16 +43,25 @@ pub enum SlotState {
         /// When the bind was recorded.
         at_ms: u64,
     },
+    /// Bound by another scheduler (or created with a node name), as the API server shows
+    /// it: gangway counts what it takes but did not place it and never releases it.
+    Observed,
 }
 
 impl SlotState {
-    /// The transaction that holds the slot.
-    pub fn txn_id(&self) -> TxnId {
+    /// The transaction that holds the slot (none for an observed pod).
+    pub fn txn_id(&self) -> Option<TxnId> {
         match self {
             Self::Reserved { txn_id }
             | Self::Committed { txn_id, .. }
-            | Self::Bound { txn_id, .. } => *txn_id,
+            | Self::Bound { txn_id, .. } => Some(*txn_id),
+            Self::Observed => None,
         }
+    }
+
+    /// Whether gangway placed the pod (reserved, committed or bound), rather than observed it.
+    pub fn is_gangway(&self) -> bool {
+        !matches!(self, Self::Observed)
     }
 
     /// Whether the slot is only reserved (not yet committed).
@@ -103,6 +114,9 @@ pub struct NodeUsage {
     pub reserved: Resources,
     /// Sum of committed and bound footprints.
     pub committed: Resources,
+    /// Sum of the footprints of pods other schedulers bound here.
+    #[serde(default, skip_serializing_if = "Resources::is_zero")]
+    pub observed: Resources,
     /// The pods, by member key.
     pub pods: BTreeMap<MemberKey, PodSlot>,
     /// The node's devices and who holds them.
@@ -111,8 +125,13 @@ pub struct NodeUsage {
 }
 
 impl NodeUsage {
-    /// Everything held: reserved plus committed.
+    /// Everything taken: reserved, committed and observed.
     pub fn requested(&self) -> Resources {
+        self.held().saturating_add(&self.observed)
+    }
+
+    /// What gangway's own pods hold: reserved plus committed (the part I2 bounds).
+    pub fn held(&self) -> Resources {
         self.reserved.saturating_add(&self.committed)
     }
 
@@ -175,13 +194,38 @@ impl NodeUsage {
     /// Takes the pod's footprint and records its slot; callers check `refusal_for` first.
     pub fn hold(&mut self, member: MemberKey, slot: PodSlot) {
         let footprint = slot.pod.footprint();
-        if slot.state.is_reserved() {
-            self.reserved = self.reserved.saturating_add(&footprint);
-        } else {
-            self.committed = self.committed.saturating_add(&footprint);
-        }
+        let sum = self.sum_of(&slot.state);
+        *sum = sum.saturating_add(&footprint);
         self.devices.hold(&slot.pod.devices);
         self.pods.insert(member, slot);
+    }
+
+    /// Records a pod another scheduler bound here, unchecked (it is a fact): host ports
+    /// already held are left out of its slot and allocations that do not fit are
+    /// detached; returns what was left out.
+    pub fn observe(&mut self, member: MemberKey, mut pod: PodSummary) -> ObservedConflicts {
+        let (ports, kept): (Vec<HostPort>, Vec<HostPort>) =
+            pod.host_ports.iter().partition(|p| self.port_in_use(p));
+        pod.host_ports = kept;
+        let devices = self.devices.observe(&member, &pod.devices);
+        self.observed = self.observed.saturating_add(&pod.footprint());
+        self.pods.insert(
+            member,
+            PodSlot {
+                pod,
+                state: SlotState::Observed,
+            },
+        );
+        ObservedConflicts { ports, devices }
+    }
+
+    /// The usage sum a slot in `state` counts into.
+    fn sum_of(&mut self, state: &SlotState) -> &mut Resources {
+        match state {
+            SlotState::Reserved { .. } => &mut self.reserved,
+            SlotState::Committed { .. } | SlotState::Bound { .. } => &mut self.committed,
+            SlotState::Observed => &mut self.observed,
+        }
     }
 
     /// Moves a reserved slot to committed; returns whether it was reserved.
@@ -204,26 +248,59 @@ impl NodeUsage {
         let slot = self.pods.remove(member)?;
         self.devices.release(member, &slot.pod.devices);
         let footprint = slot.pod.footprint();
-        if slot.state.is_reserved() {
-            self.reserved = self.reserved.saturating_sub(&footprint);
-        } else {
-            self.committed = self.committed.saturating_sub(&footprint);
-        }
+        let sum = self.sum_of(&slot.state);
+        *sum = sum.saturating_sub(&footprint);
         Some(slot)
     }
 
-    /// Recomputes `(reserved, committed)` from the slots, for invariant checks.
-    pub fn recomputed(&self) -> (Resources, Resources) {
-        let mut reserved = Resources::zero();
-        let mut committed = Resources::zero();
+    /// Recomputes the usage sums from the slots, for invariant checks.
+    pub fn recomputed(&self) -> UsageSums {
+        let mut sums = UsageSums::default();
         for slot in self.pods.values() {
             let footprint = slot.pod.footprint();
-            if slot.state.is_reserved() {
-                reserved = reserved.saturating_add(&footprint);
-            } else {
-                committed = committed.saturating_add(&footprint);
-            }
+            let sum = match slot.state {
+                SlotState::Reserved { .. } => &mut sums.reserved,
+                SlotState::Committed { .. } | SlotState::Bound { .. } => &mut sums.committed,
+                SlotState::Observed => &mut sums.observed,
+            };
+            *sum = sum.saturating_add(&footprint);
         }
-        (reserved, committed)
+        sums
+    }
+
+    /// The usage sums as recorded.
+    pub fn sums(&self) -> UsageSums {
+        UsageSums {
+            reserved: self.reserved.clone(),
+            committed: self.committed.clone(),
+            observed: self.observed.clone(),
+        }
+    }
+}
+
+/// The three usage sums of a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageSums {
+    /// Reserved slots.
+    pub reserved: Resources,
+    /// Committed and bound slots.
+    pub committed: Resources,
+    /// Observed slots.
+    pub observed: Resources,
+}
+
+/// What an observed pod could not be given because gangway's pods already hold it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedConflicts {
+    /// Host ports already held.
+    pub ports: Vec<HostPort>,
+    /// Devices whose allocation did not fit (detached).
+    pub devices: Vec<crate::model::device::DeviceId>,
+}
+
+impl ObservedConflicts {
+    /// Whether nothing was left out.
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty() && self.devices.is_empty()
     }
 }
