@@ -237,6 +237,56 @@ pub async fn merge_patch(
     call(client, Method::PATCH, path, MERGE, Some(patch)).await
 }
 
+const STRATEGIC: &str = "application/strategic-merge-patch+json";
+
+/// What an eviction found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictOutcome {
+    /// The pod was marked and deleted.
+    Deleted,
+    /// The pod was already gone (or another pod holds its name now).
+    Gone,
+}
+
+/// Evicts `pod` the way Kubernetes' taint managers do: a `DisruptionTarget` condition
+/// (strategic merge, so the pod's other conditions stay) with `reason` and `message`,
+/// then a delete with the pod's uid as precondition.
+pub async fn evict(
+    client: &kube::Client,
+    pod: &PodRef,
+    reason: &str,
+    message: &str,
+    now_rfc3339: &str,
+) -> Result<EvictOutcome, ApiError> {
+    let condition = json!({"status": {"conditions": [{
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_rfc3339,
+    }]}});
+    let status = format!("{}/status", pod_path(pod));
+    match call(client, Method::PATCH, &status, STRATEGIC, Some(&condition)).await {
+        Ok(current) if current["metadata"]["uid"].as_str() != Some(pod.uid.as_str()) => {
+            return Ok(EvictOutcome::Gone)
+        }
+        Ok(_) => {}
+        Err(e) if e.code() == Some(404) => return Ok(EvictOutcome::Gone),
+        Err(e) => return Err(e),
+    }
+    let options = json!({
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": pod.uid},
+    });
+    match call(client, Method::DELETE, &pod_path(pod), JSON, Some(&options)).await {
+        Ok(_) => Ok(EvictOutcome::Deleted),
+        // 409: the precondition failed, so the name belongs to another pod now.
+        Err(e) if matches!(e.code(), Some(404 | 409)) => Ok(EvictOutcome::Gone),
+        Err(e) => Err(e),
+    }
+}
+
 /// Event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {

@@ -2,13 +2,15 @@
 //! `schedulerName` names it. Informers (`informer`) copy Pods, Nodes, PodGroups and
 //! the DRA objects; the ingest loop (`ingest`, meta leader only) feeds nodes,
 //! devices and gangs into the same ledger and queue as the gRPC path; binders
-//! (`binder`, each shard leader) write claim allocations and pod bindings back.
+//! (`binder`, each shard leader) write claim allocations and pod bindings back;
+//! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad.
 //! `objects` and `gangs` are the pure conversions both use; `api` the REST writes.
 //! Started by `gangway serve --kubeconfig` (or `--in-cluster`); every task it
 //! starts stops with the shutdown signal it is given.
 
 pub mod api;
 pub mod binder;
+pub mod evictor;
 pub mod gangs;
 pub mod informer;
 pub mod ingest;
@@ -105,7 +107,7 @@ pub async fn connect(server: &ApiServer) -> Result<kube::Client, ConnectError> {
     kube::Client::try_from(config).map_err(|e| ConnectError::Client(e.to_string()))
 }
 
-/// Runs the informers, the ingest loop and the binder until `stop` fires.
+/// Runs the informers, the ingest loop, the binder and the evictor until `stop` fires.
 pub async fn run(
     client: kube::Client,
     groups: Groups,
@@ -133,6 +135,13 @@ pub async fn run(
         opts.clone(),
     );
     tasks.spawn(ingest.run(stop.clone()));
+    tasks.spawn(evictor::run(
+        groups.clone(),
+        shards,
+        client.clone(),
+        opts.clone(),
+        stop.clone(),
+    ));
     tasks.spawn(binder::run(groups, shards, client, cache, opts, stop));
     while tasks.join_next().await.is_some() {}
 }

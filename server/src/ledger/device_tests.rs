@@ -963,3 +963,60 @@ proptest! {
         prop_assert_eq!(restored.snapshot(), a.snapshot());
     }
 }
+
+fn eviction_list(l: &ShardLedger, at_ms: u64) -> Vec<(String, String, EvictionCause)> {
+    let q = crate::ledger::query::ShardQuery::Evictions { at_ms, limit: 100 };
+    match crate::ledger::query::answer(l, &q, &mut crate::engine::Placer::new()) {
+        crate::ledger::query::ShardAnswer::Evictions { pods } => pods
+            .into_iter()
+            .map(|p| (p.member.member, p.uid, p.cause))
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_eviction_query_lists_placed_kubernetes_pods_on_bad_devices_once() {
+    let mut l = ledger_with_gpus(4);
+    let with_uid = |member: &str, device: &str| {
+        let mut m = rm(member, "n1", vec![alloc("p", device), alloc("p", "gpu-3")]);
+        m.pod.uid = Some(format!("uid-{member}"));
+        m
+    };
+    apply(&mut l, 1, commit_now(1, vec![with_uid("a", "gpu-0")]));
+    // No uid: not a Kubernetes pod, nothing to delete.
+    apply(
+        &mut l,
+        1,
+        commit_now(2, vec![rm("b", "n1", vec![alloc("p", "gpu-1")])]),
+    );
+    // Observed pods are the cluster's own eviction controller's business.
+    apply(
+        &mut l,
+        1,
+        LedgerOp::SetObservedPods {
+            node: "n1".into(),
+            pods: vec![crate::ledger::command::ObservedPod {
+                namespace: "other".into(),
+                uid: "uid-x".into(),
+                pod: with_devices(vec![alloc("p", "gpu-2")]),
+            }],
+        },
+    );
+    assert!(eviction_list(&l, 5).is_empty());
+    let sick = |device: &str| LedgerOp::SetDeviceHealth {
+        node: "n1".into(),
+        devices: vec![DeviceHealthReport {
+            device: id("p", device),
+            health: DeviceHealth::Unhealthy,
+        }],
+    };
+    for device in ["gpu-0", "gpu-1", "gpu-2", "gpu-3"] {
+        apply(&mut l, 10, sick(device));
+    }
+    assert_eq!(
+        eviction_list(&l, 10),
+        vec![("a".into(), "uid-a".into(), EvictionCause::Unhealthy)],
+        "one line for a, though both its devices are sick"
+    );
+}

@@ -1,16 +1,18 @@
 //! Read-only questions to a shard ledger and their answers: the front door's
 //! node listings, the coordinator's placement plans (the engine run against
 //! this shard's ledger on its leader), and the open reservations and
-//! transaction outcomes that resolvers and a recovering coordinator need, and the
-//! committed Kubernetes pods a binder has yet to bind.
+//! transaction outcomes that resolvers and a recovering coordinator need, the
+//! committed Kubernetes pods a binder has yet to bind, and the placed pods that must
+//! leave their devices (the evictor's work list, computed from state at a given time).
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
+use crate::ledger::devices::EvictionCause;
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
-use crate::model::{MemberKey, PodSpec, PodSummary};
+use crate::model::{DeviceId, MemberKey, PodSpec, PodSummary};
 
 /// A read-only question to a shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +44,31 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+    /// Committed or bound Kubernetes pods gangway placed that must leave their node by
+    /// `at_ms`: holders of unhealthy devices, of devices with a NoExecute taint they do
+    /// not tolerate (past any toleration seconds), or of allocations a republished pool
+    /// dropped; one line per pod (its first reason), in node order.
+    Evictions {
+        /// The leader's time, in ms.
+        at_ms: u64,
+        /// At most this many.
+        limit: u32,
+    },
+}
+
+/// A placed pod that must go, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodEviction {
+    /// The member.
+    pub member: MemberKey,
+    /// Its node.
+    pub node: String,
+    /// The pod's uid (the delete precondition).
+    pub uid: String,
+    /// The device it must give up.
+    pub device: DeviceId,
+    /// Why.
+    pub cause: EvictionCause,
 }
 
 /// A committed member waiting for its binding.
@@ -87,6 +114,11 @@ pub enum ShardAnswer {
     Unbound {
         /// In node order, then member order.
         members: Vec<UnboundMember>,
+    },
+    /// Pods to evict.
+    Evictions {
+        /// In node order, then member order.
+        pods: Vec<PodEviction>,
     },
     /// The query could not be decoded.
     Malformed {
@@ -139,6 +171,13 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .take(*limit as usize)
                 .collect(),
         },
+        ShardQuery::Evictions { at_ms, limit } => ShardAnswer::Evictions {
+            pods: ledger
+                .nodes()
+                .flat_map(|e| evictions_on(e, *at_ms))
+                .take(*limit as usize)
+                .collect(),
+        },
         ShardQuery::Txn { txn } => {
             let open = ledger.open_txns().get(txn);
             let outcome = ledger.outcome(*txn);
@@ -166,4 +205,43 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             }
         }
     }
+}
+
+/// The placed Kubernetes pods on one node that must go by `at_ms`, one line per pod.
+fn evictions_on(entry: &NodeEntry, at_ms: u64) -> Vec<PodEviction> {
+    let usage = &entry.usage;
+    let placed_uid = |member: &MemberKey| {
+        usage.pods.get(member).and_then(|slot| match slot.state {
+            SlotState::Committed { .. } | SlotState::Bound { .. } => slot.pod.uid.clone(),
+            SlotState::Reserved { .. } | SlotState::Observed => None,
+        })
+    };
+    let mut out: std::collections::BTreeMap<MemberKey, PodEviction> = Default::default();
+    let detached = usage.devices.detached.iter().filter_map(|(member, index)| {
+        let device = usage.pods.get(member)?.pod.devices.get(*index as usize)?;
+        Some((
+            member.clone(),
+            device.device.clone(),
+            EvictionCause::DeviceRemoved,
+        ))
+    });
+    let bad_devices = usage
+        .devices
+        .evictions(&entry.node.name, &usage.pods, at_ms, |_| true)
+        .into_iter()
+        .filter(|e| e.evict_at_ms <= at_ms)
+        .map(|e| (e.member, e.device, e.cause));
+    for (member, device, cause) in detached.chain(bad_devices) {
+        let Some(uid) = placed_uid(&member) else {
+            continue;
+        };
+        out.entry(member.clone()).or_insert(PodEviction {
+            member,
+            node: entry.node.name.clone(),
+            uid,
+            device,
+            cause,
+        });
+    }
+    out.into_values().collect()
 }
