@@ -1,9 +1,11 @@
 //! The ingest loop: on the replica that leads the meta group, turns what the
 //! informers see into gangway's replicated state and reports back. Each pass:
 //! Nodes → the shard map and shard ledgers; DeviceClasses → every shard;
-//! ResourceSlices → their node's shard; pods that are gone or finished → their
+//! ResourceSlices → their node's shard; pods bound by other schedulers → their
+//! node's observed pods (what they take counts); pods that are gone or finished → their
 //! placements released (a queued group losing a member is cancelled, its other
-//! pods submitted again); pending pods of our scheduler → gang groups in the meta
+//! pods submitted again; a placed group with a Strict gang below minMember before
+//! any binding is released whole); pending pods of our scheduler → gang groups in the meta
 //! queue (batched); timed-out gangs → the Koordinator timeout annotation; invalid
 //! pods and unplaceable groups → FailedScheduling events with the reason; PodGroups →
 //! their status (phase, scheduled, running, succeeded, failed).
@@ -22,15 +24,16 @@ use tokio::sync::watch;
 use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::frontdoor::scheduler::release_members;
 use crate::kube::api::{self, EventType};
-use crate::kube::gangs::{self, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
+use crate::kube::gangs::{self, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef};
 use crate::kube::KubeOptions;
+use crate::ledger::command::LEDGER_BATCH_MAX;
 use crate::ledger::meta::{
     shard_for, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
-use crate::ledger::{LedgerOp, LedgerReply};
-use crate::model::{DeviceClass, GangId, MemberKey, Node};
+use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
+use crate::model::{DeviceClass, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
 /// Longest gap between passes, in ms (a pass also starts when an object changes).
@@ -47,6 +50,10 @@ pub const REGISTER_BATCH_MAX: usize = 512;
 struct Memory {
     leading: bool,
     nodes: HashMap<String, Node>,
+    /// Node → its shard, as registered.
+    shard_of: HashMap<String, u32>,
+    /// Node → the observed pods last recorded in its shard (sorted by uid).
+    observed: HashMap<String, Vec<ObservedPod>>,
     classes: BTreeMap<String, DeviceClass>,
     pools: HashMap<(String, String, String), u64>,
     /// Pod uid → key of the group it was submitted in.
@@ -138,6 +145,7 @@ impl Ingest {
             .cache
             .read(Slot::Pods, |o| o.values().cloned().collect());
         self.forget_finished(&summaries, &pods);
+        self.sync_observed(&pods).await;
         self.release_gone(&summaries).await;
         self.submit_pending(&pods).await;
         self.report(&summaries).await;
@@ -238,6 +246,8 @@ impl Ingest {
             {
                 Ok(_) => {
                     self.memory.nodes.remove(&name);
+                    self.memory.shard_of.remove(&name);
+                    self.memory.observed.remove(&name);
                 }
                 Err(e) => self.warn_once(
                     &format!("node/{name}"),
@@ -301,6 +311,7 @@ impl Ingest {
                 match reply {
                     LedgerReply::NodeRegistered { .. } => {
                         self.memory.nodes.insert(node.name.clone(), node.clone());
+                        self.memory.shard_of.insert(node.name.clone(), shard);
                     }
                     other => self.warn_once(
                         &format!("node/{}", node.name),
@@ -389,6 +400,104 @@ impl Ingest {
         }
     }
 
+    /// Records in each node's shard the pods other schedulers bound there (and pods of
+    /// ours gangway did not place), so placements count what they take; only nodes
+    /// whose list changed are written, every node on the first pass as leader.
+    async fn sync_observed(&mut self, pods: &[Value]) {
+        let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
+        let mut per_node: BTreeMap<String, Vec<ObservedPod>> = self
+            .memory
+            .shard_of
+            .keys()
+            .map(|n| (n.clone(), Vec::new()))
+            .collect();
+        let mut unreadable = Vec::new();
+        for pod in pods {
+            let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let finished = matches!(
+                pod["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            let placed_by_us = pod["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|uid| self.memory.submitted.contains_key(uid));
+            if finished || (self.ours(pod) && placed_by_us) {
+                continue;
+            }
+            let Some(list) = per_node.get_mut(node) else {
+                continue;
+            };
+            match objects::observed_pod(pod, &claims) {
+                Ok(observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => list.push(observed),
+                Ok(_) => {}
+                Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
+                    if let Some(r) = pod_ref(pod) {
+                        unreadable.push((r, why));
+                    }
+                }
+            }
+        }
+        for (pod, why) in unreadable {
+            self.warn_once(
+                &pod.uid,
+                &format!("pod {pod} on a gangway node is not counted: {why}"),
+            );
+        }
+        let mut per_shard: BTreeMap<u32, Vec<(String, Vec<ObservedPod>)>> = BTreeMap::new();
+        for (node, mut list) in per_node {
+            list.sort_by(|a, b| a.uid.cmp(&b.uid));
+            if self.memory.observed.get(&node) == Some(&list) {
+                continue;
+            }
+            if let Some(shard) = self.memory.shard_of.get(&node) {
+                per_shard.entry(*shard).or_default().push((node, list));
+            }
+        }
+        for (shard, lists) in per_shard {
+            for chunk in lists.chunks(LEDGER_BATCH_MAX) {
+                self.record_observed(shard, chunk).await;
+            }
+        }
+    }
+
+    async fn record_observed(&mut self, shard: u32, lists: &[(String, Vec<ObservedPod>)]) {
+        let ops = lists
+            .iter()
+            .map(|(node, pods)| LedgerOp::SetObservedPods {
+                node: node.clone(),
+                pods: pods.clone(),
+            })
+            .collect();
+        let replies = match self.groups.shard(shard, LedgerOp::Batch { ops }).await {
+            Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
+            Ok(other) => {
+                tracing::warn!(shard, reply = ?other, "unexpected reply recording observed pods");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "recording observed pods failed; retrying next pass");
+                return;
+            }
+        };
+        for ((node, pods), reply) in lists.iter().zip(replies) {
+            match reply {
+                LedgerReply::ObservedPodsSet { conflicts, .. } => {
+                    for (uid, left_out) in conflicts {
+                        tracing::warn!(node = %node, pod_uid = %uid, ports = ?left_out.ports, devices = ?left_out.devices,
+                            "a pod bound by another scheduler takes ports or devices gangway's pods hold");
+                    }
+                    self.memory.observed.insert(node.clone(), pods.clone());
+                }
+                other => self.warn_once(
+                    &format!("node/{node}"),
+                    &format!("observed pods of node {node} not recorded: {other:?}"),
+                ),
+            }
+        }
+    }
+
     /// Drops what the meta log and the informers no longer know: groups the meta log
     /// forgot, and reports and marks about pods that are gone (memory stays bounded by
     /// the meta log's own bounds and the number of live pods).
@@ -411,6 +520,7 @@ impl Ingest {
     /// Releases placed members whose pods are gone or finished; cancels queued
     /// groups that lost a pod (their other pods are submitted again).
     async fn release_gone(&mut self, summaries: &[GroupSummary]) {
+        let pod_groups = self.pod_groups();
         for s in summaries {
             let Some(pods) = self.memory.pods_of.get(&s.key) else {
                 continue;
@@ -418,6 +528,11 @@ impl Ingest {
             let gone: Vec<&PodRef> = pods.iter().filter(|p| !self.pod_alive(p)).collect();
             match s.state {
                 GroupState::Placed if !gone.is_empty() => {
+                    if let Some(why) = self.strict_gang_broken(pods, &pod_groups) {
+                        let pods = pods.clone();
+                        self.release_whole(s, &pods, &why).await;
+                        continue;
+                    }
                     let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
                     let mut names = Vec::new();
                     for (member, placement) in &s.placements {
@@ -458,6 +573,57 @@ impl Ingest {
                     }
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// Why a placed group must be released whole: one of its Strict gangs has fewer
+    /// live pods than its minMember and none of the group's pods is bound yet (a bound
+    /// pod cannot be taken back, so after the first binding the group stays).
+    fn strict_gang_broken(&self, pods: &[PodRef], pod_groups: &PodGroupIndex) -> Option<String> {
+        let mut live: BTreeMap<GangId, (u32, GangParams)> = BTreeMap::new();
+        for p in pods.iter().filter(|p| self.pod_alive(p)) {
+            let object = self.cache.get(Slot::Pods, &p.namespace, &p.name)?;
+            if object["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty())
+            {
+                return None;
+            }
+            if let Ok(Identity::Gang(g)) = gangs::identify(&object, pod_groups) {
+                live.entry(g.id.clone()).or_insert((0, g)).0 += 1;
+            }
+        }
+        live.values()
+            .find(|(n, g)| g.mode == GangMode::Strict && *n < g.min_member)
+            .map(|(n, g)| {
+                format!(
+                    "gang {} (Strict) lost a pod before binding: {n} of minMember {} left; its placement is released and it waits for members again",
+                    g.id, g.min_member
+                )
+            })
+    }
+
+    /// Releases every placement of group `s` and forgets its live pods' submission, so
+    /// they are submitted again once their gangs are ready.
+    async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) {
+        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+        let mut names = Vec::new();
+        for (member, placement) in &s.placements {
+            if let Ok(key) = MemberKey::try_from(member.clone()) {
+                per_shard.entry(placement.shard).or_default().push(key);
+                names.push(member.clone());
+            }
+        }
+        if let Err(e) = release_members(&self.groups, s.seq, per_shard, names).await {
+            tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
+            return;
+        }
+        tracing::info!(group = s.seq, reason = %why, "released a Strict gang that lost a pod");
+        for p in pods {
+            self.memory.submitted.remove(&p.uid);
+            if self.pod_alive(p) {
+                self.failed_scheduling(p, why).await;
             }
         }
     }

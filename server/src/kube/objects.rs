@@ -1,5 +1,6 @@
 //! Kubernetes objects (as JSON from the API server) into gangway's model: Nodes,
-//! ResourceSlices, DeviceClasses, and pods with their ResourceClaims. Pure
+//! ResourceSlices, DeviceClasses, pods with their ResourceClaims, and pods other
+//! schedulers bound (with the devices their allocated claims hold). Pure
 //! functions; every error names the object and the field (Kubernetes JSON names),
 //! so the reason can go into a FailedScheduling event as is. Called by the ingest
 //! loop (`kube::ingest`) and the gang recognizer (`kube::gangs`).
@@ -8,8 +9,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use crate::ledger::ObservedPod;
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
+use crate::model::{AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, PodSummary};
 use crate::model::{
     FieldPath, Node, PodSpec, RawDeviceClass, RawNode, RawPodClaim, RawPodSpec, RawResourcePool,
     ResourcePool, Resources, ValidationError,
@@ -395,6 +398,94 @@ pub fn pod_spec(
     spec.requests = pod_requests(pod)?;
     spec.validate(&FieldPath::new("spec")).map_err(invalid)?;
     Ok((spec, claim_names))
+}
+
+/// A pod another scheduler bound, as the ledger records it: its requests, labels,
+/// priority, host ports and required anti-affinity (when gangway can read them; an
+/// affinity it cannot read is left out rather than the pod), and the devices its
+/// allocated ResourceClaims hold (claims not allocated yet hold nothing).
+pub fn observed_pod(pod: &Value, claims: &ClaimIndex) -> Result<ObservedPod, PodProblem> {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| PodProblem::Invalid("metadata.uid: missing".into()))?;
+    let raw = json!({
+        "affinity": affinity(pod),
+        "hostPorts": host_ports(pod),
+        "priority": pod["spec"]["priority"].as_i64().unwrap_or(0),
+        "labels": text_map(&pod["metadata"]["labels"]),
+    });
+    let read = serde_json::from_value::<RawPodSpec>(raw)
+        .ok()
+        .and_then(|raw| raw.validate(&FieldPath::new("spec")).ok());
+    let mut summary = match read {
+        Some(spec) => PodSummary::from_spec(&spec),
+        None => PodSummary {
+            priority: i32::try_from(pod["spec"]["priority"].as_i64().unwrap_or(0)).unwrap_or(0),
+            labels: text_map(&pod["metadata"]["labels"]),
+            host_ports: serde_json::from_value(Value::Array(host_ports(pod))).unwrap_or_default(),
+            ..PodSummary::default()
+        },
+    };
+    summary.requests = pod_requests(pod)?;
+    summary.devices = allocated_devices(pod, namespace, claims);
+    summary.uid = Some(uid.to_string());
+    Ok(ObservedPod {
+        namespace: namespace.to_string(),
+        uid: uid.to_string(),
+        pod: summary,
+    })
+}
+
+/// The devices the pod's allocated ResourceClaims hold (from `status.allocation`).
+fn allocated_devices(pod: &Value, namespace: &str, claims: &ClaimIndex) -> Vec<DeviceAllocation> {
+    let mut out = Vec::new();
+    for entry in pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Ok(object_name) = claim_object_name(pod, entry) else {
+            continue;
+        };
+        let Some(claim) = claims.get(&(namespace.to_string(), object_name)) else {
+            continue;
+        };
+        let results = claim["status"]["allocation"]["devices"]["results"].as_array();
+        for r in results.into_iter().flatten() {
+            let (Some(driver), Some(pool), Some(device)) = (
+                r["driver"].as_str(),
+                r["pool"].as_str(),
+                r["device"].as_str(),
+            ) else {
+                continue;
+            };
+            let consumed_capacity = r["consumedCapacity"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(name, q)| {
+                    let q = DeviceQuantity::parse(q.as_str()?).ok()?;
+                    Some((name.clone(), q))
+                })
+                .collect();
+            out.push(DeviceAllocation {
+                claim: entry["name"].as_str().unwrap_or_default().to_string(),
+                request: r["request"].as_str().unwrap_or_default().to_string(),
+                device: DeviceId::new(driver, pool, device),
+                admin_access: if r["adminAccess"].as_bool() == Some(true) {
+                    AdminAccess::Enabled
+                } else {
+                    AdminAccess::Disabled
+                },
+                tolerations: Vec::new(),
+                share_id: r["shareID"].as_str().map(String::from),
+                consumed_capacity,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
