@@ -2,7 +2,9 @@
 //! the pods of an API server double (gangway-kube-double: a kube-apiserver cannot
 //! run here) through kube-rs: DRA gangs bound with their claims allocated first,
 //! a binding shard leader SIGKILLed mid-way, Koordinator and scheduler-plugins
-//! gangs, bad objects reported, deleted pods freeing their devices.
+//! gangs, bad objects reported, deleted pods freeing their devices, pods bound by
+//! another scheduler counted, pods on NoExecute-tainted devices evicted, and a
+//! Strict gang that loses a pod before binding released whole.
 
 mod support;
 
@@ -477,4 +479,229 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         (&freed["pool"], &freed["device"]),
         "the waiter took the freed GPU"
     );
+}
+
+fn pod_with_cpu(name: &str, cpu: &str, annotations: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+        "spec": {
+            "schedulerName": "gangway",
+            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
+        }
+    })
+}
+
+/// The device (node pool, device name) the pod's first claim was allocated.
+fn device_of(api: &ApiServerDouble, pod: &str) -> Option<(String, String)> {
+    let claim = api.get(&PODS, Some(NS), pod).ok()?["status"]["resourceClaimStatuses"][0]
+        ["resourceClaimName"]
+        .as_str()
+        .map(String::from)?;
+    let result = api.get(&RESOURCE_CLAIMS, Some(NS), &claim).ok()?["status"]["allocation"]
+        ["devices"]["results"][0]
+        .clone();
+    Some((
+        result["pool"].as_str()?.to_string(),
+        result["device"].as_str()?.to_string(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again() {
+    let (api, cluster, _dir) = start(2, 2, 0).await;
+
+    // A pod another scheduler bound to node-000: 62 of its 64 CPUs and, through a claim
+    // it allocated, node-000/gpu-0.
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "foreign-gpu", "namespace": "infra"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
+        ]}}}
+    }))
+    .expect("claim");
+    api.create(&PODS, json!({
+        "metadata": {"name": "foreign", "namespace": "infra"},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "nodeName": "node-000",
+            "containers": [{"name": "agent", "image": "agent", "resources": {"requests": {"cpu": "62"}}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "foreign-gpu"}]
+        },
+        "status": {"phase": "Running"}
+    }))
+    .expect("foreign pod");
+
+    // Three GPU pods take the three GPUs the foreign pod leaves.
+    let gpu_pods: Vec<String> = (0..3).map(|i| format!("g-{i}")).collect();
+    for name in &gpu_pods {
+        api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .expect("pod");
+    }
+    wait_for(
+        "three GPU pods bound",
+        Duration::from_secs(60),
+        &cluster,
+        || gpu_pods.iter().all(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+    let taken: BTreeSet<(String, String)> =
+        gpu_pods.iter().filter_map(|p| device_of(&api, p)).collect();
+    assert_eq!(taken.len(), 3, "three distinct devices: {taken:?}");
+    assert!(
+        !taken.contains(&("node-000".into(), "gpu-0".into())),
+        "the foreign pod's GPU was not given away: {taken:?}"
+    );
+
+    // 40 CPUs fit node-001 once; node-000 has 1 CPU left beside the foreign pod.
+    for name in ["big-0", "big-1"] {
+        api.create(&PODS, pod_with_cpu(name, "40", json!({})))
+            .expect("pod");
+    }
+    wait_for(
+        "one big pod bound",
+        Duration::from_secs(30),
+        &cluster,
+        || node_of(&api, "big-0").is_some() || node_of(&api, "big-1").is_some(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let bound: Vec<String> = ["big-0", "big-1"]
+        .iter()
+        .filter_map(|p| node_of(&api, p))
+        .collect();
+    assert_eq!(
+        bound,
+        vec!["node-001".to_string()],
+        "the foreign pod's CPUs count"
+    );
+    api.delete(&PODS, Some("infra"), "foreign").expect("delete");
+    wait_for(
+        "the second big pod bound once the foreign pod is gone",
+        Duration::from_secs(30),
+        &cluster,
+        || node_of(&api, "big-0").is_some() && node_of(&api, "big-1").is_some(),
+    )
+    .await;
+
+    // A NoExecute taint on the device of one GPU pod (a new slice generation): evicted.
+    let victim = gpu_pods
+        .iter()
+        .find(|p| device_of(&api, p).is_some_and(|(pool, _)| pool == "node-001"))
+        .cloned()
+        .expect("a GPU pod on node-001");
+    let (_, device) = device_of(&api, &victim).expect("device");
+    api.update(&RESOURCE_SLICES, None, "node-001-gpus", |slice| {
+        slice["spec"]["pool"]["generation"] = json!(2);
+        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+            for d in devices.iter_mut().filter(|d| d["name"] == device.as_str()) {
+                d["taints"] = json!([{"key": "example.com/ecc", "value": "uncorrectable", "effect": "NoExecute"}]);
+            }
+        }
+        Ok(())
+    })
+    .expect("taint");
+    wait_for(
+        "the pod on the tainted device deleted",
+        Duration::from_secs(30),
+        &cluster,
+        || api.get(&PODS, Some(NS), &victim).is_err(),
+    )
+    .await;
+    let deleted = api
+        .deleted()
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == victim.as_str())
+        .expect("deleted over the API");
+    let condition = deleted["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionTarget").cloned())
+        .expect("DisruptionTarget condition");
+    assert_eq!(condition["status"], "True");
+    assert_eq!(condition["reason"], "DeletionByDeviceTaintManager");
+    assert!(
+        events_for(&api, &victim, "DeviceEviction")
+            .iter()
+            .any(|m| m.contains("example.com/ecc")),
+        "a Warning event names the taint"
+    );
+    for other in gpu_pods.iter().filter(|p| **p != victim) {
+        assert!(node_of(&api, other).is_some(), "{other} was not evicted");
+    }
+
+    // A Strict gang placed while bindings fail loses a pod before any binding: its
+    // placement is released whole, and it binds once a third pod arrives.
+    api.set_bindings_unavailable(true);
+    let strict = json!({
+        "gang.scheduling.koordinator.sh/name": "strict",
+        "gang.scheduling.koordinator.sh/min-available": "3",
+        "gang.scheduling.koordinator.sh/mode": "Strict",
+    });
+    for name in ["strict-0", "strict-1", "strict-2"] {
+        api.create(&PODS, pod_with_cpu(name, "1", strict.clone()))
+            .expect("pod");
+    }
+    let client = support::client(&cluster, cluster.live()[0]).await;
+    let start_wait = Instant::now();
+    loop {
+        let groups = client.list_groups(false).await.unwrap_or_default();
+        let placed = groups
+            .iter()
+            .any(|g| g.gangs.iter().any(|n| n == &format!("{NS}/strict")) && g.state == "Placed");
+        if placed {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(30),
+            "the Strict gang was never placed: {groups:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ["strict-0", "strict-1", "strict-2"]
+            .iter()
+            .all(|p| node_of(&api, p).is_none()),
+        "bindings are failing, so none is bound"
+    );
+    api.delete(&PODS, Some(NS), "strict-2").expect("delete");
+    wait_for(
+        "the broken Strict gang reported",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            ["strict-0", "strict-1"].iter().all(|p| {
+                events_for(&api, p, "FailedScheduling")
+                    .iter()
+                    .any(|m| m.contains("lost a pod before binding"))
+            })
+        },
+    )
+    .await;
+    api.set_bindings_unavailable(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for p in ["strict-0", "strict-1"] {
+        assert_eq!(
+            node_of(&api, p),
+            None,
+            "two of three do not bind ({p}); bindings: {:?}\n{}",
+            api.bindings(),
+            (1..=3)
+                .map(|id| tail(&cluster.log(id)))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+    }
+    api.create(&PODS, pod_with_cpu("strict-3", "1", strict.clone()))
+        .expect("pod");
+    wait_for(
+        "the Strict gang bound with its new pod",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            ["strict-0", "strict-1", "strict-3"]
+                .iter()
+                .all(|p| node_of(&api, p).is_some())
+        },
+    )
+    .await;
 }

@@ -227,6 +227,13 @@ fn bind(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
     if target.kind != PODS {
         return Err(ApiError::bad_request("binding is a pods subresource"));
     }
+    if shared.bindings_unavailable() {
+        return Err(ApiError::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        ));
+    }
     let binding = parse_body(body)?;
     let name = target.name.as_deref().unwrap_or_default();
     let node = binding["target"]["name"]
@@ -396,6 +403,7 @@ fn delete(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
         }
         Ok(gone)
     })?;
+    shared.record_deletion(gone.clone());
     Ok((StatusCode::OK, gone))
 }
 

@@ -20,6 +20,9 @@
 //!   [`claim_controller`] (claims from templates, names in pod status, deleted with
 //!   their pod).
 //!
+//! For fault tests, `pods/binding` can be made to answer 503 ServiceUnavailable (as an
+//! overloaded server does), and objects deleted over HTTP are kept for inspection.
+//!
 //! Where it differs from the real server: no authentication, admission, validation or
 //! defaulting of object contents; lists are never paginated (`limit` is ignored);
 //! strategic merge patches are applied as JSON merge patches and JSON patches and
@@ -33,6 +36,7 @@ pub mod store;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -64,6 +68,10 @@ impl Default for Options {
 pub struct Shared {
     store: Mutex<Store>,
     bindings: Mutex<Vec<Binding>>,
+    /// Objects deleted through the HTTP API, as they were at deletion (tests read them).
+    deleted: Mutex<Vec<Value>>,
+    /// While set, `pods/binding` answers 503 (as an overloaded server may).
+    bindings_unavailable: AtomicBool,
     revisions: watch::Sender<u64>,
     options: Options,
 }
@@ -79,6 +87,17 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(binding);
+    }
+
+    fn bindings_unavailable(&self) -> bool {
+        self.bindings_unavailable.load(Ordering::SeqCst)
+    }
+
+    fn record_deletion(&self, object: Value) {
+        self.deleted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(object);
     }
 
     /// Runs `f` on the store and wakes watches.
@@ -123,6 +142,8 @@ impl ApiServerDouble {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.history_events)),
             bindings: Mutex::new(Vec::new()),
+            deleted: Mutex::new(Vec::new()),
+            bindings_unavailable: AtomicBool::new(false),
             revisions,
             options,
         });
@@ -224,6 +245,22 @@ impl ApiServerDouble {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Every object deleted through the HTTP API so far, as it was when deleted.
+    pub fn deleted(&self) -> Vec<Value> {
+        self.shared
+            .deleted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Makes `pods/binding` answer 503 ServiceUnavailable (`true`) or work again.
+    pub fn set_bindings_unavailable(&self, unavailable: bool) {
+        self.shared
+            .bindings_unavailable
+            .store(unavailable, Ordering::SeqCst);
     }
 
     /// Stops serving (watches end).

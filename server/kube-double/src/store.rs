@@ -154,7 +154,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+    /// An error with this code, reason and message.
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             reason,

@@ -164,7 +164,7 @@ pub enum ClaimOutcome {
     Written,
     /// The claim does not exist.
     Missing,
-    /// The claim is allocated to other devices already.
+    /// The claim is allocated to other devices already, and in use by other pods.
     AllocatedElsewhere,
 }
 
@@ -189,14 +189,22 @@ pub async fn write_claim(
         };
         let status = &mut claim["status"];
         let existing = &status["allocation"];
-        if !existing.is_null() && existing["devices"] != allocation["devices"] {
-            return Ok(ClaimOutcome::AllocatedElsewhere);
-        }
-        let reserved = status["reservedFor"].as_array().is_some_and(|r| {
+        let consumers = status["reservedFor"].as_array();
+        let reserved = consumers.is_some_and(|r| {
             r.iter()
                 .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()))
         });
-        if !existing.is_null() && reserved {
+        let others = consumers.is_some_and(|r| {
+            r.iter()
+                .any(|c| c["uid"].as_str() != Some(pod.uid.as_str()))
+        });
+        let same = existing["devices"] == allocation["devices"];
+        // An allocation for no one but this (unbound) pod is one an earlier placement
+        // made before it was released; the new placement replaces it.
+        if !existing.is_null() && !same && others {
+            return Ok(ClaimOutcome::AllocatedElsewhere);
+        }
+        if !existing.is_null() && same && reserved {
             return Ok(ClaimOutcome::Written);
         }
         status["allocation"] = allocation.clone();

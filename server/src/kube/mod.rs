@@ -80,9 +80,12 @@ pub enum ConnectError {
     Client(String),
 }
 
-/// Makes a client for `server`.
+/// Makes a client for `server`. The client's own retry of 429/503/504 answers is
+/// off: its default backs off for minutes, during which a binding could land for a
+/// member the ledger has released since. Every gangway loop retries on its own
+/// schedule and re-reads the ledger first.
 pub async fn connect(server: &ApiServer) -> Result<kube::Client, ConnectError> {
-    let config = match server {
+    let mut config = match server {
         ApiServer::Kubeconfig(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
                 ConnectError::Kubeconfig {
@@ -104,6 +107,7 @@ pub async fn connect(server: &ApiServer) -> Result<kube::Client, ConnectError> {
             kube::Config::incluster().map_err(|e| ConnectError::InCluster(e.to_string()))?
         }
     };
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| ConnectError::Client(e.to_string()))
 }
 
