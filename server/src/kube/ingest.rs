@@ -1,14 +1,15 @@
 //! The ingest loop: on the replica that leads the meta group, turns what the
 //! informers see into gangway's replicated state and reports back. Each pass:
 //! Nodes → the shard map and shard ledgers; DeviceClasses → every shard;
-//! ResourceSlices → their node's shard; pods bound by other schedulers → their
-//! node's observed pods (what they take counts); pods that are gone or finished → their
-//! placements released (a queued group losing a member is cancelled, its other
-//! pods submitted again; a placed group with a Strict gang below minMember before
-//! any binding is released whole); pending pods of our scheduler → gang groups in the meta
-//! queue (batched); timed-out gangs → the Koordinator timeout annotation; invalid
-//! pods and unplaceable groups → FailedScheduling events with the reason; PodGroups →
-//! their status (phase, scheduled, running, succeeded, failed).
+//! ResourceSlices → their node's shard (a pool spanning several slices once all
+//! are there); pods bound by other schedulers → their node's observed pods (what
+//! they take counts); pods that are gone or finished → their placements released
+//! (a queued group losing a member is cancelled, its other pods submitted again; a
+//! placed group with a Strict gang below minMember before any binding is released
+//! whole); pending pods of our scheduler → gang groups in the meta queue (batched);
+//! timed-out gangs → the Koordinator timeout annotation; invalid pods and
+//! unplaceable groups → FailedScheduling events with the reason; PodGroups → their
+//! status (phase, scheduled, running, succeeded, failed).
 //!
 //! Invariants: only the meta leader writes; submissions carry keys derived from pod
 //! uids, so a new leader that rebuilds its memory from the meta log re-proposes
@@ -26,7 +27,7 @@ use crate::frontdoor::scheduler::release_members;
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{self, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
 use crate::kube::informer::{Cache, Slot};
-use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef};
+use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
 use crate::kube::KubeOptions;
 use crate::ledger::command::LEDGER_BATCH_MAX;
 use crate::ledger::meta::{
@@ -358,7 +359,22 @@ impl Ingest {
     }
 
     async fn sync_slices(&mut self) {
-        for (name, object) in self.named(Slot::ResourceSlices) {
+        for pool in objects::node_pools(self.named(Slot::ResourceSlices)) {
+            let (names, object) = match pool {
+                PoolSlices::Complete { names, merged } => (names.join(","), merged),
+                PoolSlices::Incomplete { names, want } => {
+                    let name = names.join(",");
+                    self.warn_once(
+                        &format!("slice/{name}"),
+                        &format!(
+                            "ResourceSlices {name}: {} of the pool's {want} slices so far; waiting for the rest",
+                            names.len()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let name = names;
             let (node, pool) = match objects::slice(&object) {
                 Ok(Some(found)) => found,
                 Ok(None) => continue,

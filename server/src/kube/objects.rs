@@ -181,6 +181,81 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
     Ok(Some((node.to_string(), raw.validate()?)))
 }
 
+/// The slices of one node-local pool at its newest generation, merged into one
+/// ResourceSlice-shaped object once all `resourceSliceCount` of them are there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PoolSlices {
+    /// Every slice is there: one object with all their devices and shared counters.
+    Complete {
+        /// The slices' names, for messages.
+        names: Vec<String>,
+        /// The merged slice.
+        merged: Value,
+    },
+    /// Some slices of the newest generation are missing (still being written).
+    Incomplete {
+        /// The slices seen.
+        names: Vec<String>,
+        /// How many the pool has.
+        want: u64,
+    },
+}
+
+/// Groups node-local slices (name, object) by (node, driver, pool), keeps each pool's
+/// newest generation, and merges its slices (a pool may span several, as
+/// `spec.pool.resourceSliceCount` says). Slices without a node are left out.
+pub fn node_pools(slices: Vec<(String, Value)>) -> Vec<PoolSlices> {
+    let mut pools: BTreeMap<(String, String, String), Vec<(String, Value)>> = BTreeMap::new();
+    for (name, object) in slices {
+        let spec = &object["spec"];
+        let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        let key = (
+            node.to_string(),
+            spec["driver"].as_str().unwrap_or_default().to_string(),
+            spec["pool"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+        pools.entry(key).or_default().push((name, object));
+    }
+    pools
+        .into_values()
+        .map(|mut list| {
+            let generation = |o: &Value| o["spec"]["pool"]["generation"].as_u64().unwrap_or(0);
+            let newest = list.iter().map(|(_, o)| generation(o)).max().unwrap_or(0);
+            list.retain(|(_, o)| generation(o) == newest);
+            list.sort_by(|a, b| a.0.cmp(&b.0));
+            let want = list
+                .iter()
+                .map(|(_, o)| {
+                    o["spec"]["pool"]["resourceSliceCount"]
+                        .as_u64()
+                        .unwrap_or(1)
+                })
+                .max()
+                .unwrap_or(1);
+            let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
+            if (list.len() as u64) < want {
+                return PoolSlices::Incomplete { names, want };
+            }
+            let mut merged = list[0].1.clone();
+            let concat = |field: &str| -> Value {
+                Value::Array(
+                    list.iter()
+                        .flat_map(|(_, o)| o["spec"][field].as_array().cloned().unwrap_or_default())
+                        .collect(),
+                )
+            };
+            merged["spec"]["devices"] = concat("devices");
+            merged["spec"]["sharedCounters"] = concat("sharedCounters");
+            PoolSlices::Complete { names, merged }
+        })
+        .collect()
+}
+
 /// A DeviceClass.
 pub fn device_class(object: &Value) -> Result<DeviceClass, ValidationError> {
     let raw = json!({
@@ -491,6 +566,45 @@ fn allocated_devices(pod: &Value, namespace: &str, claims: &ClaimIndex) -> Vec<D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_spanning_slices_is_merged_once_all_are_there() {
+        let slice = |name: &str, generation: u64, count: u64, device: &str| {
+            (
+                name.to_string(),
+                json!({"spec": {"nodeName": "n1", "driver": "d", "devices": [{"name": device}],
+                                "pool": {"name": "p", "generation": generation, "resourceSliceCount": count}}}),
+            )
+        };
+        let partial = node_pools(vec![slice("a", 2, 2, "gpu-0"), slice("old", 1, 1, "gpu-9")]);
+        assert_eq!(
+            partial,
+            vec![PoolSlices::Incomplete {
+                names: vec!["a".into()],
+                want: 2
+            }]
+        );
+        let whole = node_pools(vec![
+            slice("b", 2, 2, "gpu-1"),
+            slice("a", 2, 2, "gpu-0"),
+            slice("old", 1, 1, "gpu-9"),
+        ]);
+        let [PoolSlices::Complete { names, merged }] = whole.as_slice() else {
+            panic!("{whole:?}")
+        };
+        assert_eq!(names, &["a".to_string(), "b".to_string()]);
+        let (node, pool) = slice_of(merged);
+        assert_eq!((node.as_str(), pool.generation), ("n1", 2));
+        let devices: Vec<&str> = pool.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(devices, vec!["gpu-0", "gpu-1"]);
+    }
+
+    fn slice_of(object: &Value) -> (String, ResourcePool) {
+        match slice(object) {
+            Ok(Some(found)) => found,
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn node_reads_allocatable_taints_and_readiness() {
