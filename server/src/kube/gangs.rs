@@ -55,6 +55,60 @@ pub struct GangParams {
     pub wait_time_ms: u64,
     /// The other gangs of its GangGroup.
     pub group: BTreeSet<GangId>,
+    /// How its bound pods count toward minMember.
+    pub match_policy: MatchPolicy,
+}
+
+/// How a gang's bound pods count toward its minMember when more pods arrive
+/// (Koordinator's `match-policy` annotation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MatchPolicy {
+    /// Once minMember pods were bound (even if some finished since), later pods go alone.
+    #[default]
+    OnceSatisfied,
+    /// Only pending pods count: later pods wait until minMember of them are pending.
+    OnlyWaiting,
+    /// Pending and running pods count: later pods need minMember minus the running ones.
+    WaitingAndRunning,
+}
+
+/// A gang's bound pods: `running` not finished, `ever` including finished ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BoundPods {
+    /// Bound and not finished.
+    pub running: u32,
+    /// Bound, finished or not.
+    pub ever: u32,
+}
+
+/// Applies each gang's match policy to its pending pods: returns the gangs already
+/// satisfied (their pods go one by one), and lowers minMember (and totalNumber) of
+/// `waiting-and-running` gangs by their running pods.
+pub fn apply_match_policies(
+    ready: &mut [ReadyPod],
+    bound: &BTreeMap<GangId, BoundPods>,
+) -> BTreeSet<GangId> {
+    let mut satisfied = BTreeSet::new();
+    for pod in ready.iter_mut() {
+        let Identity::Gang(params) = &mut pod.identity else {
+            continue;
+        };
+        let counted = bound.get(&params.id).copied().unwrap_or_default();
+        let credit = match params.match_policy {
+            MatchPolicy::OnceSatisfied => counted.ever,
+            MatchPolicy::OnlyWaiting => 0,
+            MatchPolicy::WaitingAndRunning => counted.running,
+        };
+        if credit >= params.min_member {
+            satisfied.insert(params.id.clone());
+        } else if params.match_policy == MatchPolicy::WaitingAndRunning && credit > 0 {
+            params.min_member -= credit;
+            params.total_number = params
+                .total_number
+                .map(|t| t.saturating_sub(credit).max(params.min_member));
+        }
+    }
+    satisfied
 }
 
 /// PodGroups by (namespace, name), from either API group.
@@ -159,15 +213,17 @@ fn koordinator_overrides(
             })?;
     }
     if let Some(text) = annotation(object, &key("match-policy")) {
-        if !matches!(
-            text,
-            "once-satisfied" | "only-waiting" | "waiting-and-running"
-        ) {
-            return Err(PodProblem::Invalid(format!(
-                "annotation {}: unknown policy \"{text}\": expected once-satisfied, only-waiting or waiting-and-running",
-                key("match-policy")
-            )));
-        }
+        params.match_policy = match text {
+            "once-satisfied" => MatchPolicy::OnceSatisfied,
+            "only-waiting" => MatchPolicy::OnlyWaiting,
+            "waiting-and-running" => MatchPolicy::WaitingAndRunning,
+            other => {
+                return Err(PodProblem::Invalid(format!(
+                    "annotation {}: unknown policy \"{other}\": expected once-satisfied, only-waiting or waiting-and-running",
+                    key("match-policy")
+                )))
+            }
+        };
     }
     if let Some(text) = annotation(object, &key("groups")) {
         let list: Vec<String> = serde_json::from_str(text).map_err(|e| {
@@ -213,6 +269,7 @@ fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangPa
         mode: GangMode::Strict,
         wait_time_ms,
         group: BTreeSet::new(),
+        match_policy: MatchPolicy::default(),
     };
     koordinator_overrides(group, namespace, &mut params)?;
     Ok(params)
@@ -269,6 +326,7 @@ pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, Pod
                 mode: GangMode::Strict,
                 wait_time_ms: DEFAULT_WAIT_TIME_MS,
                 group: BTreeSet::new(),
+                match_policy: MatchPolicy::default(),
             };
             koordinator_overrides(pod, namespace, &mut params)?;
             return Ok(Identity::Gang(params));
@@ -293,6 +351,7 @@ pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, Pod
             mode: GangMode::Strict,
             wait_time_ms: DEFAULT_WAIT_TIME_MS,
             group: BTreeSet::new(),
+            match_policy: MatchPolicy::default(),
         };
         koordinator_overrides(pod, namespace, &mut params)?;
         return Ok(Identity::Gang(params));
@@ -447,6 +506,57 @@ mod tests {
             spec: PodSpec::default(),
             identity: identify(p, groups).expect("identity"),
         }
+    }
+
+    #[test]
+    fn match_policies_count_bound_pods_their_own_way() {
+        let annotated = |name: &str, policy: &str| {
+            pod(
+                name,
+                json!({"gang.scheduling.koordinator.sh/name": policy, "gang.scheduling.koordinator.sh/min-available": "3",
+                       "gang.scheduling.koordinator.sh/total-number": "4",
+                       "gang.scheduling.koordinator.sh/match-policy": policy}),
+                json!({}),
+            )
+        };
+        let groups = PodGroupIndex::new();
+        let mut pending: Vec<ReadyPod> = ["once-satisfied", "only-waiting", "waiting-and-running"]
+            .iter()
+            .map(|policy| ready(&annotated(&format!("p-{policy}"), policy), &groups))
+            .collect();
+        // Each gang had 3 pods bound, one of which finished.
+        let bound: BTreeMap<GangId, BoundPods> =
+            ["once-satisfied", "only-waiting", "waiting-and-running"]
+                .iter()
+                .map(|g| {
+                    (
+                        GangId::new("ns", *g),
+                        BoundPods {
+                            running: 2,
+                            ever: 3,
+                        },
+                    )
+                })
+                .collect();
+        let satisfied = apply_match_policies(&mut pending, &bound);
+        assert_eq!(
+            satisfied,
+            BTreeSet::from([GangId::new("ns", "once-satisfied")])
+        );
+        let params = |i: usize| match &pending[i].identity {
+            Identity::Gang(p) => (p.min_member, p.total_number),
+            Identity::Single => panic!("gang expected"),
+        };
+        assert_eq!(params(1), (3, Some(4)), "only-waiting counts no bound pod");
+        assert_eq!(
+            params(2),
+            (1, Some(2)),
+            "waiting-and-running counts the 2 running"
+        );
+        let bad = annotated("bad", "sometimes");
+        assert!(
+            matches!(identify(&bad, &groups), Err(PodProblem::Invalid(m)) if m.contains("match-policy"))
+        );
     }
 
     #[test]

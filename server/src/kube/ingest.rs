@@ -15,7 +15,7 @@
 //! uids, so a new leader that rebuilds its memory from the meta log re-proposes
 //! nothing new; an event is written once per pod and reason. Owned by `kube::run`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +25,9 @@ use tokio::sync::watch;
 use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::frontdoor::scheduler::release_members;
 use crate::kube::api::{self, EventType};
-use crate::kube::gangs::{self, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT};
+use crate::kube::gangs::{
+    self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
+};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
 use crate::kube::KubeOptions;
@@ -663,8 +665,7 @@ impl Ingest {
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
         let pods: Vec<&Value> = all_pods.iter().filter(|p| self.ours(p)).collect();
         let mut ready = Vec::new();
-        let mut bound_per_gang: BTreeMap<GangId, u32> = BTreeMap::new();
-        let mut min_of: BTreeMap<GangId, u32> = BTreeMap::new();
+        let mut bound_per_gang: BTreeMap<GangId, BoundPods> = BTreeMap::new();
         let mut problems = Vec::new();
         for pod in pods {
             let Some(r) = pod_ref(pod) else { continue };
@@ -677,10 +678,11 @@ impl Ingest {
             );
             if bound {
                 if let Ok(Identity::Gang(p)) = gangs::identify(pod, &pod_groups) {
+                    let counted = bound_per_gang.entry(p.id).or_default();
+                    counted.ever += 1;
                     if !finished {
-                        *bound_per_gang.entry(p.id.clone()).or_default() += 1;
+                        counted.running += 1;
                     }
-                    min_of.insert(p.id, p.min_member);
                 }
                 continue;
             }
@@ -706,11 +708,7 @@ impl Ingest {
                 Err(p) => problems.push((r, p)),
             }
         }
-        let satisfied: BTreeSet<GangId> = bound_per_gang
-            .iter()
-            .filter(|(id, n)| min_of.get(*id).is_some_and(|m| *n >= m))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let satisfied = gangs::apply_match_policies(&mut ready, &bound_per_gang);
         for (pod, problem) in problems {
             if let PodProblem::Invalid(why) = problem {
                 self.failed_scheduling(&pod, &why).await;

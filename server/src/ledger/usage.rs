@@ -208,7 +208,6 @@ impl NodeUsage {
             pod.host_ports.iter().partition(|p| self.port_in_use(p));
         pod.host_ports = kept;
         let devices = self.devices.observe(&member, &pod.devices);
-        self.observed = self.observed.saturating_add(&pod.footprint());
         self.pods.insert(
             member,
             PodSlot {
@@ -216,7 +215,20 @@ impl NodeUsage {
                 state: SlotState::Observed,
             },
         );
+        self.recount_observed();
         ObservedConflicts { ports, devices }
+    }
+
+    /// Recomputes the observed sum from the slots: observed requests are unchecked and
+    /// may saturate, and a saturated sum cannot be taken apart by subtraction.
+    fn recount_observed(&mut self) {
+        self.observed = self
+            .pods
+            .values()
+            .filter(|slot| slot.state == SlotState::Observed)
+            .fold(Resources::zero(), |sum, slot| {
+                sum.saturating_add(&slot.pod.footprint())
+            });
     }
 
     /// The usage sum a slot in `state` counts into.
@@ -247,9 +259,13 @@ impl NodeUsage {
     pub fn take(&mut self, member: &MemberKey) -> Option<PodSlot> {
         let slot = self.pods.remove(member)?;
         self.devices.release(member, &slot.pod.devices);
-        let footprint = slot.pod.footprint();
-        let sum = self.sum_of(&slot.state);
-        *sum = sum.saturating_sub(&footprint);
+        if slot.state == SlotState::Observed {
+            self.recount_observed();
+        } else {
+            let footprint = slot.pod.footprint();
+            let sum = self.sum_of(&slot.state);
+            *sum = sum.saturating_sub(&footprint);
+        }
         Some(slot)
     }
 
