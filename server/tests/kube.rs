@@ -376,6 +376,15 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
     )
     .expect("pod");
 
+    // A gang no node can hold (100 CPUs a pod) with a 2 s waiting time: timed out.
+    let too_big = json!({"gang.scheduling.koordinator.sh/name": "too-big",
+                         "gang.scheduling.koordinator.sh/min-available": "2",
+                         "gang.scheduling.koordinator.sh/waiting-time": "2s"});
+    for name in ["too-big-0", "too-big-1"] {
+        api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
+            .expect("pod");
+    }
+
     let good = ["koord-0", "koord-1", "plugins-0", "plugins-1"];
     wait_for(
         "both gangs bound",
@@ -406,6 +415,29 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         },
     )
     .await;
+    wait_for(
+        "the too-big gang marked timed out",
+        Duration::from_secs(30),
+        &cluster,
+        || {
+            ["too-big-0", "too-big-1"].iter().all(|p| {
+                api.get(&PODS, Some(NS), p).is_ok_and(|pod| {
+                    pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/timeout"]
+                        == "true"
+                })
+            })
+        },
+    )
+    .await;
+    for p in ["too-big-0", "too-big-1"] {
+        assert_eq!(node_of(&api, p), None);
+        assert!(
+            events_for(&api, p, "FailedScheduling")
+                .iter()
+                .any(|m| m.contains("timed out")),
+            "{p} is told its gang timed out"
+        );
+    }
     assert_eq!(node_of(&api, "bad-annotation"), None);
     assert_eq!(node_of(&api, "missing-class"), None);
     for p in good {
