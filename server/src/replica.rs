@@ -1,7 +1,7 @@
 //! One gangway replica: a multi-raft host for the meta group and every shard,
 //! the gRPC server for its Raft transport, cluster admin and the public front
 //! door, and the services that act when it leads a group (the coordinator on
-//! the meta leader, resolvers on shard leaders). `gangway serve` runs one,
+//! the meta leader, resolvers on shard leaders, the metrics sampler). `gangway serve` runs one,
 //! `gangway dev` three.
 //!
 //! Invariant: the gRPC server and every service task are owned by the
@@ -76,6 +76,13 @@ impl Replica {
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));
+        replica
+            .services
+            .push(tokio::spawn(crate::observe::sampler::run(
+                groups.clone(),
+                shards,
+                stop.clone(),
+            )));
         replica
             .services
             .push(tokio::spawn(resolver::run(groups, shards, stop)));

@@ -737,3 +737,90 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
     )
     .await;
 }
+
+/// The metric names docs/METRICS.md lists (first column of its table).
+fn catalogue() -> BTreeSet<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/METRICS.md");
+    let text = std::fs::read_to_string(path).expect("docs/METRICS.md");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|n| n.starts_with("gangway_"))
+        .map(String::from)
+        .collect()
+}
+
+/// Metric families (from `# TYPE` lines) and the whole text of every live process's /metrics.
+async fn scrape(cluster: &Cluster) -> (BTreeSet<String>, String) {
+    let mut names = BTreeSet::new();
+    let mut all = String::new();
+    for id in cluster.live() {
+        let (code, body) = support::http_get(&cluster.procs[&id].http, "/metrics").await;
+        assert_eq!(code, 200, "/metrics of process {id}");
+        names.extend(
+            body.lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .filter_map(|l| l.split_whitespace().next())
+                .map(String::from),
+        );
+        all.push_str(&body);
+    }
+    (names, all)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_in_the_catalogue_is_served_after_a_short_workload() {
+    let (api, cluster, _dir) = start(4, 2, 0).await;
+    // Four pods of 60 CPUs: one per node, so the gang spans both shards (2PC with a decide).
+    let wide = json!({"gang.scheduling.koordinator.sh/name": "wide",
+                      "gang.scheduling.koordinator.sh/min-available": "4"});
+    let mut pods: Vec<String> = (0..4).map(|i| format!("wide-{i}")).collect();
+    for name in &pods {
+        api.create(&PODS, pod_with_cpu(name, "60", wide.clone()))
+            .expect("pod");
+    }
+    api.create(&PODS, gpu_pod("gpu-user", json!({}), json!({}), "one-gpu"))
+        .expect("pod");
+    pods.push("gpu-user".into());
+    wait_for(
+        "the workload bound",
+        Duration::from_secs(60),
+        &cluster,
+        || pods.iter().all(|p| node_of(&api, p).is_some()),
+    )
+    .await;
+
+    let documented = catalogue();
+    assert!(documented.len() >= 10, "catalogue parsed: {documented:?}");
+    let phases = [
+        "pending", "quote", "begin", "reserve", "decide", "commit", "round", "bind",
+    ];
+    let start_wait = Instant::now();
+    loop {
+        // The sampler sets its gauges once a second.
+        let (served, text) = scrape(&cluster).await;
+        let missing: Vec<&String> = documented.difference(&served).collect();
+        let undocumented: Vec<&String> = served
+            .iter()
+            .filter(|n| n.starts_with("gangway_") && !documented.contains(*n))
+            .collect();
+        let unseen: Vec<&&str> = phases
+            .iter()
+            .filter(|p| !text.contains(&format!("phase=\"{p}\"")))
+            .collect();
+        let allocated = text.lines().any(|l| {
+            l.starts_with("gangway_devices{")
+                && l.contains("state=\"allocated\"")
+                && l.ends_with(" 1")
+        });
+        if missing.is_empty() && undocumented.is_empty() && unseen.is_empty() && allocated {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(20),
+            "served but not in docs/METRICS.md: {undocumented:?}; documented but not served: \
+             {missing:?}; phases not seen: {unseen:?}; an allocated GPU reported: {allocated}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

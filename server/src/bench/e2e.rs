@@ -140,7 +140,7 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)
     Ok((procs, Addrs { grpc: addrs, http }))
 }
 
-/// Sum and count of `gangway_coordinator_phase_seconds` per phase, over every process.
+/// Sum and count of `gangway_placement_phase_seconds` per phase, over every process.
 type PhaseTotals = BTreeMap<String, (f64, f64)>;
 
 /// Reads the coordinator's phase histograms from every process's /metrics.
@@ -151,7 +151,7 @@ async fn phase_totals(http: &[String]) -> PhaseTotals {
             continue;
         };
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix("gangway_coordinator_phase_seconds_") else {
+            let Some(rest) = line.strip_prefix("gangway_placement_phase_seconds_") else {
                 continue;
             };
             let (kind, rest) = match rest.split_once('{') {
@@ -195,7 +195,7 @@ async fn fetch_metrics(addr: &str) -> std::io::Result<String> {
 /// Mean time per phase (ms) and calls, between two readings.
 fn phase_breakdown(before: &PhaseTotals, after: &PhaseTotals) -> String {
     const ORDER: [&str; 7] = [
-        "round", "pending", "plan", "begin", "reserve", "decide", "commit",
+        "round", "pending", "quote", "begin", "reserve", "decide", "commit",
     ];
     ORDER
         .iter()

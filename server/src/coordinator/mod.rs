@@ -202,7 +202,7 @@ impl Coordinator {
             let shard = 1 + (start + k) % self.shards;
             let members: Vec<(MemberKey, PodSpec)> =
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
-            let timer = PhaseTimer::start(Phase::Plan);
+            let timer = PhaseTimer::start(Phase::Quote);
             let Some(plan) = self.plan(shard, &members).await else {
                 continue;
             };
@@ -408,7 +408,7 @@ impl Coordinator {
             "placing"
         );
         let members = Self::members(r);
-        let timer = PhaseTimer::start(Phase::Plan);
+        let timer = PhaseTimer::start(Phase::Quote);
         let plans = self.plans(&members).await;
         drop(timer);
         let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Mutex, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
@@ -243,6 +244,7 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
         return Ok(true);
     }
     let _slot = ctx.slots.acquire().await;
+    let _timer = PhaseTimer::start(Phase::Bind);
     let mut claims: BTreeMap<&str, Vec<&crate::model::DeviceAllocation>> = BTreeMap::new();
     for d in &m.pod.devices {
         claims.entry(d.claim.as_str()).or_default().push(d);
@@ -279,6 +281,7 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
             return Ok(false);
         }
     }
+    metrics::pod_bound();
     let message = format!("Successfully assigned {pod} to {}", m.node);
     if let Err(e) = api::pod_event(
         &ctx.client,

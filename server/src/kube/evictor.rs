@@ -81,6 +81,24 @@ pub async fn run(
     }
 }
 
+/// Eviction causes, as `gangway_evictions_total{cause}` labels them.
+pub const CAUSES: [&str; 3] = ["unhealthy", "no_execute_taint", "device_removed"];
+
+fn cause_label(cause: &EvictionCause) -> &'static str {
+    match cause {
+        EvictionCause::Unhealthy => CAUSES[0],
+        EvictionCause::NoExecuteTaint { .. } => CAUSES[1],
+        EvictionCause::DeviceRemoved => CAUSES[2],
+    }
+}
+
+/// Registers the eviction counters at zero.
+pub fn register_metrics() {
+    for cause in CAUSES {
+        metrics::counter!("gangway_evictions_total", "cause" => cause).increment(0);
+    }
+}
+
 /// Why a pod must go, for people.
 pub fn eviction_message(p: &PodEviction) -> String {
     match &p.cause {
@@ -106,6 +124,8 @@ async fn evict(client: &kube::Client, opts: &KubeOptions, p: &PodEviction) {
     let now = api::rfc3339(now_ms());
     match api::evict(client, &pod, EVICTION_REASON, &message, &now).await {
         Ok(EvictOutcome::Deleted) => {
+            metrics::counter!("gangway_evictions_total", "cause" => cause_label(&p.cause))
+                .increment(1);
             tracing::info!(pod = %pod, reason = %message, "evicted");
             let event = api::pod_event(
                 client,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
-use crate::ledger::devices::EvictionCause;
+use crate::ledger::devices::{DeviceHealth, EvictionCause};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
@@ -44,6 +44,12 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+    /// Counts for the metrics: open reservations, the oldest one's time, and per node
+    /// and driver the devices published, allocated and unhealthy.
+    Stats {
+        /// The leader's time, in ms (health as of then).
+        at_ms: u64,
+    },
     /// Committed or bound Kubernetes pods gangway placed that must leave their node by
     /// `at_ms`: holders of unhealthy devices, of devices with a NoExecute taint they do
     /// not tolerate (past any toleration seconds), or of allocations a republished pool
@@ -54,6 +60,32 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+}
+
+/// What a shard's metrics report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardStats {
+    /// Reservations not yet committed or aborted.
+    pub open_reservations: u64,
+    /// When the oldest of them was applied, in ms.
+    pub oldest_reserved_at_ms: Option<u64>,
+    /// Per node and driver: (node, driver, published, allocated, unhealthy).
+    pub devices: Vec<DeviceCounts>,
+}
+
+/// The devices of one driver on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounts {
+    /// Node.
+    pub node: String,
+    /// Driver.
+    pub driver: String,
+    /// Devices published.
+    pub published: u64,
+    /// Devices held by at least one allocation.
+    pub allocated: u64,
+    /// Devices unhealthy.
+    pub unhealthy: u64,
 }
 
 /// A placed pod that must go, and why.
@@ -115,6 +147,11 @@ pub enum ShardAnswer {
         /// In node order, then member order.
         members: Vec<UnboundMember>,
     },
+    /// Counts for the metrics.
+    Stats {
+        /// The counts.
+        stats: ShardStats,
+    },
     /// Pods to evict.
     Evictions {
         /// In node order, then member order.
@@ -170,6 +207,9 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 })
                 .take(*limit as usize)
                 .collect(),
+        },
+        ShardQuery::Stats { at_ms } => ShardAnswer::Stats {
+            stats: stats(ledger, *at_ms),
         },
         ShardQuery::Evictions { at_ms, limit } => ShardAnswer::Evictions {
             pods: ledger
@@ -244,4 +284,41 @@ fn evictions_on(entry: &NodeEntry, at_ms: u64) -> Vec<PodEviction> {
         });
     }
     out.into_values().collect()
+}
+
+fn stats(ledger: &ShardLedger, at_ms: u64) -> ShardStats {
+    let open = ledger.open_txns();
+    let mut devices = Vec::new();
+    for entry in ledger.nodes() {
+        let usage = &entry.usage.devices;
+        let mut per_driver: std::collections::BTreeMap<&str, DeviceCounts> = Default::default();
+        for (key, pool) in &usage.pools {
+            for name in pool.devices.keys() {
+                let id = DeviceId::new(&key.driver, &key.pool, name);
+                let counts =
+                    per_driver
+                        .entry(key.driver.as_str())
+                        .or_insert_with(|| DeviceCounts {
+                            node: entry.node.name.clone(),
+                            driver: key.driver.clone(),
+                            published: 0,
+                            allocated: 0,
+                            unhealthy: 0,
+                        });
+                counts.published += 1;
+                if usage.use_of(&id).is_some_and(|u| u.holders > 0) {
+                    counts.allocated += 1;
+                }
+                if usage.health(&id, Some(at_ms)) == DeviceHealth::Unhealthy {
+                    counts.unhealthy += 1;
+                }
+            }
+        }
+        devices.extend(per_driver.into_values());
+    }
+    ShardStats {
+        open_reservations: open.len() as u64,
+        oldest_reserved_at_ms: open.values().map(|t| t.reserved_at_ms).min(),
+        devices,
+    }
 }

@@ -1,7 +1,9 @@
-//! Observability: the Prometheus recorder, logging, and the HTTP endpoints
-//! (/healthz, /readyz, /metrics). Metric names start with `gangway_`.
+//! Observability: the Prometheus recorder, logging, the HTTP endpoints
+//! (/healthz, /readyz, /metrics) and the sampler that turns led groups' state into
+//! gauges. Metric names start with `gangway_`; docs/METRICS.md is the catalogue.
 
 pub mod http;
+pub mod sampler;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 

@@ -54,6 +54,17 @@ pub enum Terminal {
 }
 
 impl GroupState {
+    /// Every state name [`GroupState::name`] gives.
+    pub const NAMES: [&'static str; 7] = [
+        "Queued",
+        "Placing",
+        "Placed",
+        "Releasing",
+        "Released",
+        "Cancelled",
+        "TimedOut",
+    ];
+
     /// The state's name as the API shows it.
     pub fn name(&self) -> &'static str {
         match self {

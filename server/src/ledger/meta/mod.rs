@@ -193,6 +193,11 @@ pub enum MetaReply {
         /// Its record.
         record: Option<TxnRecord>,
     },
+    /// Groups per state name (every state named, zero included).
+    StateCounts {
+        /// State name → groups.
+        counts: BTreeMap<String, u64>,
+    },
     /// The replies to a batch, in its order.
     Batch {
         /// One per command.
@@ -241,6 +246,8 @@ pub enum MetaQuery {
         /// At most this many.
         limit: u32,
     },
+    /// How many groups the log holds in each state (the queue-depth metric).
+    StateCounts,
 }
 
 /// The meta group's replicated state.
@@ -389,6 +396,16 @@ impl MetaState {
             MetaQuery::Txn { txn } => MetaReply::Txn {
                 record: self.txns.get(txn).cloned(),
             },
+            MetaQuery::StateCounts => {
+                let mut counts: BTreeMap<String, u64> = GroupState::NAMES
+                    .iter()
+                    .map(|n| (n.to_string(), 0))
+                    .collect();
+                for r in self.groups.values() {
+                    *counts.entry(r.state.name().to_string()).or_default() += 1;
+                }
+                MetaReply::StateCounts { counts }
+            }
         }
     }
 

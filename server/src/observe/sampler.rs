@@ -1,0 +1,106 @@
+//! The metrics sampler: once a second, on every replica, turns the state of the
+//! groups this replica leads into gauges: gang groups by state (meta leader),
+//! open reservations and the oldest one's age, and devices by node, driver and
+//! state (shard leaders). A replica that stops leading a group sets that group's
+//! gauges to zero, so a sum over replicas counts each group once. It also
+//! registers every labelled counter at zero, so rates exist before the first
+//! event. docs/METRICS.md is the catalogue. Owned by `Replica`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::coordinator::metrics as placement;
+use crate::kube::evictor;
+use crate::ledger::meta::{GroupState, MetaQuery, MetaReply};
+use crate::ledger::query::{ShardAnswer, ShardQuery, ShardStats};
+use crate::replicated::{now_ms, Groups};
+
+/// Period between samples, in ms.
+pub const SAMPLE_PERIOD_MS: u64 = 1_000;
+
+/// Device states the `gangway_devices` gauge reports.
+const DEVICE_STATES: [&str; 3] = ["allocated", "free", "unhealthy"];
+
+/// The (node, driver) device series one shard's gauges were last set for.
+type DeviceSeries = BTreeSet<(String, String)>;
+
+/// Samples until `stop` fires.
+pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
+    placement::register();
+    evictor::register_metrics();
+    let mut leading_meta = false;
+    let mut reported: BTreeMap<u32, DeviceSeries> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(Duration::from_millis(SAMPLE_PERIOD_MS)) => {}
+        }
+        let me = groups.host().node_id();
+        if groups.host().leader_of(0) == Some(me) {
+            if let Ok(MetaReply::StateCounts { counts }) =
+                groups.meta_query_local(&MetaQuery::StateCounts)
+            {
+                for (state, n) in counts {
+                    metrics::gauge!("gangway_gang_groups", "state" => state).set(n as f64);
+                }
+                leading_meta = true;
+            }
+        } else if leading_meta {
+            for state in GroupState::NAMES {
+                metrics::gauge!("gangway_gang_groups", "state" => state).set(0.0);
+            }
+            leading_meta = false;
+        }
+        for shard in 1..=shards {
+            if groups.host().leader_of(u64::from(shard)) == Some(me) {
+                let at_ms = now_ms();
+                if let Ok(ShardAnswer::Stats { stats }) =
+                    groups.shard_query_local(shard, &ShardQuery::Stats { at_ms })
+                {
+                    let before = reported.remove(&shard).unwrap_or_default();
+                    let now = report_shard(shard, &stats, at_ms);
+                    zero_devices(shard, before.difference(&now));
+                    reported.insert(shard, now);
+                }
+            } else if let Some(before) = reported.remove(&shard) {
+                zero_devices(shard, before.iter());
+                report_shard(shard, &ShardStats::default(), 0);
+            }
+        }
+    }
+}
+
+/// Sets one shard's gauges; returns the device series it set.
+fn report_shard(shard: u32, stats: &ShardStats, at_ms: u64) -> DeviceSeries {
+    let label = shard.to_string();
+    metrics::gauge!("gangway_reservations_open", "shard" => label.clone())
+        .set(stats.open_reservations as f64);
+    let age_s = stats
+        .oldest_reserved_at_ms
+        .map_or(0.0, |t| at_ms.saturating_sub(t) as f64 / 1_000.0);
+    metrics::gauge!("gangway_reservation_oldest_age_seconds", "shard" => label.clone()).set(age_s);
+    let mut series = DeviceSeries::new();
+    for d in &stats.devices {
+        let free = d.published.saturating_sub(d.allocated);
+        for (state, n) in DEVICE_STATES.iter().zip([d.allocated, free, d.unhealthy]) {
+            metrics::gauge!("gangway_devices", "shard" => label.clone(), "node" => d.node.clone(),
+                "driver" => d.driver.clone(), "state" => *state)
+            .set(n as f64);
+        }
+        series.insert((d.node.clone(), d.driver.clone()));
+    }
+    series
+}
+
+fn zero_devices<'a>(shard: u32, series: impl Iterator<Item = &'a (String, String)>) {
+    let label = shard.to_string();
+    for (node, driver) in series {
+        for state in DEVICE_STATES {
+            metrics::gauge!("gangway_devices", "shard" => label.clone(), "node" => node.clone(),
+                "driver" => driver.clone(), "state" => state)
+            .set(0.0);
+        }
+    }
+}
