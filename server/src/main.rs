@@ -14,6 +14,9 @@ use gangway_server::{bench, dev, observe, serve};
 #[derive(Parser)]
 #[command(name = "gangway", version, about)]
 struct Cli {
+    /// Log line format on stderr (RUST_LOG sets the level).
+    #[arg(long, global = true, value_enum, default_value_t = observe::LogFormat::Text)]
+    log_format: observe::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,7 +69,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    observe::init_logging();
+    observe::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

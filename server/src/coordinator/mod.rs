@@ -22,6 +22,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use gangway_raft::META_GROUP;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
@@ -91,6 +92,7 @@ impl Coordinator {
     /// [`COORDINATOR_TICK_MS`] otherwise (backoffs and deadlines come due by time).
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut leading = false;
+        let mut rounds: u64 = 0;
         let mut changes = match self.groups.host().changes(META_GROUP) {
             Ok(changes) => changes,
             Err(e) => {
@@ -116,7 +118,9 @@ impl Coordinator {
             // Until a round completes, every round is a first one (it finishes the
             // commits a previous leader left and reads linearizably).
             let first_round = !leading;
-            match self.round(first_round).await {
+            rounds += 1;
+            let span = tracing::info_span!("placement_round", round = rounds);
+            match self.round(first_round).instrument(span).await {
                 Ok(()) => leading = true,
                 Err(e) => tracing::debug!(error = %e, "coordinator round interrupted"),
             }
@@ -442,15 +446,26 @@ impl Coordinator {
         };
         drop(timer);
         let span =
-            tracing::info_span!("placement", group = r.seq, %txn, shards = participants.len());
-        let _enter = span.enter();
+            tracing::info_span!("transaction", group = r.seq, %txn, shards = participants.len());
+        self.run_txn(txn, &participants, &assignment)
+            .instrument(span)
+            .await
+    }
+
+    /// Reserves, decides and commits (or aborts) transaction `txn`.
+    async fn run_txn(
+        &self,
+        txn: TxnId,
+        participants: &[u32],
+        assignment: &Assignment,
+    ) -> Result<(), GroupError> {
         if participants.len() == 1 {
             return self
-                .place_in_one_shard(txn, participants[0], &assignment)
+                .place_in_one_shard(txn, participants[0], assignment)
                 .await;
         }
         let timer = PhaseTimer::start(Phase::Reserve);
-        let votes = self.reserve_all(txn, &assignment).await;
+        let votes = self.reserve_all(txn, assignment).await;
         drop(timer);
         let no = votes.iter().find_map(|v| match v {
             Vote::No(why) => Some(why.clone()),
@@ -464,13 +479,13 @@ impl Coordinator {
             Some(why) => (Decision::Abort, why),
         };
         let decided = self
-            .decide(txn, decision, placements(&assignment), reason)
+            .decide(txn, decision, placements(assignment), reason)
             .await?;
         if decided == Decision::Commit {
             self.failpoints.hit(failpoints::AFTER_DECIDE);
         }
         let timer = PhaseTimer::start(Phase::Commit);
-        self.tell(txn, &participants, decided).await;
+        self.tell(txn, participants, decided).await;
         drop(timer);
         transaction_ended(decided, assignment.members());
         Ok(())

@@ -19,12 +19,26 @@ pub fn install_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus
         .install_recorder()
 }
 
-/// Logs to stderr; `RUST_LOG` sets the level (default: info, openraft at error).
-pub fn init_logging() {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines with span context.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields, current span and its
+    /// parents: `placement_round`, `transaction` with its txn id), for log pipelines.
+    Json,
+}
+
+/// Logs to stderr in `format`; `RUST_LOG` sets the level (default: info, openraft at error).
+pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).try_init(),
+    };
 }
