@@ -18,7 +18,11 @@ use gangway_proto::v1::{
     HeartbeatRequest, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest, NodeInfo,
     NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
 };
-use tonic::transport::{Channel, Endpoint};
+use std::path::Path;
+
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use gangway_proto::{admin as admin_api, v1 as api};
 
@@ -38,26 +42,141 @@ pub enum ClientError {
         /// The last failure.
         reason: String,
     },
-    /// The server answered with an error.
+    /// A credential file could not be used.
+    #[error("credentials: {0}")]
+    Credentials(String),
+    /// The server answered with an error (or the transport failed: then the message
+    /// carries the cause, e.g. the TLS alert that refused the connection).
     #[error("{}: {}", .0.code(), .0.message())]
-    Rpc(#[from] tonic::Status),
+    Rpc(tonic::Status),
 }
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        let mut causes = Vec::new();
+        let mut source = std::error::Error::source(&status);
+        while let Some(e) = source {
+            let text = e.to_string();
+            if !causes.contains(&text) && text != status.message() {
+                causes.push(text);
+            }
+            source = e.source();
+        }
+        if causes.is_empty() {
+            return ClientError::Rpc(status);
+        }
+        let message = format!("{}: {}", status.message(), causes.join(": "));
+        ClientError::Rpc(tonic::Status::new(status.code(), message))
+    }
+}
+
+/// How a client proves who it is: a TLS identity (for servers started with
+/// `--tls-cert/--tls-key/--tls-client-ca`) and a bearer token (`--auth-tokens-file`).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// CA to trust and this client's certificate; `None`: plaintext.
+    pub tls: Option<ClientTlsConfig>,
+    /// Sent as `authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("tls", &self.tls.is_some())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// Reads PEM files: `ca` to trust, and this client's `cert` and `key` (both or neither).
+    pub fn from_files(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        token: Option<String>,
+    ) -> Result<Self, ClientError> {
+        let read = |flag: &str, p: &Path| {
+            std::fs::read(p)
+                .map_err(|e| ClientError::Credentials(format!("{flag} {}: {e}", p.display())))
+        };
+        let tls = match (ca, cert, key) {
+            (None, None, None) => None,
+            (Some(ca), cert, key) => {
+                let mut tls = ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(read("--tls-ca", ca)?));
+                match (cert, key) {
+                    (Some(c), Some(k)) => {
+                        tls = tls.identity(Identity::from_pem(
+                            read("--tls-cert", c)?,
+                            read("--tls-key", k)?,
+                        ));
+                    }
+                    (None, None) => {}
+                    _ => {
+                        return Err(ClientError::Credentials(
+                            "--tls-cert and --tls-key go together".into(),
+                        ))
+                    }
+                }
+                Some(tls)
+            }
+            (None, _, _) => return Err(ClientError::Credentials(
+                "--tls-cert/--tls-key need --tls-ca (the CA that signed the server's certificate)"
+                    .into(),
+            )),
+        };
+        Ok(Self { tls, token })
+    }
+}
+
+/// Adds the bearer token, if any, to every request.
+#[derive(Clone)]
+pub struct BearerToken(Option<String>);
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                tonic::Status::invalid_argument("the token is not a valid header value")
+            })?;
+            req.metadata_mut().insert("authorization", value);
+        }
+        Ok(req)
+    }
+}
+
+/// The transport every generated client runs on: a channel that adds the token.
+pub type Transport = InterceptedService<Channel, BearerToken>;
 
 /// A connection to one replica of a gangway cluster.
 #[derive(Clone)]
 pub struct Client {
     channel: Channel,
     addr: String,
+    credentials: Credentials,
 }
 
-async fn open(addr: &str) -> Result<Channel, String> {
+async fn open(addr: &str, credentials: &Credentials) -> Result<Channel, String> {
+    let scheme = if credentials.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let url = if addr.contains("://") {
         addr.to_string()
     } else {
-        format!("http://{addr}")
+        format!("{scheme}://{addr}")
     };
-    Endpoint::from_shared(url)
-        .map_err(|e| format!("invalid address {addr:?}: {e}"))?
+    let mut endpoint =
+        Endpoint::from_shared(url).map_err(|e| format!("invalid address {addr:?}: {e}"))?;
+    if let Some(tls) = &credentials.tls {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| format!("{addr}: TLS: {e}"))?;
+    }
+    endpoint
         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
         .connect()
@@ -66,15 +185,24 @@ async fn open(addr: &str) -> Result<Channel, String> {
 }
 
 impl Client {
-    /// Connects to the first endpoint (`host:port`) that answers.
+    /// Connects to the first endpoint (`host:port`) that answers, without credentials.
     pub async fn connect(endpoints: &[String]) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, Credentials::default()).await
+    }
+
+    /// Connects to the first endpoint that answers, with `credentials`.
+    pub async fn connect_with(
+        endpoints: &[String],
+        credentials: Credentials,
+    ) -> Result<Self, ClientError> {
         let mut last = String::from("no endpoint given");
         for addr in endpoints {
-            match open(addr).await {
+            match open(addr, &credentials).await {
                 Ok(channel) => {
                     return Ok(Self {
                         channel,
                         addr: addr.clone(),
+                        credentials,
                     })
                 }
                 Err(e) => last = e,
@@ -94,7 +222,7 @@ impl Client {
     /// Status of the connected replica.
     pub async fn status(&self, include_state_hash: bool) -> Result<StatusReply, ClientError> {
         let req = StatusRequest { include_state_hash };
-        Ok(AdminClient::new(self.channel.clone())
+        Ok(AdminClient::new(self.transport())
             .status(req)
             .await?
             .into_inner())
@@ -110,14 +238,14 @@ impl Client {
             let status = if m.node_id == local.node_id {
                 Ok(local.clone())
             } else {
-                match open(&m.addr).await {
-                    Ok(ch) => AdminClient::new(ch)
+                match open(&m.addr, &self.credentials).await {
+                    Ok(ch) => AdminClient::new(self.with_token(ch))
                         .status(StatusRequest {
                             include_state_hash: false,
                         })
                         .await
                         .map(|r| r.into_inner())
-                        .map_err(ClientError::Rpc),
+                        .map_err(ClientError::from),
                     Err(reason) => Err(ClientError::Connect {
                         endpoints: m.addr.clone(),
                         reason,
@@ -131,7 +259,7 @@ impl Client {
 
     /// Spreads group leaderships evenly over the live replicas.
     pub async fn balance(&self) -> Result<BalanceReply, ClientError> {
-        Ok(AdminClient::new(self.channel.clone())
+        Ok(AdminClient::new(self.transport())
             .balance(BalanceRequest {})
             .await?
             .into_inner())
@@ -139,7 +267,7 @@ impl Client {
 
     /// Snapshots and truncates the connected replica's logs.
     pub async fn compact(&self, group_id: Option<u64>) -> Result<(), ClientError> {
-        AdminClient::new(self.channel.clone())
+        AdminClient::new(self.transport())
             .compact(CompactRequest { group_id })
             .await?;
         Ok(())
@@ -147,7 +275,7 @@ impl Client {
 
     /// Registers (or updates) a node.
     pub async fn register_node(&self, node: NodeSpec) -> Result<NodeInfo, ClientError> {
-        let reply = InventoryClient::new(self.channel.clone())
+        let reply = InventoryClient::new(self.transport())
             .register_node(RegisterNodeRequest { node: Some(node) })
             .await?
             .into_inner();
@@ -158,7 +286,7 @@ impl Client {
 
     /// Every registered node (of one shard when given).
     pub async fn list_nodes(&self, shard: Option<u32>) -> Result<Vec<NodeInfo>, ClientError> {
-        let reply = InventoryClient::new(self.channel.clone())
+        let reply = InventoryClient::new(self.transport())
             .list_nodes(ListNodesRequest { shard })
             .await?;
         Ok(reply.into_inner().nodes)
@@ -166,7 +294,7 @@ impl Client {
 
     /// One node with its usage and devices.
     pub async fn get_node(&self, name: &str) -> Result<NodeInfo, ClientError> {
-        let reply = InventoryClient::new(self.channel.clone())
+        let reply = InventoryClient::new(self.transport())
             .get_node(GetNodeRequest {
                 name: name.to_string(),
             })
@@ -182,7 +310,7 @@ impl Client {
         ready: bool,
         lease_ms: u64,
     ) -> Result<u64, ClientError> {
-        let reply = InventoryClient::new(self.channel.clone())
+        let reply = InventoryClient::new(self.transport())
             .heartbeat(HeartbeatRequest {
                 node: node.to_string(),
                 not_ready: !ready,
@@ -199,14 +327,22 @@ impl Client {
         &self,
         reports: impl tokio_stream::Stream<Item = DeviceListReport> + Send + 'static,
     ) -> Result<tonic::Streaming<DeviceListAck>, ClientError> {
-        let reply = InventoryClient::new(self.channel.clone())
+        let reply = InventoryClient::new(self.transport())
             .list_and_watch_devices(reports)
             .await?;
         Ok(reply.into_inner())
     }
 
-    fn scheduler(&self) -> SchedulerClient<Channel> {
-        SchedulerClient::new(self.channel.clone())
+    fn transport(&self) -> Transport {
+        self.with_token(self.channel.clone())
+    }
+
+    fn with_token(&self, channel: Channel) -> Transport {
+        InterceptedService::new(channel, BearerToken(self.credentials.token.clone()))
+    }
+
+    fn scheduler(&self) -> SchedulerClient<Transport> {
+        SchedulerClient::new(self.transport())
     }
 
     /// Submits a gang group; the same idempotency key always yields the same group.

@@ -3,10 +3,12 @@
 //! group file, 3 no replica could be reached, 4 `watch` saw the group end
 //! without reaching the state it waited for.
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use gangway_client::api::GangGroupStatus;
 use gangway_client::spec::{self, SpecError};
-use gangway_client::{Client, ClientError};
+use gangway_client::{Client, ClientError, Credentials};
 use serde_json::json;
 
 /// Command-line client for gangway.
@@ -25,6 +27,18 @@ struct Cli {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// PEM CA that signed the servers' certificates (servers run with --tls-*).
+    #[arg(long, env = "GANGWAY_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS), with --tls-key.
+    #[arg(long, env = "GANGWAY_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long, env = "GANGWAY_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// Bearer token (servers run with --auth-tokens-file); prefer the environment variable.
+    #[arg(long, env = "GANGWAY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -129,7 +143,9 @@ impl Failure {
         match self {
             Failure::Client(ClientError::Connect { .. }) => 3,
             Failure::Client(ClientError::Rpc(_)) => 1,
-            Failure::Spec(_) | Failure::Usage(_) => 2,
+            Failure::Spec(_) | Failure::Usage(_) | Failure::Client(ClientError::Credentials(_)) => {
+                2
+            }
             Failure::WrongEnd { .. } => 4,
         }
     }
@@ -193,7 +209,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => None,
     };
-    let client = Client::connect(&cli.server).await?;
+    let credentials = Credentials::from_files(
+        cli.tls_ca.as_deref(),
+        cli.tls_cert.as_deref(),
+        cli.tls_key.as_deref(),
+        cli.token.clone(),
+    )?;
+    let client = Client::connect_with(&cli.server, credentials).await?;
     match cli.command {
         Command::Submit { .. } => {
             let Some(req) = request else { return Ok(()) };

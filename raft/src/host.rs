@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::{self as pb, GroupStatus};
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{PrepareElectionRequest, ProposeRequest, ReadRequest};
@@ -26,7 +25,7 @@ use tokio::task::JoinHandle;
 use crate::balance;
 use crate::error::HostError;
 use crate::log_store::LogStore;
-use crate::network::{NetworkFactory, Origin, PeerPool};
+use crate::network::{admin_client, NetworkFactory, Origin, PeerPool};
 use crate::proposer::Proposer;
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::StateMachineFactory;
@@ -93,6 +92,28 @@ pub struct HostConfig {
     pub groups: Vec<GroupId>,
     /// Raft timing.
     pub timing: RaftTiming,
+    /// How this replica authenticates to its peers (TLS identity, bearer token).
+    pub peer_security: PeerSecurity,
+}
+
+/// How a replica authenticates to its peers: mutual TLS and the bearer token its
+/// admin calls carry (peers check both when configured).
+#[derive(Clone, Default)]
+pub struct PeerSecurity {
+    /// The client side of mutual TLS (CA and this replica's identity); `None`: plaintext.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The bearer token sent on admin calls to peers.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for PeerSecurity {
+    // The token stays out of logs and panics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// What every group of a host is opened with.
@@ -205,7 +226,7 @@ impl RaftHost {
             return Err(HostError::InvalidArgument("node id must be >= 1".into()));
         }
         let sync = SyncHandle::start(store.clone())?;
-        let pool = Arc::new(PeerPool::default());
+        let pool = Arc::new(PeerPool::new(cfg.peer_security.clone()));
         let cluster_id: Arc<str> = Arc::from(cfg.cluster_id.as_str());
         let (shutdown, _) = watch::channel(false);
         let mut groups = BTreeMap::new();
@@ -680,7 +701,7 @@ impl RaftHost {
                     node_id: *node,
                     addr: node_addr.clone(),
                 };
-                AdminClient::new(channel)
+                admin_client(&self.shared.pool, channel)
                     .add_learner(req)
                     .await
                     .map_err(peer_err)?;
@@ -694,7 +715,7 @@ impl RaftHost {
                     group_id: Some(group),
                     voters: voters.iter().copied().collect(),
                 };
-                AdminClient::new(channel)
+                admin_client(&self.shared.pool, channel)
                     .change_membership(req)
                     .await
                     .map_err(peer_err)?;
@@ -708,7 +729,7 @@ impl RaftHost {
                     group_id: group,
                     to_node: *to,
                 };
-                let r = AdminClient::new(channel)
+                let r = admin_client(&self.shared.pool, channel)
                     .transfer_leader(req)
                     .await
                     .map_err(peer_err)?;
@@ -982,7 +1003,11 @@ impl RaftHost {
                 include_state_hash: false,
             });
             req.set_timeout(Duration::from_millis(PROBE_TIMEOUT_MS));
-            AdminClient::new(ch).status(req).await.ok().map(|_| id)
+            admin_client(&self.shared.pool, ch)
+                .status(req)
+                .await
+                .ok()
+                .map(|_| id)
         });
         futures::future::join_all(probes)
             .await

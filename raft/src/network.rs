@@ -12,6 +12,7 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{Envelope, RaftRequest, SnapshotChunk};
 use openraft::error::{
@@ -26,9 +27,12 @@ use openraft::raft::{
 use openraft::{BasicNode, OptionalSend};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
+use crate::host::PeerSecurity;
 use crate::types::{GroupId, NodeId, Snapshot, TypeConfig, Vote};
 
 /// Bytes of snapshot data per streamed chunk.
@@ -38,13 +42,47 @@ pub const PEER_CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// Wait between attempts to reach an unreachable peer.
 pub const PEER_BACKOFF_MS: u64 = 200;
 
-/// One lazily connected channel per peer address, shared by all groups.
+/// One lazily connected channel per peer address, shared by all groups; over
+/// mutual TLS when the host is configured with it.
 #[derive(Default)]
 pub(crate) struct PeerPool {
     channels: Mutex<HashMap<String, Channel>>,
+    security: PeerSecurity,
+}
+
+/// An admin client on `channel` that sends the host's bearer token, if it has one.
+pub(crate) fn admin_client(
+    pool: &PeerPool,
+    channel: Channel,
+) -> AdminClient<InterceptedService<Channel, BearerToken>> {
+    AdminClient::with_interceptor(channel, BearerToken(pool.security.token.clone()))
+}
+
+/// Adds `authorization: Bearer <token>` to every request (nothing without a token).
+#[derive(Clone)]
+pub(crate) struct BearerToken(Option<String>);
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| tonic::Status::internal("the bearer token is not a valid header"))?;
+            req.metadata_mut().insert("authorization", value);
+        }
+        Ok(req)
+    }
 }
 
 impl PeerPool {
+    /// A pool whose channels use `security`.
+    pub(crate) fn new(security: PeerSecurity) -> Self {
+        Self {
+            channels: Mutex::default(),
+            security,
+        }
+    }
+
     /// The channel to `addr` (`host:port`), created on first use.
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self
@@ -54,8 +92,19 @@ impl PeerPool {
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?
+        let scheme = if self.security.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?;
+        if let Some(tls) = &self.security.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| format!("TLS for peer {addr}: {e}"))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

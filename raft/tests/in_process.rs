@@ -66,6 +66,7 @@ async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
             snapshot_every_entries: 100_000,
             ..RaftTiming::default()
         },
+        peer_security: Default::default(),
     };
     let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
     let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), &factory)

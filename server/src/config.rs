@@ -113,6 +113,20 @@ pub struct ServeArgs {
     /// Bindings in flight per replica [default: 64].
     #[arg(long)]
     pub bind_concurrency: Option<usize>,
+    /// PEM certificate chain of this replica: with --tls-key and --tls-client-ca, the gRPC
+    /// port speaks mutual TLS only (peers and clients), and peers are reached over TLS.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that signs every peer's and client's certificate.
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// File of bearer tokens (one per line, `#` comments): clients must send one
+    /// (`authorization: Bearer <token>`); replicas send the first to their peers.
+    #[arg(long)]
+    pub auth_tokens_file: Option<PathBuf>,
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
@@ -143,6 +157,10 @@ struct FileConfig {
     scheduler_name: Option<String>,
     bind_qps: Option<u32>,
     bind_concurrency: Option<usize>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    auth_tokens_file: Option<PathBuf>,
 }
 
 /// A validated `gangway serve` configuration.
@@ -174,6 +192,10 @@ pub struct ServeConfig {
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.
     pub kube: Option<(crate::kube::ApiServer, crate::kube::KubeOptions)>,
+    /// Mutual TLS files, if the gRPC port is secured.
+    pub tls: Option<crate::security::TlsFiles>,
+    /// The bearer token file, if clients must authenticate.
+    pub auth_tokens_file: Option<PathBuf>,
     /// Whether test crash points are honoured.
     pub test_failpoints: bool,
 }
@@ -207,6 +229,38 @@ pub fn parse_peer(field: &str, text: &str) -> Result<(NodeId, String), ConfigErr
         ));
     }
     Ok((id, addr.to_string()))
+}
+
+/// The TLS files: all three or none.
+fn resolve_tls(
+    args: &ServeArgs,
+    file: &FileConfig,
+) -> Result<Option<crate::security::TlsFiles>, ConfigError> {
+    let cert = args.tls_cert.clone().or(file.tls_cert.clone());
+    let key = args.tls_key.clone().or(file.tls_key.clone());
+    let client_ca = args.tls_client_ca.clone().or(file.tls_client_ca.clone());
+    match (cert, key, client_ca) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), Some(client_ca)) => Ok(Some(crate::security::TlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (cert, key, ca) => {
+            let missing: Vec<&str> = [
+                ("--tls-cert", cert.is_none()),
+                ("--tls-key", key.is_none()),
+                ("--tls-client-ca", ca.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, gone)| gone.then_some(flag))
+            .collect();
+            Err(invalid(
+                "--tls-cert/--tls-key/--tls-client-ca",
+                format!("mutual TLS needs all three; missing {}", missing.join(", ")),
+            ))
+        }
+    }
 }
 
 /// The Kubernetes part of the configuration: which API server, and how to schedule its pods.
@@ -263,6 +317,11 @@ impl ServeConfig {
             None => FileConfig::default(),
         };
         let kube = resolve_kube(&args, &file)?;
+        let tls = resolve_tls(&args, &file)?;
+        let auth_tokens_file = args
+            .auth_tokens_file
+            .clone()
+            .or(file.auth_tokens_file.clone());
         let id = args
             .id
             .or(file.id)
@@ -391,6 +450,8 @@ impl ServeConfig {
                 * 1024,
             timing,
             kube,
+            tls,
+            auth_tokens_file,
             test_failpoints: args.test_failpoints,
         })
     }
@@ -413,6 +474,15 @@ mod tests {
             peers: peers.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn tls_needs_all_three_files() {
+        let mut a = args(1, &[]);
+        a.tls_cert = Some(PathBuf::from("cert.pem"));
+        a.tls_client_ca = Some(PathBuf::from("ca.pem"));
+        let err = ServeConfig::resolve(a).expect_err("no key").to_string();
+        assert!(err.contains("missing --tls-key"), "{err}");
     }
 
     #[test]

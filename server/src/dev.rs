@@ -162,6 +162,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             topology_label: Some("topology.kubernetes.io/zone".into()),
             profile: Profile::default(),
             failpoints: Failpoints::disabled(),
+            security: Default::default(),
         };
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);
     }

@@ -18,5 +18,6 @@ pub mod model;
 pub mod observe;
 pub mod replica;
 pub mod replicated;
+pub mod security;
 pub mod serve;
 pub mod shard;

@@ -14,6 +14,7 @@ use gangway_raft::{HostConfig, HostError, RaftHost, StateMachineFactory};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 
@@ -23,6 +24,7 @@ use crate::failpoints::Failpoints;
 use crate::frontdoor::inventory::InventoryService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
+use crate::security::{tls_incoming, Gate, ServerSecurity, ServerTls};
 use crate::shard::resolver;
 
 /// What a replica needs besides its storage and listener.
@@ -38,6 +40,8 @@ pub struct ReplicaOptions {
     pub profile: Profile,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
+    /// Mutual TLS and bearer tokens enforced on the gRPC port.
+    pub security: ServerSecurity,
 }
 
 /// A running replica.
@@ -61,16 +65,41 @@ impl Replica {
         let factory = move |g| machine_for(g, shards);
         let host = RaftHost::start(opts.host, store, &factory).await?;
         let groups = Groups::new(host.clone());
+        // Peers authenticate the Raft transport by TLS; every other service also wants
+        // a bearer token when tokens are configured.
+        let require_cert = opts.security.tls.is_some();
+        let check = Gate {
+            require_cert,
+            tokens: opts.security.tokens.clone(),
+        };
+        let peers_only = Gate {
+            require_cert,
+            tokens: None,
+        };
         let router = tonic::transport::Server::builder()
-            .add_service(host.transport_service())
-            .add_service(host.admin_service())
-            .add_service(InventoryService::new(
-                groups.clone(),
-                shards,
-                opts.topology_label,
+            .add_service(InterceptedService::new(
+                host.transport_service(),
+                peers_only,
             ))
-            .add_service(SchedulerService::new(groups.clone(), shards));
-        let mut replica = Self::serve(host, router, listener);
+            .add_service(InterceptedService::new(host.admin_service(), check.clone()))
+            .add_service(InterceptedService::new(
+                InventoryService::new(groups.clone(), shards, opts.topology_label),
+                check.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                SchedulerService::new(groups.clone(), shards),
+                check,
+            ));
+        let mut replica = Self::serve(host, router, listener, opts.security.tls.clone());
+        if opts.security.tls.is_some() || opts.security.tokens.is_some() {
+            replica
+                .services
+                .push(tokio::spawn(crate::security::watch_credentials(
+                    opts.security.tls.clone(),
+                    opts.security.tokens.clone(),
+                    replica.stop_services.subscribe(),
+                )));
+        }
         let stop = replica.stop_services.subscribe();
         let coordinator = Coordinator::new(groups.clone(), shards, opts.profile, opts.failpoints);
         replica
@@ -100,17 +129,34 @@ impl Replica {
         let router = tonic::transport::Server::builder()
             .add_service(host.transport_service())
             .add_service(host.admin_service());
-        Ok(Self::serve(host, router, listener))
+        Ok(Self::serve(host, router, listener, None))
     }
 
-    fn serve(host: RaftHost, router: Router, listener: TcpListener) -> Self {
+    fn serve(
+        host: RaftHost,
+        router: Router,
+        listener: TcpListener,
+        tls: Option<Arc<ServerTls>>,
+    ) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
-        // Without TCP_NODELAY, small replies wait on the peer's delayed ACK (~40 ms).
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
-            let _ = stopped.await;
-        }));
         let (stop_services, _) = watch::channel(false);
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let server = match tls {
+            Some(tls) => {
+                let incoming = tls_incoming(listener, tls, stop_services.subscribe());
+                tokio::spawn(router.serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(incoming),
+                    shutdown,
+                ))
+            }
+            None => {
+                // Without TCP_NODELAY, small replies wait on the peer's delayed ACK (~40 ms).
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
+            }
+        };
         Self {
             host,
             server,
@@ -150,5 +196,6 @@ pub fn host_config(
         advertise_addr: advertise.to_string(),
         groups: (0..=u64::from(shards)).collect(),
         timing,
+        peer_security: Default::default(),
     }
 }

@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::StatusRequest;
 use gangway_raft::storage::SledStore;
+use gangway_raft::PeerSecurity;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
@@ -20,6 +21,7 @@ use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::replicated::Groups;
+use crate::security::{self, ServerSecurity, ServerTls, Tokens};
 
 /// Time allowed to reach each peer when checking a fresh replica's id.
 pub const REJOIN_PROBE_TIMEOUT_MS: u64 = 1_500;
@@ -46,13 +48,30 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     };
     let state = datadir::probe(&cfg.data, &identity)?;
     let bootstrap = state == DataDirState::Fresh && !cfg.join;
+    let server_security = ServerSecurity {
+        tls: match &cfg.tls {
+            Some(files) => Some(ServerTls::load(files.clone())?),
+            None => None,
+        },
+        tokens: match &cfg.auth_tokens_file {
+            Some(path) => Some(Tokens::load(path.clone())?),
+            None => None,
+        },
+    };
+    let peer_security = PeerSecurity {
+        tls: match &cfg.tls {
+            Some(files) => Some(security::client_config(files)?),
+            None => None,
+        },
+        token: server_security.tokens.as_ref().map(|t| t.own()),
+    };
     if bootstrap {
-        refuse_wiped_member(&cfg).await?;
+        refuse_wiped_member(&cfg, &peer_security).await?;
     }
     datadir::open(&cfg.data, &identity)?;
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
         .with_context(|| format!("cannot open the store in {} (--data)", cfg.data.display()))?;
-    let opts = ReplicaOptions {
+    let mut opts = ReplicaOptions {
         host: host_config(
             &cfg.cluster_id,
             cfg.id,
@@ -68,7 +87,9 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         } else {
             Failpoints::disabled()
         },
+        security: server_security,
     };
+    opts.host.peer_security = peer_security;
     let replica = Replica::start(opts, Arc::new(store), grpc).await?;
     if bootstrap {
         replica.host.bootstrap(&cfg.initial_members()).await?;
@@ -118,19 +139,36 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
 
 /// A fresh data dir under an id that peers already replicated to means the
 /// replica lost its disk; bootstrapping it would let it vote twice in a term.
-async fn refuse_wiped_member(cfg: &ServeConfig) -> anyhow::Result<()> {
+async fn refuse_wiped_member(cfg: &ServeConfig, peers: &PeerSecurity) -> anyhow::Result<()> {
+    let scheme = if peers.tls.is_some() { "https" } else { "http" };
     for (peer, addr) in &cfg.peers {
-        let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+        let Ok(mut endpoint) =
+            tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+        else {
             continue;
         };
-        let endpoint = endpoint.connect_timeout(Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS));
-        let Ok(channel) = endpoint.connect().await else {
+        if let Some(tls) = &peers.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let probe = Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS);
+        // The whole connect is bounded, TLS handshake included: a peer that is itself
+        // still probing has not started serving, and would never answer it.
+        let Ok(Ok(channel)) =
+            tokio::time::timeout(probe, endpoint.connect_timeout(probe).connect()).await
+        else {
             continue;
         };
         let mut req = tonic::Request::new(StatusRequest {
             include_state_hash: false,
         });
         req.set_timeout(Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS));
+        if let Some(value) = peers
+            .token
+            .as_ref()
+            .and_then(|t| format!("Bearer {t}").parse().ok())
+        {
+            req.metadata_mut().insert("authorization", value);
+        }
         let Ok(reply) = AdminClient::new(channel).status(req).await else {
             continue;
         };

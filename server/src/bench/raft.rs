@@ -165,6 +165,7 @@ async fn start_cluster(store: &str, dir: &std::path::Path) -> anyhow::Result<Vec
                 snapshot_every_entries: 1_000_000,
                 ..RaftTiming::default()
             },
+            peer_security: Default::default(),
         };
         replicas.push(
             Replica::start_with(cfg, kv, listener, &|_| Box::new(CountingMachine::default()))

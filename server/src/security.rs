@@ -1,0 +1,462 @@
+//! Transport security and client authentication for `gangway serve`: mutual TLS
+//! on the gRPC port (peers and clients alike present a certificate signed by the
+//! configured CA; plaintext is refused) and bearer tokens for the front door and
+//! admin services. Certificates, key, CA and token file are re-read when they
+//! change (checked every [`CREDENTIALS_RELOAD_MS`]), so a rotated Secret takes
+//! effect without a restart: new connections use the new certificate, new requests
+//! the new tokens; a file that fails to load leaves the last good one in force.
+//! Tokens are kept as SHA-256 digests and never logged. Used by `Replica` (the
+//! server side), `serve` (peer identity) and nothing else.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::{Digest, Sha256};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tonic::metadata::MetadataMap;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+use tonic::{Request, Status};
+
+/// How often the credential files are checked for changes, in ms.
+pub const CREDENTIALS_RELOAD_MS: u64 = 5_000;
+/// Time allowed for one TLS handshake, in ms.
+pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+/// TLS handshakes in progress at once.
+pub const TLS_HANDSHAKES_MAX: usize = 256;
+
+/// The PEM files of mutual TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This replica's certificate chain (server and, towards peers, client identity).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA that signs every peer's and client's certificate.
+    pub client_ca: PathBuf,
+}
+
+/// A credential file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    /// The file could not be read.
+    #[error("{flag} {path}: {reason}")]
+    Unreadable {
+        /// The flag naming it.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The TLS configuration was refused.
+    #[error("TLS configuration (--tls-cert, --tls-key, --tls-client-ca): {0}")]
+    Tls(String),
+}
+
+fn unreadable(flag: &'static str, path: &Path, reason: impl ToString) -> SecurityError {
+    SecurityError::Unreadable {
+        flag,
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, SecurityError> {
+    std::fs::read(path).map_err(|e| unreadable(flag, path, e))
+}
+
+fn certs(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, SecurityError> {
+    let pem = read(flag, path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| unreadable(flag, path, e))?;
+    if certs.is_empty() {
+        return Err(unreadable(flag, path, "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The server side of mutual TLS from `files` (HTTP/2 only, client certificate required).
+pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, SecurityError> {
+    let chain = certs("--tls-cert", &files.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&read("--tls-key", &files.key)?)
+        .map_err(|e| unreadable("--tls-key", &files.key, e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certs("--tls-client-ca", &files.client_ca)? {
+        roots
+            .add(ca)
+            .map_err(|e| unreadable("--tls-client-ca", &files.client_ca, e))?;
+    }
+    // A certificate that is presented must chain to the CA, or the handshake fails;
+    // one that is missing is refused by the gRPC layer instead (`Gate`), which can
+    // answer with a status that says what to do.
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| SecurityError::Tls(e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SecurityError::Tls(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| SecurityError::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client side of mutual TLS from `files`: this replica's identity towards peers,
+/// trusting the same CA.
+pub fn client_config(files: &TlsFiles) -> Result<ClientTlsConfig, SecurityError> {
+    // Parse now, so a bad file fails at start-up rather than on the first peer call.
+    server_config(files)?;
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(
+            "--tls-client-ca",
+            &files.client_ca,
+        )?))
+        .identity(Identity::from_pem(
+            read("--tls-cert", &files.cert)?,
+            read("--tls-key", &files.key)?,
+        )))
+}
+
+/// When `paths` last changed (the latest modification time among them).
+fn stamp(paths: &[&Path]) -> Option<SystemTime> {
+    paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max()
+}
+
+/// The server TLS configuration in force, swapped when its files change.
+pub struct ServerTls {
+    files: TlsFiles,
+    current: RwLock<Arc<rustls::ServerConfig>>,
+    loaded: RwLock<Option<SystemTime>>,
+}
+
+impl ServerTls {
+    /// Loads `files` (an error names the flag and file).
+    pub fn load(files: TlsFiles) -> Result<Arc<Self>, SecurityError> {
+        let config = server_config(&files)?;
+        let loaded = stamp(&[&files.cert, &files.key, &files.client_ca]);
+        Ok(Arc::new(Self {
+            files,
+            current: RwLock::new(config),
+            loaded: RwLock::new(loaded),
+        }))
+    }
+
+    fn current(&self) -> Arc<rustls::ServerConfig> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the files if they changed; a failure keeps the configuration in force.
+    fn reload_if_changed(&self) {
+        let f = &self.files;
+        let now = stamp(&[&f.cert, &f.key, &f.client_ca]);
+        let before = self.loaded.read().map(|l| *l).unwrap_or(None);
+        if now == before {
+            return;
+        }
+        match server_config(f) {
+            Ok(config) => {
+                if let Ok(mut c) = self.current.write() {
+                    *c = config;
+                }
+                if let Ok(mut l) = self.loaded.write() {
+                    *l = now;
+                }
+                tracing::info!(cert = %f.cert.display(), "TLS certificate reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS files changed but cannot be used; keeping the previous ones")
+            }
+        }
+    }
+}
+
+/// Accepts TCP connections on `listener` and completes their TLS handshakes (each
+/// bounded by [`TLS_HANDSHAKE_TIMEOUT_MS`], at most [`TLS_HANDSHAKES_MAX`] at once);
+/// the streams that pass come out of the returned receiver. A client without a
+/// valid certificate, or speaking plaintext, never gets a stream.
+pub fn tls_incoming(
+    listener: TcpListener,
+    tls: Arc<ServerTls>,
+    mut stop: watch::Receiver<bool>,
+) -> mpsc::Receiver<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(TLS_HANDSHAKES_MAX);
+    let slots = Arc::new(Semaphore::new(TLS_HANDSHAKES_MAX));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.changed() => return,
+                a = listener.accept() => a,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let handshake = tokio::time::timeout(
+                    Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS),
+                    acceptor.accept(tcp),
+                )
+                .await;
+                match handshake {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    rx
+}
+
+/// The accepted bearer tokens, as SHA-256 digests, swapped when the file changes.
+pub struct Tokens {
+    path: PathBuf,
+    digests: RwLock<HashSet<[u8; 32]>>,
+    first: RwLock<String>,
+    loaded: RwLock<Option<SystemTime>>,
+}
+
+fn read_tokens(path: &Path) -> Result<Vec<String>, SecurityError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| unreadable("--auth-tokens-file", path, e))?;
+    let tokens: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    if tokens.is_empty() {
+        return Err(unreadable(
+            "--auth-tokens-file",
+            path,
+            "no token in the file (one per line)",
+        ));
+    }
+    if let Some(bad) = tokens
+        .iter()
+        .position(|t| t.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        return Err(unreadable(
+            "--auth-tokens-file",
+            path,
+            format!(
+                "token on data line {} has whitespace or control characters",
+                bad + 1
+            ),
+        ));
+    }
+    Ok(tokens)
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Tokens {
+    /// Loads the token file (one token per line; `#` comments and blank lines skipped).
+    pub fn load(path: PathBuf) -> Result<Arc<Self>, SecurityError> {
+        let tokens = read_tokens(&path)?;
+        let loaded = stamp(&[&path]);
+        Ok(Arc::new(Self {
+            digests: RwLock::new(tokens.iter().map(|t| digest(t)).collect()),
+            first: RwLock::new(tokens[0].clone()),
+            loaded: RwLock::new(loaded),
+            path,
+        }))
+    }
+
+    /// The token this replica sends to its peers (the file's first).
+    pub fn own(&self) -> String {
+        self.first.read().map(|f| f.clone()).unwrap_or_default()
+    }
+
+    fn accepts(&self, token: &str) -> bool {
+        self.digests
+            .read()
+            .is_ok_and(|d| d.contains(&digest(token)))
+    }
+
+    /// Checks a request's `authorization: Bearer <token>`.
+    pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let Some(value) = metadata.get("authorization") else {
+            return Err(Status::unauthenticated(
+                "missing bearer token: send `authorization: Bearer <token>` (gangctl --token or GANGWAY_TOKEN)",
+            ));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match token {
+            Some(t) if self.accepts(t) => Ok(()),
+            Some(_) => Err(Status::unauthenticated("bearer token not accepted")),
+            None => Err(Status::unauthenticated(
+                "authorization header is not `Bearer <token>`",
+            )),
+        }
+    }
+
+    fn reload_if_changed(&self) {
+        let now = stamp(&[&self.path]);
+        let before = self.loaded.read().map(|l| *l).unwrap_or(None);
+        if now == before {
+            return;
+        }
+        match read_tokens(&self.path) {
+            Ok(tokens) => {
+                if let Ok(mut d) = self.digests.write() {
+                    *d = tokens.iter().map(|t| digest(t)).collect();
+                }
+                if let Ok(mut f) = self.first.write() {
+                    *f = tokens[0].clone();
+                }
+                if let Ok(mut l) = self.loaded.write() {
+                    *l = now;
+                }
+                tracing::info!(tokens = tokens.len(), "bearer tokens reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "token file changed but cannot be used; keeping the previous tokens")
+            }
+        }
+    }
+}
+
+/// What the server side of a replica enforces.
+#[derive(Clone, Default)]
+pub struct ServerSecurity {
+    /// Mutual TLS on the gRPC port.
+    pub tls: Option<Arc<ServerTls>>,
+    /// Bearer tokens on the front door and admin services.
+    pub tokens: Option<Arc<Tokens>>,
+}
+
+impl std::fmt::Debug for ServerSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("tokens", &self.tokens.is_some())
+            .finish()
+    }
+}
+
+/// A request interceptor: with TLS, the connection must have presented a client
+/// certificate (the handshake already checked it against the CA); with tokens, the
+/// request must carry an accepted bearer token.
+#[derive(Clone, Default)]
+pub struct Gate {
+    /// Whether a client certificate is required.
+    pub require_cert: bool,
+    /// The accepted tokens, if tokens are required.
+    pub tokens: Option<Arc<Tokens>>,
+}
+
+impl Interceptor for Gate {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        if self.require_cert && req.peer_certs().is_none_or(|c| c.is_empty()) {
+            return Err(Status::unauthenticated(
+                "client certificate required: this cluster uses mutual TLS; present a certificate \
+                 signed by its CA (gangctl --tls-cert/--tls-key)",
+            ));
+        }
+        match &self.tokens {
+            Some(tokens) => tokens.check(req.metadata()).map(|()| req),
+            None => Ok(req),
+        }
+    }
+}
+
+/// Re-reads changed credential files every [`CREDENTIALS_RELOAD_MS`] until `stop` fires.
+pub async fn watch_credentials(
+    tls: Option<Arc<ServerTls>>,
+    tokens: Option<Arc<Tokens>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(Duration::from_millis(CREDENTIALS_RELOAD_MS)) => {}
+        }
+        if let Some(t) = &tls {
+            t.reload_if_changed();
+        }
+        if let Some(t) = &tokens {
+            t.reload_if_changed();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_by_digest_and_named_errors_say_what_to_send() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "# operators\nalpha-123\n\nbeta-456\n").expect("write");
+        let tokens = Tokens::load(path.clone()).expect("tokens");
+        assert_eq!(tokens.own(), "alpha-123");
+        let mut md = MetadataMap::new();
+        let missing = tokens.check(&md).expect_err("no header");
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+        assert!(missing.message().contains("--token"));
+        md.insert("authorization", "Bearer beta-456".parse().expect("header"));
+        assert!(tokens.check(&md).is_ok());
+        md.insert("authorization", "Bearer gamma".parse().expect("header"));
+        assert_eq!(
+            tokens.check(&md).expect_err("wrong").message(),
+            "bearer token not accepted"
+        );
+        std::fs::write(&path, "\n# nothing\n").expect("write");
+        let err = read_tokens(&path).expect_err("empty");
+        assert!(err.to_string().contains("--auth-tokens-file"));
+    }
+
+    #[test]
+    fn unreadable_tls_files_name_the_flag() {
+        let files = TlsFiles {
+            cert: PathBuf::from("/nonexistent/cert.pem"),
+            key: PathBuf::from("/nonexistent/key.pem"),
+            client_ca: PathBuf::from("/nonexistent/ca.pem"),
+        };
+        let err = server_config(&files)
+            .expect_err("missing files")
+            .to_string();
+        assert!(err.starts_with("--tls-cert /nonexistent/cert.pem"), "{err}");
+    }
+}

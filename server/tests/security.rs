@@ -1,0 +1,262 @@
+//! Mutual TLS and bearer tokens with three real `gangway serve` processes: the
+//! cluster forms over TLS and schedules; clients without a certificate, with a
+//! certificate of another CA, speaking plaintext, or without the right token are
+//! refused with a clear error; a replica pointed at another cluster's data dir is
+//! refused at start.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gangway_client::api::NodeSpec;
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
+use gangway_client::{Client, ClientError, Credentials};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use serde_json::json;
+use support::Cluster;
+
+/// A CA and the certificates it signed, as PEM files in `dir`.
+struct Pki {
+    ca: PathBuf,
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let issuer =
+            CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA");
+        let ca = dir.join(format!("{name}.pem"));
+        std::fs::write(&ca, issuer.as_ref().pem()).expect("write CA");
+        Self { ca, issuer }
+    }
+
+    /// A certificate for 127.0.0.1 usable as server and client: (cert, key).
+    fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .expect("params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_path, key_path) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+}
+
+fn credentials(ca: &Path, cert: Option<(&Path, &Path)>, token: Option<&str>) -> Credentials {
+    Credentials::from_files(
+        Some(ca),
+        cert.map(|c| c.0),
+        cert.map(|c| c.1),
+        token.map(String::from),
+    )
+    .expect("credentials")
+}
+
+/// What a client with `credentials` gets when it lists gang groups.
+async fn attempt(cluster: &Cluster, credentials: Credentials) -> Result<(), String> {
+    let client = Client::connect_with(&[cluster.procs[&1].grpc.clone()], credentials)
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .list_groups(false)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            ClientError::Rpc(s) => format!("{:?}: {}", s.code(), s.message()),
+            other => other.to_string(),
+        })
+}
+
+/// Whether `GET /readyz` answers 200 (false while the process is still starting).
+async fn readyz(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.ok()?;
+        Some(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), probe).await,
+        Ok(Some(true))
+    )
+}
+
+async fn wait_ready_http(cluster: &Cluster) {
+    let start = Instant::now();
+    loop {
+        let mut ready = 0;
+        for p in cluster.procs.values() {
+            if readyz(&p.http).await {
+                ready += 1;
+            }
+        }
+        if ready == cluster.procs.len() {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "cluster not ready over TLS:\n{}\n---\n{}",
+            cluster.log(1),
+            cluster.log(2)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
+    let pki_dir = tempfile::tempdir().expect("tempdir");
+    let dir = pki_dir.path();
+    let pki = Pki::new(dir, "gangway-ca");
+    let (server_cert, server_key) = pki.issue(dir, "replica");
+    let (client_cert, client_key) = pki.issue(dir, "operator");
+    let stranger_pki = Pki::new(dir, "other-ca");
+    let (stranger_cert, stranger_key) = stranger_pki.issue(dir, "stranger");
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, "# gangway bearer tokens\ns3cret-operator-token\n").expect("tokens");
+    let path = |p: &Path| p.display().to_string();
+    let args = vec![
+        "--tls-cert".into(),
+        path(&server_cert),
+        "--tls-key".into(),
+        path(&server_key),
+        "--tls-client-ca".into(),
+        path(&pki.ca),
+        "--auth-tokens-file".into(),
+        path(&tokens),
+    ];
+    let mut cluster = Cluster::start_with(3, 2, args, Vec::new());
+    wait_ready_http(&cluster).await;
+
+    // The operator (certificate + token) registers a node and places a gang.
+    let good = credentials(
+        &pki.ca,
+        Some((&client_cert, &client_key)),
+        Some("s3cret-operator-token"),
+    );
+    let client = Client::connect_with(&[cluster.procs[&2].grpc.clone()], good.clone())
+        .await
+        .expect("connect with credentials");
+    client
+        .register_node(NodeSpec {
+            name: "tls-node".into(),
+            allocatable: [("cpu", "8"), ("memory", "16Gi"), ("pods", "110")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("register a node over mTLS");
+    let request = GangGroupBuilder::new("secure".to_string())
+        .gang(GangBuilder::new("team", "workers", 2).members(
+            "w",
+            2,
+            json!({"requests": {"cpu": "1"}}),
+        ))
+        .build();
+    let submitted = client.submit(request).await.expect("submit over mTLS");
+    let start = Instant::now();
+    loop {
+        let groups = client.list_groups(false).await.expect("list");
+        if groups
+            .iter()
+            .any(|g| g.id == submitted.id && g.state == "Placed")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not placed: {groups:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Strangers.
+    let no_cert = attempt(
+        &cluster,
+        credentials(&pki.ca, None, Some("s3cret-operator-token")),
+    )
+    .await;
+    let err = no_cert.expect_err("a client without a certificate is refused");
+    assert!(
+        err.starts_with("Unauthenticated: client certificate required"),
+        "no certificate: {err}"
+    );
+    let foreign = attempt(
+        &cluster,
+        credentials(
+            &pki.ca,
+            Some((&stranger_cert, &stranger_key)),
+            Some("s3cret-operator-token"),
+        ),
+    )
+    .await;
+    let err = foreign.expect_err("a certificate of another CA is refused");
+    eprintln!("certificate of another CA: {err}");
+    let plaintext = attempt(&cluster, Credentials::default()).await;
+    let err = plaintext.expect_err("plaintext is refused when TLS is configured");
+    eprintln!("plaintext: {err}");
+    let no_token = attempt(
+        &cluster,
+        credentials(&pki.ca, Some((&client_cert, &client_key)), None),
+    )
+    .await;
+    let err = no_token.expect_err("no token");
+    assert!(
+        err.starts_with("Unauthenticated: missing bearer token"),
+        "{err}"
+    );
+    let wrong = attempt(
+        &cluster,
+        credentials(&pki.ca, Some((&client_cert, &client_key)), Some("guess")),
+    )
+    .await;
+    assert_eq!(
+        wrong,
+        Err("Unauthenticated: bearer token not accepted".to_string())
+    );
+    for id in 1..=3 {
+        assert!(
+            !cluster.log(id).contains("s3cret-operator-token"),
+            "the token never reaches a log"
+        );
+    }
+
+    // Replica 3 restarted on its data dir under another cluster id: refused at start.
+    cluster.kill(3);
+    let out = cluster
+        .command(3)
+        .args(["--cluster-id", "another-cluster"])
+        .output()
+        .expect("run gangway serve");
+    assert!(
+        !out.status.success(),
+        "a foreign cluster id on this data dir must not start"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("another-cluster") || stderr.contains("cluster"),
+        "the refusal names the cluster: {stderr}"
+    );
+}
