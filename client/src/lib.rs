@@ -9,7 +9,8 @@ pub mod spec;
 
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::{
-    BalanceReply, BalanceRequest, CompactRequest, StatusReply, StatusRequest,
+    AddLearnerRequest, BalanceReply, BalanceRequest, ChangeMembershipRequest, CompactRequest,
+    StatusReply, StatusRequest, TransferLeaderRequest,
 };
 use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
@@ -271,6 +272,86 @@ impl Client {
             .compact(CompactRequest { group_id })
             .await?;
         Ok(())
+    }
+
+    /// Adds replica `node_id` (started with `--join`, reachable at `addr`) to every
+    /// group: first as a learner, which catches up from the leader, then as a voter.
+    /// Returns the groups' voters afterwards.
+    pub async fn add_member(
+        &self,
+        node_id: u64,
+        addr: &str,
+    ) -> Result<Vec<(u64, Vec<u64>)>, ClientError> {
+        let mut admin = AdminClient::new(self.transport());
+        admin
+            .add_learner(AddLearnerRequest {
+                group_id: None,
+                node_id,
+                addr: addr.to_string(),
+            })
+            .await?;
+        for g in self.status(false).await?.groups {
+            let mut voters = g.voters.clone();
+            if !voters.contains(&node_id) {
+                voters.push(node_id);
+                admin
+                    .change_membership(ChangeMembershipRequest {
+                        group_id: Some(g.group_id),
+                        voters,
+                    })
+                    .await?;
+            }
+        }
+        self.voters().await
+    }
+
+    /// Removes replica `node_id` from every group's voters; where it leads a group,
+    /// the leadership is handed to another voter first, so no group waits for an
+    /// election. Returns the groups' voters afterwards.
+    pub async fn remove_member(&self, node_id: u64) -> Result<Vec<(u64, Vec<u64>)>, ClientError> {
+        let mut admin = AdminClient::new(self.transport());
+        let groups = self.status(false).await?.groups;
+        if !groups.iter().any(|g| g.voters.contains(&node_id)) {
+            return Err(ClientError::Rpc(tonic::Status::not_found(format!(
+                "node {node_id} is not a voter of any group"
+            ))));
+        }
+        for g in &groups {
+            let others: Vec<u64> = g.voters.iter().copied().filter(|v| *v != node_id).collect();
+            if others.is_empty() {
+                return Err(ClientError::Rpc(tonic::Status::failed_precondition(
+                    format!("group {}: node {node_id} is its only voter", g.group_id),
+                )));
+            }
+            if g.leader == node_id {
+                admin
+                    .transfer_leader(TransferLeaderRequest {
+                        group_id: g.group_id,
+                        to_node: others[0],
+                    })
+                    .await?;
+            }
+            if g.voters.contains(&node_id) {
+                admin
+                    .change_membership(ChangeMembershipRequest {
+                        group_id: Some(g.group_id),
+                        voters: others,
+                    })
+                    .await?;
+            }
+        }
+        self.voters().await
+    }
+
+    /// Each group's voters, as the connected replica sees them.
+    async fn voters(&self) -> Result<Vec<(u64, Vec<u64>)>, ClientError> {
+        Ok(self
+            .status(false)
+            .await?
+            .groups
+            .into_iter()
+            .map(|g| (g.group_id, g.voters))
+            .collect())
     }
 
     /// Registers (or updates) a node.

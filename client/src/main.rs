@@ -119,6 +119,21 @@ enum ClusterCommand {
         #[arg(long)]
         group: Option<u64>,
     },
+    /// Add a replica (started with `gangway serve --join`) as a voter of every group.
+    Add {
+        /// Its node id (new: never one a lost replica had).
+        #[arg(long)]
+        id: u64,
+        /// The address peers reach it at (its --advertise).
+        #[arg(long)]
+        addr: String,
+    },
+    /// Remove a replica from every group (its leaderships move away first).
+    Remove {
+        /// Its node id.
+        #[arg(long)]
+        id: u64,
+    },
 }
 
 /// Why gangctl failed, and so its exit code.
@@ -147,6 +162,24 @@ impl Failure {
                 2
             }
             Failure::WrongEnd { .. } => 4,
+        }
+    }
+}
+
+fn print_voters(voters: &[(u64, Vec<u64>)], output: Output) {
+    match output {
+        Output::Json => {
+            let list: Vec<_> = voters
+                .iter()
+                .map(|(g, v)| json!({"group": g, "voters": v}))
+                .collect();
+            println!("{}", json!({ "groups": list }));
+        }
+        Output::Table => {
+            println!("{:<6} VOTERS", "GROUP");
+            for (g, v) in voters {
+                println!("{g:<6} {v:?}");
+            }
         }
     }
 }
@@ -322,6 +355,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     println!("leaders per node: {:?}", reply.leaders_per_node);
                 }
             }
+            Ok(())
+        }
+        Command::Cluster {
+            command: ClusterCommand::Add { id, addr },
+        } => {
+            let voters = client.add_member(id, &addr).await?;
+            print_voters(&voters, cli.output);
+            Ok(())
+        }
+        Command::Cluster {
+            command: ClusterCommand::Remove { id },
+        } => {
+            let voters = client.remove_member(id).await?;
+            print_voters(&voters, cli.output);
             Ok(())
         }
         Command::Cluster {

@@ -185,7 +185,7 @@ async fn refuse_wiped_member(cfg: &ServeConfig, peers: &PeerSecurity) -> anyhow:
                 bail!(
                     "node id {} already holds data in cluster {:?} (peer {peer} replicated group {} to it), but {} is empty: \
                      this replica lost its disk and must not rejoin under its old id; start it with a new --id and --join, \
-                     then add it with `gangctl cluster add`",
+                     then add it with `gangctl cluster add --id NEW --addr HOST:PORT`",
                     cfg.id,
                     cfg.cluster_id,
                     g.group_id,

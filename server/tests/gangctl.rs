@@ -1,15 +1,21 @@
 //! `gangctl` against a real `gangway serve`: submit a YAML group, watch it to
 //! Placed, release it; malformed YAML and invalid fields are reported with the
-//! line or field and the documented exit codes.
+//! line or field and the documented exit codes; `gangctl cluster add` and
+//! `remove` under a stream of submissions lose no acknowledged one.
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
 use gangway_proto::v1::NodeSpec;
-use support::{client, Cluster};
+use serde_json::json;
+use support::{client, free_port, Cluster};
 
 /// The gangctl binary beside the gangway binary, built if this test run did not build it.
 fn gangctl() -> PathBuf {
@@ -136,4 +142,119 @@ async fn submit_watch_release_round_trip() {
     // Nobody listening: exit 3.
     let out = run(&format!("127.0.0.1:{}", support::free_port()), &["list"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_add_then_remove_under_load_loses_no_acknowledged_submission() {
+    let mut c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    let via2 = client(&c, 2).await;
+    via2.register_node(NodeSpec {
+        name: "roomy".into(),
+        allocatable: [("cpu", "10000"), ("memory", "10000Gi"), ("pods", "100000")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .expect("register a node");
+
+    // A stream of one-pod gangs through replica 2, each with its own idempotency key.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (client, stop) = (via2.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut acked, mut slowest) = (Vec::new(), Duration::ZERO);
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("load-{i:05}");
+                let request = GangGroupBuilder::new(key.clone())
+                    .idempotency_key(key.clone())
+                    .gang(GangBuilder::new("load", format!("g{i}"), 1).members(
+                        "w",
+                        1,
+                        json!({"requests": {"cpu": "1"}}),
+                    ))
+                    .build();
+                let started = Instant::now();
+                if client.submit(request).await.is_ok() {
+                    acked.push(key);
+                    slowest = slowest.max(started.elapsed());
+                }
+                i += 1;
+            }
+            (acked, slowest)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Add replica 4 (started with --join), then remove replica 1, through gangctl.
+    let addr4 = format!("127.0.0.1:{}", free_port());
+    let peers = (1..=3).map(|id| (id, c.procs[&id].grpc.clone())).collect();
+    c.add_proc(4, addr4.clone(), peers, true);
+    c.spawn(4);
+    let add = run(
+        &c.procs[&2].grpc,
+        &["cluster", "add", "--id", "4", "--addr", &addr4],
+    );
+    assert!(
+        add.status.success(),
+        "cluster add: {}\n{}",
+        text(&add),
+        c.log(4)
+    );
+    // Replica 4 votes in every group and applies its log (the load keeps the states moving,
+    // so they are not compared here; the cluster tests compare them at rest).
+    let start = Instant::now();
+    loop {
+        let four = c.status(4, false).await;
+        let ok = four.as_ref().is_some_and(|s| {
+            s.groups
+                .iter()
+                .all(|g| g.voters == vec![1, 2, 3, 4] && g.applied_index > 0)
+        });
+        if ok {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "replica 4 never became a voter of every group: {four:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let remove = run(&c.procs[&2].grpc, &["cluster", "remove", "--id", "1"]);
+    assert!(remove.status.success(), "cluster remove: {}", text(&remove));
+    let status = c.status(2, false).await.expect("status of 2");
+    for g in &status.groups {
+        assert_eq!(g.voters, vec![2, 3, 4], "group {} voters", g.group_id);
+        assert_ne!(
+            g.leader, 1,
+            "group {} is not led by the removed replica",
+            g.group_id
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acked, slowest) = load.await.expect("load task");
+    assert!(acked.len() > 10, "the load made progress: {}", acked.len());
+    eprintln!(
+        "membership change under load: {} submissions acknowledged, slowest {slowest:?}",
+        acked.len()
+    );
+
+    let known: BTreeSet<String> = via2
+        .list_groups(true)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|g| g.idempotency_key)
+        .collect();
+    let lost: Vec<&String> = acked.iter().filter(|k| !known.contains(*k)).collect();
+    assert!(lost.is_empty(), "acknowledged submissions lost: {lost:?}");
+    // An election takes at most a few election timeouts (300-600 ms each).
+    assert!(
+        slowest < Duration::from_secs(3),
+        "a submission waited {slowest:?} while the membership changed"
+    );
 }

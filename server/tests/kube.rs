@@ -651,12 +651,18 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
         .expect("DisruptionTarget condition");
     assert_eq!(condition["status"], "True");
     assert_eq!(condition["reason"], "DeletionByDeviceTaintManager");
-    assert!(
-        events_for(&api, &victim, "DeviceEviction")
-            .iter()
-            .any(|m| m.contains("example.com/ecc")),
-        "a Warning event names the taint"
-    );
+    // The event is written after the delete.
+    wait_for(
+        "a Warning event naming the taint",
+        Duration::from_secs(10),
+        &cluster,
+        || {
+            events_for(&api, &victim, "DeviceEviction")
+                .iter()
+                .any(|m| m.contains("example.com/ecc"))
+        },
+    )
+    .await;
     for other in gpu_pods.iter().filter(|p| **p != victim) {
         assert!(node_of(&api, other).is_some(), "{other} was not evicted");
     }
