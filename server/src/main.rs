@@ -17,6 +17,9 @@ struct Cli {
     /// Log line format on stderr (RUST_LOG sets the level).
     #[arg(long, global = true, value_enum, default_value_t = observe::LogFormat::Text)]
     log_format: observe::LogFormat,
+    /// Export spans to this OTLP/gRPC collector (e.g. http://otel-collector:4317).
+    #[arg(long, global = true, env = "GANGWAY_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,7 +72,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    observe::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -77,7 +79,18 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run(cli)) {
+    let telemetry = runtime
+        .block_on(async { observe::init_logging(cli.log_format, cli.otlp_endpoint.as_deref()) });
+    let telemetry = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("gangway: error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    telemetry.shutdown();
+    if let Err(e) = result {
         eprintln!("gangway: error: {e:#}");
         std::process::exit(1);
     }

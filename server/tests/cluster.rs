@@ -426,3 +426,116 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
     c.spawn(1);
     c.wait_ready(&[1], Duration::from_secs(20)).await;
 }
+
+/// An OTLP/gRPC trace collector on 127.0.0.1 that keeps the names and attribute keys
+/// of the spans it receives (the OpenTelemetry collector's TraceService).
+#[derive(Clone, Default)]
+struct Collector {
+    spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<String>)>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+        for rs in request.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    let keys = span.attributes.iter().map(|a| a.key.clone()).collect();
+                    spans.push((span.name, keys));
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_spans_reach_an_otlp_collector() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the collector");
+    let collector_addr = listener.local_addr().expect("addr");
+    let collector = Collector::default();
+    let served = collector.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(served))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+    );
+    let args = vec![
+        "--otlp-endpoint".to_string(),
+        format!("http://{collector_addr}"),
+    ];
+    let c = Cluster::start_with(3, 2, args, Vec::new());
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
+    // Eight one-CPU nodes and a gang of eight one-CPU pods: it needs every node, so both
+    // shards, so a two-phase transaction.
+    let client = support::client(&c, 1).await;
+    for i in 0..8 {
+        client
+            .register_node(gangway_proto::v1::NodeSpec {
+                name: format!("otlp-{i}"),
+                allocatable: [("cpu", "1"), ("memory", "4Gi"), ("pods", "10")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("register");
+    }
+    let request = gangway_client::spec::GangGroupBuilder::new("traced".to_string())
+        .gang(
+            gangway_client::spec::GangBuilder::new("team", "wide", 8).members(
+                "w",
+                8,
+                serde_json::json!({"requests": {"cpu": "1"}}),
+            ),
+        )
+        .build();
+    client.submit(request).await.expect("submit");
+    let start = Instant::now();
+    loop {
+        let spans = collector
+            .spans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let round = spans.iter().any(|(n, _)| n == "placement_round");
+        let txn = spans
+            .iter()
+            .any(|(n, keys)| n == "transaction" && keys.iter().any(|k| k == "txn"));
+        if round && txn {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "spans received: {:?}",
+            spans.iter().map(|(n, _)| n).collect::<BTreeSet<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(c);
+    let _ = stop.send(());
+    let _ = server.await;
+}

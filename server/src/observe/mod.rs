@@ -30,19 +30,90 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stderr in `format`; `RUST_LOG` sets the level (default: info, openraft at error).
-pub fn init_logging(format: LogFormat) {
+/// The tracing pipeline's parts that must be flushed at exit.
+#[must_use = "call shutdown() at exit so buffered spans are exported"]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered (bounded by the SDK's export timeout).
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            if let Err(e) = provider.shutdown() {
+                eprintln!("gangway: warning: flushing spans to the OTLP endpoint failed: {e}");
+            }
+        }
+    }
+}
+
+/// The tracing pipeline could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("--otlp-endpoint {endpoint}: {reason}")]
+pub struct TelemetryError {
+    endpoint: String,
+    reason: String,
+}
+
+/// Logs to stderr in `format` (`RUST_LOG` sets the level; default: info, openraft at
+/// error) and, with `otlp_endpoint` (an OTLP/gRPC collector such as
+/// `http://otel-collector:4317`), exports every span (`placement_round`, `transaction`,
+/// …) there in batches. Call inside the tokio runtime (the exporter's channel needs it).
+pub fn init_logging(
+    format: LogFormat,
+    otlp_endpoint: Option<&str>,
+) -> Result<Telemetry, TelemetryError> {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt
             .json()
             .with_current_span(true)
             .with_span_list(true)
-            .try_init(),
+            .boxed(),
     };
+    let provider = match otlp_endpoint {
+        Some(endpoint) => Some(otlp_provider(endpoint)?),
+        None => None,
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("gangway"))
+            .boxed()
+    });
+    // A second initialisation (tests calling this twice) keeps the first subscriber.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    Ok(Telemetry { provider })
+}
+
+fn otlp_provider(
+    endpoint: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| TelemetryError {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        })?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("gangway")
+        .build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
 }
