@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gangway_proto::admin::{self as pb, GroupStatus};
-use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{PrepareElectionRequest, ProposeRequest, ReadRequest};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
@@ -25,7 +24,7 @@ use tokio::task::JoinHandle;
 use crate::balance;
 use crate::error::HostError;
 use crate::log_store::LogStore;
-use crate::network::{admin_client, NetworkFactory, Origin, PeerPool};
+use crate::network::{admin_client, transport_client, NetworkFactory, Origin, PeerPool};
 use crate::proposer::Proposer;
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::StateMachineFactory;
@@ -102,9 +101,13 @@ pub struct HostConfig {
 pub struct PeerSecurity {
     /// The client side of mutual TLS (CA and this replica's identity); `None`: plaintext.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
-    /// The bearer token sent on admin calls to peers.
-    pub token: Option<String>,
+    /// The bearer token sent on every call to peers (shared: the owner swaps it when its
+    /// token file changes).
+    pub token: Option<SharedToken>,
 }
+
+/// A bearer token that its owner may replace while connections use it.
+pub type SharedToken = Arc<std::sync::RwLock<String>>;
 
 impl std::fmt::Debug for PeerSecurity {
     // The token stays out of logs and panics.
@@ -669,7 +672,7 @@ impl RaftHost {
                     command: cmd.clone(),
                 });
                 req.set_timeout(timeout);
-                let reply = RaftTransportClient::new(channel)
+                let reply = transport_client(&self.shared.pool, channel)
                     .propose(req)
                     .await
                     .map_err(peer_err)?;
@@ -685,7 +688,7 @@ impl RaftHost {
                     query: q.clone(),
                 });
                 req.set_timeout(timeout);
-                let reply = RaftTransportClient::new(channel)
+                let reply = transport_client(&self.shared.pool, channel)
                     .read(req)
                     .await
                     .map_err(peer_err)?;
@@ -883,7 +886,7 @@ impl RaftHost {
                 hold_ms,
             };
             let sent = match self.shared.pool.channel(&node.addr) {
-                Ok(ch) => RaftTransportClient::new(ch)
+                Ok(ch) => transport_client(&self.shared.pool, ch)
                     .prepare_election(req)
                     .await
                     .map_err(|s| s.to_string()),

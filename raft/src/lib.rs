@@ -29,7 +29,9 @@ mod types;
 pub use admin::AdminService;
 pub use balance::{leaders_max, plan as plan_balance, Move};
 pub use error::HostError;
-pub use host::{GroupChanges, HostConfig, Outcome, PeerSecurity, RaftHost, RaftTiming};
+pub use host::{
+    GroupChanges, HostConfig, Outcome, PeerSecurity, RaftHost, RaftTiming, SharedToken,
+};
 pub use service::TransportService;
 pub use state_machine::{RestoreError, StateMachine, StateMachineFactory};
 pub use types::{GroupId, NodeId, META_GROUP};

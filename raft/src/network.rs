@@ -32,7 +32,7 @@ use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
-use crate::host::PeerSecurity;
+use crate::host::{PeerSecurity, SharedToken};
 use crate::types::{GroupId, NodeId, Snapshot, TypeConfig, Vote};
 
 /// Bytes of snapshot data per streamed chunk.
@@ -58,13 +58,26 @@ pub(crate) fn admin_client(
     AdminClient::with_interceptor(channel, BearerToken(pool.security.token.clone()))
 }
 
-/// Adds `authorization: Bearer <token>` to every request (nothing without a token).
+/// A Raft transport client on `channel` that sends the host's bearer token, if it has one.
+pub(crate) fn transport_client(
+    pool: &PeerPool,
+    channel: Channel,
+) -> RaftTransportClient<InterceptedService<Channel, BearerToken>> {
+    RaftTransportClient::with_interceptor(channel, BearerToken(pool.security.token.clone()))
+}
+
+/// Adds `authorization: Bearer <token>` to every request (nothing without a token); the
+/// token is read on every call, so a rotated one is sent from then on.
 #[derive(Clone)]
-pub(crate) struct BearerToken(Option<String>);
+pub(crate) struct BearerToken(Option<SharedToken>);
 
 impl Interceptor for BearerToken {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.0 {
+        if let Some(shared) = &self.0 {
+            let token = shared
+                .read()
+                .map(|t| t.clone())
+                .map_err(|_| tonic::Status::internal("the peer token lock is poisoned"))?;
             let value = format!("Bearer {token}")
                 .parse()
                 .map_err(|_| tonic::Status::internal("the bearer token is not a valid header"))?;
@@ -148,6 +161,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             envelope: self.origin.envelope(target),
             channel: self.pool.channel(&node.addr),
+            token: self.pool.security.token.clone(),
         }
     }
 }
@@ -157,6 +171,7 @@ pub(crate) struct PeerLink {
     target: NodeId,
     envelope: Envelope,
     channel: Result<Channel, String>,
+    token: Option<SharedToken>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,11 +181,16 @@ struct LinkError(String);
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 impl PeerLink {
-    fn client(&self) -> Result<RaftTransportClient<Channel>, Unreachable> {
+    fn client(
+        &self,
+    ) -> Result<RaftTransportClient<InterceptedService<Channel, BearerToken>>, Unreachable> {
         match &self.channel {
-            Ok(ch) => Ok(RaftTransportClient::new(ch.clone())
-                .max_decoding_message_size(64 * 1024 * 1024)
-                .max_encoding_message_size(64 * 1024 * 1024)),
+            Ok(ch) => Ok(RaftTransportClient::with_interceptor(
+                ch.clone(),
+                BearerToken(self.token.clone()),
+            )
+            .max_decoding_message_size(64 * 1024 * 1024)
+            .max_encoding_message_size(64 * 1024 * 1024)),
             Err(e) => Err(Unreachable::new(&LinkError(e.clone()))),
         }
     }

@@ -65,21 +65,17 @@ impl Replica {
         let factory = move |g| machine_for(g, shards);
         let host = RaftHost::start(opts.host, store, &factory).await?;
         let groups = Groups::new(host.clone());
-        // Peers authenticate the Raft transport by TLS; every other service also wants
-        // a bearer token when tokens are configured.
+        // Every service, the Raft transport included, wants the client certificate (with
+        // TLS) and a bearer token (with tokens): peers send theirs like any client.
         let require_cert = opts.security.tls.is_some();
         let check = Gate {
             require_cert,
             tokens: opts.security.tokens.clone(),
         };
-        let peers_only = Gate {
-            require_cert,
-            tokens: None,
-        };
         let router = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(
                 host.transport_service(),
-                peers_only,
+                check.clone(),
             ))
             .add_service(InterceptedService::new(host.admin_service(), check.clone()))
             .add_service(InterceptedService::new(

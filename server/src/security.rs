@@ -1,11 +1,16 @@
 //! Transport security and client authentication for `gangway serve`: mutual TLS
 //! on the gRPC port (peers and clients alike present a certificate signed by the
 //! configured CA; plaintext is refused) and bearer tokens for the front door and
-//! admin services. Certificates, key, CA and token file are re-read when they
-//! change (checked every [`CREDENTIALS_RELOAD_MS`]), so a rotated Secret takes
-//! effect without a restart: new connections use the new certificate, new requests
-//! the new tokens; a file that fails to load leaves the last good one in force.
-//! Tokens are kept as SHA-256 digests and never logged. Used by `Replica` (the
+//! admin services, and on the Raft transport (peers send their token too, so a
+//! client certificate alone cannot write to the log). The server side re-reads
+//! certificate, key, CA and token file when they change (checked every
+//! [`CREDENTIALS_RELOAD_MS`]): new connections use the new certificate, new requests
+//! are checked against the new tokens, and the token sent to peers follows the file;
+//! a file that fails to load leaves the last good one in force. The certificate a
+//! replica presents to its peers is read at start: rotate a CA by adding the new one
+//! to the bundle first, then restart replicas one at a time. Accepted tokens are kept
+//! as SHA-256 digests (only the replica's own token is held in plain text, to send)
+//! and never logged. Used by `Replica` (the
 //! server side), `serve` (peer identity) and nothing else.
 
 use std::collections::HashSet;
@@ -30,6 +35,8 @@ pub const CREDENTIALS_RELOAD_MS: u64 = 5_000;
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 /// TLS handshakes in progress at once.
 pub const TLS_HANDSHAKES_MAX: usize = 256;
+/// Wait after a failed accept before the next, in ms.
+pub const ACCEPT_RETRY_MS: u64 = 100;
 
 /// The PEM files of mutual TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +218,9 @@ pub fn tls_incoming(
             let (tcp, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {
+                    // Out of file descriptors, say: back off instead of spinning.
                     tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
                     continue;
                 }
             };
@@ -245,7 +254,8 @@ pub fn tls_incoming(
 pub struct Tokens {
     path: PathBuf,
     digests: RwLock<HashSet<[u8; 32]>>,
-    first: RwLock<String>,
+    /// The file's first token in plain text: what this replica sends to its peers.
+    first: gangway_raft::SharedToken,
     loaded: RwLock<Option<SystemTime>>,
 }
 
@@ -292,7 +302,7 @@ impl Tokens {
         let loaded = stamp(&[&path]);
         Ok(Arc::new(Self {
             digests: RwLock::new(tokens.iter().map(|t| digest(t)).collect()),
-            first: RwLock::new(tokens[0].clone()),
+            first: Arc::new(RwLock::new(tokens[0].clone())),
             loaded: RwLock::new(loaded),
             path,
         }))
@@ -301,6 +311,11 @@ impl Tokens {
     /// The token this replica sends to its peers (the file's first).
     pub fn own(&self) -> String {
         self.first.read().map(|f| f.clone()).unwrap_or_default()
+    }
+
+    /// The same token, shared: it follows the file when the file changes.
+    pub fn own_shared(&self) -> gangway_raft::SharedToken {
+        self.first.clone()
     }
 
     fn accepts(&self, token: &str) -> bool {

@@ -63,7 +63,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             Some(files) => Some(security::client_config(files)?),
             None => None,
         },
-        token: server_security.tokens.as_ref().map(|t| t.own()),
+        token: server_security.tokens.as_ref().map(|t| t.own_shared()),
     };
     if bootstrap {
         refuse_wiped_member(&cfg, &peer_security).await?;
@@ -162,15 +162,29 @@ async fn refuse_wiped_member(cfg: &ServeConfig, peers: &PeerSecurity) -> anyhow:
             include_state_hash: false,
         });
         req.set_timeout(Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS));
-        if let Some(value) = peers
+        let token = peers
             .token
             .as_ref()
-            .and_then(|t| format!("Bearer {t}").parse().ok())
-        {
+            .and_then(|t| t.read().ok().map(|t| t.clone()));
+        if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
             req.metadata_mut().insert("authorization", value);
         }
-        let Ok(reply) = AdminClient::new(channel).status(req).await else {
-            continue;
+        let reply = match AdminClient::new(channel).status(req).await {
+            Ok(reply) => reply,
+            // A peer that refuses our credentials is up: skipping it would bootstrap a
+            // replica that may have lost its disk.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) =>
+            {
+                bail!(
+                    "peer {peer} at {addr} refused this replica's credentials ({}); check --tls-cert, --tls-key, --tls-client-ca and --auth-tokens-file",
+                    s.message()
+                )
+            }
+            Err(_) => continue,
         };
         let status = reply.into_inner();
         if status.cluster_id != cfg.cluster_id {

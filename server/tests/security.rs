@@ -236,6 +236,28 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
         wrong,
         Err("Unauthenticated: bearer token not accepted".to_string())
     );
+    // A client certificate alone cannot reach the Raft transport either.
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(&pki.ca).expect("ca"),
+        ))
+        .identity(tonic::transport::Identity::from_pem(
+            std::fs::read(&client_cert).expect("cert"),
+            std::fs::read(&client_key).expect("key"),
+        ));
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("https://{}", cluster.procs[&1].grpc))
+            .expect("endpoint")
+            .tls_config(tls)
+            .expect("tls")
+            .connect()
+            .await
+            .expect("connect with a client certificate");
+    let refused = gangway_proto::raft::raft_transport_client::RaftTransportClient::new(channel)
+        .propose(gangway_proto::raft::ProposeRequest::default())
+        .await
+        .expect_err("no token, no proposal");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     for id in 1..=3 {
         assert!(
             !cluster.log(id).contains("s3cret-operator-token"),
@@ -245,18 +267,21 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
 
     // Replica 3 restarted on its data dir under another cluster id: refused at start.
     cluster.kill(3);
-    let out = cluster
-        .command(3)
-        .args(["--cluster-id", "another-cluster"])
-        .output()
-        .expect("run gangway serve");
+    cluster.cluster_id = "another-cluster".into();
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::from(cluster.command(3)).output(),
+    )
+    .await
+    .expect("gangway serve exits by itself")
+    .expect("run gangway serve");
     assert!(
         !out.status.success(),
         "a foreign cluster id on this data dir must not start"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("another-cluster") || stderr.contains("cluster"),
-        "the refusal names the cluster: {stderr}"
+        stderr.contains("not cluster \"another-cluster\""),
+        "the refusal names both clusters: {stderr}"
     );
 }

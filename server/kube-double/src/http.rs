@@ -401,9 +401,11 @@ fn delete(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
         if target.kind == PODS && shared.options.claim_controller {
             claim_controller::pod_deleted(store, &gone);
         }
+        // Recorded before the delete is visible, so a reader that sees the object gone
+        // finds it in the log.
+        shared.record_deletion(gone.clone());
         Ok(gone)
     })?;
-    shared.record_deletion(gone.clone());
     Ok((StatusCode::OK, gone))
 }
 

@@ -199,8 +199,8 @@ pub async fn write_claim(
                 .any(|c| c["uid"].as_str() != Some(pod.uid.as_str()))
         });
         let same = existing["devices"] == allocation["devices"];
-        // An allocation for no one but this (unbound) pod is one an earlier placement
-        // made before it was released; the new placement replaces it.
+        // An allocation reserved for no other pod is one an earlier placement made for
+        // this (unbound) pod before it was released; the new placement replaces it.
         if !existing.is_null() && !same && others {
             return Ok(ClaimOutcome::AllocatedElsewhere);
         }
@@ -266,7 +266,8 @@ pub async fn evict(
     message: &str,
     now_rfc3339: &str,
 ) -> Result<EvictOutcome, ApiError> {
-    let condition = json!({"status": {"conditions": [{
+    // The uid in the patch makes the server refuse it (409) for a successor pod.
+    let condition = json!({"metadata": {"uid": pod.uid}, "status": {"conditions": [{
         "type": "DisruptionTarget",
         "status": "True",
         "reason": reason,
@@ -279,7 +280,7 @@ pub async fn evict(
             return Ok(EvictOutcome::Gone)
         }
         Ok(_) => {}
-        Err(e) if e.code() == Some(404) => return Ok(EvictOutcome::Gone),
+        Err(e) if matches!(e.code(), Some(404 | 409)) => return Ok(EvictOutcome::Gone),
         Err(e) => return Err(e),
     }
     let options = json!({

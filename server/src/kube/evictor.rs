@@ -52,9 +52,12 @@ pub async fn run(
             if groups.host().leader_of(u64::from(shard)) != Some(me) {
                 continue;
             }
+            // Pods already asked (still terminating, say) come first in node order; read
+            // past them so that the pods behind them are not starved.
             let query = ShardQuery::Evictions {
                 at_ms: now_ms(),
-                limit: EVICT_BATCH_MAX,
+                limit: EVICT_BATCH_MAX
+                    .saturating_add(u32::try_from(asked.len()).unwrap_or(u32::MAX)),
             };
             let pods = match groups.shard_query_local(shard, &query) {
                 Ok(ShardAnswer::Evictions { pods }) => pods,
@@ -67,10 +70,12 @@ pub async fn run(
                     continue;
                 }
             };
-            for p in pods {
-                if asked.contains_key(&p.member) {
-                    continue;
-                }
+            let fresh: Vec<PodEviction> = pods
+                .into_iter()
+                .filter(|p| !asked.contains_key(&p.member))
+                .take(EVICT_BATCH_MAX as usize)
+                .collect();
+            for p in fresh {
                 asked.insert(
                     p.member.clone(),
                     Instant::now() + Duration::from_millis(EVICT_RETRY_MS),

@@ -31,7 +31,6 @@ use crate::kube::gangs::{
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
 use crate::kube::KubeOptions;
-use crate::ledger::command::LEDGER_BATCH_MAX;
 use crate::ledger::meta::{
     shard_for, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
@@ -47,6 +46,9 @@ pub const INGEST_GAP_MS: u64 = 20;
 pub const SUBMIT_BATCH_MAX: usize = 256;
 /// Nodes registered per meta entry (and per shard entry).
 pub const REGISTER_BATCH_MAX: usize = 512;
+/// Nodes whose observed pods one shard entry carries (bounds the entry's size: a node
+/// may list up to `OBSERVED_PODS_PER_NODE_MAX` pods).
+pub const OBSERVED_NODES_PER_ENTRY: usize = 64;
 
 /// What the leader remembers between passes; rebuilt when it becomes leader.
 #[derive(Default)]
@@ -474,7 +476,7 @@ impl Ingest {
             }
         }
         for (shard, lists) in per_shard {
-            for chunk in lists.chunks(LEDGER_BATCH_MAX) {
+            for chunk in lists.chunks(OBSERVED_NODES_PER_ENTRY) {
                 self.record_observed(shard, chunk).await;
             }
         }
@@ -546,7 +548,7 @@ impl Ingest {
             let gone: Vec<&PodRef> = pods.iter().filter(|p| !self.pod_alive(p)).collect();
             match s.state {
                 GroupState::Placed if !gone.is_empty() => {
-                    if let Some(why) = self.strict_gang_broken(pods, &pod_groups) {
+                    if let Some(why) = self.strict_gang_broken(s, pods, &pod_groups) {
                         let pods = pods.clone();
                         self.release_whole(s, &pods, &why).await;
                         continue;
@@ -598,7 +600,12 @@ impl Ingest {
     /// Why a placed group must be released whole: one of its Strict gangs has fewer
     /// live pods than its minMember and none of the group's pods is bound yet (a bound
     /// pod cannot be taken back, so after the first binding the group stays).
-    fn strict_gang_broken(&self, pods: &[PodRef], pod_groups: &PodGroupIndex) -> Option<String> {
+    fn strict_gang_broken(
+        &self,
+        s: &GroupSummary,
+        pods: &[PodRef],
+        pod_groups: &PodGroupIndex,
+    ) -> Option<String> {
         let mut live: BTreeMap<GangId, (u32, GangParams)> = BTreeMap::new();
         for p in pods.iter().filter(|p| self.pod_alive(p)) {
             let object = self.cache.get(Slot::Pods, &p.namespace, &p.name)?;
@@ -611,6 +618,16 @@ impl Ingest {
             if let Ok(Identity::Gang(g)) = gangs::identify(&object, pod_groups) {
                 live.entry(g.id.clone()).or_insert((0, g)).0 += 1;
             }
+        }
+        // A gang of the group with no live pod at all cannot reach any minMember.
+        if let Some(gone) = s
+            .gangs
+            .iter()
+            .find(|g| !live.keys().any(|id| &id.to_string() == *g))
+        {
+            return Some(format!(
+                "gang {gone} lost every pod before binding; the group's placement is released and it waits for members again"
+            ));
         }
         live.values()
             .find(|(n, g)| g.mode == GangMode::Strict && *n < g.min_member)
