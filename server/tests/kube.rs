@@ -415,31 +415,41 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         },
     )
     .await;
+    // The annotation is written first, then the event.
     wait_for(
-        "the too-big gang marked timed out",
+        "the too-big gang marked timed out, and its pods told so",
         Duration::from_secs(30),
         &cluster,
         || {
             ["too-big-0", "too-big-1"].iter().all(|p| {
-                api.get(&PODS, Some(NS), p).is_ok_and(|pod| {
+                let marked = api.get(&PODS, Some(NS), p).is_ok_and(|pod| {
                     pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/timeout"]
                         == "true"
-                })
+                });
+                let told = events_for(&api, p, "FailedScheduling")
+                    .iter()
+                    .any(|m| m.contains("timed out"));
+                marked && told
             })
         },
     )
     .await;
     for p in ["too-big-0", "too-big-1"] {
         assert_eq!(node_of(&api, p), None);
-        assert!(
-            events_for(&api, p, "FailedScheduling")
-                .iter()
-                .any(|m| m.contains("timed out")),
-            "{p} is told its gang timed out"
-        );
     }
     assert_eq!(node_of(&api, "bad-annotation"), None);
     assert_eq!(node_of(&api, "missing-class"), None);
+    // The Scheduled event follows the binding.
+    wait_for(
+        "Scheduled events",
+        Duration::from_secs(10),
+        &cluster,
+        || {
+            good.iter()
+                .all(|p| !events_for(&api, p, "Scheduled").is_empty())
+        },
+    )
+    .await;
     for p in good {
         assert_eq!(
             events_for(&api, p, "Scheduled").len(),
