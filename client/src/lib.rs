@@ -316,6 +316,14 @@ impl Client {
                 "node {node_id} is not a voter of any group"
             ))));
         }
+        // Leaderships go to a voter that answers now, not merely the first one listed.
+        let live: Vec<u64> = self
+            .cluster_status()
+            .await?
+            .into_iter()
+            .filter(|(_, _, status)| status.is_ok())
+            .map(|(id, _, _)| id)
+            .collect();
         for g in &groups {
             let others: Vec<u64> = g.voters.iter().copied().filter(|v| *v != node_id).collect();
             if others.is_empty() {
@@ -324,10 +332,16 @@ impl Client {
                 )));
             }
             if g.leader == node_id {
+                let Some(to) = others.iter().copied().find(|v| live.contains(v)) else {
+                    return Err(ClientError::Rpc(tonic::Status::unavailable(format!(
+                        "group {}: no other voter of {others:?} answers; its leadership cannot move",
+                        g.group_id
+                    ))));
+                };
                 admin
                     .transfer_leader(TransferLeaderRequest {
                         group_id: g.group_id,
-                        to_node: others[0],
+                        to_node: to,
                     })
                     .await?;
             }
