@@ -84,29 +84,14 @@ async fn attempt(cluster: &Cluster, credentials: Credentials) -> Result<(), Stri
         })
 }
 
-/// Whether `GET /readyz` answers 200 (false while the process is still starting).
-async fn readyz(addr: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let probe = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.ok()?;
-        Some(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"))
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(1), probe).await,
-        Ok(Some(true))
-    )
-}
-
 async fn wait_ready_http(cluster: &Cluster) {
     let start = Instant::now();
     loop {
         let mut ready = 0;
         for p in cluster.procs.values() {
-            if readyz(&p.http).await {
+            // The endpoint answers once the process has started.
+            let probe = support::try_http_get(&p.http, "/readyz", Duration::from_secs(1)).await;
+            if matches!(probe, Ok((200, _))) {
                 ready += 1;
             }
         }

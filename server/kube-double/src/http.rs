@@ -320,7 +320,18 @@ fn check_subresource(target: &Target) -> Result<(), ApiError> {
 fn replace(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
     check_subresource(target)?;
     let object = parse_body(body)?;
-    let expected = object["metadata"]["resourceVersion"]
+    write_scoped(shared, target, &object, |_| object.clone())
+}
+
+/// Stores what `next` makes of the current object, limited to what the target's
+/// subresource may change; a resourceVersion in `sent` must match the stored one.
+fn write_scoped(
+    shared: &Shared,
+    target: &Target,
+    sent: &Value,
+    next: impl Fn(&Value) -> Value,
+) -> Reply {
+    let expected = sent["metadata"]["resourceVersion"]
         .as_str()
         .map(String::from);
     let name = target.name.as_deref().unwrap_or_default();
@@ -335,7 +346,7 @@ fn replace(shared: &Shared, target: &Target, body: &Bytes) -> Reply {
                     &target.kind,
                     target.subresource.as_deref(),
                     current,
-                    object.clone(),
+                    next(current),
                 );
                 Ok(())
             },
@@ -362,25 +373,11 @@ fn patch(shared: &Shared, target: &Target, headers: &HeaderMap, body: &Bytes) ->
         });
     }
     let patch = parse_body(body)?;
-    let expected = patch["metadata"]["resourceVersion"]
-        .as_str()
-        .map(String::from);
-    let name = target.name.as_deref().unwrap_or_default();
-    let updated = shared.write(|store| {
-        store.update(
-            &target.kind,
-            target.namespace.as_deref(),
-            name,
-            expected.as_deref(),
-            |current| {
-                let mut next = current.clone();
-                merge_patch(&mut next, &patch);
-                *current = scoped(&target.kind, target.subresource.as_deref(), current, next);
-                Ok(())
-            },
-        )
-    })?;
-    Ok((StatusCode::OK, updated))
+    write_scoped(shared, target, &patch, |current| {
+        let mut next = current.clone();
+        merge_patch(&mut next, &patch);
+        next
+    })
 }
 
 fn delete(shared: &Shared, target: &Target, body: &Bytes) -> Reply {

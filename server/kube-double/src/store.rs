@@ -463,10 +463,14 @@ impl Store {
 
     /// One object.
     pub fn get(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.stored(kind, namespace, name).cloned()
+    }
+
+    /// The stored object, or 404.
+    fn stored(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<&Value, ApiError> {
         self.kinds
             .get(kind)
             .and_then(|s| s.objects.get(&Self::key(kind, namespace, name)))
-            .cloned()
             .ok_or_else(|| ApiError::not_found(kind, name))
     }
 
@@ -561,13 +565,7 @@ impl Store {
         edit: impl FnOnce(&mut Value) -> Result<(), ApiError>,
     ) -> Result<Value, ApiError> {
         let key = Self::key(kind, namespace, name);
-        let current = self
-            .kinds
-            .get(kind)
-            .and_then(|s| s.objects.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(kind, name))?;
-        let current = &current;
+        let current = &self.stored(kind, namespace, name)?.clone();
         if let Some(rv) = expected_rv.filter(|rv| !rv.is_empty()) {
             if current["metadata"]["resourceVersion"].as_str() != Some(rv) {
                 return Err(ApiError::conflict(format!(
@@ -609,11 +607,7 @@ impl Store {
         rv: Option<&str>,
     ) -> Result<Value, ApiError> {
         let key = Self::key(kind, namespace, name);
-        let current = self
-            .kinds
-            .get(kind)
-            .and_then(|s| s.objects.get(&key))
-            .ok_or_else(|| ApiError::not_found(kind, name))?;
+        let current = self.stored(kind, namespace, name)?;
         if let Some(uid) = uid {
             let actual = current["metadata"]["uid"].as_str().unwrap_or("");
             if actual != uid {

@@ -250,6 +250,28 @@ fn koordinator_overrides(
     Ok(())
 }
 
+/// A Strict gang `namespace/name` of `min_member` with the Koordinator keys of `object`
+/// (a pod or a PodGroup) laid over it.
+fn declared(
+    object: &Value,
+    namespace: &str,
+    name: &str,
+    min_member: u32,
+    wait_time_ms: u64,
+) -> Result<GangParams, PodProblem> {
+    let mut params = GangParams {
+        id: GangId::new(namespace, name),
+        min_member,
+        total_number: None,
+        mode: GangMode::Strict,
+        wait_time_ms,
+        group: BTreeSet::new(),
+        match_policy: MatchPolicy::default(),
+    };
+    koordinator_overrides(object, namespace, &mut params)?;
+    Ok(params)
+}
+
 fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangParams, PodProblem> {
     let min = group["spec"]["minMember"].as_i64().unwrap_or(1);
     let min_member = u32::try_from(min).ok().filter(|m| *m >= 1).ok_or_else(|| {
@@ -262,17 +284,7 @@ fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangPa
         .map(|s| s.saturating_mul(1_000))
         .filter(|ms| *ms > 0)
         .unwrap_or(DEFAULT_WAIT_TIME_MS);
-    let mut params = GangParams {
-        id: GangId::new(namespace, name),
-        min_member,
-        total_number: None,
-        mode: GangMode::Strict,
-        wait_time_ms,
-        group: BTreeSet::new(),
-        match_policy: MatchPolicy::default(),
-    };
-    koordinator_overrides(group, namespace, &mut params)?;
-    Ok(params)
+    declared(group, namespace, name, min_member, wait_time_ms)
 }
 
 /// The PodGroup a pod names (label or annotation, either API group's spelling).
@@ -319,17 +331,9 @@ pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, Pod
     if let Some(name) = pod_group_name(pod) {
         if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
             // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
-            let mut params = GangParams {
-                id: GangId::new(namespace, name),
-                min_member: count(ANNOTATION_POD_GROUP_MIN, min)?,
-                total_number: None,
-                mode: GangMode::Strict,
-                wait_time_ms: DEFAULT_WAIT_TIME_MS,
-                group: BTreeSet::new(),
-                match_policy: MatchPolicy::default(),
-            };
-            koordinator_overrides(pod, namespace, &mut params)?;
-            return Ok(Identity::Gang(params));
+            let min_member = count(ANNOTATION_POD_GROUP_MIN, min)?;
+            return declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS)
+                .map(Identity::Gang);
         }
         let group = pod_groups
             .get(&(namespace.to_string(), name.to_string()))
@@ -344,17 +348,9 @@ pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, Pod
                 "annotation {GANG_PREFIX}min-available: required with {GANG_PREFIX}name"
             ))
         })?;
-        let mut params = GangParams {
-            id: GangId::new(namespace, name),
-            min_member: count(&format!("{GANG_PREFIX}min-available"), min)?,
-            total_number: None,
-            mode: GangMode::Strict,
-            wait_time_ms: DEFAULT_WAIT_TIME_MS,
-            group: BTreeSet::new(),
-            match_policy: MatchPolicy::default(),
-        };
-        koordinator_overrides(pod, namespace, &mut params)?;
-        return Ok(Identity::Gang(params));
+        let min_member = count(&format!("{GANG_PREFIX}min-available"), min)?;
+        return declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS)
+            .map(Identity::Gang);
     }
     Ok(Identity::Single)
 }

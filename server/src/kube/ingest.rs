@@ -553,20 +553,10 @@ impl Ingest {
                         self.release_whole(s, &pods, &why).await;
                         continue;
                     }
-                    let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-                    let mut names = Vec::new();
-                    for (member, placement) in &s.placements {
-                        let Ok(key) = MemberKey::try_from(member.clone()) else {
-                            continue;
-                        };
-                        if gone
-                            .iter()
+                    let (per_shard, names) = placed_members(s, |key| {
+                        gone.iter()
                             .any(|p| p.namespace == key.namespace && p.name == key.member)
-                        {
-                            per_shard.entry(placement.shard).or_default().push(key);
-                            names.push(member.clone());
-                        }
-                    }
+                    });
                     if names.is_empty() {
                         continue;
                     }
@@ -642,14 +632,7 @@ impl Ingest {
     /// Releases every placement of group `s` and forgets its live pods' submission, so
     /// they are submitted again once their gangs are ready.
     async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) {
-        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-        let mut names = Vec::new();
-        for (member, placement) in &s.placements {
-            if let Ok(key) = MemberKey::try_from(member.clone()) {
-                per_shard.entry(placement.shard).or_default().push(key);
-                names.push(member.clone());
-            }
-        }
+        let (per_shard, names) = placed_members(s, |_| true);
         if let Err(e) = release_members(&self.groups, s.seq, per_shard, names).await {
             tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
             return;
@@ -916,4 +899,24 @@ impl Ingest {
                 .insert(subject.to_string(), message.to_string());
         }
     }
+}
+
+/// The placed members of `s` that `chosen` picks: their keys per shard, and their names
+/// (what `release_members` takes).
+fn placed_members(
+    s: &GroupSummary,
+    chosen: impl Fn(&MemberKey) -> bool,
+) -> (BTreeMap<u32, Vec<MemberKey>>, Vec<String>) {
+    let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    let mut names = Vec::new();
+    for (member, placement) in &s.placements {
+        let Ok(key) = MemberKey::try_from(member.clone()) else {
+            continue;
+        };
+        if chosen(&key) {
+            per_shard.entry(placement.shard).or_default().push(key);
+            names.push(member.clone());
+        }
+    }
+    (per_shard, names)
 }

@@ -338,46 +338,33 @@ fn pod_claims(
 /// the largest init container's, plus the pod overhead.
 fn pod_requests(pod: &Value) -> Result<Resources, PodProblem> {
     let spec = &pod["spec"];
-    let of = |path: FieldPath, c: &Value| {
-        Resources::from_raw(
-            &path,
-            &quantities(&c["resources"]["requests"]),
-            ResourceListKind::Requests,
-        )
-        .map_err(invalid)
+    // Each container list's requests, with the field path an error names.
+    let requests = |list: &'static str| {
+        spec[list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(move |(i, c)| {
+                let path = FieldPath::new("spec")
+                    .child(list)
+                    .index(i)
+                    .child("resources")
+                    .child("requests");
+                Resources::from_raw(
+                    &path,
+                    &quantities(&c["resources"]["requests"]),
+                    ResourceListKind::Requests,
+                )
+                .map_err(invalid)
+            })
     };
     let mut sum = Resources::zero();
-    for (i, c) in spec["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let r = of(
-            FieldPath::new("spec")
-                .child("containers")
-                .index(i)
-                .child("resources")
-                .child("requests"),
-            c,
-        )?;
-        sum = sum.saturating_add(&r);
+    for r in requests("containers") {
+        sum = sum.saturating_add(&r?);
     }
-    for (i, c) in spec["initContainers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let r = of(
-            FieldPath::new("spec")
-                .child("initContainers")
-                .index(i)
-                .child("resources")
-                .child("requests"),
-            c,
-        )?;
-        sum = sum.elementwise_max(&r);
+    for r in requests("initContainers") {
+        sum = sum.elementwise_max(&r?);
     }
     let overhead = Resources::from_raw(
         &FieldPath::new("spec").child("overhead"),

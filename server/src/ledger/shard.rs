@@ -561,6 +561,30 @@ impl ShardLedger {
 
     // ---- nodes -------------------------------------------------------------------------
 
+    /// The entry of `node`, or `UnknownNode`.
+    fn known_node(&self, node: &str) -> Result<&NodeEntry, LedgerError> {
+        self.state
+            .nodes
+            .get(node)
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })
+    }
+
+    /// Changes the entry of `node` (keeping the indexes in step), or `UnknownNode`.
+    fn update_known<R>(
+        &mut self,
+        node: &str,
+        change: impl FnOnce(&mut NodeEntry) -> R,
+    ) -> Result<R, LedgerError> {
+        self.state
+            .nodes
+            .update(node, change)
+            .ok_or_else(|| LedgerError::UnknownNode {
+                name: node.to_string(),
+            })
+    }
+
     fn register_node(&mut self, node: &Node) -> Result<LedgerReply, LedgerError> {
         node.validate(&FieldPath::new("node"))
             .map_err(|e| LedgerError::InvalidNode {
@@ -636,13 +660,7 @@ impl ShardLedger {
         node: &str,
         pods: &[ObservedPod],
     ) -> Result<LedgerReply, LedgerError> {
-        let entry = self
-            .state
-            .nodes
-            .get(node)
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let entry = self.known_node(node)?;
         validate_observed(node, pods)?;
         let wanted: BTreeMap<MemberKey, &ObservedPod> =
             pods.iter().map(|p| (p.member_key(), p)).collect();
@@ -1085,16 +1103,10 @@ impl ShardLedger {
             lease_ms,
             state: LeaseState::Live,
         };
-        let previous = self
-            .state
-            .nodes
-            .update(node, |entry| {
-                entry.node.readiness = readiness;
-                entry.lease.replace(lease)
-            })
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let previous = self.update_known(node, |entry| {
+            entry.node.readiness = readiness;
+            entry.lease.replace(lease)
+        })?;
         if let Some(old) = previous.filter(|l| l.state == LeaseState::Live) {
             self.index
                 .leases
@@ -1138,16 +1150,10 @@ impl ShardLedger {
             devices,
             counter_sets,
         };
-        let outcome = self
-            .state
-            .nodes
-            .update(node, |entry| {
-                let usage = &mut entry.usage;
-                usage.devices.publish(node, published, &usage.pods, at_ms)
-            })
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let outcome = self.update_known(node, |entry| {
+            let usage = &mut entry.usage;
+            usage.devices.publish(node, published, &usage.pods, at_ms)
+        })?;
         match outcome {
             Ok((change, evictions)) => Ok(LedgerReply::PoolPublished {
                 node: node.to_string(),
@@ -1172,13 +1178,7 @@ impl ShardLedger {
         node: &str,
         reports: &[DeviceHealthReport],
     ) -> Result<LedgerReply, LedgerError> {
-        let entry = self
-            .state
-            .nodes
-            .get(node)
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let entry = self.known_node(node)?;
         if let Some(unknown) = reports
             .iter()
             .find(|r| entry.usage.devices.device(&r.device).is_none())
@@ -1225,13 +1225,7 @@ impl ShardLedger {
         for (i, taint) in taints.iter().enumerate() {
             validate_device_taint(&path.index(i), taint).map_err(|e| invalid(e.to_string()))?;
         }
-        let entry = self
-            .state
-            .nodes
-            .get(node)
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let entry = self.known_node(node)?;
         if entry.usage.devices.device(device).is_none() {
             return Err(LedgerError::UnknownDevice {
                 node: node.to_string(),
@@ -1263,19 +1257,13 @@ impl ShardLedger {
         grace_ms: Option<u64>,
     ) -> Result<LedgerReply, LedgerError> {
         let grace_ms = grace_ms.unwrap_or(AGENT_GRACE_MS_DEFAULT);
-        let link = self
-            .state
-            .nodes
-            .update(node, |entry| {
-                let devices = &mut entry.usage.devices;
-                if devices.agent == AgentLink::Connected {
-                    devices.set_agent(AgentLink::Disconnected { since_ms, grace_ms });
-                }
-                devices.agent
-            })
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let link = self.update_known(node, |entry| {
+            let devices = &mut entry.usage.devices;
+            if devices.agent == AgentLink::Connected {
+                devices.set_agent(AgentLink::Disconnected { since_ms, grace_ms });
+            }
+            devices.agent
+        })?;
         if let AgentLink::Disconnected { .. } = link {
             self.index.disconnected.insert(node.to_string());
         }
@@ -1286,16 +1274,10 @@ impl ShardLedger {
     }
 
     fn agent_connected(&mut self, node: &str) -> Result<LedgerReply, LedgerError> {
-        let link = self
-            .state
-            .nodes
-            .update(node, |entry| {
-                entry.usage.devices.set_agent(AgentLink::Connected);
-                entry.usage.devices.agent
-            })
-            .ok_or_else(|| LedgerError::UnknownNode {
-                name: node.to_string(),
-            })?;
+        let link = self.update_known(node, |entry| {
+            entry.usage.devices.set_agent(AgentLink::Connected);
+            entry.usage.devices.agent
+        })?;
         self.index.disconnected.remove(node);
         Ok(LedgerReply::AgentLinkRecorded {
             node: node.to_string(),

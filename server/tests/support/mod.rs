@@ -359,20 +359,38 @@ pub async fn list_names(inv: &mut InventoryClient<Channel>) -> Vec<String> {
 
 /// GET `path` from `addr` over plain HTTP/1.1; (status code, body).
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    try_http_get(addr, path, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
+}
+
+/// GET `path` from `addr`, answered within `timeout`; the error says which step failed
+/// (for probes of a process that may still be starting).
+pub async fn try_http_get(
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("send request: {e}"))?;
+        let mut raw = Vec::new();
+        stream
+            .read_to_end(&mut raw)
+            .await
+            .map_err(|e| format!("read answer: {e}"))?;
+        Ok::<_, String>(raw)
+    };
+    let raw = tokio::time::timeout(timeout, exchange)
         .await
-        .expect("connect to the HTTP endpoint");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send request");
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
-        .await
-        .expect("HTTP answer within 5 s")
-        .expect("read answer");
+        .map_err(|_| format!("no answer within {timeout:?}"))??;
     let text = String::from_utf8_lossy(&raw).to_string();
     let code = text
         .split_whitespace()
@@ -383,7 +401,7 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (code, body)
+    Ok((code, body))
 }
 
 /// A client connected to process `id`.
