@@ -93,6 +93,9 @@ pub struct HostConfig {
     pub timing: RaftTiming,
     /// How this replica authenticates to its peers (TLS identity, bearer token).
     pub peer_security: PeerSecurity,
+    /// Fault tests only: peers whose advertised address is a key are dialled at its
+    /// value instead (a proxy that can cut or delay that one link). Empty in production.
+    pub peer_routes: BTreeMap<String, String>,
 }
 
 /// How a replica authenticates to its peers: mutual TLS and the bearer token its
@@ -229,7 +232,10 @@ impl RaftHost {
             return Err(HostError::InvalidArgument("node id must be >= 1".into()));
         }
         let sync = SyncHandle::start(store.clone())?;
-        let pool = Arc::new(PeerPool::new(cfg.peer_security.clone()));
+        let pool = Arc::new(PeerPool::new(
+            cfg.peer_security.clone(),
+            cfg.peer_routes.clone(),
+        ));
         let cluster_id: Arc<str> = Arc::from(cfg.cluster_id.as_str());
         let (shutdown, _) = watch::channel(false);
         let mut groups = BTreeMap::new();

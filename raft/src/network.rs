@@ -6,7 +6,7 @@
 //! failure as `Unreachable` (openraft backs off) or `NetworkError`. Used by
 //! openraft's replication and election tasks through `NetworkFactory`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,8 @@ pub const PEER_BACKOFF_MS: u64 = 200;
 pub(crate) struct PeerPool {
     channels: Mutex<HashMap<String, Channel>>,
     security: PeerSecurity,
+    /// Advertised address -> address dialled (fault tests' link proxies).
+    routes: BTreeMap<String, String>,
 }
 
 /// An admin client on `channel` that sends the host's bearer token, if it has one.
@@ -89,10 +91,11 @@ impl Interceptor for BearerToken {
 
 impl PeerPool {
     /// A pool whose channels use `security`.
-    pub(crate) fn new(security: PeerSecurity) -> Self {
+    pub(crate) fn new(security: PeerSecurity, routes: BTreeMap<String, String>) -> Self {
         Self {
             channels: Mutex::default(),
             security,
+            routes,
         }
     }
 
@@ -110,8 +113,9 @@ impl PeerPool {
         } else {
             "http"
         };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?;
+        let dial = self.routes.get(addr).map_or(addr, String::as_str);
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{dial}"))
+            .map_err(|e| format!("invalid peer address {dial:?}: {e}"))?;
         if let Some(tls) = &self.security.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())

@@ -67,6 +67,7 @@ async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
             ..RaftTiming::default()
         },
         peer_security: Default::default(),
+        peer_routes: Default::default(),
     };
     let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
     let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), &factory)

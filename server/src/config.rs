@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
+    /// Fault tests only (needs --test-failpoints): dial the peer advertised at ADDR
+    /// through VIA instead, a proxy that can cut or delay that one link. Repeatable.
+    #[arg(long = "test-peer-route", value_name = "ADDR=VIA", hide = true)]
+    pub test_peer_routes: Vec<String>,
 }
 
 /// The config file's keys (kebab-case, as the flags).
@@ -198,6 +202,8 @@ pub struct ServeConfig {
     pub auth_tokens_file: Option<PathBuf>,
     /// Whether test crash points are honoured.
     pub test_failpoints: bool,
+    /// Fault tests only: advertised peer address -> address dialled.
+    pub peer_routes: BTreeMap<String, String>,
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -229,6 +235,33 @@ pub fn parse_peer(field: &str, text: &str) -> Result<(NodeId, String), ConfigErr
         ));
     }
     Ok((id, addr.to_string()))
+}
+
+/// Parses `--test-peer-route ADDR=VIA` flags, which only fault tests may set.
+fn parse_peer_routes(
+    flags: &[String],
+    test_failpoints: bool,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    const FIELD: &str = "--test-peer-route";
+    if !flags.is_empty() && !test_failpoints {
+        return Err(invalid(
+            FIELD,
+            "is for fault tests only and needs --test-failpoints",
+        ));
+    }
+    let mut routes = BTreeMap::new();
+    for flag in flags {
+        let Some((addr, via)) = flag.split_once('=') else {
+            return Err(invalid(FIELD, format!("{flag:?} is not ADDR=VIA")));
+        };
+        if addr.is_empty() || via.is_empty() {
+            return Err(invalid(FIELD, format!("{flag:?} is not ADDR=VIA")));
+        }
+        if routes.insert(addr.to_string(), via.to_string()).is_some() {
+            return Err(invalid(FIELD, format!("{addr} is routed twice")));
+        }
+    }
+    Ok(routes)
 }
 
 /// The TLS files: all three or none.
@@ -392,6 +425,7 @@ impl ServeConfig {
                 format!("{cluster_id:?}: use letters, digits, '-' and '_'"),
             ));
         }
+        let peer_routes = parse_peer_routes(&args.test_peer_routes, args.test_failpoints)?;
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
             heartbeat_ms: args
@@ -453,6 +487,7 @@ impl ServeConfig {
             tls,
             auth_tokens_file,
             test_failpoints: args.test_failpoints,
+            peer_routes,
         })
     }
 

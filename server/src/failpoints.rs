@@ -14,6 +14,21 @@ use std::path::PathBuf;
 pub const AFTER_RESERVE: &str = "coordinator-after-reserve";
 /// The coordinator wrote COMMIT and has not told the participants.
 pub const AFTER_DECIDE: &str = "coordinator-after-decide";
+/// A replica applied a multi-shard reservation and has not answered it. The
+/// first replica to apply an entry is, in practice, the shard leader (it
+/// applies as soon as the entry commits; followers learn of the commit later).
+pub const PARTICIPANT_AFTER_RESERVE: &str = "participant-after-reserve";
+/// A deliberate protocol bug, for checking the checker: the coordinator tells
+/// the participants COMMIT without writing its decision first. Never correct.
+pub const COORDINATOR_SKIPS_DECISION: &str = "coordinator-skips-decision";
+
+/// Every crash point and bug switch a test may name.
+pub const ALL: [&str; 4] = [
+    AFTER_RESERVE,
+    AFTER_DECIDE,
+    PARTICIPANT_AFTER_RESERVE,
+    COORDINATOR_SKIPS_DECISION,
+];
 
 /// The armed crash points of a process.
 #[derive(Debug, Clone, Default)]
@@ -39,6 +54,11 @@ impl Failpoints {
             .collect();
         let once_dir = std::env::var_os("GANGWAY_TEST_FAILPOINT_DIR").map(PathBuf::from);
         Self { armed, once_dir }
+    }
+
+    /// Whether `name` is armed (for bug switches, which alter a step instead of crashing).
+    pub fn armed(&self, name: &str) -> bool {
+        self.armed.contains(name)
     }
 
     /// Crashes the process if `name` is armed (and not yet fired elsewhere).

@@ -62,7 +62,8 @@ impl Replica {
         listener: TcpListener,
     ) -> Result<Self, HostError> {
         let shards = opts.shards;
-        let factory = move |g| machine_for(g, shards);
+        let machine_failpoints = opts.failpoints.clone();
+        let factory = move |g| machine_for(g, shards, &machine_failpoints);
         let host = RaftHost::start(opts.host, store, &factory).await?;
         let groups = Groups::new(host.clone());
         // Every service, the Raft transport included, wants the client certificate (with
@@ -193,5 +194,6 @@ pub fn host_config(
         groups: (0..=u64::from(shards)).collect(),
         timing,
         peer_security: Default::default(),
+        peer_routes: Default::default(),
     }
 }

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Placer;
+use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState};
 use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
@@ -79,10 +80,12 @@ pub struct ShardMachine {
     ledger: ShardLedger,
     /// Not state: what the engine keeps between plans on this replica.
     placer: std::sync::Mutex<Placer>,
+    /// Not state: test crash points (none in production). Crashing changes no state.
+    failpoints: Failpoints,
 }
 
 /// Builds the state machine of `group` in a cluster of `shards` shards.
-pub fn machine_for(group: GroupId, shards: u32) -> Box<dyn StateMachine> {
+pub fn machine_for(group: GroupId, shards: u32, failpoints: &Failpoints) -> Box<dyn StateMachine> {
     if group == META_GROUP {
         Box::new(MetaMachine {
             state: MetaState::new(shards),
@@ -91,6 +94,7 @@ pub fn machine_for(group: GroupId, shards: u32) -> Box<dyn StateMachine> {
         Box::new(ShardMachine {
             ledger: ShardLedger::new(),
             placer: std::sync::Mutex::new(Placer::new()),
+            failpoints: failpoints.clone(),
         })
     }
 }
@@ -129,11 +133,14 @@ impl StateMachine for MetaMachine {
 
 impl StateMachine for ShardMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
-        match decode(command) {
-            Ok(cmd) => reply(
-                &ShardOutcome::Applied(self.ledger.apply(&cmd)),
-                shard_malformed,
-            ),
+        match decode::<LedgerCommand>(command) {
+            Ok(cmd) => {
+                let outcome = ShardOutcome::Applied(self.ledger.apply(&cmd));
+                if matches!(cmd.op, LedgerOp::Reserve { .. }) {
+                    self.failpoints.hit(failpoints::PARTICIPANT_AFTER_RESERVE);
+                }
+                reply(&outcome, shard_malformed)
+            }
             Err(e) => reply(
                 &shard_malformed(format!("malformed shard command: {e}")),
                 shard_malformed,
@@ -298,19 +305,19 @@ mod tests {
 
     #[test]
     fn malformed_command_is_rejected_and_changes_nothing() {
-        let mut m = machine_for(1, 4);
+        let mut m = machine_for(1, 4, &Failpoints::disabled());
         let before = m.snapshot();
         let reply: ShardOutcome = decode(&m.apply(1, b"{not json")).expect("reply decodes");
         assert!(matches!(reply, ShardOutcome::Malformed { .. }));
         assert_eq!(before, m.snapshot());
-        let mut meta = machine_for(META_GROUP, 4);
+        let mut meta = machine_for(META_GROUP, 4, &Failpoints::disabled());
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
     }
 
     #[test]
     fn shard_snapshot_round_trips_through_restore() {
-        let mut m = machine_for(1, 4);
+        let mut m = machine_for(1, 4, &Failpoints::disabled());
         let node = Node::new(
             "n1",
             Resources {
@@ -334,7 +341,7 @@ mod tests {
             "{reply:?}"
         );
         let snap = m.snapshot();
-        let mut other = machine_for(1, 4);
+        let mut other = machine_for(1, 4, &Failpoints::disabled());
         other.restore(&snap).expect("restore");
         assert_eq!(other.snapshot(), snap);
     }

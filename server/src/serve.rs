@@ -90,6 +90,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         security: server_security,
     };
     opts.host.peer_security = peer_security;
+    opts.host.peer_routes = cfg.peer_routes.clone();
     let replica = Replica::start(opts, Arc::new(store), grpc).await?;
     if bootstrap {
         replica.host.bootstrap(&cfg.initial_members()).await?;
@@ -142,8 +143,9 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
 async fn refuse_wiped_member(cfg: &ServeConfig, peers: &PeerSecurity) -> anyhow::Result<()> {
     let scheme = if peers.tls.is_some() { "https" } else { "http" };
     for (peer, addr) in &cfg.peers {
+        let dial = cfg.peer_routes.get(addr).unwrap_or(addr);
         let Ok(mut endpoint) =
-            tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+            tonic::transport::Endpoint::from_shared(format!("{scheme}://{dial}"))
         else {
             continue;
         };

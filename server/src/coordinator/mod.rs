@@ -478,6 +478,15 @@ impl Coordinator {
             }
             Some(why) => (Decision::Abort, why),
         };
+        if decision == Decision::Commit
+            && self
+                .failpoints
+                .armed(failpoints::COORDINATOR_SKIPS_DECISION)
+        {
+            tracing::error!(%txn, "bug switch {}: telling COMMIT with no recorded decision", failpoints::COORDINATOR_SKIPS_DECISION);
+            self.tell(txn, participants, Decision::Commit).await;
+            return Ok(());
+        }
         let decided = self
             .decide(txn, decision, placements(assignment), reason)
             .await?;

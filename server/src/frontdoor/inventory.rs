@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
 use gangway_proto::v1::{
     DeviceInfo, DeviceListAck, DeviceListReport, GetNodeRequest, HeartbeatReply, HeartbeatRequest,
-    ListNodesReply, ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeReply, RegisterNodeRequest,
-    Taint,
+    ListNodesReply, ListNodesRequest, NodeInfo, NodePod, NodeSpec, RegisterNodeReply,
+    RegisterNodeRequest, Taint,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -19,6 +19,7 @@ use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 use crate::ledger::devices::{AgentLink, DeviceHealth};
 use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::ledger::usage::SlotState;
 use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
 use crate::model::device::DeviceId;
 use crate::model::node::RawTaint;
@@ -188,6 +189,29 @@ fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
         }
         .to_string(),
         lease_until_ms,
+        pod_slots: entry
+            .usage
+            .pods
+            .iter()
+            .map(|(member, slot)| NodePod {
+                member: member.to_string(),
+                state: slot_state_name(&slot.state).to_string(),
+                txn: slot
+                    .state
+                    .txn_id()
+                    .map(|t| t.to_string())
+                    .unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+fn slot_state_name(state: &SlotState) -> &'static str {
+    match state {
+        SlotState::Reserved { .. } => "Reserved",
+        SlotState::Committed { .. } => "Committed",
+        SlotState::Bound { .. } => "Bound",
+        SlotState::Observed => "Observed",
     }
 }
 
