@@ -465,6 +465,24 @@ impl Client {
         }
     }
 
+    /// Submits a gang group once, without retrying: for callers that fail over across
+    /// replicas themselves. The idempotency key must be set, so that their retries are safe.
+    pub async fn submit_once(
+        &self,
+        request: SubmitGangGroupRequest,
+    ) -> Result<GangGroupStatus, ClientError> {
+        if request.idempotency_key.is_empty() {
+            return Err(ClientError::Rpc(tonic::Status::invalid_argument(
+                "idempotency_key: submit_once needs one, so that retries are safe",
+            )));
+        }
+        Ok(self
+            .scheduler()
+            .submit_gang_group(request)
+            .await?
+            .into_inner())
+    }
+
     /// A gang group's status.
     pub async fn get(&self, id: u64) -> Result<GangGroupStatus, ClientError> {
         Ok(self

@@ -1,0 +1,765 @@
+//! The invariants of DESIGN §9, checked over a drill's history and the
+//! cluster's final state (read after every fault healed and the workload
+//! quiesced). Pure: the runner gathers [`FinalState`]; nothing here does I/O.
+//!
+//! I1 no device with two owners; I2 no node overcommitted; I3 no gang group
+//! partly placed, and the ledger holds exactly what placed groups say; I4 every
+//! acknowledged submission (and release, cancel) is there; I5 no reservation
+//! outlives its deadline; I6 replicas' state hashes are equal; I7 every fault is
+//! followed by a successful placement within [`RECOVERY_MAX_MS`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gangway_proto::v1::{GangGroupStatus, NodeInfo};
+use serde::Serialize;
+
+use crate::history::{Entry, Event, GangShape};
+use crate::workload::{placed_of, TERMINAL};
+
+/// Longest acceptable time from a fault (or its heal) to the next placement.
+pub const RECOVERY_MAX_MS: u64 = 30_000;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// I1 .. I7.
+    pub invariant: String,
+    /// What was seen.
+    pub detail: String,
+}
+
+fn violation(invariant: &str, detail: String) -> Violation {
+    Violation {
+        invariant: invariant.to_string(),
+        detail,
+    }
+}
+
+/// One replica's view of one Raft group at the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupHash {
+    /// Group id.
+    pub group: u64,
+    /// Applied index.
+    pub applied: u64,
+    /// State hash at that index.
+    pub hash: String,
+}
+
+/// What the cluster held after the drill.
+#[derive(Debug, Clone, Default)]
+pub struct FinalState {
+    /// Every gang group, finished ones included.
+    pub groups: Vec<GangGroupStatus>,
+    /// Every node with its ledger entry.
+    pub nodes: Vec<NodeInfo>,
+    /// Each replica's groups (None: the replica did not answer).
+    pub replicas: BTreeMap<u64, Option<Vec<GroupHash>>>,
+    /// Problems met while reading it (they are violations too).
+    pub unreadable: Vec<Violation>,
+}
+
+/// Recovery of one fault.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Recovery {
+    /// Fault id.
+    pub fault: u64,
+    /// Kind.
+    pub what: String,
+    /// Whether the fault took a group leader.
+    pub leader_lost: bool,
+    /// From the fault (one lost replica) or its heal, to the next placement; None: none seen.
+    pub ms: Option<u64>,
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Verdict {
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// Recovery per fault.
+    pub recoveries: Vec<Recovery>,
+}
+
+/// Checks every invariant.
+pub fn check(history: &[Entry], fin: &FinalState) -> Verdict {
+    let mut v = fin.unreadable.clone();
+    let ops = Ops::from(history);
+    check_devices(fin, &mut v);
+    check_capacity(fin, &mut v);
+    check_groups(&ops, fin, &mut v);
+    check_acknowledged(&ops, fin, &mut v);
+    check_reservations(fin, &mut v);
+    check_hashes(fin, &mut v);
+    let recoveries = recoveries(history);
+    for r in &recoveries {
+        if r.ms.is_none_or(|ms| ms > RECOVERY_MAX_MS) {
+            v.push(violation(
+                "I7",
+                format!(
+                    "no placement within {RECOVERY_MAX_MS} ms of fault {} ({})",
+                    r.fault, r.what
+                ),
+            ));
+        }
+    }
+    Verdict {
+        violations: v,
+        recoveries,
+    }
+}
+
+/// Operations of the history, by id.
+#[derive(Default)]
+struct Ops {
+    invokes: BTreeMap<u64, (u64, Event)>,
+    results: BTreeMap<u64, (u64, Event)>,
+}
+
+impl Ops {
+    fn from(history: &[Entry]) -> Self {
+        let mut ops = Ops::default();
+        for e in history {
+            match &e.event {
+                Event::Invoke { op, .. } => {
+                    ops.invokes.insert(*op, (e.t_ms, e.event.clone()));
+                }
+                Event::Ok { op, .. } | Event::Fail { op, .. } | Event::Unknown { op, .. } => {
+                    ops.results.insert(*op, (e.t_ms, e.event.clone()));
+                }
+                _ => {}
+            }
+        }
+        ops
+    }
+
+    /// Gang shapes by idempotency key.
+    fn shapes(&self) -> BTreeMap<String, Vec<GangShape>> {
+        self.invokes
+            .values()
+            .filter_map(|(_, e)| match e {
+                Event::Invoke { f, key, gangs, .. } if f == "place" => {
+                    Some((key.clone(), gangs.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// (op, f, group) of every acknowledged operation on a known group.
+    fn acknowledged(&self) -> Vec<(u64, String, u64, String)> {
+        let mut out = Vec::new();
+        for (op, (_, result)) in &self.results {
+            let (Event::Ok { group, state, .. }, Some((_, Event::Invoke { f, .. }))) =
+                (result, self.invokes.get(op))
+            else {
+                continue;
+            };
+            out.push((*op, f.clone(), *group, state.clone()));
+        }
+        out
+    }
+
+    /// Members named by release_members calls, by group (acknowledged or not).
+    fn released_members(&self) -> BTreeMap<u64, BTreeSet<String>> {
+        let mut out: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+        for (_, e) in self.invokes.values() {
+            if let Event::Invoke {
+                f, key, members, ..
+            } = e
+            {
+                if f == "release_members" {
+                    if let Ok(id) = key.parse() {
+                        out.entry(id).or_default().extend(members.iter().cloned());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn check_devices(fin: &FinalState, v: &mut Vec<Violation>) {
+    for n in &fin.nodes {
+        let name = n.node.as_ref().map_or("?", |s| s.name.as_str());
+        for d in &n.devices {
+            if d.held_by.len() > 1 {
+                v.push(violation(
+                    "I1",
+                    format!(
+                        "device {}/{}/{} on {name} has {} owners: {:?}",
+                        d.driver,
+                        d.pool,
+                        d.name,
+                        d.held_by.len(),
+                        d.held_by
+                    ),
+                ));
+            }
+        }
+    }
+    let mut owners: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for g in fin.groups.iter().filter(|g| holds(&g.state)) {
+        for p in placed_of(g) {
+            for d in p.devices {
+                owners
+                    .entry(format!("{}:{d}", p.node))
+                    .or_default()
+                    .push(g.id);
+            }
+        }
+    }
+    for (device, groups) in owners {
+        if groups.len() > 1 {
+            v.push(violation(
+                "I1",
+                format!("device {device} is placed for groups {groups:?}"),
+            ));
+        }
+    }
+}
+
+/// A Kubernetes quantity in thousandths (cpu "1500m" = 1500, "2" = 2000) or bytes.
+pub fn quantity(text: &str) -> Option<u128> {
+    let units: [(&str, u128); 9] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("m", 1),
+    ];
+    for (suffix, mult) in units {
+        if let Some(n) = text.strip_suffix(suffix) {
+            let n: u128 = n.parse().ok()?;
+            return Some(if suffix == "m" { n } else { n * mult * 1000 });
+        }
+    }
+    text.parse::<u128>().ok().map(|n| n * 1000)
+}
+
+fn check_capacity(fin: &FinalState, v: &mut Vec<Violation>) {
+    for n in &fin.nodes {
+        let Some(spec) = &n.node else { continue };
+        for (resource, used) in &n.requested {
+            let Some(used_q) = quantity(used) else {
+                v.push(violation(
+                    "I2",
+                    format!("{}: requested {resource}={used} cannot be read", spec.name),
+                ));
+                continue;
+            };
+            let cap = spec.allocatable.get(resource).and_then(|a| quantity(a));
+            match cap {
+                Some(cap) if used_q <= cap => {}
+                Some(_) => v.push(violation(
+                    "I2",
+                    format!(
+                        "{} is overcommitted: {resource} requested {used}, allocatable {}",
+                        spec.name, spec.allocatable[resource]
+                    ),
+                )),
+                None if used_q == 0 => {}
+                None => v.push(violation(
+                    "I2",
+                    format!("{} holds {resource}={used} it does not offer", spec.name),
+                )),
+            }
+        }
+    }
+}
+
+/// States in which a group holds what its placements say.
+fn holds(state: &str) -> bool {
+    state == "Placed"
+}
+
+fn check_groups(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
+    let shapes = ops.shapes();
+    let released = ops.released_members();
+    let mut placed: BTreeSet<(String, String)> = BTreeSet::new();
+    for g in &fin.groups {
+        if !holds(&g.state) && !TERMINAL.contains(&g.state.as_str()) && g.state != "Queued" {
+            v.push(violation(
+                "I3",
+                format!(
+                    "group {} ({}) is still {} after the drill quiesced",
+                    g.id, g.name, g.state
+                ),
+            ));
+        }
+        // A finished group keeps its last placements as a record; the ledger
+        // comparison below shows whether anything is still held for it.
+        if !holds(&g.state) {
+            continue;
+        }
+        let members = placed_of(g);
+        for p in &members {
+            placed.insert((p.member.clone(), p.node.clone()));
+        }
+        let Some(gangs) = shapes.get(&g.idempotency_key) else {
+            continue;
+        };
+        let gone = released.get(&g.id).cloned().unwrap_or_default();
+        for gang in gangs {
+            let prefix = format!("{}/", gang.name);
+            let here = members
+                .iter()
+                .filter(|p| p.member.starts_with(&prefix))
+                .count() as u32;
+            let left = gone.iter().filter(|m| m.starts_with(&prefix)).count() as u32;
+            if here + left < gang.min_member {
+                v.push(violation(
+                    "I3",
+                    format!(
+                        "group {} is Placed with {here} of gang {}'s members (min {}, {left} released)",
+                        g.id, gang.name, gang.min_member
+                    ),
+                ));
+            }
+        }
+    }
+    let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+    for n in &fin.nodes {
+        let Some(spec) = &n.node else { continue };
+        for slot in n.pod_slots.iter().filter(|s| s.state != "Observed") {
+            held.insert((slot.member.clone(), spec.name.clone()));
+        }
+    }
+    for (member, node) in held.difference(&placed) {
+        v.push(violation(
+            "I3",
+            format!("the ledger holds {member} on {node}, but no placed group has it there"),
+        ));
+    }
+    for (member, node) in placed.difference(&held) {
+        v.push(violation(
+            "I3",
+            format!("a placed group has {member} on {node}, but the ledger does not hold it"),
+        ));
+    }
+}
+
+fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
+    let by_id: BTreeMap<u64, &GangGroupStatus> = fin.groups.iter().map(|g| (g.id, g)).collect();
+    let mut ids_by_key: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+    for g in &fin.groups {
+        ids_by_key
+            .entry(&g.idempotency_key)
+            .or_default()
+            .insert(g.id);
+    }
+    for (key, ids) in &ids_by_key {
+        if ids.len() > 1 {
+            v.push(violation(
+                "I4",
+                format!("idempotency key {key:?} made {} groups: {ids:?}", ids.len()),
+            ));
+        }
+    }
+    let keys = ops.shapes();
+    for (op, f, group, _) in ops.acknowledged() {
+        let Some(g) = by_id.get(&group) else {
+            v.push(violation(
+                "I4",
+                format!("operation {op} ({f}) was acknowledged for group {group}, which is gone"),
+            ));
+            continue;
+        };
+        match f.as_str() {
+            "place" => {
+                let key_known = ops.invokes.get(&op).is_some_and(
+                    |(_, e)| matches!(e, Event::Invoke { key, .. } if *key == g.idempotency_key),
+                );
+                if !key_known || !keys.contains_key(&g.idempotency_key) {
+                    v.push(violation(
+                        "I4",
+                        format!(
+                            "placement {op} was acknowledged as group {group}, whose key is {:?}",
+                            g.idempotency_key
+                        ),
+                    ));
+                }
+            }
+            "release" if g.state != "Released" => v.push(violation(
+                "I4",
+                format!(
+                    "release {op} of group {group} was acknowledged, but it is {}",
+                    g.state
+                ),
+            )),
+            "cancel" if !matches!(g.state.as_str(), "Cancelled" | "Released") => v.push(violation(
+                "I4",
+                format!(
+                    "cancel {op} of group {group} was acknowledged, but it is {}",
+                    g.state
+                ),
+            )),
+            _ => {}
+        }
+    }
+}
+
+fn check_reservations(fin: &FinalState, v: &mut Vec<Violation>) {
+    for n in &fin.nodes {
+        let Some(spec) = &n.node else { continue };
+        for slot in n.pod_slots.iter().filter(|s| s.state == "Reserved") {
+            v.push(violation(
+                "I5",
+                format!(
+                    "{} on {} is still reserved by transaction {} after its deadline",
+                    slot.member, spec.name, slot.txn
+                ),
+            ));
+        }
+    }
+}
+
+fn check_hashes(fin: &FinalState, v: &mut Vec<Violation>) {
+    let mut seen: BTreeMap<u64, BTreeMap<(u64, String), Vec<u64>>> = BTreeMap::new();
+    for (id, groups) in &fin.replicas {
+        let Some(groups) = groups else {
+            v.push(violation(
+                "I6",
+                format!("replica {id} did not report its state hash"),
+            ));
+            continue;
+        };
+        for g in groups {
+            seen.entry(g.group)
+                .or_default()
+                .entry((g.applied, g.hash.clone()))
+                .or_default()
+                .push(*id);
+        }
+    }
+    for (group, states) in seen {
+        if states.len() > 1 {
+            let detail: Vec<String> = states
+                .iter()
+                .map(|((applied, hash), ids)| {
+                    format!(
+                        "replicas {ids:?} at {applied}: {}",
+                        &hash[..hash.len().min(12)]
+                    )
+                })
+                .collect();
+            v.push(violation(
+                "I6",
+                format!(
+                    "group {group} differs between replicas: {}",
+                    detail.join("; ")
+                ),
+            ));
+        }
+    }
+}
+
+/// Recovery of every fault: from the fault (one replica lost) or its heal to
+/// the first acknowledged placement invoked after that point.
+pub fn recoveries(history: &[Entry]) -> Vec<Recovery> {
+    let mut faults: BTreeMap<u64, (u64, String, bool, bool)> = BTreeMap::new();
+    let mut heals: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut invoked: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut placed: Vec<(u64, u64)> = Vec::new();
+    for e in history {
+        match &e.event {
+            Event::Fault {
+                fault,
+                what,
+                led,
+                single_replica,
+                ..
+            } => {
+                faults.insert(
+                    *fault,
+                    (e.t_ms, what.clone(), !led.is_empty(), *single_replica),
+                );
+            }
+            Event::Heal { fault } => {
+                heals.insert(*fault, e.t_ms);
+            }
+            Event::Invoke { op, f, .. } if f == "place" => {
+                invoked.insert(*op, e.t_ms);
+            }
+            Event::Ok { op, state, .. } if state == "Placed" => {
+                if let Some(t0) = invoked.get(op) {
+                    placed.push((*t0, e.t_ms));
+                }
+            }
+            _ => {}
+        }
+    }
+    faults
+        .into_iter()
+        .map(|(fault, (at, what, leader_lost, single))| {
+            let from = if single {
+                at
+            } else {
+                heals.get(&fault).copied().unwrap_or(at)
+            };
+            let ms = placed
+                .iter()
+                .filter(|(t0, _)| *t0 >= from)
+                .map(|(_, t1)| t1 - from)
+                .min();
+            Recovery {
+                fault,
+                what,
+                leader_lost,
+                ms,
+            }
+        })
+        .collect()
+}
+
+/// The p-th percentile (0..=100) of `values` (nearest rank), None when empty.
+pub fn percentile(values: &[u64], p: u64) -> Option<u64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p as usize * sorted.len()).div_ceil(100)).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_proto::v1::{DeviceInfo, MemberPlacement, NodePod, NodeSpec};
+
+    fn node(name: &str, cpu: &str, requested: &str, slots: &[(&str, &str)]) -> NodeInfo {
+        NodeInfo {
+            node: Some(NodeSpec {
+                name: name.into(),
+                allocatable: [("cpu".to_string(), cpu.to_string())].into(),
+                ..Default::default()
+            }),
+            requested: [("cpu".to_string(), requested.to_string())].into(),
+            pod_slots: slots
+                .iter()
+                .map(|(m, s)| NodePod {
+                    member: m.to_string(),
+                    state: s.to_string(),
+                    txn: "t1".into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn group(id: u64, key: &str, state: &str, placed: &[(&str, &str)]) -> GangGroupStatus {
+        GangGroupStatus {
+            id,
+            idempotency_key: key.into(),
+            state: state.into(),
+            placements: placed
+                .iter()
+                .map(|(m, n)| {
+                    let parts: Vec<&str> = m.split('/').collect();
+                    MemberPlacement {
+                        namespace: parts[0].into(),
+                        gang: parts[1].into(),
+                        member: parts[2].into(),
+                        node: n.to_string(),
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn entry(t_ms: u64, event: Event) -> Entry {
+        Entry { t_ms, event }
+    }
+
+    fn place(op: u64, key: &str, min: u32) -> Event {
+        Event::Invoke {
+            op,
+            f: "place".into(),
+            key: key.into(),
+            gangs: vec![GangShape {
+                name: format!("chaos/op{op}-0"),
+                min_member: min,
+                members: min,
+                mode: "Strict".into(),
+                cpu: 1,
+                gpu: 0,
+            }],
+            members: vec![],
+        }
+    }
+
+    fn hashes(states: &[(u64, &str)]) -> BTreeMap<u64, Option<Vec<GroupHash>>> {
+        states
+            .iter()
+            .enumerate()
+            .map(|(i, (applied, hash))| {
+                (
+                    i as u64 + 1,
+                    Some(vec![GroupHash {
+                        group: 0,
+                        applied: *applied,
+                        hash: hash.to_string(),
+                    }]),
+                )
+            })
+            .collect()
+    }
+
+    fn consistent() -> (Vec<Entry>, FinalState) {
+        let history = vec![
+            entry(0, place(1, "k1", 2)),
+            entry(
+                30,
+                Event::Ok {
+                    op: 1,
+                    group: 7,
+                    state: "Placed".into(),
+                    placed: vec![],
+                },
+            ),
+        ];
+        let fin = FinalState {
+            groups: vec![group(
+                7,
+                "k1",
+                "Placed",
+                &[("chaos/op1-0/m-0", "a"), ("chaos/op1-0/m-1", "b")],
+            )],
+            nodes: vec![
+                node("a", "4", "1", &[("chaos/op1-0/m-0", "Committed")]),
+                node("b", "4", "1", &[("chaos/op1-0/m-1", "Committed")]),
+            ],
+            replicas: hashes(&[(5, "aa"), (5, "aa"), (5, "aa")]),
+            unreadable: vec![],
+        };
+        (history, fin)
+    }
+
+    fn invariants(v: &Verdict) -> Vec<&str> {
+        v.violations.iter().map(|x| x.invariant.as_str()).collect()
+    }
+
+    #[test]
+    fn a_consistent_end_state_passes() {
+        let (h, fin) = consistent();
+        let v = check(&h, &fin);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn a_member_held_for_no_placed_group_is_i3() {
+        let (h, mut fin) = consistent();
+        fin.nodes[1].pod_slots.push(NodePod {
+            member: "chaos/op9-0/m".into(),
+            state: "Committed".into(),
+            txn: "t9".into(),
+        });
+        assert_eq!(invariants(&check(&h, &fin)), ["I3"]);
+    }
+
+    #[test]
+    fn a_partly_placed_group_is_i3() {
+        let (h, mut fin) = consistent();
+        fin.groups[0].placements.pop();
+        fin.nodes[1].pod_slots.clear();
+        assert_eq!(invariants(&check(&h, &fin)), ["I3"]);
+    }
+
+    #[test]
+    fn overcommit_two_owners_and_a_stale_reservation_are_found() {
+        let (h, mut fin) = consistent();
+        fin.nodes[0].requested.insert("cpu".into(), "4500m".into());
+        fin.nodes[0].devices.push(DeviceInfo {
+            driver: "d".into(),
+            pool: "p".into(),
+            name: "gpu-0".into(),
+            unhealthy: false,
+            held_by: vec!["x".into(), "y".into()],
+        });
+        fin.nodes[0].pod_slots[0].state = "Reserved".into();
+        let v = check(&h, &fin);
+        let found = invariants(&v);
+        for i in ["I1", "I2", "I5"] {
+            assert!(found.contains(&i), "{i} not in {found:?}");
+        }
+    }
+
+    #[test]
+    fn a_lost_acknowledgement_or_a_second_group_per_key_is_i4() {
+        let (h, mut fin) = consistent();
+        let mut twin = fin.groups[0].clone();
+        twin.id = 8;
+        twin.state = "Cancelled".into();
+        twin.placements.clear();
+        fin.groups.push(twin);
+        assert_eq!(invariants(&check(&h, &fin)), ["I4"]);
+        let (h, mut fin) = consistent();
+        fin.groups.clear();
+        fin.nodes.iter_mut().for_each(|n| n.pod_slots.clear());
+        assert_eq!(invariants(&check(&h, &fin)), ["I4"]);
+    }
+
+    #[test]
+    fn differing_hashes_are_i6() {
+        let (h, mut fin) = consistent();
+        fin.replicas = hashes(&[(5, "aa"), (5, "bb"), (5, "aa")]);
+        assert_eq!(invariants(&check(&h, &fin)), ["I6"]);
+    }
+
+    #[test]
+    fn recovery_counts_from_the_fault_or_the_heal() {
+        let fault = |fault, single| Event::Fault {
+            fault,
+            what: "kill".into(),
+            targets: vec![1],
+            led: vec![0],
+            single_replica: single,
+        };
+        let ok = |op| Event::Ok {
+            op,
+            group: op,
+            state: "Placed".into(),
+            placed: vec![],
+        };
+        let h = vec![
+            entry(100, fault(1, true)),
+            entry(150, place(1, "a", 1)),
+            entry(900, ok(1)),
+            entry(1000, Event::Heal { fault: 1 }),
+            entry(2000, fault(2, false)),
+            entry(3000, Event::Heal { fault: 2 }),
+            entry(2500, place(2, "b", 1)),
+            entry(3100, place(3, "c", 1)),
+            entry(3300, ok(2)),
+            entry(3400, ok(3)),
+        ];
+        let r = recoveries(&h);
+        assert_eq!(r[0].ms, Some(800));
+        // Placements invoked before the heal do not count for a heal-measured fault.
+        assert_eq!(r[1].ms, Some(400));
+        let none = recoveries(&h[..4]);
+        assert_eq!(none.len(), 1);
+        let v = check(&[entry(0, fault(1, false))], &FinalState::default());
+        assert_eq!(invariants(&v), ["I7"]);
+    }
+
+    #[test]
+    fn quantities_and_percentiles() {
+        assert_eq!(quantity("2"), Some(2000));
+        assert_eq!(quantity("1500m"), Some(1500));
+        assert_eq!(quantity("1Ki"), Some(1024 * 1000));
+        assert_eq!(quantity("x"), None);
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50), Some(50));
+        assert_eq!(percentile(&v, 99), Some(99));
+        assert_eq!(percentile(&[7], 99), Some(7));
+        assert_eq!(percentile(&[], 50), None);
+    }
+}

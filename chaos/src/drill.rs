@@ -1,0 +1,852 @@
+//! Drills by name: start a cluster, run the workload, inject the drill's
+//! faults on a schedule drawn from the seed, heal, quiesce, read the final
+//! state and check it. The runner owns the supervisor (so it alone signals
+//! processes) and the workload's tasks (stopped and joined before return).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::checker::{self, FinalState, GroupHash, Verdict, Violation};
+use crate::history::{Entry, Event, History};
+use crate::proxy::LinkMode;
+use crate::rng::Rng;
+use crate::supervisor::{ClusterSpec, Supervisor, SupervisorError};
+use crate::workload::{self, CallResult, Replicas, Workload, TERMINAL};
+
+/// Crash point: coordinator between reserve and decide.
+pub const FP_AFTER_RESERVE: &str = "coordinator-after-reserve";
+/// Crash point: coordinator between decide and commit.
+pub const FP_AFTER_DECIDE: &str = "coordinator-after-decide";
+/// Crash point: a participant (shard leader) during reserve.
+pub const FP_PARTICIPANT: &str = "participant-after-reserve";
+/// Bug switch for the checker's self-test: COMMIT sent with no decision written.
+pub const BUG_SKIP_DECISION: &str = "coordinator-skips-decision";
+/// Crash points every drill's replicas honour (disarmed until a fault arms one).
+pub const CRASH_POINTS: [&str; 3] = [FP_AFTER_RESERVE, FP_AFTER_DECIDE, FP_PARTICIPANT];
+
+/// Time the cluster may take to elect every leader at start and after a heal.
+pub const READY_TIMEOUT_MS: u64 = 30_000;
+/// Time an armed crash point may take to fire before it is disarmed.
+pub const ARMED_WINDOW_MS: u64 = 4_000;
+/// Time the workers may take to finish their operation once told to stop.
+pub const WORKERS_STOP_MS: u64 = 5_000;
+/// Time for every group to settle (no Placing, Releasing or Queued) after the workload stops.
+pub const QUIESCE_MS: u64 = 25_000;
+/// Time for replicas to reach equal applied indexes for the hash comparison.
+pub const CONVERGE_MS: u64 = 15_000;
+/// Interval at which the runner looks for replicas that exited on their own.
+pub const WATCH_MS: u64 = 50;
+
+/// The named drills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrillKind {
+    /// SIGKILL the leader of a group (meta or shard), restart it.
+    LeaderKill,
+    /// Crash the coordinator between reserve and decide, or decide and commit.
+    CoordinatorKillMid2pc,
+    /// Crash a participant shard leader right after it applied a reservation.
+    ParticipantKillMidReserve,
+    /// Isolate a group's leader in a minority of one.
+    PartitionLeaderMinority,
+    /// SIGSTOP a group's leader, then SIGCONT.
+    PauseLeader,
+    /// Restart every replica in turn (SIGTERM, start, wait ready).
+    RollingRestart,
+    /// SIGKILL every replica, start them all again.
+    FullRestart,
+    /// All of the above and more (follower faults, 2/1 splits, one-way loss, latency).
+    Mixed,
+}
+
+impl DrillKind {
+    /// The drill's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LeaderKill => "leader-kill",
+            Self::CoordinatorKillMid2pc => "coordinator-kill-mid-2pc",
+            Self::ParticipantKillMidReserve => "participant-kill-mid-reserve",
+            Self::PartitionLeaderMinority => "partition-leader-minority",
+            Self::PauseLeader => "pause-leader",
+            Self::RollingRestart => "rolling-restart",
+            Self::FullRestart => "full-restart",
+            Self::Mixed => "mixed",
+        }
+    }
+}
+
+/// One drill's settings.
+#[derive(Debug, Clone)]
+pub struct DrillSpec {
+    /// Which drill.
+    pub kind: DrillKind,
+    /// Seed of the fault schedule and workload.
+    pub seed: u64,
+    /// How long faults are injected.
+    pub duration_ms: u64,
+    /// Replicas.
+    pub replicas: u64,
+    /// Shards.
+    pub shards: u32,
+    /// The gangway binary.
+    pub bin: PathBuf,
+    /// Work dir (data dirs, logs, history).
+    pub dir: PathBuf,
+    /// First port, or None for free ones.
+    pub base_port: Option<u16>,
+    /// Bug switches to arm (self-test only).
+    pub bugs: Vec<String>,
+}
+
+/// One fault as planned from the seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    KillLeader(u64),
+    KillFollower,
+    PauseLeader(u64),
+    IsolateLeader(u64),
+    IsolateFollower,
+    /// Two replicas (one a leader) cut off from the rest... with 3 replicas, 2/1 with the
+    /// leader of the group on the minority or the majority side.
+    Split {
+        group: u64,
+        leader_in_minority: bool,
+    },
+    /// The leader of a group stops reaching one follower (the other way works).
+    OneWay(u64),
+    /// Every link delayed by this many ms.
+    Latency(u64),
+    CrashPoint(&'static str),
+    FullRestart,
+    RollingRestart,
+}
+
+impl Fault {
+    fn name(self) -> String {
+        match self {
+            Self::KillLeader(g) => format!("kill-leader-of-group-{g}"),
+            Self::KillFollower => "kill-follower".into(),
+            Self::PauseLeader(g) => format!("pause-leader-of-group-{g}"),
+            Self::IsolateLeader(g) => format!("isolate-leader-of-group-{g}"),
+            Self::IsolateFollower => "isolate-follower".into(),
+            Self::Split {
+                group,
+                leader_in_minority,
+            } => format!(
+                "split-2-1-leader-of-group-{group}-in-{}",
+                if leader_in_minority {
+                    "minority"
+                } else {
+                    "majority"
+                }
+            ),
+            Self::OneWay(g) => format!("one-way-loss-from-leader-of-group-{g}"),
+            Self::Latency(ms) => format!("latency-{ms}ms"),
+            Self::CrashPoint(p) => format!("crash-point-{p}"),
+            Self::FullRestart => "full-restart".into(),
+            Self::RollingRestart => "rolling-restart".into(),
+        }
+    }
+}
+
+/// What a drill produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillReport {
+    /// Drill name.
+    pub drill: String,
+    /// Seed.
+    pub seed: u64,
+    /// Fault window (ms).
+    pub duration_ms: u64,
+    /// Wall time of the whole drill (ms).
+    pub elapsed_ms: u64,
+    /// Faults injected.
+    pub faults: Vec<String>,
+    /// Operations invoked / ok / fail / unknown.
+    pub operations: OperationCounts,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// Recovery per fault.
+    pub recoveries: Vec<checker::Recovery>,
+    /// The command that replays this drill.
+    pub replay: String,
+    /// Where the history and logs are (kept when a violation is found).
+    pub work_dir: String,
+}
+
+/// Operation outcomes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OperationCounts {
+    /// Invoked.
+    pub invoked: u64,
+    /// Acknowledged.
+    pub ok: u64,
+    /// Refused.
+    pub fail: u64,
+    /// Unknown.
+    pub unknown: u64,
+}
+
+fn count(history: &[Entry]) -> OperationCounts {
+    let mut c = OperationCounts::default();
+    for e in history {
+        match e.event {
+            Event::Invoke { .. } => c.invoked += 1,
+            Event::Ok { .. } => c.ok += 1,
+            Event::Fail { .. } => c.fail += 1,
+            Event::Unknown { .. } => c.unknown += 1,
+            _ => {}
+        }
+    }
+    c
+}
+
+/// The command line that replays `spec`.
+pub fn replay_command(spec: &DrillSpec) -> String {
+    let mut cmd = format!(
+        "gangway-chaos run --drill {} --seed {} --duration {}ms",
+        spec.kind.name(),
+        spec.seed,
+        spec.duration_ms
+    );
+    if spec.replicas != 3 {
+        cmd.push_str(&format!(" --replicas {}", spec.replicas));
+    }
+    if spec.shards != 2 {
+        cmd.push_str(&format!(" --shards {}", spec.shards));
+    }
+    for b in &spec.bugs {
+        cmd.push_str(&format!(" --bug {b}"));
+    }
+    cmd
+}
+
+/// Runs one drill to the end. `Err` only when it cannot start.
+pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
+    let started = Instant::now();
+    let mut failpoints: Vec<String> = CRASH_POINTS.iter().map(|s| s.to_string()).collect();
+    failpoints.extend(spec.bugs.iter().cloned());
+    let cluster = ClusterSpec {
+        bin: spec.bin.clone(),
+        replicas: spec.replicas,
+        shards: spec.shards,
+        dir: spec.dir.clone(),
+        base_port: spec.base_port,
+        failpoints,
+        cluster_id: format!("chaos-{}", spec.seed),
+    };
+    let sup = Supervisor::start(cluster).await?;
+    for p in CRASH_POINTS {
+        sup.disarm(p);
+    }
+    let history = History::new(Some(&spec.dir.join("history.jsonl"))).map_err(|e| {
+        SupervisorError::DataDir {
+            path: spec.dir.display().to_string(),
+            reason: e.to_string(),
+        }
+    })?;
+    let mut runner = Runner {
+        sup,
+        history: history.clone(),
+        rng: Rng::new(spec.seed),
+        spec: spec.clone(),
+        next_fault: 1,
+        faults: Vec::new(),
+        violations: Vec::new(),
+    };
+    runner.sup.wait_ready(READY_TIMEOUT_MS).await?;
+    let replicas = Arc::new(Replicas::new(runner.sup.endpoints()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let agents = start_fleet(&replicas, spec.shards, &stop_rx).await?;
+    let workload = Workload::new(replicas.clone(), history.clone(), format!("s{}", spec.seed));
+    let mut workers = workload.spawn(&mut runner.rng, stop_rx.clone());
+
+    runner.inject_faults().await;
+    runner.heal_everything().await;
+    runner.await_recovery().await;
+
+    stop_tx.send_replace(true);
+    let joined = tokio::time::timeout(Duration::from_millis(WORKERS_STOP_MS), async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    if joined.is_err() {
+        workers.abort_all();
+    }
+    let mut fin = settle(&runner, &workload, &replicas).await;
+    fin.unreadable.append(&mut runner.violations);
+    for a in agents {
+        a.abort();
+    }
+    let entries = history.entries();
+    let verdict: Verdict = checker::check(&entries, &fin);
+    drop(runner);
+    Ok(DrillReport {
+        drill: spec.kind.name().to_string(),
+        seed: spec.seed,
+        duration_ms: spec.duration_ms,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        faults: entries
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Fault { what, targets, .. } => Some(format!("{what} {targets:?}")),
+                _ => None,
+            })
+            .collect(),
+        operations: count(&entries),
+        violations: verdict.violations,
+        recoveries: verdict.recoveries,
+        replay: replay_command(&spec),
+        work_dir: spec.dir.display().to_string(),
+    })
+}
+
+async fn start_fleet(
+    replicas: &Arc<Replicas>,
+    shards: u32,
+    stop: &watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, SupervisorError> {
+    let setup = |reason: String| SupervisorError::NotReady {
+        ms: READY_TIMEOUT_MS,
+        detail: reason,
+    };
+    let device_nodes = workload::register_fleet(replicas, shards)
+        .await
+        .map_err(setup)?;
+    let mut agents = Vec::new();
+    let mut published = Vec::new();
+    for node in device_nodes {
+        let (tx, rx) = watch::channel(false);
+        published.push((node.clone(), rx));
+        agents.push(tokio::spawn(workload::device_agent(
+            replicas.clone(),
+            node,
+            tx,
+            stop.clone(),
+        )));
+    }
+    for (node, mut rx) in published {
+        let ok = tokio::time::timeout(Duration::from_millis(READY_TIMEOUT_MS), rx.wait_for(|p| *p))
+            .await;
+        if !matches!(ok, Ok(Ok(_))) {
+            for a in &agents {
+                a.abort();
+            }
+            return Err(setup(format!("the devices of {node} were not published")));
+        }
+    }
+    Ok(agents)
+}
+
+struct Runner {
+    sup: Supervisor,
+    history: History,
+    rng: Rng,
+    spec: DrillSpec,
+    next_fault: u64,
+    /// Faults not healed yet: (id, what to undo).
+    faults: Vec<(u64, Undo)>,
+    /// Violations seen while faults ran (unexpected exits, no leader after heal).
+    violations: Vec<Violation>,
+}
+
+/// How to end a fault.
+#[derive(Debug, Clone)]
+enum Undo {
+    Restart(Vec<u64>),
+    Resume(u64),
+    HealLinks,
+    Nothing,
+}
+
+impl Runner {
+    fn plan(&mut self) -> Fault {
+        let groups = u64::from(self.spec.shards) + 1;
+        let group = self.rng.range(0, groups - 1);
+        match self.spec.kind {
+            DrillKind::LeaderKill => Fault::KillLeader(group),
+            DrillKind::CoordinatorKillMid2pc => Fault::CrashPoint(if self.rng.chance(50) {
+                FP_AFTER_RESERVE
+            } else {
+                FP_AFTER_DECIDE
+            }),
+            DrillKind::ParticipantKillMidReserve => Fault::CrashPoint(FP_PARTICIPANT),
+            DrillKind::PartitionLeaderMinority => Fault::IsolateLeader(group),
+            DrillKind::PauseLeader => Fault::PauseLeader(group),
+            DrillKind::RollingRestart => Fault::RollingRestart,
+            DrillKind::FullRestart => Fault::FullRestart,
+            DrillKind::Mixed => {
+                let menu: [(u64, Fault); 14] = [
+                    (14, Fault::KillLeader(group)),
+                    (6, Fault::KillFollower),
+                    (10, Fault::PauseLeader(group)),
+                    (10, Fault::IsolateLeader(group)),
+                    (5, Fault::IsolateFollower),
+                    (
+                        5,
+                        Fault::Split {
+                            group,
+                            leader_in_minority: true,
+                        },
+                    ),
+                    (
+                        5,
+                        Fault::Split {
+                            group,
+                            leader_in_minority: false,
+                        },
+                    ),
+                    (6, Fault::OneWay(group)),
+                    (5, Fault::Latency(self.rng.range(20, 120))),
+                    (8, Fault::CrashPoint(FP_AFTER_RESERVE)),
+                    (8, Fault::CrashPoint(FP_AFTER_DECIDE)),
+                    (8, Fault::CrashPoint(FP_PARTICIPANT)),
+                    (3, Fault::FullRestart),
+                    (3, Fault::RollingRestart),
+                ];
+                let weights: Vec<u64> = menu.iter().map(|(w, _)| *w).collect();
+                let i = self.rng.weighted(&weights).unwrap_or(0);
+                menu[i].1
+            }
+        }
+    }
+
+    /// Injects faults one after another until the drill's duration has passed.
+    async fn inject_faults(&mut self) {
+        let end = Instant::now() + Duration::from_millis(self.spec.duration_ms);
+        // Let the workload reach a steady state first.
+        let warmup = self.rng.range(300, 800);
+        self.watch_for(warmup).await;
+        while Instant::now() < end {
+            let fault = self.plan();
+            let hold = self.rng.range(400, 2_000);
+            self.inject(fault, hold).await;
+            self.heal_everything().await;
+            let gap = self.rng.range(600, 1_500);
+            self.watch_for(gap).await;
+        }
+    }
+
+    fn record_fault(&mut self, what: &str, targets: Vec<u64>, led: Vec<u64>, single: bool) -> u64 {
+        let id = self.next_fault;
+        self.next_fault += 1;
+        self.history.record(Event::Fault {
+            fault: id,
+            what: what.to_string(),
+            targets,
+            led,
+            single_replica: single,
+        });
+        id
+    }
+
+    async fn follower_of(&mut self, group: u64, leader: Option<u64>) -> Option<u64> {
+        let _ = group;
+        let others: Vec<u64> = self
+            .sup
+            .ids()
+            .into_iter()
+            .filter(|id| Some(*id) != leader)
+            .collect();
+        self.rng.pick(&others).copied()
+    }
+
+    async fn inject(&mut self, fault: Fault, hold_ms: u64) {
+        let name = fault.name();
+        match fault {
+            Fault::KillLeader(g) | Fault::PauseLeader(g) | Fault::IsolateLeader(g) => {
+                let Some(target) = self.sup.leader_of(g).await else {
+                    self.note(format!("{name}: no leader of group {g} known; skipped"));
+                    return;
+                };
+                self.single(fault, name, target, hold_ms).await;
+            }
+            Fault::KillFollower | Fault::IsolateFollower => {
+                let leader = self.sup.leader_of(0).await;
+                let Some(target) = self.follower_of(0, leader).await else {
+                    return;
+                };
+                self.single(fault, name, target, hold_ms).await;
+            }
+            Fault::Split {
+                group,
+                leader_in_minority,
+            } => {
+                let ids = self.sup.ids();
+                let Some(leader) = self.sup.leader_of(group).await else {
+                    self.note(format!("{name}: no leader of group {group} known; skipped"));
+                    return;
+                };
+                let others: Vec<u64> = ids.iter().copied().filter(|i| *i != leader).collect();
+                let Some(&buddy) = self.rng.pick(&others) else {
+                    return;
+                };
+                // Minority side: one replica. With the leader there, it is alone; otherwise
+                // the leader keeps `buddy` and loses the third.
+                let minority: Vec<u64> = if leader_in_minority {
+                    vec![leader]
+                } else {
+                    ids.iter()
+                        .copied()
+                        .filter(|i| *i != leader && *i != buddy)
+                        .collect()
+                };
+                let majority: Vec<u64> = ids
+                    .iter()
+                    .copied()
+                    .filter(|i| !minority.contains(i))
+                    .collect();
+                let led = self.led(&minority).await;
+                let id = self.record_fault(&name, minority.clone(), led, minority.len() == 1);
+                self.sup.partition(&minority, &majority);
+                self.faults.push((id, Undo::HealLinks));
+                self.watch_for(hold_ms).await;
+            }
+            Fault::OneWay(g) => {
+                let Some(leader) = self.sup.leader_of(g).await else {
+                    return;
+                };
+                let Some(to) = self.follower_of(g, Some(leader)).await else {
+                    return;
+                };
+                let id = self.record_fault(&name, vec![leader, to], vec![], false);
+                self.sup.set_link(leader, to, LinkMode::Cut);
+                self.faults.push((id, Undo::HealLinks));
+                self.watch_for(hold_ms).await;
+            }
+            Fault::Latency(ms) => {
+                let ids = self.sup.ids();
+                let id = self.record_fault(&name, ids.clone(), vec![], false);
+                for a in &ids {
+                    for b in &ids {
+                        if a != b {
+                            self.sup.set_link(*a, *b, LinkMode::Delay(ms));
+                        }
+                    }
+                }
+                self.faults.push((id, Undo::HealLinks));
+                self.watch_for(hold_ms).await;
+            }
+            Fault::CrashPoint(point) => self.crash_point(point, hold_ms).await,
+            Fault::FullRestart => {
+                let ids = self.sup.ids();
+                let id = self.record_fault(&name, ids.clone(), vec![], false);
+                for r in &ids {
+                    self.sup.kill(*r);
+                }
+                self.faults.push((id, Undo::Restart(ids)));
+                self.watch_for(hold_ms.min(1_000)).await;
+            }
+            Fault::RollingRestart => {
+                let ids = self.sup.ids();
+                let id = self.record_fault(&name, ids.clone(), vec![], false);
+                for r in ids {
+                    self.sup.stop(r).await;
+                    if let Err(e) = self.sup.spawn(r) {
+                        self.violations.push(Violation {
+                            invariant: "I7".into(),
+                            detail: format!("replica {r} could not restart: {e}"),
+                        });
+                    }
+                    self.ready_or_violation("rolling restart").await;
+                }
+                self.faults.push((id, Undo::Nothing));
+            }
+        }
+    }
+
+    async fn led(&self, ids: &[u64]) -> Vec<u64> {
+        let mut led = Vec::new();
+        for id in ids {
+            led.extend(self.sup.groups_led_by(*id).await);
+        }
+        led
+    }
+
+    /// A fault on one replica: kill, pause or isolate it.
+    async fn single(&mut self, fault: Fault, name: String, target: u64, hold_ms: u64) {
+        let led = self.led(&[target]).await;
+        let id = self.record_fault(&name, vec![target], led, true);
+        let undo = match fault {
+            Fault::KillLeader(_) | Fault::KillFollower => {
+                self.sup.kill(target);
+                Undo::Restart(vec![target])
+            }
+            Fault::PauseLeader(_) => {
+                self.sup.pause(target);
+                Undo::Resume(target)
+            }
+            _ => {
+                let others: Vec<u64> = self
+                    .sup
+                    .ids()
+                    .into_iter()
+                    .filter(|i| *i != target)
+                    .collect();
+                self.sup.partition(&[target], &others);
+                Undo::HealLinks
+            }
+        };
+        self.faults.push((id, undo));
+        self.watch_for(hold_ms).await;
+    }
+
+    /// Arms a crash point and waits for it to fire; the crashed replica restarts after `hold_ms`.
+    async fn crash_point(&mut self, point: &'static str, hold_ms: u64) {
+        let leaders = self.leaders().await;
+        self.sup.arm(point);
+        let deadline = Instant::now() + Duration::from_millis(ARMED_WINDOW_MS);
+        loop {
+            let exits = self.sup.exits();
+            if let Some(exit) = exits.iter().find(|e| e.failpoint.as_deref() == Some(point)) {
+                let led: Vec<u64> = leaders
+                    .iter()
+                    .filter(|(_, l)| **l == exit.id)
+                    .map(|(g, _)| *g)
+                    .collect();
+                let id =
+                    self.record_fault(&format!("crash-point-{point}"), vec![exit.id], led, true);
+                self.faults.push((id, Undo::Restart(vec![exit.id])));
+                self.unexpected(exits.iter().filter(|e| e.id != exit.id));
+                self.watch_for(hold_ms).await;
+                return;
+            }
+            self.unexpected(exits.iter());
+            if Instant::now() >= deadline {
+                if self.sup.disarm(point) {
+                    self.note(format!(
+                        "crash point {point} did not fire within {ARMED_WINDOW_MS} ms"
+                    ));
+                } else {
+                    // It fired just now: the exit shows up on the next watch.
+                    self.watch_for(WATCH_MS * 2).await;
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(WATCH_MS)).await;
+        }
+    }
+
+    async fn leaders(&self) -> BTreeMap<u64, u64> {
+        let mut out = BTreeMap::new();
+        for g in 0..=u64::from(self.spec.shards) {
+            if let Some(l) = self.sup.leader_of(g).await {
+                out.insert(g, l);
+            }
+        }
+        out
+    }
+
+    fn note(&self, text: String) {
+        self.history.record(Event::Note { text });
+    }
+
+    /// Records replicas that exited on their own as violations (and restarts them).
+    fn unexpected<'a>(&mut self, exits: impl Iterator<Item = &'a crate::supervisor::Exit>) {
+        for e in exits {
+            let detail = match &e.failpoint {
+                Some(p) => format!(
+                    "replica {} hit crash point {p} while it was not under test",
+                    e.id
+                ),
+                None => format!(
+                    "replica {} exited unexpectedly ({}): {}",
+                    e.id, e.status, e.last_line
+                ),
+            };
+            if e.failpoint.is_some() {
+                // A crash point armed earlier fired late: an injected fault after all.
+                let id = self.record_fault(&detail, vec![e.id], vec![], true);
+                self.faults.push((id, Undo::Restart(vec![e.id])));
+                continue;
+            }
+            self.violations.push(Violation {
+                invariant: "I7".into(),
+                detail,
+            });
+            if let Err(err) = self.sup.spawn(e.id) {
+                self.note(format!("replica {} could not restart: {err}", e.id));
+            }
+        }
+    }
+
+    /// Sleeps `ms`, watching for replicas that exit on their own.
+    async fn watch_for(&mut self, ms: u64) {
+        let end = Instant::now() + Duration::from_millis(ms);
+        while Instant::now() < end {
+            let exits = self.sup.exits();
+            self.unexpected(exits.iter());
+            tokio::time::sleep(Duration::from_millis(WATCH_MS)).await;
+        }
+    }
+
+    /// Ends every open fault and waits for the cluster to have leaders again.
+    async fn heal_everything(&mut self) {
+        let faults = std::mem::take(&mut self.faults);
+        if faults.is_empty() {
+            return;
+        }
+        for (_, undo) in &faults {
+            match undo {
+                Undo::Restart(ids) => {
+                    for id in ids {
+                        if let Err(e) = self.sup.spawn(*id) {
+                            self.violations.push(Violation {
+                                invariant: "I7".into(),
+                                detail: format!("replica {id} could not restart: {e}"),
+                            });
+                        }
+                    }
+                }
+                Undo::Resume(id) => self.sup.resume(*id),
+                Undo::HealLinks => self.sup.heal_links(),
+                Undo::Nothing => {}
+            }
+        }
+        for (id, _) in &faults {
+            self.history.record(Event::Heal { fault: *id });
+        }
+        self.ready_or_violation("heal").await;
+    }
+
+    async fn ready_or_violation(&mut self, when: &str) {
+        if let Err(e) = self.sup.wait_ready(READY_TIMEOUT_MS).await {
+            self.violations.push(Violation {
+                invariant: "I7".into(),
+                detail: format!("after {when}: {e}"),
+            });
+            if let SupervisorError::Exited { id, .. } = e {
+                let _ = self.sup.spawn(id);
+            }
+        }
+    }
+
+    /// Lets the workload run until a placement follows the last heal (bounded).
+    async fn await_recovery(&mut self) {
+        let from = self.history.now_ms();
+        let deadline = Instant::now() + Duration::from_millis(checker::RECOVERY_MAX_MS);
+        while Instant::now() < deadline {
+            let entries = self.history.entries();
+            let mut invoked = BTreeMap::new();
+            let recovered = entries.iter().any(|e| match &e.event {
+                Event::Invoke { op, f, .. } if f == "place" => {
+                    invoked.insert(*op, e.t_ms);
+                    false
+                }
+                Event::Ok { op, state, .. } if state == "Placed" => {
+                    invoked.get(op).is_some_and(|t| *t >= from)
+                }
+                _ => false,
+            });
+            if recovered {
+                return;
+            }
+            self.watch_for(100).await;
+        }
+    }
+}
+
+/// Cancels what still waits, lets every group settle and the reservations
+/// expire, then reads groups, nodes and every replica's state hashes.
+async fn settle(runner: &Runner, workload: &Workload, replicas: &Replicas) -> FinalState {
+    let mut fin = FinalState::default();
+    let deadline = Instant::now() + Duration::from_millis(QUIESCE_MS);
+    let mut cancelled = std::collections::BTreeSet::new();
+    loop {
+        let groups = match replicas
+            .call(|c| async move { c.list_groups(true).await })
+            .await
+        {
+            CallResult::Ok(g) => g,
+            CallResult::Fail(e) | CallResult::Unknown(e) => {
+                fin.unreadable.push(Violation {
+                    invariant: "I4".into(),
+                    detail: format!("gang groups could not be listed: {e}"),
+                });
+                return fin;
+            }
+        };
+        for g in groups.iter().filter(|g| g.state == "Queued") {
+            if cancelled.insert(g.id) {
+                workload.give_back("cancel", g.id).await;
+            }
+        }
+        let nodes = match replicas
+            .call(|c| async move { c.list_nodes(None).await })
+            .await
+        {
+            CallResult::Ok(n) => n,
+            CallResult::Fail(e) | CallResult::Unknown(e) => {
+                fin.unreadable.push(Violation {
+                    invariant: "I3".into(),
+                    detail: format!("nodes could not be listed: {e}"),
+                });
+                return fin;
+            }
+        };
+        let busy = groups
+            .iter()
+            .any(|g| g.state != "Placed" && !TERMINAL.contains(&g.state.as_str()));
+        let reserved = nodes
+            .iter()
+            .any(|n| n.pod_slots.iter().any(|s| s.state == "Reserved"));
+        let settled = !busy && !reserved;
+        if settled || Instant::now() >= deadline {
+            // Read the groups again: the snapshot is consistent only if nothing moved.
+            let again = replicas
+                .call(|c| async move { c.list_groups(true).await })
+                .await;
+            let same = matches!(&again, CallResult::Ok(g) if versions(g) == versions(&groups));
+            if same || Instant::now() >= deadline {
+                fin.groups = groups;
+                fin.nodes = nodes;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    fin.replicas = converged_hashes(&runner.sup).await;
+    fin
+}
+
+fn versions(groups: &[gangway_proto::v1::GangGroupStatus]) -> Vec<(u64, u64)> {
+    groups.iter().map(|g| (g.id, g.version)).collect()
+}
+
+/// Every replica's (applied index, hash) per group, read until all applied indexes agree.
+async fn converged_hashes(sup: &Supervisor) -> BTreeMap<u64, Option<Vec<GroupHash>>> {
+    let deadline = Instant::now() + Duration::from_millis(CONVERGE_MS);
+    loop {
+        let mut out = BTreeMap::new();
+        for id in sup.ids() {
+            let groups = sup.status(id, true).await.map(|s| {
+                s.groups
+                    .iter()
+                    .map(|g| GroupHash {
+                        group: g.group_id,
+                        applied: g.applied_index,
+                        hash: g.state_hash.clone(),
+                    })
+                    .collect::<Vec<_>>()
+            });
+            out.insert(id, groups);
+        }
+        let mut applied: BTreeMap<u64, std::collections::BTreeSet<u64>> = BTreeMap::new();
+        let complete = out.values().all(Option::is_some);
+        for groups in out.values().flatten() {
+            for g in groups {
+                applied.entry(g.group).or_default().insert(g.applied);
+            }
+        }
+        if (complete && applied.values().all(|s| s.len() == 1)) || Instant::now() >= deadline {
+            return out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
