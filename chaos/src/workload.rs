@@ -39,7 +39,9 @@ pub const POLL_MS: u64 = 40;
 /// Interval between probe submissions.
 pub const PROBE_INTERVAL_MS: u64 = 100;
 /// Probes in flight at most (a new one is skipped while this many wait).
-pub const PROBES_IN_FLIGHT_MAX: usize = 6;
+pub const PROBES_IN_FLIGHT_MAX: usize = 24;
+/// Time a replica that failed a call is passed over (unless every replica failed).
+pub const ENDPOINT_COOLDOWN_MS: u64 = 1_000;
 /// Workers submitting gang groups.
 pub const WORKERS: usize = 3;
 /// Nodes per shard in the simulated fleet (the first of each shard has devices).
@@ -69,6 +71,8 @@ pub struct Replicas {
     endpoints: Vec<String>,
     clients: Mutex<BTreeMap<String, Client>>,
     next: AtomicU64,
+    /// Replicas that failed a call recently, and until when they are passed over.
+    cooling: Mutex<BTreeMap<String, Instant>>,
 }
 
 fn definite(e: &ClientError) -> bool {
@@ -95,6 +99,34 @@ impl Replicas {
             endpoints,
             clients: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(0),
+            cooling: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The next replica to try: round robin over those not cooling down (all if none).
+    fn pick(&self) -> &str {
+        let now = Instant::now();
+        let n = self.endpoints.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        let cooling = self.cooling.lock().map(|c| c.clone()).unwrap_or_default();
+        (0..n)
+            .map(|k| &self.endpoints[(start + k) % n])
+            .find(|addr| cooling.get(*addr).is_none_or(|until| *until <= now))
+            .unwrap_or(&self.endpoints[start % n])
+    }
+
+    fn cool(&self, addr: &str) {
+        if let Ok(mut c) = self.cooling.lock() {
+            c.insert(
+                addr.to_string(),
+                Instant::now() + Duration::from_millis(ENDPOINT_COOLDOWN_MS),
+            );
+        }
+    }
+
+    fn warm(&self, addr: &str) {
+        if let Ok(mut c) = self.cooling.lock() {
+            c.remove(addr);
         }
     }
 
@@ -127,19 +159,25 @@ impl Replicas {
         let deadline = Instant::now() + Duration::from_millis(CALL_DEADLINE_MS);
         let mut last = String::from("no attempt");
         while Instant::now() < deadline {
-            let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.endpoints.len();
-            let addr = &self.endpoints[i];
+            let addr = self.pick();
             let attempt = async {
                 let c = self.client(addr).await.map_err(|e| (false, e))?;
                 f(c).await.map_err(|e| (definite(&e), e.to_string()))
             };
             match tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), attempt).await {
-                Ok(Ok(v)) => return CallResult::Ok(v),
-                Ok(Err((true, e))) => return CallResult::Fail(e),
+                Ok(Ok(v)) => {
+                    self.warm(addr);
+                    return CallResult::Ok(v);
+                }
+                Ok(Err((true, e))) => {
+                    self.warm(addr);
+                    return CallResult::Fail(e);
+                }
                 Ok(Err((false, e))) => last = format!("{addr}: {e}"),
                 Err(_) => last = format!("{addr}: no answer in {ATTEMPT_TIMEOUT_MS} ms"),
             }
             self.forget(addr);
+            self.cool(addr);
             tokio::time::sleep(Duration::from_millis(RETRY_BACKOFF_MS)).await;
         }
         CallResult::Unknown(last)
