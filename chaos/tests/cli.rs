@@ -49,11 +49,17 @@ fn run(args: &[&str], work: &Path) -> Output {
 
 fn assert_cannot_start(out: &Output, why: &str, work: &Path) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let replay = format!("stdout: {}\nstderr: {stderr}", String::from_utf8_lossy(&out.stdout));
+    let replay = format!(
+        "stdout: {}\nstderr: {stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(out.status.code(), Some(2), "{replay}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line expected: {replay}");
-    assert!(lines[0].contains("cannot start drill leader-kill"), "{replay}");
+    assert!(
+        lines[0].contains("cannot start drill leader-kill"),
+        "{replay}"
+    );
     assert!(lines[0].contains(why), "{why:?} not said: {replay}");
     let left = processes_mentioning(&work.display().to_string());
     assert!(left.is_empty(), "processes left behind: {left:?}");
@@ -71,7 +77,10 @@ fn a_drill_that_cannot_start_says_why_in_one_line_and_leaves_no_process() {
     let port = taken.local_addr().expect("addr").port().to_string();
     let work = tmp.path().join("port-taken");
     let g = gangway();
-    let out = run(&["--base-port", &port, "--gangway", &g.to_string_lossy()], &work);
+    let out = run(
+        &["--base-port", &port, "--gangway", &g.to_string_lossy()],
+        &work,
+    );
     assert_cannot_start(&out, &format!("port {port}"), &work);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already in use"));
     drop(taken);
@@ -94,7 +103,15 @@ fn the_checker_catches_a_coordinator_that_skips_writing_its_decision() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let g = gangway();
     let out = chaos()
-        .args(["self-test", "--drill", "leader-kill", "--duration", "3s", "--seed", "11"])
+        .args([
+            "self-test",
+            "--drill",
+            "leader-kill",
+            "--duration",
+            "3s",
+            "--seed",
+            "11",
+        ])
         .arg("--gangway")
         .arg(&g)
         .arg("--work-dir")
@@ -102,7 +119,10 @@ fn the_checker_catches_a_coordinator_that_skips_writing_its_decision() {
         .output()
         .expect("run gangway-chaos self-test");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let replay = format!("stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    let replay = format!(
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.status.code(), Some(0), "{replay}");
     assert!(stdout.contains("self-test passed"), "{replay}");
     assert!(stdout.contains("VIOLATION I3"), "{replay}");

@@ -472,7 +472,9 @@ impl RaftHost {
                 Err(HostError::NotLeader {
                     leader: Some((id, addr)),
                     ..
-                }) if id != self.node_id() => self.run_remote(group, id, &addr, &op).await,
+                }) if id != self.node_id() => {
+                    self.run_remote_while_leader(group, id, &addr, &op).await
+                }
                 other => other,
             };
             match result {
@@ -483,6 +485,36 @@ impl RaftHost {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// Runs `op` on `leader`, giving up as soon as this replica stops believing in
+    /// that leader: a paused or cut-off leader answers nothing until the attempt
+    /// times out, while the rest of the group has already elected another one.
+    async fn run_remote_while_leader(
+        &self,
+        group: GroupId,
+        leader: NodeId,
+        addr: &str,
+        op: &Routed,
+    ) -> Result<Outcome, HostError> {
+        let mut metrics = self.group(group)?.raft.metrics();
+        let replaced = async move {
+            loop {
+                if metrics.borrow_and_update().current_leader != Some(leader) {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            result = self.run_remote(group, leader, addr, op) => result,
+            () = replaced => Err(HostError::Unavailable {
+                group,
+                detail: format!("leader {leader} was replaced while the request was in flight"),
+            }),
         }
     }
 
