@@ -362,6 +362,11 @@ fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
     }
     let keys = ops.shapes();
     for (op, f, group, _) in ops.acknowledged() {
+        if group == 0 {
+            // Pods bound through Kubernetes: the client never learns a group id;
+            // `check_kube` covers them.
+            continue;
+        }
         let Some(g) = by_id.get(&group) else {
             v.push(violation(
                 "I4",
@@ -456,6 +461,58 @@ fn check_hashes(fin: &FinalState, v: &mut Vec<Violation>) {
             ));
         }
     }
+}
+
+/// The binder drill's checks over what the API server shows: no pod bound
+/// twice, no gang partly bound, and every bound pod held as Bound by the ledger
+/// on the node it is bound to.
+pub fn check_kube(view: &crate::kube_workload::ApiView, fin: &FinalState) -> Vec<Violation> {
+    let mut v = Vec::new();
+    for (pod, nodes) in &view.bindings {
+        if nodes.len() > 1 {
+            v.push(violation(
+                "I3",
+                format!("pod {pod} was bound {} times: {nodes:?}", nodes.len()),
+            ));
+        }
+    }
+    let mut gangs: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (gang, node) in view.pods.values() {
+        let e = gangs.entry(gang.as_str()).or_default();
+        e.0 += 1;
+        e.1 += usize::from(node.is_some());
+    }
+    for (gang, (pods, bound)) in gangs {
+        if bound > 0 && bound < pods {
+            v.push(violation(
+                "I3",
+                format!("gang {gang} is partly bound: {bound} of {pods} pods"),
+            ));
+        }
+    }
+    let mut slots: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for n in &fin.nodes {
+        let Some(spec) = &n.node else { continue };
+        for s in &n.pod_slots {
+            slots.insert(s.member.clone(), (spec.name.clone(), s.state.clone()));
+        }
+    }
+    for (pod, (gang, node)) in &view.pods {
+        let Some(node) = node else { continue };
+        let member = format!("{}/{gang}/{pod}", crate::kube_workload::KUBE_NAMESPACE);
+        match slots.get(&member) {
+            Some((n, state)) if n == node && state == "Bound" => {}
+            Some((n, state)) => v.push(violation(
+                "I3",
+                format!("pod {pod} is bound to {node}, but the ledger has it {state} on {n}"),
+            )),
+            None => v.push(violation(
+                "I3",
+                format!("pod {pod} is bound to {node}, but the ledger does not hold it"),
+            )),
+        }
+    }
+    v
 }
 
 /// Recovery of every fault: from the fault (one replica lost) or its heal to

@@ -14,10 +14,13 @@ use tokio::time::Instant;
 
 use crate::checker::{self, FinalState, GroupHash, Verdict, Violation};
 use crate::history::{Entry, Event, History};
+use crate::kube_workload::{self, KubeWorkload};
 use crate::proxy::LinkMode;
 use crate::rng::Rng;
 use crate::supervisor::{ClusterSpec, Supervisor, SupervisorError};
 use crate::workload::{self, CallResult, Replicas, Workload, TERMINAL};
+use gangway_kube_double::store::PODS;
+use gangway_kube_double::ApiServerDouble;
 
 /// Crash point: coordinator between reserve and decide.
 pub const FP_AFTER_RESERVE: &str = "coordinator-after-reserve";
@@ -25,10 +28,12 @@ pub const FP_AFTER_RESERVE: &str = "coordinator-after-reserve";
 pub const FP_AFTER_DECIDE: &str = "coordinator-after-decide";
 /// Crash point: a participant (shard leader) during reserve.
 pub const FP_PARTICIPANT: &str = "participant-after-reserve";
+/// Crash point: a shard leader bound a pod through the API and has not recorded it.
+pub const FP_BINDER: &str = "binder-after-bind";
 /// Bug switch for the checker's self-test: COMMIT sent with no decision written.
 pub const BUG_SKIP_DECISION: &str = "coordinator-skips-decision";
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
-pub const CRASH_POINTS: [&str; 3] = [FP_AFTER_RESERVE, FP_AFTER_DECIDE, FP_PARTICIPANT];
+pub const CRASH_POINTS: [&str; 4] = [FP_AFTER_RESERVE, FP_AFTER_DECIDE, FP_PARTICIPANT, FP_BINDER];
 
 /// Time the cluster may take to elect every leader at start and after a heal.
 pub const READY_TIMEOUT_MS: u64 = 30_000;
@@ -53,6 +58,9 @@ pub enum DrillKind {
     CoordinatorKillMid2pc,
     /// Crash a participant shard leader right after it applied a reservation.
     ParticipantKillMidReserve,
+    /// Pods through Kubernetes: crash a shard leader right after a binding, before it
+    /// is recorded, or SIGKILL a shard leader while it binds.
+    BinderKill,
     /// Isolate a group's leader in a minority of one.
     PartitionLeaderMinority,
     /// SIGSTOP a group's leader, then SIGCONT.
@@ -72,6 +80,7 @@ impl DrillKind {
             Self::LeaderKill => "leader-kill",
             Self::CoordinatorKillMid2pc => "coordinator-kill-mid-2pc",
             Self::ParticipantKillMidReserve => "participant-kill-mid-reserve",
+            Self::BinderKill => "binder-kill",
             Self::PartitionLeaderMinority => "partition-leader-minority",
             Self::PauseLeader => "pause-leader",
             Self::RollingRestart => "rolling-restart",
@@ -232,6 +241,26 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     let started = Instant::now();
     let mut failpoints: Vec<String> = CRASH_POINTS.iter().map(|s| s.to_string()).collect();
     failpoints.extend(spec.bugs.iter().cloned());
+    let kube = spec.kind == DrillKind::BinderKill;
+    let mut extra_args = Vec::new();
+    let api = if kube {
+        std::fs::create_dir_all(&spec.dir).map_err(|e| SupervisorError::DataDir {
+            path: spec.dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let kubeconfig = spec.dir.join("kubeconfig");
+        let api = kube_workload::start_api(&kubeconfig)
+            .await
+            .map_err(|e| SupervisorError::Os {
+                what: "start the API server double".into(),
+                reason: e.to_string(),
+            })?;
+        extra_args.push("--kubeconfig".to_string());
+        extra_args.push(kubeconfig.display().to_string());
+        Some(Arc::new(api))
+    } else {
+        None
+    };
     let cluster = ClusterSpec {
         bin: spec.bin.clone(),
         replicas: spec.replicas,
@@ -240,6 +269,7 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
         base_port: spec.base_port,
         failpoints,
         cluster_id: format!("chaos-{}", spec.seed),
+        extra_args,
     };
     let sup = Supervisor::start(cluster).await?;
     for p in CRASH_POINTS {
@@ -263,9 +293,17 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     runner.sup.wait_ready(READY_TIMEOUT_MS).await?;
     let replicas = Arc::new(Replicas::new(runner.sup.endpoints()));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let agents = start_fleet(&replicas, spec.shards, &stop_rx).await?;
     let workload = Workload::new(replicas.clone(), history.clone(), format!("s{}", spec.seed));
-    let mut workers = workload.spawn(&mut runner.rng, stop_rx.clone());
+    let (agents, mut workers) = match &api {
+        None => {
+            let agents = start_fleet(&replicas, spec.shards, &stop_rx).await?;
+            (agents, workload.spawn(&mut runner.rng, stop_rx.clone()))
+        }
+        Some(api) => {
+            let kube = KubeWorkload::new(api.clone(), history.clone());
+            (Vec::new(), kube.spawn(&mut runner.rng, stop_rx.clone()))
+        }
+    };
 
     runner.inject_faults().await;
     runner.heal_everything().await;
@@ -279,13 +317,17 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     if joined.is_err() {
         workers.abort_all();
     }
-    let mut fin = settle(&runner, &workload, &replicas).await;
+    let mut fin = settle(&runner, &workload, &replicas, api.as_deref()).await;
     fin.unreadable.append(&mut runner.violations);
     for a in agents {
         a.abort();
     }
     let entries = history.entries();
-    let verdict: Verdict = checker::check(&entries, &fin);
+    let mut verdict: Verdict = checker::check(&entries, &fin);
+    if let Some(api) = &api {
+        let view = kube_workload::api_view(api);
+        verdict.violations.extend(checker::check_kube(&view, &fin));
+    }
     drop(runner);
     Ok(DrillReport {
         drill: spec.kind.name().to_string(),
@@ -377,6 +419,13 @@ impl Runner {
                 FP_AFTER_DECIDE
             }),
             DrillKind::ParticipantKillMidReserve => Fault::CrashPoint(FP_PARTICIPANT),
+            DrillKind::BinderKill => {
+                if self.rng.chance(60) {
+                    Fault::CrashPoint(FP_BINDER)
+                } else {
+                    Fault::KillLeader(self.rng.range(1, groups - 1))
+                }
+            }
             DrillKind::PartitionLeaderMinority => Fault::IsolateLeader(group),
             DrillKind::PauseLeader => Fault::PauseLeader(group),
             DrillKind::RollingRestart => Fault::RollingRestart,
@@ -753,8 +802,15 @@ impl Runner {
 }
 
 /// Cancels what still waits, lets every group settle and the reservations
-/// expire, then reads groups, nodes and every replica's state hashes.
-async fn settle(runner: &Runner, workload: &Workload, replicas: &Replicas) -> FinalState {
+/// expire, then reads groups, nodes and every replica's state hashes. With
+/// Kubernetes, waiting gangs are deleted as pods, and settling includes every
+/// live gang being bound whole or not at all.
+async fn settle(
+    runner: &Runner,
+    workload: &Workload,
+    replicas: &Replicas,
+    api: Option<&ApiServerDouble>,
+) -> FinalState {
     let mut fin = FinalState::default();
     let deadline = Instant::now() + Duration::from_millis(QUIESCE_MS);
     let mut cancelled = std::collections::BTreeSet::new();
@@ -774,7 +830,10 @@ async fn settle(runner: &Runner, workload: &Workload, replicas: &Replicas) -> Fi
         };
         for g in groups.iter().filter(|g| g.state == "Queued") {
             if cancelled.insert(g.id) {
-                workload.give_back("cancel", g.id).await;
+                match api {
+                    None => workload.give_back("cancel", g.id).await,
+                    Some(api) => delete_waiting_pods(api, g),
+                }
             }
         }
         let nodes = match replicas
@@ -796,7 +855,23 @@ async fn settle(runner: &Runner, workload: &Workload, replicas: &Replicas) -> Fi
         let reserved = nodes
             .iter()
             .any(|n| n.pod_slots.iter().any(|s| s.state == "Reserved"));
-        let settled = !busy && !reserved;
+        let half_bound = api.is_some_and(|api| {
+            let view = kube_workload::api_view(api);
+            let mut gangs: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+            for (gang, node) in view.pods.values() {
+                let e = gangs.entry(gang.as_str()).or_default();
+                e.0 += 1;
+                e.1 += usize::from(node.is_some());
+            }
+            gangs
+                .values()
+                .any(|(pods, bound)| *bound > 0 && bound < pods)
+        });
+        let unconfirmed = api.is_some()
+            && nodes
+                .iter()
+                .any(|n| n.pod_slots.iter().any(|s| s.state == "Committed"));
+        let settled = !busy && !reserved && !half_bound && !unconfirmed;
         if settled || Instant::now() >= deadline {
             // Read the groups again: the snapshot is consistent only if nothing moved.
             let again = replicas
@@ -813,6 +888,21 @@ async fn settle(runner: &Runner, workload: &Workload, replicas: &Replicas) -> Fi
     }
     fin.replicas = converged_hashes(&runner.sup).await;
     fin
+}
+
+/// Deletes the pods of a gang group that still waits (its job gave up).
+fn delete_waiting_pods(api: &ApiServerDouble, g: &gangway_proto::v1::GangGroupStatus) {
+    for pod in api.list(&PODS, Some(kube_workload::KUBE_NAMESPACE)) {
+        let gang = pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/name"]
+            .as_str()
+            .unwrap_or_default();
+        let full = format!("{}/{gang}", kube_workload::KUBE_NAMESPACE);
+        if g.gangs.contains(&full) {
+            if let Some(name) = pod["metadata"]["name"].as_str() {
+                let _ = api.delete(&PODS, Some(kube_workload::KUBE_NAMESPACE), name);
+            }
+        }
+    }
 }
 
 fn versions(groups: &[gangway_proto::v1::GangGroupStatus]) -> Vec<(u64, u64)> {

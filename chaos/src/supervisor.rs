@@ -142,6 +142,8 @@ pub struct ClusterSpec {
     pub failpoints: Vec<String>,
     /// Cluster id.
     pub cluster_id: String,
+    /// More flags for every replica (e.g. --kubeconfig).
+    pub extra_args: Vec<String>,
 }
 
 /// One replica process.
@@ -302,6 +304,7 @@ impl Supervisor {
                 cmd.args(["--test-peer-route", &format!("{}={}", p.grpc, link.addr())]);
             }
         }
+        cmd.args(&self.spec.extra_args);
         cmd.env("GANGWAY_TEST_FAILPOINTS", self.spec.failpoints.join(","))
             .env("GANGWAY_TEST_FAILPOINT_DIR", &self.markers)
             .env("RUST_LOG", "info,openraft=error");

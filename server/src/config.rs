@@ -338,6 +338,7 @@ fn resolve_kube(
         scheduler_name,
         bind_qps: args.bind_qps.or(file.bind_qps).unwrap_or(defaults.bind_qps),
         bind_concurrency,
+        failpoints: crate::failpoints::Failpoints::disabled(),
     };
     Ok(Some((server, opts)))
 }

@@ -18,15 +18,19 @@ pub const AFTER_DECIDE: &str = "coordinator-after-decide";
 /// first replica to apply an entry is, in practice, the shard leader (it
 /// applies as soon as the entry commits; followers learn of the commit later).
 pub const PARTICIPANT_AFTER_RESERVE: &str = "participant-after-reserve";
+/// A shard leader bound a pod through the Kubernetes API and has not recorded
+/// the binding in its ledger.
+pub const BINDER_AFTER_BIND: &str = "binder-after-bind";
 /// A deliberate protocol bug, for checking the checker: the coordinator tells
 /// the participants COMMIT without writing its decision first. Never correct.
 pub const COORDINATOR_SKIPS_DECISION: &str = "coordinator-skips-decision";
 
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 4] = [
+pub const ALL: [&str; 5] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
+    BINDER_AFTER_BIND,
     COORDINATOR_SKIPS_DECISION,
 ];
 

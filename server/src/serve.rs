@@ -111,7 +111,14 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                 Groups::new(replica.host.clone()),
                 cfg.shards,
                 cfg.topology_label.clone(),
-                kube_opts.clone(),
+                crate::kube::KubeOptions {
+                    failpoints: if cfg.test_failpoints {
+                        Failpoints::from_env()
+                    } else {
+                        Failpoints::disabled()
+                    },
+                    ..kube_opts.clone()
+                },
                 kube_stopped,
             )))
         }

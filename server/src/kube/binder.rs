@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch, Mutex, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::coordinator::metrics::{self, Phase, PhaseTimer};
+use crate::failpoints;
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
@@ -274,7 +275,7 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
     }
     ctx.pacer.wait().await;
     match api::bind(&ctx.client, &pod, &m.node).await? {
-        BindOutcome::Bound => {}
+        BindOutcome::Bound => ctx.opts.failpoints.hit(failpoints::BINDER_AFTER_BIND),
         BindOutcome::PodGone => return Ok(false),
         BindOutcome::BoundElsewhere(other) => {
             tracing::error!(pod = %pod, ledger = %m.node, api = %other, "pod bound to another node by someone else");

@@ -40,6 +40,8 @@ pub struct KubeOptions {
     pub bind_qps: u32,
     /// Bindings in flight.
     pub bind_concurrency: usize,
+    /// Test crash points (none in production).
+    pub failpoints: crate::failpoints::Failpoints,
 }
 
 impl Default for KubeOptions {
@@ -48,6 +50,7 @@ impl Default for KubeOptions {
             scheduler_name: SCHEDULER_NAME_DEFAULT.to_string(),
             bind_qps: BIND_QPS_DEFAULT,
             bind_concurrency: BIND_CONCURRENCY_DEFAULT,
+            failpoints: crate::failpoints::Failpoints::disabled(),
         }
     }
 }
