@@ -808,6 +808,40 @@ mod tests {
     }
 
     #[test]
+    fn kube_pods_bound_twice_partly_or_unknown_to_the_ledger_are_i3() {
+        use crate::kube_workload::ApiView;
+        let (_, mut fin) = consistent();
+        fin.nodes[0].pod_slots = vec![NodePod {
+            member: "chaos/g1/g1-0".into(),
+            state: "Bound".into(),
+            txn: "t1".into(),
+        }];
+        let mut view = ApiView::default();
+        view.pods
+            .insert("g1-0".into(), ("g1".into(), Some("a".into())));
+        view.bindings.insert("chaos/g1-0".into(), vec!["a".into()]);
+        assert!(check_kube(&view, &fin).is_empty());
+
+        let mut twice = view.clone();
+        twice
+            .bindings
+            .insert("chaos/g1-0".into(), vec!["a".into(), "b".into()]);
+        assert_eq!(check_kube(&twice, &fin).len(), 1);
+
+        let mut partly = view.clone();
+        partly.pods.insert("g1-1".into(), ("g1".into(), None));
+        let found = check_kube(&partly, &fin);
+        assert!(found[0].detail.contains("partly bound"), "{found:?}");
+
+        let mut elsewhere = view.clone();
+        elsewhere
+            .pods
+            .insert("g1-0".into(), ("g1".into(), Some("b".into())));
+        let found = check_kube(&elsewhere, &fin);
+        assert!(found[0].detail.contains("Bound on a"), "{found:?}");
+    }
+
+    #[test]
     fn quantities_and_percentiles() {
         assert_eq!(quantity("2"), Some(2000));
         assert_eq!(quantity("1500m"), Some(1500));

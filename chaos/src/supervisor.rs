@@ -307,7 +307,11 @@ impl Supervisor {
         cmd.args(&self.spec.extra_args);
         cmd.env("GANGWAY_TEST_FAILPOINTS", self.spec.failpoints.join(","))
             .env("GANGWAY_TEST_FAILPOINT_DIR", &self.markers)
-            .env("RUST_LOG", "info,openraft=error");
+            .env(
+                "RUST_LOG",
+                std::env::var("GANGWAY_CHAOS_RUST_LOG")
+                    .unwrap_or_else(|_| "info,openraft=error".into()),
+            );
         // SAFETY: prctl in the child between fork and exec touches no shared state.
         unsafe {
             cmd.pre_exec(|| {

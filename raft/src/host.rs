@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gangway_proto::admin::{self as pb, GroupStatus};
-use gangway_proto::raft::{PrepareElectionRequest, ProposeRequest, ReadRequest};
+use gangway_proto::raft::{self as pb_raft, PrepareElectionRequest, ProposeRequest, ReadRequest};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
@@ -26,6 +26,7 @@ use crate::error::HostError;
 use crate::log_store::LogStore;
 use crate::network::{admin_client, transport_client, NetworkFactory, Origin, PeerPool};
 use crate::proposer::Proposer;
+use crate::reachability::{majority_reachable, GateState, REACH_PING_MS, REACH_WINDOW_MS};
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::StateMachineFactory;
 use crate::storage::{KvStore, SyncHandle};
@@ -142,6 +143,8 @@ pub(crate) struct Group {
     committed_next: Arc<AtomicU64>,
     transferring: AtomicBool,
     membership: tokio::sync::Mutex<()>,
+    /// A leader transfer asked this voter not to campaign until then.
+    election_hold_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Fires when a group applies entries on this replica (see [`RaftHost::changes`]).
@@ -192,6 +195,7 @@ pub(crate) struct HostShared {
     pub(crate) cluster_id: Arc<str>,
     pub(crate) groups: BTreeMap<GroupId, Arc<Group>>,
     pub(crate) pool: Arc<PeerPool>,
+    reach: crate::reachability::Reachability,
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -260,10 +264,13 @@ impl RaftHost {
                 cluster_id,
                 groups,
                 pool,
+                reach: Default::default(),
                 shutdown,
                 tasks: Mutex::new(Vec::new()),
             }),
         };
+        host.own(tokio::spawn(host.clone().ping_peers()));
+        host.own(tokio::spawn(host.clone().gate_elections()));
         for task in proposer_tasks {
             host.own(tokio::spawn(task));
         }
@@ -333,6 +340,7 @@ impl RaftHost {
             committed_next,
             transferring: AtomicBool::new(false),
             membership: tokio::sync::Mutex::new(()),
+            election_hold_until: std::sync::Mutex::new(None),
         };
         Ok((group, task))
     }
@@ -472,9 +480,14 @@ impl RaftHost {
                 Err(HostError::NotLeader {
                     leader: Some((id, addr)),
                     ..
-                }) if id != self.node_id() => {
-                    self.run_remote_while_leader(group, id, &addr, &op).await
-                }
+                }) if id != self.node_id() => match op {
+                    // A transfer or membership change moves leadership itself: it must
+                    // not be abandoned when the leader changes under it.
+                    Routed::Write(_) | Routed::Read(_) => {
+                        self.run_remote_while_leader(group, id, &addr, &op).await
+                    }
+                    _ => self.run_remote(group, id, &addr, &op).await,
+                },
                 other => other,
             };
             match result {
@@ -983,16 +996,118 @@ impl RaftHost {
                 }
             }));
         } else {
+            // The election gate lifts the hold once it has passed.
+            if let Ok(mut hold) = g.election_hold_until.lock() {
+                *hold = Some(Instant::now() + Duration::from_millis(hold_ms));
+            }
             g.raft.runtime_config().elect(false);
-            self.own(tokio::spawn(async move {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(hold_ms)) => {}
-                    _ = stop.changed() => {}
-                }
-                g.raft.runtime_config().elect(true);
-            }));
         }
         Ok(())
+    }
+
+    /// Pings every peer every [`REACH_PING_MS`] (one ping in flight per peer, each
+    /// bounded by [`REACH_WINDOW_MS`]) and records who answered.
+    async fn ping_peers(self) {
+        let mut stop = self.shutdown_signal();
+        let mut tick = tokio::time::interval(Duration::from_millis(REACH_PING_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            for (peer, addr) in self.members() {
+                if peer == self.node_id() || !self.shared.reach.start_ping(peer) {
+                    continue;
+                }
+                let host = self.clone();
+                // Not owned: each ping ends within REACH_WINDOW_MS on its own.
+                tokio::spawn(async move {
+                    if host.ping(peer, &addr).await {
+                        host.shared.reach.answered(peer);
+                    }
+                    host.shared.reach.end_ping(peer);
+                });
+            }
+        }
+    }
+
+    /// Whether `peer` at `addr` answers a ping in time (a peer too old to know the
+    /// call answers Unimplemented: it is reachable all the same).
+    async fn ping(&self, peer: NodeId, addr: &str) -> bool {
+        let Some(group) = self.shared.groups.keys().next().copied() else {
+            return false;
+        };
+        let Ok(channel) = self.shared.pool.channel(addr) else {
+            return false;
+        };
+        let origin = Origin {
+            cluster_id: self.shared.cluster_id.clone(),
+            group,
+            node: self.node_id(),
+        };
+        let window = Duration::from_millis(REACH_WINDOW_MS);
+        let mut req = tonic::Request::new(pb_raft::PingRequest {
+            envelope: Some(origin.envelope(peer)),
+        });
+        req.set_timeout(window);
+        let mut client = transport_client(&self.shared.pool, channel);
+        match tokio::time::timeout(window, client.ping(req)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(s)) => s.code() == tonic::Code::Unimplemented,
+            Err(_) => false,
+        }
+    }
+
+    /// Enables elections in each group exactly while a majority of its voters is in
+    /// reach and no transfer hold runs (see the `reachability` module).
+    async fn gate_elections(self) {
+        let mut stop = self.shutdown_signal();
+        let mut state = GateState::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(REACH_PING_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let now = Instant::now();
+            for (gid, g) in &self.shared.groups {
+                let voters: Vec<NodeId> = g
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .collect();
+                let in_reach = majority_reachable(self.node_id(), &voters, |p| {
+                    self.shared.reach.reachable(p, now)
+                });
+                let held = g
+                    .election_hold_until
+                    .lock()
+                    .ok()
+                    .and_then(|h| *h)
+                    .is_some_and(|until| until > now);
+                let enable = in_reach && !held;
+                if state.enabled.get(gid) != Some(&enable) {
+                    g.raft.runtime_config().elect(enable);
+                    if state.enabled.insert(*gid, enable).is_some() && !held {
+                        tracing::info!(
+                            group = gid,
+                            elections = if enable { "enabled" } else { "disabled" },
+                            "election gate: a majority of voters is {}",
+                            if in_reach {
+                                "in reach again"
+                            } else {
+                                "out of reach"
+                            }
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Moves group leaderships so no live replica leads more than ceil(groups / live).

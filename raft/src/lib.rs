@@ -20,6 +20,7 @@ mod log_store;
 mod metrics;
 mod network;
 mod proposer;
+mod reachability;
 mod service;
 mod sm_store;
 pub mod state_machine;

@@ -7,8 +7,8 @@ use std::io::Cursor;
 
 use gangway_proto::raft::raft_transport_server::{RaftTransport, RaftTransportServer};
 use gangway_proto::raft::{
-    Envelope, PrepareElectionReply, PrepareElectionRequest, ProposeReply, ProposeRequest,
-    RaftReply, RaftRequest, ReadReply, ReadRequest, SnapshotChunk,
+    Envelope, PingReply, PingRequest, PrepareElectionReply, PrepareElectionRequest, ProposeReply,
+    ProposeRequest, RaftReply, RaftRequest, ReadReply, ReadRequest, SnapshotChunk,
 };
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
@@ -154,6 +154,12 @@ impl RaftTransport for TransportService {
             reply: out.reply,
             log_index: out.index,
         }))
+    }
+
+    async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
+        self.host
+            .check_envelope(request.into_inner().envelope.as_ref())?;
+        Ok(Response::new(PingReply {}))
     }
 
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {

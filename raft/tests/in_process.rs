@@ -55,6 +55,11 @@ struct Replica {
 const GROUPS: u64 = 7;
 
 async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
+    // RUST_LOG=info shows the hosts' logs when a run fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let addr = listener.local_addr().expect("local addr").to_string();
     let cfg = HostConfig {
         cluster_id: "test".into(),
