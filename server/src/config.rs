@@ -45,7 +45,7 @@ fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Flags of `gangway serve`.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeArgs {
     /// TOML file with the same keys as these flags (flags override it).
     #[arg(long)]
@@ -519,6 +519,21 @@ mod tests {
         a.tls_client_ca = Some(PathBuf::from("ca.pem"));
         let err = ServeConfig::resolve(a).expect_err("no key").to_string();
         assert!(err.contains("missing --tls-key"), "{err}");
+    }
+
+    #[test]
+    fn peer_routes_are_for_fault_tests_only() {
+        let mut a = args(1, &["2=127.0.0.1:7002"]);
+        a.test_peer_routes = vec!["127.0.0.1:7002=127.0.0.1:9002".into()];
+        let err = ServeConfig::resolve(a.clone()).expect_err("no --test-failpoints");
+        assert!(err.to_string().contains("--test-peer-route"), "{err}");
+        assert!(err.to_string().contains("--test-failpoints"), "{err}");
+        a.test_failpoints = true;
+        let cfg = ServeConfig::resolve(a.clone()).expect("routes with failpoints");
+        assert_eq!(cfg.peer_routes["127.0.0.1:7002"], "127.0.0.1:9002");
+        a.test_peer_routes.push("127.0.0.1:7002".into());
+        let err = ServeConfig::resolve(a).expect_err("not ADDR=VIA");
+        assert!(err.to_string().contains("not ADDR=VIA"), "{err}");
     }
 
     #[test]

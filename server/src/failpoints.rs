@@ -57,7 +57,20 @@ impl Failpoints {
             .map(str::to_string)
             .collect();
         let once_dir = std::env::var_os("GANGWAY_TEST_FAILPOINT_DIR").map(PathBuf::from);
-        Self { armed, once_dir }
+        let points = Self { armed, once_dir };
+        for unknown in points.unknown() {
+            eprintln!("gangway: GANGWAY_TEST_FAILPOINTS names {unknown:?}, which is no crash point or bug switch; known: {}", ALL.join(", "));
+        }
+        points
+    }
+
+    /// Armed names that are no crash point or bug switch (a typo arms nothing).
+    pub fn unknown(&self) -> Vec<&str> {
+        self.armed
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !ALL.contains(n))
+            .collect()
     }
 
     /// Whether `name` is armed (for bug switches, which alter a step instead of crashing).
@@ -83,5 +96,24 @@ impl Failpoints {
         }
         eprintln!("gangway: failpoint {name} fired: aborting the process");
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_point_is_reported_and_arms_nothing() {
+        let points = Failpoints {
+            armed: ["coordinator-after-decide", "coordinator-after-decid"]
+                .map(String::from)
+                .into(),
+            once_dir: None,
+        };
+        assert_eq!(points.unknown(), ["coordinator-after-decid"]);
+        assert!(points.armed(AFTER_DECIDE));
+        assert!(!points.armed(AFTER_RESERVE));
+        assert!(Failpoints::disabled().unknown().is_empty());
     }
 }

@@ -589,6 +589,21 @@ impl Coordinator {
         join_all(pushes).await;
     }
 
+    /// Delivers a recorded COMMIT to every participant; an error if any cannot be
+    /// reached (the caller retries). Committing twice changes nothing.
+    async fn commit_at_every_participant(
+        &self,
+        txn: TxnId,
+        participants: &[u32],
+    ) -> Result<(), GroupError> {
+        for shard in participants {
+            self.groups
+                .shard(*shard, LedgerOp::Commit { txn_id: txn })
+                .await?;
+        }
+        Ok(())
+    }
+
     /// A group left in Placing by an earlier coordinator: its transaction is undecided.
     async fn recover(&self, txn: TxnId) -> Result<(), GroupError> {
         let MetaReply::Txn { record: Some(t) } =
@@ -695,7 +710,14 @@ impl Coordinator {
             if let MetaReply::Txn { record: Some(t) } =
                 self.groups.meta_query(&MetaQuery::Txn { txn }).await?
             {
-                if t.decision != Some(Decision::Commit) {
+                if t.decision == Some(Decision::Commit) {
+                    // A participant whose leader died as COMMIT was sent still holds the
+                    // members as reserved, and a release frees only committed ones; its
+                    // resolver would commit them at the deadline, after this release, and
+                    // hold them for a released group. Commit first, everywhere, or retry.
+                    self.commit_at_every_participant(txn, &t.participants)
+                        .await?;
+                } else {
                     self.tell(txn, &t.participants, Decision::Abort).await;
                 }
             }

@@ -19,7 +19,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::ledger::meta::{GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply};
-use crate::ledger::{LedgerOp, ReleaseTarget};
+use crate::ledger::{LedgerOp, ReleaseTarget, TxnId};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
 use crate::replicated::{now_ms, GroupError, Groups};
@@ -76,16 +76,23 @@ fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     }
 }
 
-/// Releases placed members of group `seq`: on their shards first (idempotent), then in
-/// the group's record, so a retry after a crash converges. Used by ReleaseMembers and by
-/// the kube adapter when pods go away.
+/// Releases placed members of group `seq` (placed by `txn`): on their shards first
+/// (idempotent), then in the group's record, so a retry after a crash converges. Used by
+/// ReleaseMembers and by the kube adapter when pods go away.
 pub async fn release_members(
     groups: &Groups,
     seq: GroupSeq,
+    txn: Option<TxnId>,
     per_shard: BTreeMap<u32, Vec<MemberKey>>,
     names: Vec<String>,
 ) -> Result<MetaReply, GroupError> {
     for (shard, members) in per_shard {
+        if let Some(txn_id) = txn {
+            // A shard whose leader died as COMMIT was sent still holds the members as
+            // reserved, and a release frees only committed ones; its resolver would
+            // commit them later and hold them for good. Committing twice changes nothing.
+            groups.shard(shard, LedgerOp::Commit { txn_id }).await?;
+        }
         let op = LedgerOp::Release {
             target: ReleaseTarget::Members(members),
         };
@@ -410,7 +417,7 @@ impl Scheduler for SchedulerService {
                 .map_err(|e| Status::invalid_argument(format!("members[{i}]: {e}")))?;
             per_shard.entry(p.shard).or_default().push(key);
         }
-        let reply = release_members(&self.groups, req.id, per_shard, req.members)
+        let reply = release_members(&self.groups, req.id, record.txn, per_shard, req.members)
             .await
             .map_err(|e| e.to_status())?;
         Ok(Response::new(group_status(reply)?))

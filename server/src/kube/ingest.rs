@@ -560,7 +560,9 @@ impl Ingest {
                     if names.is_empty() {
                         continue;
                     }
-                    if let Err(e) = release_members(&self.groups, s.seq, per_shard, names).await {
+                    if let Err(e) =
+                        release_members(&self.groups, s.seq, s.txn, per_shard, names).await
+                    {
                         tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
                     }
                 }
@@ -633,7 +635,7 @@ impl Ingest {
     /// they are submitted again once their gangs are ready.
     async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) {
         let (per_shard, names) = placed_members(s, |_| true);
-        if let Err(e) = release_members(&self.groups, s.seq, per_shard, names).await {
+        if let Err(e) = release_members(&self.groups, s.seq, s.txn, per_shard, names).await {
             tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
             return;
         }

@@ -141,6 +141,9 @@ pub struct GroupSummary {
     pub gangs: Vec<String>,
     /// Members over every gang.
     pub members: u32,
+    /// The transaction that placed it (or is placing it).
+    #[serde(default)]
+    pub txn: Option<TxnId>,
 }
 
 impl GroupSummary {
@@ -156,6 +159,7 @@ impl GroupSummary {
             placements: r.placements.clone(),
             version: r.version,
             submitted_at_ms: r.submitted_at_ms,
+            txn: r.txn,
             gangs: r
                 .group
                 .gangs
