@@ -604,6 +604,46 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Delivers a recorded ABORT to every participant; an error if any cannot be
+    /// reached (the caller retries). A one-shard placement commits at its shard on its
+    /// own: if a cancel recorded ABORT after that shard had committed, the shard refuses
+    /// the abort and its members are released here instead.
+    async fn abort_at_every_participant(
+        &self,
+        txn: TxnId,
+        participants: &[u32],
+    ) -> Result<(), GroupError> {
+        for shard in participants {
+            let outcome = self
+                .groups
+                .shard(*shard, LedgerOp::Abort { txn_id: txn })
+                .await?;
+            let ShardOutcome::Applied(LedgerReply::Rejected {
+                error: LedgerError::TxnCommitted { .. },
+            }) = outcome
+            else {
+                continue;
+            };
+            let ShardAnswer::Txn { members, .. } = self
+                .groups
+                .shard_query(*shard, &ShardQuery::Txn { txn })
+                .await?
+            else {
+                continue;
+            };
+            let members: Vec<MemberKey> = members.into_iter().map(|(m, _)| m).collect();
+            if members.is_empty() {
+                continue;
+            }
+            tracing::info!(%txn, shard, members = members.len(), "releasing what a shard committed before the group was cancelled");
+            let op = LedgerOp::Release {
+                target: ReleaseTarget::Members(members),
+            };
+            self.groups.shard(*shard, op).await?;
+        }
+        Ok(())
+    }
+
     /// A group left in Placing by an earlier coordinator: its transaction is undecided.
     async fn recover(&self, txn: TxnId) -> Result<(), GroupError> {
         let MetaReply::Txn { record: Some(t) } =
@@ -718,7 +758,8 @@ impl Coordinator {
                     self.commit_at_every_participant(txn, &t.participants)
                         .await?;
                 } else {
-                    self.tell(txn, &t.participants, Decision::Abort).await;
+                    self.abort_at_every_participant(txn, &t.participants)
+                        .await?;
                 }
             }
         }
