@@ -495,8 +495,8 @@ impl Runner {
         id
     }
 
-    async fn follower_of(&mut self, group: u64, leader: Option<u64>) -> Option<u64> {
-        let _ = group;
+    /// A replica other than `leader`, drawn from the seed.
+    fn other_than(&mut self, leader: Option<u64>) -> Option<u64> {
         let others: Vec<u64> = self
             .sup
             .ids()
@@ -518,7 +518,7 @@ impl Runner {
             }
             Fault::KillFollower | Fault::IsolateFollower => {
                 let leader = self.sup.leader_of(0).await;
-                let Some(target) = self.follower_of(0, leader).await else {
+                let Some(target) = self.other_than(leader) else {
                     return;
                 };
                 self.single(fault, name, target, hold_ms).await;
@@ -561,7 +561,7 @@ impl Runner {
                 let Some(leader) = self.sup.leader_of(g).await else {
                     return;
                 };
-                let Some(to) = self.follower_of(g, Some(leader)).await else {
+                let Some(to) = self.other_than(Some(leader)) else {
                     return;
                 };
                 let id = self.record_fault(&name, vec![leader, to], vec![], false);
@@ -771,7 +771,9 @@ impl Runner {
                 detail: format!("after {when}: {e}"),
             });
             if let SupervisorError::Exited { id, .. } = e {
-                let _ = self.sup.spawn(id);
+                if let Err(err) = self.sup.spawn(id) {
+                    self.note(format!("replica {id} could not restart: {err}"));
+                }
             }
         }
     }
