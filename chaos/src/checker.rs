@@ -476,19 +476,11 @@ pub fn check_kube(view: &crate::kube_workload::ApiView, fin: &FinalState) -> Vec
             ));
         }
     }
-    let mut gangs: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (gang, node) in view.pods.values() {
-        let e = gangs.entry(gang.as_str()).or_default();
-        e.0 += 1;
-        e.1 += usize::from(node.is_some());
-    }
-    for (gang, (pods, bound)) in gangs {
-        if bound > 0 && bound < pods {
-            v.push(violation(
-                "I3",
-                format!("gang {gang} is partly bound: {bound} of {pods} pods"),
-            ));
-        }
+    for (gang, bound, pods) in view.partly_bound() {
+        v.push(violation(
+            "I3",
+            format!("gang {gang} is partly bound: {bound} of {pods} pods"),
+        ));
     }
     let mut slots: BTreeMap<String, (String, String)> = BTreeMap::new();
     for n in &fin.nodes {
@@ -520,8 +512,6 @@ pub fn check_kube(view: &crate::kube_workload::ApiView, fin: &FinalState) -> Vec
 pub fn recoveries(history: &[Entry]) -> Vec<Recovery> {
     let mut faults: BTreeMap<u64, (u64, String, bool, bool)> = BTreeMap::new();
     let mut heals: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut invoked: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut placed: Vec<(u64, u64)> = Vec::new();
     for e in history {
         match &e.event {
             Event::Fault {
@@ -539,6 +529,35 @@ pub fn recoveries(history: &[Entry]) -> Vec<Recovery> {
             Event::Heal { fault } => {
                 heals.insert(*fault, e.t_ms);
             }
+            _ => {}
+        }
+    }
+    let placed = placements(history);
+    faults
+        .into_iter()
+        .map(|(fault, (at, what, leader_lost, single))| {
+            let from = if single {
+                at
+            } else {
+                heals.get(&fault).copied().unwrap_or(at)
+            };
+            let ms = first_placement_after(&placed, from).map(|t1| t1 - from);
+            Recovery {
+                fault,
+                what,
+                leader_lost,
+                ms,
+            }
+        })
+        .collect()
+}
+
+/// (invoked, acknowledged) times of every acknowledged placement, in history order.
+pub fn placements(history: &[Entry]) -> Vec<(u64, u64)> {
+    let mut invoked: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut placed = Vec::new();
+    for e in history {
+        match &e.event {
             Event::Invoke { op, f, .. } if f == "place" => {
                 invoked.insert(*op, e.t_ms);
             }
@@ -550,27 +569,16 @@ pub fn recoveries(history: &[Entry]) -> Vec<Recovery> {
             _ => {}
         }
     }
-    faults
-        .into_iter()
-        .map(|(fault, (at, what, leader_lost, single))| {
-            let from = if single {
-                at
-            } else {
-                heals.get(&fault).copied().unwrap_or(at)
-            };
-            let ms = placed
-                .iter()
-                .filter(|(t0, _)| *t0 >= from)
-                .map(|(_, t1)| t1 - from)
-                .min();
-            Recovery {
-                fault,
-                what,
-                leader_lost,
-                ms,
-            }
-        })
-        .collect()
+    placed
+}
+
+/// When the first placement invoked at or after `from` was acknowledged.
+pub fn first_placement_after(placed: &[(u64, u64)], from: u64) -> Option<u64> {
+    placed
+        .iter()
+        .filter(|(t0, _)| *t0 >= from)
+        .map(|(_, t1)| *t1)
+        .min()
 }
 
 /// The p-th percentile (0..=100) of `values` (nearest rank), None when empty.

@@ -74,6 +74,21 @@ pub enum DrillKind {
 }
 
 impl DrillKind {
+    /// Every drill, in the order `list` and `ci` use.
+    pub const ALL: [DrillKind; 9] = [
+        Self::LeaderKill,
+        Self::CoordinatorKillMid2pc,
+        Self::ParticipantKillMidReserve,
+        Self::BinderKill,
+        Self::PartitionLeaderMinority,
+        Self::PauseLeader,
+        Self::RollingRestart,
+        Self::FullRestart,
+        Self::Mixed,
+    ];
+}
+
+impl DrillKind {
     /// The drill's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -783,19 +798,8 @@ impl Runner {
         let from = self.history.now_ms();
         let deadline = Instant::now() + Duration::from_millis(checker::RECOVERY_MAX_MS);
         while Instant::now() < deadline {
-            let entries = self.history.entries();
-            let mut invoked = BTreeMap::new();
-            let recovered = entries.iter().any(|e| match &e.event {
-                Event::Invoke { op, f, .. } if f == "place" => {
-                    invoked.insert(*op, e.t_ms);
-                    false
-                }
-                Event::Ok { op, state, .. } if state == "Placed" => {
-                    invoked.get(op).is_some_and(|t| *t >= from)
-                }
-                _ => false,
-            });
-            if recovered {
+            let placed = checker::placements(&self.history.entries());
+            if checker::first_placement_after(&placed, from).is_some() {
                 return;
             }
             self.watch_for(100).await;
@@ -857,18 +861,8 @@ async fn settle(
         let reserved = nodes
             .iter()
             .any(|n| n.pod_slots.iter().any(|s| s.state == "Reserved"));
-        let half_bound = api.is_some_and(|api| {
-            let view = kube_workload::api_view(api);
-            let mut gangs: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-            for (gang, node) in view.pods.values() {
-                let e = gangs.entry(gang.as_str()).or_default();
-                e.0 += 1;
-                e.1 += usize::from(node.is_some());
-            }
-            gangs
-                .values()
-                .any(|(pods, bound)| *bound > 0 && bound < pods)
-        });
+        let half_bound =
+            api.is_some_and(|api| !kube_workload::api_view(api).partly_bound().is_empty());
         let unconfirmed = api.is_some()
             && nodes
                 .iter()

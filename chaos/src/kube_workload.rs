@@ -229,6 +229,23 @@ pub struct ApiView {
     pub pods: BTreeMap<String, (String, Option<String>)>,
 }
 
+impl ApiView {
+    /// Gangs with some but not all of their live pods bound: (gang, bound, pods).
+    pub fn partly_bound(&self) -> Vec<(&str, usize, usize)> {
+        let mut gangs: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for (gang, node) in self.pods.values() {
+            let e = gangs.entry(gang.as_str()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(node.is_some());
+        }
+        gangs
+            .into_iter()
+            .filter(|(_, (pods, bound))| *bound > 0 && bound < pods)
+            .map(|(gang, (pods, bound))| (gang, bound, pods))
+            .collect()
+    }
+}
+
 /// Reads the view from the double.
 pub fn api_view(api: &ApiServerDouble) -> ApiView {
     let mut view = ApiView::default();

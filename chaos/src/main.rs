@@ -236,17 +236,7 @@ async fn series(
 async fn execute(cli: Cli) -> Result<ExitCode, Stop> {
     match cli.command {
         Command::List => {
-            for kind in [
-                DrillKind::LeaderKill,
-                DrillKind::CoordinatorKillMid2pc,
-                DrillKind::ParticipantKillMidReserve,
-                DrillKind::BinderKill,
-                DrillKind::PartitionLeaderMinority,
-                DrillKind::PauseLeader,
-                DrillKind::RollingRestart,
-                DrillKind::FullRestart,
-                DrillKind::Mixed,
-            ] {
+            for kind in DrillKind::ALL {
                 println!("{}", kind.name());
             }
             Ok(ExitCode::SUCCESS)
@@ -293,21 +283,11 @@ async fn execute(cli: Cli) -> Result<ExitCode, Stop> {
         }
         Command::Ci { run } => {
             let short = run.duration.min(4_000);
-            let drills: Vec<_> = [
-                DrillKind::LeaderKill,
-                DrillKind::CoordinatorKillMid2pc,
-                DrillKind::ParticipantKillMidReserve,
-                DrillKind::BinderKill,
-                DrillKind::PartitionLeaderMinority,
-                DrillKind::PauseLeader,
-                DrillKind::RollingRestart,
-                DrillKind::FullRestart,
-                DrillKind::Mixed,
-            ]
-            .into_iter()
-            .enumerate()
-            .map(|(i, k)| (k, run.seed + i as u64, short))
-            .collect();
+            let drills: Vec<_> = DrillKind::ALL
+                .into_iter()
+                .enumerate()
+                .map(|(i, k)| (k, run.seed + i as u64, short))
+                .collect();
             let s = series(&run, &drills, true).await?;
             print!("{}", s.summary());
             let mut bugged = run.clone();
