@@ -23,14 +23,17 @@ use tokio::task::JoinHandle;
 
 use crate::balance;
 use crate::error::HostError;
-use crate::log_store::LogStore;
+use crate::log_store::{LastLog, LogStore};
 use crate::network::{admin_client, transport_client, NetworkFactory, Origin, PeerPool};
 use crate::proposer::Proposer;
-use crate::reachability::{majority_reachable, GateState, REACH_PING_MS, REACH_WINDOW_MS};
+use crate::reachability::{
+    decide, GateInput, GateReason, GateState, GateTiming, PeerGroupView, Role, REACH_PING_MS,
+    REACH_WINDOW_MS,
+};
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::StateMachineFactory;
 use crate::storage::{KvStore, SyncHandle};
-use crate::types::{GroupId, NodeId, Raft};
+use crate::types::{GroupId, LogId, NodeId, Raft};
 
 /// Total time a routed request keeps retrying through elections.
 pub const ROUTE_TIMEOUT_MS: u64 = 8_000;
@@ -145,6 +148,8 @@ pub(crate) struct Group {
     membership: tokio::sync::Mutex<()>,
     /// A leader transfer asked this voter not to campaign until then.
     election_hold_until: std::sync::Mutex<Option<Instant>>,
+    /// The last log id held here, which pings tell peers.
+    last_log: LastLog,
 }
 
 /// Fires when a group applies entries on this replica (see [`RaftHost::changes`]).
@@ -204,6 +209,43 @@ pub(crate) struct HostShared {
 #[derive(Clone)]
 pub struct RaftHost {
     pub(crate) shared: Arc<HostShared>,
+}
+
+/// A peer's ping answer for one group, as the gate reads it.
+fn peer_group_view(v: &pb_raft::GroupView) -> PeerGroupView {
+    let last_log = v.has_last_log.then(|| {
+        LogId::new(
+            openraft::CommittedLeaderId::new(v.last_log_term, v.last_log_node),
+            v.last_log_index,
+        )
+    });
+    PeerGroupView {
+        last_log,
+        leader: (v.leader != 0).then_some(v.leader),
+    }
+}
+
+/// Logs a change of the gate (a leader heard again is the normal state, logged at debug).
+fn log_gate_change(group: GroupId, reason: GateReason) {
+    let (enabled, why) = match reason {
+        GateReason::MayCampaign => ("enabled", "this replica may campaign".to_string()),
+        GateReason::OutOfReach => (
+            "disabled",
+            "a majority of voters is out of reach".to_string(),
+        ),
+        GateReason::TransferHold => ("disabled", "a leader transfer holds this voter".to_string()),
+        GateReason::LeaderHeard(l) => ("disabled", format!("voters in reach hear leader {l}")),
+        GateReason::DefersTo(p) => (
+            "disabled",
+            format!("the leader is silent and replica {p} holds a longer log"),
+        ),
+    };
+    match reason {
+        GateReason::LeaderHeard(_) | GateReason::TransferHold => {
+            tracing::debug!(group, elections = enabled, "election gate: {why}")
+        }
+        _ => tracing::info!(group, elections = enabled, "election gate: {why}"),
+    }
 }
 
 fn openraft_config(
@@ -299,12 +341,14 @@ impl RaftHost {
             factory,
         } = *deps;
         let committed_next = Arc::new(AtomicU64::new(0));
+        let last_log = LastLog::default();
         let log = LogStore::new(
             gid,
             store.tree(&format!("g{gid}/log"))?,
             store.tree(&format!("g{gid}/meta"))?,
             sync.clone(),
             committed_next.clone(),
+            last_log.clone(),
         );
         let sm_store = SmStore::open(
             factory(gid),
@@ -341,6 +385,7 @@ impl RaftHost {
             transferring: AtomicBool::new(false),
             membership: tokio::sync::Mutex::new(()),
             election_hold_until: std::sync::Mutex::new(None),
+            last_log,
         };
         Ok((group, task))
     }
@@ -1006,7 +1051,7 @@ impl RaftHost {
     }
 
     /// Pings every peer every [`REACH_PING_MS`] (one ping in flight per peer, each
-    /// bounded by [`REACH_WINDOW_MS`]) and records who answered.
+    /// bounded by [`REACH_WINDOW_MS`]) and records who answered, with what.
     async fn ping_peers(self) {
         let mut stop = self.shutdown_signal();
         let mut tick = tokio::time::interval(Duration::from_millis(REACH_PING_MS));
@@ -1023,8 +1068,8 @@ impl RaftHost {
                 let host = self.clone();
                 // Not owned: each ping ends within REACH_WINDOW_MS on its own.
                 tokio::spawn(async move {
-                    if host.ping(peer, &addr).await {
-                        host.shared.reach.answered(peer);
+                    if let Some(views) = host.ping(peer, &addr).await {
+                        host.shared.reach.answered(peer, views);
                     }
                     host.shared.reach.end_ping(peer);
                 });
@@ -1032,15 +1077,11 @@ impl RaftHost {
         }
     }
 
-    /// Whether `peer` at `addr` answers a ping in time (a peer too old to know the
-    /// call answers Unimplemented: it is reachable all the same).
-    async fn ping(&self, peer: NodeId, addr: &str) -> bool {
-        let Some(group) = self.shared.groups.keys().next().copied() else {
-            return false;
-        };
-        let Ok(channel) = self.shared.pool.channel(addr) else {
-            return false;
-        };
+    /// `peer`'s view of each group if it answers a ping in time (a peer too old to
+    /// know the call answers Unimplemented: it is reachable, with no views).
+    async fn ping(&self, peer: NodeId, addr: &str) -> Option<BTreeMap<GroupId, PeerGroupView>> {
+        let group = self.shared.groups.keys().next().copied()?;
+        let channel = self.shared.pool.channel(addr).ok()?;
         let origin = Origin {
             cluster_id: self.shared.cluster_id.clone(),
             group,
@@ -1053,17 +1094,60 @@ impl RaftHost {
         req.set_timeout(window);
         let mut client = transport_client(&self.shared.pool, channel);
         match tokio::time::timeout(window, client.ping(req)).await {
-            Ok(Ok(_)) => true,
-            Ok(Err(s)) => s.code() == tonic::Code::Unimplemented,
-            Err(_) => false,
+            Ok(Ok(reply)) => Some(
+                reply
+                    .into_inner()
+                    .groups
+                    .iter()
+                    .map(|v| (v.group, peer_group_view(v)))
+                    .collect(),
+            ),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Some(BTreeMap::new()),
+            _ => None,
         }
     }
 
-    /// Enables elections in each group exactly while a majority of its voters is in
-    /// reach and no transfer hold runs (see the `reachability` module).
+    /// What this replica tells a pinging peer about each group.
+    pub(crate) fn group_views(&self) -> Vec<pb_raft::GroupView> {
+        let now = Instant::now();
+        self.shared
+            .groups
+            .values()
+            .map(|g| {
+                let last = g.last_log.get();
+                pb_raft::GroupView {
+                    group: g.id,
+                    has_last_log: last.is_some(),
+                    last_log_term: last.map_or(0, |l| l.leader_id.term),
+                    last_log_node: last.map_or(0, |l| l.leader_id.node_id),
+                    last_log_index: last.map_or(0, |l| l.index),
+                    leader: self.heard_leader(g, now).unwrap_or(0),
+                }
+            })
+            .collect()
+    }
+
+    /// The leader this replica hears in `g`: itself if it leads, else its leader
+    /// if that one answered a ping within the window and said it leads.
+    fn heard_leader(&self, g: &Group, now: Instant) -> Option<NodeId> {
+        let (state, leader) = {
+            let m = g.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_leader)
+        };
+        if state == openraft::ServerState::Leader {
+            return Some(self.node_id());
+        }
+        leader.filter(|l| *l != self.node_id() && self.shared.reach.leads(*l, g.id, now))
+    }
+
+    /// Decides, every [`REACH_PING_MS`], who may campaign in each group and starts
+    /// an election ahead of openraft's timer when this replica should lead next
+    /// (see the `reachability` module).
     async fn gate_elections(self) {
         let mut stop = self.shutdown_signal();
         let mut state = GateState::default();
+        let timing = GateTiming::for_election_max(self.shared.cfg.timing.election_max_ms);
         let mut tick = tokio::time::interval(Duration::from_millis(REACH_PING_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -1073,40 +1157,96 @@ impl RaftHost {
             }
             let now = Instant::now();
             for (gid, g) in &self.shared.groups {
-                let voters: Vec<NodeId> = g
-                    .raft
-                    .metrics()
-                    .borrow()
-                    .membership_config
-                    .membership()
-                    .voter_ids()
-                    .collect();
-                let in_reach = majority_reachable(self.node_id(), &voters, |p| {
-                    self.shared.reach.reachable(p, now)
-                });
-                let held = g
-                    .election_hold_until
-                    .lock()
-                    .ok()
-                    .and_then(|h| *h)
-                    .is_some_and(|until| until > now);
-                let enable = in_reach && !held;
-                if state.enabled.get(gid) != Some(&enable) {
-                    g.raft.runtime_config().elect(enable);
-                    if state.enabled.insert(*gid, enable).is_some() && !held {
-                        tracing::info!(
-                            group = gid,
-                            elections = if enable { "enabled" } else { "disabled" },
-                            "election gate: a majority of voters is {}",
-                            if in_reach {
-                                "in reach again"
-                            } else {
-                                "out of reach"
-                            }
-                        );
+                let input = self.gate_input(g, now, &mut state);
+                let decision = decide(&input, timing);
+                if state.enabled.get(gid) != Some(&decision.enable) {
+                    g.raft.runtime_config().elect(decision.enable);
+                    let was = state.enabled.insert(*gid, decision.enable);
+                    if was.is_some() {
+                        log_gate_change(*gid, decision.reason);
+                    }
+                }
+                if decision.campaign_now && self.may_campaign_again(*gid, now, &state, timing) {
+                    state.campaigned_at.insert(*gid, now);
+                    tracing::info!(
+                        group = gid,
+                        silent_ms = input.leader_silent_ms.unwrap_or(0),
+                        "election gate: the leader is silent and this replica holds the longest log in reach; campaigning"
+                    );
+                    let trigger = g.raft.trigger();
+                    let elect = trigger.elect();
+                    match tokio::time::timeout(Duration::from_millis(REACH_WINDOW_MS), elect).await
+                    {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(group = gid, error = %e, "could not campaign"),
+                        Err(_) => {
+                            tracing::warn!(group = gid, "raft did not take the campaign in time")
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// At most one early campaign per group per election timeout max: if it failed,
+    /// openraft's own timer retries.
+    fn may_campaign_again(
+        &self,
+        group: GroupId,
+        now: Instant,
+        state: &GateState,
+        timing: GateTiming,
+    ) -> bool {
+        state.campaigned_at.get(&group).is_none_or(|at| {
+            now.saturating_duration_since(*at) >= Duration::from_millis(timing.lease_ms)
+        })
+    }
+
+    /// Gathers the gate's input for `g`, tracking when it last heard its leader.
+    fn gate_input(&self, g: &Group, now: Instant, state: &mut GateState) -> GateInput {
+        let m = g.raft.metrics().borrow().clone();
+        let me = self.node_id();
+        let role = match m.state {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Candidate => Role::Candidate,
+            _ => Role::Follower,
+        };
+        let leader_silent_ms = match self.heard_leader(g, now) {
+            Some(l) => {
+                // Heard as of the leader's last ping answer (now, for itself).
+                let at = if l == me {
+                    now
+                } else {
+                    self.shared.reach.last_answer(l).unwrap_or(now)
+                };
+                state.heard_at.insert(g.id, at);
+                None
+            }
+            None => {
+                let heard = *state.heard_at.entry(g.id).or_insert(now);
+                // A vote given or taken restarts the wait, as it restarts openraft's
+                // timer: an election is under way, and campaigning over it would
+                // depose the winner.
+                let voted = state.vote_changed_at(g.id, m.vote, now);
+                let since = heard.max(voted);
+                Some(now.saturating_duration_since(since).as_millis() as u64)
+            }
+        };
+        state.vote_changed_at(g.id, m.vote, now);
+        let held = g
+            .election_hold_until
+            .lock()
+            .ok()
+            .and_then(|h| *h)
+            .is_some_and(|until| until > now);
+        GateInput {
+            me,
+            voters: m.membership_config.membership().voter_ids().collect(),
+            last_log: g.last_log.get(),
+            role,
+            peers: self.shared.reach.views(g.id, now),
+            held,
+            leader_silent_ms,
         }
     }
 

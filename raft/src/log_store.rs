@@ -10,7 +10,7 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -38,6 +38,24 @@ fn io_write(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_logs(AnyError::new(&e)).into()
 }
 
+/// The last log id a group's log holds here, shared with the election gate
+/// (which tells peers, so the replica with the longest log campaigns first).
+#[derive(Clone, Default)]
+pub(crate) struct LastLog(Arc<Mutex<Option<LogId>>>);
+
+impl LastLog {
+    /// The last log id (None for an empty log).
+    pub(crate) fn get(&self) -> Option<LogId> {
+        self.0.lock().map(|l| *l).unwrap_or(None)
+    }
+
+    fn set(&self, id: Option<LogId>) {
+        if let Ok(mut l) = self.0.lock() {
+            *l = id;
+        }
+    }
+}
+
 /// The Raft log of one group.
 #[derive(Clone)]
 pub(crate) struct LogStore {
@@ -47,6 +65,7 @@ pub(crate) struct LogStore {
     sync: SyncHandle,
     /// Last committed index + 1 (0: nothing committed), for metrics.
     committed: Arc<AtomicU64>,
+    last: LastLog,
 }
 
 impl LogStore {
@@ -56,6 +75,7 @@ impl LogStore {
         meta: Arc<dyn KvTree>,
         sync: SyncHandle,
         committed: Arc<AtomicU64>,
+        last: LastLog,
     ) -> Self {
         Self {
             group,
@@ -63,7 +83,22 @@ impl LogStore {
             meta,
             sync,
             committed,
+            last,
         }
+    }
+
+    /// The last log id as stored: the last entry's, else the purged id.
+    fn stored_last(&self, last_purged: Option<LogId>) -> Result<Option<LogId>, StorageError> {
+        let last = match self.log.last().map_err(io_read)? {
+            Some((_, v)) => Some(
+                codec::decode::<Entry>("log entry", &v)
+                    .map_err(io_read)?
+                    .log_id,
+            ),
+            None => last_purged,
+        };
+        self.last.set(last);
+        Ok(last)
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(
@@ -145,14 +180,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged: Option<LogId> = self.read_meta(KEY_PURGED, "purged log id")?;
-        let last = match self.log.last().map_err(io_read)? {
-            Some((_, v)) => Some(
-                codec::decode::<Entry>("log entry", &v)
-                    .map_err(io_read)?
-                    .log_id,
-            ),
-            None => last_purged,
-        };
+        let last = self.stored_last(last_purged)?;
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -201,11 +229,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let started = Instant::now();
         let mut ops = Vec::new();
+        let mut last = None;
         for entry in entries {
             let bytes = codec::encode("log entry", &entry).map_err(io_write)?;
             ops.push(WriteOp::Put(log_key(entry.log_id.index).to_vec(), bytes));
+            last = Some(entry.log_id);
         }
         self.log.apply(ops).map_err(io_write)?;
+        if last.is_some() {
+            self.last.set(last);
+        }
         let group = self.group.to_string();
         self.sync.sync(move |res: Result<(), StoreError>| {
             metrics::histogram!("gangway_raft_append_seconds", "group" => group)
@@ -216,11 +249,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.delete_range(log_id.index, None)
+        self.delete_range(log_id.index, None)?;
+        let last_purged: Option<LogId> = self.read_meta(KEY_PURGED, "purged log id")?;
+        self.stored_last(last_purged).map(|_| ())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.write_meta(KEY_PURGED, "purged log id", &log_id)?;
-        self.delete_range(0, Some(log_id.index + 1))
+        self.delete_range(0, Some(log_id.index + 1))?;
+        self.stored_last(Some(log_id)).map(|_| ())
     }
 }

@@ -1,5 +1,4 @@
-//! The election gate: a replica starts elections in a group only while it can
-//! reach a majority of that group's voters.
+//! The election gate: who may campaign in a group, and when.
 //!
 //! openraft 0.9 has no pre-vote. Without this gate, a replica cut off from its
 //! peers keeps starting elections, and each one raises its term. When the link
@@ -10,43 +9,102 @@
 //! one-way loss counts as unreachable. The gate also carries a leader
 //! transfer's hold (a voter that promised its vote to the transfer target).
 //!
-//! Invariant: elections are enabled in a group exactly when self plus reachable
-//! voters form a majority and no transfer hold is running. Owned by the host
-//! (`RaftHost::start` spawns both loops; they stop at shutdown).
+//! Pings also say who should campaign, and when. Each answer carries, per
+//! group, the peer's last log id and the leader it hears (one that answered
+//! its pings and said it leads). From those ([`decide`]):
+//! - While a voter in reach hears a leader, this replica does not campaign.
+//!   This is what pre-vote gives: a replica back from a pause, whose election
+//!   timer fired while it slept, would otherwise depose a healthy leader.
+//! - Once nobody in reach hears a leader, only the voter with the longest log
+//!   in reach (the lowest id among equals) campaigns. Left to openraft's
+//!   timers, the follower whose timer fires first campaigns even when a peer
+//!   holds a longer log; that peer refuses its vote, the two split the next
+//!   term, and the group stays leaderless for two or three election timeouts.
+//! - That voter campaigns as soon as the leader lease has surely run out on
+//!   every voter, instead of a random election timeout after it.
+//!
+//! Invariants: elections are enabled in a group only while self plus reachable
+//! voters form a majority, no transfer hold runs and no voter in reach hears a
+//! leader; a restraint in favour of a longer log lasts at most
+//! [`GateTiming::restraint_max_ms`] of silence, so a designated candidate that
+//! never campaigns cannot stall the group. A leader transfer's own election is
+//! started directly and is not gated. Owned by the host (`RaftHost::start`
+//! spawns the ping and gate loops; they stop at shutdown).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::types::NodeId;
+use crate::types::{GroupId, LogId, NodeId, Vote};
 
 /// Interval between pings to each peer, and between gate updates.
 pub const REACH_PING_MS: u64 = 50;
 /// A peer is reachable while it answered a ping this recently; also a ping's timeout.
 pub const REACH_WINDOW_MS: u64 = 200;
+/// Margin past the leader lease before the designated voter campaigns: covers a
+/// heartbeat that reached a peer up to one ping interval after the leader last
+/// answered this replica, plus scheduling delay.
+pub const CAMPAIGN_SLACK_MS: u64 = 150;
 
-/// Which peers answered pings, and when.
+/// What a peer said of one group in a ping answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerGroupView {
+    /// The peer's last log id in the group.
+    pub(crate) last_log: Option<LogId>,
+    /// The leader the peer hears (itself if it leads).
+    pub(crate) leader: Option<NodeId>,
+}
+
+/// A peer's last ping answer.
+struct Answer {
+    at: Instant,
+    groups: BTreeMap<GroupId, PeerGroupView>,
+}
+
+/// Which peers answered pings, when, and what they said.
 #[derive(Default)]
 pub(crate) struct Reachability {
-    answered: Mutex<HashMap<NodeId, Instant>>,
+    answered: Mutex<HashMap<NodeId, Answer>>,
     in_flight: Mutex<HashSet<NodeId>>,
 }
 
 impl Reachability {
-    /// Records that `peer` answered a ping now.
-    pub(crate) fn answered(&self, peer: NodeId) {
+    /// Records that `peer` answered a ping now, with its view of each group.
+    pub(crate) fn answered(&self, peer: NodeId, groups: BTreeMap<GroupId, PeerGroupView>) {
         if let Ok(mut a) = self.answered.lock() {
-            a.insert(peer, Instant::now());
+            a.insert(
+                peer,
+                Answer {
+                    at: Instant::now(),
+                    groups,
+                },
+            );
         }
     }
 
-    /// Whether `peer` answered within the window.
-    pub(crate) fn reachable(&self, peer: NodeId, now: Instant) -> bool {
-        self.answered
-            .lock()
-            .ok()
-            .and_then(|a| a.get(&peer).copied())
-            .is_some_and(|t| now.duration_since(t) <= Duration::from_millis(REACH_WINDOW_MS))
+    /// When `peer` last answered a ping.
+    pub(crate) fn last_answer(&self, peer: NodeId) -> Option<Instant> {
+        self.answered.lock().ok()?.get(&peer).map(|a| a.at)
+    }
+
+    /// Whether `peer` is reachable and said it leads `group`.
+    pub(crate) fn leads(&self, peer: NodeId, group: GroupId, now: Instant) -> bool {
+        self.views(group, now)
+            .iter()
+            .any(|(p, v)| *p == peer && v.leader == Some(peer))
+    }
+
+    /// The reachable peers' views of `group` (a peer that did not report the
+    /// group is left out).
+    pub(crate) fn views(&self, group: GroupId, now: Instant) -> Vec<(NodeId, PeerGroupView)> {
+        let window = Duration::from_millis(REACH_WINDOW_MS);
+        let Ok(a) = self.answered.lock() else {
+            return Vec::new();
+        };
+        a.iter()
+            .filter(|(_, ans)| now.saturating_duration_since(ans.at) <= window)
+            .filter_map(|(peer, ans)| ans.groups.get(&group).map(|v| (*peer, *v)))
+            .collect()
     }
 
     /// Marks a ping to `peer` as started; false if one is already in flight.
@@ -82,15 +140,195 @@ pub(crate) fn majority_reachable(
     reach * 2 > voters.len()
 }
 
-/// The gate's last decision per group, so openraft is told only of changes.
+/// This replica's part in a group, as the gate sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// It leads the group.
+    Leader,
+    /// It is campaigning.
+    Candidate,
+    /// It follows (or is a learner, or is stopping).
+    Follower,
+}
+
+/// The timing the gate decides with, all in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GateTiming {
+    /// openraft's leader lease (its election timeout max): how long a voter
+    /// refuses other candidates after last hearing its leader.
+    pub(crate) lease_ms: u64,
+    /// How long, from the leader going silent, a shorter log defers to a
+    /// longer one; after that every voter campaigns on its own timer.
+    pub(crate) restraint_max_ms: u64,
+}
+
+impl GateTiming {
+    /// The gate's timing for a group whose election timeout max is `election_max_ms`.
+    pub(crate) fn for_election_max(election_max_ms: u64) -> Self {
+        Self {
+            lease_ms: election_max_ms,
+            restraint_max_ms: 3 * election_max_ms,
+        }
+    }
+}
+
+/// Everything the gate knows of one group on this replica.
+#[derive(Debug, Clone)]
+pub(crate) struct GateInput {
+    /// This replica.
+    pub(crate) me: NodeId,
+    /// The group's voters.
+    pub(crate) voters: Vec<NodeId>,
+    /// This replica's last log id in the group.
+    pub(crate) last_log: Option<LogId>,
+    /// Its role.
+    pub(crate) role: Role,
+    /// The reachable peers and what they said of the group.
+    pub(crate) peers: Vec<(NodeId, PeerGroupView)>,
+    /// A leader transfer asked this voter not to campaign for now.
+    pub(crate) held: bool,
+    /// How long this replica has gone without hearing a leader (None: it hears one).
+    pub(crate) leader_silent_ms: Option<u64>,
+}
+
+/// Why elections are enabled or not in a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GateReason {
+    /// This replica may campaign.
+    MayCampaign,
+    /// Self plus reachable voters are no majority.
+    OutOfReach,
+    /// A leader transfer asked this voter to hold.
+    TransferHold,
+    /// A voter in reach hears this leader.
+    LeaderHeard(NodeId),
+    /// The leader is silent and this peer holds a longer log (or an equal one and a lower id).
+    DefersTo(NodeId),
+}
+
+/// The gate's verdict for one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GateDecision {
+    /// Whether openraft's election timer may start elections.
+    pub(crate) enable: bool,
+    /// Whether to start an election now, ahead of the timer.
+    pub(crate) campaign_now: bool,
+    /// Why `enable` is what it is.
+    pub(crate) reason: GateReason,
+}
+
+/// Decides whether this replica may campaign in a group, and whether it should
+/// campaign right away. Pure: the host gathers the input each tick.
+pub(crate) fn decide(input: &GateInput, timing: GateTiming) -> GateDecision {
+    let in_reach = majority_reachable(input.me, &input.voters, |p| {
+        input.peers.iter().any(|(q, _)| *q == p)
+    });
+    let voter_peers = || {
+        input
+            .peers
+            .iter()
+            .filter(|(p, _)| *p != input.me && input.voters.contains(p))
+    };
+    let heard = voter_peers()
+        .filter_map(|(_, v)| v.leader)
+        .find(|l| *l != input.me);
+    // openraft grants a vote only to a candidate whose last log id is at least
+    // the voter's own; among equals the lowest id goes first.
+    let mine = (input.last_log, std::cmp::Reverse(input.me));
+    let longer = voter_peers()
+        .filter(|(p, v)| (v.last_log, std::cmp::Reverse(*p)) > mine)
+        .max_by_key(|(p, v)| (v.last_log, std::cmp::Reverse(*p)))
+        .map(|(p, _)| *p);
+    let silent_ms = input.leader_silent_ms;
+    let restrained_by = longer.filter(|_| silent_ms.is_some_and(|ms| ms < timing.restraint_max_ms));
+    let reason = if !in_reach {
+        GateReason::OutOfReach
+    } else if input.held {
+        GateReason::TransferHold
+    } else if let Some(l) = heard {
+        GateReason::LeaderHeard(l)
+    } else if let Some(p) = restrained_by {
+        GateReason::DefersTo(p)
+    } else {
+        GateReason::MayCampaign
+    };
+    let enable = reason == GateReason::MayCampaign;
+    let campaign_now = enable
+        && longer.is_none()
+        && input.role == Role::Follower
+        && input.voters.contains(&input.me)
+        && input.voters.len() > 1
+        && silent_ms.is_some_and(|ms| ms >= timing.lease_ms + CAMPAIGN_SLACK_MS);
+    GateDecision {
+        enable,
+        campaign_now,
+        reason,
+    }
+}
+
+/// The gate's memory per group, so openraft is told only of changes.
 #[derive(Default)]
 pub(crate) struct GateState {
-    pub(crate) enabled: BTreeMap<u64, bool>,
+    /// The last `enable` given to openraft.
+    pub(crate) enabled: BTreeMap<GroupId, bool>,
+    /// When this replica last heard the group's leader (or first looked).
+    pub(crate) heard_at: BTreeMap<GroupId, Instant>,
+    /// When this replica last campaigned ahead of its timer.
+    pub(crate) campaigned_at: BTreeMap<GroupId, Instant>,
+    /// The last vote seen per group, and when it was first seen.
+    votes: BTreeMap<GroupId, (Vote, Instant)>,
+}
+
+impl GateState {
+    /// When `group`'s vote last changed, given that it is `vote` now.
+    pub(crate) fn vote_changed_at(&mut self, group: GroupId, vote: Vote, now: Instant) -> Instant {
+        let seen = self.votes.entry(group).or_insert((vote, now));
+        if seen.0 != vote {
+            *seen = (vote, now);
+        }
+        seen.1
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn log(term: u64, node: NodeId, index: u64) -> Option<LogId> {
+        Some(LogId::new(CommittedLeaderId::new(term, node), index))
+    }
+
+    /// A peer's view; `hears` makes it hear leader 1.
+    fn view(last_log: Option<LogId>, hears: bool) -> PeerGroupView {
+        PeerGroupView {
+            last_log,
+            leader: hears.then_some(1),
+        }
+    }
+
+    const TIMING: GateTiming = GateTiming {
+        lease_ms: 600,
+        restraint_max_ms: 1_800,
+    };
+
+    /// Replica 2 of voters {1, 2, 3}; 1 led and went silent `silent_ms` ago;
+    /// 3 is in reach with `three`.
+    fn follower(
+        last_log: Option<LogId>,
+        three: PeerGroupView,
+        silent_ms: Option<u64>,
+    ) -> GateInput {
+        GateInput {
+            me: 2,
+            voters: vec![1, 2, 3],
+            last_log,
+            role: Role::Follower,
+            peers: vec![(3, three)],
+            held: false,
+            leader_silent_ms: silent_ms,
+        }
+    }
 
     #[test]
     fn a_replica_campaigns_only_with_a_majority_in_reach() {
@@ -109,14 +347,127 @@ mod tests {
     fn a_peer_is_reachable_only_within_the_window() {
         let r = Reachability::default();
         let now = Instant::now();
-        assert!(!r.reachable(2, now));
-        r.answered(2);
-        assert!(r.reachable(2, Instant::now()));
+        assert!(r.views(0, now).is_empty());
+        r.answered(2, BTreeMap::from([(0, view(log(1, 1, 5), true))]));
+        assert!(!r.leads(2, 0, Instant::now()));
+        r.answered(1, BTreeMap::from([(0, view(log(1, 1, 5), true))]));
+        assert!(r.leads(1, 0, Instant::now()));
+        assert_eq!(r.views(0, Instant::now()).len(), 2);
+        assert!(r.views(1, Instant::now()).is_empty());
         let later = Instant::now() + Duration::from_millis(REACH_WINDOW_MS + 1);
-        assert!(!r.reachable(2, later));
+        assert!(r.views(0, later).is_empty());
+        assert!(!r.leads(1, 0, later));
         assert!(r.start_ping(2));
         assert!(!r.start_ping(2));
         r.end_ping(2);
         assert!(r.start_ping(2));
+    }
+
+    #[test]
+    fn without_a_majority_in_reach_nobody_campaigns() {
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 9), false), Some(5_000));
+        input.peers.clear();
+        let d = decide(&input, TIMING);
+        assert_eq!(
+            (d.enable, d.campaign_now, d.reason),
+            (false, false, GateReason::OutOfReach)
+        );
+    }
+
+    #[test]
+    fn nobody_campaigns_while_a_voter_in_reach_hears_a_leader() {
+        // Back from a pause: its own leader looks silent, but replica 3 hears 1.
+        let input = follower(log(1, 1, 9), view(log(1, 1, 8), true), Some(5_000));
+        let d = decide(&input, TIMING);
+        assert_eq!(
+            (d.enable, d.campaign_now, d.reason),
+            (false, false, GateReason::LeaderHeard(1))
+        );
+        // A peer that names this replica as leader is stale; it does not hold it back.
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(5_000));
+        input.peers[0].1.leader = Some(2);
+        assert!(decide(&input, TIMING).enable);
+    }
+
+    #[test]
+    fn a_shorter_log_defers_to_the_longest_while_the_leader_is_silent() {
+        let input = follower(log(1, 1, 8), view(log(1, 1, 9), false), Some(400));
+        let d = decide(&input, TIMING);
+        assert_eq!(
+            (d.enable, d.campaign_now, d.reason),
+            (false, false, GateReason::DefersTo(3))
+        );
+        // A later term outranks a higher index, as openraft compares log ids.
+        let input = follower(log(2, 3, 4), view(log(1, 1, 9), false), Some(400));
+        assert_eq!(decide(&input, TIMING).reason, GateReason::MayCampaign);
+        // Equal logs: the lower id goes first.
+        let input = follower(log(1, 1, 9), view(log(1, 1, 9), false), Some(400));
+        assert_eq!(decide(&input, TIMING).reason, GateReason::MayCampaign);
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 9), false), Some(400));
+        input.me = 4;
+        input.voters = vec![1, 3, 4];
+        assert_eq!(decide(&input, TIMING).reason, GateReason::DefersTo(3));
+    }
+
+    #[test]
+    fn the_restraint_ends_after_its_bound_but_never_campaigns_early() {
+        let input = follower(
+            log(1, 1, 8),
+            view(log(1, 1, 9), false),
+            Some(TIMING.restraint_max_ms),
+        );
+        let d = decide(&input, TIMING);
+        assert_eq!(
+            (d.enable, d.campaign_now, d.reason),
+            (true, false, GateReason::MayCampaign)
+        );
+    }
+
+    #[test]
+    fn the_longest_log_campaigns_once_the_lease_has_surely_run_out() {
+        let early = TIMING.lease_ms + CAMPAIGN_SLACK_MS - 1;
+        let input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(early));
+        let d = decide(&input, TIMING);
+        assert_eq!((d.enable, d.campaign_now), (true, false));
+        let input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(early + 1));
+        assert!(decide(&input, TIMING).campaign_now);
+        // Not while it hears a leader itself.
+        let input = follower(log(1, 1, 9), view(log(1, 1, 8), false), None);
+        assert!(!decide(&input, TIMING).campaign_now);
+    }
+
+    #[test]
+    fn no_early_campaign_during_a_transfer_hold_or_while_already_campaigning() {
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(1_000));
+        input.held = true;
+        let d = decide(&input, TIMING);
+        assert_eq!(
+            (d.enable, d.campaign_now, d.reason),
+            (false, false, GateReason::TransferHold)
+        );
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(1_000));
+        input.role = Role::Candidate;
+        assert!(!decide(&input, TIMING).campaign_now);
+    }
+
+    #[test]
+    fn a_learner_never_campaigns_early() {
+        let mut input = follower(log(1, 1, 9), view(log(1, 1, 8), false), Some(1_000));
+        input.voters = vec![1, 3, 5];
+        input.peers.push((5, view(log(1, 1, 8), false)));
+        assert!(!decide(&input, TIMING).campaign_now);
+    }
+
+    #[test]
+    fn a_new_vote_restarts_the_wait() {
+        let mut st = GateState::default();
+        let t0 = Instant::now();
+        let v1 = Vote::new_committed(1, 1);
+        assert_eq!(st.vote_changed_at(0, v1, t0), t0);
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(st.vote_changed_at(0, v1, t1), t0);
+        let v2 = Vote::new(2, 3);
+        assert_eq!(st.vote_changed_at(0, v2, t1), t1);
+        assert_eq!(st.vote_changed_at(1, v1, t1), t1);
     }
 }

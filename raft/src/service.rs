@@ -159,7 +159,9 @@ impl RaftTransport for TransportService {
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
         self.host
             .check_envelope(request.into_inner().envelope.as_ref())?;
-        Ok(Response::new(PingReply {}))
+        Ok(Response::new(PingReply {
+            groups: self.host.group_views(),
+        }))
     }
 
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
