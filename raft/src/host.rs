@@ -1166,7 +1166,7 @@ impl RaftHost {
                         log_gate_change(*gid, decision.reason);
                     }
                 }
-                if decision.campaign_now && self.may_campaign_again(*gid, now, &state, timing) {
+                if decision.campaign_now && state.may_campaign_again(*gid, now, timing) {
                     state.campaigned_at.insert(*gid, now);
                     tracing::info!(
                         group = gid,
@@ -1186,20 +1186,6 @@ impl RaftHost {
                 }
             }
         }
-    }
-
-    /// At most one early campaign per group per election timeout max: if it failed,
-    /// openraft's own timer retries.
-    fn may_campaign_again(
-        &self,
-        group: GroupId,
-        now: Instant,
-        state: &GateState,
-        timing: GateTiming,
-    ) -> bool {
-        state.campaigned_at.get(&group).is_none_or(|at| {
-            now.saturating_duration_since(*at) >= Duration::from_millis(timing.lease_ms)
-        })
     }
 
     /// Gathers the gate's input for `g`, tracking when it last heard its leader.

@@ -280,6 +280,19 @@ pub(crate) struct GateState {
 }
 
 impl GateState {
+    /// At most one early campaign per group per lease: if it failed, openraft's
+    /// own timer retries.
+    pub(crate) fn may_campaign_again(
+        &self,
+        group: GroupId,
+        now: Instant,
+        timing: GateTiming,
+    ) -> bool {
+        self.campaigned_at.get(&group).is_none_or(|at| {
+            now.saturating_duration_since(*at) >= Duration::from_millis(timing.lease_ms)
+        })
+    }
+
     /// When `group`'s vote last changed, given that it is `vote` now.
     pub(crate) fn vote_changed_at(&mut self, group: GroupId, vote: Vote, now: Instant) -> Instant {
         let seen = self.votes.entry(group).or_insert((vote, now));
@@ -469,5 +482,18 @@ mod tests {
         let v2 = Vote::new(2, 3);
         assert_eq!(st.vote_changed_at(0, v2, t1), t1);
         assert_eq!(st.vote_changed_at(1, v1, t1), t1);
+    }
+
+    #[test]
+    fn one_early_campaign_per_lease() {
+        let mut st = GateState::default();
+        let t0 = Instant::now();
+        assert!(st.may_campaign_again(0, t0, TIMING));
+        st.campaigned_at.insert(0, t0);
+        let almost = t0 + Duration::from_millis(TIMING.lease_ms - 1);
+        assert!(!st.may_campaign_again(0, almost, TIMING));
+        assert!(st.may_campaign_again(1, almost, TIMING));
+        let later = t0 + Duration::from_millis(TIMING.lease_ms);
+        assert!(st.may_campaign_again(0, later, TIMING));
     }
 }
