@@ -21,7 +21,9 @@
 //!   holds a longer log; that peer refuses its vote, the two split the next
 //!   term, and the group stays leaderless for two or three election timeouts.
 //! - That voter campaigns as soon as the leader lease has surely run out on
-//!   every voter, instead of a random election timeout after it.
+//!   every voter, instead of a random election timeout after it. A vote given
+//!   or seen in the meantime restarts the wait (an election is under way, and
+//!   campaigning over it would depose its winner).
 //!
 //! Invariants: elections are enabled in a group only while self plus reachable
 //! voters form a majority, no transfer hold runs and no voter in reach hears a
