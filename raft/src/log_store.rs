@@ -4,8 +4,10 @@
 //! Invariants: an append is acknowledged (the `LogFlushed` callback) only after
 //! group commit made it durable; a vote is durable before `save_vote` returns;
 //! the log never has a hole (truncate removes a suffix, purge a prefix, and the
-//! purged id is recorded before entries are removed). Used by openraft's core
-//! task and its replication tasks (through cloned readers).
+//! purged id is recorded before entries are removed); after every append,
+//! truncate and purge, [`LastLog`] holds the stored last log id (the election
+//! gate reports it to peers). Used by openraft's core task and its replication
+//! tasks (through cloned readers).
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
