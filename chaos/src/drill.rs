@@ -86,9 +86,7 @@ impl DrillKind {
         Self::FullRestart,
         Self::Mixed,
     ];
-}
 
-impl DrillKind {
     /// The drill's name on the command line.
     pub fn name(self) -> &'static str {
         match self {

@@ -1115,30 +1115,37 @@ impl RaftHost {
             .values()
             .map(|g| {
                 let last = g.last_log.get();
+                let (state, leader) = {
+                    let m = g.raft.metrics();
+                    let m = m.borrow();
+                    (m.state, m.current_leader)
+                };
                 pb_raft::GroupView {
                     group: g.id,
                     has_last_log: last.is_some(),
                     last_log_term: last.map_or(0, |l| l.leader_id.term),
                     last_log_node: last.map_or(0, |l| l.leader_id.node_id),
                     last_log_index: last.map_or(0, |l| l.index),
-                    leader: self.heard_leader(g, now).unwrap_or(0),
+                    leader: self.heard_leader(g.id, state, leader, now).unwrap_or(0),
                 }
             })
             .collect()
     }
 
-    /// The leader this replica hears in `g`: itself if it leads, else its leader
-    /// if that one answered a ping within the window and said it leads.
-    fn heard_leader(&self, g: &Group, now: Instant) -> Option<NodeId> {
-        let (state, leader) = {
-            let m = g.raft.metrics();
-            let m = m.borrow();
-            (m.state, m.current_leader)
-        };
+    /// The leader this replica hears in `group`, given its `state` and
+    /// `current_leader` there: itself if it leads, else its leader if that one
+    /// answered a ping within the window and said it leads.
+    fn heard_leader(
+        &self,
+        group: GroupId,
+        state: openraft::ServerState,
+        current_leader: Option<NodeId>,
+        now: Instant,
+    ) -> Option<NodeId> {
         if state == openraft::ServerState::Leader {
             return Some(self.node_id());
         }
-        leader.filter(|l| *l != self.node_id() && self.shared.reach.leads(*l, g.id, now))
+        current_leader.filter(|l| *l != self.node_id() && self.shared.reach.leads(*l, group, now))
     }
 
     /// Decides, every [`REACH_PING_MS`], who may campaign in each group and starts
@@ -1190,14 +1197,22 @@ impl RaftHost {
 
     /// Gathers the gate's input for `g`, tracking when it last heard its leader.
     fn gate_input(&self, g: &Group, now: Instant, state: &mut GateState) -> GateInput {
-        let m = g.raft.metrics().borrow().clone();
+        let (state_now, current_leader, vote, voters) = {
+            let m = g.raft.metrics();
+            let m = m.borrow();
+            let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+            (m.state, m.current_leader, m.vote, voters)
+        };
         let me = self.node_id();
-        let role = match m.state {
+        let role = match state_now {
             openraft::ServerState::Leader => Role::Leader,
             openraft::ServerState::Candidate => Role::Candidate,
             _ => Role::Follower,
         };
-        let leader_silent_ms = match self.heard_leader(g, now) {
+        // A vote given or taken restarts the wait, as it restarts openraft's timer: an
+        // election is under way, and campaigning over it would depose the winner.
+        let voted = state.vote_changed_at(g.id, vote, now);
+        let leader_silent_ms = match self.heard_leader(g.id, state_now, current_leader, now) {
             Some(l) => {
                 // Heard as of the leader's last ping answer (now, for itself).
                 let at = if l == me {
@@ -1210,15 +1225,10 @@ impl RaftHost {
             }
             None => {
                 let heard = *state.heard_at.entry(g.id).or_insert(now);
-                // A vote given or taken restarts the wait, as it restarts openraft's
-                // timer: an election is under way, and campaigning over it would
-                // depose the winner.
-                let voted = state.vote_changed_at(g.id, m.vote, now);
                 let since = heard.max(voted);
                 Some(now.saturating_duration_since(since).as_millis() as u64)
             }
         };
-        state.vote_changed_at(g.id, m.vote, now);
         let held = g
             .election_hold_until
             .lock()
@@ -1227,7 +1237,7 @@ impl RaftHost {
             .is_some_and(|until| until > now);
         GateInput {
             me,
-            voters: m.membership_config.membership().voter_ids().collect(),
+            voters,
             last_log: g.last_log.get(),
             role,
             peers: self.shared.reach.views(g.id, now),

@@ -63,6 +63,13 @@ struct Answer {
     groups: BTreeMap<GroupId, PeerGroupView>,
 }
 
+impl Answer {
+    /// Whether it came within the window before `now`.
+    fn fresh(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) <= Duration::from_millis(REACH_WINDOW_MS)
+    }
+}
+
 /// Which peers answered pings, when, and what they said.
 #[derive(Default)]
 pub(crate) struct Reachability {
@@ -91,20 +98,25 @@ impl Reachability {
 
     /// Whether `peer` is reachable and said it leads `group`.
     pub(crate) fn leads(&self, peer: NodeId, group: GroupId, now: Instant) -> bool {
-        self.views(group, now)
-            .iter()
-            .any(|(p, v)| *p == peer && v.leader == Some(peer))
+        self.answered.lock().is_ok_and(|a| {
+            a.get(&peer).is_some_and(|ans| {
+                ans.fresh(now)
+                    && ans
+                        .groups
+                        .get(&group)
+                        .is_some_and(|v| v.leader == Some(peer))
+            })
+        })
     }
 
     /// The reachable peers' views of `group` (a peer that did not report the
     /// group is left out).
     pub(crate) fn views(&self, group: GroupId, now: Instant) -> Vec<(NodeId, PeerGroupView)> {
-        let window = Duration::from_millis(REACH_WINDOW_MS);
         let Ok(a) = self.answered.lock() else {
             return Vec::new();
         };
         a.iter()
-            .filter(|(_, ans)| now.saturating_duration_since(ans.at) <= window)
+            .filter(|(_, ans)| ans.fresh(now))
             .filter_map(|(peer, ans)| ans.groups.get(&group).map(|v| (*peer, *v)))
             .collect()
     }
