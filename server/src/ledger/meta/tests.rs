@@ -559,3 +559,60 @@ fn old_finished_groups_are_forgotten_in_bulk() {
     let again = submit(&mut m, "k0", group("g", vec![gang("a", 1, 1, 0, 0)]), 3);
     assert!(again > seqs[FINISHED_GROUPS_MAX]);
 }
+
+#[test]
+fn a_decision_is_kept_while_a_participant_may_still_ask() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    assert_eq!(decide(&mut m, txn, Decision::Commit, 2), Decision::Commit);
+    // Far more decisions than the log keeps come after it; no participant said it
+    // applied this one, so a participant that asks later must still find COMMIT.
+    for t in 0..(DECIDED_TXNS_MAX as u64 + 10) {
+        m.apply(&MetaCommand::AbortIfUndecided {
+            txn: TxnId(1_000_000 + t),
+            at_ms: 3,
+        });
+    }
+    match m.query(&MetaQuery::Txn { txn }) {
+        MetaReply::Txn { record: Some(r) } => assert_eq!(r.decision, Some(Decision::Commit)),
+        other => panic!("{txn} forgotten while unacknowledged: {other:?}"),
+    }
+}
+
+#[test]
+fn a_key_reused_with_another_body_is_refused_naming_the_key() {
+    let mut m = MetaState::new(2);
+    submit(&mut m, "k1", group("g", vec![gang("a", 2, 2, 0, 0)]), 0);
+    let before = m.clone();
+    let reply = m.apply(&MetaCommand::Submit {
+        key: "k1".into(),
+        group: group("g", vec![gang("a", 3, 3, 0, 0)]),
+        at_ms: 1,
+    });
+    assert!(
+        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("k1") && reason.starts_with("idempotency_key")),
+        "{reply:?}"
+    );
+    assert_eq!(m, before);
+}
+
+#[test]
+fn two_live_groups_cannot_declare_the_same_gang() {
+    let mut m = MetaState::new(2);
+    let first = submit(&mut m, "k1", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let reply = m.apply(&MetaCommand::Submit {
+        key: "k2".into(),
+        group: group("h", vec![gang("a", 1, 1, 0, 0)]),
+        at_ms: 1,
+    });
+    assert!(
+        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("default/a") && reason.contains(&first.to_string())),
+        "{reply:?}"
+    );
+    m.apply(&MetaCommand::Cancel {
+        seq: first,
+        at_ms: 2,
+    });
+    submit(&mut m, "k3", group("h", vec![gang("a", 1, 1, 0, 0)]), 3);
+}

@@ -1,0 +1,288 @@
+//! Two-phase placement on the paths a careless or hostile client walks, with real
+//! `gangway serve` processes: ReleaseMembers on a group that is not Placed changes
+//! nothing anywhere; a NonStrict group planned again places each member once, on one
+//! shard and across two; every ledger slot is a placement of some group and every
+//! placement a ledger slot. Each test names the protocol rule it checks (see
+//! docs/ARCHITECTURE.md, "Two-phase rules").
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use gangway_client::Client;
+use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, NodeSpec, SubmitGangGroupRequest};
+use support::{client, Cluster};
+
+const READY_S: u64 = 30;
+const PLACE_S: u64 = 20;
+
+fn spec(name: &str, cpu: &str, unschedulable: bool) -> NodeSpec {
+    NodeSpec {
+        name: name.to_string(),
+        labels: [("kubernetes.io/hostname".to_string(), name.to_string())]
+            .into_iter()
+            .collect(),
+        taints: Vec::new(),
+        allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        unschedulable,
+        not_ready: false,
+    }
+}
+
+/// Registers cordoned nodes named `{tag}-{i}` until one lands on `shard`; returns its
+/// name (still cordoned: [`uncordon`] opens it). The others stay cordoned and take nothing.
+async fn cordoned_node_on(c: &Client, tag: &str, shard: u32, cpu: &str) -> String {
+    for i in 0..200 {
+        let name = format!("{tag}-{i}");
+        let info = c
+            .register_node(spec(&name, cpu, true))
+            .await
+            .expect("register node");
+        if info.shard == shard {
+            return name;
+        }
+    }
+    panic!("no node name of 200 hashed to shard {shard}");
+}
+
+async fn uncordon(c: &Client, name: &str, cpu: &str) {
+    c.register_node(spec(name, cpu, false))
+        .await
+        .expect("uncordon node");
+}
+
+fn nonstrict(name: &str, members: u32, cpu: &str) -> SubmitGangGroupRequest {
+    SubmitGangGroupRequest {
+        idempotency_key: name.into(),
+        name: name.into(),
+        gangs: vec![GangSpec {
+            name: name.into(),
+            namespace: "team-a".into(),
+            min_member: members,
+            total_number: members,
+            mode: "NonStrict".into(),
+            wait_time_ms: 0,
+            priority: 0,
+            members: vec![MemberSpec {
+                name: "worker".into(),
+                count: members,
+                pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
+            }],
+        }],
+    }
+}
+
+/// Every gangway slot on every node: member key -> (node, state).
+async fn ledger_slots(c: &Client) -> BTreeMap<String, Vec<(String, String)>> {
+    let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for n in c.list_nodes(None).await.expect("list nodes") {
+        let node = n.node.map(|s| s.name).unwrap_or_default();
+        for slot in n.pod_slots {
+            out.entry(slot.member)
+                .or_default()
+                .push((node.clone(), slot.state));
+        }
+    }
+    out
+}
+
+/// Waits until `done` holds for group `id`; panics with the last status after `timeout`.
+async fn wait_for(
+    c: &Client,
+    id: u64,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&GangGroupStatus) -> bool,
+) -> GangGroupStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = c.get(id).await.expect("get group");
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {id}: not {what} within {timeout:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// I3 on the ledgers: the slots are exactly the group's placements, each member once.
+async fn assert_ledgers_match(c: &Client, s: &GangGroupStatus) {
+    let slots = ledger_slots(c).await;
+    let placed: BTreeMap<String, String> = s
+        .placements
+        .iter()
+        .map(|p| {
+            (
+                format!("{}/{}/{}", p.namespace, p.gang, p.member),
+                p.node.clone(),
+            )
+        })
+        .collect();
+    for (member, held) in &slots {
+        assert_eq!(
+            held.len(),
+            1,
+            "{member} is held {} times: {held:?}",
+            held.len()
+        );
+        assert_eq!(
+            placed.get(member),
+            Some(&held[0].0),
+            "{member} is held on {:?} but placed at {:?}; placements {placed:?}, slots {slots:?}",
+            held[0],
+            placed.get(member)
+        );
+    }
+    assert_eq!(
+        slots.len(),
+        placed.len(),
+        "placements {placed:?} but ledger slots {slots:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_members_of_a_group_not_placed_changes_nothing() {
+    let c = Cluster::start(3, 1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let small = cordoned_node_on(&cl, "small", 1, "6").await;
+    uncordon(&cl, &small, "6").await;
+
+    // Three 3-cpu members, two fit: the NonStrict group holds two and waits for the third.
+    let g = cl
+        .submit(nonstrict("accumulate", 3, "3"))
+        .await
+        .expect("submit");
+    let waiting = wait_for(
+        &cl,
+        g.id,
+        Duration::from_secs(PLACE_S),
+        "holding two",
+        |s| s.state == "Queued" && s.placements.len() == 2,
+    )
+    .await;
+    let p = &waiting.placements[0];
+    let member = format!("{}/{}/{}", p.namespace, p.gang, p.member);
+
+    let refused = cl
+        .release_members(g.id, vec![member.clone()])
+        .await
+        .expect_err("a group that is not Placed has no members to release");
+    let gangway_client::ClientError::Rpc(status) = &refused else {
+        panic!("an RPC error, not {refused:?}");
+    };
+    assert_eq!(
+        status.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    let after = cl.get(g.id).await.expect("get");
+    assert_eq!(after.placements.len(), 2, "{after:?}");
+    assert_ledgers_match(&cl, &after).await;
+
+    // Room for the third: the group is placed whole, every member held once.
+    let big = cordoned_node_on(&cl, "big", 1, "4").await;
+    uncordon(&cl, &big, "4").await;
+    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+        s.state == "Placed"
+    })
+    .await;
+    assert_eq!(placed.placements.len(), 3, "{placed:?}");
+    assert_ledgers_match(&cl, &placed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonstrict_group_planned_again_on_one_shard_places_each_member_once() {
+    let c = Cluster::start(3, 1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let small = cordoned_node_on(&cl, "small", 1, "6").await;
+    uncordon(&cl, &small, "6").await;
+    let g = cl
+        .submit(nonstrict("one-shard", 3, "3"))
+        .await
+        .expect("submit");
+    wait_for(
+        &cl,
+        g.id,
+        Duration::from_secs(PLACE_S),
+        "holding two",
+        |s| s.placements.len() == 2,
+    )
+    .await;
+
+    // A node that fits all three: only the one still waiting may go there.
+    let big = cordoned_node_on(&cl, "big", 1, "16").await;
+    uncordon(&cl, &big, "16").await;
+    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+        s.state == "Placed"
+    })
+    .await;
+    assert_eq!(placed.placements.len(), 3, "{placed:?}");
+    assert_ledgers_match(&cl, &placed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonstrict_group_planned_again_across_shards_places_each_member_once() {
+    let c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let small = cordoned_node_on(&cl, "small", 1, "6").await;
+    let big = cordoned_node_on(&cl, "big", 2, "16").await;
+    uncordon(&cl, &small, "6").await;
+    let g = cl
+        .submit(nonstrict("two-shards", 3, "3"))
+        .await
+        .expect("submit");
+    wait_for(
+        &cl,
+        g.id,
+        Duration::from_secs(PLACE_S),
+        "holding two",
+        |s| s.placements.len() == 2,
+    )
+    .await;
+
+    // Shard 2 opens a node that fits all three members; the two on shard 1 stay there.
+    uncordon(&cl, &big, "16").await;
+    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+        s.state == "Placed"
+    })
+    .await;
+    assert_eq!(placed.placements.len(), 3, "{placed:?}");
+    assert_ledgers_match(&cl, &placed).await;
+
+    // Released member by member, then whole: nothing stays held anywhere.
+    let p = &placed.placements[0];
+    let first = format!("{}/{}/{}", p.namespace, p.gang, p.member);
+    let after = cl
+        .release_members(g.id, vec![first])
+        .await
+        .expect("release one member");
+    assert_eq!(after.placements.len(), 2, "{after:?}");
+    assert_ledgers_match(&cl, &after).await;
+    cl.release(g.id).await.expect("release");
+    wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Released", |s| {
+        s.state == "Released"
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(PLACE_S);
+    loop {
+        let slots = ledger_slots(&cl).await;
+        if slots.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still held after release: {slots:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
