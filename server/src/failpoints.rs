@@ -25,13 +25,25 @@ pub const BINDER_AFTER_BIND: &str = "binder-after-bind";
 /// the participants COMMIT without writing its decision first. Never correct.
 pub const COORDINATOR_SKIPS_DECISION: &str = "coordinator-skips-decision";
 
+/// A fixed protocol bug, back for checking the checker: a NonStrict group planned
+/// again plans the members it already holds, so a shard that fits the whole group
+/// reserves them a second time (placed twice across shards; refused as held on one).
+pub const REPLAN_HELD_MEMBERS: &str = "coordinator-replans-held-members";
+/// A fixed protocol bug, back for checking the checker: ReleaseMembers frees the
+/// members on their shards (committing the group's latest transaction there first)
+/// before meta has agreed, so a refusal by meta leaves slots freed that meta still
+/// lists, and an aborted transaction can be committed.
+pub const RELEASE_SHARDS_FIRST: &str = "release-members-shards-first";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 5] = [
+pub const ALL: [&str; 7] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
     BINDER_AFTER_BIND,
     COORDINATOR_SKIPS_DECISION,
+    REPLAN_HELD_MEMBERS,
+    RELEASE_SHARDS_FIRST,
 ];
 
 /// The armed crash points of a process.

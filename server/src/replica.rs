@@ -84,7 +84,7 @@ impl Replica {
                 check.clone(),
             ))
             .add_service(InterceptedService::new(
-                SchedulerService::new(groups.clone(), shards),
+                SchedulerService::new(groups.clone(), shards, opts.failpoints.clone()),
                 check,
             ));
         let mut replica = Self::serve(host, router, listener, opts.security.tls.clone());

@@ -192,6 +192,15 @@ pub enum GroupError {
         /// Why.
         reason: String,
     },
+    /// A shard refused a step of a recorded release or decision; the coordinator
+    /// finishes it (meta holds what is left to do), so a retry converges.
+    #[error("shard {shard}: {reason}")]
+    StepRefused {
+        /// The shard.
+        shard: u32,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl GroupError {
@@ -202,6 +211,9 @@ impl GroupError {
             GroupError::Decode { .. } | GroupError::Encode { .. } => {
                 tonic::Status::internal(self.to_string())
             }
+            GroupError::StepRefused { .. } => tonic::Status::aborted(format!(
+                "{self}; the release is recorded and will complete, retry to wait for it"
+            )),
         }
     }
 }

@@ -8,12 +8,16 @@
 //! Invariants: the decision is written before any participant hears it; a
 //! participant's reservation is never dropped on its own (resolvers ask the
 //! decision log at the deadline); after a meta failover, undecided
-//! transactions resolve to abort and decided ones are driven to completion.
+//! transactions resolve to abort and decided ones are driven to completion:
+//! every round delivers, in bulk, the decisions some participant has not
+//! acknowledged (work that grows with undelivered decisions, not with placed
+//! groups); a group planned again plans only members it does not hold.
 //! One task per replica, owned by the `Replica`; it acts only while this
 //! replica leads the meta group.
 
 pub mod assign;
 pub mod metrics;
+pub mod release;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,9 +35,7 @@ use crate::ledger::meta::{
     Placement,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{
-    LedgerError, LedgerOp, LedgerReply, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
-};
+use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
 use crate::model::{MemberKey, PodSpec};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 use assign::{assign, AssignOutcome, Assignment};
@@ -53,6 +55,8 @@ const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::meta::META_BATCH_MA
 const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::command::LEDGER_BATCH_MAX);
 /// Most members planned together in one batched round.
 pub const BATCH_MEMBERS_MAX: usize = 8_192;
+/// Most undelivered decisions delivered in one round.
+pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
 
 /// The coordinator of one replica.
 pub struct Coordinator {
@@ -128,9 +132,7 @@ impl Coordinator {
     }
 
     async fn round(&self, first_round: bool) -> Result<(), GroupError> {
-        if first_round {
-            self.finish_commits().await?;
-        }
+        self.deliver_undelivered(first_round).await?;
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
             limit: GROUPS_PER_ROUND_MAX as u32,
@@ -165,7 +167,8 @@ impl Coordinator {
                 GroupState::Queued => self.queued(record).await,
                 GroupState::Placing { txn } => self.recover(txn).await,
                 GroupState::Releasing { .. } => self.release(record).await,
-                _ => Ok(()),
+                GroupState::Placed => self.finish_member_release(record).await,
+                GroupState::Done { .. } => Ok(()),
             };
             if let Err(e) = result {
                 tracing::warn!(group = seq, error = %e, "gang group step failed; retrying next round");
@@ -296,6 +299,7 @@ impl Coordinator {
                 }
             };
             for ((txn, members), reply) in txns.iter().zip(replies) {
+                // The shard applied the entry: it holds the outcome already.
                 let (decision, reason) = one_shard_vote(shard, reply);
                 let a = Assignment {
                     per_shard: BTreeMap::from([(shard, (*members).clone())]),
@@ -307,6 +311,7 @@ impl Coordinator {
                     placements: placements(&a),
                     reason,
                     at_ms: now_ms(),
+                    delivered: vec![shard],
                 });
             }
         }
@@ -321,6 +326,7 @@ impl Coordinator {
                 transaction_ended(decision, pods);
             }
         }
+        // A decision meta changed (a member held twice) is delivered at the next round.
         Ok(())
     }
 
@@ -351,6 +357,18 @@ impl Coordinator {
             return Ok(());
         }
         self.place(r).await
+    }
+
+    /// The members of `r` a placement attempt plans: those the group does not hold
+    /// already (a NonStrict group planned again keeps what it has; planning those
+    /// again placed them twice). The bug switch [`failpoints::REPLAN_HELD_MEMBERS`]
+    /// plans them all, as gangway once did.
+    fn members_to_plan(&self, r: &GroupRecord) -> Vec<(MemberKey, PodSpec)> {
+        let mut members = Self::members(r);
+        if !self.failpoints.armed(failpoints::REPLAN_HELD_MEMBERS) {
+            members.retain(|(key, _)| !r.holds(&key.to_string()));
+        }
+        members
     }
 
     fn members(r: &GroupRecord) -> Vec<(MemberKey, PodSpec)> {
@@ -411,7 +429,7 @@ impl Coordinator {
             waited_ms = now_ms().saturating_sub(r.submitted_at_ms),
             "placing"
         );
-        let members = Self::members(r);
+        let members = self.members_to_plan(r);
         let timer = PhaseTimer::start(Phase::Quote);
         let plans = self.plans(&members).await;
         drop(timer);
@@ -429,6 +447,7 @@ impl Coordinator {
                         seq: r.seq,
                         reason,
                         at_ms: now_ms(),
+                        attempts: Some(r.attempts),
                     })
                     .await?;
                 return Ok(());
@@ -484,17 +503,23 @@ impl Coordinator {
                 .armed(failpoints::COORDINATOR_SKIPS_DECISION)
         {
             tracing::error!(%txn, "bug switch {}: telling COMMIT with no recorded decision", failpoints::COORDINATOR_SKIPS_DECISION);
-            self.tell(txn, participants, Decision::Commit).await;
+            let ops = release::decision_ops(txn, Decision::Commit);
+            for shard in participants {
+                let _ = self
+                    .groups
+                    .shard(*shard, LedgerOp::Batch { ops: ops.clone() })
+                    .await;
+            }
             return Ok(());
         }
         let decided = self
-            .decide(txn, decision, placements(assignment), reason)
+            .decide(txn, decision, placements(assignment), reason, Vec::new())
             .await?;
         if decided == Decision::Commit {
             self.failpoints.hit(failpoints::AFTER_DECIDE);
         }
         let timer = PhaseTimer::start(Phase::Commit);
-        self.tell(txn, participants, decided).await;
+        release::tell(&self.groups, txn, decided, participants).await;
         drop(timer);
         transaction_ended(decided, assignment.members());
         Ok(())
@@ -519,11 +544,19 @@ impl Coordinator {
             )
             .await?;
         drop(timer);
-        let (decision, reason) = match outcome {
-            ShardOutcome::Applied(reply) => one_shard_vote(shard, reply),
-            other => (Decision::Abort, refusal_reason(shard, &other)),
+        let (decision, reason, delivered) = match outcome {
+            ShardOutcome::Applied(reply) => {
+                let (decision, reason) = one_shard_vote(shard, reply);
+                (decision, reason, vec![shard])
+            }
+            other => (Decision::Abort, refusal_reason(shard, &other), Vec::new()),
         };
-        let decided = self.decide(txn, decision, placements(a), reason).await?;
+        let decided = self
+            .decide(txn, decision, placements(a), reason, delivered)
+            .await?;
+        if decided != decision {
+            release::tell(&self.groups, txn, decided, &[shard]).await;
+        }
         tracing::debug!(%txn, ?decided, "one-shard placement decided");
         transaction_ended(decided, a.members());
         Ok(())
@@ -555,6 +588,7 @@ impl Coordinator {
         decision: Decision,
         placements: BTreeMap<String, Placement>,
         reason: String,
+        delivered: Vec<u32>,
     ) -> Result<Decision, GroupError> {
         let _timer = PhaseTimer::start(Phase::Decide);
         let cmd = MetaCommand::Decide {
@@ -563,6 +597,7 @@ impl Coordinator {
             placements,
             reason,
             at_ms: now_ms(),
+            delivered,
         };
         match self.groups.meta(&cmd).await? {
             MetaReply::Decided { decision, .. } => Ok(decision),
@@ -573,75 +608,31 @@ impl Coordinator {
         }
     }
 
-    /// Pushes the decision to the participants (they would otherwise ask at their deadline).
-    async fn tell(&self, txn: TxnId, participants: &[u32], decision: Decision) {
-        let pushes = participants.iter().map(|shard| {
-            let op = match decision {
-                Decision::Commit => LedgerOp::Commit { txn_id: txn },
-                Decision::Abort => LedgerOp::Abort { txn_id: txn },
-            };
-            async move {
-                if let Err(e) = self.groups.shard(*shard, op).await {
-                    tracing::warn!(shard, %txn, error = %e, "participant not told; it will ask at its deadline");
-                }
-            }
-        });
-        join_all(pushes).await;
-    }
-
-    /// Delivers a recorded COMMIT to every participant; an error if any cannot be
-    /// reached (the caller retries). Committing twice changes nothing.
-    async fn commit_at_every_participant(
-        &self,
-        txn: TxnId,
-        participants: &[u32],
-    ) -> Result<(), GroupError> {
-        for shard in participants {
-            self.groups
-                .shard(*shard, LedgerOp::Commit { txn_id: txn })
-                .await?;
+    /// Delivers, in bulk, decisions some participant has not acknowledged (a tell that
+    /// failed, a coordinator that died between deciding and telling): a cheap local
+    /// read when there are none, so it runs every round; after a failover it reads
+    /// linearizably. Work grows with undelivered decisions, not with placed groups.
+    async fn deliver_undelivered(&self, first_round: bool) -> Result<(), GroupError> {
+        let query = MetaQuery::Undelivered {
+            limit: UNDELIVERED_PER_ROUND_MAX,
+        };
+        let reply = if first_round {
+            self.groups.meta_query(&query).await?
+        } else {
+            self.groups.meta_query_local(&query)?
+        };
+        let MetaReply::Undelivered { txns } = reply else {
+            return Ok(());
+        };
+        if txns.is_empty() {
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// Delivers a recorded ABORT to every participant; an error if any cannot be
-    /// reached (the caller retries). A one-shard placement commits at its shard on its
-    /// own: if a cancel recorded ABORT after that shard had committed, the shard refuses
-    /// the abort and its members are released here instead.
-    async fn abort_at_every_participant(
-        &self,
-        txn: TxnId,
-        participants: &[u32],
-    ) -> Result<(), GroupError> {
-        for shard in participants {
-            let outcome = self
-                .groups
-                .shard(*shard, LedgerOp::Abort { txn_id: txn })
-                .await?;
-            let ShardOutcome::Applied(LedgerReply::Rejected {
-                error: LedgerError::TxnCommitted { .. },
-            }) = outcome
-            else {
-                continue;
-            };
-            let ShardAnswer::Txn { members, .. } = self
-                .groups
-                .shard_query(*shard, &ShardQuery::Txn { txn })
-                .await?
-            else {
-                continue;
-            };
-            let members: Vec<MemberKey> = members.into_iter().map(|(m, _)| m).collect();
-            if members.is_empty() {
-                continue;
-            }
-            tracing::info!(%txn, shard, members = members.len(), "releasing what a shard committed before the group was cancelled");
-            let op = LedgerOp::Release {
-                target: ReleaseTarget::Members(members),
-            };
-            self.groups.shard(*shard, op).await?;
-        }
-        Ok(())
+        tracing::info!(
+            decisions = txns.len(),
+            "delivering decisions participants have not acknowledged"
+        );
+        let acked = release::deliver(&self.groups, &txns).await;
+        release::record_delivered(&self.groups, &acked).await
     }
 
     /// A group left in Placing by an earlier coordinator: its transaction is undecided.
@@ -652,7 +643,7 @@ impl Coordinator {
             return Ok(());
         };
         if let Some(decision) = t.decision {
-            self.tell(txn, &t.participants, decision).await;
+            release::tell(&self.groups, txn, decision, &t.participants).await;
             return Ok(());
         }
         if let [shard] = t.participants[..] {
@@ -664,117 +655,136 @@ impl Coordinator {
                 Decision::Abort,
                 BTreeMap::new(),
                 "coordinator failover".into(),
+                Vec::new(),
             )
             .await?;
-        self.tell(txn, &t.participants, decided).await;
+        release::tell(&self.groups, txn, decided, &t.participants).await;
         Ok(())
     }
 
     /// In the one-shard path the shard is authoritative: abort there first (a
-    /// tombstone if it never saw the entry); if it had committed, record that.
+    /// tombstone if it never saw the entry); if it had committed, record that, with
+    /// the devices the shard allocated.
     async fn recover_one_shard(&self, txn: TxnId, shard: u32) -> Result<(), GroupError> {
-        match self
+        let outcome = self
             .groups
             .shard(shard, LedgerOp::Abort { txn_id: txn })
-            .await?
-        {
+            .await?;
+        let committed = matches!(
+            outcome,
             ShardOutcome::Applied(LedgerReply::Rejected {
                 error: LedgerError::TxnCommitted { .. },
-            }) => {
-                let ShardAnswer::Txn { members, .. } = self
-                    .groups
-                    .shard_query(shard, &ShardQuery::Txn { txn })
-                    .await?
-                else {
-                    return Ok(());
-                };
-                let placements = members
-                    .into_iter()
-                    .map(|(m, node)| {
-                        let placement = Placement {
-                            node,
-                            shard,
-                            devices: Vec::new(),
-                        };
-                        (m.to_string(), placement)
-                    })
-                    .collect();
-                self.decide(txn, Decision::Commit, placements, String::new())
-                    .await?;
-            }
-            _ => {
-                self.decide(
-                    txn,
-                    Decision::Abort,
-                    BTreeMap::new(),
-                    "coordinator failover".into(),
-                )
-                .await?;
-            }
+            })
+        );
+        if !committed {
+            self.decide(
+                txn,
+                Decision::Abort,
+                BTreeMap::new(),
+                "coordinator failover".into(),
+                vec![shard],
+            )
+            .await?;
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// After a meta failover, commits of placed groups may not have reached
-    /// every participant: push them again (commits are idempotent).
-    async fn finish_commits(&self) -> Result<(), GroupError> {
-        let MetaReply::Groups { records } = self
+        let ShardAnswer::Txn {
+            members, devices, ..
+        } = self
             .groups
-            .meta_query(&MetaQuery::Groups { active_only: true })
+            .shard_query(shard, &ShardQuery::Txn { txn })
             .await?
         else {
             return Ok(());
         };
-        for r in records.iter().filter(|r| r.state == GroupState::Placed) {
-            self.finish_commit(r).await?;
+        let mut devices: BTreeMap<MemberKey, Vec<PlacedDevice>> = devices
+            .into_iter()
+            .map(|(m, list)| {
+                let placed = list
+                    .into_iter()
+                    .map(|d| PlacedDevice {
+                        claim: d.claim,
+                        request: d.request,
+                        device: d.device,
+                    })
+                    .collect();
+                (m, placed)
+            })
+            .collect();
+        let placements = members
+            .into_iter()
+            .map(|(m, node)| {
+                let placement = Placement {
+                    node,
+                    shard,
+                    devices: devices.remove(&m).unwrap_or_default(),
+                    txn: Some(txn),
+                };
+                (m.to_string(), placement)
+            })
+            .collect();
+        let decided = self
+            .decide(
+                txn,
+                Decision::Commit,
+                placements,
+                String::new(),
+                vec![shard],
+            )
+            .await?;
+        if decided != Decision::Commit {
+            release::tell(&self.groups, txn, decided, &[shard]).await;
         }
         Ok(())
     }
 
-    async fn finish_commit(&self, r: &GroupRecord) -> Result<(), GroupError> {
-        let Some(txn) = r.txn else { return Ok(()) };
-        if let MetaReply::Txn { record: Some(t) } =
-            self.groups.meta_query(&MetaQuery::Txn { txn }).await?
-        {
-            if t.decision == Some(Decision::Commit) {
-                self.tell(txn, &t.participants, Decision::Commit).await;
-            }
+    /// A placed group whose member release (ReleaseMembers) recorded in meta did not
+    /// reach its shards (the caller died): finish it.
+    async fn finish_member_release(&self, r: &GroupRecord) -> Result<(), GroupError> {
+        if r.releasing.is_empty() {
+            return Ok(());
         }
+        release::free_members(&self.groups, &r.releasing).await?;
+        self.groups
+            .meta(&MetaCommand::MembersReleased {
+                seq: r.seq,
+                members: r.releasing.keys().cloned().collect(),
+                at_ms: now_ms(),
+            })
+            .await?;
         Ok(())
     }
 
-    /// Gives back everything a releasing group holds: an undecided (now
-    /// aborted) transaction on its participants, then every placed member.
+    /// Gives back everything a releasing group holds: an aborted transaction on its
+    /// participants (a cancel while placing), then every member it holds, placed or
+    /// releasing, each with the transaction that placed it committed first.
     async fn release(&self, r: &GroupRecord) -> Result<(), GroupError> {
+        let mut latest_committed = None;
         if let Some(txn) = r.txn {
             if let MetaReply::Txn { record: Some(t) } =
                 self.groups.meta_query(&MetaQuery::Txn { txn }).await?
             {
                 if t.decision == Some(Decision::Commit) {
-                    // A participant whose leader died as COMMIT was sent still holds the
-                    // members as reserved, and a release frees only committed ones; its
-                    // resolver would commit them at the deadline, after this release, and
-                    // hold them for a released group. Commit first, everywhere, or retry.
-                    self.commit_at_every_participant(txn, &t.participants)
-                        .await?;
-                } else {
-                    self.abort_at_every_participant(txn, &t.participants)
-                        .await?;
+                    latest_committed = Some(txn);
+                }
+                if t.decision == Some(Decision::Abort) && !t.unacked.is_empty() {
+                    let all = release::tell(&self.groups, txn, Decision::Abort, &t.unacked).await;
+                    if !all {
+                        return Err(GroupError::StepRefused {
+                            shard: t.unacked.first().copied().unwrap_or(0),
+                            reason: format!("{txn}: ABORT not delivered yet"),
+                        });
+                    }
                 }
             }
         }
-        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-        for (key, p) in &r.placements {
-            if let Ok(member) = MemberKey::try_from(key.clone()) {
-                per_shard.entry(p.shard).or_default().push(member);
-            }
+        let mut held = r.placements.clone();
+        held.extend(r.releasing.iter().map(|(k, p)| (k.clone(), p.clone())));
+        // Placements recorded before each kept its transaction were placed by the
+        // group's latest one, if that one committed.
+        for p in held.values_mut() {
+            p.txn = p.txn.or(latest_committed);
         }
-        for (shard, members) in per_shard {
-            let op = LedgerOp::Release {
-                target: ReleaseTarget::Members(members),
-            };
-            self.groups.shard(shard, op).await?;
-        }
+        release::free_members(&self.groups, &held).await?;
         self.groups
             .meta(&MetaCommand::ReleaseDone {
                 seq: r.seq,
@@ -793,6 +803,7 @@ fn placements(a: &Assignment) -> BTreeMap<String, Placement> {
                 (
                     m.member.to_string(),
                     Placement {
+                        txn: None,
                         node: m.node.clone(),
                         shard: *shard,
                         devices: m

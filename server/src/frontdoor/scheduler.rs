@@ -18,8 +18,10 @@ use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::coordinator::release::release_members;
+use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply};
-use crate::ledger::{LedgerOp, ReleaseTarget, TxnId};
+use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
 use crate::replicated::{now_ms, GroupError, Groups};
@@ -39,12 +41,17 @@ pub const WATCH_BUFFER: usize = 16;
 pub struct SchedulerService {
     groups: Groups,
     shards: u32,
+    failpoints: Failpoints,
 }
 
 impl SchedulerService {
-    /// A service over `groups` with `shards` shards.
-    pub fn new(groups: Groups, shards: u32) -> SchedulerServer<Self> {
-        SchedulerServer::new(Self { groups, shards })
+    /// A service over `groups` with `shards` shards (`failpoints` only in fault tests).
+    pub fn new(groups: Groups, shards: u32, failpoints: Failpoints) -> SchedulerServer<Self> {
+        SchedulerServer::new(Self {
+            groups,
+            shards,
+            failpoints,
+        })
     }
 
     async fn record(&self, seq: GroupSeq) -> Result<GroupSummary, Status> {
@@ -76,21 +83,25 @@ fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     }
 }
 
-/// Releases placed members of group `seq` (placed by `txn`): on their shards first
-/// (idempotent), then in the group's record, so a retry after a crash converges. Used by
-/// ReleaseMembers and by the kube adapter when pods go away.
-pub async fn release_members(
+/// The order ReleaseMembers had before it went through meta first: shards free the
+/// members (committing the group's latest transaction there first), then meta is
+/// asked. Reached only through the bug switch [`failpoints::RELEASE_SHARDS_FIRST`].
+async fn release_members_shards_first(
     groups: &Groups,
-    seq: GroupSeq,
-    txn: Option<TxnId>,
-    per_shard: BTreeMap<u32, Vec<MemberKey>>,
+    record: &GroupSummary,
     names: Vec<String>,
 ) -> Result<MetaReply, GroupError> {
+    let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    for name in &names {
+        if let (Some(p), Ok(key)) = (
+            record.placements.get(name),
+            MemberKey::try_from(name.clone()),
+        ) {
+            per_shard.entry(p.shard).or_default().push(key);
+        }
+    }
     for (shard, members) in per_shard {
-        if let Some(txn_id) = txn {
-            // A shard whose leader died as COMMIT was sent still holds the members as
-            // reserved, and a release frees only committed ones; its resolver would
-            // commit them later and hold them for good. Committing twice changes nothing.
+        if let Some(txn_id) = record.txn {
             groups.shard(shard, LedgerOp::Commit { txn_id }).await?;
         }
         let op = LedgerOp::Release {
@@ -98,8 +109,16 @@ pub async fn release_members(
         };
         groups.shard(shard, op).await?;
     }
+    let cmd = MetaCommand::ReleaseMembers {
+        seq: record.seq,
+        members: names.clone(),
+        at_ms: now_ms(),
+    };
+    if let MetaReply::Rejected { reason } = groups.meta(&cmd).await? {
+        return Ok(MetaReply::Rejected { reason });
+    }
     let cmd = MetaCommand::MembersReleased {
-        seq,
+        seq: record.seq,
         members: names,
         at_ms: now_ms(),
     };
@@ -404,23 +423,21 @@ impl Scheduler for SchedulerService {
                 "members: name at least one member",
             ));
         }
-        let record = self.record(req.id).await?;
-        let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-        for (i, name) in req.members.iter().enumerate() {
-            let Some(p) = record.placements.get(name) else {
-                return Err(Status::failed_precondition(format!(
-                    "members[{i}]: {name} is not a placed member of gang group {}",
-                    req.id
-                )));
-            };
-            let key = MemberKey::try_from(name.clone())
-                .map_err(|e| Status::invalid_argument(format!("members[{i}]: {e}")))?;
-            per_shard.entry(p.shard).or_default().push(key);
+        if req.members.len() > GROUP_MEMBERS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "members: {} named, a group has at most {GROUP_MEMBERS_MAX}",
+                req.members.len()
+            )));
         }
-        let reply = release_members(&self.groups, req.id, record.txn, per_shard, req.members)
-            .await
-            .map_err(|e| e.to_status())?;
-        Ok(Response::new(group_status(reply)?))
+        let reply = if self.failpoints.armed(failpoints::RELEASE_SHARDS_FIRST) {
+            let record = self.record(req.id).await?;
+            release_members_shards_first(&self.groups, &record, req.members).await
+        } else {
+            release_members(&self.groups, req.id, req.members).await
+        };
+        Ok(Response::new(group_status(
+            reply.map_err(|e| e.to_status())?,
+        )?))
     }
 
     async fn list_gang_groups(

@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use crate::coordinator::release::release_members;
 use crate::frontdoor::inventory::{apply_op, shard_of};
-use crate::frontdoor::scheduler::release_members;
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
@@ -553,16 +553,14 @@ impl Ingest {
                         self.release_whole(s, &pods, &why).await;
                         continue;
                     }
-                    let (per_shard, names) = placed_members(s, |key| {
+                    let names = placed_members(s, |key| {
                         gone.iter()
                             .any(|p| p.namespace == key.namespace && p.name == key.member)
                     });
                     if names.is_empty() {
                         continue;
                     }
-                    if let Err(e) =
-                        release_members(&self.groups, s.seq, s.txn, per_shard, names).await
-                    {
+                    if let Err(e) = release_members(&self.groups, s.seq, names).await {
                         tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
                     }
                 }
@@ -634,8 +632,8 @@ impl Ingest {
     /// Releases every placement of group `s` and forgets its live pods' submission, so
     /// they are submitted again once their gangs are ready.
     async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) {
-        let (per_shard, names) = placed_members(s, |_| true);
-        if let Err(e) = release_members(&self.groups, s.seq, s.txn, per_shard, names).await {
+        let names = placed_members(s, |_| true);
+        if let Err(e) = release_members(&self.groups, s.seq, names).await {
             tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
             return;
         }
@@ -903,22 +901,12 @@ impl Ingest {
     }
 }
 
-/// The placed members of `s` that `chosen` picks: their keys per shard, and their names
-/// (what `release_members` takes).
-fn placed_members(
-    s: &GroupSummary,
-    chosen: impl Fn(&MemberKey) -> bool,
-) -> (BTreeMap<u32, Vec<MemberKey>>, Vec<String>) {
-    let mut per_shard: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
-    let mut names = Vec::new();
-    for (member, placement) in &s.placements {
-        let Ok(key) = MemberKey::try_from(member.clone()) else {
-            continue;
-        };
-        if chosen(&key) {
-            per_shard.entry(placement.shard).or_default().push(key);
-            names.push(member.clone());
-        }
-    }
-    (per_shard, names)
+/// The names of the placed members of `s` that `chosen` picks (what `release_members`
+/// takes).
+fn placed_members(s: &GroupSummary, chosen: impl Fn(&MemberKey) -> bool) -> Vec<String> {
+    s.placements
+        .keys()
+        .filter(|member| MemberKey::try_from((*member).clone()).is_ok_and(|key| chosen(&key)))
+        .cloned()
+        .collect()
 }

@@ -12,6 +12,7 @@ use crate::ledger::devices::{DeviceHealth, EvictionCause};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
+use crate::model::claim::DeviceAllocation;
 use crate::model::{DeviceId, MemberKey, PodSpec, PodSummary};
 
 /// A read-only question to a shard.
@@ -141,6 +142,9 @@ pub enum ShardAnswer {
         known: bool,
         /// Its members and their nodes, while it holds them.
         members: Vec<(MemberKey, String)>,
+        /// The devices each held member was allocated (members holding none left out).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        devices: Vec<(MemberKey, Vec<DeviceAllocation>)>,
     },
     /// Members waiting for their binding.
     Unbound {
@@ -238,10 +242,18 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                     })
                     .collect(),
             };
+            let devices = members
+                .iter()
+                .filter_map(|(m, _)| {
+                    let slot = ledger.slot(m)?;
+                    (!slot.pod.devices.is_empty()).then(|| (m.clone(), slot.pod.devices.clone()))
+                })
+                .collect();
             ShardAnswer::Txn {
                 outcome,
                 known: open.is_some() || outcome.is_some(),
                 members,
+                devices,
             }
         }
     }

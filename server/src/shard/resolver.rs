@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::ledger::meta::{Decision, MetaCommand, MetaQuery, MetaReply};
+use crate::coordinator::release;
+use crate::ledger::meta::{Decision, MetaCommand, MetaQuery, MetaReply, Undelivered};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, TxnId};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
@@ -78,20 +79,27 @@ async fn resolve_shard(groups: &Groups, shard: u32) -> Result<(), GroupError> {
         .into_iter()
         .filter(|(_, deadline)| *deadline <= now)
         .take(RESOLVE_PER_TICK_MAX);
+    let mut decided = Vec::new();
     for (txn, _) in expired {
-        let decision = decision_of(groups, txn).await?;
+        let decision = decision_of(groups, txn, shard).await?;
         tracing::info!(shard, %txn, ?decision, "resolved an expired reservation");
-        let op = match decision {
-            Decision::Commit => LedgerOp::Commit { txn_id: txn },
-            Decision::Abort => LedgerOp::Abort { txn_id: txn },
-        };
-        groups.shard(shard, op).await?;
+        decided.push(Undelivered {
+            txn,
+            decision,
+            shards: vec![shard],
+        });
     }
-    Ok(())
+    if decided.is_empty() {
+        return Ok(());
+    }
+    // Applied here, acknowledged in meta: the decisions may be forgotten once every
+    // participant has them.
+    let acked = release::deliver(groups, &decided).await;
+    release::record_delivered(groups, &acked).await
 }
 
 /// The recorded decision, or an ABORT tombstone written now.
-async fn decision_of(groups: &Groups, txn: TxnId) -> Result<Decision, GroupError> {
+async fn decision_of(groups: &Groups, txn: TxnId, shard: u32) -> Result<Decision, GroupError> {
     if let MetaReply::Txn { record: Some(t) } = groups.meta_query(&MetaQuery::Txn { txn }).await? {
         if let Some(d) = t.decision {
             return Ok(d);
@@ -101,6 +109,7 @@ async fn decision_of(groups: &Groups, txn: TxnId) -> Result<Decision, GroupError
         .meta(&MetaCommand::AbortIfUndecided {
             txn,
             at_ms: now_ms(),
+            shard: Some(shard),
         })
         .await?
     {

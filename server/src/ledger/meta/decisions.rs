@@ -1,8 +1,10 @@
 //! The 2PC decision log: one record per transaction, written by the
 //! coordinator before it tells any participant, or by a participant's
 //! `AbortIfUndecided` (a tombstone) when its reservation outlived its
-//! deadline. Invariant: a decision, once written, never changes, so a late
-//! COMMIT cannot land after an ABORT tombstone.
+//! deadline. Invariants: a decision, once written, never changes, so a late
+//! COMMIT cannot land after an ABORT tombstone; a decided record is kept until
+//! every participant has acknowledged applying it (`unacked` empty), so a
+//! participant that asks late never finds "no record" for a decided transaction.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,4 +35,19 @@ pub struct TxnRecord {
     pub decision: Option<Decision>,
     /// When it began (leader's clock).
     pub began_at_ms: u64,
+    /// Participants that have not acknowledged applying the decision (empty while
+    /// undecided, and once every participant has it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unacked: Vec<u32>,
+}
+
+/// A decided transaction some participant has not acknowledged yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Undelivered {
+    /// The transaction.
+    pub txn: TxnId,
+    /// Its decision.
+    pub decision: Decision,
+    /// Participants still to be told.
+    pub shards: Vec<u32>,
 }

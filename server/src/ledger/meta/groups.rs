@@ -101,6 +101,10 @@ pub struct Placement {
     /// the shard ledger keeps them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<PlacedDevice>,
+    /// The committed transaction that holds the member on its shard (None in records
+    /// written before it was kept: the group's own `txn` then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<TxnId>,
 }
 
 /// One device allocated to a placed member.
@@ -144,6 +148,9 @@ pub struct GroupSummary {
     /// The transaction that placed it (or is placing it).
     #[serde(default)]
     pub txn: Option<TxnId>,
+    /// Members whose release meta has recorded and the shards have not confirmed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub releasing: BTreeMap<String, Placement>,
 }
 
 impl GroupSummary {
@@ -160,6 +167,7 @@ impl GroupSummary {
             version: r.version,
             submitted_at_ms: r.submitted_at_ms,
             txn: r.txn,
+            releasing: r.releasing.clone(),
             gangs: r
                 .group
                 .gangs
@@ -200,6 +208,10 @@ pub struct GroupRecord {
     pub priority: i32,
     /// Its latest placement transaction.
     pub txn: Option<TxnId>,
+    /// Members taken out of `placements` by a release that the shards have not
+    /// confirmed yet (ReleaseMembers' first phase); they still hold capacity.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub releasing: BTreeMap<String, Placement>,
 }
 
 impl GroupRecord {
@@ -218,9 +230,26 @@ impl GroupRecord {
         })
     }
 
+    /// Whether the group holds nothing on any shard as far as meta knows.
+    pub fn holds_nothing(&self) -> bool {
+        self.placements.is_empty() && self.releasing.is_empty()
+    }
+
+    /// Whether `member` is placed or being released (it holds a slot on its shard).
+    pub fn holds(&self, member: &str) -> bool {
+        self.placements.contains_key(member) || self.releasing.contains_key(member)
+    }
+
+    /// Whether the coordinator has work on it: placing, releasing, or a member release
+    /// the shards have not confirmed.
+    pub fn is_pending(&self) -> bool {
+        !self.state.is_terminal()
+            && (self.state != GroupState::Placed || !self.releasing.is_empty())
+    }
+
     /// The state a group times out into: releasing what it accumulated, or done.
     pub fn timed_out(&self) -> GroupState {
-        if self.placements.is_empty() {
+        if self.holds_nothing() {
             GroupState::Done {
                 how: Terminal::TimedOut,
             }

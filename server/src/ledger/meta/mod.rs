@@ -2,20 +2,26 @@
 //! gang groups with their states, and the 2PC decision log.
 //!
 //! Invariants: deterministic (ordered maps, times only from commands); a node's
-//! shard never changes once assigned; an idempotency key names one group; a
-//! transaction's decision never changes once written; a terminal group holds
-//! nothing. Called through `replicated::MetaMachine`; the coordinator and the
-//! front door write its commands.
+//! shard never changes once assigned; an idempotency key names one group and one
+//! body; a gang (namespace/name) belongs to at most one live group; a
+//! transaction's decision never changes once written and is kept until every
+//! participant acknowledged it; a COMMIT never places a member the group already
+//! holds (it is recorded as ABORT instead); members leave a group's placements
+//! only through meta first (ReleaseMembers, then MembersReleased once the shards
+//! freed them); a terminal group holds nothing. Every command is idempotent, so a
+//! retried proposal that applies twice changes nothing the second time. Called
+//! through `replicated::MetaMachine`; the coordinator, the resolvers, the front
+//! door and the kube adapter write its commands.
 
 pub mod decisions;
 pub mod groups;
 pub mod shard_map;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use decisions::{Decision, TxnRecord};
+pub use decisions::{Decision, TxnRecord, Undelivered};
 pub use groups::{
     GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, Terminal,
 };
@@ -26,7 +32,8 @@ use crate::model::GangGroup;
 
 /// Terminal groups kept (with their idempotency keys); older ones are forgotten.
 pub const FINISHED_GROUPS_MAX: usize = 10_000;
-/// Decided transactions kept; older ones are forgotten.
+/// Decided transactions kept once every participant acknowledged them; older ones
+/// are forgotten (unacknowledged ones never are).
 pub const DECIDED_TXNS_MAX: usize = 50_000;
 /// First retry delay after an aborted attempt.
 pub const RETRY_BACKOFF_BASE_MS: u64 = 100;
@@ -76,6 +83,10 @@ pub enum MetaCommand {
         reason: String,
         /// Proposer's clock.
         at_ms: u64,
+        /// Participants that already hold the outcome (a one-shard reserve-and-commit
+        /// answered): they need not be told. Ignored when meta records another decision.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        delivered: Vec<u32>,
     },
     /// A participant's question at its reservation deadline: the decision, or an ABORT tombstone.
     AbortIfUndecided {
@@ -83,6 +94,16 @@ pub enum MetaCommand {
         txn: TxnId,
         /// Proposer's clock.
         at_ms: u64,
+        /// The asking shard (a tombstone lists it as the participant to acknowledge).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shard: Option<u32>,
+    },
+    /// Participants applied a transaction's decision; once all have, it may be forgotten.
+    Delivered {
+        /// The transaction.
+        txn: TxnId,
+        /// The participants that applied it.
+        shards: Vec<u32>,
     },
     /// A placement attempt failed before any reservation: retry later (or time out).
     Requeue {
@@ -92,6 +113,10 @@ pub enum MetaCommand {
         reason: String,
         /// Proposer's clock.
         at_ms: u64,
+        /// The attempts the proposer saw; a requeue already counted (a retried
+        /// proposal) is ignored. None: always counted (older entries).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempts: Option<u32>,
     },
     /// Times out a queued group whose waitTime has passed.
     Expire {
@@ -114,7 +139,17 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// Some members of a placed group finished and were released on their shards.
+    /// Some members of a placed group finished: meta takes them out of the group's
+    /// placements first (into `releasing`), before any shard frees them.
+    ReleaseMembers {
+        /// The group.
+        seq: GroupSeq,
+        /// Member keys (`ns/gang/member`).
+        members: Vec<String>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The shards freed members that `ReleaseMembers` took out; they leave `releasing`.
     MembersReleased {
         /// The group.
         seq: GroupSeq,
@@ -198,6 +233,11 @@ pub enum MetaReply {
         /// State name → groups.
         counts: BTreeMap<String, u64>,
     },
+    /// Decided transactions some participant has not acknowledged.
+    Undelivered {
+        /// In id order.
+        txns: Vec<Undelivered>,
+    },
     /// The replies to a batch, in its order.
     Batch {
         /// One per command.
@@ -248,6 +288,11 @@ pub enum MetaQuery {
     },
     /// How many groups the log holds in each state (the queue-depth metric).
     StateCounts,
+    /// Decided transactions some participant has not acknowledged, in id order.
+    Undelivered {
+        /// At most this many.
+        limit: u32,
+    },
 }
 
 /// The meta group's replicated state.
@@ -260,6 +305,13 @@ pub struct MetaState {
     txns: BTreeMap<TxnId, TxnRecord>,
     next_seq: GroupSeq,
     next_txn: u64,
+    /// Decided transactions with participants still to acknowledge (an index of `txns`).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    undelivered: BTreeSet<TxnId>,
+    /// `namespace/gang` -> the group that declared it last; the claim lapses when that
+    /// group ends or is forgotten (checked at admission, so no transition updates it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    gang_owners: BTreeMap<String, GroupSeq>,
 }
 
 fn rejected(reason: impl Into<String>) -> MetaReply {
@@ -320,18 +372,22 @@ impl MetaState {
                 placements,
                 reason,
                 at_ms,
-            } => self.decide(*txn, *decision, placements, reason, *at_ms),
-            MetaCommand::AbortIfUndecided { txn, at_ms } => self.decide(
-                *txn,
-                Decision::Abort,
-                &BTreeMap::new(),
-                "reservation deadline passed",
-                *at_ms,
-            ),
-            MetaCommand::Requeue { seq, reason, at_ms } => self.requeue(*seq, reason, *at_ms),
+                delivered,
+            } => self.decide(*txn, *decision, placements, reason, *at_ms, delivered),
+            MetaCommand::AbortIfUndecided { txn, at_ms, shard } => {
+                self.abort_if_undecided(*txn, *at_ms, *shard)
+            }
+            MetaCommand::Delivered { txn, shards } => self.delivered(*txn, shards),
+            MetaCommand::Requeue {
+                seq,
+                reason,
+                at_ms,
+                attempts,
+            } => self.requeue(*seq, reason, *at_ms, *attempts),
             MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
             MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
             MetaCommand::Release { seq, .. } => self.release(*seq),
+            MetaCommand::ReleaseMembers { seq, members, .. } => self.release_members(*seq, members),
             MetaCommand::MembersReleased { seq, members, .. } => {
                 self.members_released(*seq, members)
             }
@@ -386,7 +442,7 @@ impl MetaState {
                 let mut records: Vec<GroupRecord> = self
                     .groups
                     .values()
-                    .filter(|r| !r.state.is_terminal() && r.state != GroupState::Placed)
+                    .filter(|r| r.is_pending())
                     .cloned()
                     .collect();
                 records.sort_by_key(GroupRecord::order_key);
@@ -395,6 +451,21 @@ impl MetaState {
             }
             MetaQuery::Txn { txn } => MetaReply::Txn {
                 record: self.txns.get(txn).cloned(),
+            },
+            MetaQuery::Undelivered { limit } => MetaReply::Undelivered {
+                txns: self
+                    .undelivered
+                    .iter()
+                    .filter_map(|t| self.txns.get(t))
+                    .filter_map(|t| {
+                        Some(Undelivered {
+                            txn: t.txn,
+                            decision: t.decision?,
+                            shards: t.unacked.clone(),
+                        })
+                    })
+                    .take(*limit as usize)
+                    .collect(),
             },
             MetaQuery::StateCounts => {
                 let mut counts: BTreeMap<String, u64> = GroupState::NAMES
@@ -425,6 +496,14 @@ impl MetaState {
             return rejected("idempotency_key: must not be empty");
         }
         if let Some(seq) = self.keys.get(key) {
+            if let Some(existing) = self.groups.get(seq) {
+                if !same_body(&existing.group, group) {
+                    return rejected(format!(
+                        "idempotency_key: {} was used for gang group {seq} with another body; use a new key for a new group",
+                        short(key)
+                    ));
+                }
+            }
             return MetaReply::Submitted {
                 seq: *seq,
                 created: false,
@@ -433,11 +512,21 @@ impl MetaState {
         if let Err(e) = group.validate(&crate::model::FieldPath::root()) {
             return rejected(e.to_string());
         }
+        for (i, gang) in group.gangs.iter().enumerate() {
+            let name = gang_name(gang);
+            if let Some(owner) = self.live_owner(&name) {
+                return rejected(format!(
+                    "gangs[{i}]: gang {} is already declared by gang group {owner}, which has not ended; release or cancel it first",
+                    short(&name)
+                ));
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut group = group.clone();
         for gang in &mut group.gangs {
             gang.creation_order = seq;
+            self.gang_owners.insert(gang_name(gang), seq);
         }
         let deadline_ms = group
             .gangs
@@ -460,11 +549,21 @@ impl MetaState {
             version: 1,
             priority,
             txn: None,
+            releasing: BTreeMap::new(),
         };
         self.groups.insert(seq, record);
         self.keys.insert(key.to_string(), seq);
         self.forget_old_groups();
         MetaReply::Submitted { seq, created: true }
+    }
+
+    /// The live group that declared gang `name`, if any.
+    fn live_owner(&self, name: &str) -> Option<GroupSeq> {
+        let seq = self.gang_owners.get(name)?;
+        self.groups
+            .get(seq)
+            .filter(|g| !g.state.is_terminal())
+            .map(|g| g.seq)
     }
 
     fn begin_txn(&mut self, seq: GroupSeq, participants: &[u32], at_ms: u64) -> MetaReply {
@@ -476,6 +575,9 @@ impl MetaState {
                 "gang group {seq} is {}, not Queued",
                 record.state.name()
             ));
+        }
+        if participants.is_empty() {
+            return rejected("participants: a transaction needs at least one shard");
         }
         if let Some(bad) = participants.iter().find(|s| **s == 0 || **s > self.shards) {
             return rejected(format!(
@@ -503,9 +605,48 @@ impl MetaState {
                 participants,
                 decision: None,
                 began_at_ms: at_ms,
+                unacked: Vec::new(),
             },
         );
         MetaReply::TxnBegun { txn }
+    }
+
+    fn abort_if_undecided(&mut self, txn: TxnId, at_ms: u64, shard: Option<u32>) -> MetaReply {
+        if !self.txns.contains_key(&txn) {
+            // A tombstone: no record means no coordinator will ever commit it. The
+            // asking shard is its one participant, and must acknowledge it.
+            let participants: Vec<u32> = shard.into_iter().collect();
+            self.record_decision_of_unknown(txn, participants, at_ms);
+            return MetaReply::Decided {
+                txn,
+                decision: Decision::Abort,
+            };
+        }
+        self.decide(
+            txn,
+            Decision::Abort,
+            &BTreeMap::new(),
+            "reservation deadline passed",
+            at_ms,
+            &[],
+        )
+    }
+
+    fn record_decision_of_unknown(&mut self, txn: TxnId, participants: Vec<u32>, at_ms: u64) {
+        let unacked = participants.clone();
+        self.txns.insert(
+            txn,
+            TxnRecord {
+                txn,
+                group: None,
+                participants,
+                decision: Some(Decision::Abort),
+                began_at_ms: at_ms,
+                unacked,
+            },
+        );
+        self.note_delivery(txn);
+        self.forget_old_txns();
     }
 
     fn decide(
@@ -515,29 +656,16 @@ impl MetaState {
         placements: &BTreeMap<String, Placement>,
         reason: &str,
         at_ms: u64,
+        delivered: &[u32],
     ) -> MetaReply {
-        let record = match self.txns.get_mut(&txn) {
-            Some(r) => r,
-            None if decision == Decision::Abort => {
-                // A tombstone: no record means no coordinator will ever commit it.
-                self.txns.insert(
-                    txn,
-                    TxnRecord {
-                        txn,
-                        group: None,
-                        participants: Vec::new(),
-                        decision: Some(Decision::Abort),
-                        began_at_ms: at_ms,
-                    },
-                );
-                self.forget_old_txns();
+        let Some(record) = self.txns.get(&txn) else {
+            if decision == Decision::Abort {
+                self.record_decision_of_unknown(txn, Vec::new(), at_ms);
                 return MetaReply::Decided { txn, decision };
             }
-            None => {
-                return rejected(format!(
-                    "txn: {txn} is unknown; only an abort can be recorded for it"
-                ))
-            }
+            return rejected(format!(
+                "txn: {txn} is unknown; only an abort can be recorded for it"
+            ));
         };
         if let Some(existing) = record.decision {
             return MetaReply::Decided {
@@ -545,18 +673,77 @@ impl MetaState {
                 decision: existing,
             };
         }
-        record.decision = Some(decision);
         let group = record.group;
+        let placing = group
+            .and_then(|seq| self.groups.get(&seq))
+            .filter(|g| g.state == (GroupState::Placing { txn }));
+        // The commit point refuses a second hold of a member the group already holds
+        // (I3): recorded as ABORT, every participant is told and frees what it took.
+        let twice = match (decision, placing) {
+            (Decision::Commit, Some(g)) => placements.keys().find(|m| g.holds(m)).cloned(),
+            _ => None,
+        };
+        let (decision, reason, delivered) = match &twice {
+            Some(member) => (
+                Decision::Abort,
+                format!("member {member} is already placed; a commit may not place it twice"),
+                &[][..],
+            ),
+            None => (decision, reason.to_string(), delivered),
+        };
+        let Some(record) = self.txns.get_mut(&txn) else {
+            return rejected(format!("txn: {txn} is unknown"));
+        };
+        record.decision = Some(decision);
+        record.unacked = record
+            .participants
+            .iter()
+            .copied()
+            .filter(|s| !delivered.contains(s))
+            .collect();
+        self.note_delivery(txn);
         if let Some(g) = group.and_then(|seq| self.groups.get_mut(&seq)) {
             if g.state == (GroupState::Placing { txn }) {
-                apply_decision(g, decision, placements, reason, at_ms);
+                apply_decision(g, txn, decision, placements, &reason, at_ms);
             }
         }
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
     }
 
-    fn requeue(&mut self, seq: GroupSeq, reason: &str, at_ms: u64) -> MetaReply {
+    fn delivered(&mut self, txn: TxnId, shards: &[u32]) -> MetaReply {
+        let Some(record) = self.txns.get_mut(&txn) else {
+            return rejected(format!("txn: {txn} is unknown"));
+        };
+        let Some(decision) = record.decision else {
+            return rejected(format!("txn: {txn} is undecided; nothing was delivered"));
+        };
+        record.unacked.retain(|s| !shards.contains(s));
+        self.note_delivery(txn);
+        self.forget_old_txns();
+        MetaReply::Decided { txn, decision }
+    }
+
+    /// Keeps the undelivered index in step with one record's `unacked`.
+    fn note_delivery(&mut self, txn: TxnId) {
+        let pending = self
+            .txns
+            .get(&txn)
+            .is_some_and(|t| t.decision.is_some() && !t.unacked.is_empty());
+        if pending {
+            self.undelivered.insert(txn);
+        } else {
+            self.undelivered.remove(&txn);
+        }
+    }
+
+    fn requeue(
+        &mut self,
+        seq: GroupSeq,
+        reason: &str,
+        at_ms: u64,
+        attempts: Option<u32>,
+    ) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
             return rejected(format!("seq: no gang group {seq}"));
         };
@@ -566,13 +753,15 @@ impl MetaState {
                 g.state.name()
             ));
         }
-        g.attempts += 1;
-        g.reason = reason.to_string();
-        g.version += 1;
-        if g.deadline_ms.is_some_and(|d| d <= at_ms) {
-            g.state = g.timed_out();
-        } else {
-            g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
+        if attempts.is_none_or(|seen| seen == g.attempts) {
+            g.attempts += 1;
+            g.reason = reason.to_string();
+            g.version += 1;
+            if g.deadline_ms.is_some_and(|d| d <= at_ms) {
+                g.state = g.timed_out();
+            } else {
+                g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
+            }
         }
         MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
@@ -598,36 +787,30 @@ impl MetaState {
     }
 
     fn cancel(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {
-        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+        let Some(g) = self.groups.get(&seq) else {
             return rejected(format!("id: no gang group {seq}"));
         };
-        let next = match state {
-            GroupState::Queued
-                if self
-                    .groups
-                    .get(&seq)
-                    .is_some_and(|g| !g.placements.is_empty()) =>
-            {
-                GroupState::Releasing {
-                    then: Terminal::Cancelled,
-                }
-            }
-            GroupState::Queued => GroupState::Done {
+        let cancelled = GroupState::Releasing {
+            then: Terminal::Cancelled,
+        };
+        let next = match g.state {
+            GroupState::Queued if g.holds_nothing() => GroupState::Done {
                 how: Terminal::Cancelled,
             },
+            GroupState::Queued | GroupState::Placed => cancelled,
             GroupState::Placing { txn } => {
-                // Abort the undecided transaction first, so a late commit cannot land.
+                // Abort the undecided transaction first, so a late commit cannot land;
+                // every participant must then be told (and acknowledge).
                 if let Some(t) = self.txns.get_mut(&txn) {
-                    t.decision.get_or_insert(Decision::Abort);
+                    if t.decision.is_none() {
+                        t.decision = Some(Decision::Abort);
+                        t.unacked = t.participants.clone();
+                    }
                 }
-                GroupState::Releasing {
-                    then: Terminal::Cancelled,
-                }
+                self.note_delivery(txn);
+                cancelled
             }
-            GroupState::Placed => GroupState::Releasing {
-                then: Terminal::Cancelled,
-            },
-            GroupState::Releasing { .. } | GroupState::Done { .. } => state,
+            state @ (GroupState::Releasing { .. } | GroupState::Done { .. }) => state,
         };
         let _ = at_ms;
         self.set_state(seq, next)
@@ -652,29 +835,72 @@ impl MetaState {
         }
     }
 
+    /// ReleaseMembers' first phase: the members leave `placements` for `releasing`
+    /// here, before any shard frees them, so a refusal changes nothing anywhere and a
+    /// placed member is never freed behind meta's back. A retry finds them releasing.
+    fn release_members(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return rejected(format!("id: no gang group {seq}"));
+        };
+        if members.is_empty() {
+            return rejected("members: name at least one member");
+        }
+        let retried = members.iter().all(|m| g.releasing.contains_key(m));
+        if g.state != GroupState::Placed && !retried {
+            return rejected(format!(
+                "gang group {seq} is {}, not Placed: only a placed group's members can be released (cancel the group instead)",
+                g.state.name()
+            ));
+        }
+        if let Some((i, unknown)) = members.iter().enumerate().find(|(_, m)| !g.holds(m)) {
+            return rejected(format!(
+                "members[{i}]: {} is not a placed member of gang group {seq}",
+                short(unknown)
+            ));
+        }
+        let group_txn = g.txn.filter(|t| {
+            self.txns
+                .get(t)
+                .is_some_and(|r| r.decision == Some(Decision::Commit))
+        });
+        let mut changed = false;
+        for m in members {
+            if let Some(mut p) = g.placements.remove(m) {
+                p.txn = p.txn.or(group_txn);
+                g.releasing.insert(m.clone(), p);
+                changed = true;
+            }
+        }
+        if changed {
+            g.version += 1;
+        }
+        MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        }
+    }
+
+    /// ReleaseMembers' second phase: the shards freed these members. Members no longer
+    /// releasing are passed over (a retried entry); a placed group that holds nothing
+    /// any more ends Released. Entries logged before the first phase existed named
+    /// placed members directly: those are taken out of `placements`.
     fn members_released(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
             return rejected(format!("id: no gang group {seq}"));
         };
-        if g.state != GroupState::Placed {
-            return rejected(format!(
-                "gang group {seq} is {}, not Placed",
-                g.state.name()
-            ));
-        }
-        if let Some(unknown) = members.iter().find(|m| !g.placements.contains_key(*m)) {
-            return rejected(format!(
-                "members: {unknown} is not a placed member of gang group {seq}"
-            ));
-        }
+        let mut changed = false;
         for m in members {
-            g.placements.remove(m);
+            let legacy = g.state == GroupState::Placed && g.placements.contains_key(m);
+            if g.releasing.remove(m).is_some() || (legacy && g.placements.remove(m).is_some()) {
+                changed = true;
+            }
         }
-        g.version += 1;
-        if g.placements.is_empty() {
-            g.state = GroupState::Done {
-                how: Terminal::Released,
-            };
+        if changed {
+            g.version += 1;
+            if g.state == GroupState::Placed && g.holds_nothing() {
+                g.state = GroupState::Done {
+                    how: Terminal::Released,
+                };
+            }
         }
         let reply = MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
@@ -684,13 +910,20 @@ impl MetaState {
     }
 
     fn release_done(&mut self, seq: GroupSeq) -> MetaReply {
-        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+        let Some(g) = self.groups.get_mut(&seq) else {
             return rejected(format!("id: no gang group {seq}"));
         };
-        match state {
-            GroupState::Releasing { then } => self.set_state(seq, GroupState::Done { how: then }),
-            other => self.set_state(seq, other),
+        if let GroupState::Releasing { then } = g.state {
+            // The coordinator freed placements and releasing members alike.
+            g.releasing.clear();
+            g.state = GroupState::Done { how: then };
+            g.version += 1;
         }
+        let reply = MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        };
+        self.forget_old_groups();
+        reply
     }
 
     fn set_state(&mut self, seq: GroupSeq, state: GroupState) -> MetaReply {
@@ -730,32 +963,64 @@ impl MetaState {
                 self.keys.remove(&g.key);
             }
         }
+        let groups = &self.groups;
+        self.gang_owners.retain(|_, seq| groups.contains_key(seq));
     }
 
-    /// Forgets the oldest decided transactions once more than [`DECIDED_TXNS_MAX`] are
-    /// kept, down to nine tenths of it (as [`Self::forget_old_groups`]).
+    /// Forgets the oldest decided transactions that every participant acknowledged,
+    /// once more than [`DECIDED_TXNS_MAX`] are kept, down to nine tenths of it (as
+    /// [`Self::forget_old_groups`]). An unacknowledged decision is never forgotten: its
+    /// participant may still ask, and "no record" would make it abort a commit.
     fn forget_old_txns(&mut self) {
         if self.txns.len() <= DECIDED_TXNS_MAX {
             return;
         }
-        let decided: Vec<TxnId> = self
+        let done: Vec<TxnId> = self
             .txns
             .values()
-            .filter(|t| t.decision.is_some())
+            .filter(|t| t.decision.is_some() && t.unacked.is_empty())
             .map(|t| t.txn)
             .collect();
-        if decided.len() <= DECIDED_TXNS_MAX {
+        if done.len() <= DECIDED_TXNS_MAX {
             return;
         }
-        let excess = decided.len() - DECIDED_TXNS_MAX * 9 / 10;
-        for txn in decided.into_iter().take(excess) {
+        let excess = done.len() - DECIDED_TXNS_MAX * 9 / 10;
+        for txn in done.into_iter().take(excess) {
             self.txns.remove(&txn);
         }
     }
 }
 
+/// Most characters of client input echoed in a refusal.
+pub const ECHO_CHARS_MAX: usize = 128;
+
+/// `text`, cut to [`ECHO_CHARS_MAX`] characters for a message.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(ECHO_CHARS_MAX) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+fn gang_name(gang: &crate::model::Gang) -> String {
+    format!("{}/{}", gang.namespace, gang.name)
+}
+
+/// Whether a resubmission carries the body first stored under its key (the stored
+/// gangs' `creation_order` is the group's seq, set at admission).
+fn same_body(stored: &GangGroup, offered: &GangGroup) -> bool {
+    stored.id == offered.id
+        && stored.gangs.len() == offered.gangs.len()
+        && stored.gangs.iter().zip(&offered.gangs).all(|(a, b)| {
+            let mut b = b.clone();
+            b.creation_order = a.creation_order;
+            *a == b
+        })
+}
+
 fn apply_decision(
     g: &mut GroupRecord,
+    txn: TxnId,
     decision: Decision,
     placements: &BTreeMap<String, Placement>,
     reason: &str,
@@ -764,8 +1029,11 @@ fn apply_decision(
     g.version += 1;
     match decision {
         Decision::Commit => {
-            g.placements
-                .extend(placements.iter().map(|(k, p)| (k.clone(), p.clone())));
+            g.placements.extend(placements.iter().map(|(k, p)| {
+                let mut p = p.clone();
+                p.txn = Some(txn);
+                (k.clone(), p)
+            }));
             if g.every_gang_at_min() {
                 g.state = GroupState::Placed;
                 g.reason.clear();

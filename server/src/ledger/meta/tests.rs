@@ -2,7 +2,7 @@
 //! decision rules (decision written once; a tombstone beats a late commit),
 //! retries with backoff, timeouts, cancel and release, and determinism.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
@@ -65,6 +65,7 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
             node: "n1".into(),
             shard: 1,
             devices: Vec::new(),
+            txn: None,
         },
     )]);
     match m.apply(&MetaCommand::Decide {
@@ -73,6 +74,7 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
         placements,
         reason: "no room".into(),
         at_ms,
+        delivered: Vec::new(),
     }) {
         MetaReply::Decided { decision, .. } => decision,
         other => panic!("decide failed: {other:?}"),
@@ -144,7 +146,11 @@ fn commit_places_and_a_decision_never_changes() {
         Decision::Commit,
         "a later abort cannot undo a commit"
     );
-    let reply = m.apply(&MetaCommand::AbortIfUndecided { txn, at_ms: 4 });
+    let reply = m.apply(&MetaCommand::AbortIfUndecided {
+        txn,
+        at_ms: 4,
+        shard: None,
+    });
     assert_eq!(
         reply,
         MetaReply::Decided {
@@ -159,7 +165,11 @@ fn tombstone_beats_a_late_commit() {
     let mut m = MetaState::new(2);
     let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
     let txn = begin(&mut m, seq, 1);
-    let reply = m.apply(&MetaCommand::AbortIfUndecided { txn, at_ms: 50 });
+    let reply = m.apply(&MetaCommand::AbortIfUndecided {
+        txn,
+        at_ms: 50,
+        shard: None,
+    });
     assert_eq!(
         reply,
         MetaReply::Decided {
@@ -177,7 +187,8 @@ fn tombstone_beats_a_late_commit() {
     assert_eq!(
         m.apply(&MetaCommand::AbortIfUndecided {
             txn: ghost,
-            at_ms: 60
+            at_ms: 60,
+            shard: None,
         }),
         MetaReply::Decided {
             txn: ghost,
@@ -279,6 +290,7 @@ fn non_strict_members_accumulate_until_min_member() {
                 node: "n".into(),
                 shard: 1,
                 devices: Vec::new(),
+                txn: None,
             },
         )]);
         m.apply(&MetaCommand::Decide {
@@ -287,6 +299,7 @@ fn non_strict_members_accumulate_until_min_member() {
             placements,
             reason: String::new(),
             at_ms,
+            delivered: Vec::new(),
         });
     };
     place(&mut m, "m0", 1);
@@ -307,6 +320,7 @@ fn non_strict_members_accumulate_until_min_member() {
             node: "n".into(),
             shard: 1,
             devices: Vec::new(),
+            txn: None,
         },
     )]);
     m.apply(&MetaCommand::Decide {
@@ -315,6 +329,7 @@ fn non_strict_members_accumulate_until_min_member() {
         placements,
         reason: String::new(),
         at_ms: 11,
+        delivered: Vec::new(),
     });
     m.apply(&MetaCommand::Expire { seq, at_ms: 100 });
     assert_eq!(
@@ -350,28 +365,166 @@ fn members_are_released_one_by_one_until_the_group_ends() {
     let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
     let txn = begin(&mut m, seq, 1);
     decide(&mut m, txn, Decision::Commit, 2);
-    let bad = m.apply(&MetaCommand::MembersReleased {
+    let bad = m.apply(&MetaCommand::ReleaseMembers {
         seq,
         members: vec!["default/a/zz".into()],
         at_ms: 3,
     });
-    assert!(matches!(bad, MetaReply::Rejected { reason } if reason.starts_with("members:")));
+    assert!(matches!(bad, MetaReply::Rejected { reason } if reason.starts_with("members[0]:")));
     assert_eq!(
         state(&m, seq).state,
         GroupState::Placed,
         "a refused release changes nothing"
     );
-    m.apply(&MetaCommand::MembersReleased {
+    // Phase 1: out of the placements, still held (releasing) with its transaction.
+    m.apply(&MetaCommand::ReleaseMembers {
         seq,
         members: vec!["default/a/m0".into()],
         at_ms: 4,
     });
+    let r = state(&m, seq);
+    assert!(r.placements.is_empty());
+    assert_eq!(r.releasing["default/a/m0"].txn, Some(txn));
+    assert_eq!(
+        r.state,
+        GroupState::Placed,
+        "placed until the shard confirms"
+    );
+    let pending = match m.query(&MetaQuery::Pending { limit: 10 }) {
+        MetaReply::Groups { records } => records.len(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        pending, 1,
+        "a member release in flight is the coordinator's work"
+    );
+    // A retried first phase is accepted and changes nothing.
+    let again = m.clone();
+    m.apply(&MetaCommand::ReleaseMembers {
+        seq,
+        members: vec!["default/a/m0".into()],
+        at_ms: 5,
+    });
+    assert_eq!(m.record(seq), again.record(seq));
+    // Phase 2, twice: the second changes nothing.
+    for at_ms in [6, 7] {
+        m.apply(&MetaCommand::MembersReleased {
+            seq,
+            members: vec!["default/a/m0".into()],
+            at_ms,
+        });
+        assert_eq!(
+            state(&m, seq).state,
+            GroupState::Done {
+                how: Terminal::Released
+            }
+        );
+    }
+}
+
+#[test]
+fn members_of_a_group_not_placed_cannot_be_released() {
+    let mut m = MetaState::new(2);
+    let mut g = gang("a", 2, 2, 0, 0);
+    g.mode = GangMode::NonStrict;
+    let seq = submit(&mut m, "k", group("g", vec![g]), 0);
+    let txn = begin(&mut m, seq, 1);
+    decide(&mut m, txn, Decision::Commit, 2);
     assert_eq!(
         state(&m, seq).state,
-        GroupState::Done {
-            how: Terminal::Released
-        }
+        GroupState::Queued,
+        "one of two placed"
     );
+    let before = m.clone();
+    let reply = m.apply(&MetaCommand::ReleaseMembers {
+        seq,
+        members: vec!["default/a/m0".into()],
+        at_ms: 3,
+    });
+    assert!(
+        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("Queued, not Placed")),
+        "{reply:?}"
+    );
+    assert_eq!(m, before);
+}
+
+#[test]
+fn a_commit_that_would_place_a_member_twice_is_recorded_as_abort() {
+    let mut m = MetaState::new(2);
+    let mut g = gang("a", 2, 2, 0, 0);
+    g.mode = GangMode::NonStrict;
+    let seq = submit(&mut m, "k", group("g", vec![g]), 0);
+    let first = begin(&mut m, seq, 1);
+    decide(&mut m, first, Decision::Commit, 2);
+    let second = begin(&mut m, seq, 3);
+    // The same member again (on another shard): meta refuses to place it twice.
+    assert_eq!(decide(&mut m, second, Decision::Commit, 4), Decision::Abort);
+    let r = state(&m, seq);
+    assert_eq!(r.placements["default/a/m0"].txn, Some(first));
+    assert_eq!(r.state, GroupState::Queued);
+    match m.query(&MetaQuery::Undelivered { limit: 10 }) {
+        MetaReply::Undelivered { txns } => assert!(
+            txns.iter()
+                .any(|u| u.txn == second && u.decision == Decision::Abort && u.shards == [1, 2]),
+            "every participant must hear the abort: {txns:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn decisions_are_delivered_until_every_participant_acknowledged() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    let reply = m.apply(&MetaCommand::Decide {
+        txn,
+        decision: Decision::Commit,
+        placements: BTreeMap::new(),
+        reason: String::new(),
+        at_ms: 2,
+        delivered: vec![2],
+    });
+    assert!(matches!(reply, MetaReply::Decided { .. }));
+    let undelivered = |m: &MetaState| match m.query(&MetaQuery::Undelivered { limit: 10 }) {
+        MetaReply::Undelivered { txns } => txns,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        undelivered(&m),
+        vec![Undelivered {
+            txn,
+            decision: Decision::Commit,
+            shards: vec![1]
+        }]
+    );
+    m.apply(&MetaCommand::Delivered {
+        txn,
+        shards: vec![1],
+    });
+    assert!(undelivered(&m).is_empty());
+    // A tombstone asked for by shard 2 waits for shard 2's acknowledgement.
+    m.apply(&MetaCommand::AbortIfUndecided {
+        txn: TxnId(77),
+        at_ms: 3,
+        shard: Some(2),
+    });
+    assert_eq!(undelivered(&m)[0].shards, vec![2]);
+}
+
+#[test]
+fn a_retried_requeue_counts_one_attempt() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    for _ in 0..2 {
+        m.apply(&MetaCommand::Requeue {
+            seq,
+            reason: "full".into(),
+            at_ms: 1,
+            attempts: Some(0),
+        });
+    }
+    assert_eq!(state(&m, seq).attempts, 1);
 }
 
 #[test]
@@ -418,8 +571,17 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
     prop_oneof![
         (0u8..6, 1u32..4, 0u64..3_000).prop_map(|(k, n, wait)| MetaCommand::Submit {
             key: format!("k{k}"),
-            group: group("g", vec![gang("a", n, n, wait, 0)]),
+            group: group("g", vec![gang(&format!("g{k}"), n, n, wait, 0)]),
             at_ms: 0,
+        }),
+        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::ReleaseMembers {
+            seq,
+            members: vec![format!("default/g{}/m0", seq % 6)],
+            at_ms,
+        }),
+        (1u64..10, 1u32..3).prop_map(|(t, shard)| MetaCommand::Delivered {
+            txn: TxnId(t),
+            shards: vec![shard],
         }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::BeginTxn {
             seq,
@@ -437,11 +599,13 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
                 placements: BTreeMap::new(),
                 reason: String::new(),
                 at_ms,
+                delivered: Vec::new(),
             }
         }),
         (1u64..10, 0u64..5_000).prop_map(|(t, at_ms)| MetaCommand::AbortIfUndecided {
             txn: TxnId(t),
-            at_ms
+            at_ms,
+            shard: Some(1),
         }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Cancel { seq, at_ms }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Release { seq, at_ms }),
@@ -455,7 +619,8 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Requeue {
             seq,
             reason: "full".into(),
-            at_ms
+            at_ms,
+            attempts: None,
         }),
     ]
 }
@@ -476,7 +641,17 @@ proptest! {
                     prop_assert_eq!(prev, decision, "decision of {} changed", txn);
                 }
             }
+            let undelivered: BTreeSet<TxnId> = a
+                .txns
+                .values()
+                .filter(|t| t.decision.is_some() && !t.unacked.is_empty())
+                .map(|t| t.txn)
+                .collect();
+            prop_assert_eq!(&undelivered, &a.undelivered, "the undelivered index drifted");
             for g in a.groups.values() {
+                for m in g.releasing.keys() {
+                    prop_assert!(!g.placements.contains_key(m), "{} both placed and releasing", m);
+                }
                 if let GroupState::Placing { txn } = g.state {
                     let t = a.txns.get(&txn);
                     prop_assert!(t.is_some_and(|t| t.decision.is_none()), "Placing group {} with decided txn {}", g.seq, txn);
@@ -572,6 +747,7 @@ fn a_decision_is_kept_while_a_participant_may_still_ask() {
         m.apply(&MetaCommand::AbortIfUndecided {
             txn: TxnId(1_000_000 + t),
             at_ms: 3,
+            shard: None,
         });
     }
     match m.query(&MetaQuery::Txn { txn }) {

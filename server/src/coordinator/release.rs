@@ -1,0 +1,235 @@
+//! Giving capacity back and delivering decisions, shared by the coordinator, the
+//! front door (ReleaseMembers), the kube adapter and the resolvers.
+//!
+//! Rules (docs/ARCHITECTURE.md, "Two-phase rules"): a member leaves a group through
+//! meta first (`ReleaseMembers` moves it to `releasing`), then its shard commits the
+//! transaction that placed it (a participant whose leader died as COMMIT was sent
+//! still holds it reserved) and frees it, then `MembersReleased` confirms. A decision
+//! reaches a participant as one batched entry (COMMIT; or ABORT followed by a release
+//! of whatever that transaction still holds there, for a one-shard path that committed
+//! on its own) and is acknowledged in meta with `Delivered` once applied, so it is
+//! never forgotten while a participant may still ask. Every step is idempotent: a
+//! retry after any crash converges.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ledger::command::LEDGER_BATCH_MAX;
+use crate::ledger::meta::{
+    Decision, GroupSeq, MetaCommand, MetaReply, Placement, Undelivered, META_BATCH_MAX,
+};
+use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReleaseTarget, TxnId};
+use crate::model::MemberKey;
+use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
+
+/// Ledger operations that carry `decision` for `txn` to one participant.
+pub fn decision_ops(txn: TxnId, decision: Decision) -> Vec<LedgerOp> {
+    match decision {
+        Decision::Commit => vec![LedgerOp::Commit { txn_id: txn }],
+        // A one-shard reserve-and-commit may have committed before meta recorded ABORT
+        // (a cancel, a failover, a refused second placement): then the abort is refused
+        // and the release frees what the aborted transaction holds.
+        Decision::Abort => vec![
+            LedgerOp::Abort { txn_id: txn },
+            LedgerOp::Release {
+                target: ReleaseTarget::Txn(txn),
+            },
+        ],
+    }
+}
+
+/// Whether a participant's replies to [`decision_ops`] show it applied the decision.
+fn applied(txn: TxnId, decision: Decision, replies: &[LedgerReply]) -> bool {
+    match (decision, replies) {
+        (Decision::Commit, [LedgerReply::Committed { .. }, ..]) => true,
+        (
+            Decision::Commit,
+            [LedgerReply::Rejected {
+                error: LedgerError::UnknownTxn { .. },
+            }, ..],
+        ) => {
+            // Every participant of a COMMIT voted yes, so it knew the transaction:
+            // it finished long ago and its record was forgotten.
+            tracing::warn!(%txn, "a participant no longer knows a committed transaction; taking it as applied");
+            true
+        }
+        (Decision::Abort, [LedgerReply::Aborted { .. }, LedgerReply::Released { .. }]) => true,
+        (
+            Decision::Abort,
+            [LedgerReply::Rejected {
+                error: LedgerError::TxnCommitted { .. },
+            }, LedgerReply::Released { released, .. }],
+        ) => {
+            if !released.is_empty() {
+                tracing::info!(%txn, members = released.len(), "freed what a participant committed under a transaction meta aborted");
+            }
+            true
+        }
+        (decision, replies) => {
+            tracing::error!(%txn, ?decision, ?replies, "a participant refused a recorded decision");
+            false
+        }
+    }
+}
+
+/// Delivers each decision to its listed participants, one batched entry per shard (at
+/// most [`LEDGER_BATCH_MAX`] operations each, concurrently over shards); returns the
+/// (transaction, shard) pairs that applied it. A shard that cannot be reached is left
+/// out: the caller records what was delivered and retries the rest.
+pub async fn deliver(groups: &Groups, decisions: &[Undelivered]) -> Vec<(TxnId, u32)> {
+    let mut per_shard: BTreeMap<u32, Vec<&Undelivered>> = BTreeMap::new();
+    for d in decisions {
+        for shard in &d.shards {
+            per_shard.entry(*shard).or_default().push(d);
+        }
+    }
+    let writes = per_shard.into_iter().map(|(shard, list)| async move {
+        let mut acked = Vec::new();
+        for chunk in list.chunks(LEDGER_BATCH_MAX / 2) {
+            let ops: Vec<LedgerOp> = chunk
+                .iter()
+                .flat_map(|d| decision_ops(d.txn, d.decision))
+                .collect();
+            let replies = match groups.shard(shard, LedgerOp::Batch { ops }).await {
+                Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
+                Ok(other) => {
+                    tracing::warn!(shard, ?other, "a decision batch was not applied");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "participant not told; it will ask at its deadline, and the decision is delivered again");
+                    break;
+                }
+            };
+            let mut replies = replies.as_slice();
+            for d in chunk {
+                let n = decision_ops(d.txn, d.decision).len();
+                let (mine, rest) = replies.split_at(n.min(replies.len()));
+                replies = rest;
+                if applied(d.txn, d.decision, mine) {
+                    acked.push((d.txn, shard));
+                }
+            }
+        }
+        acked
+    });
+    futures::future::join_all(writes)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Records in meta which participants applied which decisions (batched).
+pub async fn record_delivered(groups: &Groups, acked: &[(TxnId, u32)]) -> Result<(), GroupError> {
+    let mut per_txn: BTreeMap<TxnId, Vec<u32>> = BTreeMap::new();
+    for (txn, shard) in acked {
+        per_txn.entry(*txn).or_default().push(*shard);
+    }
+    let commands: Vec<MetaCommand> = per_txn
+        .into_iter()
+        .map(|(txn, shards)| MetaCommand::Delivered { txn, shards })
+        .collect();
+    for chunk in commands.chunks(META_BATCH_MAX) {
+        groups
+            .meta(&MetaCommand::Batch {
+                commands: chunk.to_vec(),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Delivers `decision` of `txn` to `shards` and records who applied it; returns whether
+/// every one did.
+pub async fn tell(groups: &Groups, txn: TxnId, decision: Decision, shards: &[u32]) -> bool {
+    let one = [Undelivered {
+        txn,
+        decision,
+        shards: shards.to_vec(),
+    }];
+    let acked = deliver(groups, &one).await;
+    if let Err(e) = record_delivered(groups, &acked).await {
+        tracing::warn!(%txn, error = %e, "acknowledgements not recorded; the decision is delivered again");
+    }
+    acked.len() == shards.len()
+}
+
+/// Frees held members on their shards: per shard, one entry commits every transaction
+/// that placed them (a no-op where already committed) and releases them.
+pub async fn free_members(
+    groups: &Groups,
+    held: &BTreeMap<String, Placement>,
+) -> Result<(), GroupError> {
+    let mut per_shard: BTreeMap<u32, (BTreeSet<TxnId>, Vec<MemberKey>)> = BTreeMap::new();
+    for (key, p) in held {
+        let Ok(member) = MemberKey::try_from(key.clone()) else {
+            tracing::error!(
+                member = key,
+                "a placed member key does not parse; left held"
+            );
+            continue;
+        };
+        let entry = per_shard.entry(p.shard).or_default();
+        entry.0.extend(p.txn);
+        entry.1.push(member);
+    }
+    for (shard, (txns, members)) in per_shard {
+        for chunk in members.chunks(LEDGER_BATCH_MAX / 2) {
+            let mut ops: Vec<LedgerOp> = txns
+                .iter()
+                .take(LEDGER_BATCH_MAX / 2)
+                .map(|t| LedgerOp::Commit { txn_id: *t })
+                .collect();
+            ops.push(LedgerOp::Release {
+                target: ReleaseTarget::Members(chunk.to_vec()),
+            });
+            let outcome = groups.shard(shard, LedgerOp::Batch { ops }).await?;
+            let ShardOutcome::Applied(LedgerReply::Batch { replies }) = outcome else {
+                return Err(GroupError::StepRefused {
+                    shard,
+                    reason: format!("a release was answered {outcome:?}"),
+                });
+            };
+            match replies.last() {
+                Some(LedgerReply::Released { .. }) => {}
+                other => {
+                    return Err(GroupError::StepRefused {
+                        shard,
+                        reason: format!("refused to release members: {other:?}"),
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Releases placed members of group `seq` (ReleaseMembers and the kube adapter when
+/// pods go away): meta first, then the shards, then the confirmation. A refusal by
+/// meta changes nothing anywhere and is returned as the reply.
+pub async fn release_members(
+    groups: &Groups,
+    seq: GroupSeq,
+    names: Vec<String>,
+) -> Result<MetaReply, GroupError> {
+    let first = MetaCommand::ReleaseMembers {
+        seq,
+        members: names.clone(),
+        at_ms: now_ms(),
+    };
+    let reply = groups.meta(&first).await?;
+    let MetaReply::Group { group } = &reply else {
+        return Ok(reply);
+    };
+    let held: BTreeMap<String, Placement> = names
+        .iter()
+        .filter_map(|n| group.releasing.get(n).map(|p| (n.clone(), p.clone())))
+        .collect();
+    free_members(groups, &held).await?;
+    let confirm = MetaCommand::MembersReleased {
+        seq,
+        members: names,
+        at_ms: now_ms(),
+    };
+    groups.meta(&confirm).await
+}
