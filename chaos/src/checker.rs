@@ -1,4 +1,4 @@
-//! The invariants of DESIGN §9, checked over a drill's history and the
+//! The invariants of docs/ARCHITECTURE.md §6, checked over a drill's history and the
 //! cluster's final state (read after every fault healed and the workload
 //! quiesced). Pure: the runner gathers [`FinalState`]; nothing here does I/O.
 //!

@@ -3,7 +3,7 @@
 //! The supervisor starts replicas with a proxy on every peer link; drills
 //! inject faults (kills, pauses, partitions, one-way loss, latency, crash
 //! points at protocol steps, full and rolling restarts) while the workload
-//! records what clients saw; the checker then verifies DESIGN §9's invariants
+//! records what clients saw; the checker then verifies the invariants of docs/ARCHITECTURE.md §6
 //! over that history and the cluster's final state.
 
 pub mod checker;

@@ -90,30 +90,32 @@ async fn ledger_slots(c: &Client) -> BTreeMap<String, Vec<(String, String)>> {
     out
 }
 
-/// Waits until `done` holds for group `id`; panics with the last status after `timeout`.
+/// Waits until `done` holds for group `id`; an error with the last status after `timeout`.
 async fn wait_for(
     c: &Client,
     id: u64,
     timeout: Duration,
     what: &str,
     done: impl Fn(&GangGroupStatus) -> bool,
-) -> GangGroupStatus {
+) -> Result<GangGroupStatus, String> {
     let deadline = Instant::now() + timeout;
     loop {
-        let s = c.get(id).await.expect("get group");
+        let s = c
+            .get(id)
+            .await
+            .map_err(|e| format!("get group {id}: {e}"))?;
         if done(&s) {
-            return s;
+            return Ok(s);
         }
-        assert!(
-            Instant::now() < deadline,
-            "group {id}: not {what} within {timeout:?}: {s:?}"
-        );
+        if Instant::now() >= deadline {
+            return Err(format!("group {id}: not {what} within {timeout:?}: {s:?}"));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// I3 on the ledgers: the slots are exactly the group's placements, each member once.
-async fn assert_ledgers_match(c: &Client, s: &GangGroupStatus) {
+async fn ledgers_match(c: &Client, s: &GangGroupStatus) -> Result<(), String> {
     let slots = ledger_slots(c).await;
     let placed: BTreeMap<String, String> = s
         .placements
@@ -126,25 +128,120 @@ async fn assert_ledgers_match(c: &Client, s: &GangGroupStatus) {
         })
         .collect();
     for (member, held) in &slots {
-        assert_eq!(
-            held.len(),
-            1,
-            "{member} is held {} times: {held:?}",
-            held.len()
-        );
-        assert_eq!(
-            placed.get(member),
-            Some(&held[0].0),
-            "{member} is held on {:?} but placed at {:?}; placements {placed:?}, slots {slots:?}",
-            held[0],
-            placed.get(member)
-        );
+        if held.len() != 1 {
+            return Err(format!("{member} is held {} times: {held:?}", held.len()));
+        }
+        if placed.get(member) != Some(&held[0].0) {
+            return Err(format!(
+                "{member} is held on {:?} but placed at {:?}; placements {placed:?}, slots {slots:?}",
+                held[0],
+                placed.get(member)
+            ));
+        }
     }
-    assert_eq!(
-        slots.len(),
-        placed.len(),
-        "placements {placed:?} but ledger slots {slots:?}"
-    );
+    if slots.len() != placed.len() {
+        return Err(format!("placements {placed:?} but ledger slots {slots:?}"));
+    }
+    Ok(())
+}
+
+fn member_name(p: &gangway_proto::v1::MemberPlacement) -> String {
+    format!("{}/{}/{}", p.namespace, p.gang, p.member)
+}
+
+/// ReleaseMembers on a group still accumulating (Queued) is refused and changes
+/// nothing; the group then places whole, each member held once.
+async fn release_while_queued(cl: &Client, place: Duration) -> Result<(), String> {
+    let small = cordoned_node_on(cl, "small", 1, "6").await;
+    uncordon(cl, &small, "6").await;
+    // Three 3-cpu members, two fit: the NonStrict group holds two and waits for the third.
+    let g = cl
+        .submit(nonstrict("accumulate", 3, "3"))
+        .await
+        .map_err(|e| format!("submit: {e}"))?;
+    let waiting = wait_for(cl, g.id, place, "holding two", |s| {
+        s.state == "Queued" && s.placements.len() == 2
+    })
+    .await?;
+    let member = member_name(&waiting.placements[0]);
+    match cl.release_members(g.id, vec![member.clone()]).await {
+        Err(gangway_client::ClientError::Rpc(status))
+            if status.code() == tonic::Code::FailedPrecondition => {}
+        other => return Err(format!("releasing {member} of a Queued group: {other:?}")),
+    }
+    let after = cl.get(g.id).await.map_err(|e| format!("get: {e}"))?;
+    if after.placements.len() != 2 {
+        return Err(format!("a refused release changed the group: {after:?}"));
+    }
+    ledgers_match(cl, &after).await?;
+    // Room for the third: the group is placed whole, every member held once.
+    let big = cordoned_node_on(cl, "big", 1, "4").await;
+    uncordon(cl, &big, "4").await;
+    let placed = wait_for(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
+    if placed.placements.len() != 3 {
+        return Err(format!(
+            "placed with {} members: {placed:?}",
+            placed.placements.len()
+        ));
+    }
+    ledgers_match(cl, &placed).await
+}
+
+/// A NonStrict group holding two members on shard 1 is planned again when shard 2
+/// opens a node that fits all three: only the third goes there; then member and group
+/// releases leave nothing held.
+async fn replan_across_shards(cl: &Client, place: Duration) -> Result<(), String> {
+    let small = cordoned_node_on(cl, "small", 1, "6").await;
+    let big = cordoned_node_on(cl, "big", 2, "16").await;
+    uncordon(cl, &small, "6").await;
+    let g = cl
+        .submit(nonstrict("two-shards", 3, "3"))
+        .await
+        .map_err(|e| format!("submit: {e}"))?;
+    wait_for(cl, g.id, place, "holding two", |s| s.placements.len() == 2).await?;
+    uncordon(cl, &big, "16").await;
+    let placed = wait_for(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
+    if placed.placements.len() != 3 {
+        return Err(format!(
+            "placed with {} members: {placed:?}",
+            placed.placements.len()
+        ));
+    }
+    ledgers_match(cl, &placed).await?;
+    let first = member_name(&placed.placements[0]);
+    let after = cl
+        .release_members(g.id, vec![first])
+        .await
+        .map_err(|e| format!("release one member: {e}"))?;
+    if after.placements.len() != 2 {
+        return Err(format!("one member released, left: {after:?}"));
+    }
+    ledgers_match(cl, &after).await?;
+    cl.release(g.id)
+        .await
+        .map_err(|e| format!("release: {e}"))?;
+    wait_for(cl, g.id, place, "Released", |s| s.state == "Released").await?;
+    let deadline = Instant::now() + place;
+    loop {
+        let slots = ledger_slots(cl).await;
+        if slots.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("still held after release: {slots:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A cluster whose processes arm `switch` (a test-only bug switch).
+fn cluster_with_bug(shards: u32, switch: &str) -> Cluster {
+    Cluster::start_with(
+        3,
+        shards,
+        vec!["--test-failpoints".into()],
+        vec![("GANGWAY_TEST_FAILPOINTS".into(), switch.into())],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,50 +249,9 @@ async fn release_members_of_a_group_not_placed_changes_nothing() {
     let c = Cluster::start(3, 1);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
     let cl = client(&c, 1).await;
-    let small = cordoned_node_on(&cl, "small", 1, "6").await;
-    uncordon(&cl, &small, "6").await;
-
-    // Three 3-cpu members, two fit: the NonStrict group holds two and waits for the third.
-    let g = cl
-        .submit(nonstrict("accumulate", 3, "3"))
-        .await
-        .expect("submit");
-    let waiting = wait_for(
-        &cl,
-        g.id,
-        Duration::from_secs(PLACE_S),
-        "holding two",
-        |s| s.state == "Queued" && s.placements.len() == 2,
-    )
-    .await;
-    let p = &waiting.placements[0];
-    let member = format!("{}/{}/{}", p.namespace, p.gang, p.member);
-
-    let refused = cl
-        .release_members(g.id, vec![member.clone()])
-        .await
-        .expect_err("a group that is not Placed has no members to release");
-    let gangway_client::ClientError::Rpc(status) = &refused else {
-        panic!("an RPC error, not {refused:?}");
-    };
-    assert_eq!(
-        status.code(),
-        tonic::Code::FailedPrecondition,
-        "{refused:?}"
-    );
-    let after = cl.get(g.id).await.expect("get");
-    assert_eq!(after.placements.len(), 2, "{after:?}");
-    assert_ledgers_match(&cl, &after).await;
-
-    // Room for the third: the group is placed whole, every member held once.
-    let big = cordoned_node_on(&cl, "big", 1, "4").await;
-    uncordon(&cl, &big, "4").await;
-    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
-        s.state == "Placed"
-    })
-    .await;
-    assert_eq!(placed.placements.len(), 3, "{placed:?}");
-    assert_ledgers_match(&cl, &placed).await;
+    if let Err(e) = release_while_queued(&cl, Duration::from_secs(PLACE_S)).await {
+        panic!("{e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,24 +265,18 @@ async fn nonstrict_group_planned_again_on_one_shard_places_each_member_once() {
         .submit(nonstrict("one-shard", 3, "3"))
         .await
         .expect("submit");
-    wait_for(
-        &cl,
-        g.id,
-        Duration::from_secs(PLACE_S),
-        "holding two",
-        |s| s.placements.len() == 2,
-    )
-    .await;
-
+    let place = Duration::from_secs(PLACE_S);
+    let two = wait_for(&cl, g.id, place, "holding two", |s| s.placements.len() == 2).await;
+    two.unwrap_or_else(|e| panic!("{e}"));
     // A node that fits all three: only the one still waiting may go there.
     let big = cordoned_node_on(&cl, "big", 1, "16").await;
     uncordon(&cl, &big, "16").await;
-    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
-        s.state == "Placed"
-    })
-    .await;
+    let placed = wait_for(&cl, g.id, place, "Placed", |s| s.state == "Placed").await;
+    let placed = placed.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(placed.placements.len(), 3, "{placed:?}");
-    assert_ledgers_match(&cl, &placed).await;
+    if let Err(e) = ledgers_match(&cl, &placed).await {
+        panic!("{e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,55 +284,29 @@ async fn nonstrict_group_planned_again_across_shards_places_each_member_once() {
     let c = Cluster::start(3, 2);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
     let cl = client(&c, 1).await;
-    let small = cordoned_node_on(&cl, "small", 1, "6").await;
-    let big = cordoned_node_on(&cl, "big", 2, "16").await;
-    uncordon(&cl, &small, "6").await;
-    let g = cl
-        .submit(nonstrict("two-shards", 3, "3"))
-        .await
-        .expect("submit");
-    wait_for(
-        &cl,
-        g.id,
-        Duration::from_secs(PLACE_S),
-        "holding two",
-        |s| s.placements.len() == 2,
-    )
-    .await;
-
-    // Shard 2 opens a node that fits all three members; the two on shard 1 stay there.
-    uncordon(&cl, &big, "16").await;
-    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
-        s.state == "Placed"
-    })
-    .await;
-    assert_eq!(placed.placements.len(), 3, "{placed:?}");
-    assert_ledgers_match(&cl, &placed).await;
-
-    // Released member by member, then whole: nothing stays held anywhere.
-    let p = &placed.placements[0];
-    let first = format!("{}/{}/{}", p.namespace, p.gang, p.member);
-    let after = cl
-        .release_members(g.id, vec![first])
-        .await
-        .expect("release one member");
-    assert_eq!(after.placements.len(), 2, "{after:?}");
-    assert_ledgers_match(&cl, &after).await;
-    cl.release(g.id).await.expect("release");
-    wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Released", |s| {
-        s.state == "Released"
-    })
-    .await;
-    let deadline = Instant::now() + Duration::from_secs(PLACE_S);
-    loop {
-        let slots = ledger_slots(&cl).await;
-        if slots.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still held after release: {slots:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Err(e) = replan_across_shards(&cl, Duration::from_secs(PLACE_S)).await {
+        panic!("{e}");
     }
+}
+
+/// The checks above find the fixed bugs by themselves: with each bug switch armed,
+/// the same scenario fails (within a short bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_find_release_members_freeing_shards_first() {
+    let c = cluster_with_bug(1, "release-members-shards-first");
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let found = release_while_queued(&cl, Duration::from_secs(8)).await;
+    assert!(found.is_err(), "the bug went unnoticed");
+    eprintln!("found, as expected: {}", found.err().unwrap_or_default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_find_held_members_planned_again() {
+    let c = cluster_with_bug(2, "coordinator-replans-held-members");
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let found = replan_across_shards(&cl, Duration::from_secs(8)).await;
+    assert!(found.is_err(), "the bug went unnoticed");
+    eprintln!("found, as expected: {}", found.err().unwrap_or_default());
 }

@@ -1,6 +1,6 @@
 //! The coordinator: on the meta group's leader, it takes gang groups from the
 //! durable queue in order and places each all-or-nothing across shards with
-//! two-phase reservation (DESIGN §5, §6): plan on every shard, assign, begin a
+//! two-phase reservation (docs/ARCHITECTURE.md §4, §5): plan on every shard, assign, begin a
 //! transaction, reserve on every participant (one entry per shard), record
 //! the decision in the meta log, then commit or abort everywhere. A group that
 //! fits in one shard skips the protocol (reserve and commit in one entry).
@@ -503,7 +503,7 @@ impl Coordinator {
                 .armed(failpoints::COORDINATOR_SKIPS_DECISION)
         {
             tracing::error!(%txn, "bug switch {}: telling COMMIT with no recorded decision", failpoints::COORDINATOR_SKIPS_DECISION);
-            let ops = release::decision_ops(txn, Decision::Commit);
+            let ops = release::decision_ops(txn, Decision::Commit, false);
             for shard in participants {
                 let _ = self
                     .groups
@@ -519,7 +519,14 @@ impl Coordinator {
             self.failpoints.hit(failpoints::AFTER_DECIDE);
         }
         let timer = PhaseTimer::start(Phase::Commit);
-        release::tell(&self.groups, txn, decided, participants).await;
+        release::tell(
+            &self.groups,
+            txn,
+            decided,
+            participants,
+            participants.len() == 1,
+        )
+        .await;
         drop(timer);
         transaction_ended(decided, assignment.members());
         Ok(())
@@ -555,7 +562,7 @@ impl Coordinator {
             .decide(txn, decision, placements(a), reason, delivered)
             .await?;
         if decided != decision {
-            release::tell(&self.groups, txn, decided, &[shard]).await;
+            release::tell(&self.groups, txn, decided, &[shard], true).await;
         }
         tracing::debug!(%txn, ?decided, "one-shard placement decided");
         transaction_ended(decided, a.members());
@@ -643,7 +650,14 @@ impl Coordinator {
             return Ok(());
         };
         if let Some(decision) = t.decision {
-            release::tell(&self.groups, txn, decision, &t.participants).await;
+            release::tell(
+                &self.groups,
+                txn,
+                decision,
+                &t.participants,
+                t.participants.len() == 1,
+            )
+            .await;
             return Ok(());
         }
         if let [shard] = t.participants[..] {
@@ -658,7 +672,7 @@ impl Coordinator {
                 Vec::new(),
             )
             .await?;
-        release::tell(&self.groups, txn, decided, &t.participants).await;
+        release::tell(&self.groups, txn, decided, &t.participants, false).await;
         Ok(())
     }
 
@@ -732,7 +746,7 @@ impl Coordinator {
             )
             .await?;
         if decided != Decision::Commit {
-            release::tell(&self.groups, txn, decided, &[shard]).await;
+            release::tell(&self.groups, txn, decided, &[shard], true).await;
         }
         Ok(())
     }
@@ -767,7 +781,9 @@ impl Coordinator {
                     latest_committed = Some(txn);
                 }
                 if t.decision == Some(Decision::Abort) && !t.unacked.is_empty() {
-                    let all = release::tell(&self.groups, txn, Decision::Abort, &t.unacked).await;
+                    let alone = t.participants.len() == 1;
+                    let all =
+                        release::tell(&self.groups, txn, Decision::Abort, &t.unacked, alone).await;
                     if !all {
                         return Err(GroupError::StepRefused {
                             shard: t.unacked.first().copied().unwrap_or(0),

@@ -21,19 +21,23 @@ use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReleaseTarget, TxnId};
 use crate::model::MemberKey;
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 
-/// Ledger operations that carry `decision` for `txn` to one participant.
-pub fn decision_ops(txn: TxnId, decision: Decision) -> Vec<LedgerOp> {
-    match decision {
-        Decision::Commit => vec![LedgerOp::Commit { txn_id: txn }],
+/// Ledger operations that carry `decision` for `txn` to one participant; `alone`: the
+/// transaction has that one participant.
+pub fn decision_ops(txn: TxnId, decision: Decision, alone: bool) -> Vec<LedgerOp> {
+    match (decision, alone) {
+        (Decision::Commit, _) => vec![LedgerOp::Commit { txn_id: txn }],
         // A one-shard reserve-and-commit may have committed before meta recorded ABORT
         // (a cancel, a failover, a refused second placement): then the abort is refused
         // and the release frees what the aborted transaction holds.
-        Decision::Abort => vec![
+        (Decision::Abort, true) => vec![
             LedgerOp::Abort { txn_id: txn },
             LedgerOp::Release {
                 target: ReleaseTarget::Txn(txn),
             },
         ],
+        // A participant of a multi-shard transaction commits only when told COMMIT: one
+        // that refuses an ABORT as committed is a protocol violation, left visible.
+        (Decision::Abort, false) => vec![LedgerOp::Abort { txn_id: txn }],
     }
 }
 
@@ -52,7 +56,7 @@ fn applied(txn: TxnId, decision: Decision, replies: &[LedgerReply]) -> bool {
             tracing::warn!(%txn, "a participant no longer knows a committed transaction; taking it as applied");
             true
         }
-        (Decision::Abort, [LedgerReply::Aborted { .. }, LedgerReply::Released { .. }]) => true,
+        (Decision::Abort, [LedgerReply::Aborted { .. }, ..]) => true,
         (
             Decision::Abort,
             [LedgerReply::Rejected {
@@ -62,6 +66,16 @@ fn applied(txn: TxnId, decision: Decision, replies: &[LedgerReply]) -> bool {
             if !released.is_empty() {
                 tracing::info!(%txn, members = released.len(), "freed what a participant committed under a transaction meta aborted");
             }
+            true
+        }
+        (
+            Decision::Abort,
+            [LedgerReply::Rejected {
+                error: LedgerError::TxnCommitted { .. },
+            }],
+        ) => {
+            // Retrying cannot change it; acknowledged so the log is not flooded.
+            tracing::error!(%txn, "a participant of a multi-shard transaction committed although meta decided ABORT (I3/I5 violated)");
             true
         }
         (decision, replies) => {
@@ -87,7 +101,7 @@ pub async fn deliver(groups: &Groups, decisions: &[Undelivered]) -> Vec<(TxnId, 
         for chunk in list.chunks(LEDGER_BATCH_MAX / 2) {
             let ops: Vec<LedgerOp> = chunk
                 .iter()
-                .flat_map(|d| decision_ops(d.txn, d.decision))
+                .flat_map(|d| decision_ops(d.txn, d.decision, d.alone))
                 .collect();
             let replies = match groups.shard(shard, LedgerOp::Batch { ops }).await {
                 Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
@@ -102,7 +116,7 @@ pub async fn deliver(groups: &Groups, decisions: &[Undelivered]) -> Vec<(TxnId, 
             };
             let mut replies = replies.as_slice();
             for d in chunk {
-                let n = decision_ops(d.txn, d.decision).len();
+                let n = decision_ops(d.txn, d.decision, d.alone).len();
                 let (mine, rest) = replies.split_at(n.min(replies.len()));
                 replies = rest;
                 if applied(d.txn, d.decision, mine) {
@@ -140,12 +154,19 @@ pub async fn record_delivered(groups: &Groups, acked: &[(TxnId, u32)]) -> Result
 }
 
 /// Delivers `decision` of `txn` to `shards` and records who applied it; returns whether
-/// every one did.
-pub async fn tell(groups: &Groups, txn: TxnId, decision: Decision, shards: &[u32]) -> bool {
+/// every one did. `alone`: the transaction has a single participant.
+pub async fn tell(
+    groups: &Groups,
+    txn: TxnId,
+    decision: Decision,
+    shards: &[u32],
+    alone: bool,
+) -> bool {
     let one = [Undelivered {
         txn,
         decision,
         shards: shards.to_vec(),
+        alone,
     }];
     let acked = deliver(groups, &one).await;
     if let Err(e) = record_delivered(groups, &acked).await {

@@ -33,7 +33,7 @@
 //! process-wide counter and are no part of the state: snapshots and equality ignore
 //! them. Bad input is answered with [`LedgerReply::Rejected`] and changes
 //! nothing. Expired reservations are reported by `Tick`, never dropped here: the caller
-//! asks the coordinator for the decision (DESIGN §6). Called by the shard service on
+//! asks the coordinator for the decision (docs/ARCHITECTURE.md §5). Called by the shard service on
 //! every replica, and read by the engine through [`LedgerView`].
 
 use std::collections::{BTreeMap, BTreeSet};

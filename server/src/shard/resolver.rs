@@ -87,6 +87,8 @@ async fn resolve_shard(groups: &Groups, shard: u32) -> Result<(), GroupError> {
             txn,
             decision,
             shards: vec![shard],
+            // An open reservation is a multi-shard one: it never committed on its own.
+            alone: false,
         });
     }
     if decided.is_empty() {

@@ -50,4 +50,8 @@ pub struct Undelivered {
     pub decision: Decision,
     /// Participants still to be told.
     pub shards: Vec<u32>,
+    /// Whether it has one participant: a one-shard reserve-and-commit may have
+    /// committed there on its own, so an ABORT must also free what it holds.
+    #[serde(default)]
+    pub alone: bool,
 }

@@ -462,6 +462,7 @@ impl MetaState {
                             txn: t.txn,
                             decision: t.decision?,
                             shards: t.unacked.clone(),
+                            alone: t.participants.len() == 1,
                         })
                     })
                     .take(*limit as usize)

@@ -495,7 +495,8 @@ fn decisions_are_delivered_until_every_participant_acknowledged() {
         vec![Undelivered {
             txn,
             decision: Decision::Commit,
-            shards: vec![1]
+            shards: vec![1],
+            alone: false,
         }]
     );
     m.apply(&MetaCommand::Delivered {
