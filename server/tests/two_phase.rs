@@ -310,3 +310,41 @@ async fn the_checks_find_held_members_planned_again() {
     assert!(found.is_err(), "the bug went unnoticed");
     eprintln!("found, as expected: {}", found.err().unwrap_or_default());
 }
+
+/// A key reused with another body, and a second live group declaring a gang, are
+/// refused with ALREADY_EXISTS naming the key or the gang; the same body again is the
+/// same group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_submissions_are_refused_naming_what_conflicts() {
+    let c = Cluster::start(3, 1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let first = cl
+        .submit(nonstrict("trainer", 2, "1"))
+        .await
+        .expect("submit");
+    let again = cl
+        .submit(nonstrict("trainer", 2, "1"))
+        .await
+        .expect("resubmit");
+    assert_eq!(again.id, first.id);
+    let code_and_message = |e: gangway_client::ClientError| match e {
+        gangway_client::ClientError::Rpc(s) => (s.code(), s.message().to_string()),
+        other => panic!("an RPC error, not {other:?}"),
+    };
+    let other_body = cl
+        .submit(nonstrict("trainer", 3, "1"))
+        .await
+        .expect_err("another body under the same key");
+    let (code, message) = code_and_message(other_body);
+    assert_eq!(code, tonic::Code::AlreadyExists, "{message}");
+    assert!(message.contains("idempotency_key: trainer"), "{message}");
+    let mut same_gang = nonstrict("trainer", 2, "1");
+    same_gang.idempotency_key = "trainer-2".into();
+    let (code, message) = code_and_message(cl.submit(same_gang).await.expect_err("same gang"));
+    assert_eq!(code, tonic::Code::AlreadyExists, "{message}");
+    assert!(
+        message.contains("team-a/trainer") && message.contains(&format!("gang group {}", first.id)),
+        "{message}"
+    );
+}

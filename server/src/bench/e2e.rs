@@ -267,13 +267,12 @@ async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn gang_request(name: String, size: usize, g: usize) -> gangway_proto::v1::SubmitGangGroupRequest {
+/// One gang group of one gang named like the group (a gang belongs to one live group).
+fn gang_request(name: String, size: usize) -> gangway_proto::v1::SubmitGangGroupRequest {
     let pod = json!({"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}});
     GangGroupBuilder::new(name.clone())
-        .idempotency_key(name)
-        .gang(
-            GangBuilder::new("bench", format!("g{g}"), size as u32).members("w", size as u32, pod),
-        )
+        .idempotency_key(name.clone())
+        .gang(GangBuilder::new("bench", name, size as u32).members("w", size as u32, pod))
         .build()
 }
 
@@ -303,7 +302,7 @@ async fn run_alone(
     for g in 0..samples {
         let name = format!("alone-s{shards}-g{size}-r{run}-{g}");
         let at = Instant::now();
-        let id = client.submit(gang_request(name, size, g)).await?.id;
+        let id = client.submit(gang_request(name, size)).await?.id;
         submits_ms.push(at.elapsed().as_millis() as u64);
         let deadline = at + Duration::from_secs(SIZE_TIMEOUT_S);
         loop {
@@ -366,7 +365,7 @@ async fn run_size(
         let client = client.clone();
         submits.push(tokio::spawn(async move {
             let _permit = permit;
-            let req = gang_request(format!("s{shards}-g{size}-r{run}-{g}"), size, g);
+            let req = gang_request(format!("s{shards}-g{size}-r{run}-{g}"), size);
             let at = Instant::now();
             client.submit(req).await.map(|s| (s.id, at))
         }));

@@ -858,7 +858,7 @@ fn refusal_reason(shard: u32, outcome: &ShardOutcome) -> String {
     match outcome {
         ShardOutcome::Applied(LedgerReply::ReserveRefused { refusals, .. }) => {
             match refusals.first() {
-                Some(r) => format!("shard {shard} refused the reservation: {r:?}"),
+                Some(r) => format!("shard {shard} refused the reservation: {r}"),
                 None => format!("shard {shard} refused the reservation"),
             }
         }

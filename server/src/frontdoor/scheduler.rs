@@ -125,6 +125,12 @@ async fn release_members_shards_first(
     groups.meta(&cmd).await
 }
 
+/// Whether meta refused a submission for what is stored (a key used with another body,
+/// a gang a live group declares) rather than for the submission itself.
+fn conflicts_with_state(reason: &str) -> bool {
+    reason.contains("with another body") || reason.contains("is already declared by gang group")
+}
+
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {reason}"))
 }
@@ -349,6 +355,9 @@ impl Scheduler for SchedulerService {
         };
         let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
             MetaReply::Submitted { seq, .. } => seq,
+            MetaReply::Rejected { reason } if conflicts_with_state(&reason) => {
+                return Err(Status::already_exists(reason))
+            }
             MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };

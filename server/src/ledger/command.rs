@@ -693,3 +693,77 @@ pub enum LedgerReply {
         error: LedgerError,
     },
 }
+
+impl fmt::Display for DeviceRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceRefusal::NotPublished => write!(f, "no published pool has it"),
+            DeviceRefusal::Unhealthy => write!(f, "it is unhealthy"),
+            DeviceRefusal::Tainted { key, effect } => {
+                write!(
+                    f,
+                    "it has taint {key} ({effect:?}) the claim does not tolerate"
+                )
+            }
+            DeviceRefusal::InUse => write!(f, "it is exclusive and already held"),
+            DeviceRefusal::NotShared => write!(f, "it is exclusive, but the allocation shares it"),
+            DeviceRefusal::ShareIdMissing => {
+                write!(f, "it is shared, but the allocation names no share")
+            }
+            DeviceRefusal::CapacityNotConsumed { capacity } => {
+                write!(
+                    f,
+                    "it is shared, but the allocation does not consume capacity {capacity}"
+                )
+            }
+            DeviceRefusal::PolicyViolated { capacity } => {
+                write!(
+                    f,
+                    "the amount of {capacity} asked for is not one its policy allows"
+                )
+            }
+            DeviceRefusal::CapacityExceeded { capacity } => {
+                write!(f, "its holders would use more {capacity} than it has")
+            }
+            DeviceRefusal::CountersExceeded {
+                counter_set,
+                counter,
+            } => write!(
+                f,
+                "it would use more of counter {counter_set}/{counter} than the set holds"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for RefusalCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RefusalCause::UnknownNode => write!(f, "the node is not in this shard"),
+            RefusalCause::NodeNotReady => write!(f, "the node is not ready"),
+            RefusalCause::Insufficient {
+                resource,
+                requested,
+                free,
+            } => write!(
+                f,
+                "not enough {resource}: {requested} requested, {free} free"
+            ),
+            RefusalCause::HostPortInUse { port } => write!(f, "host port {port} is taken"),
+            RefusalCause::MemberHeld { node } => write!(f, "it is already held on node {node}"),
+            RefusalCause::DeviceUnavailable { device, reason } => {
+                write!(f, "device {device} cannot take it: {reason}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "member {} on node {}: {}",
+            self.member, self.node, self.cause
+        )
+    }
+}
