@@ -21,19 +21,7 @@ async fn fleet(c: &Client, shards: u32, per_shard: u32, cpu: &str) -> BTreeMap<u
         assert!(i < 1_000, "could not fill every shard: {by_shard:?}");
         let name = format!("node-{i:03}");
         i += 1;
-        let spec = NodeSpec {
-            name: name.clone(),
-            labels: [("kubernetes.io/hostname".to_string(), name.clone())]
-                .into_iter()
-                .collect(),
-            taints: Vec::new(),
-            allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            unschedulable: false,
-            not_ready: false,
-        };
+        let spec = support::node_spec(&name, cpu, false);
         let info = c.register_node(spec.clone()).await.expect("register node");
         let list = by_shard.entry(info.shard).or_default();
         if list.len() < per_shard as usize {

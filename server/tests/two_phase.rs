@@ -11,27 +11,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use gangway_client::Client;
-use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, NodeSpec, SubmitGangGroupRequest};
-use support::{client, Cluster};
+use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, SubmitGangGroupRequest};
+use support::{client, node_spec as spec, Cluster};
 
 const READY_S: u64 = 30;
 const PLACE_S: u64 = 20;
-
-fn spec(name: &str, cpu: &str, unschedulable: bool) -> NodeSpec {
-    NodeSpec {
-        name: name.to_string(),
-        labels: [("kubernetes.io/hostname".to_string(), name.to_string())]
-            .into_iter()
-            .collect(),
-        taints: Vec::new(),
-        allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        unschedulable,
-        not_ready: false,
-    }
-}
 
 /// Registers cordoned nodes named `{tag}-{i}` until one lands on `shard`; returns its
 /// name (still cordoned: [`uncordon`] opens it). The others stay cordoned and take nothing.

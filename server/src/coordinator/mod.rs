@@ -712,17 +712,7 @@ impl Coordinator {
         };
         let mut devices: BTreeMap<MemberKey, Vec<PlacedDevice>> = devices
             .into_iter()
-            .map(|(m, list)| {
-                let placed = list
-                    .into_iter()
-                    .map(|d| PlacedDevice {
-                        claim: d.claim,
-                        request: d.request,
-                        device: d.device,
-                    })
-                    .collect();
-                (m, placed)
-            })
+            .map(|(m, list)| (m, list.iter().map(PlacedDevice::of).collect()))
             .collect();
         let placements = members
             .into_iter()
@@ -822,16 +812,7 @@ fn placements(a: &Assignment) -> BTreeMap<String, Placement> {
                         txn: None,
                         node: m.node.clone(),
                         shard: *shard,
-                        devices: m
-                            .pod
-                            .devices
-                            .iter()
-                            .map(|d| PlacedDevice {
-                                claim: d.claim.clone(),
-                                request: d.request.clone(),
-                                device: d.device.clone(),
-                            })
-                            .collect(),
+                        devices: m.pod.devices.iter().map(PlacedDevice::of).collect(),
                     },
                 )
             })

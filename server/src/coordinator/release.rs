@@ -99,10 +99,12 @@ pub async fn deliver(groups: &Groups, decisions: &[Undelivered]) -> Vec<(TxnId, 
     let writes = per_shard.into_iter().map(|(shard, list)| async move {
         let mut acked = Vec::new();
         for chunk in list.chunks(LEDGER_BATCH_MAX / 2) {
-            let ops: Vec<LedgerOp> = chunk
+            let per_decision: Vec<Vec<LedgerOp>> = chunk
                 .iter()
-                .flat_map(|d| decision_ops(d.txn, d.decision, d.alone))
+                .map(|d| decision_ops(d.txn, d.decision, d.alone))
                 .collect();
+            let counts: Vec<usize> = per_decision.iter().map(Vec::len).collect();
+            let ops: Vec<LedgerOp> = per_decision.into_iter().flatten().collect();
             let replies = match groups.shard(shard, LedgerOp::Batch { ops }).await {
                 Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
                 Ok(other) => {
@@ -115,8 +117,7 @@ pub async fn deliver(groups: &Groups, decisions: &[Undelivered]) -> Vec<(TxnId, 
                 }
             };
             let mut replies = replies.as_slice();
-            for d in chunk {
-                let n = decision_ops(d.txn, d.decision, d.alone).len();
+            for (d, n) in chunk.iter().zip(counts) {
                 let (mine, rest) = replies.split_at(n.min(replies.len()));
                 replies = rest;
                 if applied(d.txn, d.decision, mine) {

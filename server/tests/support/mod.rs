@@ -332,6 +332,23 @@ pub fn node(name: &str) -> NodeSpec {
     }
 }
 
+/// A node named `name` (hostname label), with `cpu` CPUs, 64Gi and 110 pods.
+pub fn node_spec(name: &str, cpu: &str, unschedulable: bool) -> NodeSpec {
+    NodeSpec {
+        name: name.to_string(),
+        labels: [("kubernetes.io/hostname".to_string(), name.to_string())]
+            .into_iter()
+            .collect(),
+        taints: Vec::new(),
+        allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        unschedulable,
+        not_ready: false,
+    }
+}
+
 /// Registers `name` through process `via`.
 pub async fn register(inv: &mut InventoryClient<Channel>, name: &str) -> Result<(), tonic::Status> {
     inv.register_node(RegisterNodeRequest {

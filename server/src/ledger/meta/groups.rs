@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::TxnId;
+use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceId;
 use crate::model::{GangGroup, GangMode};
 
@@ -116,6 +117,17 @@ pub struct PlacedDevice {
     pub request: String,
     /// The device.
     pub device: DeviceId,
+}
+
+impl PlacedDevice {
+    /// The record of a device a shard allocated to a member.
+    pub fn of(d: &DeviceAllocation) -> Self {
+        Self {
+            claim: d.claim.clone(),
+            request: d.request.clone(),
+            device: d.device.clone(),
+        }
+    }
 }
 
 /// What callers outside the coordinator see of a group: its record without the member
