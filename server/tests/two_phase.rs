@@ -332,3 +332,99 @@ async fn conflicting_submissions_are_refused_naming_what_conflicts() {
         "{message}"
     );
 }
+
+/// Every internal RPC called the way a client would (a client's credentials or
+/// none, the right envelope) and what each must answer: refused as unauthenticated.
+async fn raft_transport_as_a_client(c: &Cluster, node: u64, member: &str) -> Vec<String> {
+    use gangway_proto::raft::raft_transport_client::RaftTransportClient;
+    use gangway_proto::raft::{Envelope, ProposeRequest, RaftRequest, ReadRequest};
+    use gangway_server::ledger::{LedgerCommand, LedgerOp, ReleaseTarget};
+    let addr = format!("http://{}", c.procs[&node].grpc);
+    let mut raft = RaftTransportClient::connect(addr)
+        .await
+        .expect("connect to the gRPC port");
+    let envelope = Some(Envelope {
+        cluster_id: c.cluster_id.clone(),
+        group_id: 1,
+        from_node: 99,
+        to_node: node,
+    });
+    let key =
+        gangway_server::model::gang::MemberKey::try_from(member.to_string()).expect("member key");
+    let release = LedgerCommand::new(
+        u64::MAX / 2,
+        LedgerOp::Release {
+            target: ReleaseTarget::Members(vec![key]),
+        },
+    );
+    let forged = gangway_server::replicated::encode(&release).expect("encode");
+    let mut wrong = Vec::new();
+    let mut expect_refused = |what: &str, r: Result<tonic::Code, tonic::Status>| match r {
+        Err(s) if s.code() == tonic::Code::Unauthenticated => {}
+        other => wrong.push(format!("node {node} {what}: {other:?}")),
+    };
+    let propose = raft
+        .propose(ProposeRequest {
+            envelope: envelope.clone(),
+            command: forged,
+        })
+        .await;
+    expect_refused("Propose(Release)", propose.map(|_| tonic::Code::Ok));
+    let garbage = raft
+        .propose(ProposeRequest {
+            envelope: envelope.clone(),
+            command: b"not a command".to_vec(),
+        })
+        .await;
+    expect_refused("Propose(garbage)", garbage.map(|_| tonic::Code::Ok));
+    let read = raft
+        .read(ReadRequest {
+            envelope: envelope.clone(),
+            query: b"{}".to_vec(),
+        })
+        .await;
+    expect_refused("Read", read.map(|_| tonic::Code::Ok));
+    let vote = raft
+        .vote(RaftRequest {
+            envelope: envelope.clone(),
+            payload: Vec::new(),
+        })
+        .await;
+    expect_refused("Vote", vote.map(|_| tonic::Code::Ok));
+    let append = raft
+        .append_entries(RaftRequest {
+            envelope,
+            payload: Vec::new(),
+        })
+        .await;
+    expect_refused("AppendEntries", append.map(|_| tonic::Code::Ok));
+    wrong
+}
+
+/// The Raft transport serves replicas only: a client's forged ledger command,
+/// garbage, reads and Raft messages are refused on every replica, and the placed
+/// group still matches the ledgers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raft_transport_refuses_clients() {
+    let c = Cluster::start(3, 1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let cl = client(&c, 1).await;
+    let small = cordoned_node_on(&cl, "open", 1, "8").await;
+    uncordon(&cl, &small, "8").await;
+    let g = cl.submit(nonstrict("held", 2, "1")).await.expect("submit");
+    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+        s.state == "Placed"
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let member = member_name(&placed.placements[0]);
+    let mut wrong = Vec::new();
+    for node in [1, 2, 3] {
+        wrong.extend(raft_transport_as_a_client(&c, node, &member).await);
+    }
+    let after = cl.get(g.id).await.expect("get");
+    if let Err(e) = ledgers_match(&cl, &after).await {
+        wrong.push(e);
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

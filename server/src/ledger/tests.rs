@@ -470,6 +470,11 @@ fn bad_reservations_change_nothing() {
             reserve(1, vec![rm("a", "n1", pod(1))], 10),
             "DeadlinePassed",
         ),
+        // No coordinator holds a reservation for ever: a forged deadline is refused.
+        (
+            reserve(1, vec![rm("a", "n1", pod(1))], u64::MAX),
+            "HoldTooLong",
+        ),
         (
             reserve(1, vec![rm("a", "n1", zero_entry)], 50),
             "InvalidMember",
