@@ -59,6 +59,7 @@ CONFIG_KEYS = {
     "topology-label", "sled-cache-mb", "heartbeat-ms", "election-min-ms", "election-max-ms",
     "snapshot-every", "balance-interval-ms", "kubeconfig", "in-cluster", "scheduler-name",
     "bind-qps", "bind-concurrency", "tls-cert", "tls-key", "tls-client-ca", "auth-tokens-file",
+    "peer-secret-file",
 }
 
 # (API group, resource, verb) the Kubernetes adapter uses; the ClusterRole must grant exactly these.
@@ -397,6 +398,19 @@ def check_release(objs: dict, values: dict, scratch: Path) -> str:
         check(volumes["auth"]["secret"]["secretName"] == auth["secretName"], "token Secret name")
     else:
         check("--auth-tokens-file" not in " ".join(argv) and "auth" not in mounts, "token flag without auth.enabled")
+
+    # The peer secret: always mounted read-only; a chart-made Secret unless one is named.
+    peer = values["peerSecret"]
+    check(flag_values(argv, "--peer-secret-file") == [f"/etc/gangway/peer/{peer['key']}"],
+          "--peer-secret-file")
+    check(mounts["peer"]["readOnly"], "peer secret mount not read-only")
+    peer_secret = peer["secretName"] or f"{full}-peer"
+    check(volumes["peer"]["secret"]["secretName"] == peer_secret, "peer Secret name")
+    if not peer["secretName"]:
+        made = objs.get(("Secret", peer_secret))
+        check(made is not None and len(made["data"][peer["key"]]) >= 16, "no generated peer Secret")
+    else:
+        check(("Secret", f"{full}-peer") not in objs, "a peer Secret made although one is named")
 
     # Services: headless peers publishing not-ready pods, the front door, metrics.
     peers_spec = objs[("Service", peers_svc)]["spec"]

@@ -219,6 +219,7 @@ impl Supervisor {
         let markers = spec.dir.join("failpoints");
         create_dir(&spec.dir)?;
         create_dir(&markers)?;
+        write_peer_secret(&spec.dir)?;
         let ports = pick_ports(&spec)?;
         let mut replicas = BTreeMap::new();
         for id in 1..=spec.replicas {
@@ -294,6 +295,8 @@ impl Supervisor {
             .args(["--shards", &self.spec.shards.to_string()])
             .arg("--data")
             .arg(&r.data)
+            .arg("--peer-secret-file")
+            .arg(peer_secret_path(&self.spec.dir))
             .arg("--test-failpoints");
         for (peer, p) in &self.replicas {
             if *peer == id {
@@ -643,6 +646,26 @@ fn data_dir_err(path: &Path, e: std::io::Error) -> SupervisorError {
 }
 
 /// Creates `dir` and proves it writable.
+/// Where the drill's replicas find their peer secret.
+pub fn peer_secret_path(dir: &Path) -> PathBuf {
+    dir.join("peer-secret")
+}
+
+/// Writes the replicas' peer secret (unique per drill; drills run on one machine, so
+/// it need not be secret from it).
+fn write_peer_secret(dir: &Path) -> Result<(), SupervisorError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let path = peer_secret_path(dir);
+    std::fs::write(
+        &path,
+        format!("drill-peer-secret-{}-{nanos}\n", std::process::id()),
+    )
+    .map_err(|e| data_dir_err(&path, e))
+}
+
 fn create_dir(dir: &Path) -> Result<(), SupervisorError> {
     std::fs::create_dir_all(dir).map_err(|e| data_dir_err(dir, e))?;
     let probe = dir.join(".gangway-chaos-probe");

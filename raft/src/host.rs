@@ -31,7 +31,7 @@ use crate::reachability::{
     REACH_WINDOW_MS,
 };
 use crate::sm_store::{SmShared, SmStore};
-use crate::state_machine::StateMachineFactory;
+use crate::state_machine::{Admission, StateMachineFactory};
 use crate::storage::{KvStore, SyncHandle};
 use crate::types::{GroupId, LogId, NodeId, Raft};
 
@@ -102,8 +102,12 @@ pub struct HostConfig {
     pub peer_routes: BTreeMap<String, String>,
 }
 
-/// How a replica authenticates to its peers: mutual TLS and the bearer token its
-/// admin calls carry (peers check both when configured).
+/// Metadata key carrying the peer secret on every call a replica makes to a peer.
+pub const PEER_SECRET_HEADER: &str = "x-gangway-peer-secret";
+
+/// How a replica authenticates to its peers: mutual TLS, the bearer token its admin
+/// calls carry and the peer secret that only replicas hold (peers check each when
+/// configured; the Raft transport serves only callers with the secret).
 #[derive(Clone, Default)]
 pub struct PeerSecurity {
     /// The client side of mutual TLS (CA and this replica's identity); `None`: plaintext.
@@ -111,6 +115,9 @@ pub struct PeerSecurity {
     /// The bearer token sent on every call to peers (shared: the owner swaps it when its
     /// token file changes).
     pub token: Option<SharedToken>,
+    /// The peer secret sent on every call to peers in [`PEER_SECRET_HEADER`] (shared,
+    /// like the token).
+    pub peer_secret: Option<SharedToken>,
 }
 
 /// A bearer token that its owner may replace while connections use it.
@@ -122,6 +129,10 @@ impl std::fmt::Debug for PeerSecurity {
         f.debug_struct("PeerSecurity")
             .field("tls", &self.tls.is_some())
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "peer_secret",
+                &self.peer_secret.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -150,6 +161,8 @@ pub(crate) struct Group {
     election_hold_until: std::sync::Mutex<Option<Instant>>,
     /// The last log id held here, which pings tell peers.
     last_log: LastLog,
+    /// The state machine's check of commands before they are proposed.
+    admission: Option<Admission>,
 }
 
 /// Fires when a group applies entries on this replica (see [`RaftHost::changes`]).
@@ -350,8 +363,10 @@ impl RaftHost {
             committed_next.clone(),
             last_log.clone(),
         );
+        let machine = factory(gid);
+        let admission = machine.admission();
         let sm_store = SmStore::open(
-            factory(gid),
+            machine,
             store.tree(&format!("g{gid}/snapshot"))?,
             sync.clone(),
         )
@@ -386,6 +401,7 @@ impl RaftHost {
             membership: tokio::sync::Mutex::new(()),
             election_hold_until: std::sync::Mutex::new(None),
             last_log,
+            admission,
         };
         Ok((group, task))
     }
@@ -623,6 +639,14 @@ impl RaftHost {
     async fn write_local(&self, g: &Group, cmd: Vec<u8>) -> Result<Outcome, HostError> {
         if g.transferring.load(Ordering::Acquire) {
             return Err(HostError::Transferring { group: g.id });
+        }
+        if let Some(admit) = &g.admission {
+            admit(&cmd).map_err(|reason| {
+                HostError::InvalidArgument(format!(
+                    "group {} refused the command before proposing it: {reason}",
+                    g.id
+                ))
+            })?;
         }
         let waiting = g
             .proposer

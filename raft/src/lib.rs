@@ -32,7 +32,8 @@ pub use balance::{leaders_max, plan as plan_balance, Move};
 pub use error::HostError;
 pub use host::{
     GroupChanges, HostConfig, Outcome, PeerSecurity, RaftHost, RaftTiming, SharedToken,
+    PEER_SECRET_HEADER,
 };
 pub use service::TransportService;
-pub use state_machine::{RestoreError, StateMachine, StateMachineFactory};
+pub use state_machine::{Admission, RestoreError, StateMachine, StateMachineFactory};
 pub use types::{GroupId, NodeId, META_GROUP};

@@ -32,7 +32,7 @@ use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
-use crate::host::{PeerSecurity, SharedToken};
+use crate::host::{PeerSecurity, SharedToken, PEER_SECRET_HEADER};
 use crate::types::{GroupId, NodeId, Snapshot, TypeConfig, Vote};
 
 /// Bytes of snapshot data per streamed chunk.
@@ -52,38 +52,63 @@ pub(crate) struct PeerPool {
     routes: BTreeMap<String, String>,
 }
 
-/// An admin client on `channel` that sends the host's bearer token, if it has one.
+/// An admin client on `channel` that sends the host's credentials.
 pub(crate) fn admin_client(
     pool: &PeerPool,
     channel: Channel,
-) -> AdminClient<InterceptedService<Channel, BearerToken>> {
-    AdminClient::with_interceptor(channel, BearerToken(pool.security.token.clone()))
+) -> AdminClient<InterceptedService<Channel, PeerCredentials>> {
+    AdminClient::with_interceptor(channel, PeerCredentials::of(&pool.security))
 }
 
-/// A Raft transport client on `channel` that sends the host's bearer token, if it has one.
+/// A Raft transport client on `channel` that sends the host's credentials.
 pub(crate) fn transport_client(
     pool: &PeerPool,
     channel: Channel,
-) -> RaftTransportClient<InterceptedService<Channel, BearerToken>> {
-    RaftTransportClient::with_interceptor(channel, BearerToken(pool.security.token.clone()))
+) -> RaftTransportClient<InterceptedService<Channel, PeerCredentials>> {
+    RaftTransportClient::with_interceptor(channel, PeerCredentials::of(&pool.security))
 }
 
-/// Adds `authorization: Bearer <token>` to every request (nothing without a token); the
-/// token is read on every call, so a rotated one is sent from then on.
+/// Adds `authorization: Bearer <token>` and the peer secret to every request (each
+/// only when configured); both are read on every call, so rotated ones are sent
+/// from then on.
 #[derive(Clone)]
-pub(crate) struct BearerToken(Option<SharedToken>);
+pub(crate) struct PeerCredentials {
+    token: Option<SharedToken>,
+    peer_secret: Option<SharedToken>,
+}
 
-impl Interceptor for BearerToken {
+impl PeerCredentials {
+    pub(crate) fn of(security: &PeerSecurity) -> Self {
+        Self {
+            token: security.token.clone(),
+            peer_secret: security.peer_secret.clone(),
+        }
+    }
+}
+
+fn header(
+    shared: &SharedToken,
+    what: &str,
+    format: impl Fn(&str) -> String,
+) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, tonic::Status> {
+    let value = shared
+        .read()
+        .map(|t| format(&t))
+        .map_err(|_| tonic::Status::internal(format!("the {what} lock is poisoned")))?;
+    value
+        .parse()
+        .map_err(|_| tonic::Status::internal(format!("the {what} is not a valid header")))
+}
+
+impl Interceptor for PeerCredentials {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(shared) = &self.0 {
-            let token = shared
-                .read()
-                .map(|t| t.clone())
-                .map_err(|_| tonic::Status::internal("the peer token lock is poisoned"))?;
-            let value = format!("Bearer {token}")
-                .parse()
-                .map_err(|_| tonic::Status::internal("the bearer token is not a valid header"))?;
+        if let Some(token) = &self.token {
+            let value = header(token, "bearer token", |t| format!("Bearer {t}"))?;
             req.metadata_mut().insert("authorization", value);
+        }
+        if let Some(secret) = &self.peer_secret {
+            let value = header(secret, "peer secret", str::to_string)?;
+            req.metadata_mut().insert(PEER_SECRET_HEADER, value);
         }
         Ok(req)
     }
@@ -165,7 +190,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             envelope: self.origin.envelope(target),
             channel: self.pool.channel(&node.addr),
-            token: self.pool.security.token.clone(),
+            credentials: PeerCredentials::of(&self.pool.security),
         }
     }
 }
@@ -175,7 +200,7 @@ pub(crate) struct PeerLink {
     target: NodeId,
     envelope: Envelope,
     channel: Result<Channel, String>,
-    token: Option<SharedToken>,
+    credentials: PeerCredentials,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,11 +212,12 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftE
 impl PeerLink {
     fn client(
         &self,
-    ) -> Result<RaftTransportClient<InterceptedService<Channel, BearerToken>>, Unreachable> {
+    ) -> Result<RaftTransportClient<InterceptedService<Channel, PeerCredentials>>, Unreachable>
+    {
         match &self.channel {
             Ok(ch) => Ok(RaftTransportClient::with_interceptor(
                 ch.clone(),
-                BearerToken(self.token.clone()),
+                self.credentials.clone(),
             )
             .max_decoding_message_size(64 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024)),

@@ -22,7 +22,17 @@ pub trait StateMachine: Send + 'static {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
     /// Answers a read-only query against the current state.
     fn query(&self, query: &[u8]) -> Vec<u8>;
+    /// The check a leader runs on each command before proposing it, so a command no
+    /// replica could have built takes no log index; `None` admits every command.
+    fn admission(&self) -> Option<Admission> {
+        None
+    }
 }
+
+/// A state-free check of one command: `Err` says why it is refused. It never reads
+/// the state, so it runs outside the state machine's lock and may be stricter than
+/// `apply` only about commands `apply` would refuse anyway.
+pub type Admission = std::sync::Arc<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>;
 
 /// Builds the state machine of each group when a host starts.
 pub type StateMachineFactory = dyn Fn(crate::GroupId) -> Box<dyn StateMachine> + Send + Sync;

@@ -37,6 +37,15 @@ impl StateMachine for KvMachine {
         self.map = serde_json::from_slice(snapshot).map_err(|e| RestoreError(e.to_string()))?;
         Ok(())
     }
+    fn admission(&self) -> Option<gangway_raft::Admission> {
+        Some(Arc::new(|command: &[u8]| {
+            if command.contains(&b'=') {
+                Ok(())
+            } else {
+                Err("expected key=value".into())
+            }
+        }))
+    }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         let key = String::from_utf8_lossy(query);
         self.map
@@ -165,6 +174,30 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
         })
     })
     .await;
+
+    // A command the machine does not admit is refused wherever it is sent, and
+    // takes no log index.
+    let before: Vec<u64> = replicas[0]
+        .host
+        .status(false)
+        .iter()
+        .map(|g| g.applied_index)
+        .collect();
+    for r in &replicas {
+        let err = r
+            .host
+            .write(1, b"no equals sign".to_vec())
+            .await
+            .expect_err("not admitted");
+        assert!(err.to_string().contains("expected key=value"), "{err}");
+    }
+    let after: Vec<u64> = replicas[0]
+        .host
+        .status(false)
+        .iter()
+        .map(|g| g.applied_index)
+        .collect();
+    assert_eq!(before, after, "a refused command took a log index");
 
     // An unknown group is refused by name.
     let err = replicas[0]

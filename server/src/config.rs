@@ -127,6 +127,12 @@ pub struct ServeArgs {
     /// (`authorization: Bearer <token>`); replicas send the first to their peers.
     #[arg(long)]
     pub auth_tokens_file: Option<PathBuf>,
+    /// File holding the peer secret (the same on every replica; one per line, the first
+    /// is sent, every line accepted; at least 16 characters): the Raft transport serves
+    /// only callers that send it. Required when the replica has peers or joins; without
+    /// peers a random one is made in memory.
+    #[arg(long)]
+    pub peer_secret_file: Option<PathBuf>,
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
@@ -165,6 +171,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
     auth_tokens_file: Option<PathBuf>,
+    peer_secret_file: Option<PathBuf>,
 }
 
 /// A validated `gangway serve` configuration.
@@ -200,6 +207,8 @@ pub struct ServeConfig {
     pub tls: Option<crate::security::TlsFiles>,
     /// The bearer token file, if clients must authenticate.
     pub auth_tokens_file: Option<PathBuf>,
+    /// The peer secret file; `None` only for a replica without peers.
+    pub peer_secret_file: Option<PathBuf>,
     /// Whether test crash points are honoured.
     pub test_failpoints: bool,
     /// Fault tests only: advertised peer address -> address dialled.
@@ -405,6 +414,19 @@ impl ServeConfig {
                 ));
             }
         }
+        let peer_secret_file = args
+            .peer_secret_file
+            .clone()
+            .or(file.peer_secret_file.clone());
+        let join = args.join || file.join.unwrap_or(false);
+        if peer_secret_file.is_none() && (!peers.is_empty() || join) {
+            return Err(invalid(
+                "--peer-secret-file",
+                "required for a replica with peers: give every replica the same file \
+                 (for example `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > peer-secret`); \
+                 the Raft transport serves only callers that send it",
+            ));
+        }
         let shards = args.shards.or(file.shards).unwrap_or(SHARDS_DEFAULT);
         if shards == 0 || shards > SHARDS_MAX {
             return Err(invalid(
@@ -475,7 +497,7 @@ impl ServeConfig {
                 .unwrap_or_else(|| PathBuf::from("gangway-data")),
             shards,
             cluster_id,
-            join: args.join || file.join.unwrap_or(false),
+            join,
             topology_label: args.topology_label.or(file.topology_label),
             sled_cache_bytes: args
                 .sled_cache_mb
@@ -487,6 +509,7 @@ impl ServeConfig {
             kube,
             tls,
             auth_tokens_file,
+            peer_secret_file,
             test_failpoints: args.test_failpoints,
             peer_routes,
         })
@@ -508,8 +531,26 @@ mod tests {
         ServeArgs {
             id: Some(id),
             peers: peers.iter().map(|s| s.to_string()).collect(),
+            peer_secret_file: Some(PathBuf::from("peer-secret")),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_replica_with_peers_needs_the_peer_secret() {
+        let mut a = args(1, &["2=127.0.0.1:7002"]);
+        a.peer_secret_file = None;
+        let err = ServeConfig::resolve(a.clone()).expect_err("no secret");
+        assert!(err.to_string().starts_with("--peer-secret-file"), "{err}");
+        a.peers.clear();
+        a.join = true;
+        assert!(
+            ServeConfig::resolve(a.clone()).is_err(),
+            "a joiner has peers"
+        );
+        a.join = false;
+        let alone = ServeConfig::resolve(a).expect("no peers, no secret");
+        assert_eq!(alone.peer_secret_file, None);
     }
 
     #[test]
@@ -573,7 +614,7 @@ mod tests {
         let path = dir.path().join("gangway.toml");
         std::fs::write(
             &path,
-            "id = 2\nshards = 6\n[peers]\n1 = \"127.0.0.1:7001\"\n",
+            "id = 2\nshards = 6\npeer-secret-file = \"s\"\n[peers]\n1 = \"127.0.0.1:7001\"\n",
         )
         .expect("write");
         let cfg = ServeConfig::resolve(ServeArgs {

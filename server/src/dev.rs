@@ -27,6 +27,7 @@ use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
+use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
 
 /// Replicas `gangway dev` runs.
@@ -141,6 +142,8 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         .collect();
     let mut replicas = Vec::new();
     let mut fresh = false;
+    // The replicas share this process, so they share a secret no other process knows.
+    let peer_secret = Tokens::generated_peer_secret()?;
     for (i, listener) in grpc.into_iter().enumerate() {
         let id = i as NodeId + 1;
         let dir = data.join(format!("node-{id}"));
@@ -156,14 +159,15 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             balance_interval_ms: 10_000,
             ..RaftTiming::default()
         };
-        let opts = ReplicaOptions {
+        let mut opts = ReplicaOptions {
             host: host_config(DEV_CLUSTER_ID, id, &members[&id], args.shards, timing),
             shards: args.shards,
             topology_label: Some("topology.kubernetes.io/zone".into()),
             profile: Profile::default(),
             failpoints: Failpoints::disabled(),
-            security: Default::default(),
+            security: ServerSecurity::open(peer_secret.clone()),
         };
+        opts.host.peer_security.peer_secret = Some(peer_secret.own_shared());
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);
     }
     if fresh {

@@ -35,8 +35,12 @@ pub const REPLAN_HELD_MEMBERS: &str = "coordinator-replans-held-members";
 /// lists, and an aborted transaction can be committed.
 pub const RELEASE_SHARDS_FIRST: &str = "release-members-shards-first";
 
+/// A fixed security bug, back for checking the checker: the Raft transport serves
+/// every caller the client services serve, so a client can propose ledger commands.
+pub const RAFT_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
@@ -44,6 +48,7 @@ pub const ALL: [&str; 7] = [
     COORDINATOR_SKIPS_DECISION,
     REPLAN_HELD_MEMBERS,
     RELEASE_SHARDS_FIRST,
+    RAFT_TRANSPORT_OPEN,
 ];
 
 /// The armed crash points of a process.

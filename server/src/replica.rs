@@ -24,7 +24,7 @@ use crate::failpoints::Failpoints;
 use crate::frontdoor::inventory::InventoryService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
-use crate::security::{tls_incoming, Gate, ServerSecurity, ServerTls};
+use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
 use crate::shard::resolver;
 
 /// What a replica needs besides its storage and listener.
@@ -66,17 +66,26 @@ impl Replica {
         let factory = move |g| machine_for(g, shards, &machine_failpoints);
         let host = RaftHost::start(opts.host, store, &factory).await?;
         let groups = Groups::new(host.clone());
-        // Every service, the Raft transport included, wants the client certificate (with
-        // TLS) and a bearer token (with tokens): peers send theirs like any client.
+        // Every service wants the client certificate (with TLS); the client services a
+        // bearer token (with tokens), which peers send too; the Raft transport the peer
+        // secret, which clients do not have.
         let require_cert = opts.security.tls.is_some();
         let check = Gate {
             require_cert,
             tokens: opts.security.tokens.clone(),
         };
+        let peers_only = PeerGate {
+            require_cert,
+            secret: opts.security.peer_secret.clone(),
+            open_to_clients: opts
+                .failpoints
+                .armed(crate::failpoints::RAFT_TRANSPORT_OPEN)
+                .then(|| check.clone()),
+        };
         let router = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(
                 host.transport_service(),
-                check.clone(),
+                peers_only,
             ))
             .add_service(InterceptedService::new(host.admin_service(), check.clone()))
             .add_service(InterceptedService::new(
@@ -88,15 +97,20 @@ impl Replica {
                 check,
             ));
         let mut replica = Self::serve(host, router, listener, opts.security.tls.clone());
-        if opts.security.tls.is_some() || opts.security.tokens.is_some() {
-            replica
-                .services
-                .push(tokio::spawn(crate::security::watch_credentials(
-                    opts.security.tls.clone(),
-                    opts.security.tokens.clone(),
-                    replica.stop_services.subscribe(),
-                )));
-        }
+        let secrets = opts
+            .security
+            .tokens
+            .iter()
+            .cloned()
+            .chain([opts.security.peer_secret.clone()])
+            .collect();
+        replica
+            .services
+            .push(tokio::spawn(crate::security::watch_credentials(
+                opts.security.tls.clone(),
+                secrets,
+                replica.stop_services.subscribe(),
+            )));
         let stop = replica.stop_services.subscribe();
         let coordinator = Coordinator::new(groups.clone(), shards, opts.profile, opts.failpoints);
         replica

@@ -6,7 +6,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gangway_raft::{GroupId, HostError, RaftHost, RestoreError, StateMachine, META_GROUP};
+use gangway_raft::{
+    Admission, GroupId, HostError, RaftHost, RestoreError, StateMachine, META_GROUP,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +105,21 @@ fn restore<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, RestoreError> {
     serde_json::from_slice(snapshot).map_err(|e| RestoreError(e.to_string()))
 }
 
+/// Meta admits what decodes as a meta command.
+fn admit_meta(command: &[u8]) -> Result<(), String> {
+    decode::<MetaCommand>(command)
+        .map(|_| ())
+        .map_err(|e| format!("malformed meta command: {e}"))
+}
+
+/// A shard admits what decodes as a ledger command that no state could accept
+/// only if it is well formed (see [`crate::ledger::shard::admit`]).
+fn admit_shard(command: &[u8]) -> Result<(), String> {
+    let cmd =
+        decode::<LedgerCommand>(command).map_err(|e| format!("malformed shard command: {e}"))?;
+    crate::ledger::shard::admit(&cmd).map_err(|e| e.to_string())
+}
+
 impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode(command) {
@@ -119,6 +136,9 @@ impl StateMachine for MetaMachine {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.state = restore(snapshot)?;
         Ok(())
+    }
+    fn admission(&self) -> Option<Admission> {
+        Some(std::sync::Arc::new(admit_meta))
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
@@ -149,6 +169,9 @@ impl StateMachine for ShardMachine {
     }
     fn snapshot(&self) -> Vec<u8> {
         self.ledger.snapshot()
+    }
+    fn admission(&self) -> Option<Admission> {
+        Some(std::sync::Arc::new(admit_shard))
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.ledger = ShardLedger::restore(snapshot).map_err(|e| RestoreError(e.to_string()))?;
@@ -325,6 +348,41 @@ mod tests {
         let mut meta = machine_for(META_GROUP, 4, &Failpoints::disabled());
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
+    }
+
+    #[test]
+    fn admission_refuses_what_no_replica_builds_before_it_takes_an_index() {
+        let shard = machine_for(1, 4, &Failpoints::disabled())
+            .admission()
+            .expect("shards check commands");
+        let meta = machine_for(META_GROUP, 4, &Failpoints::disabled())
+            .admission()
+            .expect("meta checks commands");
+        assert!(shard(b"{not json").is_err());
+        assert!(meta(b"[]").is_err());
+        let tick = encode(&LedgerCommand::new(5, LedgerOp::Tick)).expect("encode");
+        assert_eq!(shard(&tick), Ok(()));
+        let forever = LedgerCommand::new(
+            5,
+            LedgerOp::Reserve {
+                txn_id: crate::ledger::TxnId(1),
+                members: vec![crate::ledger::ReserveMember {
+                    member: crate::model::MemberKey::new("ns", "g", "m"),
+                    node: "n1".into(),
+                    pod: crate::model::pod::PodSummary::default(),
+                }],
+                deadline_ms: u64::MAX,
+            },
+        );
+        let refused = shard(&encode(&forever).expect("encode")).expect_err("held for ever");
+        assert!(refused.contains("more than"), "{refused}");
+        let nested = LedgerCommand::new(
+            5,
+            LedgerOp::Batch {
+                ops: vec![LedgerOp::Batch { ops: Vec::new() }],
+            },
+        );
+        assert!(shard(&encode(&nested).expect("encode")).is_err());
     }
 
     #[test]

@@ -1,17 +1,19 @@
-//! Transport security and client authentication for `gangway serve`: mutual TLS
-//! on the gRPC port (peers and clients alike present a certificate signed by the
-//! configured CA; plaintext is refused) and bearer tokens for the front door and
-//! admin services, and on the Raft transport (peers send their token too, so a
-//! client certificate alone cannot write to the log). The server side re-reads
-//! certificate, key, CA and token file when they change (checked every
-//! [`CREDENTIALS_RELOAD_MS`]): new connections use the new certificate, new requests
-//! are checked against the new tokens, and the token sent to peers follows the file;
-//! a file that fails to load leaves the last good one in force. The certificate a
-//! replica presents to its peers is read at start: rotate a CA by adding the new one
-//! to the bundle first, then restart replicas one at a time. Accepted tokens are kept
-//! as SHA-256 digests (only the replica's own token is held in plain text, to send)
-//! and never logged. Used by `Replica` (the
-//! server side), `serve` (peer identity) and nothing else.
+//! Transport security and authentication for `gangway serve`: mutual TLS on the
+//! gRPC port (peers and clients alike present a certificate signed by the configured
+//! CA; plaintext is refused), bearer tokens for the front door and admin services,
+//! and the peer secret for the Raft transport. Only replicas hold the peer secret
+//! (`--peer-secret-file`, or one generated in memory when no other process needs it),
+//! so no client token or certificate lets a caller vote, append entries or propose a
+//! command: a client that could write the log could break every invariant. The
+//! server side re-reads certificate, key, CA, token and secret files when they change
+//! (checked every [`CREDENTIALS_RELOAD_MS`]): new connections use the new
+//! certificate, new requests are checked against the new secrets, and what is sent to
+//! peers follows the files; a file that fails to load leaves the last good one in
+//! force. The certificate a replica presents to its peers is read at start: rotate a
+//! CA by adding the new one to the bundle first, then restart replicas one at a time.
+//! Accepted secrets are kept as SHA-256 digests (only the replica's own are held in
+//! plain text, to send) and never logged. Used by `Replica` (the server side),
+//! `serve` and `dev` (peer identity) and nothing else.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -28,6 +30,8 @@ use tonic::metadata::MetadataMap;
 use tonic::service::Interceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tonic::{Request, Status};
+
+use gangway_raft::PEER_SECRET_HEADER;
 
 /// How often the credential files are checked for changes, in ms.
 pub const CREDENTIALS_RELOAD_MS: u64 = 5_000;
@@ -250,18 +254,26 @@ pub fn tls_incoming(
     rx
 }
 
-/// The accepted bearer tokens, as SHA-256 digests, swapped when the file changes.
+/// Fewest characters of a peer secret.
+pub const PEER_SECRET_CHARS_MIN: usize = 16;
+/// Random bytes of a generated peer secret (hex-encoded, so twice as many characters).
+pub const GENERATED_SECRET_BYTES: usize = 32;
+
+/// Accepted secrets (bearer tokens, or the peer secret), as SHA-256 digests, swapped
+/// when their file changes.
 pub struct Tokens {
-    path: PathBuf,
+    /// The file they come from; `None` for a secret generated in memory.
+    path: Option<PathBuf>,
+    /// The flag naming the file, for errors.
+    flag: &'static str,
     digests: RwLock<HashSet<[u8; 32]>>,
     /// The file's first token in plain text: what this replica sends to its peers.
     first: gangway_raft::SharedToken,
     loaded: RwLock<Option<SystemTime>>,
 }
 
-fn read_tokens(path: &Path) -> Result<Vec<String>, SecurityError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| unreadable("--auth-tokens-file", path, e))?;
+fn read_tokens(flag: &'static str, path: &Path) -> Result<Vec<String>, SecurityError> {
+    let text = std::fs::read_to_string(path).map_err(|e| unreadable(flag, path, e))?;
     let tokens: Vec<String> = text
         .lines()
         .map(str::trim)
@@ -270,7 +282,7 @@ fn read_tokens(path: &Path) -> Result<Vec<String>, SecurityError> {
         .collect();
     if tokens.is_empty() {
         return Err(unreadable(
-            "--auth-tokens-file",
+            flag,
             path,
             "no token in the file (one per line)",
         ));
@@ -280,13 +292,26 @@ fn read_tokens(path: &Path) -> Result<Vec<String>, SecurityError> {
         .position(|t| t.chars().any(|c| c.is_whitespace() || c.is_control()))
     {
         return Err(unreadable(
-            "--auth-tokens-file",
+            flag,
             path,
             format!(
                 "token on data line {} has whitespace or control characters",
                 bad + 1
             ),
         ));
+    }
+    if flag == PEER_SECRET_FLAG {
+        if let Some(short) = tokens.iter().position(|t| t.len() < PEER_SECRET_CHARS_MIN) {
+            return Err(unreadable(
+                flag,
+                path,
+                format!(
+                    "secret on data line {} is shorter than {PEER_SECRET_CHARS_MIN} characters \
+                     (make one with `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'`)",
+                    short + 1
+                ),
+            ));
+        }
     }
     Ok(tokens)
 }
@@ -295,16 +320,52 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// The flag of the client token file.
+pub const TOKENS_FLAG: &str = "--auth-tokens-file";
+/// The flag of the peer secret file.
+pub const PEER_SECRET_FLAG: &str = "--peer-secret-file";
+
 impl Tokens {
     /// Loads the token file (one token per line; `#` comments and blank lines skipped).
     pub fn load(path: PathBuf) -> Result<Arc<Self>, SecurityError> {
-        let tokens = read_tokens(&path)?;
+        Self::load_file(TOKENS_FLAG, path)
+    }
+
+    /// Loads the peer secret file (same format; every line is accepted, the first is
+    /// sent, so a secret is rotated by adding the new one second, then first, then
+    /// removing the old).
+    pub fn load_peer_secret(path: PathBuf) -> Result<Arc<Self>, SecurityError> {
+        Self::load_file(PEER_SECRET_FLAG, path)
+    }
+
+    fn load_file(flag: &'static str, path: PathBuf) -> Result<Arc<Self>, SecurityError> {
+        let tokens = read_tokens(flag, &path)?;
         let loaded = stamp(&[&path]);
         Ok(Arc::new(Self {
             digests: RwLock::new(tokens.iter().map(|t| digest(t)).collect()),
             first: Arc::new(RwLock::new(tokens[0].clone())),
             loaded: RwLock::new(loaded),
-            path,
+            flag,
+            path: Some(path),
+        }))
+    }
+
+    /// A random peer secret held in memory only: for replicas that share a process
+    /// (`gangway dev`) or have no peers.
+    pub fn generated_peer_secret() -> Result<Arc<Self>, SecurityError> {
+        use std::io::Read;
+        let source = Path::new("/dev/urandom");
+        let mut bytes = [0u8; GENERATED_SECRET_BYTES];
+        std::fs::File::open(source)
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .map_err(|e| unreadable(PEER_SECRET_FLAG, source, e))?;
+        let secret = hex::encode(bytes);
+        Ok(Arc::new(Self {
+            digests: RwLock::new(HashSet::from([digest(&secret)])),
+            first: Arc::new(RwLock::new(secret)),
+            loaded: RwLock::new(None),
+            flag: PEER_SECRET_FLAG,
+            path: None,
         }))
     }
 
@@ -345,13 +406,34 @@ impl Tokens {
         }
     }
 
+    /// Checks that a request carries an accepted peer secret in [`PEER_SECRET_HEADER`].
+    pub fn check_peer(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let secret = metadata
+            .get(PEER_SECRET_HEADER)
+            .and_then(|v| v.to_str().ok());
+        match secret {
+            Some(s) if self.accepts(s) => Ok(()),
+            Some(_) => Err(Status::unauthenticated(
+                "peer secret not accepted: the Raft transport serves replicas of this \
+                 cluster only (check that every replica has the same --peer-secret-file)",
+            )),
+            None => Err(Status::unauthenticated(
+                "the Raft transport serves replicas of this cluster only; clients use the \
+                 GangScheduler, Inventory and Admin services",
+            )),
+        }
+    }
+
     fn reload_if_changed(&self) {
-        let now = stamp(&[&self.path]);
+        let Some(path) = &self.path else {
+            return;
+        };
+        let now = stamp(&[path]);
         let before = self.loaded.read().map(|l| *l).unwrap_or(None);
         if now == before {
             return;
         }
-        match read_tokens(&self.path) {
+        match read_tokens(self.flag, path) {
             Ok(tokens) => {
                 if let Ok(mut d) = self.digests.write() {
                     *d = tokens.iter().map(|t| digest(t)).collect();
@@ -362,22 +444,36 @@ impl Tokens {
                 if let Ok(mut l) = self.loaded.write() {
                     *l = now;
                 }
-                tracing::info!(tokens = tokens.len(), "bearer tokens reloaded");
+                tracing::info!(flag = self.flag, tokens = tokens.len(), "secrets reloaded");
             }
             Err(e) => {
-                tracing::warn!(error = %e, "token file changed but cannot be used; keeping the previous tokens")
+                tracing::warn!(error = %e, "secret file changed but cannot be used; keeping the previous secrets")
             }
         }
     }
 }
 
 /// What the server side of a replica enforces.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ServerSecurity {
     /// Mutual TLS on the gRPC port.
     pub tls: Option<Arc<ServerTls>>,
     /// Bearer tokens on the front door and admin services.
     pub tokens: Option<Arc<Tokens>>,
+    /// The secret only replicas hold, required on the Raft transport (always: a
+    /// client that could write the log could break every invariant).
+    pub peer_secret: Arc<Tokens>,
+}
+
+impl ServerSecurity {
+    /// No TLS and no client tokens; the Raft transport still wants `peer_secret`.
+    pub fn open(peer_secret: Arc<Tokens>) -> Self {
+        Self {
+            tls: None,
+            tokens: None,
+            peer_secret,
+        }
+    }
 }
 
 impl std::fmt::Debug for ServerSecurity {
@@ -385,6 +481,7 @@ impl std::fmt::Debug for ServerSecurity {
         f.debug_struct("ServerSecurity")
             .field("tls", &self.tls.is_some())
             .field("tokens", &self.tokens.is_some())
+            .field("peer_secret", &"<redacted>")
             .finish()
     }
 }
@@ -415,10 +512,36 @@ impl Interceptor for Gate {
     }
 }
 
+/// The Raft transport's interceptor: the client certificate (with TLS) and the peer
+/// secret; client tokens are not enough.
+#[derive(Clone)]
+pub struct PeerGate {
+    /// Whether a client certificate is required.
+    pub require_cert: bool,
+    /// The accepted peer secrets.
+    pub secret: Arc<Tokens>,
+    /// Bug switch (tests only): check like the client services instead.
+    pub open_to_clients: Option<Gate>,
+}
+
+impl Interceptor for PeerGate {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(gate) = &mut self.open_to_clients {
+            return gate.call(req);
+        }
+        if self.require_cert && req.peer_certs().is_none_or(|c| c.is_empty()) {
+            return Err(Status::unauthenticated(
+                "client certificate required: the Raft transport serves replicas of this cluster only",
+            ));
+        }
+        self.secret.check_peer(req.metadata()).map(|()| req)
+    }
+}
+
 /// Re-reads changed credential files every [`CREDENTIALS_RELOAD_MS`] until `stop` fires.
 pub async fn watch_credentials(
     tls: Option<Arc<ServerTls>>,
-    tokens: Option<Arc<Tokens>>,
+    tokens: Vec<Arc<Tokens>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -429,7 +552,7 @@ pub async fn watch_credentials(
         if let Some(t) = &tls {
             t.reload_if_changed();
         }
-        if let Some(t) = &tokens {
+        for t in &tokens {
             t.reload_if_changed();
         }
     }
@@ -458,7 +581,7 @@ mod tests {
             "bearer token not accepted"
         );
         std::fs::write(&path, "\n# nothing\n").expect("write");
-        let err = read_tokens(&path).expect_err("empty");
+        let err = read_tokens(TOKENS_FLAG, &path).expect_err("empty");
         assert!(err.to_string().contains("--auth-tokens-file"));
     }
 

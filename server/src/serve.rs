@@ -57,6 +57,10 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             Some(path) => Some(Tokens::load(path.clone())?),
             None => None,
         },
+        peer_secret: match &cfg.peer_secret_file {
+            Some(path) => Tokens::load_peer_secret(path.clone())?,
+            None => Tokens::generated_peer_secret()?,
+        },
     };
     let peer_security = PeerSecurity {
         tls: match &cfg.tls {
@@ -64,6 +68,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             None => None,
         },
         token: server_security.tokens.as_ref().map(|t| t.own_shared()),
+        peer_secret: Some(server_security.peer_secret.own_shared()),
     };
     if bootstrap {
         refuse_wiped_member(&cfg, &peer_security).await?;

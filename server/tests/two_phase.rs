@@ -401,6 +401,34 @@ async fn raft_transport_as_a_client(c: &Cluster, node: u64, member: &str) -> Vec
     wrong
 }
 
+async fn transport_refuses_clients(c: &Cluster) -> Result<(), String> {
+    let cl = client(c, 1).await;
+    let small = cordoned_node_on(&cl, "open", 1, "8").await;
+    uncordon(&cl, &small, "8").await;
+    let g = cl
+        .submit(nonstrict("held", 2, "1"))
+        .await
+        .map_err(|e| format!("submit: {e}"))?;
+    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+        s.state == "Placed"
+    })
+    .await?;
+    let member = member_name(&placed.placements[0]);
+    let mut wrong = Vec::new();
+    for node in [1, 2, 3] {
+        wrong.extend(raft_transport_as_a_client(c, node, &member).await);
+    }
+    let after = cl.get(g.id).await.map_err(|e| format!("get: {e}"))?;
+    if let Err(e) = ledgers_match(&cl, &after).await {
+        wrong.push(e);
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("\n"))
+    }
+}
+
 /// The Raft transport serves replicas only: a client's forged ledger command,
 /// garbage, reads and Raft messages are refused on every replica, and the placed
 /// group still matches the ledgers.
@@ -408,23 +436,16 @@ async fn raft_transport_as_a_client(c: &Cluster, node: u64, member: &str) -> Vec
 async fn the_raft_transport_refuses_clients() {
     let c = Cluster::start(3, 1);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
-    let cl = client(&c, 1).await;
-    let small = cordoned_node_on(&cl, "open", 1, "8").await;
-    uncordon(&cl, &small, "8").await;
-    let g = cl.submit(nonstrict("held", 2, "1")).await.expect("submit");
-    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
-        s.state == "Placed"
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let member = member_name(&placed.placements[0]);
-    let mut wrong = Vec::new();
-    for node in [1, 2, 3] {
-        wrong.extend(raft_transport_as_a_client(&c, node, &member).await);
+    if let Err(e) = transport_refuses_clients(&c).await {
+        panic!("{e}");
     }
-    let after = cl.get(g.id).await.expect("get");
-    if let Err(e) = ledgers_match(&cl, &after).await {
-        wrong.push(e);
-    }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_find_a_raft_transport_open_to_clients() {
+    let c = cluster_with_bug(1, "raft-transport-open-to-clients");
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let found = transport_refuses_clients(&c).await;
+    assert!(found.is_err(), "the bug went unnoticed");
+    eprintln!("found, as expected: {}", found.err().unwrap_or_default());
 }

@@ -57,6 +57,10 @@ The headless Service through which the replicas find each other.
 {{- printf "%s-config" (include "gangway.fullname" .) }}
 {{- end }}
 
+{{- define "gangway.peerSecretName" -}}
+{{- default (printf "%s-peer" (include "gangway.fullname" .)) .Values.peerSecret.secretName }}
+{{- end }}
+
 {{- define "gangway.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "gangway.fullname" .) .Values.serviceAccount.name }}

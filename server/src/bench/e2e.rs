@@ -106,6 +106,10 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)
         children: Vec::new(),
         dir: dir.to_path_buf(),
     };
+    let secret_file = dir.join("peer-secret");
+    let secret = crate::security::Tokens::generated_peer_secret()?.own();
+    std::fs::write(&secret_file, format!("{secret}\n"))
+        .with_context(|| format!("cannot write {}", secret_file.display()))?;
     for (i, addr) in addrs.iter().enumerate() {
         let id = i + 1;
         let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
@@ -121,7 +125,9 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)
             ])
             .args(["--shards", &shards.to_string(), "--cluster-id", "bench"])
             .arg("--data")
-            .arg(dir.join(format!("node-{id}")));
+            .arg(dir.join(format!("node-{id}")))
+            .arg("--peer-secret-file")
+            .arg(&secret_file);
         for (j, peer) in addrs.iter().enumerate() {
             if j != i {
                 cmd.args(["--peer", &format!("{}={peer}", j + 1)]);

@@ -48,6 +48,7 @@ pub const COORDINATOR_TICK_MS: u64 = 20;
 pub const COORDINATOR_ROUND_GAP_MS: u64 = 2;
 /// How long a participant holds a reservation before asking for the decision.
 pub const RESERVE_TTL_MS: u64 = 10_000;
+const _: () = assert!(RESERVE_TTL_MS <= crate::ledger::RESERVE_HOLD_MS_MAX);
 /// Most groups looked at in one round.
 pub const GROUPS_PER_ROUND_MAX: usize = 256;
 // A round's batched writes carry one command per group: they must fit one batch.

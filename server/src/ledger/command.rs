@@ -27,6 +27,9 @@ pub const LEDGER_BATCH_MAX: usize = 1_024;
 pub const NODE_LEASE_MS_MIN: u64 = 1_000;
 /// Longest node lease a heartbeat may ask for, in ms.
 pub const NODE_LEASE_MS_MAX: u64 = 10 * 60 * 1_000;
+/// Longest a reservation may be held before its deadline, in ms: a coordinator holds
+/// one for `RESERVE_TTL_MS`; anything far longer was never sent by one.
+pub const RESERVE_HOLD_MS_MAX: u64 = 10 * 60 * 1_000;
 /// Most observed pods one node may carry (kubelet's maxPods is at most a few hundred).
 pub const OBSERVED_PODS_PER_NODE_MAX: usize = 1_024;
 /// The gang part of an observed pod's key; not a DNS name, so no submitted gang can take it.
@@ -406,6 +409,16 @@ pub enum LedgerError {
     /// The deadline is not after the command's timestamp.
     #[error("{txn_id}: deadline {deadline_ms} ms is not after {at_ms} ms")]
     DeadlinePassed {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// The deadline given.
+        deadline_ms: u64,
+        /// The command time.
+        at_ms: u64,
+    },
+    /// The deadline is further after the command's timestamp than any coordinator holds.
+    #[error("{txn_id}: deadline {deadline_ms} ms is more than {RESERVE_HOLD_MS_MAX} ms after {at_ms} ms")]
+    HoldTooLong {
         /// Transaction id.
         txn_id: TxnId,
         /// The deadline given.

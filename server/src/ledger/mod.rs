@@ -30,7 +30,7 @@ mod tests;
 pub use command::{
     DeviceRefusal, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod,
     Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
-    OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX,
+    OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
 pub use devices::{
     AgentLink, DeviceEviction, DeviceHealth, DeviceHealthReport, EvictionCause, NodeDevices,

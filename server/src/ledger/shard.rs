@@ -45,6 +45,7 @@ use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod, Presence, Refusal,
     RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome, LEDGER_BATCH_MAX,
     NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX,
+    RESERVE_HOLD_MS_MAX,
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
@@ -1585,6 +1586,28 @@ fn finished_answer(txn_id: TxnId, done: &FinishedTxn, hold: Hold) -> LedgerReply
     }
 }
 
+/// The checks of `cmd` that need no state: a batch within bounds and not nested,
+/// a reservation that is well formed. What passes may still be refused by `apply`.
+pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
+    match &cmd.op {
+        LedgerOp::Batch { ops } if ops.len() > LEDGER_BATCH_MAX => {
+            Err(LedgerError::BatchTooLarge { ops: ops.len() })
+        }
+        LedgerOp::Batch { ops } if ops.iter().any(|op| matches!(op, LedgerOp::Batch { .. })) => {
+            Err(LedgerError::NestedBatch)
+        }
+        LedgerOp::Reserve {
+            txn_id,
+            members,
+            deadline_ms,
+        } => validate_reservation(cmd.at_ms, *txn_id, members, Hold::Until(*deadline_ms)),
+        LedgerOp::ReserveAndCommit { txn_id, members } => {
+            validate_reservation(cmd.at_ms, *txn_id, members, Hold::CommitNow)
+        }
+        _ => Ok(()),
+    }
+}
+
 fn validate_reservation(
     at_ms: u64,
     txn_id: TxnId,
@@ -1597,6 +1620,13 @@ fn validate_reservation(
     if let Hold::Until(deadline_ms) = hold {
         if deadline_ms <= at_ms {
             return Err(LedgerError::DeadlinePassed {
+                txn_id,
+                deadline_ms,
+                at_ms,
+            });
+        }
+        if deadline_ms - at_ms > RESERVE_HOLD_MS_MAX {
+            return Err(LedgerError::HoldTooLong {
                 txn_id,
                 deadline_ms,
                 at_ms,

@@ -53,6 +53,22 @@ pub fn gangway_bin() -> &'static str {
     env!("CARGO_BIN_EXE_gangway")
 }
 
+/// Where a cluster dir keeps the replicas' peer secret.
+pub fn peer_secret_path(dir: &std::path::Path) -> PathBuf {
+    dir.join("peer-secret")
+}
+
+/// Writes a peer secret for the replicas of the cluster in `dir` (tests only: unique
+/// per run, not secret from this machine).
+pub fn write_peer_secret(dir: &std::path::Path) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let secret = format!("test-peer-secret-{}-{nanos}\n", std::process::id());
+    std::fs::write(peer_secret_path(dir), secret).expect("write the peer secret");
+}
+
 impl Cluster {
     /// Starts `n` processes (ids 1..=n) of a new cluster with `shards` shards.
     pub fn start(n: u64, shards: u32) -> Cluster {
@@ -68,6 +84,7 @@ impl Cluster {
     ) -> Cluster {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("tempdir");
+        write_peer_secret(dir.path());
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| (id, format!("127.0.0.1:{}", free_port())))
             .collect();
@@ -131,7 +148,9 @@ impl Cluster {
             ])
             .arg("--data")
             .arg(&p.data)
-            .args(["--balance-interval-ms", "0"]);
+            .args(["--balance-interval-ms", "0"])
+            .arg("--peer-secret-file")
+            .arg(peer_secret_path(self.dir.path()));
         for (peer, addr) in &p.peers {
             cmd.args(["--peer", &format!("{peer}={addr}")]);
         }

@@ -105,6 +105,17 @@ async fn main() -> anyhow::Result<()> {
         .map(|_| Ok(format!("127.0.0.1:{}", free_port()?)))
         .collect::<anyhow::Result<_>>()?;
     let mut procs = Procs(Vec::new());
+    // The bench runs on one machine: a per-run secret is enough.
+    let secret_file = dir.path().join("peer-secret");
+    std::fs::write(
+        &secret_file,
+        format!(
+            "bench-peer-secret-{}-{}\n",
+            std::process::id(),
+            free_port()?
+        ),
+    )
+    .with_context(|| format!("cannot write {}", secret_file.display()))?;
     for (i, addr) in grpc.iter().enumerate() {
         let id = i + 1;
         let mut cmd = Command::new(&args.gangway);
@@ -114,6 +125,8 @@ async fn main() -> anyhow::Result<()> {
             .args(["--shards", &args.shards.to_string(), "--bind-qps", "0"])
             .arg("--data")
             .arg(dir.path().join(format!("node-{id}")))
+            .arg("--peer-secret-file")
+            .arg(&secret_file)
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .env(
