@@ -89,6 +89,7 @@ pub fn check(history: &[Entry], fin: &FinalState) -> Verdict {
     check_capacity(fin, &mut v);
     check_groups(&ops, fin, &mut v);
     check_acknowledged(&ops, fin, &mut v);
+    check_refusals(&ops, &mut v);
     check_reservations(fin, &mut v);
     check_hashes(fin, &mut v);
     let recoveries = recoveries(history);
@@ -158,6 +159,13 @@ impl Ops {
             out.push((*op, f.clone(), *group, state.clone()));
         }
         out
+    }
+
+    /// Whether a cancel of group `id` was invoked.
+    fn cancelled(&self, id: u64) -> bool {
+        self.invokes.values().any(|(_, e)| {
+            matches!(e, Event::Invoke { f, key, .. } if f == "cancel" && *key == id.to_string())
+        })
     }
 
     /// Members named by release_members calls, by group (acknowledged or not).
@@ -277,6 +285,74 @@ fn holds(state: &str) -> bool {
     state == "Placed"
 }
 
+/// A live group's placements: a Placed group's, and those a NonStrict group holds
+/// while it waits for the rest (Queued).
+fn live_placements(g: &GangGroupStatus) -> bool {
+    holds(&g.state) || g.state == "Queued"
+}
+
+/// Every member a live group lists that the ledger does not hold on that node, and
+/// every member two live groups list. Read groups first, then nodes: slots exist
+/// before meta lists them. The drill runs this before it cancels what still waits,
+/// since a cancel frees what a wrong refusal left behind.
+pub fn live_placements_missing(groups: &[GangGroupStatus], nodes: &[NodeInfo]) -> Vec<Violation> {
+    let held: BTreeSet<(String, String)> = nodes
+        .iter()
+        .filter_map(|n| n.node.as_ref().map(|spec| (n, spec)))
+        .flat_map(|(n, spec)| {
+            n.pod_slots
+                .iter()
+                .filter(|s| s.state != "Observed")
+                .map(|s| (s.member.clone(), spec.name.clone()))
+        })
+        .collect();
+    let mut v = Vec::new();
+    let mut owner: BTreeMap<String, u64> = BTreeMap::new();
+    for g in groups.iter().filter(|g| live_placements(g)) {
+        for p in placed_of(g) {
+            if let Some(other) = owner.insert(p.member.clone(), g.id) {
+                v.push(violation(
+                    "I3",
+                    format!("{} is listed by live groups {other} and {}", p.member, g.id),
+                ));
+            }
+            if !held.contains(&(p.member.clone(), p.node.clone())) {
+                v.push(violation(
+                    "I3",
+                    format!(
+                        "group {} ({}) lists {} on {}, but the ledger does not hold it",
+                        g.id, g.state, p.member, p.node
+                    ),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Operations that must be refused (hostile probes) and were acknowledged.
+fn check_refusals(ops: &Ops, v: &mut Vec<Violation>) {
+    for (op, (_, result)) in &ops.results {
+        let Some((_, Event::Invoke { f, key, .. })) = ops.invokes.get(op) else {
+            continue;
+        };
+        if !crate::hostile::MUST_FAIL.contains(&f.as_str()) {
+            continue;
+        }
+        if let Event::Ok { state, group, .. } = result {
+            let invariant = if f == crate::hostile::F_RAFT_AS_CLIENT {
+                "I3"
+            } else {
+                "I4"
+            };
+            v.push(violation(
+                invariant,
+                format!("{f} {key:?} (operation {op}) must be refused, but was accepted: group {group}, {state}"),
+            ));
+        }
+    }
+}
+
 fn check_groups(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
     let shapes = ops.shapes();
     let released = ops.released_members();
@@ -293,12 +369,15 @@ fn check_groups(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
         }
         // A finished group keeps its last placements as a record; the ledger
         // comparison below shows whether anything is still held for it.
-        if !holds(&g.state) {
+        if !live_placements(g) {
             continue;
         }
         let members = placed_of(g);
         for p in &members {
             placed.insert((p.member.clone(), p.node.clone()));
+        }
+        if !holds(&g.state) {
+            continue;
         }
         let Some(gangs) = shapes.get(&g.idempotency_key) else {
             continue;
@@ -389,7 +468,8 @@ fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
                     ));
                 }
             }
-            "release" if g.state != "Released" => v.push(violation(
+            // A release of a group already cancelled (or cancelled meanwhile) leaves it so.
+            "release" if g.state != "Released" && !ops.cancelled(group) => v.push(violation(
                 "I4",
                 format!(
                     "release {op} of group {group} was acknowledged, but it is {}",

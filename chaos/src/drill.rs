@@ -32,6 +32,29 @@ pub const FP_PARTICIPANT: &str = "participant-after-reserve";
 pub const FP_BINDER: &str = "binder-after-bind";
 /// Bug switch for the checker's self-test: COMMIT sent with no decision written.
 pub const BUG_SKIP_DECISION: &str = "coordinator-skips-decision";
+/// Bug switch: ReleaseMembers frees shard slots before meta agrees.
+pub const BUG_RELEASE_SHARDS_FIRST: &str = "release-members-shards-first";
+/// Bug switch: a NonStrict group planned again plans the members it holds.
+pub const BUG_REPLAN_HELD: &str = "coordinator-replans-held-members";
+/// Bug switch: the Raft transport serves clients.
+pub const BUG_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
+/// Every bug switch a drill may arm.
+pub const BUGS: [&str; 4] = [
+    BUG_SKIP_DECISION,
+    BUG_RELEASE_SHARDS_FIRST,
+    BUG_REPLAN_HELD,
+    BUG_TRANSPORT_OPEN,
+];
+/// The bug switches the self-test arms, one per drill; the checker must catch each.
+/// Not `BUG_REPLAN_HELD`: meta's commit point refuses the double placement it
+/// causes (rule 8), so what remains is a group that never completes, a liveness
+/// failure the checker does not judge under faults; `server/tests/two_phase.rs`
+/// finds it without faults.
+pub const SELF_TEST_BUGS: [&str; 3] = [
+    BUG_SKIP_DECISION,
+    BUG_RELEASE_SHARDS_FIRST,
+    BUG_TRANSPORT_OPEN,
+];
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
 pub const CRASH_POINTS: [&str; 4] = [FP_AFTER_RESERVE, FP_AFTER_DECIDE, FP_PARTICIPANT, FP_BINDER];
 
@@ -306,7 +329,12 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     runner.sup.wait_ready(READY_TIMEOUT_MS).await?;
     let replicas = Arc::new(Replicas::new(runner.sup.endpoints()));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workload = Workload::new(replicas.clone(), history.clone(), format!("s{}", spec.seed));
+    let workload = Workload::new(
+        replicas.clone(),
+        history.clone(),
+        format!("s{}", spec.seed),
+        format!("chaos-{}", spec.seed),
+    );
     let (agents, mut workers) = match &api {
         None => {
             let agents = start_fleet(&replicas, spec.shards, &stop_rx).await?;
@@ -818,6 +846,7 @@ async fn settle(
     let mut fin = FinalState::default();
     let deadline = Instant::now() + Duration::from_millis(QUIESCE_MS);
     let mut cancelled = std::collections::BTreeSet::new();
+    let mut checked_live = false;
     loop {
         let groups = match replicas
             .call(|c| async move { c.list_groups(true).await })
@@ -832,6 +861,17 @@ async fn settle(
                 return fin;
             }
         };
+        if api.is_none() && !checked_live {
+            checked_live = true;
+            // Before anything is cancelled: what waits must hold what it lists.
+            if let CallResult::Ok(nodes) = replicas
+                .call(|c| async move { c.list_nodes(None).await })
+                .await
+            {
+                fin.unreadable
+                    .extend(checker::live_placements_missing(&groups, &nodes));
+            }
+        }
         for g in groups.iter().filter(|g| g.state == "Queued") {
             if cancelled.insert(g.id) {
                 match api {

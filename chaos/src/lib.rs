@@ -9,6 +9,7 @@
 pub mod checker;
 pub mod drill;
 pub mod history;
+pub mod hostile;
 pub mod kube_workload;
 pub mod proxy;
 pub mod report;

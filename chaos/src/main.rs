@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gangway_chaos::drill::{self, DrillKind, DrillReport, DrillSpec, BUG_SKIP_DECISION};
+use gangway_chaos::drill::{self, DrillKind, DrillReport, DrillSpec, BUGS, SELF_TEST_BUGS};
 use gangway_chaos::report::{summary, SeriesReport};
 use gangway_chaos::supervisor::kill_registered;
 
@@ -32,12 +32,12 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         count: u64,
     },
-    /// Check the checker: a coordinator that skips writing its decision must be caught.
+    /// Check the checker: each bug switch, armed alone in a mixed drill, must be caught.
     SelfTest {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// The bounded set CI runs: every named drill briefly, then the self-test.
+    /// The bounded set CI runs: every named drill briefly, then the self-test of every bug.
     Ci {
         #[command(flatten)]
         run: RunArgs,
@@ -78,8 +78,9 @@ struct RunArgs {
     /// Keep the work dir even when every invariant held.
     #[arg(long)]
     keep: bool,
-    /// Arm a deliberate bug (coordinator-skips-decision) to see the checker catch it.
-    #[arg(long, value_parser = [BUG_SKIP_DECISION])]
+    /// Arm a deliberate bug to see the checker catch it (self-test: the bugs to try,
+    /// default every one it is known to catch).
+    #[arg(long, value_parser = BUGS)]
     bug: Vec<String>,
 }
 
@@ -264,24 +265,15 @@ async fn execute(cli: Cli) -> Result<ExitCode, Stop> {
                 ExitCode::from(1)
             })
         }
-        Command::SelfTest { mut run } => {
-            run.bug = vec![BUG_SKIP_DECISION.to_string()];
-            let r = one(run.spec(run.seed, run.drill), run.keep).await?;
-            print!("{}", summary(&r));
-            write_json(run.report.as_deref(), &r)?;
-            if r.violations.is_empty() {
-                println!("self-test FAILED: the checker found nothing with {BUG_SKIP_DECISION} armed (seed {})", r.seed);
-                Ok(ExitCode::from(1))
+        Command::SelfTest { run } => {
+            let caught = self_test(&run, run.seed, run.duration).await?;
+            Ok(if caught {
+                ExitCode::SUCCESS
             } else {
-                println!(
-                    "self-test passed: {BUG_SKIP_DECISION} was caught ({} violation(s), seed {})",
-                    r.violations.len(),
-                    r.seed
-                );
-                Ok(ExitCode::SUCCESS)
-            }
+                ExitCode::from(1)
+            })
         }
-        Command::Ci { run } => {
+        Command::Ci { mut run } => {
             let short = run.duration.min(4_000);
             let drills: Vec<_> = DrillKind::ALL
                 .into_iter()
@@ -290,30 +282,67 @@ async fn execute(cli: Cli) -> Result<ExitCode, Stop> {
                 .collect();
             let s = series(&run, &drills, true).await?;
             print!("{}", s.summary());
-            let mut bugged = run.clone();
-            bugged.bug = vec![BUG_SKIP_DECISION.to_string()];
-            let caught = one(bugged.spec(run.seed, DrillKind::Mixed), run.keep).await?;
-            let self_test = !caught.violations.is_empty();
-            println!(
-                "self-test ({BUG_SKIP_DECISION}, seed {}): {}",
-                caught.seed,
-                if self_test {
-                    format!("caught, {} violation(s)", caught.violations.len())
-                } else {
-                    "NOT caught".to_string()
-                }
-            );
-            if self_test {
-                let _ = std::fs::remove_dir_all(&caught.work_dir);
-            }
-            write_json(run.report.as_deref(), &s)?;
-            Ok(if s.failed == 0 && self_test {
+            write_json(run.report.take().as_deref(), &s)?;
+            run.drill = DrillKind::Mixed;
+            let caught = self_test(&run, run.seed, short.max(6_000)).await?;
+            Ok(if s.failed == 0 && caught {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
             })
         }
     }
+}
+
+/// Runs a mixed drill per bug switch (`run.bug`, or every one) with that switch
+/// armed; true if the checker caught each. Prints one line per bug.
+async fn self_test(run: &RunArgs, seed: u64, duration_ms: u64) -> Result<bool, Stop> {
+    let bugs: Vec<String> = if run.bug.is_empty() {
+        SELF_TEST_BUGS.iter().map(|b| b.to_string()).collect()
+    } else {
+        run.bug.clone()
+    };
+    let mut missed = Vec::new();
+    let mut reports = Vec::new();
+    for bug in &bugs {
+        let mut bugged = run.clone();
+        bugged.bug = vec![bug.clone()];
+        bugged.duration = duration_ms;
+        let mut spec = bugged.spec(seed, run.drill);
+        // One dir per bug: the drills share kind and seed.
+        spec.dir = spec.dir.with_file_name(format!(
+            "{}-{bug}",
+            spec.dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+        let r = one(spec, run.keep).await?;
+        print!("{}", summary(&r));
+        let caught = !r.violations.is_empty();
+        match r.violations.first() {
+            Some(v) => println!(
+                "self-test {bug} (seed {seed}): caught, {} violation(s), first {}",
+                r.violations.len(),
+                v.invariant
+            ),
+            None => {
+                println!("self-test {bug} (seed {seed}): NOT caught");
+                missed.push(bug.clone());
+            }
+        }
+        if caught && !run.keep {
+            let _ = std::fs::remove_dir_all(&r.work_dir);
+        }
+        reports.push(r);
+    }
+    write_json(run.report.as_deref(), &reports)?;
+    if missed.is_empty() {
+        println!("self-test passed: the checker caught {}", bugs.join(", "));
+    } else {
+        println!("self-test FAILED: the checker missed {}", missed.join(", "));
+    }
+    Ok(missed.is_empty())
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,8 @@
 //! The drill's clients: a simulated fleet (nodes, some with device agents) and
 //! workers that submit gang groups (Strict, NonStrict, GangGroups of two
-//! gangs, groups too wide for one shard, members with devices), hold them,
-//! release or cancel them, plus a probe that submits a one-pod gang every
+//! gangs, groups too wide for one shard, NonStrict groups whose members arrive
+//! over time across shards, members with devices), hold them, release or cancel
+//! them, or run a hostile probe (`hostile.rs`), plus a probe that submits a one-pod gang every
 //! [`PROBE_INTERVAL_MS`] so recovery is seen within that resolution.
 //!
 //! Every call goes through the client library with an idempotency key and
@@ -44,6 +45,8 @@ pub const PROBES_IN_FLIGHT_MAX: usize = 24;
 pub const ENDPOINT_COOLDOWN_MS: u64 = 1_000;
 /// Workers submitting gang groups.
 pub const WORKERS: usize = 3;
+/// Workers running hostile probes only (see `hostile.rs`).
+pub const HOSTILE_WORKERS: usize = 1;
 /// Nodes per shard in the simulated fleet (the first of each shard has devices).
 pub const NODES_PER_SHARD: usize = 4;
 /// CPUs per node.
@@ -101,6 +104,11 @@ impl Replicas {
             next: AtomicU64::new(0),
             cooling: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Every replica's address.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     /// The next replica to try: round robin over those not cooling down (all if none).
@@ -316,7 +324,7 @@ pub async fn device_agent(
 
 /// The kinds of group the workers submit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
+pub(crate) enum Shape {
     /// A GangGroup of two Strict gangs of two 3-CPU members.
     PairGroup,
     /// A NonStrict gang: 2 of 3 two-CPU members.
@@ -327,20 +335,27 @@ enum Shape {
     Wide,
     /// One member no node can hold: it waits, then is cancelled.
     Unfit,
+    /// A NonStrict gang of five 12-CPU members, all needed: wider than one shard, its
+    /// members arrive over time as room frees up on either shard.
+    Accumulating,
+    /// A hostile probe instead of a group's life (see `hostile.rs`); the hostile
+    /// worker runs only these.
+    Hostile,
     /// The probe: one 1-CPU member.
     Probe,
 }
 
-const SHAPES: [Shape; 5] = [
+const SHAPES: [Shape; 6] = [
     Shape::PairGroup,
     Shape::NonStrict,
     Shape::Devices,
     Shape::Wide,
     Shape::Unfit,
+    Shape::Accumulating,
 ];
-const SHAPE_WEIGHTS: [u64; 5] = [30, 20, 20, 20, 10];
+const SHAPE_WEIGHTS: [u64; 6] = [30, 20, 20, 20, 10, 10];
 
-fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
+pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
     let gang = |k: u32, min: u32, members: u32, mode: &str, cpu: u32, gpu: u32| GangShape {
         name: format!("{NAMESPACE}/op{op}-{k}"),
         min_member: min,
@@ -355,11 +370,12 @@ fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
         Shape::Devices => vec![gang(0, 2, 2, "Strict", 1, 1)],
         Shape::Wide => vec![gang(0, 5, 5, "Strict", 12, 0)],
         Shape::Unfit => vec![gang(0, 1, 1, "Strict", 1_000, 0)],
-        Shape::Probe => vec![gang(0, 1, 1, "Strict", 1, 0)],
+        Shape::Accumulating => vec![gang(0, 5, 5, "NonStrict", 12, 0)],
+        Shape::Probe | Shape::Hostile => vec![gang(0, 1, 1, "Strict", 1, 0)],
     }
 }
 
-fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupRequest {
+pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
         idempotency_key: key.to_string(),
         name: key.to_string(),
@@ -414,10 +430,14 @@ pub const TERMINAL: [&str; 3] = ["Released", "Cancelled", "TimedOut"];
 
 /// The workload of one drill.
 pub struct Workload {
-    replicas: Arc<Replicas>,
-    history: History,
+    pub(crate) replicas: Arc<Replicas>,
+    pub(crate) history: History,
     next_op: AtomicU64,
-    tag: String,
+    /// The hostile probes run so far (they take turns).
+    pub(crate) next_probe: AtomicU64,
+    pub(crate) tag: String,
+    /// The cluster's id, which forged envelopes name.
+    pub(crate) cluster_id: String,
 }
 
 /// A group the workload submitted whose fate it does not know.
@@ -427,17 +447,25 @@ struct Submitted {
 }
 
 impl Workload {
-    /// A workload over `replicas` recording into `history`; `tag` prefixes its keys.
-    pub fn new(replicas: Arc<Replicas>, history: History, tag: String) -> Arc<Self> {
+    /// A workload over `replicas` of cluster `cluster_id`, recording into `history`;
+    /// `tag` prefixes its keys.
+    pub fn new(
+        replicas: Arc<Replicas>,
+        history: History,
+        tag: String,
+        cluster_id: String,
+    ) -> Arc<Self> {
         Arc::new(Self {
             replicas,
             history,
             next_op: AtomicU64::new(1),
+            next_probe: AtomicU64::new(0),
             tag,
+            cluster_id,
         })
     }
 
-    fn op_id(&self) -> u64 {
+    pub(crate) fn op_id(&self) -> u64 {
         self.next_op.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -447,15 +475,26 @@ impl Workload {
         for _ in 0..WORKERS {
             let w = self.clone();
             let rng = rng.fork();
-            set.spawn(w.worker(rng, stop.clone()));
+            set.spawn(w.worker(rng, stop.clone(), None));
+        }
+        for _ in 0..HOSTILE_WORKERS {
+            let w = self.clone();
+            let rng = rng.fork();
+            set.spawn(w.worker(rng, stop.clone(), Some(Shape::Hostile)));
         }
         set.spawn(self.clone().prober(stop));
         set
     }
 
-    async fn worker(self: Arc<Self>, mut rng: Rng, stop: watch::Receiver<bool>) {
+    /// Runs group lives (of `only` this shape, or of every shape by weight) until `stop`.
+    async fn worker(
+        self: Arc<Self>,
+        mut rng: Rng,
+        stop: watch::Receiver<bool>,
+        only: Option<Shape>,
+    ) {
         while !*stop.borrow() {
-            let shape = SHAPES[rng.weighted(&SHAPE_WEIGHTS).unwrap_or(0)];
+            let shape = only.unwrap_or_else(|| SHAPES[rng.weighted(&SHAPE_WEIGHTS).unwrap_or(0)]);
             self.cycle(shape, &mut rng).await;
             tokio::time::sleep(Duration::from_millis(rng.range(0, 50))).await;
         }
@@ -486,6 +525,10 @@ impl Workload {
 
     /// One group's life: submit, wait for placement, hold, give back.
     async fn cycle(&self, shape: Shape, rng: &mut Rng) {
+        if shape == Shape::Hostile {
+            self.hostile(rng).await;
+            return;
+        }
         let (id, placed) = match self.place(shape).await {
             Some(x) => x,
             None => return,
@@ -649,7 +692,7 @@ impl Workload {
         self.record_result(op, id, r);
     }
 
-    fn record_result(&self, op: u64, id: u64, r: CallResult<GangGroupStatus>) {
+    pub(crate) fn record_result(&self, op: u64, id: u64, r: CallResult<GangGroupStatus>) {
         let event = match r {
             CallResult::Ok(s) => Event::Ok {
                 op,

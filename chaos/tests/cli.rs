@@ -111,6 +111,8 @@ fn the_checker_catches_a_coordinator_that_skips_writing_its_decision() {
             "3s",
             "--seed",
             "11",
+            "--bug",
+            "coordinator-skips-decision",
         ])
         .arg("--gangway")
         .arg(&g)

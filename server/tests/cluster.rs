@@ -308,7 +308,20 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
         .connect()
         .await
         .expect("connect");
-    let mut raft = RaftTransportClient::new(ch);
+    // As a replica would call: with the peer secret (clients are refused before
+    // the envelope is read; see two_phase.rs).
+    let secret = std::fs::read_to_string(support::peer_secret_path(c.dir.path()))
+        .expect("peer secret")
+        .trim()
+        .to_string();
+    let mut raft = RaftTransportClient::with_interceptor(ch, move |mut req: tonic::Request<()>| {
+        let value = secret
+            .parse()
+            .map_err(|_| tonic::Status::internal("secret header"))?;
+        req.metadata_mut()
+            .insert(gangway_raft::PEER_SECRET_HEADER, value);
+        Ok(req)
+    });
     let envelope = |cluster: &str, group: u64| Envelope {
         cluster_id: cluster.into(),
         group_id: group,
