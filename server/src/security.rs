@@ -641,6 +641,53 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_secret_is_its_own_header_and_client_tokens_do_not_pass() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("peer-secret");
+        std::fs::write(&path, "short\n").expect("write");
+        let err = Tokens::load_peer_secret(path.clone())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.starts_with("--peer-secret-file") && err.contains("shorter than 16"),
+            "{err}"
+        );
+        std::fs::write(&path, "0123456789abcdef-peers\n").expect("write");
+        let secret = Tokens::load_peer_secret(path).expect("secret");
+        let mut md = MetadataMap::new();
+        md.insert(
+            "authorization",
+            "Bearer 0123456789abcdef-peers".parse().expect("header"),
+        );
+        let refused = secret
+            .check_peer(&md)
+            .expect_err("a bearer token is not the secret");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        assert!(
+            refused.message().contains("replicas of this cluster only"),
+            "{}",
+            refused.message()
+        );
+        md.insert(
+            PEER_SECRET_HEADER,
+            "wrong-but-long-enough".parse().expect("header"),
+        );
+        assert!(secret.check_peer(&md).is_err());
+        md.insert(
+            PEER_SECRET_HEADER,
+            "0123456789abcdef-peers".parse().expect("header"),
+        );
+        assert!(secret.check_peer(&md).is_ok());
+        let generated = Tokens::generated_peer_secret().expect("generated");
+        assert_eq!(generated.own().len(), 2 * GENERATED_SECRET_BYTES);
+        assert_ne!(
+            generated.own(),
+            Tokens::generated_peer_secret().expect("again").own()
+        );
+    }
+
+    #[test]
     fn a_changed_token_file_is_reloaded() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("tokens");
