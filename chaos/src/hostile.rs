@@ -76,14 +76,21 @@ enum Forged {
 }
 
 impl Forged {
+    /// Whether `status` was made on this side from a transport failure (connect refused,
+    /// connection reset mid-call) rather than sent by the replica: such a call's fate is
+    /// unknown, and the final ledgers judge it (I3, I5). A status the replica sent
+    /// carries no source error.
+    fn made_by_client(status: &tonic::Status) -> bool {
+        std::error::Error::source(status).is_some()
+            || (status.code() == tonic::Code::Unavailable && status.message().contains("transport"))
+    }
+
     /// `None` when `call` was refused as unauthenticated (try the next call).
     fn judge(call: &str, r: Result<(), tonic::Status>) -> Option<Self> {
         match r {
             Ok(()) => Some(Self::Served(format!("{call} answered OK"))),
             Err(s) if s.code() == tonic::Code::Unauthenticated => None,
-            Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("transport") => {
-                Some(Self::Unreachable(s.to_string()))
-            }
+            Err(s) if Self::made_by_client(&s) => Some(Self::Unreachable(s.to_string())),
             Err(s) => Some(Self::Served(format!("{call} answered {s}"))),
         }
     }
@@ -481,5 +488,33 @@ impl Workload {
             .call(|c| async move { c.release(id).await })
             .await;
         self.record_result(op, id, r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection reset mid-call (a replica restarting) leaves the call's fate
+    /// unknown; only an answer the replica sent counts as served.
+    #[test]
+    fn a_call_cut_by_the_network_is_not_served() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let cut = tonic::Status::from_error(Box::new(reset));
+        assert!(matches!(
+            Forged::judge("Propose", Err(cut)),
+            Some(Forged::Unreachable(_))
+        ));
+        let answered = tonic::Status::unknown("transport error");
+        assert!(matches!(
+            Forged::judge("Propose", Err(answered)),
+            Some(Forged::Served(_))
+        ));
+        let refused = tonic::Status::unauthenticated("peer secret required");
+        assert!(Forged::judge("Propose", Err(refused)).is_none());
+        assert!(matches!(
+            Forged::judge("Vote", Ok(())),
+            Some(Forged::Served(_))
+        ));
     }
 }
