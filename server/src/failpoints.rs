@@ -39,8 +39,15 @@ pub const RELEASE_SHARDS_FIRST: &str = "release-members-shards-first";
 /// every caller the client services serve, so a client can propose ledger commands.
 pub const RAFT_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
 
+/// A fixed protocol bug, back for checking the checker: meta forgets a decided
+/// transaction whether or not its participants acknowledged it (as it once did past
+/// 50,000 decisions; armed, it keeps none, so a bounded run reaches the bound). A
+/// participant that missed the decision then finds no record, and its resolver's
+/// ABORT tombstone makes it abort a transaction meta committed.
+pub const META_FORGETS_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
@@ -49,6 +56,7 @@ pub const ALL: [&str; 8] = [
     REPLAN_HELD_MEMBERS,
     RELEASE_SHARDS_FIRST,
     RAFT_TRANSPORT_OPEN,
+    META_FORGETS_UNACKED,
 ];
 
 /// The armed crash points of a process.

@@ -75,6 +75,9 @@ pub enum ShardOutcome {
 /// The meta group's state machine.
 pub struct MetaMachine {
     state: MetaState,
+    /// Not state: test bug switches (none in production). Every replica of a test
+    /// cluster is armed alike, so applies stay deterministic.
+    failpoints: Failpoints,
 }
 
 /// A shard group's state machine: the shard ledger, and the placer its plans use.
@@ -91,6 +94,7 @@ pub fn machine_for(group: GroupId, shards: u32, failpoints: &Failpoints) -> Box<
     if group == META_GROUP {
         Box::new(MetaMachine {
             state: MetaState::new(shards),
+            failpoints: failpoints.clone(),
         })
     } else {
         Box::new(ShardMachine {
@@ -122,13 +126,17 @@ fn admit_shard(command: &[u8]) -> Result<(), String> {
 
 impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
-        match decode(command) {
+        let answer = match decode(command) {
             Ok(cmd) => reply(&self.state.apply(&cmd), meta_rejected),
             Err(e) => reply(
                 &meta_rejected(format!("malformed meta command: {e}")),
                 meta_rejected,
             ),
+        };
+        if self.failpoints.armed(failpoints::META_FORGETS_UNACKED) {
+            self.state.forget_decisions_unacknowledged();
         }
+        answer
     }
     fn snapshot(&self) -> Vec<u8> {
         snapshot_bytes("meta", &self.state)

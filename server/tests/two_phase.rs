@@ -449,3 +449,107 @@ async fn the_checks_find_a_raft_transport_open_to_clients() {
     assert!(found.is_err(), "the bug went unnoticed");
     eprintln!("found, as expected: {}", found.err().unwrap_or_default());
 }
+
+/// Longest the scenario below watches a placed group whose COMMIT a participant
+/// missed: past the participants' reservation deadline (`RESERVE_TTL_MS`, 10 s) and
+/// their resolver's next look, so a decision forgotten too early shows.
+const MISSED_COMMIT_WATCH_S: u64 = 14;
+
+/// A client of the first process that answers (the coordinator may have crashed).
+async fn any_client(c: &Cluster) -> Result<Client, String> {
+    let endpoints: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
+    Client::connect(&endpoints)
+        .await
+        .map_err(|e| format!("no process answers: {e}"))
+}
+
+/// Rule 5: a Strict gang that must span both shards is decided COMMIT, and the
+/// coordinator dies before telling anyone (crash point `coordinator-after-decide`).
+/// The new coordinator delivers the decision, and through the participants'
+/// reservation deadline and their resolvers' questions every member stays held.
+async fn commit_missed_by_participants(c: &Cluster, place: Duration) -> Result<(), String> {
+    let cl = client(c, 1).await;
+    for shard in [1, 2] {
+        let name = cordoned_node_on(&cl, &format!("s{shard}"), shard, "4").await;
+        uncordon(&cl, &name, "4").await;
+    }
+    let mut wide = nonstrict("across", 2, "3");
+    wide.gangs[0].mode = "Strict".into();
+    let g = cl.submit(wide).await.map_err(|e| format!("submit: {e}"))?;
+    let mut placed = None;
+    let deadline = Instant::now() + place;
+    while placed.is_none() {
+        if Instant::now() >= deadline {
+            return Err(format!("group {} not placed within {place:?}", g.id));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Ok(cl) = any_client(c).await else {
+            continue;
+        };
+        if let Ok(s) = cl.get(g.id).await {
+            placed = (s.state == "Placed").then_some((cl, s));
+        }
+    }
+    let (cl, s) = placed.ok_or("unreachable: loop ends placed")?;
+    if !c
+        .procs
+        .values()
+        .any(|p| c.log(p.id).contains("coordinator-after-decide fired"))
+    {
+        return Err("the crash point did not fire: the scenario did not run".into());
+    }
+    let watch_until = Instant::now() + Duration::from_secs(MISSED_COMMIT_WATCH_S);
+    while Instant::now() < watch_until {
+        ledgers_match(&cl, &s).await?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// A cluster of 2 shards whose coordinator crashes once, after its first COMMIT of a
+/// transaction across shards, with `bugs` armed too.
+fn cluster_crashing_after_decide(failpoint_dir: &std::path::Path, bugs: &[&str]) -> Cluster {
+    let armed = std::iter::once("coordinator-after-decide")
+        .chain(bugs.iter().copied())
+        .collect::<Vec<_>>()
+        .join(",");
+    Cluster::start_with(
+        3,
+        2,
+        vec!["--test-failpoints".into()],
+        vec![
+            ("GANGWAY_TEST_FAILPOINTS".into(), armed),
+            (
+                "GANGWAY_TEST_FAILPOINT_DIR".into(),
+                failpoint_dir.display().to_string(),
+            ),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_participants_missed_is_delivered_and_kept() {
+    let once = tempfile::tempdir().expect("tempdir");
+    let c = cluster_crashing_after_decide(once.path(), &[]);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    if let Err(e) = commit_missed_by_participants(&c, Duration::from_secs(PLACE_S)).await {
+        panic!("{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_find_decisions_forgotten_before_every_participant_acknowledged() {
+    let once = tempfile::tempdir().expect("tempdir");
+    let c = cluster_crashing_after_decide(once.path(), &["meta-forgets-unacknowledged-decisions"]);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(READY_S)).await;
+    let found = commit_missed_by_participants(&c, Duration::from_secs(PLACE_S)).await;
+    let found = found
+        .err()
+        .unwrap_or_else(|| panic!("the bug went unnoticed"));
+    // Found by the ledger check, not a scenario that never ran.
+    assert!(
+        found.contains("ledger slots") || found.contains("is held"),
+        "{found}"
+    );
+    eprintln!("found, as expected: {found}");
+}

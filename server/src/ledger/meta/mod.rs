@@ -992,6 +992,15 @@ impl MetaState {
     }
 }
 
+impl MetaState {
+    /// Bug switch `meta-forgets-unacknowledged-decisions` only: forgets every decided
+    /// transaction, acknowledged or not, which rule 5 forbids. Never called in production.
+    pub fn forget_decisions_unacknowledged(&mut self) {
+        self.txns.retain(|_, t| t.decision.is_none());
+        self.undelivered.clear();
+    }
+}
+
 /// Most characters of client input echoed in a refusal.
 pub const ECHO_CHARS_MAX: usize = 128;
 

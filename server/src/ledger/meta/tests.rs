@@ -513,6 +513,35 @@ fn decisions_are_delivered_until_every_participant_acknowledged() {
     assert_eq!(undelivered(&m)[0].shards, vec![2]);
 }
 
+/// What the bug switch `meta-forgets-unacknowledged-decisions` brings back (item 5):
+/// a participant that missed COMMIT asks, finds no record, and is told ABORT.
+#[test]
+fn forgetting_an_unacknowledged_commit_turns_a_late_question_into_abort() {
+    let ask = |m: &mut MetaState, txn| match m.apply(&MetaCommand::AbortIfUndecided {
+        txn,
+        at_ms: 9,
+        shard: Some(1),
+    }) {
+        MetaReply::Decided { decision, .. } => decision,
+        other => panic!("{other:?}"),
+    };
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 1);
+    m.apply(&MetaCommand::Decide {
+        txn,
+        decision: Decision::Commit,
+        placements: BTreeMap::new(),
+        reason: String::new(),
+        at_ms: 2,
+        delivered: vec![2],
+    });
+    let mut bugged = m.clone();
+    assert_eq!(ask(&mut m, txn), Decision::Commit);
+    bugged.forget_decisions_unacknowledged();
+    assert_eq!(ask(&mut bugged, txn), Decision::Abort);
+}
+
 #[test]
 fn a_retried_requeue_counts_one_attempt() {
     let mut m = MetaState::new(2);
