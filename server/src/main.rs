@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
+use gangway_server::bench::failover::FailoverBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
 use gangway_server::dev::DevArgs;
@@ -45,6 +46,8 @@ enum Bench {
     Engine(EngineBenchArgs),
     /// End to end: three real processes, nodes through the Inventory API, gangs through the client.
     E2e(E2eBenchArgs),
+    /// Placement stopped by a meta leader kill, with many gang groups placed.
+    Failover(FailoverBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -67,6 +70,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::E2e(args),
         } => bench::e2e::run(args).await,
+        Command::Bench {
+            which: Bench::Failover(args),
+        } => bench::failover::run(args).await,
     }
 }
 

@@ -57,26 +57,11 @@ pub struct E2eBenchArgs {
     pub submit_concurrency: usize,
 }
 
-struct Processes {
-    children: Vec<Child>,
-    dir: PathBuf,
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(gangway_client::loopback::free_port()?)
 }
 
-fn parse_list(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {
+pub(super) fn parse_list(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {
     text.split(',')
         .map(|v| {
             v.trim()
@@ -86,49 +71,68 @@ fn parse_list(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {
         .collect()
 }
 
-/// The gRPC and HTTP addresses of the benchmark's processes.
-struct Addrs {
-    grpc: Vec<String>,
-    http: Vec<String>,
+/// The benchmark's three `gangway serve` processes on 127.0.0.1 (this binary), each
+/// of which can be killed and started again under the same flags. Processes and the
+/// data dir are removed when it is dropped.
+pub(super) struct Processes {
+    exe: PathBuf,
+    dir: PathBuf,
+    shards: usize,
+    secret_file: PathBuf,
+    children: Vec<Option<Child>>,
+    /// gRPC addresses, replica i+1 at index i.
+    pub(super) grpc: Vec<String>,
+    /// HTTP addresses.
+    pub(super) http: Vec<String>,
 }
 
-fn loopback_addrs(n: usize) -> anyhow::Result<Vec<String>> {
-    (0..n)
-        .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
-        .collect()
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
-fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)> {
-    let exe = std::env::current_exe().context("cannot find the gangway binary")?;
-    let addrs = loopback_addrs(3)?;
-    let http = loopback_addrs(3)?;
-    let mut procs = Processes {
-        children: Vec::new(),
-        dir: dir.to_path_buf(),
-    };
-    let secret_file = dir.join("peer-secret");
-    let secret = crate::security::Tokens::generated_peer_secret()?.own();
-    std::fs::write(&secret_file, format!("{secret}\n"))
-        .with_context(|| format!("cannot write {}", secret_file.display()))?;
-    for (i, addr) in addrs.iter().enumerate() {
+impl Processes {
+    /// SIGKILLs replica `i` (0-based) and reaps it.
+    pub(super) fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.children.get_mut(i).and_then(Option::take) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts replica `i` (0-based), appending to its log.
+    pub(super) fn start(&mut self, i: usize) -> anyhow::Result<()> {
         let id = i + 1;
-        let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
-        let mut cmd = Command::new(&exe);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("node-{id}.log")))?;
+        let mut cmd = Command::new(&self.exe);
         cmd.arg("serve")
             .args([
                 "--id",
                 &id.to_string(),
                 "--listen",
-                addr,
+                &self.grpc[i],
                 "--http",
-                &http[i],
+                &self.http[i],
             ])
-            .args(["--shards", &shards.to_string(), "--cluster-id", "bench"])
+            .args([
+                "--shards",
+                &self.shards.to_string(),
+                "--cluster-id",
+                "bench",
+            ])
             .arg("--data")
-            .arg(dir.join(format!("node-{id}")))
+            .arg(self.dir.join(format!("node-{id}")))
             .arg("--peer-secret-file")
-            .arg(&secret_file);
-        for (j, peer) in addrs.iter().enumerate() {
+            .arg(&self.secret_file);
+        for (j, peer) in self.grpc.iter().enumerate() {
             if j != i {
                 cmd.args(["--peer", &format!("{}={peer}", j + 1)]);
             }
@@ -141,9 +145,36 @@ fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<(Processes, Addrs)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()?;
-        procs.children.push(child);
+        self.children[i] = Some(child);
+        Ok(())
     }
-    Ok((procs, Addrs { grpc: addrs, http }))
+}
+
+fn loopback_addrs(n: usize) -> anyhow::Result<Vec<String>> {
+    (0..n)
+        .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+        .collect()
+}
+
+/// Starts three replicas with `shards` shards, data under `dir`.
+pub(super) fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<Processes> {
+    let secret_file = dir.join("peer-secret");
+    let secret = crate::security::Tokens::generated_peer_secret()?.own();
+    std::fs::write(&secret_file, format!("{secret}\n"))
+        .with_context(|| format!("cannot write {}", secret_file.display()))?;
+    let mut procs = Processes {
+        exe: std::env::current_exe().context("cannot find the gangway binary")?,
+        dir: dir.to_path_buf(),
+        shards,
+        secret_file,
+        children: vec![None, None, None],
+        grpc: loopback_addrs(3)?,
+        http: loopback_addrs(3)?,
+    };
+    for i in 0..3 {
+        procs.start(i)?;
+    }
+    Ok(procs)
 }
 
 /// Sum and count of `gangway_placement_phase_seconds` per phase, over every process.
@@ -188,7 +219,7 @@ async fn phase_totals(http: &[String]) -> PhaseTotals {
     totals
 }
 
-async fn fetch_metrics(addr: &str) -> std::io::Result<String> {
+pub(super) async fn fetch_metrics(addr: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -216,7 +247,7 @@ fn phase_breakdown(before: &PhaseTotals, after: &PhaseTotals) -> String {
         .join(", ")
 }
 
-async fn wait_ready(addrs: &[String]) -> anyhow::Result<Client> {
+pub(super) async fn wait_ready(addrs: &[String]) -> anyhow::Result<Client> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(client) = Client::connect(addrs).await {
@@ -445,8 +476,8 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         let dir =
             std::env::temp_dir().join(format!("gangway-bench-e2e-{}-{shards}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let (procs, addrs) = spawn_cluster(shards, &dir)?;
-        let client = wait_ready(&addrs.grpc).await?;
+        let procs = spawn_cluster(shards, &dir)?;
+        let client = wait_ready(&procs.grpc).await?;
         let t = Instant::now();
         register_nodes(&client, args.nodes).await?;
         eprintln!(
@@ -455,7 +486,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             t.elapsed().as_secs_f64()
         );
         for (run, &size) in sizes.iter().enumerate() {
-            rows.push(run_size(&client, &addrs.http, shards, size, &args, run).await?);
+            rows.push(run_size(&client, &procs.http, shards, size, &args, run).await?);
         }
         drop(procs);
     }

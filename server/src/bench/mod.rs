@@ -3,6 +3,7 @@
 
 pub mod e2e;
 pub mod engine;
+pub mod failover;
 pub mod raft;
 
 /// The p-th percentile (0..=100) of sorted samples.

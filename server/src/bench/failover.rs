@@ -1,0 +1,346 @@
+//! `gangway bench failover`: how long placement stops when the meta leader dies, with
+//! many gang groups placed. The e2e bench's cluster (three real `gangway serve`
+//! processes on 127.0.0.1, sled data dirs); groups of one small pod are placed up to
+//! each count, then, per sample, the meta leader is SIGKILLed and a probe group is
+//! submitted at once, failing over across the live replicas. The figure is kill →
+//! probe `Placed`: election, the new coordinator's first round (delivering what is
+//! undelivered, recovering what is undecided) and one placement. The killed replica
+//! restarts and catches up before the next sample. Processes and data dirs are
+//! removed on every exit path.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
+use gangway_client::Client;
+use gangway_proto::v1::{NodeSpec, SubmitGangGroupRequest};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::e2e::{fetch_metrics, parse_list, spawn_cluster, wait_ready, Processes};
+use super::percentile;
+
+/// Most groups the benchmark places.
+pub const FAILOVER_PLACED_MAX: usize = 1_000_000;
+/// Most kills per count.
+pub const FAILOVER_SAMPLES_MAX: usize = 1_000;
+/// Pods one node takes (the groups' pods are small; pods are the binding limit).
+pub const NODE_PODS: usize = 1_000;
+/// Longest the groups of one count may take to be placed.
+pub const FILL_TIMEOUT_S: u64 = 1_800;
+/// Longest one probe may take from the kill to `Placed`.
+pub const PROBE_TIMEOUT_S: u64 = 60;
+/// Longest a restarted replica may take to catch up.
+pub const CATCH_UP_TIMEOUT_S: u64 = 600;
+/// Time one probe call may take before the next replica is tried.
+pub const PROBE_CALL_TIMEOUT_MS: u64 = 500;
+/// How often the probe's state is read.
+pub const PROBE_POLL_MS: u64 = 5;
+/// How often fill progress and catch-up are read.
+pub const PROGRESS_POLL_MS: u64 = 500;
+/// The meta group's id in `Status`.
+const META_GROUP_ID: u64 = 0;
+
+/// Flags of `gangway bench failover`.
+#[derive(Debug, clap::Args)]
+pub struct FailoverBenchArgs {
+    /// Placed-group counts to measure at, ascending, comma-separated (groups accumulate
+    /// on one cluster).
+    #[arg(long, default_value = "5,10000,100000")]
+    pub placed: String,
+    /// Meta leader kills per count.
+    #[arg(long, default_value_t = 20)]
+    pub samples: usize,
+    /// Shards of the cluster.
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    /// Nodes registered (64 cpu, 512Gi, 1,000 pods each); they must hold every group.
+    #[arg(long, default_value_t = 200)]
+    pub nodes: usize,
+    /// Submissions in flight at once while groups are placed.
+    #[arg(long, default_value_t = 64)]
+    pub submit_concurrency: usize,
+}
+
+/// One group of one pod (10m cpu, 16Mi), its gang named like the group.
+fn small_group(name: String) -> SubmitGangGroupRequest {
+    let pod = json!({"requests": {"cpu": "10m", "memory": "16Mi"}});
+    GangGroupBuilder::new(name.clone())
+        .idempotency_key(name.clone())
+        .gang(GangBuilder::new("bench", name, 1).members("w", 1, pod))
+        .build()
+}
+
+async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
+    for i in 0..count {
+        let name = format!("node-{i:05}");
+        let node = NodeSpec {
+            name: name.clone(),
+            labels: [("kubernetes.io/hostname".to_string(), name)]
+                .into_iter()
+                .collect(),
+            allocatable: [
+                ("cpu", "64".to_string()),
+                ("memory", "512Gi".to_string()),
+                ("pods", NODE_PODS.to_string()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            ..Default::default()
+        };
+        client.register_node(node).await?;
+    }
+    Ok(())
+}
+
+/// `gangway_gang_groups{state="Placed"}` as the meta leader reports it (the gauge is
+/// zero elsewhere), or 0 if no process answers.
+async fn placed_groups(http: &[String]) -> u64 {
+    let mut most = 0;
+    for addr in http {
+        let Ok(text) = fetch_metrics(addr).await else {
+            continue;
+        };
+        let placed = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gangway_gang_groups{state=\"Placed\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        most = most.max(placed as u64);
+    }
+    most
+}
+
+/// Submits groups `from..to` and waits until at least `to` groups are placed.
+async fn fill(
+    client: &Client,
+    http: &[String],
+    from: usize,
+    to: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let permits = std::sync::Arc::new(Semaphore::new(concurrency));
+    let mut submits = Vec::new();
+    for g in from..to {
+        let permit = permits.clone().acquire_owned().await?;
+        let client = client.clone();
+        submits.push(tokio::spawn(async move {
+            let _permit = permit;
+            client.submit(small_group(format!("fill-{g}"))).await
+        }));
+    }
+    for s in submits {
+        s.await??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(FILL_TIMEOUT_S);
+    while placed_groups(http).await < to as u64 {
+        if Instant::now() > deadline {
+            bail!("{to} groups not placed within {FILL_TIMEOUT_S} s");
+        }
+        tokio::time::sleep(Duration::from_millis(PROGRESS_POLL_MS)).await;
+    }
+    Ok(())
+}
+
+/// The replica (0-based) that leads the meta group, as the live replicas see it.
+async fn meta_leader(clients: &[Client]) -> Option<usize> {
+    for c in clients {
+        if let Ok(s) = c.status(false).await {
+            let leader = s
+                .groups
+                .iter()
+                .find(|g| g.group_id == META_GROUP_ID)
+                .map(|g| g.leader)?;
+            if leader != 0 {
+                return Some(leader as usize - 1);
+            }
+        }
+    }
+    None
+}
+
+/// Submits the probe through the live replicas in turn until one accepts it, then
+/// reads its state until it is placed; returns its group id.
+async fn probe(clients: &[Client], dead: usize, name: String) -> anyhow::Result<u64> {
+    let live: Vec<&Client> = clients
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != dead)
+        .map(|(_, c)| c)
+        .collect();
+    let call = Duration::from_millis(PROBE_CALL_TIMEOUT_MS);
+    let deadline = Instant::now() + Duration::from_secs(PROBE_TIMEOUT_S);
+    let request = small_group(name);
+    let mut turn = 0;
+    let id = loop {
+        let c = live[turn % live.len()];
+        turn += 1;
+        if let Ok(Ok(status)) = tokio::time::timeout(call, c.submit_once(request.clone())).await {
+            break status.id;
+        }
+        if Instant::now() > deadline {
+            bail!("the probe was not accepted within {PROBE_TIMEOUT_S} s of the kill");
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_POLL_MS)).await;
+    };
+    loop {
+        let c = live[turn % live.len()];
+        if let Ok(Ok(status)) = tokio::time::timeout(call, c.get(id)).await {
+            match status.state.as_str() {
+                "Placed" => return Ok(id),
+                "Queued" | "Placing" => {}
+                other => bail!("probe group {id} ended {other}: {}", status.reason),
+            }
+        } else {
+            turn += 1;
+        }
+        if Instant::now() > deadline {
+            bail!("probe group {id} not placed within {PROBE_TIMEOUT_S} s of the kill");
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_POLL_MS)).await;
+    }
+}
+
+/// Waits until replica `i` knows every group's leader and has applied what the others
+/// had committed when it was asked.
+async fn caught_up(clients: &[Client], i: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(CATCH_UP_TIMEOUT_S);
+    loop {
+        if replica_caught_up(clients, i).await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "replica {} did not catch up within {CATCH_UP_TIMEOUT_S} s",
+                i + 1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(PROGRESS_POLL_MS)).await;
+    }
+}
+
+async fn replica_caught_up(clients: &[Client], i: usize) -> bool {
+    let mut committed = std::collections::BTreeMap::new();
+    for (j, c) in clients.iter().enumerate() {
+        if j == i {
+            continue;
+        }
+        let Ok(s) = c.status(false).await else {
+            return false;
+        };
+        for g in s.groups {
+            let e = committed.entry(g.group_id).or_insert(0);
+            *e = (*e).max(g.committed_index);
+        }
+    }
+    let Ok(own) = clients[i].status(false).await else {
+        return false;
+    };
+    !own.groups.is_empty()
+        && own.groups.iter().all(|g| {
+            g.leader != 0 && g.applied_index >= committed.get(&g.group_id).copied().unwrap_or(0)
+        })
+}
+
+/// Kills the meta leader `samples` times; returns kill → probe placed, sorted (ms).
+async fn kill_samples(
+    procs: &mut Processes,
+    clients: &[Client],
+    placed: usize,
+    samples: usize,
+) -> anyhow::Result<Vec<u64>> {
+    let mut recovery_ms = Vec::with_capacity(samples);
+    for k in 0..samples {
+        let leader = meta_leader(clients)
+            .await
+            .context("no replica knows the meta leader")?;
+        let killed = Instant::now();
+        procs.kill(leader);
+        let id = probe(clients, leader, format!("probe-{placed}-{k}")).await?;
+        let ms = killed.elapsed().as_millis() as u64;
+        recovery_ms.push(ms);
+        eprintln!(
+            "  {placed} placed, kill {}: replica {} led meta; probe placed after {ms} ms",
+            k + 1,
+            leader + 1
+        );
+        procs.start(leader)?;
+        caught_up(clients, leader).await?;
+        let release = clients
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .map(|(_, c)| c);
+        for c in release {
+            if c.release(id).await.is_ok() {
+                break;
+            }
+        }
+    }
+    recovery_ms.sort_unstable();
+    Ok(recovery_ms)
+}
+
+/// Runs the benchmark and prints a markdown table.
+pub async fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
+    let counts = parse_list("--placed", &args.placed)?;
+    if counts.windows(2).any(|w| w[0] >= w[1]) {
+        bail!("--placed: {} is not ascending", args.placed);
+    }
+    if counts.last().is_some_and(|c| *c > FAILOVER_PLACED_MAX) {
+        bail!("--placed: counts above {FAILOVER_PLACED_MAX} are not measured");
+    }
+    if !(1..=FAILOVER_SAMPLES_MAX).contains(&args.samples) {
+        bail!(
+            "--samples: {} is not in 1..={FAILOVER_SAMPLES_MAX}",
+            args.samples
+        );
+    }
+    if args.shards == 0 || args.nodes == 0 || args.submit_concurrency == 0 {
+        bail!("--shards, --nodes and --submit-concurrency must be >= 1");
+    }
+    let room = args.nodes * NODE_PODS;
+    let most = counts.last().copied().unwrap_or(0) + args.samples;
+    if most > room {
+        bail!(
+            "--nodes: {} nodes of {NODE_PODS} pods hold {room} groups, fewer than {most}",
+            args.nodes
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("gangway-bench-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut procs = spawn_cluster(args.shards, &dir)?;
+    let client = wait_ready(&procs.grpc).await?;
+    let mut clients = Vec::new();
+    for addr in &procs.grpc {
+        clients.push(Client::connect(std::slice::from_ref(addr)).await?);
+    }
+    register_nodes(&client, args.nodes).await?;
+    let mut rows = Vec::new();
+    let mut placed = 0;
+    for &count in &counts {
+        let t = Instant::now();
+        fill(&client, &procs.http, placed, count, args.submit_concurrency).await?;
+        eprintln!(
+            "{count} groups placed ({} new in {:.1} s)",
+            count - placed,
+            t.elapsed().as_secs_f64()
+        );
+        placed = count;
+        let ms = kill_samples(&mut procs, &clients, count, args.samples).await?;
+        rows.push((count, ms));
+    }
+    drop(procs);
+    println!("| placed groups | kills | p50 kill→placed | p99 | max |\n|---:|---:|---:|---:|---:|");
+    for (count, ms) in rows {
+        println!(
+            "| {count} | {} | {} ms | {} ms | {} ms |",
+            ms.len(),
+            percentile(&ms, 50.0),
+            percentile(&ms, 99.0),
+            ms.last().copied().unwrap_or(0)
+        );
+    }
+    Ok(())
+}
