@@ -42,7 +42,7 @@ pub fn decision_ops(txn: TxnId, decision: Decision, alone: bool) -> Vec<LedgerOp
 }
 
 /// Whether a participant's replies to [`decision_ops`] show it applied the decision.
-fn applied(txn: TxnId, decision: Decision, replies: &[LedgerReply]) -> bool {
+pub(crate) fn applied(txn: TxnId, decision: Decision, replies: &[LedgerReply]) -> bool {
     match (decision, replies) {
         (Decision::Commit, [LedgerReply::Committed { .. }, ..]) => true,
         (

@@ -26,6 +26,8 @@ pub mod view;
 mod device_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod two_phase_tests;
 
 pub use command::{
     DeviceRefusal, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod,

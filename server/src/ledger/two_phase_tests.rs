@@ -1,0 +1,837 @@
+//! The meta and shard state machines together: random interleavings of what the
+//! coordinator, the front door and the participants' resolvers write, with the
+//! coordinator crashing (forgetting everything it had not written) at any point,
+//! checked against the two-phase rules after every step and after a final drain.
+//!
+//! The actors here write the same commands the services do (docs/ARCHITECTURE.md,
+//! "Two-phase rules"), through the same pure helpers where there are some
+//! (`release::decision_ops`, `release::applied`); time moves only when a step says so,
+//! and every actor reads the same clock (skewed clocks are not modelled).
+//! Checked after every step: no member is held twice, not counting holds under a
+//! transaction meta recorded ABORT for and has yet to deliver there (I3); every member a Placed or
+//! accumulating group lists is held on its node (I3, I4); every held slot is accounted
+//! for by a live group, an undecided transaction, or a decision still to be delivered
+//! there (I5). After the drain (the coordinator and resolvers run until nothing is
+//! left): the ledgers hold exactly what live groups list, nothing is reserved, and every
+//! decision was delivered. A failing case prints its steps; proptest's regression file
+//! replays it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use crate::coordinator::release::{applied, decision_ops};
+use crate::ledger::command::{LedgerCommand, LedgerOp, LedgerReply, ReleaseTarget, ReserveMember};
+use crate::ledger::meta::{
+    Decision, GroupRecord, GroupState, MetaCommand, MetaQuery, MetaReply, MetaState, Placement,
+    Undelivered,
+};
+use crate::ledger::shard::ShardLedger;
+use crate::ledger::usage::SlotState;
+use crate::ledger::TxnId;
+use crate::model::gang::MemberKey;
+use crate::model::node::Node;
+use crate::model::pod::PodSummary;
+use crate::model::resources::Resources;
+use crate::model::{Gang, GangGroup, GangMode, Member, PodSpec};
+
+/// Shards of the model cluster (ids 1..=SHARDS).
+const SHARDS: u32 = 2;
+/// Nodes per shard; each takes [`NODE_CPU_MILLI`].
+const NODES_PER_SHARD: usize = 2;
+/// CPU of one node: two members of [`MEMBER_CPU_MILLI`] fit.
+const NODE_CPU_MILLI: u64 = 2_000;
+/// CPU of one member.
+const MEMBER_CPU_MILLI: u64 = 1_000;
+/// How long a participant holds a reservation before its resolver asks.
+const TTL_MS: u64 = 1_000;
+/// Most rounds the final drain may take.
+const DRAIN_ROUNDS_MAX: usize = 64;
+
+/// One step of one actor.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Front door: a group of one gang of `members`, key `k{key}`.
+    Submit {
+        key: u8,
+        members: u8,
+        non_strict: bool,
+    },
+    /// Coordinator: begins a transaction for the `pick`-th queued group, planning the
+    /// members it does not hold, spread over shards from `shift`.
+    Begin { pick: u8, shift: u8 },
+    /// Coordinator: asks one participant of an open transaction to reserve.
+    Reserve { pick: u8 },
+    /// Coordinator: writes the decision of a transaction whose votes are in.
+    Decide { pick: u8 },
+    /// Coordinator: tells one participant the decision.
+    Tell { pick: u8 },
+    /// The coordinator dies: what it had not written is gone.
+    Crash,
+    /// Coordinator round: delivers undelivered decisions in bulk.
+    Deliver,
+    /// Coordinator round: works on groups releasing or half released.
+    FinishReleases,
+    /// Front door: Release, Cancel or ReleaseMembers of one member.
+    Give { pick: u8, how: u8 },
+    /// Time passes.
+    Wait { ms: u16 },
+    /// A shard's resolver looks at expired reservations.
+    Resolve { shard: u8 },
+}
+
+fn arb_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u8..4, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
+        3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
+        4 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
+        3 => any::<u8>().prop_map(|pick| Step::Decide { pick }),
+        3 => any::<u8>().prop_map(|pick| Step::Tell { pick }),
+        1 => Just(Step::Crash),
+        1 => Just(Step::Deliver),
+        1 => Just(Step::FinishReleases),
+        2 => (any::<u8>(), 0u8..3).prop_map(|(pick, how)| Step::Give { pick, how }),
+        2 => (0u16..1_500).prop_map(|ms| Step::Wait { ms }),
+        2 => (1u8..=SHARDS as u8).prop_map(|shard| Step::Resolve { shard }),
+    ]
+}
+
+/// What the coordinator keeps in memory about a transaction it runs.
+#[derive(Debug, Clone)]
+struct Running {
+    /// Every participant's reservation deadline, set once before the first is asked
+    /// (as `reserve_all` does), so a reservation that arrives late is refused.
+    deadline_ms: u64,
+    per_shard: BTreeMap<u32, Vec<ReserveMember>>,
+    votes: BTreeMap<u32, bool>,
+    decided: Option<Decision>,
+    told: BTreeSet<u32>,
+}
+
+/// The cluster: meta, the shard ledgers, the clock and the coordinator's memory.
+struct World {
+    meta: MetaState,
+    shards: BTreeMap<u32, ShardLedger>,
+    now_ms: u64,
+    running: BTreeMap<TxnId, Running>,
+    /// Test-only bug: meta forgets decisions as it makes them (rule 5 broken).
+    forget_decisions: bool,
+}
+
+fn node_name(shard: u32, i: usize) -> String {
+    format!("n{shard}-{i}")
+}
+
+fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
+    Gang {
+        name: format!("g{key}"),
+        namespace: "default".into(),
+        min_member: u32::from(members),
+        total_number: u32::from(members),
+        mode: if non_strict {
+            GangMode::NonStrict
+        } else {
+            GangMode::Strict
+        },
+        wait_time_ms: 0,
+        priority: 0,
+        creation_order: 0,
+        members: (0..members)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                spec: PodSpec::default(),
+                uid: None,
+            })
+            .collect(),
+    }
+}
+
+fn pod() -> PodSummary {
+    PodSummary {
+        requests: Resources {
+            cpu_milli: MEMBER_CPU_MILLI,
+            ..Resources::zero()
+        },
+        ..PodSummary::default()
+    }
+}
+
+impl World {
+    fn new(forget_decisions: bool) -> Self {
+        let mut w = World {
+            meta: MetaState::new(SHARDS),
+            shards: BTreeMap::new(),
+            now_ms: 1,
+            running: BTreeMap::new(),
+            forget_decisions,
+        };
+        for shard in 1..=SHARDS {
+            let mut ledger = ShardLedger::new();
+            for i in 0..NODES_PER_SHARD {
+                let name = node_name(shard, i);
+                let node = Node::new(
+                    &name,
+                    Resources {
+                        cpu_milli: NODE_CPU_MILLI,
+                        memory_bytes: 1 << 30,
+                        pods: 10,
+                        ..Resources::zero()
+                    },
+                );
+                ledger.apply(&LedgerCommand::new(0, LedgerOp::RegisterNode { node }));
+                w.meta_write(&MetaCommand::AssignNode {
+                    node: name,
+                    shard,
+                    at_ms: 0,
+                });
+            }
+            w.shards.insert(shard, ledger);
+        }
+        w
+    }
+
+    fn meta_write(&mut self, cmd: &MetaCommand) -> MetaReply {
+        let reply = self.meta.apply(cmd);
+        if self.forget_decisions {
+            self.meta.forget_decisions_unacknowledged();
+        }
+        reply
+    }
+
+    fn shard_write(&mut self, shard: u32, op: LedgerOp) -> LedgerReply {
+        let at = self.now_ms;
+        self.shards
+            .get_mut(&shard)
+            .map(|l| l.apply(&LedgerCommand::new(at, op)))
+            .unwrap_or_else(|| panic!("no shard {shard} in the model"))
+    }
+
+    fn groups(&self) -> Vec<GroupRecord> {
+        match self.meta.query(&MetaQuery::Groups { active_only: false }) {
+            MetaReply::Groups { records } => records,
+            other => panic!("groups query answered {other:?}"),
+        }
+    }
+
+    fn decision(&self, txn: TxnId) -> Option<Decision> {
+        match self.meta.query(&MetaQuery::Txn { txn }) {
+            MetaReply::Txn { record } => record.and_then(|t| t.decision),
+            other => panic!("txn query answered {other:?}"),
+        }
+    }
+
+    fn pick<T: Clone>(items: &[T], pick: u8) -> Option<T> {
+        (!items.is_empty()).then(|| items[usize::from(pick) % items.len()].clone())
+    }
+
+    fn step(&mut self, step: &Step) {
+        match *step {
+            Step::Submit {
+                key,
+                members,
+                non_strict,
+            } => {
+                let group = GangGroup {
+                    id: format!("k{key}"),
+                    gangs: vec![gang(key, members, non_strict)],
+                };
+                let at_ms = self.now_ms;
+                self.meta_write(&MetaCommand::Submit {
+                    key: format!("k{key}"),
+                    group,
+                    at_ms,
+                });
+            }
+            Step::Begin { pick, shift } => self.begin(pick, shift),
+            Step::Reserve { pick } => self.reserve(pick),
+            Step::Decide { pick } => self.decide(pick),
+            Step::Tell { pick } => self.tell(pick),
+            Step::Crash => self.running.clear(),
+            Step::Deliver => self.deliver_undelivered(),
+            Step::FinishReleases => self.finish_releases(),
+            Step::Give { pick, how } => self.give(pick, how),
+            Step::Wait { ms } => self.now_ms += u64::from(ms),
+            Step::Resolve { shard } => self.resolve(u32::from(shard)),
+        }
+    }
+
+    fn begin(&mut self, pick: u8, shift: u8) {
+        let queued: Vec<GroupRecord> = self
+            .groups()
+            .into_iter()
+            .filter(|g| g.state == GroupState::Queued)
+            .collect();
+        let Some(g) = Self::pick(&queued, pick) else {
+            return;
+        };
+        // Members it does not hold, spread over shards from `shift`, filling each node's
+        // two slots in turn (the ledger refuses what does not fit: a No vote).
+        let mut per_shard: BTreeMap<u32, Vec<ReserveMember>> = BTreeMap::new();
+        let to_plan = g.group.gangs.iter().flat_map(|gang| {
+            gang.members
+                .iter()
+                .map(|m| MemberKey::new(&gang.namespace, &gang.name, &m.name))
+        });
+        for (i, member) in to_plan.filter(|k| !g.holds(&k.to_string())).enumerate() {
+            let slot = i + usize::from(shift);
+            let shard = 1 + (slot as u32 % SHARDS);
+            let node = node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD);
+            per_shard.entry(shard).or_default().push(ReserveMember {
+                member,
+                node,
+                pod: pod(),
+            });
+        }
+        if per_shard.is_empty() {
+            return;
+        }
+        let at_ms = self.now_ms;
+        let reply = self.meta_write(&MetaCommand::BeginTxn {
+            seq: g.seq,
+            participants: per_shard.keys().copied().collect(),
+            at_ms,
+        });
+        if let MetaReply::TxnBegun { txn } = reply {
+            self.running.insert(
+                txn,
+                Running {
+                    deadline_ms: at_ms + TTL_MS,
+                    per_shard,
+                    votes: BTreeMap::new(),
+                    decided: None,
+                    told: BTreeSet::new(),
+                },
+            );
+        }
+    }
+
+    fn running_where(&self, pick: u8, f: impl Fn(&Running) -> bool) -> Option<TxnId> {
+        let txns: Vec<TxnId> = self
+            .running
+            .iter()
+            .filter(|(_, r)| f(r))
+            .map(|(t, _)| *t)
+            .collect();
+        Self::pick(&txns, pick)
+    }
+
+    fn reserve(&mut self, pick: u8) {
+        let Some(txn) = self.running_where(pick, |r| {
+            r.decided.is_none() && r.votes.len() < r.per_shard.len()
+        }) else {
+            return;
+        };
+        let r = &self.running[&txn];
+        let alone = r.per_shard.len() == 1;
+        let Some((&shard, members)) = r.per_shard.iter().find(|(s, _)| !r.votes.contains_key(s))
+        else {
+            return;
+        };
+        let members = members.clone();
+        let deadline_ms = r.deadline_ms;
+        let op = if alone {
+            LedgerOp::ReserveAndCommit {
+                txn_id: txn,
+                members,
+            }
+        } else {
+            LedgerOp::Reserve {
+                txn_id: txn,
+                members,
+                deadline_ms,
+            }
+        };
+        let yes = matches!(
+            self.shard_write(shard, op),
+            LedgerReply::Reserved { .. } | LedgerReply::Committed { .. }
+        );
+        if let Some(r) = self.running.get_mut(&txn) {
+            r.votes.insert(shard, yes);
+        }
+    }
+
+    fn decide(&mut self, pick: u8) {
+        let Some(txn) = self.running_where(pick, |r| {
+            r.decided.is_none() && r.votes.len() == r.per_shard.len()
+        }) else {
+            return;
+        };
+        let r = self.running[&txn].clone();
+        let commit = r.votes.values().all(|yes| *yes);
+        let placements: BTreeMap<String, Placement> = if commit {
+            r.per_shard
+                .iter()
+                .flat_map(|(shard, members)| {
+                    members.iter().map(move |m| {
+                        (
+                            m.member.to_string(),
+                            Placement {
+                                node: m.node.clone(),
+                                shard: *shard,
+                                devices: Vec::new(),
+                                txn: Some(txn),
+                            },
+                        )
+                    })
+                })
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        let alone = r.per_shard.len() == 1;
+        let delivered: Vec<u32> = if alone && commit {
+            r.per_shard.keys().copied().collect()
+        } else {
+            Vec::new()
+        };
+        let at_ms = self.now_ms;
+        let reply = self.meta_write(&MetaCommand::Decide {
+            txn,
+            decision: if commit {
+                Decision::Commit
+            } else {
+                Decision::Abort
+            },
+            placements,
+            reason: String::new(),
+            at_ms,
+            delivered: delivered.clone(),
+        });
+        let MetaReply::Decided { decision, .. } = reply else {
+            // Not recorded (the coordinator would count it an abort and tell no one).
+            self.running.remove(&txn);
+            return;
+        };
+        if let Some(r) = self.running.get_mut(&txn) {
+            r.decided = Some(decision);
+            if decision == Decision::Commit {
+                r.told.extend(delivered);
+            }
+            if r.told.len() == r.per_shard.len() {
+                self.running.remove(&txn);
+            }
+        }
+    }
+
+    fn tell(&mut self, pick: u8) {
+        let Some(txn) = self.running_where(pick, |r| r.decided.is_some()) else {
+            return;
+        };
+        let r = self.running[&txn].clone();
+        let Some(decision) = r.decided else {
+            return;
+        };
+        let alone = r.per_shard.len() == 1;
+        let Some(&shard) = r.per_shard.keys().find(|s| !r.told.contains(s)) else {
+            self.running.remove(&txn);
+            return;
+        };
+        self.deliver(&[Undelivered {
+            txn,
+            decision,
+            shards: vec![shard],
+            alone,
+        }]);
+        if let Some(r) = self.running.get_mut(&txn) {
+            r.told.insert(shard);
+            if r.told.len() == r.per_shard.len() {
+                self.running.remove(&txn);
+            }
+        }
+    }
+
+    /// `release::deliver` and `record_delivered`, on the model.
+    fn deliver(&mut self, decisions: &[Undelivered]) {
+        let mut acked: BTreeMap<TxnId, Vec<u32>> = BTreeMap::new();
+        for d in decisions {
+            for &shard in &d.shards {
+                let replies: Vec<LedgerReply> = decision_ops(d.txn, d.decision, d.alone)
+                    .into_iter()
+                    .map(|op| self.shard_write(shard, op))
+                    .collect();
+                if applied(d.txn, d.decision, &replies) {
+                    acked.entry(d.txn).or_default().push(shard);
+                }
+            }
+        }
+        for (txn, shards) in acked {
+            self.meta_write(&MetaCommand::Delivered { txn, shards });
+        }
+    }
+
+    fn deliver_undelivered(&mut self) {
+        if let MetaReply::Undelivered { txns } =
+            self.meta.query(&MetaQuery::Undelivered { limit: 4_096 })
+        {
+            self.deliver(&txns);
+        }
+    }
+
+    /// `release::free_members` on the model: per shard, commit the placing
+    /// transactions, then release the members.
+    fn free(&mut self, held: &BTreeMap<String, Placement>) {
+        let mut per_shard: BTreeMap<u32, (BTreeSet<TxnId>, Vec<MemberKey>)> = BTreeMap::new();
+        for (key, p) in held {
+            let member = MemberKey::try_from(key.clone())
+                .unwrap_or_else(|e| panic!("placed member {key} does not parse: {e}"));
+            let entry = per_shard.entry(p.shard).or_default();
+            entry.0.extend(p.txn);
+            entry.1.push(member);
+        }
+        for (shard, (txns, members)) in per_shard {
+            for txn in txns {
+                self.shard_write(shard, LedgerOp::Commit { txn_id: txn });
+            }
+            self.shard_write(
+                shard,
+                LedgerOp::Release {
+                    target: ReleaseTarget::Members(members),
+                },
+            );
+        }
+    }
+
+    /// The coordinator's `release` and `finish_member_release` on the model.
+    fn finish_releases(&mut self) {
+        for g in self.groups() {
+            let at_ms = self.now_ms;
+            match g.state {
+                GroupState::Releasing { .. } => {
+                    if let Some(txn) = g.txn {
+                        if let MetaReply::Txn { record: Some(t) } =
+                            self.meta.query(&MetaQuery::Txn { txn })
+                        {
+                            if t.decision == Some(Decision::Abort) && !t.unacked.is_empty() {
+                                let alone = t.participants.len() == 1;
+                                self.deliver(&[Undelivered {
+                                    txn,
+                                    decision: Decision::Abort,
+                                    shards: t.unacked.clone(),
+                                    alone,
+                                }]);
+                                if self.decision_unacked(txn) {
+                                    continue;
+                                }
+                            }
+                        }
+                    }
+                    let mut held = g.placements.clone();
+                    held.extend(g.releasing.clone());
+                    self.free(&held);
+                    self.meta_write(&MetaCommand::ReleaseDone { seq: g.seq, at_ms });
+                }
+                GroupState::Placed if !g.releasing.is_empty() => {
+                    self.free(&g.releasing);
+                    self.meta_write(&MetaCommand::MembersReleased {
+                        seq: g.seq,
+                        members: g.releasing.keys().cloned().collect(),
+                        at_ms,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn decision_unacked(&self, txn: TxnId) -> bool {
+        matches!(
+            self.meta.query(&MetaQuery::Txn { txn }),
+            MetaReply::Txn { record: Some(t) } if !t.unacked.is_empty()
+        )
+    }
+
+    fn give(&mut self, pick: u8, how: u8) {
+        let live: Vec<GroupRecord> = self
+            .groups()
+            .into_iter()
+            .filter(|g| !g.state.is_terminal())
+            .collect();
+        let Some(g) = Self::pick(&live, pick) else {
+            return;
+        };
+        let at_ms = self.now_ms;
+        match how {
+            0 => {
+                self.meta_write(&MetaCommand::Release { seq: g.seq, at_ms });
+            }
+            1 => {
+                self.meta_write(&MetaCommand::Cancel { seq: g.seq, at_ms });
+            }
+            _ => {
+                // ReleaseMembers' first phase only: the rest is the coordinator's (or
+                // the caller's, which may die here).
+                let Some(member) = g.placements.keys().next().cloned() else {
+                    return;
+                };
+                self.meta_write(&MetaCommand::ReleaseMembers {
+                    seq: g.seq,
+                    members: vec![member],
+                    at_ms,
+                });
+            }
+        }
+    }
+
+    /// `resolver::resolve_shard` on the model.
+    fn resolve(&mut self, shard: u32) {
+        let Some(ledger) = self.shards.get(&shard) else {
+            return;
+        };
+        let expired: Vec<TxnId> = ledger
+            .open_txns()
+            .iter()
+            .filter(|(_, t)| t.deadline_ms <= self.now_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut decided = Vec::new();
+        for txn in expired {
+            let decision = match self.decision(txn) {
+                Some(d) => d,
+                None => {
+                    let at_ms = self.now_ms;
+                    match self.meta_write(&MetaCommand::AbortIfUndecided {
+                        txn,
+                        at_ms,
+                        shard: Some(shard),
+                    }) {
+                        MetaReply::Decided { decision, .. } => decision,
+                        other => panic!("AbortIfUndecided answered {other:?}"),
+                    }
+                }
+            };
+            decided.push(Undelivered {
+                txn,
+                decision,
+                shards: vec![shard],
+                alone: false,
+            });
+        }
+        self.deliver(&decided);
+    }
+
+    /// Every gangway slot: member -> (shard, node, state).
+    fn slots(&self) -> Vec<(String, u32, String, SlotState)> {
+        let mut out = Vec::new();
+        for (shard, ledger) in &self.shards {
+            for n in ledger.nodes() {
+                for (member, slot) in &n.usage.pods {
+                    if !matches!(slot.state, SlotState::Observed { .. }) {
+                        out.push((
+                            member.to_string(),
+                            *shard,
+                            n.node.name.clone(),
+                            slot.state.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a slot is held under a transaction meta recorded ABORT for and has not
+    /// delivered to `shard` yet: its participant drops it when told (rule 6) or at its
+    /// deadline (rule 4), and it can never commit, so it does not count as a hold of its
+    /// member (the group may be planned again meanwhile; the capacity stays counted).
+    fn doomed(&self, shard: u32, state: &SlotState) -> bool {
+        let txn = match state {
+            SlotState::Reserved { txn_id } | SlotState::Committed { txn_id, .. } => *txn_id,
+            _ => return false,
+        };
+        matches!(
+            self.meta.query(&MetaQuery::Txn { txn }),
+            MetaReply::Txn { record: Some(t) }
+                if t.decision == Some(Decision::Abort) && t.unacked.contains(&shard)
+        )
+    }
+
+    /// The rules that hold between any two steps.
+    fn check_always(&self) -> Result<(), String> {
+        let slots = self.slots();
+        let mut seen = BTreeMap::new();
+        for (member, shard, node, state) in &slots {
+            if self.doomed(*shard, state) {
+                continue;
+            }
+            if let Some(other) = seen.insert(member.clone(), (*shard, node.clone())) {
+                return Err(format!(
+                    "{member} is held twice: {other:?} and ({shard}, {node})"
+                ));
+            }
+        }
+        let groups = self.groups();
+        for g in &groups {
+            let lists = matches!(g.state, GroupState::Placed | GroupState::Queued);
+            for (member, p) in g.placements.iter().filter(|_| lists) {
+                if seen.get(member) != Some(&(p.shard, p.node.clone())) {
+                    return Err(format!(
+                        "group {} ({:?}) lists {member} on {}, but the ledger holds it at {:?}",
+                        g.seq,
+                        g.state,
+                        p.node,
+                        seen.get(member)
+                    ));
+                }
+            }
+        }
+        let listed: BTreeSet<&String> = groups
+            .iter()
+            .filter(|g| !g.state.is_terminal())
+            .flat_map(|g| g.placements.keys().chain(g.releasing.keys()))
+            .collect();
+        for (member, shard, node, state) in &slots {
+            if listed.contains(member) {
+                continue;
+            }
+            let txn = match state {
+                SlotState::Reserved { txn_id }
+                | SlotState::Committed { txn_id, .. }
+                | SlotState::Bound { txn_id, .. } => *txn_id,
+                SlotState::Observed { .. } => continue,
+            };
+            let accounted = match self.meta.query(&MetaQuery::Txn { txn }) {
+                MetaReply::Txn { record: Some(t) } => {
+                    t.decision.is_none() || t.unacked.contains(shard)
+                }
+                _ => false,
+            };
+            if !accounted {
+                return Err(format!(
+                    "{member} on {node} (shard {shard}, {state:?}) is held for no live group, \
+                     undecided transaction or undelivered decision"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The coordinator restarts and, with the resolvers, runs until nothing changes.
+    fn drain(&mut self) {
+        self.running.clear();
+        for _ in 0..DRAIN_ROUNDS_MAX {
+            let before = (self.meta.clone(), self.slots());
+            self.deliver_undelivered();
+            self.finish_releases();
+            self.now_ms += TTL_MS;
+            for shard in 1..=SHARDS {
+                self.resolve(shard);
+            }
+            self.abort_placing();
+            if (self.meta.clone(), self.slots()) == before {
+                return;
+            }
+        }
+    }
+
+    /// A new coordinator's `recover` for multi-shard transactions: undecided ones abort.
+    fn abort_placing(&mut self) {
+        for g in self.groups() {
+            if let GroupState::Placing { txn } = g.state {
+                let at_ms = self.now_ms;
+                if let MetaReply::Decided { decision, .. } = self.meta_write(&MetaCommand::Decide {
+                    txn,
+                    decision: Decision::Abort,
+                    placements: BTreeMap::new(),
+                    reason: "recovered".into(),
+                    at_ms,
+                    delivered: Vec::new(),
+                }) {
+                    let shards = match self.meta.query(&MetaQuery::Txn { txn }) {
+                        MetaReply::Txn { record: Some(t) } => t.participants,
+                        _ => Vec::new(),
+                    };
+                    let alone = shards.len() == 1;
+                    self.deliver(&[Undelivered {
+                        txn,
+                        decision,
+                        shards,
+                        alone,
+                    }]);
+                }
+            }
+        }
+    }
+
+    /// After the drain: the ledgers hold exactly what live groups list, nothing is
+    /// reserved, every decision was delivered.
+    fn check_drained(&self) -> Result<(), String> {
+        self.check_always()?;
+        let listed: BTreeMap<String, (u32, String)> = self
+            .groups()
+            .iter()
+            .filter(|g| !g.state.is_terminal())
+            .flat_map(|g| g.placements.iter().chain(g.releasing.iter()))
+            .map(|(m, p)| (m.clone(), (p.shard, p.node.clone())))
+            .collect();
+        let held: BTreeMap<String, (u32, String)> = self
+            .slots()
+            .into_iter()
+            .map(|(m, s, n, _)| (m, (s, n)))
+            .collect();
+        if listed != held {
+            return Err(format!(
+                "drained, live groups list {listed:?} but the ledgers hold {held:?}"
+            ));
+        }
+        if let Some((m, s, n, st)) = self
+            .slots()
+            .into_iter()
+            .find(|(_, _, _, st)| matches!(st, SlotState::Reserved { .. }))
+        {
+            return Err(format!("drained, {m} on {n} (shard {s}) is still {st:?}"));
+        }
+        match self.meta.query(&MetaQuery::Undelivered { limit: 1 }) {
+            MetaReply::Undelivered { txns } if txns.is_empty() => Ok(()),
+            other => Err(format!("drained, decisions still undelivered: {other:?}")),
+        }
+    }
+}
+
+/// Runs `steps`, checking after each; the error names the step.
+fn run(steps: &[Step], forget_decisions: bool) -> Result<(), String> {
+    let mut w = World::new(forget_decisions);
+    for (i, step) in steps.iter().enumerate() {
+        w.step(step);
+        w.check_always()
+            .map_err(|e| format!("after step {i} ({step:?}): {e}"))?;
+    }
+    w.drain();
+    w.check_drained()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// Any interleaving of coordinator, front-door and resolver steps, with crashes,
+    /// keeps the two-phase rules, and a drain leaves the ledgers exactly as meta says.
+    #[test]
+    fn meta_and_shards_agree_under_any_interleaving(steps in prop::collection::vec(arb_step(), 1..80)) {
+        if let Err(e) = run(&steps, false) {
+            prop_assert!(false, "{}\nsteps: {:?}", e, steps);
+        }
+    }
+}
+
+/// The same checks find item 5 (decisions forgotten before every participant
+/// acknowledged them): a COMMIT decided, the coordinator dead before telling, the
+/// resolvers' tombstone aborts what meta placed.
+#[test]
+fn the_checks_find_decisions_forgotten_before_acknowledged() {
+    let steps = [
+        Step::Submit {
+            key: 0,
+            members: 2,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Crash,
+        Step::Wait { ms: 1_200 },
+        Step::Resolve { shard: 1 },
+    ];
+    assert_eq!(run(&steps, false), Ok(()));
+    let found = run(&steps, true).expect_err("the bug went unnoticed");
+    assert!(found.contains("lists default/g0/m"), "{found}");
+}
