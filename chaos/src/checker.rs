@@ -440,7 +440,7 @@ fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
         }
     }
     let keys = ops.shapes();
-    for (op, f, group, _) in ops.acknowledged() {
+    for (op, f, group, answered) in ops.acknowledged() {
         if group == 0 {
             // Pods bound through Kubernetes: the client never learns a group id;
             // `check_kube` covers them.
@@ -468,6 +468,10 @@ fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
                     ));
                 }
             }
+            // A release or cancel of a group that had already ended (timed out, say)
+            // answers its final state and changes nothing.
+            "release" | "cancel"
+                if TERMINAL.contains(&answered.as_str()) && g.state == answered => {}
             // A release of a group already cancelled (or cancelled meanwhile) leaves it so.
             "release" if g.state != "Released" && !ops.cancelled(group) => v.push(violation(
                 "I4",
@@ -848,6 +852,46 @@ mod tests {
         let (h, mut fin) = consistent();
         fin.groups.clear();
         fin.nodes.iter_mut().for_each(|n| n.pod_slots.clear());
+        assert_eq!(invariants(&check(&h, &fin)), ["I4"]);
+    }
+
+    /// A release or cancel acknowledged with the final state of a group that had
+    /// already ended changes nothing; one acknowledged as taking effect must show.
+    #[test]
+    fn a_release_of_an_ended_group_answers_its_end() {
+        let call = |op, f: &str, answered: &str| {
+            [
+                entry(
+                    40,
+                    Event::Invoke {
+                        op,
+                        f: f.into(),
+                        key: "7".into(),
+                        gangs: vec![],
+                        members: vec![],
+                    },
+                ),
+                entry(
+                    50,
+                    Event::Ok {
+                        op,
+                        group: 7,
+                        state: answered.into(),
+                        placed: vec![],
+                    },
+                ),
+            ]
+        };
+        let (mut h, mut fin) = consistent();
+        fin.groups[0].state = "TimedOut".into();
+        fin.groups[0].placements.clear();
+        fin.nodes.iter_mut().for_each(|n| n.pod_slots.clear());
+        h.truncate(1);
+        h.extend(call(2, "release", "TimedOut"));
+        h.extend(call(3, "cancel", "TimedOut"));
+        assert_eq!(invariants(&check(&h, &fin)), Vec::<&str>::new());
+        h.truncate(1);
+        h.extend(call(4, "release", "Releasing"));
         assert_eq!(invariants(&check(&h, &fin)), ["I4"]);
     }
 

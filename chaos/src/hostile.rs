@@ -51,19 +51,30 @@ enum Probe {
     /// A placed group's key reused with the same body (same group) and another body
     /// (refused), and its gang declared by a new group (refused).
     Reuse,
+    /// A placed group released, and ReleaseMembers, Cancel and Release again sent with
+    /// it, so some land while it is Releasing.
+    Releasing,
+    /// A group no node can hold, with a short waitTime: once it timed out,
+    /// ReleaseMembers, Release and Cancel on it.
+    TimedOut,
     /// The Raft transport called as a client would.
     RaftAsClient,
     /// A malformed request.
     Odd,
 }
 
-const PROBES: [Probe; 5] = [
+const PROBES: [Probe; 7] = [
     Probe::RaftAsClient,
     Probe::Accumulating,
     Probe::Reuse,
     Probe::Early,
     Probe::Odd,
+    Probe::Releasing,
+    Probe::TimedOut,
 ];
+
+/// waitTime of the probe's group that times out, in ms.
+pub const TIMED_OUT_WAIT_MS: u64 = 300;
 
 /// How a forged Raft transport call ended.
 enum Forged {
@@ -111,6 +122,52 @@ impl Workload {
             Probe::Reuse => self.reuse().await,
             Probe::RaftAsClient => self.raft_as_client().await,
             Probe::Odd => self.odd(rng).await,
+            Probe::Releasing => self.releasing().await,
+            Probe::TimedOut => self.timed_out().await,
+        }
+    }
+
+    async fn releasing(&self) {
+        let op = self.op_id();
+        let key = format!("{}-releasing{op}", self.tag);
+        let gangs = gangs_of(Shape::PairGroup, op);
+        let request = request_of(&key, &gangs);
+        let member = format!("{}/m-0", gangs[0].name);
+        let place = self.invoke("place", key, gangs, vec![]);
+        let Some(id) = self.submit(place, request).await else {
+            return;
+        };
+        if self.poll(id, |s| s.state == "Placed").await.is_none() {
+            self.give_back("cancel", id).await;
+            return;
+        }
+        tokio::join!(
+            self.give_back("release", id),
+            self.call_on("release_members", id, &member),
+            self.call_on("cancel", id, &member),
+            self.give_back("release", id),
+        );
+    }
+
+    async fn timed_out(&self) {
+        let op = self.op_id();
+        let key = format!("{}-timeout{op}", self.tag);
+        let gangs = gangs_of(Shape::Unfit, op);
+        let mut request = request_of(&key, &gangs);
+        for g in &mut request.gangs {
+            g.wait_time_ms = TIMED_OUT_WAIT_MS;
+        }
+        let member = format!("{}/m-0", gangs[0].name);
+        let place = self.invoke("place", key, gangs, vec![]);
+        let Some(id) = self.submit_unplaced(place, request).await else {
+            return;
+        };
+        if self.poll(id, |s| s.state == "TimedOut").await.is_none() {
+            self.give_back("cancel", id).await;
+            return;
+        }
+        for f in ["release_members", "release", "cancel"] {
+            self.call_on(f, id, &member).await;
         }
     }
 
