@@ -114,8 +114,18 @@ struct World {
     shards: BTreeMap<u32, ShardLedger>,
     now_ms: u64,
     running: BTreeMap<TxnId, Running>,
-    /// Test-only bug: meta forgets decisions as it makes them (rule 5 broken).
+    /// Fixed bugs brought back, to show the checks find them.
+    bugs: Bugs,
+}
+
+/// Fixed bugs the model can bring back (as the services' bug switches do).
+#[derive(Debug, Clone, Copy, Default)]
+struct Bugs {
+    /// Meta forgets decisions as it makes them (item 5; rule 5 broken).
     forget_decisions: bool,
+    /// ReleaseMembers frees the members on their shards, committing the group's latest
+    /// transaction there first, before meta agrees (items 1 and 2; rule 9 broken).
+    release_shards_first: bool,
 }
 
 fn node_name(shard: u32, i: usize) -> String {
@@ -157,13 +167,13 @@ fn pod() -> PodSummary {
 }
 
 impl World {
-    fn new(forget_decisions: bool) -> Self {
+    fn new(bugs: Bugs) -> Self {
         let mut w = World {
             meta: MetaState::new(SHARDS),
             shards: BTreeMap::new(),
             now_ms: 1,
             running: BTreeMap::new(),
-            forget_decisions,
+            bugs,
         };
         for shard in 1..=SHARDS {
             let mut ledger = ShardLedger::new();
@@ -192,7 +202,7 @@ impl World {
 
     fn meta_write(&mut self, cmd: &MetaCommand) -> MetaReply {
         let reply = self.meta.apply(cmd);
-        if self.forget_decisions {
+        if self.bugs.forget_decisions {
             self.meta.forget_decisions_unacknowledged();
         }
         reply
@@ -267,12 +277,26 @@ impl World {
         // Members it does not hold, spread over shards from `shift`, filling each node's
         // two slots in turn (the ledger refuses what does not fit: a No vote).
         let mut per_shard: BTreeMap<u32, Vec<ReserveMember>> = BTreeMap::new();
-        let to_plan = g.group.gangs.iter().flat_map(|gang| {
-            gang.members
-                .iter()
-                .map(|m| MemberKey::new(&gang.namespace, &gang.name, &m.name))
-        });
-        for (i, member) in to_plan.filter(|k| !g.holds(&k.to_string())).enumerate() {
+        let unheld: Vec<MemberKey> = g
+            .group
+            .gangs
+            .iter()
+            .flat_map(|gang| {
+                gang.members
+                    .iter()
+                    .map(|m| MemberKey::new(&gang.namespace, &gang.name, &m.name))
+            })
+            .filter(|k| !g.holds(&k.to_string()))
+            .collect();
+        // A NonStrict group may take only the members that fit now (some of them), and
+        // accumulate; a Strict one takes all at once.
+        let non_strict = g.group.gangs.iter().all(|x| x.mode == GangMode::NonStrict);
+        let take = if non_strict && !unheld.is_empty() {
+            1 + usize::from(shift) % unheld.len()
+        } else {
+            unheld.len()
+        };
+        for (i, member) in unheld.into_iter().take(take).enumerate() {
             let slot = i + usize::from(shift);
             let shard = 1 + (slot as u32 % SHARDS);
             let node = node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD);
@@ -563,6 +587,9 @@ impl World {
                 let Some(member) = g.placements.keys().next().cloned() else {
                     return;
                 };
+                if self.bugs.release_shards_first {
+                    self.release_shards_first(&g, &member);
+                }
                 self.meta_write(&MetaCommand::ReleaseMembers {
                     seq: g.seq,
                     members: vec![member],
@@ -570,6 +597,26 @@ impl World {
                 });
             }
         }
+    }
+
+    /// The fixed bug behind `release-members-shards-first`: the member's shard commits
+    /// the group's latest transaction and frees the member before meta is asked.
+    fn release_shards_first(&mut self, g: &GroupRecord, member: &str) {
+        let (Some(p), Ok(key)) = (
+            g.placements.get(member),
+            MemberKey::try_from(member.to_string()),
+        ) else {
+            return;
+        };
+        if let Some(txn) = g.txn {
+            self.shard_write(p.shard, LedgerOp::Commit { txn_id: txn });
+        }
+        self.shard_write(
+            p.shard,
+            LedgerOp::Release {
+                target: ReleaseTarget::Members(vec![key]),
+            },
+        );
     }
 
     /// `resolver::resolve_shard` on the model.
@@ -788,8 +835,8 @@ impl World {
 }
 
 /// Runs `steps`, checking after each; the error names the step.
-fn run(steps: &[Step], forget_decisions: bool) -> Result<(), String> {
-    let mut w = World::new(forget_decisions);
+fn run(steps: &[Step], bugs: Bugs) -> Result<(), String> {
+    let mut w = World::new(bugs);
     for (i, step) in steps.iter().enumerate() {
         w.step(step);
         w.check_always()
@@ -806,7 +853,7 @@ proptest! {
     /// keeps the two-phase rules, and a drain leaves the ledgers exactly as meta says.
     #[test]
     fn meta_and_shards_agree_under_any_interleaving(steps in prop::collection::vec(arb_step(), 1..80)) {
-        if let Err(e) = run(&steps, false) {
+        if let Err(e) = run(&steps, Bugs::default()) {
             prop_assert!(false, "{}\nsteps: {:?}", e, steps);
         }
     }
@@ -831,7 +878,34 @@ fn the_checks_find_decisions_forgotten_before_acknowledged() {
         Step::Wait { ms: 1_200 },
         Step::Resolve { shard: 1 },
     ];
-    assert_eq!(run(&steps, false), Ok(()));
-    let found = run(&steps, true).expect_err("the bug went unnoticed");
+    assert_eq!(run(&steps, Bugs::default()), Ok(()));
+    let bugs = Bugs {
+        forget_decisions: true,
+        ..Bugs::default()
+    };
+    let found = run(&steps, bugs).expect_err("the bug went unnoticed");
     assert!(found.contains("lists default/g0/m"), "{found}");
+}
+
+/// Random interleavings find items 1 and 2 (ReleaseMembers freeing shards before meta
+/// agrees) within a bounded number of cases.
+#[test]
+fn the_checks_find_release_members_freeing_shards_first() {
+    let bugs = Bugs {
+        release_shards_first: true,
+        ..Bugs::default()
+    };
+    let config = ProptestConfig {
+        cases: 4_096,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let found = runner.run(&prop::collection::vec(arb_step(), 1..80), |steps| {
+        run(&steps, bugs).map_err(proptest::test_runner::TestCaseError::fail)
+    });
+    let found = found
+        .err()
+        .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"));
+    eprintln!("found, as expected: {found}");
 }
