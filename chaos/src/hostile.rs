@@ -127,13 +127,19 @@ impl Workload {
         }
     }
 
-    async fn releasing(&self) {
+    /// A group of `shape` keyed `{tag}-{label}{op}`, its placement invoked in the history:
+    /// (the place operation, the request, its first member).
+    fn shaped(&self, shape: Shape, label: &str) -> (u64, SubmitGangGroupRequest, String) {
         let op = self.op_id();
-        let key = format!("{}-releasing{op}", self.tag);
-        let gangs = gangs_of(Shape::PairGroup, op);
+        let key = format!("{}-{label}{op}", self.tag);
+        let gangs = gangs_of(shape, op);
         let request = request_of(&key, &gangs);
         let member = format!("{}/m-0", gangs[0].name);
-        let place = self.invoke("place", key, gangs, vec![]);
+        (self.invoke("place", key, gangs, vec![]), request, member)
+    }
+
+    async fn releasing(&self) {
+        let (place, request, member) = self.shaped(Shape::PairGroup, "releasing");
         let Some(id) = self.submit(place, request).await else {
             return;
         };
@@ -150,15 +156,10 @@ impl Workload {
     }
 
     async fn timed_out(&self) {
-        let op = self.op_id();
-        let key = format!("{}-timeout{op}", self.tag);
-        let gangs = gangs_of(Shape::Unfit, op);
-        let mut request = request_of(&key, &gangs);
+        let (place, mut request, member) = self.shaped(Shape::Unfit, "timeout");
         for g in &mut request.gangs {
             g.wait_time_ms = TIMED_OUT_WAIT_MS;
         }
-        let member = format!("{}/m-0", gangs[0].name);
-        let place = self.invoke("place", key, gangs, vec![]);
         let Some(id) = self.submit_unplaced(place, request).await else {
             return;
         };
@@ -322,12 +323,7 @@ impl Workload {
     }
 
     async fn early(&self, rng: &mut Rng) {
-        let op = self.op_id();
-        let key = format!("{}-early{op}", self.tag);
-        let gangs = gangs_of(Shape::PairGroup, op);
-        let request = request_of(&key, &gangs);
-        let first_member = format!("{}/m-0", gangs[0].name);
-        let place = self.invoke("place", key, gangs, vec![]);
+        let (place, request, first_member) = self.shaped(Shape::PairGroup, "early");
         let Some(id) = self.submit_unplaced(place, request).await else {
             return;
         };

@@ -158,25 +158,12 @@ fn first_diagnosis(plans: &BTreeMap<u32, GangPlacement>) -> String {
 mod tests {
     use super::*;
     use crate::engine::{Diagnosis, Unplaced};
-    use crate::model::{Gang, GangMode, Member, PodSpec, PodSummary};
+    use crate::model::{Gang, GangMode, PodSummary};
 
     fn group(members: u32, min: u32) -> GangGroup {
         let gang = Gang {
-            name: "g".into(),
-            namespace: "ns".into(),
-            min_member: min,
-            total_number: members,
-            mode: GangMode::Strict,
-            wait_time_ms: 0,
-            priority: 0,
             creation_order: 1,
-            members: (0..members)
-                .map(|i| Member {
-                    name: format!("m{i}"),
-                    spec: PodSpec::default(),
-                    uid: None,
-                })
-                .collect(),
+            ..Gang::with_members("ns", "g", members, min, GangMode::Strict)
         };
         GangGroup {
             id: "x".into(),

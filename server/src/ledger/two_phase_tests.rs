@@ -33,7 +33,7 @@ use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::PodSummary;
 use crate::model::resources::Resources;
-use crate::model::{Gang, GangGroup, GangMode, Member, PodSpec};
+use crate::model::{Gang, GangGroup, GangMode};
 
 /// Shards of the model cluster (ids 1..=SHARDS).
 const SHARDS: u32 = 2;
@@ -133,27 +133,13 @@ fn node_name(shard: u32, i: usize) -> String {
 }
 
 fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
-    Gang {
-        name: format!("g{key}"),
-        namespace: "default".into(),
-        min_member: u32::from(members),
-        total_number: u32::from(members),
-        mode: if non_strict {
-            GangMode::NonStrict
-        } else {
-            GangMode::Strict
-        },
-        wait_time_ms: 0,
-        priority: 0,
-        creation_order: 0,
-        members: (0..members)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                spec: PodSpec::default(),
-                uid: None,
-            })
-            .collect(),
-    }
+    let mode = if non_strict {
+        GangMode::NonStrict
+    } else {
+        GangMode::Strict
+    };
+    let members = u32::from(members);
+    Gang::with_members("default", &format!("g{key}"), members, members, mode)
 }
 
 fn pod() -> PodSummary {

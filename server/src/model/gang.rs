@@ -404,6 +404,37 @@ impl RawGangGroup {
 }
 
 #[cfg(test)]
+impl Gang {
+    /// Tests: a gang of `members` members named `m0`, `m1`, … with empty pod specs, no
+    /// waitTime, priority or creation order.
+    pub fn with_members(
+        namespace: &str,
+        name: &str,
+        members: u32,
+        min_member: u32,
+        mode: GangMode,
+    ) -> Self {
+        Gang {
+            name: name.into(),
+            namespace: namespace.into(),
+            min_member,
+            total_number: members,
+            mode,
+            wait_time_ms: 0,
+            priority: 0,
+            creation_order: 0,
+            members: (0..members)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    spec: PodSpec::default(),
+                    uid: None,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

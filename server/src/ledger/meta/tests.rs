@@ -7,25 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{Gang, GangMode, Member, PodSpec};
+use crate::model::{Gang, GangMode};
 
 fn gang(name: &str, members: u32, min: u32, wait_ms: u64, priority: i32) -> Gang {
     Gang {
-        name: name.into(),
-        namespace: "default".into(),
-        min_member: min,
-        total_number: members,
-        mode: GangMode::Strict,
         wait_time_ms: wait_ms,
         priority,
-        creation_order: 0,
-        members: (0..members)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                spec: PodSpec::default(),
-                uid: None,
-            })
-            .collect(),
+        ..Gang::with_members("default", name, members, min, GangMode::Strict)
     }
 }
 
