@@ -990,9 +990,7 @@ impl MetaState {
             self.txns.remove(&txn);
         }
     }
-}
 
-impl MetaState {
     /// Bug switch `meta-forgets-unacknowledged-decisions` only: forgets every decided
     /// transaction, acknowledged or not, which rule 5 forbids. Never called in production.
     pub fn forget_decisions_unacknowledged(&mut self) {
