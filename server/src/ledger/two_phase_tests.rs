@@ -895,3 +895,63 @@ fn the_checks_find_release_members_freeing_shards_first() {
         .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"));
     eprintln!("found, as expected: {found}");
 }
+
+/// Item 2: a release that commits the group's latest transaction on a member's shard
+/// commits a transaction meta then aborts (the coordinator died between reserve and
+/// decide), leaving a slot no group lists. Checked on the drained state alone, so the
+/// finding is item 2's leak, not item 1's freed member.
+#[test]
+fn the_checks_find_a_release_committing_an_aborted_transaction() {
+    let steps = [
+        // A NonStrict group of three holds m0 on shard 1 (a one-shard commit)...
+        Step::Submit {
+            key: 0,
+            members: 3,
+            non_strict: true,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        // ...is planned again across both shards, and the coordinator dies reserved.
+        Step::Begin { pick: 0, shift: 1 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Crash,
+        // ReleaseMembers of m0 while the group is Placing.
+        Step::Give { pick: 0, how: 2 },
+        Step::Wait { ms: 1_200 },
+        Step::Resolve { shard: 2 },
+    ];
+    // After the drain, the slots no live group lists (none, when the protocol holds).
+    let leaked = |bugs: Bugs| -> Vec<String> {
+        let mut w = World::new(bugs);
+        for step in &steps {
+            w.step(step);
+        }
+        w.drain();
+        let listed: BTreeSet<String> = w
+            .groups()
+            .iter()
+            .filter(|g| !g.state.is_terminal())
+            .flat_map(|g| g.placements.keys().chain(g.releasing.keys()).cloned())
+            .collect();
+        w.slots()
+            .into_iter()
+            .filter(|(m, ..)| !listed.contains(m))
+            .map(|(m, _, _, state)| format!("{m} {state:?}"))
+            .collect()
+    };
+    assert_eq!(leaked(Bugs::default()), Vec::<String>::new());
+    let bugs = Bugs {
+        release_shards_first: true,
+        ..Bugs::default()
+    };
+    let found = leaked(bugs);
+    assert!(
+        found
+            .iter()
+            .any(|s| s.starts_with("default/g0/m2 Committed")),
+        "{found:?}"
+    );
+    eprintln!("found, as expected: {found:?}");
+}
