@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Placer;
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState};
+use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 
@@ -42,7 +42,10 @@ fn snapshot_bytes<T: Serialize>(what: &str, state: &T) -> Vec<u8> {
 }
 
 fn meta_rejected(reason: String) -> MetaReply {
-    MetaReply::Rejected { reason }
+    MetaReply::Rejected {
+        reason,
+        kind: RejectionKind::Refused,
+    }
 }
 
 fn shard_malformed(reason: String) -> ShardOutcome {

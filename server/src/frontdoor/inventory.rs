@@ -274,7 +274,7 @@ pub async fn register(
     };
     let shard = match groups.meta(&assign).await.map_err(|e| e.to_status())? {
         MetaReply::Shard { shard } => shard,
-        MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
+        MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
         other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
     };
     let op = LedgerOp::RegisterNode { node: node.clone() };

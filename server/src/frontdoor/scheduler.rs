@@ -20,7 +20,9 @@ use tonic::{Request, Response, Status};
 
 use crate::coordinator::release::release_members;
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::meta::{GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply};
+use crate::ledger::meta::{
+    GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply, RejectionKind,
+};
 use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
@@ -75,10 +77,11 @@ impl SchedulerService {
 fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     match reply {
         MetaReply::Group { group } => Ok(status_of(&group)),
-        MetaReply::Rejected { reason } if reason.starts_with("id:") => {
-            Err(Status::not_found(reason))
-        }
-        MetaReply::Rejected { reason } => Err(Status::failed_precondition(reason)),
+        MetaReply::Rejected {
+            reason,
+            kind: RejectionKind::NotFound,
+        } => Err(Status::not_found(reason)),
+        MetaReply::Rejected { reason, .. } => Err(Status::failed_precondition(reason)),
         other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
     }
 }
@@ -114,8 +117,9 @@ async fn release_members_shards_first(
         members: names.clone(),
         at_ms: now_ms(),
     };
-    if let MetaReply::Rejected { reason } = groups.meta(&cmd).await? {
-        return Ok(MetaReply::Rejected { reason });
+    let reply = groups.meta(&cmd).await?;
+    if matches!(reply, MetaReply::Rejected { .. }) {
+        return Ok(reply);
     }
     let cmd = MetaCommand::MembersReleased {
         seq: record.seq,
@@ -123,12 +127,6 @@ async fn release_members_shards_first(
         at_ms: now_ms(),
     };
     groups.meta(&cmd).await
-}
-
-/// Whether meta refused a submission for what is stored (a key used with another body,
-/// a gang a live group declares) rather than for the submission itself.
-fn conflicts_with_state(reason: &str) -> bool {
-    reason.contains("with another body") || reason.contains("is already declared by gang group")
 }
 
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
@@ -355,10 +353,15 @@ impl Scheduler for SchedulerService {
         };
         let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
             MetaReply::Submitted { seq, .. } => seq,
-            MetaReply::Rejected { reason } if conflicts_with_state(&reason) => {
-                return Err(Status::already_exists(reason))
-            }
-            MetaReply::Rejected { reason } => return Err(Status::invalid_argument(reason)),
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::Conflict,
+            } => return Err(Status::already_exists(reason)),
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::NotFound,
+            } => return Err(Status::not_found(reason)),
+            MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
         Ok(Response::new(status_of(&self.record(seq).await?)))

@@ -748,7 +748,7 @@ impl Ingest {
                         }
                         self.memory.pods_of.insert(s.key.clone(), s.pods.clone());
                     }
-                    MetaReply::Rejected { reason } => {
+                    MetaReply::Rejected { reason, .. } => {
                         for p in &s.pods {
                             self.failed_scheduling(p, &reason).await;
                         }

@@ -247,7 +247,30 @@ pub enum MetaReply {
     Rejected {
         /// Why, naming the field.
         reason: String,
+        /// What kind of refusal, so callers choose a status code without reading words.
+        #[serde(default, skip_serializing_if = "RejectionKind::is_refused")]
+        kind: RejectionKind,
     },
+}
+
+/// What kind of refusal a [`MetaReply::Rejected`] is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// The command does not fit the state, or its input is malformed.
+    #[default]
+    Refused,
+    /// The gang group it names does not exist (or was forgotten).
+    NotFound,
+    /// It conflicts with what is stored: a key used with another body, or a gang a
+    /// live group declares.
+    Conflict,
+}
+
+impl RejectionKind {
+    fn is_refused(&self) -> bool {
+        *self == Self::Refused
+    }
 }
 
 /// A read-only question to the meta group.
@@ -317,6 +340,21 @@ pub struct MetaState {
 fn rejected(reason: impl Into<String>) -> MetaReply {
     MetaReply::Rejected {
         reason: reason.into(),
+        kind: RejectionKind::Refused,
+    }
+}
+
+fn missing(seq: GroupSeq) -> MetaReply {
+    MetaReply::Rejected {
+        reason: format!("id: no gang group {seq}"),
+        kind: RejectionKind::NotFound,
+    }
+}
+
+fn conflict(reason: String) -> MetaReply {
+    MetaReply::Rejected {
+        reason,
+        kind: RejectionKind::Conflict,
     }
 }
 
@@ -427,7 +465,7 @@ impl MetaState {
                 Some(r) => MetaReply::Group {
                     group: Box::new(GroupSummary::of(r)),
                 },
-                None => rejected(format!("id: no gang group {seq}")),
+                None => missing(*seq),
             },
             MetaQuery::Groups { active_only } => MetaReply::Groups {
                 records: self.in_queue_order(*active_only).cloned().collect(),
@@ -499,7 +537,7 @@ impl MetaState {
         if let Some(seq) = self.keys.get(key) {
             if let Some(existing) = self.groups.get(seq) {
                 if !same_body(&existing.group, group) {
-                    return rejected(format!(
+                    return conflict(format!(
                         "idempotency_key: {} was used for gang group {seq} with another body; use a new key for a new group",
                         short(key)
                     ));
@@ -516,7 +554,7 @@ impl MetaState {
         for (i, gang) in group.gangs.iter().enumerate() {
             let name = gang_name(gang);
             if let Some(owner) = self.live_owner(&name) {
-                return rejected(format!(
+                return conflict(format!(
                     "gangs[{i}]: gang {} is already declared by gang group {owner}, which has not ended; release or cancel it first",
                     short(&name)
                 ));
@@ -789,7 +827,7 @@ impl MetaState {
 
     fn cancel(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {
         let Some(g) = self.groups.get(&seq) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         let cancelled = GroupState::Releasing {
             then: Terminal::Cancelled,
@@ -819,7 +857,7 @@ impl MetaState {
 
     fn release(&mut self, seq: GroupSeq) -> MetaReply {
         let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         match state {
             GroupState::Placed => self.set_state(
@@ -841,7 +879,7 @@ impl MetaState {
     /// placed member is never freed behind meta's back. A retry finds them releasing.
     fn release_members(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         if members.is_empty() {
             return rejected("members: name at least one member");
@@ -886,7 +924,7 @@ impl MetaState {
     /// placed members directly: those are taken out of `placements`.
     fn members_released(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         let mut changed = false;
         for m in members {
@@ -912,7 +950,7 @@ impl MetaState {
 
     fn release_done(&mut self, seq: GroupSeq) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         if let GroupState::Releasing { then } = g.state {
             // The coordinator freed placements and releasing members alike.
@@ -929,7 +967,7 @@ impl MetaState {
 
     fn set_state(&mut self, seq: GroupSeq, state: GroupState) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
-            return rejected(format!("id: no gang group {seq}"));
+            return missing(seq);
         };
         if g.state != state {
             g.state = state;

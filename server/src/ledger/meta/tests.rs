@@ -108,7 +108,7 @@ fn invalid_submissions_are_refused_and_store_nothing() {
         at_ms: 1,
     });
     assert!(
-        matches!(reply, MetaReply::Rejected { reason } if reason.starts_with("idempotency_key"))
+        matches!(reply, MetaReply::Rejected { reason, .. } if reason.starts_with("idempotency_key"))
     );
     let reply = m.apply(&MetaCommand::Submit {
         key: "k".into(),
@@ -358,7 +358,7 @@ fn members_are_released_one_by_one_until_the_group_ends() {
         members: vec!["default/a/zz".into()],
         at_ms: 3,
     });
-    assert!(matches!(bad, MetaReply::Rejected { reason } if reason.starts_with("members[0]:")));
+    assert!(matches!(bad, MetaReply::Rejected { reason, .. } if reason.starts_with("members[0]:")));
     assert_eq!(
         state(&m, seq).state,
         GroupState::Placed,
@@ -430,7 +430,7 @@ fn members_of_a_group_not_placed_cannot_be_released() {
         at_ms: 3,
     });
     assert!(
-        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("Queued, not Placed")),
+        matches!(&reply, MetaReply::Rejected { reason, .. } if reason.contains("Queued, not Placed")),
         "{reply:?}"
     );
     assert_eq!(m, before);
@@ -581,7 +581,7 @@ fn shard_assignment_is_sticky_and_bounded() {
         at_ms: 3,
     };
     assert!(
-        matches!(m.apply(&bad), MetaReply::Rejected { reason } if reason.starts_with("shard:"))
+        matches!(m.apply(&bad), MetaReply::Rejected { reason, .. } if reason.starts_with("shard:"))
     );
 }
 
@@ -785,10 +785,34 @@ fn a_key_reused_with_another_body_is_refused_naming_the_key() {
         at_ms: 1,
     });
     assert!(
-        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("k1") && reason.starts_with("idempotency_key")),
+        matches!(&reply, MetaReply::Rejected { reason, kind: RejectionKind::Conflict } if reason.contains("k1") && reason.starts_with("idempotency_key")),
         "{reply:?}"
     );
     assert_eq!(m, before);
+}
+
+/// The kind of a refusal, not its words, tells callers which status code to send.
+#[test]
+fn refusals_say_their_kind() {
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k1", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let kind = |reply: MetaReply| match reply {
+        MetaReply::Rejected { kind, .. } => kind,
+        other => panic!("not refused: {other:?}"),
+    };
+    let missing = m.apply(&MetaCommand::Release { seq: 99, at_ms: 1 });
+    assert_eq!(kind(missing), RejectionKind::NotFound);
+    let queued = m.apply(&MetaCommand::Release { seq, at_ms: 1 });
+    assert_eq!(kind(queued), RejectionKind::Refused);
+    let empty_key = m.apply(&MetaCommand::Submit {
+        key: String::new(),
+        group: group("h", vec![gang("b", 1, 1, 0, 0)]),
+        at_ms: 1,
+    });
+    assert_eq!(kind(empty_key), RejectionKind::Refused);
+    // Refused is the default and is left out of the encoded reply (older replicas).
+    let encoded = serde_json::to_string(&rejected("x")).unwrap_or_default();
+    assert_eq!(encoded, r#"{"rejected":{"reason":"x"}}"#);
 }
 
 #[test]
@@ -801,7 +825,7 @@ fn two_live_groups_cannot_declare_the_same_gang() {
         at_ms: 1,
     });
     assert!(
-        matches!(&reply, MetaReply::Rejected { reason } if reason.contains("default/a") && reason.contains(&first.to_string())),
+        matches!(&reply, MetaReply::Rejected { reason, kind: RejectionKind::Conflict } if reason.contains("default/a") && reason.contains(&first.to_string())),
         "{reply:?}"
     );
     m.apply(&MetaCommand::Cancel {
