@@ -941,11 +941,7 @@ impl MetaState {
                 };
             }
         }
-        let reply = MetaReply::Group {
-            group: Box::new(GroupSummary::of(g)),
-        };
-        self.forget_old_groups();
-        reply
+        self.answer_with_group(seq)
     }
 
     fn release_done(&mut self, seq: GroupSeq) -> MetaReply {
@@ -958,11 +954,7 @@ impl MetaState {
             g.state = GroupState::Done { how: then };
             g.version += 1;
         }
-        let reply = MetaReply::Group {
-            group: Box::new(GroupSummary::of(g)),
-        };
-        self.forget_old_groups();
-        reply
+        self.answer_with_group(seq)
     }
 
     fn set_state(&mut self, seq: GroupSeq, state: GroupState) -> MetaReply {
@@ -973,8 +965,17 @@ impl MetaState {
             g.state = state;
             g.version += 1;
         }
-        let reply = MetaReply::Group {
-            group: Box::new(GroupSummary::of(g)),
+        self.answer_with_group(seq)
+    }
+
+    /// Group `seq`'s summary as the reply, taken before old terminal groups are
+    /// forgotten (it may be one of them).
+    fn answer_with_group(&mut self, seq: GroupSeq) -> MetaReply {
+        let reply = match self.groups.get(&seq) {
+            Some(g) => MetaReply::Group {
+                group: Box::new(GroupSummary::of(g)),
+            },
+            None => missing(seq),
         };
         self.forget_old_groups();
         reply
