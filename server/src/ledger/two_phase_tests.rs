@@ -1,6 +1,7 @@
 //! The meta and shard state machines together: random interleavings of what the
 //! coordinator, the front door and the participants' resolvers write, with the
-//! coordinator crashing (forgetting everything it had not written) at any point,
+//! coordinator crashing (forgetting everything it had not written) at any point and a
+//! new one recovering what it left Placing (rule 11),
 //! checked against the two-phase rules after every step and after a final drain.
 //!
 //! The actors here write the same commands the services do (docs/ARCHITECTURE.md,
@@ -70,6 +71,8 @@ enum Step {
     Crash,
     /// Coordinator round: delivers undelivered decisions in bulk.
     Deliver,
+    /// Coordinator round: recovers groups a dead coordinator left Placing.
+    Recover,
     /// Coordinator round: works on groups releasing or half released.
     FinishReleases,
     /// Front door: Release, Cancel or ReleaseMembers of one member.
@@ -89,6 +92,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         3 => any::<u8>().prop_map(|pick| Step::Tell { pick }),
         1 => Just(Step::Crash),
         1 => Just(Step::Deliver),
+        1 => Just(Step::Recover),
         1 => Just(Step::FinishReleases),
         2 => (any::<u8>(), 0u8..3).prop_map(|(pick, how)| Step::Give { pick, how }),
         2 => (0u16..1_500).prop_map(|ms| Step::Wait { ms }),
@@ -244,6 +248,7 @@ impl World {
             Step::Tell { pick } => self.tell(pick),
             Step::Crash => self.running.clear(),
             Step::Deliver => self.deliver_undelivered(),
+            Step::Recover => self.recover(),
             Step::FinishReleases => self.finish_releases(),
             Step::Give { pick, how } => self.give(pick, how),
             Step::Wait { ms } => self.now_ms += u64::from(ms),
@@ -749,38 +754,111 @@ impl World {
             for shard in 1..=SHARDS {
                 self.resolve(shard);
             }
-            self.abort_placing();
+            self.recover();
             if (self.meta.clone(), self.slots()) == before {
                 return;
             }
         }
     }
 
-    /// A new coordinator's `recover` for multi-shard transactions: undecided ones abort.
-    fn abort_placing(&mut self) {
+    /// The coordinator's `recover` of groups left Placing by a coordinator that died
+    /// (their transaction is in no running memory): a multi-shard one is aborted and
+    /// every participant told; a one-shard one is aborted on its shard, or, if the shard
+    /// had committed it, recorded COMMIT with the members the shard holds.
+    fn recover(&mut self) {
         for g in self.groups() {
-            if let GroupState::Placing { txn } = g.state {
-                let at_ms = self.now_ms;
-                if let MetaReply::Decided { decision, .. } = self.meta_write(&MetaCommand::Decide {
+            let GroupState::Placing { txn } = g.state else {
+                continue;
+            };
+            if self.running.contains_key(&txn) {
+                continue;
+            }
+            let participants = match self.meta.query(&MetaQuery::Txn { txn }) {
+                MetaReply::Txn { record: Some(t) } => t.participants,
+                _ => Vec::new(),
+            };
+            match participants[..] {
+                [shard] => self.recover_one_shard(txn, shard),
+                _ => self.decide_and_tell(txn, Decision::Abort, BTreeMap::new(), &participants),
+            }
+        }
+    }
+
+    fn recover_one_shard(&mut self, txn: TxnId, shard: u32) {
+        let reply = self.shard_write(shard, LedgerOp::Abort { txn_id: txn });
+        let committed = matches!(
+            reply,
+            LedgerReply::Rejected {
+                error: crate::ledger::LedgerError::TxnCommitted { .. }
+            }
+        );
+        if !committed {
+            let at_ms = self.now_ms;
+            self.meta_write(&MetaCommand::Decide {
+                txn,
+                decision: Decision::Abort,
+                placements: BTreeMap::new(),
+                reason: "coordinator failover".into(),
+                at_ms,
+                delivered: vec![shard],
+            });
+            return;
+        }
+        let placements: BTreeMap<String, Placement> = self
+            .slots()
+            .into_iter()
+            .filter(|(_, s, _, state)| {
+                *s == shard
+                    && matches!(state, SlotState::Committed { txn_id, .. } if *txn_id == txn)
+            })
+            .map(|(member, _, node, _)| {
+                let placement = Placement {
+                    node,
+                    shard,
+                    devices: Vec::new(),
+                    txn: Some(txn),
+                };
+                (member, placement)
+            })
+            .collect();
+        self.decide_and_tell(txn, Decision::Commit, placements, &[shard]);
+    }
+
+    /// Writes `decision` (COMMIT delivered already when it is one shard's own commit) and
+    /// tells the participants the decision meta recorded.
+    fn decide_and_tell(
+        &mut self,
+        txn: TxnId,
+        decision: Decision,
+        placements: BTreeMap<String, Placement>,
+        participants: &[u32],
+    ) {
+        let alone = participants.len() == 1;
+        let delivered = if alone && decision == Decision::Commit {
+            participants.to_vec()
+        } else {
+            Vec::new()
+        };
+        let at_ms = self.now_ms;
+        let reply = self.meta_write(&MetaCommand::Decide {
+            txn,
+            decision,
+            placements,
+            reason: "recovered".into(),
+            at_ms,
+            delivered: delivered.clone(),
+        });
+        if let MetaReply::Decided {
+            decision: recorded, ..
+        } = reply
+        {
+            if recorded != decision || delivered.is_empty() {
+                self.deliver(&[Undelivered {
                     txn,
-                    decision: Decision::Abort,
-                    placements: BTreeMap::new(),
-                    reason: "recovered".into(),
-                    at_ms,
-                    delivered: Vec::new(),
-                }) {
-                    let shards = match self.meta.query(&MetaQuery::Txn { txn }) {
-                        MetaReply::Txn { record: Some(t) } => t.participants,
-                        _ => Vec::new(),
-                    };
-                    let alone = shards.len() == 1;
-                    self.deliver(&[Undelivered {
-                        txn,
-                        decision,
-                        shards,
-                        alone,
-                    }]);
-                }
+                    decision: recorded,
+                    shards: participants.to_vec(),
+                    alone,
+                }]);
             }
         }
     }
@@ -954,4 +1032,32 @@ fn the_checks_find_a_release_committing_an_aborted_transaction() {
         "{found:?}"
     );
     eprintln!("found, as expected: {found:?}");
+}
+
+/// Rule 11's one-shard branch: a reserve-and-commit that committed on its shard before
+/// the coordinator died is recorded COMMIT with what the shard holds, not lost.
+#[test]
+fn a_one_shard_commit_left_undecided_is_recovered_as_placed() {
+    let steps = [
+        // One member: a one-shard transaction (shard 1), committed at once.
+        Step::Submit {
+            key: 0,
+            members: 1,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Crash,
+        Step::Recover,
+    ];
+    let mut w = World::new(Bugs::default());
+    for step in &steps {
+        w.step(step);
+        assert_eq!(w.check_always(), Ok(()), "after {step:?}");
+    }
+    let groups = w.groups();
+    assert_eq!(groups[0].state, GroupState::Placed, "{:?}", groups[0]);
+    assert_eq!(groups[0].placements.len(), 1);
+    w.drain();
+    assert_eq!(w.check_drained(), Ok(()));
 }
