@@ -218,14 +218,22 @@ async fn replan_across_shards(cl: &Client, place: Duration) -> Result<(), String
     }
 }
 
+/// A cluster whose processes arm `points` (crash points and test-only bug switches);
+/// with `once_dir`, a crash point fires in one process only.
+fn cluster_armed(shards: u32, points: &[&str], once_dir: Option<&std::path::Path>) -> Cluster {
+    let mut env = vec![("GANGWAY_TEST_FAILPOINTS".into(), points.join(","))];
+    if let Some(dir) = once_dir {
+        env.push((
+            "GANGWAY_TEST_FAILPOINT_DIR".into(),
+            dir.display().to_string(),
+        ));
+    }
+    Cluster::start_with(3, shards, vec!["--test-failpoints".into()], env)
+}
+
 /// A cluster whose processes arm `switch` (a test-only bug switch).
 fn cluster_with_bug(shards: u32, switch: &str) -> Cluster {
-    Cluster::start_with(
-        3,
-        shards,
-        vec!["--test-failpoints".into()],
-        vec![("GANGWAY_TEST_FAILPOINTS".into(), switch.into())],
-    )
+    cluster_armed(shards, &[switch], None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,9 +484,8 @@ async fn commit_missed_by_participants(c: &Cluster, place: Duration) -> Result<(
     let mut wide = nonstrict("across", 2, "3");
     wide.gangs[0].mode = "Strict".into();
     let g = cl.submit(wide).await.map_err(|e| format!("submit: {e}"))?;
-    let mut placed = None;
     let deadline = Instant::now() + place;
-    while placed.is_none() {
+    let (cl, s) = loop {
         if Instant::now() >= deadline {
             return Err(format!("group {} not placed within {place:?}", g.id));
         }
@@ -486,11 +493,11 @@ async fn commit_missed_by_participants(c: &Cluster, place: Duration) -> Result<(
         let Ok(cl) = any_client(c).await else {
             continue;
         };
-        if let Ok(s) = cl.get(g.id).await {
-            placed = (s.state == "Placed").then_some((cl, s));
+        match cl.get(g.id).await {
+            Ok(s) if s.state == "Placed" => break (cl, s),
+            _ => {}
         }
-    }
-    let (cl, s) = placed.ok_or("unreachable: loop ends placed")?;
+    };
     if !c
         .procs
         .values()
@@ -509,22 +516,9 @@ async fn commit_missed_by_participants(c: &Cluster, place: Duration) -> Result<(
 /// A cluster of 2 shards whose coordinator crashes once, after its first COMMIT of a
 /// transaction across shards, with `bugs` armed too.
 fn cluster_crashing_after_decide(failpoint_dir: &std::path::Path, bugs: &[&str]) -> Cluster {
-    let armed = std::iter::once("coordinator-after-decide")
-        .chain(bugs.iter().copied())
-        .collect::<Vec<_>>()
-        .join(",");
-    Cluster::start_with(
-        3,
-        2,
-        vec!["--test-failpoints".into()],
-        vec![
-            ("GANGWAY_TEST_FAILPOINTS".into(), armed),
-            (
-                "GANGWAY_TEST_FAILPOINT_DIR".into(),
-                failpoint_dir.display().to_string(),
-            ),
-        ],
-    )
+    let mut points = vec!["coordinator-after-decide"];
+    points.extend_from_slice(bugs);
+    cluster_armed(2, &points, Some(failpoint_dir))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
