@@ -375,8 +375,12 @@ def check_release(objs: dict, values: dict, scratch: Path) -> str:
             want = [f"{node_id(i)}={addr(i)}" for i in range(initial) if i != ordinal]
             check(peers == want, f"ordinal {ordinal}: peers {peers} != {want}")
             check("--join" not in argv, f"ordinal {ordinal} joins but bootstraps the cluster")
+            check(flag_values(argv, "--initial-cluster-state") == ["new"],
+                  f"ordinal {ordinal}: an initial member needs --initial-cluster-state new")
         else:
             check(peers == [] and "--join" in argv, f"ordinal {ordinal} should start with --join")
+            check("--initial-cluster-state" not in argv,
+                  f"ordinal {ordinal} joins, so it must not be told to create the cluster")
             joiners.append(ordinal)
 
     # TLS and tokens: flags, read-only mounts of the named Secrets, and nothing when off.

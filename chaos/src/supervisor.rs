@@ -297,7 +297,8 @@ impl Supervisor {
             .arg(&r.data)
             .arg("--peer-secret-file")
             .arg(peer_secret_path(&self.spec.dir))
-            .arg("--test-failpoints");
+            .arg("--test-failpoints")
+            .args(["--initial-cluster-state", "new"]);
         for (peer, p) in &self.replicas {
             if *peer == id {
                 continue;

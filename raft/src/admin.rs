@@ -37,6 +37,7 @@ impl RaftHost {
                 .into_iter()
                 .map(|(node_id, addr)| Member { node_id, addr })
                 .collect(),
+            members_seen: self.members_seen().into_iter().collect(),
         }
     }
 }

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use crate::balance;
 use crate::error::HostError;
 use crate::log_store::{LastLog, LogStore};
+use crate::members_seen::{participants, GroupParticipation, MembersSeen, MEMBERS_SEEN_PERIOD_MS};
 use crate::network::{admin_client, transport_client, NetworkFactory, Origin, PeerPool};
 use crate::proposer::Proposer;
 use crate::reachability::{
@@ -100,6 +101,20 @@ pub struct HostConfig {
     /// Fault tests only: peers whose advertised address is a key are dialled at its
     /// value instead (a proxy that can cut or delay that one link). Empty in production.
     pub peer_routes: BTreeMap<String, String>,
+    /// Whether the Raft transport serves peers from the start.
+    pub transport: TransportStart,
+}
+
+/// Whether a host's Raft transport serves peers as soon as it starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TransportStart {
+    /// Serve votes, entries and snapshots at once (a replica with its data).
+    #[default]
+    Open,
+    /// Refuse them (UNAVAILABLE) until `RaftHost::open_transport`: a blank replica
+    /// that must first learn from its peers whether it may bootstrap, and must not
+    /// vote or store entries before it knows.
+    Held,
 }
 
 /// Metadata key carrying the peer secret on every call a replica makes to a peer.
@@ -214,6 +229,8 @@ pub(crate) struct HostShared {
     pub(crate) groups: BTreeMap<GroupId, Arc<Group>>,
     pub(crate) pool: Arc<PeerPool>,
     reach: crate::reachability::Reachability,
+    members_seen: MembersSeen,
+    transport_open: AtomicBool,
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -313,6 +330,8 @@ impl RaftHost {
             groups.insert(gid, Arc::new(group));
             proposer_tasks.push(task);
         }
+        let members_seen = MembersSeen::open(store.clone())?;
+        let transport_open = AtomicBool::new(cfg.transport == TransportStart::Open);
         let host = RaftHost {
             shared: Arc::new(HostShared {
                 cfg,
@@ -320,12 +339,15 @@ impl RaftHost {
                 groups,
                 pool,
                 reach: Default::default(),
+                members_seen,
+                transport_open,
                 shutdown,
                 tasks: Mutex::new(Vec::new()),
             }),
         };
         host.own(tokio::spawn(host.clone().ping_peers()));
         host.own(tokio::spawn(host.clone().gate_elections()));
+        host.own(tokio::spawn(host.clone().record_members_seen()));
         for task in proposer_tasks {
             host.own(tokio::spawn(task));
         }
@@ -1422,6 +1444,72 @@ impl RaftHost {
             .values()
             .map(|g| group_status(g, with_hash))
             .collect()
+    }
+
+    /// The members this replica has seen store Raft state (see `members_seen`).
+    pub fn members_seen(&self) -> BTreeSet<NodeId> {
+        self.shared.members_seen.get()
+    }
+
+    /// Starts serving peers' votes, entries and snapshots (see [`TransportStart::Held`]).
+    pub fn open_transport(&self) {
+        self.shared.transport_open.store(true, Ordering::SeqCst);
+    }
+
+    /// Refuses a Raft call while the transport is held.
+    pub(crate) fn check_transport_open(&self) -> Result<(), tonic::Status> {
+        if self.shared.transport_open.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        Err(tonic::Status::unavailable(format!(
+            "replica {} is blank and still asking its peers whether it may bootstrap",
+            self.node_id()
+        )))
+    }
+
+    /// Records, every `MEMBERS_SEEN_PERIOD_MS`, the members this replica saw store Raft state.
+    async fn record_members_seen(self) {
+        let mut stop = self.shutdown_signal();
+        let mut tick = tokio::time::interval(Duration::from_millis(MEMBERS_SEEN_PERIOD_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let me = self.node_id();
+            let groups: Vec<GroupParticipation> = self
+                .shared
+                .groups
+                .values()
+                .map(|g| {
+                    let m = g.raft.metrics().borrow().clone();
+                    GroupParticipation {
+                        leading: m.current_leader == Some(me),
+                        acknowledged: m
+                            .replication
+                            .iter()
+                            .flatten()
+                            .filter(|(_, matched)| matched.is_some())
+                            .map(|(id, _)| *id)
+                            .collect(),
+                        applied_from: m.current_leader.filter(|_| m.last_applied.is_some()),
+                    }
+                })
+                .collect();
+            let seen = participants(me, &groups);
+            let host = self.clone();
+            let recorded =
+                tokio::task::spawn_blocking(move || host.shared.members_seen.record(&seen)).await;
+            match recorded {
+                Ok(Ok(new)) if !new.is_empty() => {
+                    tracing::info!(members = ?new, "recorded members that stored Raft state")
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot record the members seen"),
+                Err(e) => tracing::warn!(error = %e, "members-seen task failed"),
+            }
+        }
     }
 
     /// Stops every group and background task.

@@ -17,6 +17,7 @@ mod codec;
 pub mod error;
 mod host;
 mod log_store;
+mod members_seen;
 mod metrics;
 mod network;
 mod proposer;
@@ -32,8 +33,9 @@ pub use balance::{leaders_max, plan as plan_balance, Move};
 pub use error::HostError;
 pub use host::{
     GroupChanges, HostConfig, Outcome, PeerSecurity, RaftHost, RaftTiming, SharedToken,
-    PEER_SECRET_HEADER,
+    TransportStart, PEER_SECRET_HEADER,
 };
+pub use members_seen::holds_raft_state;
 pub use service::TransportService;
 pub use state_machine::{Admission, RestoreError, StateMachine, StateMachineFactory};
 pub use types::{GroupId, NodeId, META_GROUP};

@@ -79,6 +79,7 @@ fn reply<T: Serialize>(what: &'static str, value: &T) -> Result<Response<RaftRep
 impl RaftTransport for TransportService {
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let req = request.into_inner();
+        self.host.check_transport_open()?;
         let g = self.host.check_envelope(req.envelope.as_ref())?;
         let rpc: VoteRequest<NodeId> = decode("vote request", &req.payload)?;
         reply("vote reply", &g.raft.vote(rpc).await)
@@ -89,6 +90,7 @@ impl RaftTransport for TransportService {
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
         let req = request.into_inner();
+        self.host.check_transport_open()?;
         let g = self.host.check_envelope(req.envelope.as_ref())?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode("append-entries request", &req.payload)?;
         reply("append-entries reply", &g.raft.append_entries(rpc).await)
@@ -99,6 +101,7 @@ impl RaftTransport for TransportService {
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
         let req = request.into_inner();
+        self.host.check_transport_open()?;
         let g = self.host.check_envelope(req.envelope.as_ref())?;
         let rpc: InstallSnapshotRequest<TypeConfig> =
             decode("install-snapshot request", &req.payload)?;
@@ -112,6 +115,7 @@ impl RaftTransport for TransportService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftReply>, Status> {
+        self.host.check_transport_open()?;
         let mut stream = request.into_inner();
         let first = stream
             .next()
@@ -145,6 +149,7 @@ impl RaftTransport for TransportService {
     ) -> Result<Response<ProposeReply>, Status> {
         let req = request.into_inner();
         let g = self.host.check_envelope(req.envelope.as_ref())?;
+        self.host.check_transport_open()?;
         let out = self
             .host
             .run_local(g.id, &Routed::Write(req.command))
@@ -167,6 +172,7 @@ impl RaftTransport for TransportService {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
         let req = request.into_inner();
         let g = self.host.check_envelope(req.envelope.as_ref())?;
+        self.host.check_transport_open()?;
         let out = self
             .host
             .run_local(g.id, &Routed::Read(req.query))
@@ -184,6 +190,7 @@ impl RaftTransport for TransportService {
     ) -> Result<Response<PrepareElectionReply>, Status> {
         let req = request.into_inner();
         let g = self.host.check_envelope(req.envelope.as_ref())?;
+        self.host.check_transport_open()?;
         self.host
             .prepare_election(g.id, req.candidate, req.hold_ms)
             .map_err(|e| e.to_status())?;

@@ -82,6 +82,7 @@ async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
         },
         peer_security: Default::default(),
         peer_routes: Default::default(),
+        transport: Default::default(),
     };
     let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
     let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), &factory)

@@ -77,6 +77,12 @@ pub struct ServeArgs {
     /// Join an existing cluster as a new member (never bootstrap); an operator then adds it.
     #[arg(long)]
     pub join: bool,
+    /// What a replica whose data dir holds no Raft state does: `new` may create the
+    /// cluster with its --peer replicas (only once every peer answers and none holds
+    /// Raft state or has seen this replica before); `existing` refuses to start
+    /// [default: existing]. Ignored once the data dir holds Raft state.
+    #[arg(long, value_enum)]
+    pub initial_cluster_state: Option<InitialClusterState>,
     /// Node label that partitions nodes into shards (e.g. topology.kubernetes.io/zone).
     #[arg(long)]
     pub topology_label: Option<String>,
@@ -155,6 +161,7 @@ struct FileConfig {
     shards: Option<u32>,
     cluster_id: Option<String>,
     join: Option<bool>,
+    initial_cluster_state: Option<InitialClusterState>,
     topology_label: Option<String>,
     sled_cache_mb: Option<u64>,
     heartbeat_ms: Option<u64>,
@@ -172,6 +179,18 @@ struct FileConfig {
     tls_client_ca: Option<PathBuf>,
     auth_tokens_file: Option<PathBuf>,
     peer_secret_file: Option<PathBuf>,
+}
+
+/// What a replica with no Raft state may do (as etcd's `--initial-cluster-state`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum InitialClusterState {
+    /// Create the cluster with the --peer replicas, if none of them has formed it yet.
+    New,
+    /// The cluster exists: a blank replica refuses to start (it lost its disk, or
+    /// must use --join).
+    #[default]
+    Existing,
 }
 
 /// A validated `gangway serve` configuration.
@@ -195,6 +214,8 @@ pub struct ServeConfig {
     pub cluster_id: String,
     /// Join instead of bootstrapping.
     pub join: bool,
+    /// Whether a blank replica may create the cluster.
+    pub initial_cluster_state: InitialClusterState,
     /// Shard partitioning label.
     pub topology_label: Option<String>,
     /// sled cache bound in bytes.
@@ -419,6 +440,16 @@ impl ServeConfig {
             .clone()
             .or(file.peer_secret_file.clone());
         let join = args.join || file.join.unwrap_or(false);
+        let initial_cluster_state = args
+            .initial_cluster_state
+            .or(file.initial_cluster_state)
+            .unwrap_or_default();
+        if join && initial_cluster_state == InitialClusterState::New {
+            return Err(invalid(
+                "--initial-cluster-state",
+                "`new` creates a cluster and --join joins one; give one of them",
+            ));
+        }
         if peer_secret_file.is_none() && (!peers.is_empty() || join) {
             return Err(invalid(
                 "--peer-secret-file",
@@ -498,6 +529,7 @@ impl ServeConfig {
             shards,
             cluster_id,
             join,
+            initial_cluster_state,
             topology_label: args.topology_label.or(file.topology_label),
             sled_cache_bytes: args
                 .sled_cache_mb

@@ -22,7 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::datadir::{self, DataDirState, Identity};
+use crate::datadir::{self, Identity};
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
@@ -140,11 +140,12 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         .enumerate()
         .map(|(i, a)| (i as NodeId + 1, a.to_string()))
         .collect();
-    let mut replicas = Vec::new();
-    let mut fresh = false;
     // The replicas share this process, so they share a secret no other process knows.
     let peer_secret = Tokens::generated_peer_secret()?;
-    for (i, listener) in grpc.into_iter().enumerate() {
+    let groups: Vec<u64> = (0..=u64::from(args.shards)).collect();
+    let mut stores = Vec::new();
+    let mut blank = Vec::new();
+    for i in 0..grpc.len() {
         let id = i as NodeId + 1;
         let dir = data.join(format!("node-{id}"));
         let identity = Identity {
@@ -152,9 +153,28 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             node_id: id,
             shards: args.shards,
         };
-        fresh |= datadir::open(&dir, &identity)? == DataDirState::Fresh;
+        datadir::open(&dir, &identity)?;
         let store = SledStore::open(&datadir::store_path(&dir), 32 * 1024 * 1024)
             .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+        if !gangway_raft::holds_raft_state(&store, &groups)? {
+            blank.push(id);
+        }
+        stores.push(store);
+    }
+    // A cluster is created once, by all of its replicas; one blank among the others
+    // lost its data, and must not vote again under its id.
+    let create = blank.len() == grpc.len();
+    if !create && !blank.is_empty() {
+        bail!(
+            "replicas {blank:?} under {} hold no Raft state but the others do: their data was lost, \
+             and a dev cluster is never re-created in place; remove {} to start a new one",
+            data.display(),
+            data.display()
+        );
+    }
+    let mut replicas = Vec::new();
+    for (i, (listener, store)) in grpc.into_iter().zip(stores).enumerate() {
+        let id = i as NodeId + 1;
         let timing = RaftTiming {
             balance_interval_ms: 10_000,
             ..RaftTiming::default()
@@ -170,7 +190,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         opts.host.peer_security.peer_secret = Some(peer_secret.own_shared());
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);
     }
-    if fresh {
+    if create {
         for r in &replicas {
             r.host.bootstrap(&members).await?;
         }

@@ -5,6 +5,7 @@
 //! endpoints and metrics, `bench` the benchmarks.
 
 pub mod bench;
+pub mod bootstrap;
 pub mod config;
 pub mod coordinator;
 pub mod datadir;

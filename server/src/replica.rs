@@ -209,5 +209,6 @@ pub fn host_config(
         timing,
         peer_security: Default::default(),
         peer_routes: Default::default(),
+        transport: Default::default(),
     }
 }

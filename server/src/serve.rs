@@ -1,30 +1,26 @@
 //! `gangway serve`: one replica of a multi-process cluster. Binds its ports
 //! first (so a taken port fails before anything is stored), checks the data
-//! dir, refuses to bootstrap a wiped replica under an id the cluster already
-//! replicated to, then serves until SIGINT or SIGTERM.
+//! dir, decides whether it resumes, joins or creates the cluster (`bootstrap`:
+//! a blank replica never bootstraps unless told, and never under an id its
+//! peers saw before), then serves until SIGINT or SIGTERM.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
-use gangway_proto::admin::admin_client::AdminClient;
-use gangway_proto::admin::StatusRequest;
+use anyhow::Context;
 use gangway_raft::storage::SledStore;
-use gangway_raft::PeerSecurity;
+use gangway_raft::{PeerSecurity, TransportStart};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+use crate::bootstrap::{self, Decision, StartMode};
 use crate::config::ServeConfig;
-use crate::datadir::{self, DataDirState, Identity};
+use crate::datadir::{self, Identity};
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::replicated::Groups;
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
-
-/// Time allowed to reach each peer when checking a fresh replica's id.
-pub const REJOIN_PROBE_TIMEOUT_MS: u64 = 1_500;
 
 /// Runs one replica until a shutdown signal.
 pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyhow::Result<()> {
@@ -46,8 +42,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         node_id: cfg.id,
         shards: cfg.shards,
     };
-    let state = datadir::probe(&cfg.data, &identity)?;
-    let bootstrap = state == DataDirState::Fresh && !cfg.join;
+    datadir::probe(&cfg.data, &identity)?;
     let server_security = ServerSecurity {
         tls: match &cfg.tls {
             Some(files) => Some(ServerTls::load(files.clone())?),
@@ -70,12 +65,16 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         token: server_security.tokens.as_ref().map(|t| t.own_shared()),
         peer_secret: Some(server_security.peer_secret.own_shared()),
     };
-    if bootstrap {
-        refuse_wiped_member(&cfg, &peer_security).await?;
-    }
     datadir::open(&cfg.data, &identity)?;
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
         .with_context(|| format!("cannot open the store in {} (--data)", cfg.data.display()))?;
+    let groups: Vec<u64> = (0..=u64::from(cfg.shards)).collect();
+    let holds_state = gangway_raft::holds_raft_state(&store, &groups)
+        .with_context(|| format!("cannot read the store in {} (--data)", cfg.data.display()))?;
+    let mode = bootstrap::start_mode(&cfg, holds_state)?;
+    if mode == StartMode::Join {
+        bootstrap::check_joiner(&cfg, &peer_security).await?;
+    }
     let mut opts = ReplicaOptions {
         host: host_config(
             &cfg.cluster_id,
@@ -94,12 +93,42 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         },
         security: server_security,
     };
-    opts.host.peer_security = peer_security;
+    opts.host.peer_security = peer_security.clone();
     opts.host.peer_routes = cfg.peer_routes.clone();
+    opts.host.transport = match mode {
+        StartMode::Create => TransportStart::Held,
+        StartMode::Resume | StartMode::Join => TransportStart::Open,
+    };
     let replica = Replica::start(opts, Arc::new(store), grpc).await?;
-    if bootstrap {
-        replica.host.bootstrap(&cfg.initial_members()).await?;
-        tracing::info!(members = ?cfg.initial_members(), "bootstrapped a new cluster");
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    if mode == StartMode::Create {
+        let verdict = tokio::select! {
+            v = bootstrap::await_decision(&cfg, &peer_security) => v,
+            _ = &mut shutdown => {
+                tracing::info!("shutting down before the cluster was created");
+                replica.stop().await;
+                return Ok(());
+            }
+        };
+        match verdict {
+            Ok(Decision::Bootstrap) => {
+                replica.host.bootstrap(&cfg.initial_members()).await?;
+                replica.host.open_transport();
+                tracing::info!(members = ?cfg.initial_members(), "bootstrapped a new cluster");
+            }
+            Ok(Decision::Serve) => {
+                replica.host.open_transport();
+                tracing::info!("the peers formed the cluster already; serving as its member");
+            }
+            Ok(Decision::LostDisk(peer)) => {
+                replica.stop().await;
+                return Err(bootstrap::lost_disk_error(&cfg, peer));
+            }
+            Err(e) => {
+                replica.stop().await;
+                return Err(e);
+            }
+        }
     }
     let (stop_kube, kube_stopped) = tokio::sync::watch::channel(false);
     let kube_task = match &cfg.kube {
@@ -138,7 +167,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
         let _ = http_stopped.await;
     }));
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down");
     let _ = stop_kube.send(true);
     if let Some(task) = kube_task {
@@ -147,81 +176,6 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let _ = stop_http.send(());
     replica.stop().await;
     http_task.await??;
-    Ok(())
-}
-
-/// A fresh data dir under an id that peers already replicated to means the
-/// replica lost its disk; bootstrapping it would let it vote twice in a term.
-async fn refuse_wiped_member(cfg: &ServeConfig, peers: &PeerSecurity) -> anyhow::Result<()> {
-    let scheme = if peers.tls.is_some() { "https" } else { "http" };
-    for (peer, addr) in &cfg.peers {
-        let dial = cfg.peer_routes.get(addr).unwrap_or(addr);
-        let Ok(mut endpoint) =
-            tonic::transport::Endpoint::from_shared(format!("{scheme}://{dial}"))
-        else {
-            continue;
-        };
-        if let Some(tls) = &peers.tls {
-            endpoint = endpoint.tls_config(tls.clone())?;
-        }
-        let probe = Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS);
-        // The whole connect is bounded, TLS handshake included: a peer that is itself
-        // still probing has not started serving, and would never answer it.
-        let Ok(Ok(channel)) =
-            tokio::time::timeout(probe, endpoint.connect_timeout(probe).connect()).await
-        else {
-            continue;
-        };
-        let mut req = tonic::Request::new(StatusRequest {
-            include_state_hash: false,
-        });
-        req.set_timeout(Duration::from_millis(REJOIN_PROBE_TIMEOUT_MS));
-        let token = peers
-            .token
-            .as_ref()
-            .and_then(|t| t.read().ok().map(|t| t.clone()));
-        if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
-            req.metadata_mut().insert("authorization", value);
-        }
-        let reply = match AdminClient::new(channel).status(req).await {
-            Ok(reply) => reply,
-            // A peer that refuses our credentials is up: skipping it would bootstrap a
-            // replica that may have lost its disk.
-            Err(s)
-                if matches!(
-                    s.code(),
-                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
-                ) =>
-            {
-                bail!(
-                    "peer {peer} at {addr} refused this replica's credentials ({}); check --tls-cert, --tls-key, --tls-client-ca and --auth-tokens-file",
-                    s.message()
-                )
-            }
-            Err(_) => continue,
-        };
-        let status = reply.into_inner();
-        if status.cluster_id != cfg.cluster_id {
-            bail!(
-                "peer {peer} at {addr} belongs to cluster {:?}, not {:?} (--cluster-id)",
-                status.cluster_id,
-                cfg.cluster_id
-            );
-        }
-        for g in &status.groups {
-            if g.matched.get(&cfg.id).is_some_and(|m| *m > 0) {
-                bail!(
-                    "node id {} already holds data in cluster {:?} (peer {peer} replicated group {} to it), but {} is empty: \
-                     this replica lost its disk and must not rejoin under its old id; start it with a new --id and --join, \
-                     then add it with `gangctl cluster add --id NEW --addr HOST:PORT`",
-                    cfg.id,
-                    cfg.cluster_id,
-                    g.group_id,
-                    cfg.data.display()
-                );
-            }
-        }
-    }
     Ok(())
 }
 

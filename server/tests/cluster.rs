@@ -232,6 +232,97 @@ async fn full_cluster_crash_loses_no_acknowledged_write() {
         lost.iter().take(5).collect::<Vec<_>>()
     );
     c.wait_converged(&[1, 2, 3], Duration::from_secs(20)).await;
+
+    // Another full restart, with replica 3's disk lost: all three start together, so
+    // no peer answers while the blank one starts. It must wait for its peers rather
+    // than bootstrap, then refuse, naming the flag; the other two carry on.
+    for id in [1, 2, 3] {
+        c.kill(id);
+    }
+    wipe(&c.procs[&3].data);
+    let mut blank = c.command(3);
+    let blank = blank
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the blank replica");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.spawn(1);
+    c.spawn(2);
+    let (status, stderr) = exit_within(blank, Duration::from_secs(30)).await;
+    assert!(
+        !status.success(),
+        "a blank replica of a formed cluster must not start: {stderr}"
+    );
+    assert!(
+        stderr.contains("lost its disk") && stderr.contains("--initial-cluster-state"),
+        "{stderr}"
+    );
+    c.wait_ready(&[1, 2], Duration::from_secs(20)).await;
+    let mut inv = c.inventory(1).await;
+    let after: BTreeSet<String> = list_names(&mut inv).await.into_iter().collect();
+    assert!(
+        acked.is_subset(&after),
+        "acknowledged writes survive the lost disk"
+    );
+}
+
+/// Waits for `child` to exit (killing it after `bound`, which fails the test); its
+/// exit status and stderr.
+async fn exit_within(
+    mut child: std::process::Child,
+    bound: Duration,
+) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the process still runs after {bound:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    (status, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blank_replica_bootstraps_only_when_told() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(support::gangway_bin())
+        .args(["serve", "--id", "1", "--shards", "1"])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http", &format!("127.0.0.1:{}", free_port())])
+        .arg("--data")
+        .arg(dir.path().join("node-1"))
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--initial-cluster-state is `existing`"),
+        "{stderr}"
+    );
+    // Told to create, then restarted without the flag: it resumes from its data.
+    let mut c = Cluster::start(1, 1);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    register(&mut c.inventory(1).await, "n-1")
+        .await
+        .expect("register");
+    c.kill(1);
+    c.extra_args = vec!["--initial-cluster-state".into(), "existing".into()];
+    c.spawn(1);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    let names = list_names(&mut c.inventory(1).await).await;
+    assert_eq!(names, vec!["n-1".to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

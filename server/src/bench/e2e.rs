@@ -131,7 +131,8 @@ impl Processes {
             .arg("--data")
             .arg(self.dir.join(format!("node-{id}")))
             .arg("--peer-secret-file")
-            .arg(&self.secret_file);
+            .arg(&self.secret_file)
+            .args(["--initial-cluster-state", "new"]);
         for (j, peer) in self.grpc.iter().enumerate() {
             if j != i {
                 cmd.args(["--peer", &format!("{}={peer}", j + 1)]);

@@ -167,6 +167,7 @@ async fn start_cluster(store: &str, dir: &std::path::Path) -> anyhow::Result<Vec
             },
             peer_security: Default::default(),
             peer_routes: Default::default(),
+            transport: Default::default(),
         };
         replicas.push(
             Replica::start_with(cfg, kv, listener, &|_| Box::new(CountingMachine::default()))

@@ -156,6 +156,12 @@ impl Cluster {
         }
         if p.join {
             cmd.arg("--join");
+        } else if !self
+            .extra_args
+            .iter()
+            .any(|a| a == "--initial-cluster-state")
+        {
+            cmd.args(["--initial-cluster-state", "new"]);
         }
         cmd.args(&self.extra_args);
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));

@@ -127,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
             .arg(dir.path().join(format!("node-{id}")))
             .arg("--peer-secret-file")
             .arg(&secret_file)
+            .args(["--initial-cluster-state", "new"])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .env(
