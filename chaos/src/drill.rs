@@ -84,6 +84,8 @@ pub enum DrillKind {
     /// SIGKILL the leader of a group (meta or shard), restart it.
     LeaderKill,
     /// Crash the coordinator between reserve and decide, or decide and commit.
+    #[value(name = "coordinator-kill-mid-2pc")]
+    #[serde(rename = "coordinator-kill-mid-2pc")]
     CoordinatorKillMid2pc,
     /// Crash a participant shard leader right after it applied a reservation.
     ParticipantKillMidReserve,
@@ -980,5 +982,22 @@ async fn converged_hashes(sup: &Supervisor) -> BTreeMap<u64, Option<Vec<GroupHas
             return out;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn every_listed_name_is_accepted_on_the_command_line_and_in_reports() {
+        for kind in DrillKind::ALL {
+            let parsed = DrillKind::from_str(kind.name(), false)
+                .unwrap_or_else(|e| panic!("`run --drill {}` refused: {e}", kind.name()));
+            assert_eq!(parsed, kind);
+            let json = serde_json::to_string(&kind).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+        }
     }
 }
