@@ -485,6 +485,27 @@ impl RaftHost {
             .and_then(|g| g.raft.metrics().borrow().current_leader)
     }
 
+    /// Groups whose Raft replica stopped here on its own (a storage failure such as a
+    /// full disk), with the reason; empty while every group runs. A stopped group never
+    /// restarts in this process.
+    pub fn stopped_groups(&self) -> Vec<(GroupId, String)> {
+        if *self.shared.shutdown.borrow() {
+            return Vec::new();
+        }
+        self.shared
+            .groups
+            .values()
+            .filter_map(|g| {
+                let m = g.raft.metrics().borrow().clone();
+                match (&m.running_state, m.state) {
+                    (Err(fatal), _) => Some((g.id, fatal.to_string())),
+                    (Ok(()), ServerState::Shutdown) => Some((g.id, "shut down".into())),
+                    (Ok(()), _) => None,
+                }
+            })
+            .collect()
+    }
+
     /// A feed that fires whenever `group` applies entries here. Waiters use it instead
     /// of polling the state machine.
     pub fn changes(&self, group: GroupId) -> Result<GroupChanges, HostError> {

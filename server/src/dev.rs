@@ -219,14 +219,30 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         args.nodes
     );
 
-    shutdown_signal().await;
+    let hosts: Vec<_> = replicas.iter().map(|r| r.host.clone()).collect();
+    let any_stopped = async {
+        let watches = hosts
+            .iter()
+            .map(|h| Box::pin(crate::replica::group_stopped(h)));
+        let ((group, reason), i, _) = futures::future::select_all(watches).await;
+        (i + 1, group, reason)
+    };
+    let stopped = tokio::select! {
+        _ = shutdown_signal() => None,
+        stopped = any_stopped => Some(stopped),
+    };
     println!("gangway dev: stopping");
     let _ = stop_http.send(());
     for r in replicas {
         r.stop().await;
     }
     http_task.await??;
-    Ok(())
+    match stopped {
+        None => Ok(()),
+        Some((replica, group, reason)) => {
+            bail!("replica {replica} stopped raft group {group}: {reason}; gangway dev exits (run it again to resume from --data)")
+        }
+    }
 }
 
 fn ports_file(data: &Path) -> PathBuf {

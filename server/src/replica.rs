@@ -27,6 +27,21 @@ use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
 use crate::shard::resolver;
 
+/// Period of the check for groups that stopped on their own.
+pub const STOPPED_GROUP_CHECK_MS: u64 = 200;
+
+/// Completes when one of `host`'s groups stops on its own (a storage failure such as
+/// a full disk): the group and why. A stopped group does not restart in-process, so
+/// the entry points exit non-zero and leave the restart to the supervisor.
+pub async fn group_stopped(host: &RaftHost) -> (gangway_raft::GroupId, String) {
+    loop {
+        if let Some(stopped) = host.stopped_groups().into_iter().next() {
+            return stopped;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(STOPPED_GROUP_CHECK_MS)).await;
+    }
+}
+
 /// What a replica needs besides its storage and listener.
 #[derive(Debug, Clone)]
 pub struct ReplicaOptions {

@@ -167,8 +167,16 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
         let _ = http_stopped.await;
     }));
-    shutdown.await;
-    tracing::info!("shutting down");
+    let stopped = tokio::select! {
+        _ = &mut shutdown => None,
+        stopped = crate::replica::group_stopped(&replica.host) => Some(stopped),
+    };
+    match &stopped {
+        None => tracing::info!("shutting down"),
+        Some((group, reason)) => {
+            tracing::error!(group, %reason, "a raft group stopped; exiting so the supervisor restarts this replica")
+        }
+    }
     let _ = stop_kube.send(true);
     if let Some(task) = kube_task {
         let _ = task.await;
@@ -176,7 +184,13 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let _ = stop_http.send(());
     replica.stop().await;
     http_task.await??;
-    Ok(())
+    match stopped {
+        None => Ok(()),
+        Some((group, reason)) => anyhow::bail!(
+            "raft group {group} stopped: {reason}; gangway serve exits so that its supervisor restarts it \
+             from its data dir (if the disk is full, free space first: the replica catches up from its peers)"
+        ),
+    }
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

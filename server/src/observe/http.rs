@@ -1,5 +1,5 @@
 //! The HTTP endpoints of a process: `/healthz` (the process serves),
-//! `/readyz` (every hosted replica knows a leader for every group) and
+//! `/readyz` (every hosted replica runs every group, and knows its leader) and
 //! `/metrics` (Prometheus text).
 
 use std::future::Future;
@@ -28,6 +28,12 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     let mut missing = Vec::new();
     for host in &state.hosts {
+        for (group, reason) in host.stopped_groups() {
+            missing.push(format!(
+                "node {} stopped group {group}: {reason}",
+                host.node_id()
+            ));
+        }
         let groups: Vec<u64> = host
             .group_ids()
             .into_iter()

@@ -82,6 +82,20 @@ impl Cluster {
         extra_args: Vec<String>,
         env: Vec<(String, String)>,
     ) -> Cluster {
+        let mut cluster = Self::prepare(n, shards, extra_args, env);
+        for id in 1..=n {
+            cluster.spawn(id);
+        }
+        cluster
+    }
+
+    /// Like `start_with`, without starting the processes (to prepare their data dirs).
+    pub fn prepare(
+        n: u64,
+        shards: u32,
+        extra_args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Cluster {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().expect("tempdir");
         write_peer_secret(dir.path());
@@ -104,7 +118,6 @@ impl Cluster {
                 .map(|(p, a)| (*p, a.clone()))
                 .collect();
             cluster.add_proc(id, addr.clone(), peers, false);
-            cluster.spawn(id);
         }
         cluster
     }
@@ -188,6 +201,14 @@ impl Cluster {
             .spawn()
             .expect("spawn gangway serve");
         self.procs.get_mut(&id).expect("known proc").child = Some(child);
+    }
+
+    /// The exit status of process `id` if it has exited on its own (reaped).
+    pub fn exited(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let p = self.procs.get_mut(&id)?;
+        let status = p.child.as_mut()?.try_wait().ok()??;
+        p.child = None;
+        Some(status)
     }
 
     /// SIGKILLs process `id` and reaps it.
