@@ -46,6 +46,8 @@ const ROUTE_BACKOFF_MAX_MS: u64 = 250;
 pub const BOOTSTRAP_FALLBACK_MS: u64 = 3_000;
 /// Time a leadership transfer may take before it is given up.
 pub const TRANSFER_TIMEOUT_MS: u64 = 5_000;
+/// Silence after which a peer that does not answer pings is logged (WARN, once).
+pub const PEER_SILENT_WARN_MS: u64 = 5_000;
 /// Time a membership change may take (a new learner may need a snapshot).
 pub const MEMBERSHIP_TIMEOUT_MS: u64 = 60_000;
 /// Time to wait for a peer's status when probing liveness.
@@ -1123,11 +1125,14 @@ impl RaftHost {
         let mut stop = self.shutdown_signal();
         let mut tick = tokio::time::interval(Duration::from_millis(REACH_PING_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let started = Instant::now();
+        let mut silent = BTreeSet::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
             }
+            self.log_silent_peers(started, &mut silent);
             for (peer, addr) in self.members() {
                 if peer == self.node_id() || !self.shared.reach.start_ping(peer) {
                     continue;
@@ -1140,6 +1145,25 @@ impl RaftHost {
                     }
                     host.shared.reach.end_ping(peer);
                 });
+            }
+        }
+    }
+
+    /// Logs a peer that stopped answering pings for `PEER_SILENT_WARN_MS` (once, at
+    /// WARN) and its return (INFO). Short silences are normal (a restart, an election)
+    /// and are not logged; openraft's own replication errors are off by default.
+    fn log_silent_peers(&self, started: Instant, silent: &mut BTreeSet<NodeId>) {
+        let bound = Duration::from_millis(PEER_SILENT_WARN_MS);
+        for (peer, addr) in self.members() {
+            if peer == self.node_id() {
+                continue;
+            }
+            let since = self.shared.reach.last_answer(peer).unwrap_or(started);
+            let quiet = since.elapsed();
+            if quiet >= bound && silent.insert(peer) {
+                tracing::warn!(peer, %addr, silent_ms = quiet.as_millis() as u64, "peer does not answer");
+            } else if quiet < bound && silent.remove(&peer) {
+                tracing::info!(peer, %addr, "peer answers again");
             }
         }
     }

@@ -232,11 +232,14 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         stopped = any_stopped => Some(stopped),
     };
     println!("gangway dev: stopping");
-    let _ = stop_http.send(());
-    for r in replicas {
-        r.stop().await;
-    }
-    http_task.await??;
+    let teardown = async {
+        let _ = stop_http.send(());
+        for r in replicas {
+            r.stop().await;
+        }
+        http_task.await?
+    };
+    crate::serve::bounded_shutdown(teardown).await?;
     match stopped {
         None => Ok(()),
         Some((replica, group, reason)) => {

@@ -76,6 +76,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Time left to blocking tasks when the process exits.
+const RUNTIME_EXIT_MS: u64 = 1_000;
+
 fn main() {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -96,6 +99,8 @@ fn main() {
     };
     let result = runtime.block_on(run(cli));
     telemetry.shutdown();
+    // Blocking work still running (a sled flush on a stuck disk) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(RUNTIME_EXIT_MS));
     if let Err(e) = result {
         eprintln!("gangway: error: {e:#}");
         std::process::exit(1);

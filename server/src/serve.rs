@@ -177,19 +177,50 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             tracing::error!(group, %reason, "a raft group stopped; exiting so the supervisor restarts this replica")
         }
     }
-    let _ = stop_kube.send(true);
-    if let Some(task) = kube_task {
-        let _ = task.await;
-    }
-    let _ = stop_http.send(());
-    replica.stop().await;
-    http_task.await??;
+    let teardown = async {
+        let _ = stop_kube.send(true);
+        if let Some(task) = kube_task {
+            let _ = task.await;
+        }
+        let _ = stop_http.send(());
+        replica.stop().await;
+        http_task.await?
+    };
+    bounded_shutdown(teardown).await?;
     match stopped {
         None => Ok(()),
         Some((group, reason)) => anyhow::bail!(
             "raft group {group} stopped: {reason}; gangway serve exits so that its supervisor restarts it \
              from its data dir (if the disk is full, free space first: the replica catches up from its peers)"
         ),
+    }
+}
+
+/// Time shutdown may take after SIGTERM (services stopped, gRPC calls and streams
+/// drained, Raft groups closed) before gangway exits without waiting further.
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+
+/// Runs `teardown` for at most `SHUTDOWN_GRACE_MS`, or until a second signal.
+/// Open client streams (watches, device streams) would otherwise hold it forever.
+pub async fn bounded_shutdown<E>(
+    teardown: impl std::future::Future<Output = Result<(), E>>,
+) -> anyhow::Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    let grace = std::time::Duration::from_millis(SHUTDOWN_GRACE_MS);
+    tokio::select! {
+        done = tokio::time::timeout(grace, teardown) => match done {
+            Ok(result) => Ok(result?),
+            Err(_) => {
+                tracing::warn!(grace_ms = SHUTDOWN_GRACE_MS, "shutdown did not finish in time; exiting anyway");
+                Ok(())
+            }
+        },
+        _ = shutdown_signal() => {
+            tracing::warn!("a second signal: exiting without finishing shutdown");
+            Ok(())
+        }
     }
 }
 

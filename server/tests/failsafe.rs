@@ -35,7 +35,9 @@ impl SmallFs {
             "this test mounts a {size_mb} MiB tmpfs and needs root: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        SmallFs { at: at.to_path_buf() }
+        SmallFs {
+            at: at.to_path_buf(),
+        }
     }
 }
 
@@ -99,8 +101,7 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
         let name = format!("n-{:05}", acked.len());
         let mut spec = node(&name);
         // Large labels fill the log quickly.
-        spec.labels
-            .insert("padding".into(), "x".repeat(60));
+        spec.labels.insert("padding".into(), "x".repeat(60));
         for i in 0..40 {
             spec.labels.insert(format!("pad-{i}"), "y".repeat(60));
         }
@@ -110,6 +111,7 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
         acked.push(name);
     };
     let log = c.log(3);
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     eprintln!(
         "replica 3 exited ({status}) after {} registrations, {} ERROR lines: {:#?}",
@@ -119,10 +121,15 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
     );
     assert!(!status.success(), "exit status {status}");
     assert!(log.contains("No space left on device"), "{log}");
-    assert!(log.contains("exits so that its supervisor restarts it"), "{log}");
+    assert!(
+        log.contains("exits so that its supervisor restarts it"),
+        "{log}"
+    );
 
     // The other two carry on; with room again, a restart catches up to equal state.
-    support::register(&mut inv, "after-full").await.expect("register on the majority");
+    support::register(&mut inv, "after-full")
+        .await
+        .expect("register on the majority");
     acked.push("after-full".into());
     std::fs::remove_file(&filler).expect("free the space");
     c.spawn(3);
@@ -131,6 +138,339 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
     let mut inv3 = c.inventory(3).await;
     let listed = list_names(&mut inv3).await;
     for name in &acked {
-        assert!(listed.contains(name), "{name} missing on the restarted replica");
+        assert!(
+            listed.contains(name),
+            "{name} missing on the restarted replica"
+        );
+    }
+}
+
+/// Waits up to `bound` for process `id` of `c` to exit on its own.
+async fn exit_of(
+    c: &mut Cluster,
+    id: u64,
+    bound: Duration,
+) -> (std::process::ExitStatus, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = c.exited(id) {
+            return (status, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < bound,
+            "process {id} still runs {bound:?} after the signal:\n{}",
+            c.log(id)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
+    use gangway_proto::v1::scheduler_client::SchedulerClient;
+    use gangway_proto::v1::{GangGroupRef, GangSpec, MemberSpec, SubmitGangGroupRequest};
+
+    let mut c = Cluster::start(3, 1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.procs[&1].grpc))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to replica 1");
+    let mut scheduler = SchedulerClient::new(channel);
+    // A group no node can take stays queued, so its watch stream stays open.
+    let queued = scheduler
+        .submit_gang_group(SubmitGangGroupRequest {
+            idempotency_key: "stuck".into(),
+            name: "stuck".into(),
+            gangs: vec![GangSpec {
+                name: "big".into(),
+                namespace: "team-a".into(),
+                min_member: 1,
+                total_number: 1,
+                mode: "Strict".into(),
+                wait_time_ms: 600_000,
+                priority: 0,
+                members: vec![MemberSpec {
+                    name: "w".into(),
+                    count: 1,
+                    pod_json: r#"{"requests": {"cpu": "1000"}}"#.into(),
+                }],
+            }],
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let mut watches = Vec::new();
+    for _ in 0..4 {
+        let mut stream = scheduler
+            .watch_gang_group(GangGroupRef { id: queued.id })
+            .await
+            .expect("watch")
+            .into_inner();
+        stream.message().await.expect("first status");
+        watches.push(stream);
+    }
+    let mut inv = c.inventory(1).await;
+    let load = tokio::spawn(async move {
+        let mut i = 0u32;
+        loop {
+            let _ = support::register(&mut inv, &format!("load-{i:05}")).await;
+            i += 1;
+        }
+    });
+    // A scraper's keep-alive connection and a client that sent half a request hold
+    // the HTTP port open.
+    let mut held = Vec::new();
+    for request in [
+        "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nHo",
+    ] {
+        use tokio::io::AsyncWriteExt;
+        let mut conn = tokio::net::TcpStream::connect(&c.procs[&1].http)
+            .await
+            .expect("connect to the HTTP port");
+        conn.write_all(request.as_bytes()).await.expect("send");
+        held.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.signal(1, "TERM");
+    let bound = Duration::from_millis(gangway_server::serve::SHUTDOWN_GRACE_MS + 5_000);
+    let (status, took) = exit_of(&mut c, 1, bound).await;
+    load.abort();
+    eprintln!("replica 1 exited ({status}) {took:?} after SIGTERM with 4 open watch streams");
+    assert!(status.success(), "{status}:\n{}", c.log(1));
+    // Held connections are closed after their drain time, not at the overall bound.
+    assert!(
+        !c.log(1).contains("shutdown did not finish in time"),
+        "shutdown waited for held connections until the bound:\n{}",
+        c.log(1)
+    );
+    c.wait_ready(&[2, 3], Duration::from_secs(30)).await;
+    drop((watches, held));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gangway_dev_is_quiet_stops_on_sigterm_and_refuses_a_lost_replica() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("dev");
+    let out_path = dir.path().join("dev.out");
+    let err_path = dir.path().join("dev.err");
+    let dev = |out: &Path, err: &Path| {
+        Command::new(support::gangway_bin())
+            .args(["dev", "--nodes", "8", "--shards", "2", "--data"])
+            .arg(&data)
+            .env_remove("RUST_LOG")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::from(
+                std::fs::File::create(out).expect("stdout file"),
+            ))
+            .stderr(Stdio::from(
+                std::fs::File::create(err).expect("stderr file"),
+            ))
+            .spawn()
+            .expect("spawn gangway dev")
+    };
+    let mut child = dev(&out_path, &err_path);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&out_path)
+        .unwrap_or_default()
+        .contains("simulated nodes registered")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "gangway dev did not come up:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        );
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "gangway dev exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let start = Instant::now();
+    let bound = Duration::from_millis(gangway_server::serve::SHUTDOWN_GRACE_MS + 5_000);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            panic!("gangway dev still runs {bound:?} after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(status.success(), "{status}: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        errors.is_empty(),
+        "a healthy dev cluster logs ERROR lines: {errors:#?}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a log file: {stderr}"
+    );
+
+    // One replica's data lost: the dev cluster is not re-created around the others.
+    std::fs::remove_dir_all(data.join("node-2")).expect("lose replica 2's data");
+    let mut child = dev(&out_path, &err_path);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("gangway dev started with a replica's data lost");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("replicas [2]") && stderr.contains("hold no Raft state"),
+        "{stderr}"
+    );
+}
+
+/// A TCP proxy in front of the API server double that can stall: while stalled it
+/// holds every connection open and forwards nothing, as an overloaded or
+/// partitioned API server would look (the double itself always answers).
+struct StallingProxy {
+    addr: std::net::SocketAddr,
+    stalled: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StallingProxy {
+    async fn start(upstream: std::net::SocketAddr) -> StallingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (stalled, _) = tokio::sync::watch::channel(false);
+        let flag = stalled.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let flag = flag.subscribe();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::join!(pipe(cr, sw, flag.clone()), pipe(sr, cw, flag));
+                });
+            }
+        });
+        StallingProxy {
+            addr,
+            stalled,
+            task,
+        }
+    }
+
+    fn stall(&self) {
+        let _ = self.stalled.send(true);
+    }
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let Ok(n) = from.read(&mut buf).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        if stalled.wait_for(|s| !*s).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_stalled_api_server_exits_within_the_bound() {
+    use gangway_kube_double::store::{NODES, PODS};
+    use gangway_kube_double::{ApiServerDouble, Options};
+    use serde_json::json;
+
+    let api = ApiServerDouble::start(Options::default())
+        .await
+        .expect("double starts");
+    let upstream: std::net::SocketAddr = api
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("double address");
+    let proxy = StallingProxy::start(upstream).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: p\n  cluster:\n    server: http://{}\n\
+             contexts:\n- name: p\n  context:\n    cluster: p\n    user: u\ncurrent-context: p\nusers:\n- name: u\n  user: {{}}\n",
+            proxy.addr
+        ),
+    )
+    .expect("kubeconfig");
+    for i in 0..20 {
+        let name = format!("node-{i:03}");
+        api.create(
+            &NODES,
+            json!({
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}
+            }),
+        )
+        .expect("node");
+    }
+    let args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+    let mut c = Cluster::start_with(3, 2, args, Vec::new());
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    for i in 0..200 {
+        api.create(&PODS, json!({
+            "metadata": {"name": format!("p-{i:03}"), "namespace": "default"},
+            "spec": {"schedulerName": "gangway",
+                     "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "100m"}}}]}
+        }))
+        .expect("pod");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.stall();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in [1, 2, 3] {
+        c.signal(id, "TERM");
+    }
+    let bound = Duration::from_millis(gangway_server::serve::SHUTDOWN_GRACE_MS + 5_000);
+    for id in [1, 2, 3] {
+        let (status, took) = exit_of(&mut c, id, bound).await;
+        eprintln!("replica {id} exited ({status}) {took:?} after SIGTERM, API server stalled");
+        assert!(status.success(), "{status}:\n{}", c.log(id));
     }
 }

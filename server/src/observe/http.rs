@@ -66,7 +66,12 @@ async fn metrics(State(state): State<HttpState>) -> (StatusCode, String) {
     }
 }
 
-/// Serves the endpoints on `listener` until `shutdown` completes.
+/// Time open connections (a scraper's keep-alive, a half-sent request) get to finish
+/// once shutdown begins; they would otherwise hold it forever.
+pub const HTTP_DRAIN_MS: u64 = 1_000;
+
+/// Serves the endpoints on `listener` until `shutdown` completes and the open
+/// connections finished, or `HTTP_DRAIN_MS` passed.
 pub async fn serve(
     listener: TcpListener,
     state: HttpState,
@@ -77,7 +82,20 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
+    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = draining.send(());
+    });
+    let drain_bound = async {
+        if drain_started.await.is_ok() {
+            tokio::time::sleep(std::time::Duration::from_millis(HTTP_DRAIN_MS)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = graceful => served,
+        _ = drain_bound => Ok(()),
+    }
 }

@@ -55,8 +55,18 @@ pub struct TelemetryError {
     reason: String,
 }
 
-/// Logs to stderr in `format` (`RUST_LOG` sets the level; default: info, openraft at
-/// error) and, with `otlp_endpoint` (an OTLP/gRPC collector such as
+/// Log levels without `RUST_LOG`. openraft's replication logs every failed send to a
+/// peer at ERROR (a peer restarting, an election): gangway logs a silent peer itself
+/// (WARN, once; see `PEER_SILENT_WARN_MS` in gangway-raft), so those are off.
+pub const DEFAULT_LOG_FILTER: &str = "info,openraft=error,openraft::replication=off,sled=warn";
+
+/// Colour only for a terminal, and never with `NO_COLOR` set (no escape codes in files).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Logs to stderr in `format` (`RUST_LOG` sets the level; default: `DEFAULT_LOG_FILTER`) and, with `otlp_endpoint` (an OTLP/gRPC collector such as
 /// `http://otel-collector:4317`), exports every span (`placement_round`, `transaction`,
 /// …) there in batches. Call inside the tokio runtime (the exporter's channel needs it).
 pub fn init_logging(
@@ -69,8 +79,10 @@ pub fn init_logging(
     use tracing_subscriber::Layer as _;
 
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr());
     let fmt = match format {
         LogFormat::Text => fmt.boxed(),
         LogFormat::Json => fmt

@@ -195,7 +195,7 @@ impl Cluster {
         let err = log.try_clone().expect("log file");
         let child = self
             .command(id)
-            .env("RUST_LOG", "info,openraft=error")
+            .env_remove("RUST_LOG")
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(err))
             .spawn()
@@ -209,6 +209,20 @@ impl Cluster {
         let status = p.child.as_mut()?.try_wait().ok()??;
         p.child = None;
         Some(status)
+    }
+
+    /// Sends `signal` (a `kill -s` name such as TERM or STOP) to process `id`.
+    pub fn signal(&self, id: u64, signal: &str) {
+        let pid = self.procs[&id]
+            .child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("process runs");
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -s {signal} {pid}");
     }
 
     /// SIGKILLs process `id` and reaps it.
