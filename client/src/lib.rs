@@ -53,7 +53,13 @@ pub enum ClientError {
 }
 
 impl From<tonic::Status> for ClientError {
+    /// A status with a source was made by this side's transport (the connection broke
+    /// mid-call): it is reported UNAVAILABLE, which callers retry, not UNKNOWN.
     fn from(status: tonic::Status) -> Self {
+        let code = match (status.code(), std::error::Error::source(&status)) {
+            (tonic::Code::Unknown, Some(_)) => tonic::Code::Unavailable,
+            (code, _) => code,
+        };
         let mut causes = Vec::new();
         let mut source = std::error::Error::source(&status);
         while let Some(e) = source {
@@ -63,11 +69,14 @@ impl From<tonic::Status> for ClientError {
             }
             source = e.source();
         }
-        if causes.is_empty() {
+        if causes.is_empty() && code == status.code() {
             return ClientError::Rpc(status);
         }
-        let message = format!("{}: {}", status.message(), causes.join(": "));
-        ClientError::Rpc(tonic::Status::new(status.code(), message))
+        let message = match causes.is_empty() {
+            true => status.message().to_string(),
+            false => format!("{}: {}", status.message(), causes.join(": ")),
+        };
+        ClientError::Rpc(tonic::Status::new(code, message))
     }
 }
 
@@ -368,10 +377,24 @@ impl Client {
             .collect())
     }
 
-    /// Registers (or updates) a node.
+    /// Registers a node; the same node again is accepted, one with another spec refused
+    /// (ALREADY_EXISTS: use `update_node`).
     pub async fn register_node(&self, node: NodeSpec) -> Result<NodeInfo, ClientError> {
+        self.register(node, false).await
+    }
+
+    /// Replaces a registered node's spec (labels, taints, allocatable, unschedulable), or
+    /// registers it if it is new.
+    pub async fn update_node(&self, node: NodeSpec) -> Result<NodeInfo, ClientError> {
+        self.register(node, true).await
+    }
+
+    async fn register(&self, node: NodeSpec, update: bool) -> Result<NodeInfo, ClientError> {
         let reply = InventoryClient::new(self.transport())
-            .register_node(RegisterNodeRequest { node: Some(node) })
+            .register_node(RegisterNodeRequest {
+                node: Some(node),
+                update,
+            })
             .await?
             .into_inner();
         reply
@@ -594,3 +617,25 @@ fn new_idempotency_key(name: &str) -> String {
 
 /// States in which a gang group has ended.
 pub const TERMINAL_STATES: [&str; 3] = ["Released", "Cancelled", "TimedOut"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_broken_mid_call_is_unavailable() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let ClientError::Rpc(status) =
+            ClientError::from(tonic::Status::from_error(Box::new(reset)))
+        else {
+            panic!("an RPC error");
+        };
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+        let ClientError::Rpc(status) =
+            ClientError::from(tonic::Status::unknown("the server said so"))
+        else {
+            panic!("an RPC error");
+        };
+        assert_eq!(status.code(), tonic::Code::Unknown, "{status}");
+    }
+}

@@ -1,7 +1,9 @@
 //! gangway's wire types: generated tonic/prost code for the public API
 //! (`gangway.v1`), cluster administration (`gangway.admin.v1`) and the
 //! internal Raft transport (`gangway.raft.v1`). Generated at build time from
-//! `proto/`; nothing here is written by hand.
+//! `proto/`; only `codec` is written by hand.
+
+pub mod codec;
 
 /// Public API: the scheduler for batch frameworks and node inventory for agents.
 pub mod v1 {

@@ -81,6 +81,15 @@ pub enum HostError {
         /// Its message.
         message: String,
     },
+    /// The connection to a peer broke while it had the request: it may or may not
+    /// have been applied, so it is not retried here; the caller sees UNAVAILABLE.
+    #[error("the connection to replica {addr} broke mid-call ({detail}); the request may or may not have been applied")]
+    ConnectionLost {
+        /// The peer's address.
+        addr: String,
+        /// What the transport said.
+        detail: String,
+    },
 }
 
 fn leader_hint(leader: &Option<(NodeId, String)>) -> String {
@@ -123,9 +132,9 @@ impl HostError {
                 }
                 status
             }
-            HostError::Transferring { .. } | HostError::Unavailable { .. } => {
-                tonic::Status::unavailable(msg)
-            }
+            HostError::Transferring { .. }
+            | HostError::Unavailable { .. }
+            | HostError::ConnectionLost { .. } => tonic::Status::unavailable(msg),
             HostError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HostError::Membership { .. } | HostError::WrongCluster(_) => {
                 tonic::Status::failed_precondition(msg)
@@ -158,10 +167,38 @@ impl HostError {
                 leader: Some((id, leader_addr)),
             };
         }
+        // A status with a source was made by this side's transport, not sent by the peer.
+        if status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some() {
+            return HostError::ConnectionLost {
+                addr: addr.to_string(),
+                detail: status.message().to_string(),
+            };
+        }
         HostError::Peer {
             addr: addr.to_string(),
             code: status.code(),
             message: status.message().to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_broken_mid_call_is_unavailable_and_not_retried_here() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let made_here = tonic::Status::from_error(Box::new(reset));
+        assert_eq!(made_here.code(), tonic::Code::Unknown);
+        let e = HostError::from_peer_status(0, 1, "127.0.0.1:7001", &made_here);
+        assert!(matches!(e, HostError::ConnectionLost { .. }), "{e:?}");
+        assert!(!e.is_retryable(), "the request may have been applied");
+        assert_eq!(e.to_status().code(), tonic::Code::Unavailable);
+
+        // An UNKNOWN the peer itself sent is passed on as it is.
+        let sent = tonic::Status::unknown("the peer's own answer");
+        let e = HostError::from_peer_status(0, 1, "127.0.0.1:7001", &sent);
+        assert_eq!(e.to_status().code(), tonic::Code::Unknown);
     }
 }

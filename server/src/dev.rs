@@ -304,7 +304,10 @@ async fn register_fleet(addr: SocketAddr, count: u32) -> anyhow::Result<BTreeMap
             not_ready: false,
         };
         let reply = client
-            .register_node(RegisterNodeRequest { node: Some(node) })
+            .register_node(RegisterNodeRequest {
+                node: Some(node),
+                update: false,
+            })
             .await?
             .into_inner();
         if let Some(info) = reply.node {

@@ -460,6 +460,7 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
     let err = inv
         .register_node(gangway_proto::v1::RegisterNodeRequest {
             node: Some(bad.clone()),
+            update: false,
         })
         .await
         .expect_err("invalid name");
@@ -472,7 +473,10 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
         effect: "Sometimes".into(),
     });
     let err = inv
-        .register_node(gangway_proto::v1::RegisterNodeRequest { node: Some(bad) })
+        .register_node(gangway_proto::v1::RegisterNodeRequest {
+            node: Some(bad),
+            update: false,
+        })
         .await
         .expect_err("invalid taint");
     assert!(

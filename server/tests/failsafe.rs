@@ -105,9 +105,12 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
         for i in 0..40 {
             spec.labels.insert(format!("pad-{i}"), "y".repeat(60));
         }
-        inv.register_node(RegisterNodeRequest { node: Some(spec) })
-            .await
-            .unwrap_or_else(|e| panic!("register {name} with one replica's disk full: {e}"));
+        inv.register_node(RegisterNodeRequest {
+            node: Some(spec),
+            update: false,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("register {name} with one replica's disk full: {e}"));
         acked.push(name);
     };
     let log = c.log(3);
@@ -473,4 +476,198 @@ async fn sigterm_with_a_stalled_api_server_exits_within_the_bound() {
         eprintln!("replica {id} exited ({status}) {took:?} after SIGTERM, API server stalled");
         assert!(status.success(), "{status}:\n{}", c.log(id));
     }
+}
+
+/// Test-only codec that sends raw bytes as a message, to play a client whose requests
+/// are not protobuf at all (no generated client can send them).
+#[derive(Debug, Default, Clone)]
+struct RawBytes;
+
+impl tonic::codec::Codec for RawBytes {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+    fn decoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+}
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        let bytes = buf.copy_to_bytes(buf.remaining()).to_vec();
+        Ok(Some(bytes))
+    }
+}
+
+/// Not a protobuf message: field 31, wire type 7 (no such type).
+const GARBAGE: [u8; 4] = [0xff, 0x01, 0xff, 0xff];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_a_precise_code_and_a_short_message() {
+    use gangway_proto::v1::inventory_client::InventoryClient;
+    use gangway_proto::v1::scheduler_client::SchedulerClient;
+    use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest};
+    use tonic::codegen::http::uri::PathAndQuery;
+    use tonic::Code;
+
+    let c = Cluster::start(1, 1);
+    c.wait_ready(&[1], Duration::from_secs(30)).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.procs[&1].grpc))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut scheduler = SchedulerClient::new(channel.clone());
+    let mut inventory = InventoryClient::new(channel.clone());
+    let submit = |name: &str, pod_json: &str| SubmitGangGroupRequest {
+        idempotency_key: String::new(),
+        name: name.into(),
+        gangs: vec![GangSpec {
+            name: "g".into(),
+            namespace: "ns".into(),
+            min_member: 1,
+            total_number: 0,
+            mode: String::new(),
+            wait_time_ms: 0,
+            priority: 0,
+            members: vec![MemberSpec {
+                name: "m".into(),
+                count: 1,
+                pod_json: pod_json.into(),
+            }],
+        }],
+    };
+    let expect = |what: &str,
+                  r: Result<tonic::Response<gangway_proto::v1::GangGroupStatus>, tonic::Status>,
+                  code: Code,
+                  needle: &str| {
+        let err = r.expect_err(what);
+        assert_eq!(err.code(), code, "{what}: {err}");
+        assert!(err.message().contains(needle), "{what}: {err}");
+        assert!(
+            err.message().len() < 2_048,
+            "{what}: a {} byte message",
+            err.message().len()
+        );
+    };
+
+    // A misspelt pod field, named.
+    let r = scheduler
+        .submit_gang_group(submit("typo", r#"{"requestz": {"cpu": "1"}}"#))
+        .await;
+    expect(
+        "misspelt field",
+        r,
+        Code::InvalidArgument,
+        "unknown field `requestz`",
+    );
+    // A request below the smallest unit.
+    let r = scheduler
+        .submit_gang_group(submit("tiny", r#"{"requests": {"cpu": "1e-400"}}"#))
+        .await;
+    expect("1e-400 cpu", r, Code::InvalidArgument, "requests.cpu");
+    // No group name.
+    let r = scheduler.submit_gang_group(submit("", "")).await;
+    expect(
+        "empty group name",
+        r,
+        Code::InvalidArgument,
+        "name: required",
+    );
+    // A 3 MB name: refused with a short message the client receives whole.
+    let huge = "a".repeat(3 * 1024 * 1024);
+    let r = scheduler.submit_gang_group(submit(&huge, "")).await;
+    expect("3 MB name", r, Code::InvalidArgument, "more bytes");
+    let r = scheduler
+        .submit_gang_group(submit("huge-key", &format!(r#"{{"{huge}": 1}}"#)))
+        .await;
+    expect("3 MB field name", r, Code::InvalidArgument, "pod_json");
+
+    // Garbage protobuf, unary and on the device stream.
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.expect("ready");
+    let err = grpc
+        .unary(
+            tonic::Request::new(GARBAGE.to_vec()),
+            PathAndQuery::from_static("/gangway.v1.Inventory/RegisterNode"),
+            RawBytes,
+        )
+        .await
+        .expect_err("garbage");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("RegisterNodeRequest"), "{err}");
+    grpc.ready().await.expect("ready");
+    let mut acks = grpc
+        .streaming(
+            tonic::Request::new(futures::stream::iter(vec![GARBAGE.to_vec()])),
+            PathAndQuery::from_static("/gangway.v1.Inventory/ListAndWatchDevices"),
+            RawBytes,
+        )
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let err = tokio::time::timeout(Duration::from_secs(10), acks.message())
+        .await
+        .expect("the stream answers")
+        .expect_err("garbage on the device stream ends it with an error");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+
+    // The same node again is fine; other allocatable is refused, naming it; an update changes it.
+    let spec = support::node_spec("n-1", "8", false);
+    for _ in 0..2 {
+        inventory
+            .register_node(RegisterNodeRequest {
+                node: Some(spec.clone()),
+                update: false,
+            })
+            .await
+            .expect("the same node again");
+    }
+    let other = support::node_spec("n-1", "16", false);
+    let err = inventory
+        .register_node(RegisterNodeRequest {
+            node: Some(other.clone()),
+            update: false,
+        })
+        .await
+        .expect_err("other allocatable");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    assert!(err.message().contains("allocatable"), "{err}");
+    let updated = inventory
+        .register_node(RegisterNodeRequest {
+            node: Some(other),
+            update: true,
+        })
+        .await
+        .expect("an explicit update")
+        .into_inner();
+    let cpu = updated
+        .node
+        .and_then(|info| info.node)
+        .and_then(|n| n.allocatable.get("cpu").cloned());
+    assert_eq!(cpu.as_deref(), Some("16"));
 }

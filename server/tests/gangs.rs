@@ -28,7 +28,7 @@ async fn fleet(c: &Client, shards: u32, per_shard: u32, cpu: &str) -> BTreeMap<u
             list.push(name);
         } else {
             // Full shard: cordon the extra node so it takes no pods.
-            c.register_node(NodeSpec {
+            c.update_node(NodeSpec {
                 unschedulable: true,
                 ..spec
             })

@@ -34,7 +34,7 @@ async fn cordoned_node_on(c: &Client, tag: &str, shard: u32, cpu: &str) -> Strin
 }
 
 async fn uncordon(c: &Client, name: &str, cpu: &str) {
-    c.register_node(spec(name, cpu, false))
+    c.update_node(spec(name, cpu, false))
         .await
         .expect("uncordon node");
 }

@@ -229,6 +229,11 @@ pub fn spawn_stream(
                 Ok(None) => break,
                 Err(status) => {
                     tracing::info!(error = %status, "device stream broke");
+                    // A report that does not decode is the agent's error: tell it so
+                    // (the stream is still open one way). A broken connection has no one to tell.
+                    if status.code() == tonic::Code::InvalidArgument {
+                        let _ = acks.send(Err(status)).await;
+                    }
                     break;
                 }
             };

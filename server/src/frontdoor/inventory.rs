@@ -247,6 +247,7 @@ fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
 fn refused(error: LedgerError) -> Status {
     match error {
         LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
+        LedgerError::NodeDiffers { .. } => Status::already_exists(format!("node: {error}")),
         LedgerError::InvalidNode { .. } => Status::invalid_argument(format!("node: {error}")),
         LedgerError::InvalidLease { .. } | LedgerError::InvalidObservedPod { .. } => {
             Status::invalid_argument(error.to_string())
@@ -258,13 +259,23 @@ fn refused(error: LedgerError) -> Status {
     }
 }
 
-/// Assigns `node` a shard (kept if it has one) and inserts or updates it in that
+/// How a registration treats a node that is already registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// Accept only the same spec again.
+    Add,
+    /// Replace the spec.
+    Update,
+}
+
+/// Assigns `node` a shard (kept if it has one) and adds or updates it in that
 /// shard's ledger; the shard it lives in.
 pub async fn register(
     groups: &Groups,
     shards: u32,
     topology_label: Option<&str>,
     node: &Node,
+    registration: Registration,
 ) -> Result<u32, Status> {
     let proposed = shard_for(&node.name, &node.labels, topology_label, shards);
     let assign = MetaCommand::AssignNode {
@@ -277,7 +288,10 @@ pub async fn register(
         MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
         other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
     };
-    let op = LedgerOp::RegisterNode { node: node.clone() };
+    let op = match registration {
+        Registration::Add => LedgerOp::AddNode { node: node.clone() },
+        Registration::Update => LedgerOp::RegisterNode { node: node.clone() },
+    };
     match apply_op(groups, shard, op).await? {
         LedgerReply::NodeRegistered { .. } => Ok(shard),
         other => Err(Status::internal(format!(
@@ -345,16 +359,22 @@ impl Inventory for InventoryService {
         &self,
         request: Request<RegisterNodeRequest>,
     ) -> Result<Response<RegisterNodeReply>, Status> {
+        let request = request.into_inner();
         let spec = request
-            .into_inner()
             .node
             .ok_or_else(|| Status::invalid_argument("node: missing"))?;
         let node = validate_node(&spec)?;
+        let registration = if request.update {
+            Registration::Update
+        } else {
+            Registration::Add
+        };
         let shard = register(
             &self.groups,
             self.shards,
             self.topology_label.as_deref(),
             &node,
+            registration,
         )
         .await?;
         let entry = self

@@ -25,7 +25,9 @@ use crate::ledger::meta::{
 };
 use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
-use crate::model::{GangGroup, MemberKey, RawGangGroup, RawPodSpec};
+use crate::model::{
+    clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
+};
 use crate::replicated::{now_ms, GroupError, Groups};
 
 /// Most members one gang group may have.
@@ -130,7 +132,13 @@ async fn release_members_shards_first(
 }
 
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{field}: {reason}"))
+    Status::invalid_argument(
+        crate::model::ValidationError {
+            path: clip_to(&field, PATH_CHARS_MAX).into_owned(),
+            message: clip_to(&reason.to_string(), MESSAGE_CHARS_MAX).into_owned(),
+        }
+        .to_string(),
+    )
 }
 
 /// Converts a submission into the model, checking every field.
@@ -152,11 +160,13 @@ pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, St
     for (i, g) in req.gangs.iter().enumerate() {
         gangs.push(raw_gang(&format!("gangs[{i}]"), g, &mut total)?);
     }
-    let id = if req.name.is_empty() {
-        "group".to_string()
-    } else {
-        req.name.clone()
-    };
+    if req.name.is_empty() {
+        return Err(invalid(
+            "name".into(),
+            "required: the gang group's name (a DNS subdomain)",
+        ));
+    }
+    let id = req.name.clone();
     RawGangGroup { id, gangs }
         .validate()
         .map_err(|e| Status::invalid_argument(e.to_string()))

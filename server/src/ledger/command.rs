@@ -108,6 +108,13 @@ pub enum LedgerOp {
         /// The node.
         node: Node,
     },
+    /// Inserts a node, or accepts the same node again (an agent that restarted); refuses
+    /// one registered with other labels, taints, allocatable or cordon state, naming the
+    /// difference (`RegisterNode` is the explicit update).
+    AddNode {
+        /// The node.
+        node: Node,
+    },
     /// Renews the node agent's lease and records the node's Ready condition; a lease not
     /// renewed within `lease_ms` makes the node not ready at the first `Tick` after it
     /// (the node lifecycle controller's rule, without its taints).
@@ -256,6 +263,8 @@ pub enum NodeChange {
     Added,
     /// The node replaced a known one.
     Updated,
+    /// The same node was registered again (`AddNode`); nothing changed.
+    Unchanged,
 }
 
 /// Whether a removed entry (a node, a device class) existed.
@@ -373,6 +382,16 @@ pub enum LedgerError {
         name: String,
         /// Pods it holds.
         pods: u64,
+    },
+    /// `AddNode` for a node registered with another spec.
+    #[error(
+        "node {name} is registered with other {differences}; send it as an update to change it"
+    )]
+    NodeDiffers {
+        /// Node name.
+        name: String,
+        /// What differs, registered value first.
+        differences: String,
     },
     /// A node update would leave usage above the new allocatable.
     #[error("node {name}: new allocatable {resource} is below what its pods hold")]

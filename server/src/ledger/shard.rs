@@ -441,6 +441,7 @@ impl ShardLedger {
         let touched = self.nodes_touched_by(op);
         let result = match op {
             LedgerOp::RegisterNode { node } => self.register_node(node),
+            LedgerOp::AddNode { node } => self.add_node(node),
             LedgerOp::NodeHeartbeat {
                 node,
                 ready,
@@ -508,7 +509,9 @@ impl ShardLedger {
                 .collect()
         };
         match op {
-            LedgerOp::RegisterNode { node } => BTreeSet::from([node.name.clone()]),
+            LedgerOp::RegisterNode { node } | LedgerOp::AddNode { node } => {
+                BTreeSet::from([node.name.clone()])
+            }
             LedgerOp::NodeHeartbeat { node, .. } | LedgerOp::SetObservedPods { node, .. } => {
                 BTreeSet::from([node.clone()])
             }
@@ -616,6 +619,28 @@ impl ShardLedger {
         Ok(LedgerReply::NodeRegistered {
             name: node.name.clone(),
             change,
+        })
+    }
+
+    fn add_node(&mut self, node: &Node) -> Result<LedgerReply, LedgerError> {
+        let Some(entry) = self.state.nodes.get(&node.name) else {
+            return self.register_node(node);
+        };
+        let differences = entry.node.differences(node);
+        if differences.is_empty() {
+            // The same node again: nothing changes (its readiness stays the lease's).
+            node.validate(&FieldPath::new("node"))
+                .map_err(|e| LedgerError::InvalidNode {
+                    message: e.to_string(),
+                })?;
+            return Ok(LedgerReply::NodeRegistered {
+                name: node.name.clone(),
+                change: NodeChange::Unchanged,
+            });
+        }
+        Err(LedgerError::NodeDiffers {
+            name: node.name.clone(),
+            differences: differences.join(", "),
         })
     }
 

@@ -109,6 +109,52 @@ fn rejected(reply: &LedgerReply) -> Option<&LedgerError> {
 }
 
 #[test]
+fn adding_a_node_again_is_accepted_only_unchanged() {
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let same = apply(
+        &mut ledger,
+        1,
+        LedgerOp::AddNode {
+            node: node("n1", 1000, 10),
+        },
+    );
+    assert_eq!(
+        same,
+        LedgerReply::NodeRegistered {
+            name: "n1".into(),
+            change: NodeChange::Unchanged
+        }
+    );
+    let other = apply(
+        &mut ledger,
+        2,
+        LedgerOp::AddNode {
+            node: node("n1", 2000, 10),
+        },
+    );
+    let Some(LedgerError::NodeDiffers { name, differences }) = rejected(&other) else {
+        panic!("a different spec must be refused");
+    };
+    assert_eq!(name, "n1");
+    assert!(differences.starts_with("allocatable ("), "{differences}");
+    assert!(!differences.contains("labels"), "{differences}");
+    let fresh = apply(
+        &mut ledger,
+        3,
+        LedgerOp::AddNode {
+            node: node("n2", 1000, 10),
+        },
+    );
+    assert!(matches!(
+        fresh,
+        LedgerReply::NodeRegistered {
+            change: NodeChange::Added,
+            ..
+        }
+    ));
+}
+
+#[test]
 fn nodes_register_update_and_remove() {
     let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
     let reply = apply(

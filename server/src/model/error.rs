@@ -19,12 +19,37 @@ pub struct ValidationError {
 }
 
 impl ValidationError {
-    /// Builds an error for `path` with `message`.
+    /// Builds an error for `path` with `message`, each cut to its bound: they echo
+    /// submitted text, which may be megabytes long.
     pub fn new(path: &FieldPath, message: impl Into<String>) -> Self {
         Self {
-            path: path.to_string(),
-            message: message.into(),
+            path: clip_to(&path.to_string(), PATH_CHARS_MAX).into_owned(),
+            message: clip_to(&message.into(), MESSAGE_CHARS_MAX).into_owned(),
         }
+    }
+}
+
+/// Longest echo of one submitted value in an error message, in characters.
+pub const ECHO_CHARS_MAX: usize = 128;
+/// Longest field path in an error, in characters.
+pub const PATH_CHARS_MAX: usize = 256;
+/// Longest error message after the path, in characters.
+pub const MESSAGE_CHARS_MAX: usize = 768;
+
+/// `text` cut to `ECHO_CHARS_MAX` characters (for quoting submitted values).
+pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    clip_to(text, ECHO_CHARS_MAX)
+}
+
+/// `text` cut to `max` characters, saying how many bytes were left out.
+pub fn clip_to(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!(
+            "{}… ({} more bytes)",
+            &text[..cut],
+            text.len() - cut
+        )),
     }
 }
 
@@ -101,5 +126,22 @@ mod tests {
     fn root_child_has_no_leading_dot() {
         assert_eq!(FieldPath::root().child("name").to_string(), "name");
         assert_eq!(FieldPath::root().to_string(), "<root>");
+    }
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::*;
+
+    #[test]
+    fn long_input_is_cut_at_a_character_boundary() {
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(1_000_000);
+        let cut = clip(&long);
+        assert!(cut.chars().count() < ECHO_CHARS_MAX + 40, "{}", cut.len());
+        assert!(cut.ends_with("more bytes)"), "{cut}");
+        let huge = FieldPath::new("gangs").key(&"k".repeat(3_000_000));
+        let err = huge.error("x".repeat(3_000_000));
+        assert!(err.to_string().len() < 2_000, "{}", err.to_string().len());
     }
 }

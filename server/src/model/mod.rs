@@ -30,7 +30,7 @@ pub use device::{
     DeviceCapacity, DeviceClass, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,
     RawDeviceClass, RawResourcePool, ResourcePool,
 };
-pub use error::{FieldPath, ValidationError};
+pub use error::{clip, clip_to, FieldPath, ValidationError, MESSAGE_CHARS_MAX, PATH_CHARS_MAX};
 pub use gang::{Gang, GangGroup, GangId, GangMode, Member, MemberKey, RawGang, RawGangGroup};
 pub use node::{Node, RawNode, Readiness, Schedulability, Taint, TaintEffect};
 pub use pod::{

@@ -108,6 +108,43 @@ pub struct Node {
 }
 
 impl Node {
+    /// What a registration of `sent` would change in this node, one phrase per field
+    /// (labels, taints, allocatable, cordon state; readiness is the lease's), each
+    /// naming the registered value first. Empty for the same node.
+    pub fn differences(&self, sent: &Node) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut differ = |field: &str, registered: String, given: String| {
+            if registered != given {
+                out.push(format!(
+                    "{field} ({} registered, {} sent)",
+                    crate::model::clip(&registered),
+                    crate::model::clip(&given)
+                ));
+            }
+        };
+        differ(
+            "labels",
+            format!("{:?}", self.labels),
+            format!("{:?}", sent.labels),
+        );
+        differ(
+            "taints",
+            format!("{:?}", self.taints),
+            format!("{:?}", sent.taints),
+        );
+        differ(
+            "allocatable",
+            format!("{:?}", self.allocatable),
+            format!("{:?}", sent.allocatable),
+        );
+        differ(
+            "unschedulable",
+            format!("{}", self.schedulability == Schedulability::Cordoned),
+            format!("{}", sent.schedulability == Schedulability::Cordoned),
+        );
+        out
+    }
+
     /// A ready, schedulable node with no labels or taints.
     pub fn new(name: impl Into<String>, allocatable: Resources) -> Self {
         Self {

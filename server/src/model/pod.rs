@@ -696,9 +696,10 @@ pub struct RawHostPort {
     pub protocol: Option<String>,
 }
 
-/// A pod spec as submitted (Kubernetes field names).
+/// A pod spec as submitted (Kubernetes field names). Unknown fields are refused: a
+/// misspelt one (`requestz`) would otherwise drop a constraint without a word.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RawPodSpec {
     /// Requests as quantities.
     #[serde(default)]
@@ -921,6 +922,14 @@ mod tests {
         let raw: RawPodSpec = serde_json::from_str(json).map_err(|e| e.to_string())?;
         raw.validate(&FieldPath::new("spec"))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_misspelt_field_is_refused_by_name() {
+        let err = parse(r#"{"requestz": {"cpu": "1"}}"#).expect_err("unknown field");
+        assert!(err.contains("unknown field `requestz`"), "{err}");
+        let err = parse(r#"{"affinity": {"nodeAfinity": {}}}"#).expect_err("nested");
+        assert!(err.contains("unknown field `nodeAfinity`"), "{err}");
     }
 
     #[test]

@@ -100,6 +100,27 @@ impl Quantity {
         })
     }
 
+    /// Whether the value is above zero but below one nano-unit (`1n`), the smallest
+    /// amount Kubernetes stores: conversions would round it up to a whole unit.
+    pub fn is_below_one_nano(&self) -> bool {
+        if self.mantissa == 0 {
+            return false;
+        }
+        let Some(exp) = self.exp10.checked_add(9) else {
+            return true;
+        };
+        if exp >= 0 {
+            return false;
+        }
+        let Some(numerator) = pow2_times(self.mantissa, self.exp2) else {
+            return false;
+        };
+        match i64::try_from(exp.unsigned_abs()).ok().and_then(pow10) {
+            Some(one) => numerator < one,
+            None => true,
+        }
+    }
+
     /// The value in units of `10^-decimals`, rounded up (3 gives milli-units).
     pub fn scaled_ceil(&self, decimals: u32) -> Option<u64> {
         u64::try_from(self.scaled_ceil_wide(decimals)?).ok()
@@ -442,6 +463,10 @@ mod tests {
         let tiny = format!("0.{}1", "0".repeat(60));
         assert_eq!(parse_units(&tiny), Ok(1));
         assert_eq!(parse_units("1e-80"), Ok(1));
+        let tiny = |t: &str| Quantity::parse(t).expect("parses").is_below_one_nano();
+        assert!(tiny("1e-400") && tiny("1e-10") && tiny("0.5n"));
+        assert!(tiny("1e-80000000000000"));
+        assert!(!tiny("1n") && !tiny("1e-9") && !tiny("0") && !tiny("0e-400") && !tiny("1m"));
         assert_eq!(parse_units("0e-80"), Ok(0));
     }
 }

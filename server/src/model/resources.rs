@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::validate_qualified_name;
-use crate::model::quantity::{parse_milli, parse_units, parse_whole_units};
+use crate::model::quantity::{parse_milli, parse_units, parse_whole_units, Quantity};
 
 /// Amounts of every schedulable resource.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -284,6 +284,12 @@ impl Resources {
                 return Err(entry.error("pods cannot be requested: every pod counts as one"));
             }
             let text = raw.as_text();
+            if Quantity::parse(&text).is_ok_and(|q| q.is_below_one_nano()) {
+                return Err(entry.error(format!(
+                    "{:?} is above zero but below the smallest unit (1n); write 0 or a real amount",
+                    crate::model::clip(&text)
+                )));
+            }
             let amount = match resource {
                 ResourceName::Cpu => parse_milli(&text),
                 ResourceName::Memory | ResourceName::EphemeralStorage => parse_units(&text),

@@ -413,6 +413,7 @@ pub fn node_spec(name: &str, cpu: &str, unschedulable: bool) -> NodeSpec {
 pub async fn register(inv: &mut InventoryClient<Channel>, name: &str) -> Result<(), tonic::Status> {
     inv.register_node(RegisterNodeRequest {
         node: Some(node(name)),
+        update: false,
     })
     .await
     .map(|_| ())
