@@ -171,6 +171,7 @@ fn compile_uncached(expression: &str) -> CompileResult {
             "expression is longer than {SELECTOR_LENGTH_MAX} bytes"
         ));
     }
+    check_nesting(expression)?;
     let program = environment()
         .compile(expression)
         .map_err(|e| format!("compilation failed: {}", e.to_string().trim()))?;
@@ -182,11 +183,75 @@ fn compile_uncached(expression: &str) -> CompileResult {
             ty.name()
         ));
     }
+    crate::model::cel_cost::check(program.expression())?;
     Ok(Arc::new(CompiledSelector {
         source: expression.to_string(),
         program,
         results: Mutex::new(Results::default()),
     }))
+}
+
+/// Deepest nesting of brackets, and longest run of prefix operators, a selector may
+/// have. The parser recurses once per level, and a hostile expression must be refused
+/// before it runs out of stack (Kubernetes' CEL parser also bounds recursion).
+pub const SELECTOR_NESTING_MAX: usize = 32;
+
+/// Refuses text that nests brackets or prefix operators deeper than
+/// [`SELECTOR_NESTING_MAX`], looking past string literals, before it is parsed.
+fn check_nesting(expression: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    let mut prefix_run = 0usize;
+    let mut chars = expression.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '\'' => {
+                // Skip the literal (escapes included; an unterminated one fails to parse later).
+                let triple = chars.peek() == Some(&c) && {
+                    let mut ahead = chars.clone();
+                    ahead.next();
+                    ahead.next() == Some(c)
+                };
+                if triple {
+                    chars.next();
+                    chars.next();
+                }
+                let mut quotes = 0;
+                while let Some(d) = chars.next() {
+                    if d == '\\' {
+                        chars.next();
+                        quotes = 0;
+                        continue;
+                    }
+                    if d == c {
+                        quotes += 1;
+                        if !triple || quotes == 3 {
+                            break;
+                        }
+                    } else {
+                        quotes = 0;
+                    }
+                }
+                prefix_run = 0;
+            }
+            '(' | '[' | '{' => {
+                depth += 1;
+                prefix_run = 0;
+            }
+            ')' | ']' | '}' => {
+                depth = depth.saturating_sub(1);
+                prefix_run = 0;
+            }
+            '!' | '-' => prefix_run += 1,
+            c if c.is_whitespace() => {}
+            _ => prefix_run = 0,
+        }
+        if depth > SELECTOR_NESTING_MAX || prefix_run > SELECTOR_NESTING_MAX {
+            return Err(format!(
+                "expression nests brackets or prefix operators deeper than {SELECTOR_NESTING_MAX} levels"
+            ));
+        }
+    }
+    Ok(())
 }
 
 // ---- static types ---------------------------------------------------------------------
@@ -1134,6 +1199,45 @@ mod tests {
         assert!(err.contains("missing"), "{err}");
         assert!(eval(r#"device.attributes["other.example.com"].model == "x""#, &d).is_err());
         assert!(eval(r#"quantity("bad") == quantity("1")"#, &d).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_crash() {
+        let cases = [
+            format!("{}true{}", "(".repeat(4_000), ")".repeat(4_000)),
+            format!("{}true", "!".repeat(9_000)),
+            format!("{}1{}", "[".repeat(4_000), "]".repeat(4_000)),
+            format!(
+                "\"{}\" == \"x\" && {}true{}",
+                "(".repeat(100),
+                "(".repeat(33),
+                ")".repeat(33)
+            ),
+        ];
+        for expr in cases {
+            let Err(err) = compile_selector(&expr) else {
+                panic!("too deep: {}", crate::model::clip(&expr));
+            };
+            assert!(err.contains("deeper"), "{err}");
+        }
+        // Brackets inside strings do not count; long flat chains are fine (the parser
+        // balances them), as are member chains up to the type check's depth.
+        assert!(compile_selector(&format!("\"{}\" == \"x\"", "(".repeat(100))).is_ok());
+        assert!(compile_selector(&format!("true{}", " && true".repeat(1_200))).is_ok());
+        let chain = format!("device{}.driver == \"x\"", ".attributes[\"a\"]".repeat(300));
+        assert!(compile_selector(&chain).is_err(), "300 nested selections");
+    }
+
+    #[test]
+    fn a_costly_selector_is_refused_with_its_cost() {
+        let items: Vec<String> = (0..400).map(|i| i.to_string()).collect();
+        let r = format!("[{}]", items.join(","));
+        let expr = format!("{r}.exists(a, {r}.exists(b, {r}.exists(c, a + b + c == 0)))");
+        let err = compile_selector(&expr).expect_err("costly");
+        assert!(
+            err.contains("estimated cost") && err.contains("1000000"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! engine.
 
 pub mod cel;
+pub mod cel_cost;
 pub mod claim;
 pub mod device;
 pub mod error;
