@@ -590,6 +590,19 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
         .submit_gang_group(submit("tiny", r#"{"requests": {"cpu": "1e-400"}}"#))
         .await;
     expect("1e-400 cpu", r, Code::InvalidArgument, "requests.cpu");
+    // A selector of three nested loops over 400 elements: refused for its cost, by field.
+    let items: Vec<String> = (0..400).map(|i| i.to_string()).collect();
+    let r = format!("[{}]", items.join(","));
+    let costly = format!("{r}.exists(a, {r}.exists(b, {r}.exists(c, a + b + c == 0)))");
+    let pod = serde_json::json!({"claims": [{"name": "gpu", "requests": [{"name": "g", "exactly": {
+        "deviceClassName": "gpu.example.com", "selectors": [{"cel": {"expression": costly}}]}}]}]});
+    let r = scheduler.submit_gang_group(submit("costly", &pod.to_string())).await;
+    expect(
+        "costly CEL",
+        r,
+        Code::InvalidArgument,
+        "selectors[0].cel.expression: estimated cost",
+    );
     // No group name.
     let r = scheduler.submit_gang_group(submit("", "")).await;
     expect(
