@@ -46,8 +46,13 @@ pub const RAFT_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
 /// ABORT tombstone makes it abort a transaction meta committed.
 pub const META_FORGETS_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
 
+/// A fixed liveness bug, back for checking the checks: plans evaluate every selector
+/// themselves, under the shard's state-machine lock, however costly (no warmer), so one
+/// slow selector stalls every plan and write of its shard.
+pub const SELECTORS_INLINE: &str = "selectors-evaluated-inline";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
@@ -57,6 +62,7 @@ pub const ALL: [&str; 9] = [
     RELEASE_SHARDS_FIRST,
     RAFT_TRANSPORT_OPEN,
     META_FORGETS_UNACKED,
+    SELECTORS_INLINE,
 ];
 
 /// The armed crash points of a process.

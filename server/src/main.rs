@@ -7,6 +7,7 @@ use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::failover::FailoverBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
+use gangway_server::bench::selectors::SelectorBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
 use gangway_server::dev::DevArgs;
 use gangway_server::{bench, dev, observe, serve};
@@ -48,6 +49,8 @@ enum Bench {
     E2e(E2eBenchArgs),
     /// Placement stopped by a meta leader kill, with many gang groups placed.
     Failover(FailoverBenchArgs),
+    /// Placement latency of plain gangs while a gang with a slow CEL selector waits.
+    Selectors(SelectorBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -73,6 +76,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Failover(args),
         } => bench::failover::run(args).await,
+        Command::Bench {
+            which: Bench::Selectors(args),
+        } => bench::selectors::run(args).await,
     }
 }
 

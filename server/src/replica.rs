@@ -26,6 +26,7 @@ use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
 use crate::shard::resolver;
+use crate::shard::warmer::SelectorWarmer;
 
 /// Period of the check for groups that stopped on their own.
 pub const STOPPED_GROUP_CHECK_MS: u64 = 200;
@@ -67,6 +68,7 @@ pub struct Replica {
     stop: oneshot::Sender<()>,
     services: Vec<JoinHandle<()>>,
     stop_services: watch::Sender<bool>,
+    warmer: SelectorWarmer,
 }
 
 impl Replica {
@@ -78,7 +80,20 @@ impl Replica {
     ) -> Result<Self, HostError> {
         let shards = opts.shards;
         let machine_failpoints = opts.failpoints.clone();
-        let factory = move |g| machine_for(g, shards, &machine_failpoints);
+        let warmer = if opts.failpoints.armed(crate::failpoints::SELECTORS_INLINE) {
+            tracing::error!(
+                "bug switch {}: plans evaluate every selector inline",
+                crate::failpoints::SELECTORS_INLINE
+            );
+            SelectorWarmer::inline()
+        } else {
+            SelectorWarmer::start().map_err(|e| HostError::Fatal {
+                group: gangway_raft::META_GROUP,
+                detail: format!("cannot start the selector warmer thread: {e}"),
+            })?
+        };
+        let machine_warmer = warmer.clone();
+        let factory = move |g| machine_for(g, shards, &machine_failpoints, &machine_warmer);
         let host = RaftHost::start(opts.host, store, &factory).await?;
         let groups = Groups::new(host.clone());
         // Every service wants the client certificate (with TLS); the client services a
@@ -111,7 +126,7 @@ impl Replica {
                 SchedulerService::new(groups.clone(), shards, opts.failpoints.clone()),
                 check,
             ));
-        let mut replica = Self::serve(host, router, listener, opts.security.tls.clone());
+        let mut replica = Self::serve(host, router, listener, opts.security.tls.clone(), warmer);
         let secrets = opts
             .security
             .tokens
@@ -155,7 +170,7 @@ impl Replica {
         let router = tonic::transport::Server::builder()
             .add_service(host.transport_service())
             .add_service(host.admin_service());
-        Ok(Self::serve(host, router, listener, None))
+        Ok(Self::serve(host, router, listener, None, SelectorWarmer::inline()))
     }
 
     fn serve(
@@ -163,6 +178,7 @@ impl Replica {
         router: Router,
         listener: TcpListener,
         tls: Option<Arc<ServerTls>>,
+        warmer: SelectorWarmer,
     ) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let (stop_services, _) = watch::channel(false);
@@ -189,6 +205,7 @@ impl Replica {
             stop,
             services: Vec::new(),
             stop_services,
+            warmer,
         }
     }
 
@@ -200,6 +217,9 @@ impl Replica {
         }
         let _ = self.stop.send(());
         self.host.shutdown().await;
+        // Its current device is bounded by the selector cost budget.
+        let warmer = self.warmer.clone();
+        let _ = tokio::task::spawn_blocking(move || warmer.stop()).await;
         match self.server.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "gRPC server ended with an error"),
             Err(e) => tracing::warn!(error = %e, "gRPC server task failed"),

@@ -12,11 +12,14 @@ use gangway_raft::{
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::Placer;
+use crate::engine::placement::Unplaced;
+use crate::engine::{Diagnosis, FilterReason, Placer};
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
+use crate::model::{Device, MemberKey};
+use crate::shard::warmer::SelectorWarmer;
 
 /// Encodes a command, query or reply for the Raft log.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
@@ -90,10 +93,18 @@ pub struct ShardMachine {
     placer: std::sync::Mutex<Placer>,
     /// Not state: test crash points (none in production). Crashing changes no state.
     failpoints: Failpoints,
+    /// Not state: where costly selectors are evaluated before the gangs that need them
+    /// are planned (changes when a gang is planned, never where).
+    warmer: SelectorWarmer,
 }
 
 /// Builds the state machine of `group` in a cluster of `shards` shards.
-pub fn machine_for(group: GroupId, shards: u32, failpoints: &Failpoints) -> Box<dyn StateMachine> {
+pub fn machine_for(
+    group: GroupId,
+    shards: u32,
+    failpoints: &Failpoints,
+    warmer: &SelectorWarmer,
+) -> Box<dyn StateMachine> {
     if group == META_GROUP {
         Box::new(MetaMachine {
             state: MetaState::new(shards),
@@ -104,6 +115,7 @@ pub fn machine_for(group: GroupId, shards: u32, failpoints: &Failpoints) -> Box<
             ledger: ShardLedger::new(),
             placer: std::sync::Mutex::new(Placer::new()),
             failpoints: failpoints.clone(),
+            warmer: warmer.clone(),
         })
     }
 }
@@ -162,6 +174,51 @@ impl StateMachine for MetaMachine {
     }
 }
 
+impl ShardMachine {
+    /// A plan query without the gangs whose selectors are still being warmed (see
+    /// `shard::warmer`), and the members left out; other queries as they are.
+    fn without_cold_gangs(&self, q: ShardQuery) -> (ShardQuery, Vec<MemberKey>) {
+        let ShardQuery::Plan { members, profile } = q else {
+            return (q, Vec::new());
+        };
+        let classes = self.ledger.device_classes();
+        let mut devices: Option<Vec<(&str, &Device)>> = None;
+        let mut cold: std::collections::BTreeSet<(String, String)> = Default::default();
+        for (key, spec) in &members {
+            let gang = (key.namespace.clone(), key.gang.clone());
+            if cold.contains(&gang) {
+                continue;
+            }
+            let selectors = crate::engine::devices::selectors_of(spec, classes);
+            if selectors.is_empty() {
+                continue;
+            }
+            let devices = devices.get_or_insert_with(|| self.devices());
+            if !self.warmer.ready(&selectors, devices) {
+                cold.insert(gang);
+            }
+        }
+        if cold.is_empty() {
+            return (ShardQuery::Plan { members, profile }, Vec::new());
+        }
+        tracing::debug!(gangs = ?cold, "gangs sit out this plan while their selectors are evaluated");
+        let (left_out, members): (Vec<_>, Vec<_>) = members
+            .into_iter()
+            .partition(|(key, _)| cold.contains(&(key.namespace.clone(), key.gang.clone())));
+        let left_out = left_out.into_iter().map(|(key, _)| key).collect();
+        (ShardQuery::Plan { members, profile }, left_out)
+    }
+
+    /// Every published device of the shard, with its driver.
+    fn devices(&self) -> Vec<(&str, &Device)> {
+        self.ledger
+            .nodes()
+            .flat_map(|n| n.usage.devices.pools.iter())
+            .flat_map(|(key, pool)| pool.devices.values().map(move |d| (key.driver.as_str(), d)))
+            .collect()
+    }
+}
+
 impl StateMachine for ShardMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode::<LedgerCommand>(command) {
@@ -191,13 +248,24 @@ impl StateMachine for ShardMachine {
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
             Ok(q) => {
+                let (q, cold) = self.without_cold_gangs(q);
                 // A panic while planning leaves no broken invariant in a placer (its
                 // caches are checked against node stamps), so a poisoned lock is reused.
                 let mut placer = self
                     .placer
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                reply(&answer(&self.ledger, &q, &mut placer), answer_malformed)
+                let mut answered = answer(&self.ledger, &q, &mut placer);
+                if let ShardAnswer::Plan { placement } = &mut answered {
+                    placement.unplaced.extend(cold.into_iter().map(|member| Unplaced {
+                        member,
+                        diagnosis: Diagnosis {
+                            nodes: 0,
+                            reasons: [(FilterReason::SelectorsWarming, 1)].into(),
+                        },
+                    }));
+                }
+                reply(&answered, answer_malformed)
             }
             Err(e) => reply(&answer_malformed(e.to_string()), answer_malformed),
         }
@@ -351,22 +419,22 @@ mod tests {
 
     #[test]
     fn malformed_command_is_rejected_and_changes_nothing() {
-        let mut m = machine_for(1, 4, &Failpoints::disabled());
+        let mut m = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
         let before = m.snapshot();
         let reply: ShardOutcome = decode(&m.apply(1, b"{not json")).expect("reply decodes");
         assert!(matches!(reply, ShardOutcome::Malformed { .. }));
         assert_eq!(before, m.snapshot());
-        let mut meta = machine_for(META_GROUP, 4, &Failpoints::disabled());
+        let mut meta = machine_for(META_GROUP, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
     }
 
     #[test]
     fn admission_refuses_what_no_replica_builds_before_it_takes_an_index() {
-        let shard = machine_for(1, 4, &Failpoints::disabled())
+        let shard = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline())
             .admission()
             .expect("shards check commands");
-        let meta = machine_for(META_GROUP, 4, &Failpoints::disabled())
+        let meta = machine_for(META_GROUP, 4, &Failpoints::disabled(), &SelectorWarmer::inline())
             .admission()
             .expect("meta checks commands");
         assert!(shard(b"{not json").is_err());
@@ -398,7 +466,7 @@ mod tests {
 
     #[test]
     fn shard_snapshot_round_trips_through_restore() {
-        let mut m = machine_for(1, 4, &Failpoints::disabled());
+        let mut m = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
         let node = Node::new(
             "n1",
             Resources {
@@ -422,7 +490,7 @@ mod tests {
             "{reply:?}"
         );
         let snap = m.snapshot();
-        let mut other = machine_for(1, 4, &Failpoints::disabled());
+        let mut other = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
         other.restore(&snap).expect("restore");
         assert_eq!(other.snapshot(), snap);
     }

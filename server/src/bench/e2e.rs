@@ -79,6 +79,8 @@ pub(super) struct Processes {
     dir: PathBuf,
     shards: usize,
     secret_file: PathBuf,
+    /// Bug switches and crash points every replica is started with.
+    pub(super) failpoints: Vec<String>,
     children: Vec<Option<Child>>,
     /// gRPC addresses, replica i+1 at index i.
     pub(super) grpc: Vec<String>,
@@ -133,6 +135,10 @@ impl Processes {
             .arg("--peer-secret-file")
             .arg(&self.secret_file)
             .args(["--initial-cluster-state", "new"]);
+        if !self.failpoints.is_empty() {
+            cmd.arg("--test-failpoints")
+                .env("GANGWAY_TEST_FAILPOINTS", self.failpoints.join(","));
+        }
         for (j, peer) in self.grpc.iter().enumerate() {
             if j != i {
                 cmd.args(["--peer", &format!("{}={peer}", j + 1)]);
@@ -159,6 +165,15 @@ fn loopback_addrs(n: usize) -> anyhow::Result<Vec<String>> {
 
 /// Starts three replicas with `shards` shards, data under `dir`.
 pub(super) fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<Processes> {
+    spawn_cluster_with(shards, dir, Vec::new())
+}
+
+/// Like [`spawn_cluster`], every replica with `failpoints` armed (bug switches).
+pub(super) fn spawn_cluster_with(
+    shards: usize,
+    dir: &Path,
+    failpoints: Vec<String>,
+) -> anyhow::Result<Processes> {
     let secret_file = dir.join("peer-secret");
     let secret = crate::security::Tokens::generated_peer_secret()?.own();
     std::fs::write(&secret_file, format!("{secret}\n"))
@@ -168,6 +183,7 @@ pub(super) fn spawn_cluster(shards: usize, dir: &Path) -> anyhow::Result<Process
         dir: dir.to_path_buf(),
         shards,
         secret_file,
+        failpoints,
         children: vec![None, None, None],
         grpc: loopback_addrs(3)?,
         http: loopback_addrs(3)?,

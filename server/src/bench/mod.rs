@@ -5,6 +5,7 @@ pub mod e2e;
 pub mod engine;
 pub mod failover;
 pub mod raft;
+pub mod selectors;
 
 /// The p-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {

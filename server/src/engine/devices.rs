@@ -275,6 +275,42 @@ fn named_classes(spec: &PodSpec) -> impl Iterator<Item = &str> + '_ {
     })
 }
 
+/// Every selector a plan for `spec` may evaluate under `classes` (its claims' classes and
+/// requests, and the classes serving its extended resources), compiled; ones that do not
+/// compile are left out (the plan reports them).
+pub fn selectors_of(
+    spec: &PodSpec,
+    classes: &BTreeMap<String, DeviceClass>,
+) -> Vec<Arc<CompiledSelector>> {
+    let mut exacts: Vec<&crate::model::claim::ExactRequest> = Vec::new();
+    for claim in &spec.claims {
+        for request in &claim.requests {
+            match &request.spec {
+                RequestSpec::Exactly(e) => exacts.push(e),
+                RequestSpec::FirstAvailable(subs) => exacts.extend(subs.iter().map(|s| &s.exact)),
+            }
+        }
+    }
+    let mut texts: Vec<&CelSelector> = Vec::new();
+    for e in exacts {
+        if let Some(class) = classes.get(&e.device_class_name) {
+            texts.extend(&class.selectors);
+        }
+        texts.extend(&e.selectors);
+    }
+    for name in spec.requests.extended.keys() {
+        if let Some(class) = serving(classes, name) {
+            texts.extend(&class.selectors);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    texts
+        .into_iter()
+        .filter(|s| seen.insert(s.expression.as_str()))
+        .filter_map(|s| compile_selector(&s.expression).ok())
+        .collect()
+}
+
 /// Whether `spec` may need devices under `classes` (claims, or a served extended resource).
 pub fn needs_devices(spec: &PodSpec, classes: &BTreeMap<String, DeviceClass>) -> bool {
     !spec.claims.is_empty()

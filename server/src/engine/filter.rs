@@ -66,6 +66,9 @@ pub enum FilterReason {
     DeviceSelectorError(String),
     /// The device search gave up after [`crate::engine::devices::SEARCH_STEPS_MAX`] steps.
     DeviceSearchLimit,
+    /// A costly device selector is still being evaluated over the shard's devices; the
+    /// gang sits out plans until it is (see `shard::warmer`).
+    SelectorsWarming,
 }
 
 impl FilterReason {
@@ -112,6 +115,9 @@ impl fmt::Display for FilterReason {
             Self::DeviceSearchLimit => {
                 f.write_str("device allocation search exceeded its step limit")
             }
+            Self::SelectorsWarming => f.write_str(
+                "a costly device selector is still being evaluated over this shard's devices",
+            ),
         }
     }
 }

@@ -66,6 +66,10 @@ struct Results {
 pub struct CompiledSelector {
     source: String,
     program: Program,
+    /// Upper bound of one evaluation's cost (see `cel_cost`).
+    estimated_cost: u64,
+    /// Set while a warmer evaluates this selector ahead of plans.
+    warming: std::sync::atomic::AtomicBool,
     /// Results kept by device content: equal devices give equal results, so a hit
     /// changes speed, never an answer.
     results: Mutex<Results>,
@@ -85,6 +89,33 @@ impl CompiledSelector {
     /// The expression text.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Upper bound of one evaluation's cost, in Kubernetes' cost units.
+    pub fn estimated_cost(&self) -> u64 {
+        self.estimated_cost
+    }
+
+    /// Whether the result for `device` of `driver` is known without evaluating.
+    pub fn is_cached(&self, driver: &str, device: &Device) -> bool {
+        self.results.lock().is_ok_and(|r| {
+            r.by_driver
+                .get(driver)
+                .is_some_and(|m| m.contains_key(device))
+        })
+    }
+
+    /// Marks the selector as being warmed; false if another warmer already is.
+    pub fn start_warming(&self) -> bool {
+        !self
+            .warming
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Ends a warming started with [`CompiledSelector::start_warming`].
+    pub fn end_warming(&self) {
+        self.warming
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether `device` of `driver` satisfies the selector; runtime errors (a missing
@@ -183,10 +214,12 @@ fn compile_uncached(expression: &str) -> CompileResult {
             ty.name()
         ));
     }
-    crate::model::cel_cost::check(program.expression())?;
+    let estimated_cost = crate::model::cel_cost::check(program.expression())?;
     Ok(Arc::new(CompiledSelector {
         source: expression.to_string(),
         program,
+        estimated_cost,
+        warming: std::sync::atomic::AtomicBool::new(false),
         results: Mutex::new(Results::default()),
     }))
 }
