@@ -170,7 +170,13 @@ impl Replica {
         let router = tonic::transport::Server::builder()
             .add_service(host.transport_service())
             .add_service(host.admin_service());
-        Ok(Self::serve(host, router, listener, None, SelectorWarmer::inline()))
+        Ok(Self::serve(
+            host,
+            router,
+            listener,
+            None,
+            SelectorWarmer::inline(),
+        ))
     }
 
     fn serve(

@@ -257,13 +257,15 @@ impl StateMachine for ShardMachine {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let mut answered = answer(&self.ledger, &q, &mut placer);
                 if let ShardAnswer::Plan { placement } = &mut answered {
-                    placement.unplaced.extend(cold.into_iter().map(|member| Unplaced {
-                        member,
-                        diagnosis: Diagnosis {
-                            nodes: 0,
-                            reasons: [(FilterReason::SelectorsWarming, 1)].into(),
-                        },
-                    }));
+                    placement
+                        .unplaced
+                        .extend(cold.into_iter().map(|member| Unplaced {
+                            member,
+                            diagnosis: Diagnosis {
+                                nodes: 0,
+                                reasons: [(FilterReason::SelectorsWarming, 1)].into(),
+                            },
+                        }));
                 }
                 reply(&answered, answer_malformed)
             }
@@ -424,7 +426,12 @@ mod tests {
         let reply: ShardOutcome = decode(&m.apply(1, b"{not json")).expect("reply decodes");
         assert!(matches!(reply, ShardOutcome::Malformed { .. }));
         assert_eq!(before, m.snapshot());
-        let mut meta = machine_for(META_GROUP, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
+        let mut meta = machine_for(
+            META_GROUP,
+            4,
+            &Failpoints::disabled(),
+            &SelectorWarmer::inline(),
+        );
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
     }
@@ -434,9 +441,14 @@ mod tests {
         let shard = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline())
             .admission()
             .expect("shards check commands");
-        let meta = machine_for(META_GROUP, 4, &Failpoints::disabled(), &SelectorWarmer::inline())
-            .admission()
-            .expect("meta checks commands");
+        let meta = machine_for(
+            META_GROUP,
+            4,
+            &Failpoints::disabled(),
+            &SelectorWarmer::inline(),
+        )
+        .admission()
+        .expect("meta checks commands");
         assert!(shard(b"{not json").is_err());
         assert!(meta(b"[]").is_err());
         let tick = encode(&LedgerCommand::new(5, LedgerOp::Tick)).expect("encode");

@@ -596,7 +596,9 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
     let costly = format!("{r}.exists(a, {r}.exists(b, {r}.exists(c, a + b + c == 0)))");
     let pod = serde_json::json!({"claims": [{"name": "gpu", "requests": [{"name": "g", "exactly": {
         "deviceClassName": "gpu.example.com", "selectors": [{"cel": {"expression": costly}}]}}]}]});
-    let r = scheduler.submit_gang_group(submit("costly", &pod.to_string())).await;
+    let r = scheduler
+        .submit_gang_group(submit("costly", &pod.to_string()))
+        .await;
     expect(
         "costly CEL",
         r,
@@ -683,4 +685,122 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
         .and_then(|info| info.node)
         .and_then(|n| n.allocatable.get("cpu").cloned());
     assert_eq!(cpu.as_deref(), Some("16"));
+}
+
+/// Places a gang whose selector is slow, then a plain gang, on one shard whose GPUs are
+/// streamed by device agents; whether the plain gang was placed while the slow one
+/// still waited. `failpoints` arms bug switches on every replica.
+async fn plain_gang_overtakes_a_slow_selector(failpoints: &str) -> bool {
+    use gangway_proto::v1::{DeviceHealth, DeviceListReport, PluginDevice};
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let (args, env) = if failpoints.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            vec!["--test-failpoints".to_string()],
+            vec![(
+                "GANGWAY_TEST_FAILPOINTS".to_string(),
+                failpoints.to_string(),
+            )],
+        )
+    };
+    let c = Cluster::start_with(3, 1, args, env);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let client = support::client(&c, 1).await;
+    let mut agents = Vec::new();
+    for i in 0..4 {
+        let name = format!("gpu-node-{i}");
+        client
+            .register_node(support::node_spec(&name, "64", false))
+            .await
+            .expect("register");
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let mut acks = client
+            .device_stream(ReceiverStream::new(rx))
+            .await
+            .expect("device stream");
+        let devices = (0..8)
+            .map(|g| PluginDevice {
+                id: format!("GPU-{i}-{g}"),
+                health: DeviceHealth::Healthy as i32,
+                numa_nodes: vec![0],
+            })
+            .collect();
+        tx.send(DeviceListReport {
+            node: name,
+            resource_name: "nvidia.com/gpu".into(),
+            devices,
+        })
+        .await
+        .expect("report");
+        tokio::time::timeout(Duration::from_secs(10), acks.message())
+            .await
+            .expect("ack in time")
+            .expect("ack")
+            .expect("an ack");
+        agents.push((tx, acks));
+    }
+    // 32 devices, each a 200 x 200 loop: seconds of evaluation in a debug build.
+    let items: Vec<String> = (0..200).map(|i| i.to_string()).collect();
+    let list = format!("[{}]", items.join(","));
+    let selector = format!(
+        "{list}.exists(a, {list}.exists(b, a * b == -1)) || device.driver == \"gpu.nvidia.com\""
+    );
+    let slow_pod = serde_json::json!({"requests": {"cpu": "1"}, "claims": [{"name": "gpu",
+        "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": selector}}]}}]}]});
+    let group = |name: &str, pod: serde_json::Value| {
+        gangway_client::spec::GangGroupBuilder::new(name)
+            .gang(gangway_client::spec::GangBuilder::new("ns", name, 1).members("w", 1, pod))
+            .build()
+    };
+    let slow = client
+        .submit(group("slow", slow_pod))
+        .await
+        .expect("submit slow");
+    let plain = client
+        .submit(group(
+            "plain",
+            serde_json::json!({"requests": {"cpu": "1"}}),
+        ))
+        .await
+        .expect("submit plain");
+    let placed =
+        |s: &gangway_proto::v1::GangGroupStatus| s.state != "Queued" && s.state != "Placing";
+    let plain = tokio::time::timeout(
+        Duration::from_secs(120),
+        client.watch_until(plain.id, placed),
+    )
+    .await
+    .expect("plain gang placed within 120 s")
+    .expect("watch plain");
+    assert_eq!(plain.state, "Placed", "{plain:?}");
+    let slow_now = client.get(slow.id).await.expect("get slow");
+    let overtook = slow_now.state != "Placed";
+    let slow = tokio::time::timeout(
+        Duration::from_secs(300),
+        client.watch_until(slow.id, placed),
+    )
+    .await
+    .expect("slow gang placed within 300 s")
+    .expect("watch slow");
+    assert_eq!(slow.state, "Placed", "{slow:?}");
+    overtook
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_selector_delays_only_its_own_gang() {
+    assert!(
+        plain_gang_overtakes_a_slow_selector("").await,
+        "the plain gang waited for the slow selector"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_finds_plans_that_evaluate_slow_selectors_inline() {
+    assert!(
+        !plain_gang_overtakes_a_slow_selector("selectors-evaluated-inline").await,
+        "with the bug switch the plain gang should have waited for the slow plan"
+    );
 }

@@ -16,8 +16,7 @@ use anyhow::{bail, Context};
 use gangway_client::spec::{GangBuilder, GangGroupBuilder};
 use gangway_client::Client;
 use gangway_proto::v1::{
-    DeviceHealth, DeviceListAck, DeviceListReport, NodeSpec, PluginDevice,
-    SubmitGangGroupRequest,
+    DeviceHealth, DeviceListAck, DeviceListReport, NodeSpec, PluginDevice, SubmitGangGroupRequest,
 };
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -63,7 +62,9 @@ pub struct SelectorBenchArgs {
 fn slow_selector(n: usize) -> String {
     let items: Vec<String> = (0..n).map(|i| i.to_string()).collect();
     let list = format!("[{}]", items.join(","));
-    format!("{list}.exists(a, {list}.exists(b, a * b == -1)) || device.driver == \"gpu.nvidia.com\"")
+    format!(
+        "{list}.exists(a, {list}.exists(b, a * b == -1)) || device.driver == \"gpu.nvidia.com\""
+    )
 }
 
 fn plain_group(name: &str) -> SubmitGangGroupRequest {
@@ -206,12 +207,15 @@ async fn run_mode(args: &SelectorBenchArgs, inline: bool) -> anyhow::Result<Mode
     let slow = tokio::spawn(async move { place(&slow_client, slow_request, SLOW_TIMEOUT_S).await });
     // Let the slow gang reach its first plan before the plain gangs are timed.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let during =
-        plain_samples(&client, "during", args.samples, || slow.is_finished()).await?;
+    let during = plain_samples(&client, "during", args.samples, || slow.is_finished()).await?;
     let (_, slow_took) = slow.await.context("slow gang task")??;
     drop(procs);
     Ok(ModeFigures {
-        mode: if inline { "inline (bug switch)" } else { "warmer" },
+        mode: if inline {
+            "inline (bug switch)"
+        } else {
+            "warmer"
+        },
         alone,
         during,
         slow_ms: slow_took.as_millis() as u64,
@@ -221,10 +225,16 @@ async fn run_mode(args: &SelectorBenchArgs, inline: bool) -> anyhow::Result<Mode
 /// Runs the benchmark and prints its table.
 pub async fn run(args: SelectorBenchArgs) -> anyhow::Result<()> {
     if args.nodes == 0 || args.nodes > SELECTOR_BENCH_NODES_MAX {
-        bail!("--nodes: {} is not in 1..={SELECTOR_BENCH_NODES_MAX}", args.nodes);
+        bail!(
+            "--nodes: {} is not in 1..={SELECTOR_BENCH_NODES_MAX}",
+            args.nodes
+        );
     }
     if args.gpus == 0 || args.gpus > SELECTOR_BENCH_GPUS_MAX {
-        bail!("--gpus: {} is not in 1..={SELECTOR_BENCH_GPUS_MAX}", args.gpus);
+        bail!(
+            "--gpus: {} is not in 1..={SELECTOR_BENCH_GPUS_MAX}",
+            args.gpus
+        );
     }
     if args.samples == 0 {
         bail!("--samples: must be >= 1");
@@ -248,7 +258,13 @@ pub async fn run(args: SelectorBenchArgs) -> anyhow::Result<()> {
     );
     println!(
         "{:<20} {:>14} {:>14} {:>16} {:>16} {:>10} {:>12}",
-        "mode", "alone p50 ms", "alone p99 ms", "during p50 ms", "during p99 ms", "during n", "slow gang ms"
+        "mode",
+        "alone p50 ms",
+        "alone p99 ms",
+        "during p50 ms",
+        "during p99 ms",
+        "during n",
+        "slow gang ms"
     );
     for inline in modes {
         let f = run_mode(&args, inline).await?;

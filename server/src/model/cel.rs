@@ -107,9 +107,7 @@ impl CompiledSelector {
 
     /// Marks the selector as being warmed; false if another warmer already is.
     pub fn start_warming(&self) -> bool {
-        !self
-            .warming
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        !self.warming.swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Ends a warming started with [`CompiledSelector::start_warming`].

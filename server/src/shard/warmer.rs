@@ -44,8 +44,14 @@ pub struct SelectorWarmer {
 
 impl std::fmt::Debug for SelectorWarmer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mode = if self.running.is_some() { "thread" } else { "inline" };
-        f.debug_struct("SelectorWarmer").field("mode", &mode).finish()
+        let mode = if self.running.is_some() {
+            "thread"
+        } else {
+            "inline"
+        };
+        f.debug_struct("SelectorWarmer")
+            .field("mode", &mode)
+            .finish()
     }
 }
 
@@ -168,9 +174,7 @@ mod tests {
     use crate::model::cel::compile_selector;
 
     fn devices(n: usize) -> Vec<Device> {
-        (0..n)
-            .map(|i| Device::new(format!("gpu-{i}")))
-            .collect()
+        (0..n).map(|i| Device::new(format!("gpu-{i}"))).collect()
     }
 
     #[test]
@@ -194,8 +198,14 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never warmed");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let cold = refs.iter().filter(|(d, dev)| !slow.is_cached(d, dev)).count() as u64;
-        assert!(cold * slow.estimated_cost() <= INLINE_SELECTOR_WORK_MAX, "{cold} cold");
+        let cold = refs
+            .iter()
+            .filter(|(d, dev)| !slow.is_cached(d, dev))
+            .count() as u64;
+        assert!(
+            cold * slow.estimated_cost() <= INLINE_SELECTOR_WORK_MAX,
+            "{cold} cold"
+        );
         warmer.stop();
     }
 
