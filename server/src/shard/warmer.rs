@@ -192,7 +192,10 @@ mod tests {
         ))
         .expect("within budget");
         assert!(slow.estimated_cost() * 50 > INLINE_SELECTOR_WORK_MAX);
-        assert!(!warmer.ready(std::slice::from_ref(&slow), &refs), "cold: queued");
+        assert!(
+            !warmer.ready(std::slice::from_ref(&slow), &refs),
+            "cold: queued"
+        );
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while !warmer.ready(std::slice::from_ref(&slow), &refs) {
             assert!(std::time::Instant::now() < deadline, "never warmed");
