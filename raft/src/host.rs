@@ -720,7 +720,16 @@ impl RaftHost {
                 detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),
             })?;
         match res {
-            Ok(_) => self.read_local(g.id, query),
+            // A query may be long (a plan over a large shard): it runs on the blocking
+            // pool, so the async workers keep serving streams and heartbeats meanwhile.
+            Ok(_) => {
+                let host = self.clone();
+                let group = g.id;
+                let query = query.to_vec();
+                tokio::task::spawn_blocking(move || host.read_local(group, &query))
+                    .await
+                    .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
+            }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                 Err(self.not_leader(g.id, f.leader_id, f.leader_node))
             }

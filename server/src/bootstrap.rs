@@ -21,7 +21,7 @@ use crate::config::{InitialClusterState, ServeConfig};
 /// Time allowed to reach each peer when asking for its status.
 pub const PEER_PROBE_TIMEOUT_MS: u64 = 1_500;
 /// Pause between rounds of asking the peers while some do not answer.
-pub const BOOTSTRAP_POLL_MS: u64 = 500;
+pub const BOOTSTRAP_POLL_MS: u64 = 100;
 /// Period of the log line naming the peers still awaited.
 pub const BOOTSTRAP_WAIT_LOG_MS: u64 = 5_000;
 
