@@ -175,6 +175,20 @@ async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
 
     let mut c = Cluster::start(3, 1);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    // A healthy cluster's creation logs nothing at ERROR (its replicas run with the
+    // default log filter).
+    for id in 1..=3 {
+        let errors: Vec<String> = c
+            .log(id)
+            .lines()
+            .filter(|l| l.contains("ERROR"))
+            .map(String::from)
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "replica {id} logged ERROR while healthy: {errors:#?}"
+        );
+    }
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.procs[&1].grpc))
         .expect("endpoint")
         .connect()

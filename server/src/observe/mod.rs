@@ -55,10 +55,13 @@ pub struct TelemetryError {
     reason: String,
 }
 
-/// Log levels without `RUST_LOG`. openraft's replication logs every failed send to a
-/// peer at ERROR (a peer restarting, an election): gangway logs a silent peer itself
-/// (WARN, once; see `PEER_SILENT_WARN_MS` in gangway-raft), so those are off.
-pub const DEFAULT_LOG_FILTER: &str = "info,openraft=error,openraft::replication=off,sled=warn";
+/// Log levels without `RUST_LOG`. openraft logs transient events at ERROR (every failed
+/// send to a restarting peer, a vote request a starting peer refuses, a second
+/// initialization): gangway logs what needs a person itself, so openraft is off by
+/// default. A group that stops is logged with openraft's reason at ERROR (and the replica
+/// exits), a silent peer at WARN (once, see `PEER_SILENT_WARN_MS` in gangway-raft), and
+/// election-gate changes at INFO. `RUST_LOG=info,openraft=debug` brings openraft back.
+pub const DEFAULT_LOG_FILTER: &str = "info,openraft=off,sled=warn";
 
 /// Colour only for a terminal, and never with `NO_COLOR` set (no escape codes in files).
 fn colour_on_stderr() -> bool {
