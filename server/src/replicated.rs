@@ -18,7 +18,7 @@ use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
-use crate::model::{Device, MemberKey};
+use crate::model::{Device, MemberKey, PodSpec};
 use crate::shard::warmer::SelectorWarmer;
 
 /// Encodes a command, query or reply for the Raft log.
@@ -184,17 +184,38 @@ impl ShardMachine {
         let classes = self.ledger.device_classes();
         let mut devices: Option<Vec<(&str, &Device)>> = None;
         let mut cold: std::collections::BTreeSet<(String, String)> = Default::default();
+        // Members of one template share a spec, and gangs share selectors: each spec is
+        // resolved once and each selector asked once per plan (every ask reads every device).
+        let mut ready_by_selector: std::collections::HashMap<String, bool> = Default::default();
+        let mut last_spec: Option<(&PodSpec, bool)> = None;
         for (key, spec) in &members {
             let gang = (key.namespace.clone(), key.gang.clone());
             if cold.contains(&gang) {
                 continue;
             }
-            let selectors = crate::engine::devices::selectors_of(spec, classes);
-            if selectors.is_empty() {
-                continue;
-            }
-            let devices = devices.get_or_insert_with(|| self.devices());
-            if !self.warmer.ready(&selectors, devices) {
+            let ready = match last_spec {
+                Some((prev, ready)) if prev == spec => ready,
+                _ => {
+                    let selectors = crate::engine::devices::selectors_of(spec, classes);
+                    // Every selector is asked (not stopping at the first cold one), so all
+                    // the costly ones start warming at once.
+                    let answers: Vec<bool> = selectors
+                        .iter()
+                        .map(|selector| {
+                            *ready_by_selector
+                                .entry(selector.source().to_string())
+                                .or_insert_with(|| {
+                                    let devices = devices.get_or_insert_with(|| self.devices());
+                                    self.warmer.ready(std::slice::from_ref(selector), devices)
+                                })
+                        })
+                        .collect();
+                    let ready = answers.iter().all(|ready| *ready);
+                    last_spec = Some((spec, ready));
+                    ready
+                }
+            };
+            if !ready {
                 cold.insert(gang);
             }
         }
