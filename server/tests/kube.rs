@@ -1,23 +1,31 @@
-//! The Kubernetes adapter end to end: three `gangway serve` processes scheduling
-//! the pods of an API server double (gangway-kube-double: a kube-apiserver cannot
-//! run here) through kube-rs: DRA gangs bound with their claims allocated first,
+//! The Kubernetes adapter end to end, against a real control plane (etcd,
+//! kube-apiserver and kube-controller-manager's resourceclaim controller from
+//! `GANGWAY_K8S_ASSETS`, see gangway-kube-env): three `gangway serve` processes
+//! scheduling through kube-rs: DRA gangs bound with their claims allocated first,
 //! a binding shard leader SIGKILLed mid-way, Koordinator and scheduler-plugins
 //! gangs, bad objects reported, deleted pods freeing their devices, pods bound by
-//! another scheduler counted, pods on NoExecute-tainted devices evicted, and a
-//! Strict gang that loses a pod before binding released whole.
+//! another scheduler counted, pods on NoExecute-tainted devices evicted. Bindings
+//! are counted from the API server's audit log. (A binding answered 503 is in
+//! `kube_faults.rs`, on the double: the real server cannot be made to answer so.)
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gangway_kube_double::store::{
     DEVICE_CLASSES, EVENTS, NODES, PODS, POD_GROUPS_SIGS, POD_GROUPS_X, RESOURCE_CLAIMS,
     RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES,
 };
-use gangway_kube_double::{ApiServerDouble, Options};
+use gangway_kube_env::{AuditEntry, ControlPlane, Options};
 use serde_json::{json, Value};
 use support::Cluster;
+
+/// One control plane at a time: each is a few hundred MB and a core while it starts.
+static KUBE_SERIAL: Mutex<()> = Mutex::new(());
+/// How often waits look at the API server.
+const POLL_MS: u64 = 200;
 
 const DRIVER: &str = "gpu.example.com";
 const NS: &str = "train";
@@ -71,31 +79,43 @@ fn template(name: &str, class: &str) -> Value {
     })
 }
 
-/// An API server double with `nodes` nodes of `gpus` GPUs each, and three gangway
-/// processes scheduling it.
-async fn start(
-    nodes: usize,
-    gpus: usize,
-    bind_qps: u32,
-) -> (ApiServerDouble, Cluster, tempfile::TempDir) {
-    let api = ApiServerDouble::start(Options::default())
+/// A real control plane with `nodes` nodes of `gpus` GPUs each (and both PodGroup
+/// CRDs), and three gangway processes scheduling it.
+struct Env {
+    api: ControlPlane,
+    cluster: Cluster,
+    _dir: tempfile::TempDir,
+    _serial: MutexGuard<'static, ()>,
+}
+
+async fn start(nodes: usize, gpus: usize, bind_qps: u32) -> Env {
+    let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let api = ControlPlane::start(Options::default())
         .await
-        .expect("double starts");
+        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, gangway_kube_env::ADMIN_USER)
+        .expect("kubeconfig");
+    for ns in [NS, "infra"] {
+        api.ensure_namespace(ns).await.expect("namespace");
+    }
+    api.install_pod_group_crds().await.expect("PodGroup CRDs");
     api.create(&DEVICE_CLASSES, json!({
         "metadata": {"name": DRIVER},
         "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
     }))
+    .await
     .expect("class");
     for i in 0..nodes {
         let name = format!("node-{i:03}");
-        api.create(&NODES, node(&name)).expect("node");
+        api.create(&NODES, node(&name)).await.expect("node");
         api.create(&RESOURCE_SLICES, slice(&name, gpus))
+            .await
             .expect("slice");
     }
     api.create(&RESOURCE_CLAIM_TEMPLATES, template("one-gpu", DRIVER))
+        .await
         .expect("template");
     let args = vec![
         "--kubeconfig".to_string(),
@@ -107,18 +127,99 @@ async fn start(
     cluster
         .wait_ready(&[1, 2, 3], Duration::from_secs(30))
         .await;
-    (api, cluster, dir)
+    Env {
+        api,
+        cluster,
+        _dir: dir,
+        _serial: serial,
+    }
 }
 
+/// The test namespace as the API server has it now.
+struct View {
+    pods: BTreeMap<String, Value>,
+    events: Vec<Value>,
+    claims: BTreeMap<String, Value>,
+    pod_groups: BTreeMap<String, Value>,
+}
+
+fn by_name(items: Vec<Value>) -> BTreeMap<String, Value> {
+    items
+        .into_iter()
+        .filter_map(|o| Some((o["metadata"]["name"].as_str()?.to_string(), o)))
+        .collect()
+}
+
+async fn view(api: &ControlPlane) -> View {
+    View {
+        pods: by_name(api.list(&PODS, Some(NS)).await.unwrap_or_default()),
+        events: api.list(&EVENTS, Some(NS)).await.unwrap_or_default(),
+        claims: by_name(
+            api.list(&RESOURCE_CLAIMS, Some(NS))
+                .await
+                .unwrap_or_default(),
+        ),
+        pod_groups: by_name(api.list(&POD_GROUPS_X, Some(NS)).await.unwrap_or_default()),
+    }
+}
+
+impl View {
+    fn node_of(&self, pod: &str) -> Option<String> {
+        self.pods
+            .get(pod)
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from))
+    }
+
+    fn bound(&self, pods: &[impl AsRef<str>]) -> bool {
+        pods.iter().all(|p| self.node_of(p.as_ref()).is_some())
+    }
+
+    fn events_for(&self, pod: &str, reason: &str) -> Vec<String> {
+        self.events
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
+            .filter_map(|e| e["message"].as_str().map(String::from))
+            .collect()
+    }
+
+    fn claim_of(&self, pod: &str) -> Option<&Value> {
+        let name = self.pods.get(pod)?["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()?;
+        self.claims.get(name)
+    }
+
+    /// The device (node pool, device name) the pod's first claim was allocated.
+    fn device_of(&self, pod: &str) -> Option<(String, String)> {
+        let result = &self.claim_of(pod)?["status"]["allocation"]["devices"]["results"][0];
+        Some((
+            result["pool"].as_str()?.to_string(),
+            result["device"].as_str()?.to_string(),
+        ))
+    }
+
+    /// Gone, or being deleted (no kubelet runs here to finish a graceful deletion).
+    fn going(&self, pod: &str) -> bool {
+        self.pods
+            .get(pod)
+            .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+    }
+}
+
+/// Waits until `done` holds for the API server's view; answers that view.
 async fn wait_for(
     what: &str,
     timeout: Duration,
-    cluster: &Cluster,
-    mut done: impl FnMut() -> bool,
-) {
+    env: &Env,
+    mut done: impl FnMut(&View) -> bool,
+) -> View {
     let start = Instant::now();
-    while !done() {
+    loop {
+        let now = view(&env.api).await;
+        if done(&now) {
+            return now;
+        }
         if start.elapsed() > timeout {
+            let cluster = &env.cluster;
             let live = cluster.live();
             let groups = match live.first() {
                 Some(id) => format!(
@@ -129,13 +230,14 @@ async fn wait_for(
             };
             eprintln!("gang groups at the timeout: {groups}");
             panic!(
-                "timed out after {timeout:?} waiting for {what}\n--- node 1 log ---\n{}\n--- node 2 log ---\n{}\n--- node 3 log ---\n{}",
+                "timed out after {timeout:?} waiting for {what}\n--- node 1 log ---\n{}\n--- node 2 log ---\n{}\n--- node 3 log ---\n{}\n--- kube-apiserver ---\n{}",
                 tail(&cluster.log(1)),
                 tail(&cluster.log(2)),
-                tail(&cluster.log(3))
+                tail(&cluster.log(3)),
+                env.api.log_tail("kube-apiserver"),
             );
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
 }
 
@@ -144,33 +246,19 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn node_of(api: &ApiServerDouble, pod: &str) -> Option<String> {
-    api.get(&PODS, Some(NS), pod)
-        .ok()
-        .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from))
-}
-
-fn events_for(api: &ApiServerDouble, pod: &str, reason: &str) -> Vec<String> {
-    api.list(&EVENTS, Some(NS))
-        .into_iter()
-        .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
-        .filter_map(|e| e["message"].as_str().map(String::from))
-        .collect()
-}
-
 /// Checks every pod's claim: allocated one device of its node's pool, reserved for the
-/// pod, written before the binding; returns the devices.
-fn check_claims(api: &ApiServerDouble, pods: &[String]) -> BTreeSet<(String, String)> {
+/// pod, its status written before the pod's binding (as the audit log saw them);
+/// returns the devices.
+fn check_claims(view: &View, audit: &[AuditEntry], pods: &[String]) -> BTreeSet<(String, String)> {
+    let bindings = gangway_kube_env::audit::bindings(audit);
     let mut devices = BTreeSet::new();
     for name in pods {
-        let pod = api.get(&PODS, Some(NS), name).expect("pod");
+        let pod = &view.pods[name];
         let node = pod["spec"]["nodeName"].as_str().expect("bound").to_string();
-        let claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-            .as_str()
-            .expect("claim made from the template");
-        let claim = api
-            .get(&RESOURCE_CLAIMS, Some(NS), claim_name)
-            .expect("claim");
+        let claim = view
+            .claim_of(name)
+            .unwrap_or_else(|| panic!("claim made from the template for {name}: {pod}"));
+        let claim_name = claim["metadata"]["name"].as_str().unwrap_or_default();
         let results = claim["status"]["allocation"]["devices"]["results"]
             .as_array()
             .unwrap_or_else(|| panic!("claim {claim_name} of {name} has no allocation: {claim}"));
@@ -181,19 +269,21 @@ fn check_claims(api: &ApiServerDouble, pods: &[String]) -> BTreeSet<(String, Str
             claim["status"]["reservedFor"][0]["uid"],
             pod["metadata"]["uid"]
         );
-        let claim_rv: u64 = claim["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .expect("rv");
-        let binding_rv = api
-            .bindings()
+        let first_claim_write = audit
+            .iter()
+            .filter(|e| e.resource == "resourceclaims" && e.subresource == "status")
+            .filter(|e| e.name == claim_name && (200..300).contains(&e.code))
+            .map(|e| e.completed.clone())
+            .min()
+            .unwrap_or_else(|| panic!("no claim status write of {claim_name} audited"));
+        let binding = bindings
             .iter()
             .find(|b| b.pod == *name)
-            .map(|b| b.revision)
-            .expect("binding recorded");
+            .unwrap_or_else(|| panic!("no binding of {name} audited"));
         assert!(
-            claim_rv < binding_rv,
-            "claim status of {name} (rv {claim_rv}) written before its binding (rv {binding_rv})"
+            first_claim_write <= binding.received,
+            "claim status of {name} (written {first_claim_write}) written before its binding (received {})",
+            binding.received
         );
         let device = (
             node,
@@ -211,20 +301,15 @@ fn check_claims(api: &ApiServerDouble, pods: &[String]) -> BTreeSet<(String, Str
 }
 
 /// Every pod bound exactly once, to the node gangway's ledger committed.
-async fn check_bound_once_where_committed(
-    api: &ApiServerDouble,
-    cluster: &Cluster,
-    live: u64,
-    pods: &[String],
-) {
-    let client = support::client(cluster, live).await;
+async fn check_bound_once_where_committed(env: &Env, live: u64, pods: &[String]) {
+    let client = support::client(&env.cluster, live).await;
     let groups = client.list_groups(true).await.expect("groups");
     let committed: BTreeMap<String, String> = groups
         .iter()
         .flat_map(|g| g.placements.iter())
         .map(|p| (p.member.clone(), p.node.clone()))
         .collect();
-    let bindings = api.bindings();
+    let bindings = env.api.bindings();
     for pod in pods {
         let times: Vec<_> = bindings.iter().filter(|b| b.pod == *pod).collect();
         assert_eq!(
@@ -243,137 +328,133 @@ async fn check_bound_once_where_committed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies() {
-    let (api, mut cluster, _dir) = start(50, 8, 10).await;
+    let mut env = start(50, 8, 10).await;
 
     // A PodGroup with minMember 16; its pods each claim one GPU through a template.
-    api.create(
-        &POD_GROUPS_X,
-        json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 16}}),
-    )
-    .expect("pod group");
+    env.api
+        .create(
+            &POD_GROUPS_X,
+            json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 16}}),
+        )
+        .await
+        .expect("pod group");
     let first: Vec<String> = (0..16).map(|i| format!("trainer-{i}")).collect();
     for name in &first {
-        api.create(
-            &PODS,
-            gpu_pod(
-                name,
-                json!({"scheduling.x-k8s.io/pod-group": "trainer"}),
-                json!({}),
-                "one-gpu",
-            ),
-        )
-        .expect("pod");
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "trainer"});
+        env.api
+            .create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
+            .await
+            .expect("pod");
     }
-    wait_for("16 pods bound", Duration::from_secs(60), &cluster, || {
-        first.iter().all(|p| node_of(&api, p).is_some())
+    let now = wait_for("16 pods bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&first)
     })
     .await;
-    let devices = check_claims(&api, &first);
+    let devices = check_claims(&now, &env.api.audit(), &first);
     assert_eq!(devices.len(), 16);
     wait_for(
         "PodGroup status Scheduled 16",
         Duration::from_secs(30),
-        &cluster,
-        || {
-            api.get(&POD_GROUPS_X, Some(NS), "trainer").is_ok_and(|g| {
+        &env,
+        |v| {
+            v.pod_groups.get("trainer").is_some_and(|g| {
                 g["status"]["phase"] == "Scheduled" && g["status"]["scheduled"] == 16
             })
         },
     )
     .await;
-    check_bound_once_where_committed(&api, &cluster, 1, &first).await;
+    check_bound_once_where_committed(&env, 1, &first).await;
 
     // A second gang; SIGKILL the leader of a shard while it binds (10 writes/s, so
     // binding 16 pods with their claims takes seconds).
-    api.create(
-        &POD_GROUPS_X,
-        json!({"metadata": {"name": "second", "namespace": NS}, "spec": {"minMember": 16}}),
-    )
-    .expect("pod group");
+    env.api
+        .create(
+            &POD_GROUPS_X,
+            json!({"metadata": {"name": "second", "namespace": NS}, "spec": {"minMember": 16}}),
+        )
+        .await
+        .expect("pod group");
     let second: Vec<String> = (0..16).map(|i| format!("second-{i}")).collect();
     for name in &second {
-        api.create(
-            &PODS,
-            gpu_pod(
-                name,
-                json!({"scheduling.x-k8s.io/pod-group": "second"}),
-                json!({}),
-                "one-gpu",
-            ),
-        )
-        .expect("pod");
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "second"});
+        env.api
+            .create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
+            .await
+            .expect("pod");
     }
-    wait_for(
+    let now = wait_for(
         "a first binding of the second gang",
         Duration::from_secs(60),
-        &cluster,
-        || second.iter().any(|p| node_of(&api, p).is_some()),
+        &env,
+        |v| second.iter().any(|p| v.node_of(p).is_some()),
     )
     .await;
-    let bound_before = second.iter().filter(|p| node_of(&api, p).is_some()).count();
-    let victim = cluster
+    let bound_before = second.iter().filter(|p| now.node_of(p).is_some()).count();
+    let victim = env
+        .cluster
         .agreed_leader(1, &[1, 2, 3])
         .await
         .expect("shard 1 has a leader");
-    cluster.kill(victim);
+    env.cluster.kill(victim);
     eprintln!("killed node {victim} (leader of shard 1) with {bound_before} of 16 bound");
     assert!(
         bound_before < 16,
         "the kill came after every binding; raise the test's gang or lower --bind-qps"
     );
-    let live: Vec<u64> = cluster.live();
-    wait_for(
+    let live: Vec<u64> = env.cluster.live();
+    let now = wait_for(
         "the second gang bound after the kill",
         Duration::from_secs(60),
-        &cluster,
-        || second.iter().all(|p| node_of(&api, p).is_some()),
+        &env,
+        |v| v.bound(&second),
     )
     .await;
     let all: Vec<String> = first.iter().chain(second.iter()).cloned().collect();
-    let devices = check_claims(&api, &all);
+    let devices = check_claims(&now, &env.api.audit(), &all);
     assert_eq!(devices.len(), 32, "32 distinct devices");
-    check_bound_once_where_committed(&api, &cluster, live[0], &all).await;
+    check_bound_once_where_committed(&env, live[0], &all).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devices() {
-    let (api, cluster, _dir) = start(2, 2, 0).await;
+    let env = start(2, 2, 0).await;
+    let api = &env.api;
 
     // A Koordinator gang (annotations only) and a scheduler-plugins PodGroup gang.
     let koord = json!({"gang.scheduling.koordinator.sh/name": "koord", "gang.scheduling.koordinator.sh/min-available": "2"});
     for name in ["koord-0", "koord-1"] {
         api.create(&PODS, cpu_pod(name, json!({}), koord.clone()))
+            .await
             .expect("pod");
     }
     api.create(
         &POD_GROUPS_SIGS,
         json!({"metadata": {"name": "plugins", "namespace": NS}, "spec": {"minMember": 2}}),
     )
+    .await
     .expect("pod group");
     for name in ["plugins-0", "plugins-1"] {
-        api.create(
-            &PODS,
-            cpu_pod(
-                name,
-                json!({"pod-group.scheduling.sigs.k8s.io": "plugins"}),
-                json!({}),
-            ),
-        )
-        .expect("pod");
+        let labels = json!({"pod-group.scheduling.sigs.k8s.io": "plugins"});
+        api.create(&PODS, cpu_pod(name, labels, json!({})))
+            .await
+            .expect("pod");
     }
     // Bad objects: an unparsable annotation, and a claim naming a missing DeviceClass.
     let bad = json!({"gang.scheduling.koordinator.sh/name": "bad", "gang.scheduling.koordinator.sh/min-available": "many"});
     api.create(&PODS, cpu_pod("bad-annotation", json!({}), bad))
+        .await
         .expect("pod");
     api.create(
         &RESOURCE_CLAIM_TEMPLATES,
         template("no-class", "tpu.example.com"),
     )
+    .await
     .expect("template");
     api.create(
         &PODS,
         gpu_pod("missing-class", json!({}), json!({}), "no-class"),
     )
+    .await
     .expect("pod");
 
     // A gang no node can hold (100 CPUs a pod) with a 2 s waiting time: timed out.
@@ -382,23 +463,21 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
                          "gang.scheduling.koordinator.sh/waiting-time": "2s"});
     for name in ["too-big-0", "too-big-1"] {
         api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
+            .await
             .expect("pod");
     }
 
     let good = ["koord-0", "koord-1", "plugins-0", "plugins-1"];
-    wait_for(
-        "both gangs bound",
-        Duration::from_secs(60),
-        &cluster,
-        || good.iter().all(|p| node_of(&api, p).is_some()),
-    )
+    wait_for("both gangs bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&good)
+    })
     .await;
     wait_for(
         "FailedScheduling for the bad annotation",
         Duration::from_secs(30),
-        &cluster,
-        || {
-            events_for(&api, "bad-annotation", "FailedScheduling")
+        &env,
+        |v| {
+            v.events_for("bad-annotation", "FailedScheduling")
                 .iter()
                 .any(|m| m.contains("min-available"))
         },
@@ -407,26 +486,27 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
     wait_for(
         "FailedScheduling for the missing class",
         Duration::from_secs(30),
-        &cluster,
-        || {
-            events_for(&api, "missing-class", "FailedScheduling")
+        &env,
+        |v| {
+            v.events_for("missing-class", "FailedScheduling")
                 .iter()
                 .any(|m| m.contains("tpu.example.com"))
         },
     )
     .await;
     // The annotation is written first, then the event.
-    wait_for(
+    let now = wait_for(
         "the too-big gang marked timed out, and its pods told so",
         Duration::from_secs(30),
-        &cluster,
-        || {
+        &env,
+        |v| {
             ["too-big-0", "too-big-1"].iter().all(|p| {
-                let marked = api.get(&PODS, Some(NS), p).is_ok_and(|pod| {
+                let marked = v.pods.get(*p).is_some_and(|pod| {
                     pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/timeout"]
                         == "true"
                 });
-                let told = events_for(&api, p, "FailedScheduling")
+                let told = v
+                    .events_for(p, "FailedScheduling")
                     .iter()
                     .any(|m| m.contains("timed out"));
                 marked && told
@@ -434,30 +514,23 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         },
     )
     .await;
-    for p in ["too-big-0", "too-big-1"] {
-        assert_eq!(node_of(&api, p), None);
+    for p in ["too-big-0", "too-big-1", "bad-annotation", "missing-class"] {
+        assert_eq!(now.node_of(p), None, "{p} is not bound");
     }
-    assert_eq!(node_of(&api, "bad-annotation"), None);
-    assert_eq!(node_of(&api, "missing-class"), None);
     // The Scheduled event follows the binding.
-    wait_for(
-        "Scheduled events",
-        Duration::from_secs(10),
-        &cluster,
-        || {
-            good.iter()
-                .all(|p| !events_for(&api, p, "Scheduled").is_empty())
-        },
-    )
+    let now = wait_for("Scheduled events", Duration::from_secs(10), &env, |v| {
+        good.iter()
+            .all(|p| !v.events_for(p, "Scheduled").is_empty())
+    })
     .await;
     for p in good {
         assert_eq!(
-            events_for(&api, p, "Scheduled").len(),
+            now.events_for(p, "Scheduled").len(),
             1,
             "one Scheduled event for {p}"
         );
         assert!(
-            events_for(&api, p, "FailedScheduling").is_empty(),
+            now.events_for(p, "FailedScheduling").is_empty(),
             "{p} was not disturbed"
         );
     }
@@ -466,38 +539,28 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
     let singles: Vec<String> = (0..4).map(|i| format!("single-{i}")).collect();
     for name in &singles {
         api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .await
             .expect("pod");
     }
-    wait_for(
-        "four GPU pods bound",
-        Duration::from_secs(60),
-        &cluster,
-        || singles.iter().all(|p| node_of(&api, p).is_some()),
-    )
+    wait_for("four GPU pods bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&singles)
+    })
     .await;
     api.create(&PODS, gpu_pod("waiter", json!({}), json!({}), "one-gpu"))
+        .await
         .expect("pod");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        node_of(&api, "waiter"),
-        None,
-        "no free GPU for the fifth pod"
-    );
-    let freed_claim = api.get(&PODS, Some(NS), "single-2").expect("pod")["status"]
-        ["resourceClaimStatuses"][0]["resourceClaimName"]
-        .as_str()
-        .map(String::from)
-        .expect("claim");
-    let freed = api
-        .get(&RESOURCE_CLAIMS, Some(NS), &freed_claim)
-        .expect("claim")["status"]["allocation"]["devices"]["results"][0]
-        .clone();
-    api.delete(&PODS, Some(NS), "single-2").expect("delete");
-    wait_for(
+    let now = view(api).await;
+    assert_eq!(now.node_of("waiter"), None, "no free GPU for the fifth pod");
+    let freed = now.device_of("single-2").expect("single-2 has a device");
+    api.delete(&PODS, Some(NS), "single-2")
+        .await
+        .expect("delete");
+    let now = wait_for(
         "the waiter bound after the deletion",
         Duration::from_secs(30),
-        &cluster,
-        || node_of(&api, "waiter").is_some(),
+        &env,
+        |v| v.node_of("waiter").is_some(),
     )
     .await;
     let mut all: Vec<String> = singles
@@ -506,19 +569,10 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         .cloned()
         .collect();
     all.push("waiter".into());
-    check_claims(&api, &all);
-    let waiter_claim = api.get(&PODS, Some(NS), "waiter").expect("pod")["status"]
-        ["resourceClaimStatuses"][0]["resourceClaimName"]
-        .as_str()
-        .map(String::from)
-        .expect("claim");
-    let taken = api
-        .get(&RESOURCE_CLAIMS, Some(NS), &waiter_claim)
-        .expect("claim")["status"]["allocation"]["devices"]["results"][0]
-        .clone();
+    check_claims(&now, &api.audit(), &all);
     assert_eq!(
-        (&taken["pool"], &taken["device"]),
-        (&freed["pool"], &freed["device"]),
+        now.device_of("waiter"),
+        Some(freed),
         "the waiter took the freed GPU"
     );
 }
@@ -533,24 +587,10 @@ fn pod_with_cpu(name: &str, cpu: &str, annotations: Value) -> Value {
     })
 }
 
-/// The device (node pool, device name) the pod's first claim was allocated.
-fn device_of(api: &ApiServerDouble, pod: &str) -> Option<(String, String)> {
-    let claim = api.get(&PODS, Some(NS), pod).ok()?["status"]["resourceClaimStatuses"][0]
-        ["resourceClaimName"]
-        .as_str()
-        .map(String::from)?;
-    let result = api.get(&RESOURCE_CLAIMS, Some(NS), &claim).ok()?["status"]["allocation"]
-        ["devices"]["results"][0]
-        .clone();
-    Some((
-        result["pool"].as_str()?.to_string(),
-        result["device"].as_str()?.to_string(),
-    ))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again() {
-    let (api, cluster, _dir) = start(2, 2, 0).await;
+async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
+    let env = start(2, 2, 0).await;
+    let api = &env.api;
 
     // A pod another scheduler bound to node-000: 62 of its 64 CPUs and, through a claim
     // it allocated, node-000/gpu-0.
@@ -561,6 +601,7 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
             {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
         ]}}}
     }))
+    .await
     .expect("claim");
     api.create(&PODS, json!({
         "metadata": {"name": "foreign", "namespace": "infra"},
@@ -572,23 +613,22 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
         },
         "status": {"phase": "Running"}
     }))
+    .await
     .expect("foreign pod");
 
     // Three GPU pods take the three GPUs the foreign pod leaves.
     let gpu_pods: Vec<String> = (0..3).map(|i| format!("g-{i}")).collect();
     for name in &gpu_pods {
         api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .await
             .expect("pod");
     }
-    wait_for(
-        "three GPU pods bound",
-        Duration::from_secs(60),
-        &cluster,
-        || gpu_pods.iter().all(|p| node_of(&api, p).is_some()),
-    )
+    let now = wait_for("three GPU pods bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&gpu_pods) && gpu_pods.iter().all(|p| v.device_of(p).is_some())
+    })
     .await;
     let taken: BTreeSet<(String, String)> =
-        gpu_pods.iter().filter_map(|p| device_of(&api, p)).collect();
+        gpu_pods.iter().filter_map(|p| now.device_of(p)).collect();
     assert_eq!(taken.len(), 3, "three distinct devices: {taken:?}");
     assert!(
         !taken.contains(&("node-000".into(), "gpu-0".into())),
@@ -598,41 +638,42 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
     // 40 CPUs fit node-001 once; node-000 has 1 CPU left beside the foreign pod.
     for name in ["big-0", "big-1"] {
         api.create(&PODS, pod_with_cpu(name, "40", json!({})))
+            .await
             .expect("pod");
     }
-    wait_for(
-        "one big pod bound",
-        Duration::from_secs(30),
-        &cluster,
-        || node_of(&api, "big-0").is_some() || node_of(&api, "big-1").is_some(),
-    )
+    wait_for("one big pod bound", Duration::from_secs(30), &env, |v| {
+        v.node_of("big-0").is_some() || v.node_of("big-1").is_some()
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = view(api).await;
     let bound: Vec<String> = ["big-0", "big-1"]
         .iter()
-        .filter_map(|p| node_of(&api, p))
+        .filter_map(|p| now.node_of(p))
         .collect();
     assert_eq!(
         bound,
         vec!["node-001".to_string()],
         "the foreign pod's CPUs count"
     );
-    api.delete(&PODS, Some("infra"), "foreign").expect("delete");
+    api.delete(&PODS, Some("infra"), "foreign")
+        .await
+        .expect("delete");
     wait_for(
         "the second big pod bound once the foreign pod is gone",
         Duration::from_secs(30),
-        &cluster,
-        || node_of(&api, "big-0").is_some() && node_of(&api, "big-1").is_some(),
+        &env,
+        |v| v.bound(&["big-0", "big-1"]),
     )
     .await;
 
     // A NoExecute taint on the device of one GPU pod (a new slice generation): evicted.
     let victim = gpu_pods
         .iter()
-        .find(|p| device_of(&api, p).is_some_and(|(pool, _)| pool == "node-001"))
+        .find(|p| now.device_of(p).is_some_and(|(pool, _)| pool == "node-001"))
         .cloned()
         .expect("a GPU pod on node-001");
-    let (_, device) = device_of(&api, &victim).expect("device");
+    let (_, device) = now.device_of(&victim).expect("device");
     api.update(&RESOURCE_SLICES, None, "node-001-gpus", |slice| {
         slice["spec"]["pool"]["generation"] = json!(2);
         if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
@@ -640,118 +681,41 @@ async fn foreign_pods_count_bad_devices_evict_and_broken_strict_gangs_wait_again
                 d["taints"] = json!([{"key": "example.com/ecc", "value": "uncorrectable", "effect": "NoExecute"}]);
             }
         }
-        Ok(())
     })
+    .await
     .expect("taint");
-    wait_for(
-        "the pod on the tainted device deleted",
+    // The condition is written first, then the delete (graceful: the pod stays,
+    // terminating, until a kubelet would finish it), then the event.
+    let now = wait_for(
+        "the pod on the tainted device deleted, and a Warning event naming the taint",
         Duration::from_secs(30),
-        &cluster,
-        || api.get(&PODS, Some(NS), &victim).is_err(),
-    )
-    .await;
-    let deleted = api
-        .deleted()
-        .into_iter()
-        .find(|p| p["metadata"]["name"] == victim.as_str())
-        .expect("deleted over the API");
-    let condition = deleted["status"]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionTarget").cloned())
-        .expect("DisruptionTarget condition");
-    assert_eq!(condition["status"], "True");
-    assert_eq!(condition["reason"], "DeletionByDeviceTaintManager");
-    // The event is written after the delete.
-    wait_for(
-        "a Warning event naming the taint",
-        Duration::from_secs(10),
-        &cluster,
-        || {
-            events_for(&api, &victim, "DeviceEviction")
-                .iter()
-                .any(|m| m.contains("example.com/ecc"))
-        },
-    )
-    .await;
-    for other in gpu_pods.iter().filter(|p| **p != victim) {
-        assert!(node_of(&api, other).is_some(), "{other} was not evicted");
-    }
-
-    // A Strict gang placed while bindings fail loses a pod before any binding: its
-    // placement is released whole, and it binds once a third pod arrives.
-    api.set_bindings_unavailable(true);
-    let strict = json!({
-        "gang.scheduling.koordinator.sh/name": "strict",
-        "gang.scheduling.koordinator.sh/min-available": "3",
-        "gang.scheduling.koordinator.sh/mode": "Strict",
-    });
-    for name in ["strict-0", "strict-1", "strict-2"] {
-        api.create(&PODS, pod_with_cpu(name, "1", strict.clone()))
-            .expect("pod");
-    }
-    let client = support::client(&cluster, cluster.live()[0]).await;
-    let start_wait = Instant::now();
-    loop {
-        let groups = client.list_groups(false).await.unwrap_or_default();
-        let placed = groups
-            .iter()
-            .any(|g| g.gangs.iter().any(|n| n == &format!("{NS}/strict")) && g.state == "Placed");
-        if placed {
-            break;
-        }
-        assert!(
-            start_wait.elapsed() < Duration::from_secs(30),
-            "the Strict gang was never placed: {groups:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        ["strict-0", "strict-1", "strict-2"]
-            .iter()
-            .all(|p| node_of(&api, p).is_none()),
-        "bindings are failing, so none is bound"
-    );
-    api.delete(&PODS, Some(NS), "strict-2").expect("delete");
-    wait_for(
-        "the broken Strict gang reported",
-        Duration::from_secs(30),
-        &cluster,
-        || {
-            ["strict-0", "strict-1"].iter().all(|p| {
-                events_for(&api, p, "FailedScheduling")
+        &env,
+        |v| {
+            v.going(&victim)
+                && v.events_for(&victim, "DeviceEviction")
                     .iter()
-                    .any(|m| m.contains("lost a pod before binding"))
-            })
+                    .any(|m| m.contains("example.com/ecc"))
         },
     )
     .await;
-    api.set_bindings_unavailable(false);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    for p in ["strict-0", "strict-1"] {
-        assert_eq!(
-            node_of(&api, p),
-            None,
-            "two of three do not bind ({p}); bindings: {:?}\n{}",
-            api.bindings(),
-            (1..=3)
-                .map(|id| tail(&cluster.log(id)))
-                .collect::<Vec<_>>()
-                .join("\n---\n")
+    let deleted = api.audit().iter().any(|e| {
+        e.resource == "pods" && e.subresource.is_empty() && e.verb == "delete" && e.name == victim
+    });
+    assert!(deleted, "{victim} deleted over the API");
+    if let Some(pod) = now.pods.get(&victim) {
+        let condition = pod["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionTarget").cloned())
+            .expect("DisruptionTarget condition");
+        assert_eq!(condition["status"], "True");
+        assert_eq!(condition["reason"], "DeletionByDeviceTaintManager");
+    }
+    for other in gpu_pods.iter().filter(|p| **p != victim) {
+        assert!(
+            now.node_of(other).is_some() && !now.going(other),
+            "{other} was not evicted"
         );
     }
-    api.create(&PODS, pod_with_cpu("strict-3", "1", strict.clone()))
-        .expect("pod");
-    wait_for(
-        "the Strict gang bound with its new pod",
-        Duration::from_secs(30),
-        &cluster,
-        || {
-            ["strict-0", "strict-1", "strict-3"]
-                .iter()
-                .all(|p| node_of(&api, p).is_some())
-        },
-    )
-    .await;
 }
 
 /// The metric names docs/METRICS.md lists (first column of its table).
@@ -786,24 +750,24 @@ async fn scrape(cluster: &Cluster) -> (BTreeSet<String>, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_in_the_catalogue_is_served_after_a_short_workload() {
-    let (api, cluster, _dir) = start(4, 2, 0).await;
+    let env = start(4, 2, 0).await;
+    let (api, cluster) = (&env.api, &env.cluster);
     // Four pods of 60 CPUs: one per node, so the gang spans both shards (2PC with a decide).
     let wide = json!({"gang.scheduling.koordinator.sh/name": "wide",
                       "gang.scheduling.koordinator.sh/min-available": "4"});
     let mut pods: Vec<String> = (0..4).map(|i| format!("wide-{i}")).collect();
     for name in &pods {
         api.create(&PODS, pod_with_cpu(name, "60", wide.clone()))
+            .await
             .expect("pod");
     }
     api.create(&PODS, gpu_pod("gpu-user", json!({}), json!({}), "one-gpu"))
+        .await
         .expect("pod");
     pods.push("gpu-user".into());
-    wait_for(
-        "the workload bound",
-        Duration::from_secs(60),
-        &cluster,
-        || pods.iter().all(|p| node_of(&api, p).is_some()),
-    )
+    wait_for("the workload bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&pods)
+    })
     .await;
 
     let documented = catalogue();
@@ -814,7 +778,7 @@ async fn every_metric_in_the_catalogue_is_served_after_a_short_workload() {
     let start_wait = Instant::now();
     loop {
         // The sampler sets its gauges once a second.
-        let (served, text) = scrape(&cluster).await;
+        let (served, text) = scrape(cluster).await;
         let missing: Vec<&String> = documented.difference(&served).collect();
         let undocumented: Vec<&String> = served
             .iter()
