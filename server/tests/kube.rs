@@ -89,6 +89,17 @@ struct Env {
 }
 
 async fn start(nodes: usize, gpus: usize, bind_qps: u32) -> Env {
+    start_with(nodes, gpus, bind_qps, Crds::Installed).await
+}
+
+/// Whether the PodGroup CRDs are installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Crds {
+    Installed,
+    Missing,
+}
+
+async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, crds: Crds) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let api = ControlPlane::start(Options::default())
         .await
@@ -100,7 +111,9 @@ async fn start(nodes: usize, gpus: usize, bind_qps: u32) -> Env {
     for ns in [NS, "infra"] {
         api.ensure_namespace(ns).await.expect("namespace");
     }
-    api.install_pod_group_crds().await.expect("PodGroup CRDs");
+    if crds == Crds::Installed {
+        api.install_pod_group_crds().await.expect("PodGroup CRDs");
+    }
     api.create(&DEVICE_CLASSES, json!({
         "metadata": {"name": DRIVER},
         "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
@@ -413,6 +426,126 @@ async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies
     let devices = check_claims(&now, &env.api.audit(), &all);
     assert_eq!(devices.len(), 32, "32 distinct devices");
     check_bound_once_where_committed(&env, live[0], &all).await;
+    // One Scheduled event per pod, the new leader's retries included.
+    let now = wait_for("Scheduled events", Duration::from_secs(10), &env, |v| {
+        all.iter().all(|p| !v.events_for(p, "Scheduled").is_empty())
+    })
+    .await;
+    for p in &all {
+        assert_eq!(
+            now.events_for(p, "Scheduled").len(),
+            1,
+            "Scheduled events of {p}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_is_classified_as_the_real_server_answers_it() {
+    use gangway_server::kube::api::{bind, BindOutcome};
+    use gangway_server::kube::objects::PodRef;
+    let _serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let api = ControlPlane::start(Options {
+        controllers: Vec::new(),
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    api.ensure_namespace(NS).await.expect("namespace");
+    for name in ["node-000", "node-001"] {
+        api.create(&NODES, node(name)).await.expect("node");
+    }
+    let created = api
+        .create(&PODS, cpu_pod("p", json!({}), json!({})))
+        .await
+        .expect("pod");
+    let uid = created["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    let pod = PodRef {
+        namespace: NS.into(),
+        name: "p".into(),
+        uid: uid.clone(),
+    };
+    let client = api.client();
+    assert_eq!(
+        bind(&client, &pod, "node-000").await.expect("bind"),
+        BindOutcome::Bound
+    );
+    assert_eq!(
+        bind(&client, &pod, "node-000").await.expect("bind again"),
+        BindOutcome::AlreadyBound,
+        "a 409 for the same node is an earlier success"
+    );
+    assert_eq!(
+        bind(&client, &pod, "node-001")
+            .await
+            .expect("bind elsewhere"),
+        BindOutcome::BoundElsewhere("node-000".into())
+    );
+    let stale = PodRef {
+        uid: "00000000-0000-0000-0000-000000000000".into(),
+        ..pod.clone()
+    };
+    assert_eq!(
+        bind(&client, &stale, "node-000")
+            .await
+            .expect("bind a replaced pod"),
+        BindOutcome::PodGone,
+        "another pod under the same name"
+    );
+    let missing = PodRef {
+        name: "never-made".into(),
+        ..pod
+    };
+    assert_eq!(
+        bind(&client, &missing, "node-000")
+            .await
+            .expect("bind a missing pod"),
+        BindOutcome::PodGone
+    );
+    assert_eq!(
+        api.bindings().len(),
+        1,
+        "one binding reached the server: {:?}",
+        api.bindings()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_pod_group_crd_is_reported_once_and_scheduling_goes_on() {
+    let env = start_with(2, 2, 0, Crds::Missing).await;
+    let koord = json!({"gang.scheduling.koordinator.sh/name": "k", "gang.scheduling.koordinator.sh/min-available": "2"});
+    let pods = ["k-0", "k-1"];
+    for name in pods {
+        env.api
+            .create(&PODS, cpu_pod(name, json!({}), koord.clone()))
+            .await
+            .expect("pod");
+    }
+    wait_for(
+        "a Koordinator gang bound without PodGroup CRDs",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&pods),
+    )
+    .await;
+    // Watch retries back off; each replica says so once per kind, not once per retry.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    for id in 1..=3 {
+        let log = env.cluster.log(id);
+        let warnings: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("podgroups"))
+            .collect();
+        assert!(
+            warnings.len() <= 2,
+            "replica {id} logged {} warnings about the missing PodGroup kinds:\n{}",
+            warnings.len(),
+            warnings.join("\n")
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,8 +98,11 @@ const MERGE: &str = "application/merge-patch+json";
 /// What a binding call found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindOutcome {
-    /// The pod is bound to the node (now, or already before).
+    /// This call bound the pod to the node.
     Bound,
+    /// The pod was bound to the node before (an earlier call, perhaps by an earlier
+    /// leader, whose success was not recorded): nothing to announce again.
+    AlreadyBound,
     /// The pod is gone or is another pod under the same name.
     PodGone,
     /// The pod is bound to another node (someone else bound it).
@@ -107,7 +110,7 @@ pub enum BindOutcome {
 }
 
 /// Binds `pod` to `node` with the pod's uid as precondition; a 409 that shows the
-/// pod already on `node` is success.
+/// pod already on `node` is success ([`BindOutcome::AlreadyBound`]).
 pub async fn bind(
     client: &kube::Client,
     pod: &PodRef,
@@ -134,7 +137,7 @@ pub async fn bind(
                     BindOutcome::PodGone
                 }
                 Some(p) => match p["spec"]["nodeName"].as_str() {
-                    Some(n) if n == node => BindOutcome::Bound,
+                    Some(n) if n == node => BindOutcome::AlreadyBound,
                     Some(n) if !n.is_empty() => BindOutcome::BoundElsewhere(n.to_string()),
                     _ => return Err(e),
                 },

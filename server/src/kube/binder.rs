@@ -80,6 +80,8 @@ struct Ctx {
     opts: KubeOptions,
     pacer: Pacer,
     slots: Semaphore,
+    /// Pods found bound elsewhere, with the node: reported once each.
+    conflicts: std::sync::Mutex<HashMap<PodRef, String>>,
 }
 
 /// Runs the binder until `stop` fires.
@@ -96,6 +98,7 @@ pub async fn run(
         cache,
         pacer: Pacer::new(opts.bind_qps),
         slots: Semaphore::new(opts.bind_concurrency.max(1)),
+        conflicts: std::sync::Mutex::new(HashMap::new()),
         opts,
     });
     let (tx, mut rx) = mpsc::channel::<Done>(BIND_RESULTS_QUEUED_MAX);
@@ -276,9 +279,11 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
     ctx.pacer.wait().await;
     match api::bind(&ctx.client, &pod, &m.node).await? {
         BindOutcome::Bound => ctx.opts.failpoints.hit(failpoints::BINDER_AFTER_BIND),
+        // Bound before (and announced then): a retry's success says nothing new.
+        BindOutcome::AlreadyBound => return Ok(true),
         BindOutcome::PodGone => return Ok(false),
         BindOutcome::BoundElsewhere(other) => {
-            tracing::error!(pod = %pod, ledger = %m.node, api = %other, "pod bound to another node by someone else");
+            report_conflict_once(ctx, &pod, &m.node, &other);
             return Ok(false);
         }
     }
@@ -298,6 +303,17 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
         tracing::debug!(pod = %pod, error = %e, "Scheduled event not recorded");
     }
     Ok(true)
+}
+
+/// Logs a pod bound to another node than the ledger's, once per pod and node (the
+/// binder looks again every `BIND_RETRY_MS` until the ingest loop releases it).
+fn report_conflict_once(ctx: &Ctx, pod: &PodRef, ledger: &str, api: &str) {
+    let mut seen = ctx.conflicts.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.get(pod).map(String::as_str) == Some(api) {
+        return;
+    }
+    seen.insert(pod.clone(), api.to_string());
+    tracing::error!(pod = %pod, ledger = %ledger, api = %api, "pod bound to another node by someone else");
 }
 
 /// The ResourceClaim object behind pod claim `claim`.

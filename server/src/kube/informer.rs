@@ -11,7 +11,6 @@ use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -182,7 +181,24 @@ impl Cache {
     }
 }
 
-/// Watches one kind into `cache` until `stop` fires.
+/// First wait after a failed watch or list, in ms.
+pub const WATCH_RETRY_FIRST_MS: u64 = 500;
+/// Longest wait between retries, in ms (a missing CRD is asked for this often).
+pub const WATCH_RETRY_MAX_MS: u64 = 30_000;
+
+/// The wait after the `failures`-th failure in a row: doubling from
+/// `WATCH_RETRY_FIRST_MS` up to `WATCH_RETRY_MAX_MS`.
+pub fn retry_delay_ms(failures: u32) -> u64 {
+    let doublings = failures.saturating_sub(1).min(16);
+    WATCH_RETRY_FIRST_MS
+        .saturating_mul(1 << doublings)
+        .min(WATCH_RETRY_MAX_MS)
+}
+
+/// Watches one kind into `cache` until `stop` fires. A failure backs off
+/// ([`retry_delay_ms`]) and is logged once per outage: the watcher announces every
+/// re-list (`Event::Init`) before it fails again, so only a real answer (objects or
+/// the end of a list) ends an outage.
 pub async fn run(
     client: kube::Client,
     slot: Slot,
@@ -191,27 +207,55 @@ pub async fn run(
 ) {
     let resource = slot.resource();
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     let mut buffer: Option<Objects> = None;
-    let mut failures: u64 = 0;
+    let mut failures: u32 = 0;
     loop {
-        tokio::select! {
+        let next = tokio::select! {
             _ = stop.changed() => return,
-            next = stream.next() => match next {
-                Some(Ok(event)) => {
-                    failures = 0;
-                    cache.apply(slot, event, &mut buffer);
-                }
-                Some(Err(e)) => {
-                    failures += 1;
-                    // One line per outage, not one per retry.
-                    if failures == 1 {
-                        tracing::warn!(kind = %resource.plural, group = %resource.group, error = %e, "watch failed; retrying with backoff");
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(event)) => {
+                if !matches!(event, Event::Init) {
+                    if failures > 0 {
+                        tracing::info!(kind = %resource.plural, group = %resource.group, failures, "watch recovered");
                     }
+                    failures = 0;
                 }
-                None => return,
+                cache.apply(slot, event, &mut buffer);
             }
+            Some(Err(e)) => {
+                failures = failures.saturating_add(1);
+                let delay_ms = retry_delay_ms(failures);
+                if failures == 1 {
+                    tracing::warn!(kind = %resource.plural, group = %resource.group, error = %e, "watch failed; retrying with backoff (logged once until it recovers)");
+                } else {
+                    tracing::debug!(kind = %resource.plural, group = %resource.group, error = %e, failures, delay_ms, "watch failed again");
+                }
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(delay_ms)) => {}
+                }
+            }
+            None => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_doubling_to_the_cap() {
+        let delays: Vec<u64> = (1..=9).map(retry_delay_ms).collect();
+        assert_eq!(
+            delays,
+            vec![500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000]
+        );
+        assert_eq!(retry_delay_ms(u32::MAX), WATCH_RETRY_MAX_MS);
+        assert_eq!(retry_delay_ms(0), WATCH_RETRY_FIRST_MS);
     }
 }
