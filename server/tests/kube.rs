@@ -89,30 +89,93 @@ struct Env {
 }
 
 async fn start(nodes: usize, gpus: usize, bind_qps: u32) -> Env {
-    start_with(nodes, gpus, bind_qps, Crds::Installed).await
+    start_with(nodes, gpus, bind_qps, Setup::Admin).await
 }
 
-/// Whether the PodGroup CRDs are installed.
+/// Who gangway runs as, and which PodGroup CRDs exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Crds {
-    Installed,
-    Missing,
+enum Setup {
+    /// An admin identity; both PodGroup CRDs (the harness's).
+    Admin,
+    /// An admin identity; no PodGroup CRD.
+    AdminWithoutCrds,
+    /// The chart's ServiceAccount with the chart's ClusterRole and binding, and the
+    /// chart's PodGroup CRD (scheduling.x-k8s.io only).
+    Chart,
 }
 
-async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, crds: Crds) -> Env {
-    let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let api = ControlPlane::start(Options::default())
+/// The chart's ServiceAccount (namespace, name) in these tests.
+const CHART_SA: (&str, &str) = ("gangway", "gangway");
+
+/// A chart template as an object: the lines holding template actions dropped (the
+/// chart's ClusterRole rules and CRD schema are plain YAML), names set by the caller.
+fn chart_object(template: &str) -> Value {
+    let path = format!(
+        "{}/../helm/gangway/templates/{template}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let plain: String = text
+        .lines()
+        .filter(|l| !l.contains("{{"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    serde_saphyr::from_str(&plain).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Applies the chart's PodGroup CRD, ClusterRole and ClusterRoleBinding.
+async fn apply_chart(api: &ControlPlane) {
+    api.install_crd(chart_object("podgroup-crd.yaml"))
         .await
-        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+        .expect("the chart's CRD is accepted");
+    let mut role = chart_object("clusterrole.yaml");
+    role["metadata"] = json!({"name": "gangway"});
+    api.call(
+        http::Method::POST,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "application/json",
+        Some(&role),
+    )
+    .await
+    .expect("the chart's ClusterRole is accepted");
+    let mut binding = chart_object("clusterrolebinding.yaml");
+    binding["metadata"] = json!({"name": "gangway"});
+    binding["roleRef"]["name"] = json!("gangway");
+    binding["subjects"] =
+        json!([{"kind": "ServiceAccount", "name": CHART_SA.1, "namespace": CHART_SA.0}]);
+    api.call(
+        http::Method::POST,
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "application/json",
+        Some(&binding),
+    )
+    .await
+    .expect("the chart's ClusterRoleBinding is accepted");
+}
+
+async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, setup: Setup) -> Env {
+    let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
+    let api = ControlPlane::start(Options {
+        identities: vec![sa.clone()],
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("control plane starts: {e}"));
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, gangway_kube_env::ADMIN_USER)
-        .expect("kubeconfig");
-    for ns in [NS, "infra"] {
+    let user = match setup {
+        Setup::Chart => sa.user.as_str(),
+        Setup::Admin | Setup::AdminWithoutCrds => gangway_kube_env::ADMIN_USER,
+    };
+    api.write_kubeconfig(&kubeconfig, user).expect("kubeconfig");
+    for ns in [NS, "infra", CHART_SA.0] {
         api.ensure_namespace(ns).await.expect("namespace");
     }
-    if crds == Crds::Installed {
-        api.install_pod_group_crds().await.expect("PodGroup CRDs");
+    match setup {
+        Setup::Admin => api.install_pod_group_crds().await.expect("PodGroup CRDs"),
+        Setup::AdminWithoutCrds => {}
+        Setup::Chart => apply_chart(&api).await,
     }
     api.create(&DEVICE_CLASSES, json!({
         "metadata": {"name": DRIVER},
@@ -515,7 +578,7 @@ async fn a_binding_is_classified_as_the_real_server_answers_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_pod_group_crd_is_reported_once_and_scheduling_goes_on() {
-    let env = start_with(2, 2, 0, Crds::Missing).await;
+    let env = start_with(2, 2, 0, Setup::AdminWithoutCrds).await;
     let koord = json!({"gang.scheduling.koordinator.sh/name": "k", "gang.scheduling.koordinator.sh/min-available": "2"});
     let pods = ["k-0", "k-1"];
     for name in pods {
@@ -708,6 +771,107 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
         Some(freed),
         "the waiter took the freed GPU"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_crd_and_rbac_are_accepted_and_are_all_gangway_needs() {
+    let env = start_with(2, 4, 0, Setup::Chart).await;
+    let api = &env.api;
+    // A PodGroup DRA gang (claims, binding, PodGroup status, events), a gang that
+    // times out (pod annotation), and an eviction from a tainted device (pod status,
+    // delete): every write the adapter makes, as the chart's ServiceAccount.
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 4}}),
+    )
+    .await
+    .expect("pod group");
+    let gang: Vec<String> = (0..4).map(|i| format!("trainer-{i}")).collect();
+    for name in &gang {
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "trainer"});
+        api.create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
+            .await
+            .expect("pod");
+    }
+    let too_big = json!({"gang.scheduling.koordinator.sh/name": "too-big",
+                         "gang.scheduling.koordinator.sh/min-available": "2",
+                         "gang.scheduling.koordinator.sh/waiting-time": "2s"});
+    for name in ["too-big-0", "too-big-1"] {
+        api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
+            .await
+            .expect("pod");
+    }
+    let now = wait_for(
+        "the gang bound, its PodGroup Scheduled, the big gang timed out",
+        Duration::from_secs(60),
+        &env,
+        |v| {
+            let timed_out = ["too-big-0", "too-big-1"].iter().all(|p| {
+                v.pods.get(*p).is_some_and(|pod| {
+                    pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/timeout"]
+                        == "true"
+                })
+            });
+            v.bound(&gang)
+                && timed_out
+                && gang
+                    .iter()
+                    .all(|p| !v.events_for(p, "Scheduled").is_empty())
+                && v.pod_groups
+                    .get("trainer")
+                    .is_some_and(|g| g["status"]["phase"] == "Scheduled")
+        },
+    )
+    .await;
+    check_claims(&now, &api.audit(), &gang);
+    let victim = gang[0].clone();
+    let (pool, device) = now.device_of(&victim).expect("device");
+    api.update(&RESOURCE_SLICES, None, &format!("{pool}-gpus"), |slice| {
+        slice["spec"]["pool"]["generation"] = json!(2);
+        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+            for d in devices.iter_mut().filter(|d| d["name"] == device.as_str()) {
+                d["taints"] = json!([{"key": "example.com/ecc", "effect": "NoExecute"}]);
+            }
+        }
+    })
+    .await
+    .expect("taint");
+    wait_for(
+        "the pod on the tainted device evicted",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            v.going(&victim)
+                && v.pods.get(&victim).is_none_or(|p| {
+                    p["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["type"] == "DisruptionTarget"))
+                })
+        },
+    )
+    .await;
+    // Nothing the adapter asked for was refused.
+    let refused: Vec<AuditEntry> = api
+        .audit()
+        .into_iter()
+        .filter(|e| e.user.starts_with("system:serviceaccount:") && e.code == 403)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "writes refused to the chart's identity: {refused:#?}"
+    );
+    for id in 1..=3 {
+        let log = env.cluster.log(id);
+        let forbidden: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("403") || l.contains("forbidden"))
+            .collect();
+        assert!(
+            forbidden.is_empty(),
+            "replica {id} was refused something:\n{}",
+            forbidden.join("\n")
+        );
+    }
 }
 
 fn pod_with_cpu(name: &str, cpu: &str, annotations: Value) -> Value {
