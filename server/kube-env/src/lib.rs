@@ -328,6 +328,14 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
+    /// The process id of a running program of the control plane.
+    pub fn pid(&self, process: &str) -> Option<u32> {
+        self.processes
+            .iter()
+            .find(|p| p.name == process)
+            .map(|p| p.child.id())
+    }
+
     /// Every audited request so far.
     pub fn audit(&self) -> Vec<AuditEntry> {
         audit::read(&self.audit_log)
