@@ -112,7 +112,7 @@ pub fn apply_match_policies(
 }
 
 /// PodGroups by (namespace, name), from either API group.
-pub type PodGroupIndex = BTreeMap<(String, String), Value>;
+pub type PodGroupIndex = BTreeMap<(String, String), std::sync::Arc<Value>>;
 
 fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     pod["metadata"]["annotations"][key].as_str()
@@ -602,7 +602,7 @@ mod tests {
         ));
         let groups = PodGroupIndex::from([(
             ("ns".into(), "pg".into()),
-            json!({"spec": {"minMember": 3, "scheduleTimeoutSeconds": 60}}),
+            std::sync::Arc::new(json!({"spec": {"minMember": 3, "scheduleTimeoutSeconds": 60}})),
         )]);
         let Ok(Identity::Gang(params)) = identify(&p, &groups) else {
             panic!("gang")
@@ -614,7 +614,7 @@ mod tests {
     fn gangs_wait_for_min_member_then_submit_once_with_a_stable_key() {
         let groups = PodGroupIndex::from([(
             ("ns".into(), "pg".into()),
-            json!({"spec": {"minMember": 2}}),
+            std::sync::Arc::new(json!({"spec": {"minMember": 2}})),
         )]);
         let a = ready(
             &pod("a", json!({}), json!({LABEL_POD_GROUP: "pg"})),

@@ -4,7 +4,7 @@
 //! never see half a list. Every change bumps one revision that wakes the loops.
 //! Owned by `kube::run`; each watcher task stops with its shutdown signal.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -71,12 +71,35 @@ impl Slot {
 }
 
 /// Objects by (namespace, name); cluster-scoped objects have an empty namespace.
-pub type Objects = BTreeMap<(String, String), Value>;
+/// Shared, so a reader's copy of a whole kind costs a pointer per object.
+pub type Objects = BTreeMap<(String, String), Arc<Value>>;
+
+/// The (namespace, name) of an object.
+pub type Key = (String, String);
+
+/// Keys changed since a reader last asked ([`Cache::take_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// The kind was listed again (or never read): every object may have changed.
+    All,
+    /// These objects were added, changed or deleted.
+    Keys(BTreeSet<Key>),
+}
 
 #[derive(Default)]
 struct SlotState {
     objects: Objects,
     synced: bool,
+    /// Changed keys not yet taken; `None`: everything (a re-list, or not taken yet).
+    changed: Option<BTreeSet<Key>>,
+}
+
+impl SlotState {
+    fn mark(&mut self, key: Key) {
+        if let Some(changed) = self.changed.as_mut() {
+            changed.insert(key);
+        }
+    }
 }
 
 /// The informers' copies of the cluster's objects.
@@ -94,7 +117,7 @@ impl Default for Cache {
     }
 }
 
-fn key_of(object: &Value) -> Option<(String, String)> {
+fn key_of(object: &Value) -> Option<Key> {
     let meta = &object["metadata"];
     Some((
         meta["namespace"].as_str().unwrap_or("").to_string(),
@@ -113,10 +136,20 @@ impl Cache {
     }
 
     /// One object.
-    pub fn get(&self, slot: Slot, namespace: &str, name: &str) -> Option<Value> {
+    pub fn get(&self, slot: Slot, namespace: &str, name: &str) -> Option<Arc<Value>> {
         self.read(slot, |o| {
             o.get(&(namespace.to_string(), name.to_string())).cloned()
         })
+    }
+
+    /// The keys of `slot` changed since the last call (one reader: the ingest loop).
+    pub fn take_changes(&self, slot: Slot) -> Changes {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let state = slots.entry(slot).or_default();
+        match state.changed.replace(BTreeSet::new()) {
+            Some(keys) => Changes::Keys(keys),
+            None => Changes::All,
+        }
     }
 
     /// Whether every required kind has been listed once.
@@ -149,7 +182,7 @@ impl Cache {
             Event::InitApply(o) => {
                 if let (Some(buf), Some(v)) = (buffer.as_mut(), json(&o)) {
                     if let Some(k) = key_of(&v) {
-                        buf.insert(k, v);
+                        buf.insert(k, Arc::new(v));
                     }
                 }
             }
@@ -159,13 +192,15 @@ impl Cache {
                 self.edit(slot, |s| {
                     s.objects = listed;
                     s.synced = true;
+                    s.changed = None;
                 });
             }
             Event::Apply(o) => {
                 if let Some(v) = json(&o) {
                     if let Some(k) = key_of(&v) {
                         self.edit(slot, |s| {
-                            s.objects.insert(k, v);
+                            s.mark(k.clone());
+                            s.objects.insert(k, Arc::new(v));
                         });
                     }
                 }
@@ -173,6 +208,7 @@ impl Cache {
             Event::Delete(o) => {
                 if let Some(k) = json(&o).as_ref().and_then(key_of) {
                     self.edit(slot, |s| {
+                        s.mark(k.clone());
                         s.objects.remove(&k);
                     });
                 }
@@ -247,6 +283,36 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(name: &str) -> DynamicObject {
+        let resource = Slot::Nodes.resource();
+        DynamicObject::new(name, &resource)
+    }
+
+    #[test]
+    fn changes_are_everything_after_a_list_then_the_keys_touched() {
+        let cache = Cache::default();
+        let mut buffer = None;
+        assert_eq!(cache.take_changes(Slot::Nodes), Changes::All, "never read");
+        cache.apply(Slot::Nodes, Event::Init, &mut buffer);
+        cache.apply(Slot::Nodes, Event::InitApply(node("a")), &mut buffer);
+        cache.apply(Slot::Nodes, Event::InitDone, &mut buffer);
+        assert_eq!(cache.take_changes(Slot::Nodes), Changes::All, "listed");
+        assert_eq!(
+            cache.take_changes(Slot::Nodes),
+            Changes::Keys(BTreeSet::new())
+        );
+        cache.apply(Slot::Nodes, Event::Apply(node("b")), &mut buffer);
+        cache.apply(Slot::Nodes, Event::Delete(node("a")), &mut buffer);
+        let touched: BTreeSet<Key> = [("".into(), "a".into()), ("".into(), "b".into())].into();
+        assert_eq!(cache.take_changes(Slot::Nodes), Changes::Keys(touched));
+        assert!(cache.get(Slot::Nodes, "", "a").is_none());
+        assert!(cache.get(Slot::Nodes, "", "b").is_some());
+        // A re-list (after a 410, say) may have missed deletions: everything again.
+        cache.apply(Slot::Nodes, Event::Init, &mut buffer);
+        cache.apply(Slot::Nodes, Event::InitDone, &mut buffer);
+        assert_eq!(cache.take_changes(Slot::Nodes), Changes::All);
+    }
 
     #[test]
     fn retries_back_off_doubling_to_the_cap() {

@@ -15,7 +15,7 @@
 //! uids, so a new leader that rebuilds its memory from the meta log re-proposes
 //! nothing new; an event is written once per pod and reason. Owned by `kube::run`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
 };
-use crate::kube::informer::{Cache, Slot};
+use crate::kube::informer::{Cache, Changes, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
@@ -38,8 +38,9 @@ use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_M
 use crate::model::{DeviceClass, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
-/// Longest gap between passes, in ms (a pass also starts when an object changes).
-pub const INGEST_PASS_MS: u64 = 200;
+/// Longest gap between passes, in ms, when neither the informers nor the meta group
+/// change (a pass starts at once when either does).
+pub const INGEST_IDLE_PASS_MS: u64 = 2_000;
 /// Shortest gap between passes, in ms (bounds the work under a stream of changes).
 pub const INGEST_GAP_MS: u64 = 20;
 /// Submissions per meta entry.
@@ -71,6 +72,10 @@ struct Memory {
     timed_out: HashSet<String>,
     /// PodGroup (slot, namespace, name) → the status last written.
     pod_group_status: HashMap<(Slot, String, String), Value>,
+    /// Look at every node next pass (set when leadership starts).
+    resync_nodes: bool,
+    /// Nodes whose registration or removal failed: looked at again next pass.
+    nodes_retry: BTreeSet<String>,
 }
 
 /// The ingest loop's dependencies.
@@ -105,19 +110,29 @@ impl Ingest {
         }
     }
 
-    /// Runs passes until `stop` fires.
+    /// Runs passes until `stop` fires: when an informer's copy changes, when the meta
+    /// group applies entries (placements, timeouts), and at least every
+    /// `INGEST_IDLE_PASS_MS`; never closer than the last pass took (so the loop spends
+    /// at most half a core however fast changes come) nor than `INGEST_GAP_MS`.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut changes = self.cache.subscribe();
+        let mut meta = self.groups.host().changes(0).ok();
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
                 _ = changes.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(INGEST_PASS_MS)) => {}
+                _ = meta_applied(&mut meta) => {}
+                _ = tokio::time::sleep(Duration::from_millis(INGEST_IDLE_PASS_MS)) => {}
             }
+            let started = std::time::Instant::now();
             if let Err(e) = self.pass().await {
                 tracing::warn!(error = %e, "kube ingest pass failed; retrying");
             }
-            tokio::time::sleep(Duration::from_millis(INGEST_GAP_MS)).await;
+            let gap = started.elapsed().max(Duration::from_millis(INGEST_GAP_MS));
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(gap) => {}
+            }
         }
     }
 
@@ -146,7 +161,7 @@ impl Ingest {
             Err(e) => return Err(e.to_string()),
         };
         // One copy of the pods per pass, shared by every step that scans them.
-        let pods: Vec<Value> = self
+        let pods: Vec<Arc<Value>> = self
             .cache
             .read(Slot::Pods, |o| o.values().cloned().collect());
         self.forget_finished(&summaries, &pods);
@@ -171,6 +186,7 @@ impl Ingest {
         };
         let mut memory = Memory {
             leading: true,
+            resync_nodes: true,
             ..Memory::default()
         };
         for r in records {
@@ -212,11 +228,40 @@ impl Ingest {
         Ok(())
     }
 
+    /// The nodes to look at this pass: every node after a re-list or on the first pass
+    /// as leader, else the ones whose objects changed (and those a failed write left).
+    fn nodes_to_sync(&mut self) -> Vec<(String, Option<Arc<Value>>)> {
+        let changes = self.cache.take_changes(Slot::Nodes);
+        let everything = std::mem::take(&mut self.memory.resync_nodes);
+        let mut names: BTreeSet<String> = std::mem::take(&mut self.memory.nodes_retry);
+        match changes {
+            Changes::Keys(keys) if !everything => names.extend(keys.into_iter().map(|(_, n)| n)),
+            _ => {
+                names.extend(self.cache.read(Slot::Nodes, |o| {
+                    o.keys().map(|(_, n)| n.clone()).collect::<Vec<_>>()
+                }));
+                names.extend(self.memory.nodes.keys().cloned());
+            }
+        }
+        names
+            .into_iter()
+            .map(|name| {
+                let object = self.cache.get(Slot::Nodes, "", &name);
+                (name, object)
+            })
+            .collect()
+    }
+
     async fn sync_nodes(&mut self) {
-        let mut seen = HashSet::new();
         let mut changed = Vec::new();
-        for (name, object) in self.named(Slot::Nodes) {
-            seen.insert(name.clone());
+        let mut gone = Vec::new();
+        for (name, object) in self.nodes_to_sync() {
+            let Some(object) = object else {
+                if self.memory.nodes.contains_key(&name) {
+                    gone.push(name);
+                }
+                continue;
+            };
             match objects::node(&object) {
                 Ok(node) if self.memory.nodes.get(&name) != Some(&node) => changed.push(node),
                 Ok(_) => {}
@@ -229,17 +274,14 @@ impl Ingest {
         for chunk in changed.chunks(REGISTER_BATCH_MAX) {
             if let Err(e) = self.register_nodes(chunk).await {
                 tracing::warn!(error = %e, "registering nodes failed; retrying next pass");
+                self.memory
+                    .nodes_retry
+                    .extend(chunk.iter().map(|n| n.name.clone()));
             }
         }
-        let gone: Vec<String> = self
-            .memory
-            .nodes
-            .keys()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
-            .collect();
         for name in gone {
             let Ok(Some(shard)) = shard_of(&self.groups, &name).await else {
+                self.memory.nodes_retry.insert(name);
                 continue;
             };
             match apply_op(
@@ -254,16 +296,19 @@ impl Ingest {
                     self.memory.shard_of.remove(&name);
                     self.memory.observed.remove(&name);
                 }
-                Err(e) => self.warn_once(
-                    &format!("node/{name}"),
-                    &format!("node {name} not removed yet: {}", e.message()),
-                ),
+                Err(e) => {
+                    self.warn_once(
+                        &format!("node/{name}"),
+                        &format!("node {name} not removed yet: {}", e.message()),
+                    );
+                    self.memory.nodes_retry.insert(name);
+                }
             }
         }
     }
 
     /// The objects of `slot` with their names (a copy: the passes write while iterating).
-    fn named(&self, slot: Slot) -> Vec<(String, Value)> {
+    fn named(&self, slot: Slot) -> Vec<(String, Arc<Value>)> {
         self.cache.read(slot, |o| {
             o.iter()
                 .map(|((_, name), object)| (name.clone(), object.clone()))
@@ -296,10 +341,13 @@ impl Ingest {
         for (node, reply) in nodes.iter().zip(replies) {
             match reply {
                 MetaReply::Shard { shard } => per_shard.entry(shard).or_default().push(node),
-                other => self.warn_once(
-                    &format!("node/{}", node.name),
-                    &format!("node {} not assigned a shard: {other:?}", node.name),
-                ),
+                other => {
+                    self.warn_once(
+                        &format!("node/{}", node.name),
+                        &format!("node {} not assigned a shard: {other:?}", node.name),
+                    );
+                    self.memory.nodes_retry.insert(node.name.clone());
+                }
             }
         }
         for (shard, list) in per_shard {
@@ -318,10 +366,13 @@ impl Ingest {
                         self.memory.nodes.insert(node.name.clone(), node.clone());
                         self.memory.shard_of.insert(node.name.clone(), shard);
                     }
-                    other => self.warn_once(
-                        &format!("node/{}", node.name),
-                        &format!("node {} not registered: {other:?}", node.name),
-                    ),
+                    other => {
+                        self.warn_once(
+                            &format!("node/{}", node.name),
+                            &format!("node {} not registered: {other:?}", node.name),
+                        );
+                        self.memory.nodes_retry.insert(node.name.clone());
+                    }
                 }
             }
         }
@@ -363,7 +414,11 @@ impl Ingest {
     }
 
     async fn sync_slices(&mut self) {
-        for pool in objects::node_pools(self.named(Slot::ResourceSlices)) {
+        let known = &self.memory.pools;
+        let pools = objects::node_pools(self.named(Slot::ResourceSlices), |key, generation| {
+            known.get(key) == Some(&generation)
+        });
+        for pool in pools {
             let (names, object) = match pool {
                 PoolSlices::Complete { names, merged } => (names.join(","), merged),
                 PoolSlices::Incomplete { names, want } => {
@@ -423,7 +478,7 @@ impl Ingest {
     /// Records in each node's shard the pods other schedulers bound there (and pods of
     /// ours gangway did not place), so placements count what they take; only nodes
     /// whose list changed are written, every node on the first pass as leader.
-    async fn sync_observed(&mut self, pods: &[Value]) {
+    async fn sync_observed(&mut self, pods: &[Arc<Value>]) {
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
         let mut per_node: BTreeMap<String, Vec<ObservedPod>> = self
             .memory
@@ -521,7 +576,7 @@ impl Ingest {
     /// Drops what the meta log and the informers no longer know: groups the meta log
     /// forgot, and reports and marks about pods that are gone (memory stays bounded by
     /// the meta log's own bounds and the number of live pods).
-    fn forget_finished(&mut self, summaries: &[GroupSummary], pods: &[Value]) {
+    fn forget_finished(&mut self, summaries: &[GroupSummary], pods: &[Arc<Value>]) {
         let keys: HashSet<&str> = summaries.iter().map(|s| s.key.as_str()).collect();
         let memory = &mut self.memory;
         memory.pods_of.retain(|k, _| keys.contains(k.as_str()));
@@ -648,22 +703,27 @@ impl Ingest {
 
     /// Whether the pod still exists under its uid and has not finished.
     fn pod_alive(&self, pod: &PodRef) -> bool {
-        self.cache
-            .get(Slot::Pods, &pod.namespace, &pod.name)
-            .is_some_and(|o| {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        self.cache.read(Slot::Pods, |objects| {
+            objects.get(&key).is_some_and(|o| {
                 o["metadata"]["uid"].as_str() == Some(pod.uid.as_str())
                     && !matches!(o["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
             })
+        })
     }
 
     fn ours(&self, pod: &Value) -> bool {
         pod["spec"]["schedulerName"].as_str() == Some(self.opts.scheduler_name.as_str())
     }
 
-    async fn submit_pending(&mut self, all_pods: &[Value]) {
+    async fn submit_pending(&mut self, all_pods: &[Arc<Value>]) {
         let pod_groups = self.pod_groups();
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
-        let pods: Vec<&Value> = all_pods.iter().filter(|p| self.ours(p)).collect();
+        let pods: Vec<&Value> = all_pods
+            .iter()
+            .map(|p| p.as_ref())
+            .filter(|p| self.ours(p))
+            .collect();
         let mut ready = Vec::new();
         let mut bound_per_gang: BTreeMap<GangId, BoundPods> = BTreeMap::new();
         let mut problems = Vec::new();
@@ -772,9 +832,9 @@ impl Ingest {
     }
 
     /// Writes each PodGroup's status (phase, scheduled, running, succeeded, failed) when it changed.
-    async fn write_pod_group_status(&mut self, pods: &[Value]) {
+    async fn write_pod_group_status(&mut self, pods: &[Arc<Value>]) {
         let mut members: HashMap<(String, String), Vec<&Value>> = HashMap::new();
-        for pod in pods {
+        for pod in pods.iter().map(|p| p.as_ref()) {
             if let Some(name) = gangs::pod_group_name(pod) {
                 let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
                 members
@@ -785,7 +845,7 @@ impl Ingest {
         }
         let mut seen = HashSet::new();
         for slot in [Slot::PodGroupsX, Slot::PodGroupsSigs] {
-            let groups: Vec<((String, String), Value)> = self.cache.read(slot, |o| {
+            let groups: Vec<((String, String), Arc<Value>)> = self.cache.read(slot, |o| {
                 o.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
             });
             for ((ns, name), group) in groups {
@@ -898,6 +958,20 @@ impl Ingest {
                 .reported
                 .insert(subject.to_string(), message.to_string());
         }
+    }
+}
+
+/// Waits until the meta group applies entries here (forever if it cannot be watched).
+async fn meta_applied(meta: &mut Option<gangway_raft::GroupChanges>) {
+    match meta {
+        Some(feed) => {
+            if !feed.changed().await {
+                // The group stopped: nothing more will be applied.
+                *meta = None;
+                futures::future::pending::<()>().await;
+            }
+        }
+        None => futures::future::pending::<()>().await,
     }
 }
 

@@ -203,9 +203,14 @@ pub enum PoolSlices {
 
 /// Groups node-local slices (name, object) by (node, driver, pool), keeps each pool's
 /// newest generation, and merges its slices (a pool may span several, as
-/// `spec.pool.resourceSliceCount` says). Slices without a node are left out.
-pub fn node_pools(slices: Vec<(String, Value)>) -> Vec<PoolSlices> {
-    let mut pools: BTreeMap<(String, String, String), Vec<(String, Value)>> = BTreeMap::new();
+/// `spec.pool.resourceSliceCount` says). Slices without a node are left out, and so are
+/// pools `current` says are known at their newest generation (nothing to merge).
+pub fn node_pools(
+    slices: Vec<(String, std::sync::Arc<Value>)>,
+    current: impl Fn(&(String, String, String), u64) -> bool,
+) -> Vec<PoolSlices> {
+    type Named = (String, std::sync::Arc<Value>);
+    let mut pools: BTreeMap<(String, String, String), Vec<Named>> = BTreeMap::new();
     for (name, object) in slices {
         let spec = &object["spec"];
         let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) else {
@@ -221,11 +226,14 @@ pub fn node_pools(slices: Vec<(String, Value)>) -> Vec<PoolSlices> {
         );
         pools.entry(key).or_default().push((name, object));
     }
+    let generation = |o: &Value| o["spec"]["pool"]["generation"].as_u64().unwrap_or(0);
     pools
-        .into_values()
-        .map(|mut list| {
-            let generation = |o: &Value| o["spec"]["pool"]["generation"].as_u64().unwrap_or(0);
+        .into_iter()
+        .filter_map(|(key, list)| {
             let newest = list.iter().map(|(_, o)| generation(o)).max().unwrap_or(0);
+            (!current(&key, newest)).then_some((list, newest))
+        })
+        .map(|(mut list, newest)| {
             list.retain(|(_, o)| generation(o) == newest);
             list.sort_by(|a, b| a.0.cmp(&b.0));
             let want = list
@@ -241,7 +249,7 @@ pub fn node_pools(slices: Vec<(String, Value)>) -> Vec<PoolSlices> {
             if (list.len() as u64) < want {
                 return PoolSlices::Incomplete { names, want };
             }
-            let mut merged = list[0].1.clone();
+            let mut merged = (*list[0].1).clone();
             let concat = |field: &str| -> Value {
                 Value::Array(
                     list.iter()
@@ -268,7 +276,7 @@ pub fn device_class(object: &Value) -> Result<DeviceClass, ValidationError> {
 }
 
 /// ResourceClaims by namespace and name.
-pub type ClaimIndex = BTreeMap<(String, String), Value>;
+pub type ClaimIndex = BTreeMap<(String, String), std::sync::Arc<Value>>;
 
 /// The name of the ResourceClaim behind pod claim `entry`: given directly, or made
 /// from a template by the resourceclaim controller and recorded in the pod's status.
@@ -559,11 +567,17 @@ mod tests {
         let slice = |name: &str, generation: u64, count: u64, device: &str| {
             (
                 name.to_string(),
-                json!({"spec": {"nodeName": "n1", "driver": "d", "devices": [{"name": device}],
+                std::sync::Arc::new(
+                    json!({"spec": {"nodeName": "n1", "driver": "d", "devices": [{"name": device}],
                                 "pool": {"name": "p", "generation": generation, "resourceSliceCount": count}}}),
+                ),
             )
         };
-        let partial = node_pools(vec![slice("a", 2, 2, "gpu-0"), slice("old", 1, 1, "gpu-9")]);
+        let unknown = |_: &(String, String, String), _: u64| false;
+        let partial = node_pools(
+            vec![slice("a", 2, 2, "gpu-0"), slice("old", 1, 1, "gpu-9")],
+            unknown,
+        );
         assert_eq!(
             partial,
             vec![PoolSlices::Incomplete {
@@ -571,11 +585,18 @@ mod tests {
                 want: 2
             }]
         );
-        let whole = node_pools(vec![
+        let slices = vec![
             slice("b", 2, 2, "gpu-1"),
             slice("a", 2, 2, "gpu-0"),
             slice("old", 1, 1, "gpu-9"),
-        ]);
+        ];
+        let known_at_2 = |_: &(String, String, String), generation: u64| generation == 2;
+        assert_eq!(
+            node_pools(slices.clone(), known_at_2),
+            vec![],
+            "known: nothing to merge"
+        );
+        let whole = node_pools(slices, unknown);
         let [PoolSlices::Complete { names, merged }] = whole.as_slice() else {
             panic!("{whole:?}")
         };
@@ -663,7 +684,9 @@ mod tests {
         assert!(matches!(missing, PodProblem::Waiting(_)), "{missing}");
         let claims = ClaimIndex::from([(
             ("ns".to_string(), "p-gpu-x".to_string()),
-            json!({"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}),
+            std::sync::Arc::new(
+                json!({"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}),
+            ),
         )]);
         let (spec, names) = pod_spec(&pod, &claims).expect("spec");
         assert_eq!(spec.claims.len(), 1);
