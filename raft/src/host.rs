@@ -204,6 +204,15 @@ impl GroupChanges {
             }
         }
     }
+
+    /// Whether entries past the last seen ones were applied here, without waiting
+    /// (marks them seen).
+    pub fn applied_since(&mut self) -> bool {
+        let applied = self.rx.borrow_and_update().last_applied.map(|l| l.index);
+        let changed = applied != self.seen;
+        self.seen = applied;
+        changed
+    }
 }
 
 /// The answer to a routed request.

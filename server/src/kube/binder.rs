@@ -29,8 +29,9 @@ use crate::replicated::{now_ms, Groups};
 
 /// Period of the binder's look at its shards, in ms.
 pub const BIND_POLL_MS: u64 = 20;
-/// Committed members read per shard per look.
-pub const BIND_BATCH_MAX: u32 = 2_048;
+/// Members in flight (binding, or bound and awaiting their `BindConfirmed`) per
+/// replica, as a multiple of `--bind-concurrency`: more would only queue on it.
+pub const BIND_IN_FLIGHT_PER_SLOT: usize = 2;
 /// Wait before a failed binding is tried again, in ms.
 pub const BIND_RETRY_MS: u64 = 1_000;
 /// Results queued between binding tasks and the loop.
@@ -106,6 +107,10 @@ pub async fn run(
     let mut in_flight: HashSet<MemberKey> = HashSet::new();
     let mut retry_at: HashMap<MemberKey, Instant> = HashMap::new();
     let mut bound: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    let in_flight_max = ctx.opts.bind_concurrency.max(1) * BIND_IN_FLIGHT_PER_SLOT;
+    // Per shard: its apply feed, and whether to look even without new entries.
+    let mut feeds: BTreeMap<u32, gangway_raft::GroupChanges> = BTreeMap::new();
+    let mut look_again: HashSet<u32> = (1..=shards).collect();
     loop {
         tokio::select! {
             _ = stop.changed() => break,
@@ -118,24 +123,50 @@ pub async fn run(
                 Done::Skipped(m) | Done::Failed(m) => {
                     in_flight.remove(&m);
                     retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
+                    look_again.extend(1..=shards);
                 }
             }
         }
         while tasks.try_join_next().is_some() {}
+        if !bound.is_empty() {
+            // Confirmed members free their slots (for any shard this replica leads).
+            look_again.extend(1..=shards);
+        }
         confirm(&groups, &mut bound, &mut in_flight).await;
         let me = groups.host().node_id();
         let now = Instant::now();
+        let retry_due = retry_at.len();
         retry_at.retain(|_, at| *at > now);
+        if retry_at.len() != retry_due {
+            look_again.extend(1..=shards);
+        }
         for shard in 1..=shards {
             if groups.host().leader_of(u64::from(shard)) != Some(me) {
+                feeds.remove(&shard);
+                look_again.insert(shard);
                 continue;
             }
-            let members = match groups.shard_query_local(
-                shard,
-                &ShardQuery::Unbound {
-                    limit: BIND_BATCH_MAX,
-                },
-            ) {
+            // A look reads the shard's whole ledger: only after new entries, a freed
+            // slot or a retry coming due.
+            let applied = match feeds.get_mut(&shard) {
+                Some(feed) => feed.applied_since(),
+                None => {
+                    if let Ok(feed) = groups.host().changes(u64::from(shard)) {
+                        feeds.insert(shard, feed);
+                    }
+                    true
+                }
+            };
+            let asked = look_again.remove(&shard);
+            if !(applied || asked) || in_flight.len() >= in_flight_max {
+                if in_flight.len() >= in_flight_max {
+                    look_again.insert(shard);
+                }
+                continue;
+            }
+            // Members in flight or waiting for a retry may come first: ask past them.
+            let limit = u32::try_from(in_flight_max + retry_at.len()).unwrap_or(u32::MAX);
+            let members = match groups.shard_query_local(shard, &ShardQuery::Unbound { limit }) {
                 Ok(ShardAnswer::Unbound { members }) => members,
                 Ok(other) => {
                     tracing::warn!(shard, answer = ?other, "unexpected answer to Unbound");
@@ -149,6 +180,10 @@ pub async fn run(
             for m in members {
                 if in_flight.contains(&m.member) || retry_at.contains_key(&m.member) {
                     continue;
+                }
+                if in_flight.len() >= in_flight_max {
+                    look_again.insert(shard);
+                    break;
                 }
                 in_flight.insert(m.member.clone());
                 let (ctx, tx) = (ctx.clone(), tx.clone());
