@@ -1,10 +1,12 @@
 //! Leader balancing plan: which group leaderships to move so that no live
-//! replica leads more than ceil(groups / live replicas). Pure; the host
+//! replica leads more than ceil(groups / live replicas). The meta group moves
+//! only when no shard group can: its leader runs the coordinator and the
+//! Kubernetes ingest, whose state a new leader must rebuild. Pure; the host
 //! carries the plan out.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::types::{GroupId, NodeId};
+use crate::types::{GroupId, NodeId, META_GROUP};
 
 /// One planned leadership move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,9 +53,15 @@ pub fn plan(
         if n <= max {
             break;
         }
+        // Shard groups first: the meta group is the costliest to move.
         let candidate = led
             .iter()
             .filter(|(_, l)| **l == busiest)
+            .filter(|(g, _)| **g != META_GROUP)
+            .chain(
+                led.iter()
+                    .filter(|(g, l)| **g == META_GROUP && **l == busiest),
+            )
             .find_map(|(g, _)| {
                 let target = voters
                     .get(g)?
@@ -97,6 +105,21 @@ mod tests {
         }
         assert!(count.values().all(|c| *c <= 3), "{count:?}");
         assert_eq!(moves.len(), 4);
+    }
+
+    #[test]
+    fn the_meta_group_stays_where_a_shard_group_can_move_instead() {
+        let leaders = BTreeMap::from([
+            (META_GROUP, Some(1)),
+            (1, Some(1)),
+            (2, Some(1)),
+            (3, Some(2)),
+            (4, Some(3)),
+        ]);
+        let live = [1, 2, 3].into_iter().collect();
+        let moves = plan(&leaders, &full(5, &[1, 2, 3]), &live);
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        assert_ne!(moves[0].group, META_GROUP, "{moves:?}");
     }
 
     #[test]
