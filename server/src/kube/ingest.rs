@@ -32,7 +32,7 @@ use crate::kube::informer::{Cache, Changes, Slot};
 use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
-    shard_for, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
+    shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
 use crate::model::{DeviceClass, GangId, GangMode, MemberKey, Node};
@@ -50,6 +50,12 @@ pub const REGISTER_BATCH_MAX: usize = 512;
 /// Nodes whose observed pods one shard entry carries (bounds the entry's size: a node
 /// may list up to `OBSERVED_PODS_PER_NODE_MAX` pods).
 pub const OBSERVED_NODES_PER_ENTRY: usize = 64;
+
+/// Group summaries by seq.
+type Summaries = BTreeMap<GroupSeq, GroupSummary>;
+
+/// Summaries read per meta query (bounds one read's answer).
+pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
 /// What the leader remembers between passes; rebuilt when it becomes leader.
 #[derive(Default)]
@@ -72,6 +78,8 @@ struct Memory {
     timed_out: HashSet<String>,
     /// PodGroup (slot, namespace, name) → the status last written.
     pod_group_status: HashMap<(Slot, String, String), Value>,
+    /// The meta log's groups as last read (refreshed by version each pass).
+    summaries: Summaries,
     /// Look at every node next pass (set when leadership starts).
     resync_nodes: bool,
     /// Nodes whose registration or removal failed: looked at again next pass.
@@ -152,14 +160,9 @@ impl Ingest {
         self.sync_nodes().await;
         self.sync_classes().await;
         self.sync_slices().await;
-        let summaries = match self
-            .groups
-            .meta_query_local(&MetaQuery::Summaries { active_only: false })
-        {
-            Ok(MetaReply::Summaries { groups }) => groups,
-            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
-            Err(e) => return Err(e.to_string()),
-        };
+        self.refresh_summaries()?;
+        // Held outside the memory for the pass: the steps write the memory while reading them.
+        let summaries = std::mem::take(&mut self.memory.summaries);
         // One copy of the pods per pass, shared by every step that scans them.
         let pods: Vec<Arc<Value>> = self
             .cache
@@ -170,6 +173,41 @@ impl Ingest {
         self.submit_pending(&pods).await;
         self.report(&summaries).await;
         self.write_pod_group_status(&pods).await;
+        self.memory.summaries = summaries;
+        Ok(())
+    }
+
+    /// Brings the kept group summaries up to the meta log's: reads every group's
+    /// version, then only the summaries whose version moved (all of them on the first
+    /// pass as leader), and drops the groups the log forgot.
+    fn refresh_summaries(&mut self) -> Result<(), String> {
+        let versions = match self.groups.meta_query_local(&MetaQuery::Versions) {
+            Ok(MetaReply::Versions { groups }) => groups,
+            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let kept = &mut self.memory.summaries;
+        let live: HashSet<GroupSeq> = versions.iter().map(|(seq, _)| *seq).collect();
+        kept.retain(|seq, _| live.contains(seq));
+        let moved: Vec<GroupSeq> = versions
+            .iter()
+            .filter(|(seq, version)| kept.get(seq).map(|s| s.version) != Some(*version))
+            .map(|(seq, _)| *seq)
+            .collect();
+        for chunk in moved.chunks(SUMMARIES_PER_READ_MAX) {
+            let query = MetaQuery::SummariesOf {
+                seqs: chunk.to_vec(),
+            };
+            match self.groups.meta_query_local(&query) {
+                Ok(MetaReply::Summaries { groups }) => {
+                    for g in groups {
+                        self.memory.summaries.insert(g.seq, g);
+                    }
+                }
+                Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
         Ok(())
     }
 
@@ -576,8 +614,8 @@ impl Ingest {
     /// Drops what the meta log and the informers no longer know: groups the meta log
     /// forgot, and reports and marks about pods that are gone (memory stays bounded by
     /// the meta log's own bounds and the number of live pods).
-    fn forget_finished(&mut self, summaries: &[GroupSummary], pods: &[Arc<Value>]) {
-        let keys: HashSet<&str> = summaries.iter().map(|s| s.key.as_str()).collect();
+    fn forget_finished(&mut self, summaries: &Summaries, pods: &[Arc<Value>]) {
+        let keys: HashSet<&str> = summaries.values().map(|s| s.key.as_str()).collect();
         let memory = &mut self.memory;
         memory.pods_of.retain(|k, _| keys.contains(k.as_str()));
         let pods_of = &memory.pods_of;
@@ -594,9 +632,9 @@ impl Ingest {
 
     /// Releases placed members whose pods are gone or finished; cancels queued
     /// groups that lost a pod (their other pods are submitted again).
-    async fn release_gone(&mut self, summaries: &[GroupSummary]) {
+    async fn release_gone(&mut self, summaries: &Summaries) {
         let pod_groups = self.pod_groups();
-        for s in summaries {
+        for s in summaries.values() {
             let Some(pods) = self.memory.pods_of.get(&s.key) else {
                 continue;
             };
@@ -885,8 +923,8 @@ impl Ingest {
     }
 
     /// Events for groups that cannot be placed, and the timeout mark for timed-out gangs.
-    async fn report(&mut self, summaries: &[GroupSummary]) {
-        for s in summaries {
+    async fn report(&mut self, summaries: &Summaries) {
+        for s in summaries.values() {
             let Some(pods) = self.memory.pods_of.get(&s.key).cloned() else {
                 continue;
             };

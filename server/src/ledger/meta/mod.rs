@@ -218,6 +218,11 @@ pub enum MetaReply {
         /// Their records.
         records: Vec<GroupRecord>,
     },
+    /// Every group's version (bumped on every change of its summary), in seq order.
+    Versions {
+        /// (seq, version) pairs.
+        groups: Vec<(GroupSeq, u64)>,
+    },
     /// Several groups as callers outside the coordinator see them, in queue order.
     Summaries {
         /// Their summaries.
@@ -298,6 +303,14 @@ pub enum MetaQuery {
     Summaries {
         /// Leave out terminal groups.
         active_only: bool,
+    },
+    /// Every group's (seq, version), in seq order: a caller that keeps summaries asks
+    /// for those whose version moved ([`MetaQuery::SummariesOf`]) instead of all.
+    Versions,
+    /// The summaries of these groups, in seq order (unknown ones left out).
+    SummariesOf {
+        /// The groups.
+        seqs: Vec<GroupSeq>,
     },
     /// One transaction.
     Txn {
@@ -473,6 +486,16 @@ impl MetaState {
             MetaQuery::Summaries { active_only } => MetaReply::Summaries {
                 groups: self
                     .in_queue_order(*active_only)
+                    .map(GroupSummary::of)
+                    .collect(),
+            },
+            MetaQuery::Versions => MetaReply::Versions {
+                groups: self.groups.values().map(|r| (r.seq, r.version)).collect(),
+            },
+            MetaQuery::SummariesOf { seqs } => MetaReply::Summaries {
+                groups: seqs
+                    .iter()
+                    .filter_map(|seq| self.groups.get(seq))
                     .map(GroupSummary::of)
                     .collect(),
             },

@@ -678,6 +678,39 @@ proptest! {
         }
         prop_assert_eq!(serde_json::to_vec(&a).ok(), serde_json::to_vec(&b).ok());
     }
+
+    /// A reader that keeps summaries and re-reads only those whose version moved (the
+    /// Kubernetes ingest) sees exactly what a full read sees, after every command: every
+    /// change of a summary bumps its version.
+    #[test]
+    fn summaries_kept_by_version_match_a_full_read(cmds in prop::collection::vec(arb_command(), 1..60)) {
+        let mut m = MetaState::new(2);
+        let mut kept: BTreeMap<GroupSeq, GroupSummary> = BTreeMap::new();
+        for cmd in &cmds {
+            m.apply(cmd);
+            let MetaReply::Versions { groups: versions } = m.query(&MetaQuery::Versions) else {
+                panic!("versions");
+            };
+            let live: BTreeSet<GroupSeq> = versions.iter().map(|(seq, _)| *seq).collect();
+            kept.retain(|seq, _| live.contains(seq));
+            let moved: Vec<GroupSeq> = versions
+                .iter()
+                .filter(|(seq, v)| kept.get(seq).map(|s| s.version) != Some(*v))
+                .map(|(seq, _)| *seq)
+                .collect();
+            let MetaReply::Summaries { groups } = m.query(&MetaQuery::SummariesOf { seqs: moved }) else {
+                panic!("summaries");
+            };
+            for g in groups {
+                kept.insert(g.seq, g);
+            }
+            let MetaReply::Summaries { groups: full } = m.query(&MetaQuery::Summaries { active_only: false }) else {
+                panic!("summaries");
+            };
+            let full: BTreeMap<GroupSeq, GroupSummary> = full.into_iter().map(|g| (g.seq, g)).collect();
+            prop_assert_eq!(&kept, &full, "after {:?}", cmd);
+        }
+    }
 }
 
 #[test]
