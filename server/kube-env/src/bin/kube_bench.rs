@@ -7,8 +7,8 @@
 //! one is bound. It reports, counted from the scheduler's start: time to the first
 //! binding, time to the last, pods/s, the longest gap between two bindings, CPU
 //! seconds per 1,000 pods of the scheduler (all replicas), the API server and etcd,
-//! pods bound twice (from the audit log), and for gangway the meta group's leader
-//! changes. `--load` adds one busy process per core for the whole run. Every
+//! pods bound twice (from the audit log), for gangway the meta group's leader
+//! changes, and the cores the scheduler uses in the 10 s after the drain (idle). `--load` adds one busy process per core for the whole run. Every
 //! process it starts is killed when it exits.
 //!
 //! Usage: gangway-kube-bench [--gangway PATH] [--nodes N] [--pods M] [--gang-size K]
@@ -28,6 +28,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use serde_json::{json, Value};
 
+/// How long the scheduler's idle CPU is measured after the backlog is drained, in ms.
+const IDLE_MEASURE_MS: u64 = 10_000;
 /// Objects created at once while filling the cluster.
 const CREATE_CONCURRENCY: usize = 32;
 /// The namespace of the benchmark's pods.
@@ -227,6 +229,8 @@ struct Run {
     etcd_cpu_s: f64,
     bound_twice: usize,
     meta_leader_changes: Option<u64>,
+    /// Cores the scheduler used while idle after the drain.
+    idle_cores: f64,
 }
 
 /// Watches the benchmark's pods; answers the instants at which each became bound.
@@ -458,6 +462,10 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
     for pair in times.windows(2) {
         longest_gap = longest_gap.max(pair[1] - pair[0]);
     }
+    let idle_from = scheduler_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
+    tokio::time::sleep(Duration::from_millis(IDLE_MEASURE_MS)).await;
+    let idle_cores = (scheduler_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - idle_from)
+        / (IDLE_MEASURE_MS as f64 / 1_000.0);
     let meta_leader_changes = match scheduler {
         Scheduler::Gangway => meta_leader_changes(&http).await,
         Scheduler::KubeScheduler => None,
@@ -477,6 +485,7 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
         etcd_cpu_s,
         bound_twice,
         meta_leader_changes,
+        idle_cores,
     })
 }
 
@@ -492,13 +501,13 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "| scheduler | nodes | pods | gang size | load | first binding s | all bound s | pods/s | longest gap s | scheduler CPU s / 1k pods | API server CPU s / 1k | etcd CPU s / 1k | bound twice | meta leader changes |"
+        "| scheduler | nodes | pods | gang size | load | first binding s | all bound s | pods/s | longest gap s | scheduler CPU s / 1k pods | API server CPU s / 1k | etcd CPU s / 1k | bound twice | meta leader changes | idle cores after |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let per_k = |s: f64| s * 1_000.0 / args.pods as f64;
     for r in &runs {
         println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {} | {:.3} |",
             r.scheduler.name(),
             args.nodes,
             args.pods,
@@ -513,6 +522,7 @@ async fn main() -> anyhow::Result<()> {
             per_k(r.etcd_cpu_s),
             r.bound_twice,
             r.meta_leader_changes.map_or("-".to_string(), |n| n.to_string()),
+            r.idle_cores,
         );
     }
     if let [a, b] = runs.as_slice() {
