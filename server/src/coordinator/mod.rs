@@ -43,9 +43,21 @@ use metrics::{transaction_ended, Phase, PhaseTimer};
 
 /// Longest pause between the coordinator's rounds, in ms.
 pub const COORDINATOR_TICK_MS: u64 = 20;
+/// Period of rounds, in ms, while the last round found nothing to do (no group
+/// pending, no decision undelivered): nothing can come due by time then, and any
+/// change of the meta group still starts a round at once.
+pub const COORDINATOR_IDLE_TICK_MS: u64 = 500;
 /// Shortest pause between rounds woken by a meta group change, in ms (a burst of
 /// submissions lands in one round).
 pub const COORDINATOR_ROUND_GAP_MS: u64 = 2;
+/// Whether a round found work (the next comes after `COORDINATOR_TICK_MS`) or none
+/// (after `COORDINATOR_IDLE_TICK_MS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Activity {
+    Idle,
+    Busy,
+}
+
 /// How long a participant holds a reservation before asking for the decision.
 pub const RESERVE_TTL_MS: u64 = 10_000;
 const _: () = assert!(RESERVE_TTL_MS <= crate::ledger::RESERVE_HOLD_MS_MAX);
@@ -94,10 +106,12 @@ impl Coordinator {
 
     /// Runs rounds until `stop` fires: one as soon as the meta group changes (a
     /// submission, say), at most every [`COORDINATOR_ROUND_GAP_MS`], and one every
-    /// [`COORDINATOR_TICK_MS`] otherwise (backoffs and deadlines come due by time).
+    /// [`COORDINATOR_TICK_MS`] otherwise (backoffs and deadlines come due by time), or
+    /// every [`COORDINATOR_IDLE_TICK_MS`] after a round that found nothing to do.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut leading = false;
         let mut rounds: u64 = 0;
+        let mut tick_ms = COORDINATOR_TICK_MS;
         let mut changes = match self.groups.host().changes(META_GROUP) {
             Ok(changes) => changes,
             Err(e) => {
@@ -107,7 +121,7 @@ impl Coordinator {
         };
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(COORDINATOR_TICK_MS)) => {}
+                _ = tokio::time::sleep(Duration::from_millis(tick_ms)) => {}
                 alive = changes.changed() => {
                     if !alive {
                         return;
@@ -118,6 +132,7 @@ impl Coordinator {
             }
             if !self.leads_meta() {
                 leading = false;
+                tick_ms = COORDINATOR_TICK_MS;
                 continue;
             }
             // Until a round completes, every round is a first one (it finishes the
@@ -126,14 +141,23 @@ impl Coordinator {
             rounds += 1;
             let span = tracing::info_span!("placement_round", round = rounds);
             match self.round(first_round).instrument(span).await {
-                Ok(()) => leading = true,
-                Err(e) => tracing::debug!(error = %e, "coordinator round interrupted"),
+                Ok(activity) => {
+                    leading = true;
+                    tick_ms = match activity {
+                        Activity::Idle => COORDINATOR_IDLE_TICK_MS,
+                        Activity::Busy => COORDINATOR_TICK_MS,
+                    };
+                }
+                Err(e) => {
+                    tick_ms = COORDINATOR_TICK_MS;
+                    tracing::debug!(error = %e, "coordinator round interrupted");
+                }
             }
         }
     }
 
-    async fn round(&self, first_round: bool) -> Result<(), GroupError> {
-        self.deliver_undelivered(first_round).await?;
+    async fn round(&self, first_round: bool) -> Result<Activity, GroupError> {
+        let undelivered = self.deliver_undelivered(first_round).await?;
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
             limit: GROUPS_PER_ROUND_MAX as u32,
@@ -148,9 +172,13 @@ impl Coordinator {
             self.groups.meta_query_local(&pending)?
         };
         let MetaReply::Groups { records } = reply else {
-            return Ok(());
+            return Ok(Activity::Busy);
         };
         drop(timer);
+        let activity = match (undelivered, records.is_empty()) {
+            (0, true) => Activity::Idle,
+            _ => Activity::Busy,
+        };
         let now = now_ms();
         let ready: Vec<&GroupRecord> = records
             .iter()
@@ -175,7 +203,7 @@ impl Coordinator {
                 tracing::warn!(group = seq, error = %e, "gang group step failed; retrying next round");
             }
         }
-        Ok(())
+        Ok(activity)
     }
 
     /// Places, in one pass, every ready group that one shard can hold whole.
@@ -620,7 +648,8 @@ impl Coordinator {
     /// failed, a coordinator that died between deciding and telling): a cheap local
     /// read when there are none, so it runs every round; after a failover it reads
     /// linearizably. Work grows with undelivered decisions, not with placed groups.
-    async fn deliver_undelivered(&self, first_round: bool) -> Result<(), GroupError> {
+    /// Delivers decisions participants have not acknowledged; answers how many there were.
+    async fn deliver_undelivered(&self, first_round: bool) -> Result<usize, GroupError> {
         let query = MetaQuery::Undelivered {
             limit: UNDELIVERED_PER_ROUND_MAX,
         };
@@ -630,17 +659,18 @@ impl Coordinator {
             self.groups.meta_query_local(&query)?
         };
         let MetaReply::Undelivered { txns } = reply else {
-            return Ok(());
+            return Ok(0);
         };
         if txns.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         tracing::info!(
             decisions = txns.len(),
             "delivering decisions participants have not acknowledged"
         );
         let acked = release::deliver(&self.groups, &txns).await;
-        release::record_delivered(&self.groups, &acked).await
+        release::record_delivered(&self.groups, &acked).await?;
+        Ok(txns.len())
     }
 
     /// A group left in Placing by an earlier coordinator: its transaction is undecided.
