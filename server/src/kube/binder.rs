@@ -34,6 +34,9 @@ pub const BIND_POLL_MS: u64 = 20;
 pub const BIND_IN_FLIGHT_PER_SLOT: usize = 2;
 /// Wait before a failed binding is tried again, in ms.
 pub const BIND_RETRY_MS: u64 = 1_000;
+/// Pods remembered as bound elsewhere (reported once each); past it the memory starts
+/// over, so such a pod may be reported once more.
+pub const CONFLICTS_REMEMBERED_MAX: usize = 10_000;
 /// Results queued between binding tasks and the loop.
 pub const BIND_RESULTS_QUEUED_MAX: usize = 4_096;
 
@@ -346,6 +349,9 @@ fn report_conflict_once(ctx: &Ctx, pod: &PodRef, ledger: &str, api: &str) {
     let mut seen = ctx.conflicts.lock().unwrap_or_else(|p| p.into_inner());
     if seen.get(pod).map(String::as_str) == Some(api) {
         return;
+    }
+    if seen.len() >= CONFLICTS_REMEMBERED_MAX {
+        seen.clear();
     }
     seen.insert(pod.clone(), api.to_string());
     tracing::error!(pod = %pod, ledger = %ledger, api = %api, "pod bound to another node by someone else");

@@ -152,6 +152,8 @@ impl Ingest {
         let me = self.groups.host().node_id();
         if self.groups.host().leader_of(0) != Some(me) {
             self.memory = Memory::default();
+            // Keeps the change set empty: a new leader looks at every node anyway.
+            let _ = self.cache.take_changes(Slot::Nodes);
             return Ok(());
         }
         if !self.memory.leading {
