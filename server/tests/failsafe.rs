@@ -457,15 +457,8 @@ async fn sigterm_with_a_stalled_api_server_exits_within_the_bound() {
     .expect("kubeconfig");
     for i in 0..20 {
         let name = format!("node-{i:03}");
-        api.create(
-            &NODES,
-            json!({
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
-                           "conditions": [{"type": "Ready", "status": "True"}]}
-            }),
-        )
-        .expect("node");
+        api.create(&NODES, support::objects::node(&name))
+            .expect("node");
     }
     let args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
     let mut c = Cluster::start_with(3, 2, args, Vec::new());

@@ -31,13 +31,7 @@ const DRIVER: &str = "gpu.example.com";
 const NS: &str = "train";
 
 fn node(name: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "status": {
-            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True"}]
-        }
-    })
+    support::objects::node(name)
 }
 
 fn slice(node: &str, gpus: usize) -> Value {
@@ -402,26 +396,56 @@ async fn check_bound_once_where_committed(env: &Env, live: u64, pods: &[String])
     }
 }
 
+/// A scheduler-plugins PodGroup of `size` GPU pods (one GPU each, from the template).
+async fn create_gpu_gang(api: &ControlPlane, group: &str, size: usize) -> Vec<String> {
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": group, "namespace": NS}, "spec": {"minMember": size}}),
+    )
+    .await
+    .expect("pod group");
+    let pods: Vec<String> = (0..size).map(|i| format!("{group}-{i}")).collect();
+    for name in &pods {
+        let labels = json!({"scheduling.x-k8s.io/pod-group": group});
+        api.create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
+            .await
+            .expect("pod");
+    }
+    pods
+}
+
+/// A Koordinator gang no node can hold (100 CPUs a pod), waiting 2 s: it times out.
+async fn create_too_big_gang(api: &ControlPlane) {
+    let too_big = json!({"gang.scheduling.koordinator.sh/name": "too-big",
+                         "gang.scheduling.koordinator.sh/min-available": "2",
+                         "gang.scheduling.koordinator.sh/waiting-time": "2s"});
+    for name in ["too-big-0", "too-big-1"] {
+        api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
+            .await
+            .expect("pod");
+    }
+}
+
+/// Puts a NoExecute taint on one device of `node`'s pool (a new slice generation).
+async fn taint_device(api: &ControlPlane, node: &str, device: &str) {
+    api.update(&RESOURCE_SLICES, None, &format!("{node}-gpus"), |slice| {
+        slice["spec"]["pool"]["generation"] = json!(2);
+        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+            for d in devices.iter_mut().filter(|d| d["name"] == device) {
+                d["taints"] = json!([{"key": "example.com/ecc", "value": "uncorrectable", "effect": "NoExecute"}]);
+            }
+        }
+    })
+    .await
+    .expect("taint");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies() {
     let mut env = start(50, 8, 10).await;
 
     // A PodGroup with minMember 16; its pods each claim one GPU through a template.
-    env.api
-        .create(
-            &POD_GROUPS_X,
-            json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 16}}),
-        )
-        .await
-        .expect("pod group");
-    let first: Vec<String> = (0..16).map(|i| format!("trainer-{i}")).collect();
-    for name in &first {
-        let labels = json!({"scheduling.x-k8s.io/pod-group": "trainer"});
-        env.api
-            .create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
-            .await
-            .expect("pod");
-    }
+    let first = create_gpu_gang(&env.api, "trainer", 16).await;
     let now = wait_for("16 pods bound", Duration::from_secs(60), &env, |v| {
         v.bound(&first)
     })
@@ -443,21 +467,7 @@ async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies
 
     // A second gang; SIGKILL the leader of a shard while it binds (10 writes/s, so
     // binding 16 pods with their claims takes seconds).
-    env.api
-        .create(
-            &POD_GROUPS_X,
-            json!({"metadata": {"name": "second", "namespace": NS}, "spec": {"minMember": 16}}),
-        )
-        .await
-        .expect("pod group");
-    let second: Vec<String> = (0..16).map(|i| format!("second-{i}")).collect();
-    for name in &second {
-        let labels = json!({"scheduling.x-k8s.io/pod-group": "second"});
-        env.api
-            .create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
-            .await
-            .expect("pod");
-    }
+    let second = create_gpu_gang(&env.api, "second", 16).await;
     let now = wait_for(
         "a first binding of the second gang",
         Duration::from_secs(60),
@@ -658,14 +668,7 @@ async fn gang_kinds_schedule_bad_objects_are_reported_and_deleted_pods_free_devi
     .expect("pod");
 
     // A gang no node can hold (100 CPUs a pod) with a 2 s waiting time: timed out.
-    let too_big = json!({"gang.scheduling.koordinator.sh/name": "too-big",
-                         "gang.scheduling.koordinator.sh/min-available": "2",
-                         "gang.scheduling.koordinator.sh/waiting-time": "2s"});
-    for name in ["too-big-0", "too-big-1"] {
-        api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
-            .await
-            .expect("pod");
-    }
+    create_too_big_gang(api).await;
 
     let good = ["koord-0", "koord-1", "plugins-0", "plugins-1"];
     wait_for("both gangs bound", Duration::from_secs(60), &env, |v| {
@@ -784,27 +787,8 @@ async fn the_charts_crd_and_rbac_are_accepted_and_are_all_gangway_needs() {
     // A PodGroup DRA gang (claims, binding, PodGroup status, events), a gang that
     // times out (pod annotation), and an eviction from a tainted device (pod status,
     // delete): every write the adapter makes, as the chart's ServiceAccount.
-    api.create(
-        &POD_GROUPS_X,
-        json!({"metadata": {"name": "trainer", "namespace": NS}, "spec": {"minMember": 4}}),
-    )
-    .await
-    .expect("pod group");
-    let gang: Vec<String> = (0..4).map(|i| format!("trainer-{i}")).collect();
-    for name in &gang {
-        let labels = json!({"scheduling.x-k8s.io/pod-group": "trainer"});
-        api.create(&PODS, gpu_pod(name, labels, json!({}), "one-gpu"))
-            .await
-            .expect("pod");
-    }
-    let too_big = json!({"gang.scheduling.koordinator.sh/name": "too-big",
-                         "gang.scheduling.koordinator.sh/min-available": "2",
-                         "gang.scheduling.koordinator.sh/waiting-time": "2s"});
-    for name in ["too-big-0", "too-big-1"] {
-        api.create(&PODS, pod_with_cpu(name, "100", too_big.clone()))
-            .await
-            .expect("pod");
-    }
+    let gang = create_gpu_gang(api, "trainer", 4).await;
+    create_too_big_gang(api).await;
     let now = wait_for(
         "the gang bound, its PodGroup Scheduled, the big gang timed out",
         Duration::from_secs(60),
@@ -830,16 +814,7 @@ async fn the_charts_crd_and_rbac_are_accepted_and_are_all_gangway_needs() {
     check_claims(&now, &api.audit(), &gang);
     let victim = gang[0].clone();
     let (pool, device) = now.device_of(&victim).expect("device");
-    api.update(&RESOURCE_SLICES, None, &format!("{pool}-gpus"), |slice| {
-        slice["spec"]["pool"]["generation"] = json!(2);
-        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
-            for d in devices.iter_mut().filter(|d| d["name"] == device.as_str()) {
-                d["taints"] = json!([{"key": "example.com/ecc", "effect": "NoExecute"}]);
-            }
-        }
-    })
-    .await
-    .expect("taint");
+    taint_device(api, &pool, &device).await;
     wait_for(
         "the pod on the tainted device evicted",
         Duration::from_secs(30),
@@ -879,13 +854,7 @@ async fn the_charts_crd_and_rbac_are_accepted_and_are_all_gangway_needs() {
 }
 
 fn pod_with_cpu(name: &str, cpu: &str, annotations: Value) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-        "spec": {
-            "schedulerName": "gangway",
-            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
-        }
-    })
+    support::objects::pod_with_cpu(NS, name, cpu, annotations)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -975,16 +944,7 @@ async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
         .cloned()
         .expect("a GPU pod on node-001");
     let (_, device) = now.device_of(&victim).expect("device");
-    api.update(&RESOURCE_SLICES, None, "node-001-gpus", |slice| {
-        slice["spec"]["pool"]["generation"] = json!(2);
-        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
-            for d in devices.iter_mut().filter(|d| d["name"] == device.as_str()) {
-                d["taints"] = json!([{"key": "example.com/ecc", "value": "uncorrectable", "effect": "NoExecute"}]);
-            }
-        }
-    })
-    .await
-    .expect("taint");
+    taint_device(api, "node-001", &device).await;
     // The condition is written first, then the delete (graceful: the pod stays,
     // terminating, until a kubelet would finish it), then the event.
     let now = wait_for(

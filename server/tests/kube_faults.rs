@@ -14,24 +14,8 @@ use support::Cluster;
 
 const NS: &str = "train";
 
-fn node(name: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "status": {
-            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True"}]
-        }
-    })
-}
-
 fn pod_with_cpu(name: &str, cpu: &str, annotations: Value) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-        "spec": {
-            "schedulerName": "gangway",
-            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
-        }
-    })
+    support::objects::pod_with_cpu(NS, name, cpu, annotations)
 }
 
 fn node_of(api: &ApiServerDouble, pod: &str) -> Option<String> {
@@ -80,7 +64,8 @@ async fn a_strict_gang_that_loses_a_pod_while_bindings_fail_is_released_whole_an
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     for name in ["node-000", "node-001"] {
-        api.create(&NODES, node(name)).expect("node");
+        api.create(&NODES, support::objects::node(name))
+            .expect("node");
     }
     let args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
     let cluster = Cluster::start_with(3, 2, args, Vec::new());

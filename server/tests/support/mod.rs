@@ -494,3 +494,31 @@ pub async fn client(c: &Cluster, id: u64) -> gangway_client::Client {
 pub fn wipe(path: &Path) {
     let _ = std::fs::remove_dir_all(path);
 }
+
+/// Kubernetes objects the Kubernetes tests create (against the real API server or the
+/// double).
+pub mod objects {
+    use serde_json::{json, Value};
+
+    /// A Ready Node with 64 CPUs, 256Gi and 110 pods allocatable.
+    pub fn node(name: &str) -> Value {
+        json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        })
+    }
+
+    /// A pod of gangway's that requests `cpu` CPUs.
+    pub fn pod_with_cpu(namespace: &str, name: &str, cpu: &str, annotations: Value) -> Value {
+        json!({
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "spec": {
+                "schedulerName": "gangway",
+                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
+            }
+        })
+    }
+}
