@@ -175,19 +175,32 @@ pub enum ClaimOutcome {
 pub const CLAIM_WRITE_ATTEMPTS_MAX: u32 = 5;
 
 /// Writes `allocation` and `reservedFor: pod` into the status of claim `name`,
-/// re-reading on a 409 (another writer changed it).
+/// re-reading on a 409 (another writer changed it). `cached` (the informer's copy)
+/// saves the first read: its resourceVersion makes a stale copy's write a 409, after
+/// which the claim is read afresh. A copy that already shows the write is read again
+/// before it is believed.
 pub async fn write_claim(
     client: &kube::Client,
     namespace: &str,
     name: &str,
     allocation: &Value,
     pod: &PodRef,
+    cached: Option<&Value>,
 ) -> Result<ClaimOutcome, ApiError> {
     let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
     let consumer = json!({"resource": "pods", "name": pod.name, "uid": pod.uid});
     let mut last = None;
+    let mut base = cached
+        .filter(|c| {
+            !claim_written(c, allocation, pod) && c["metadata"]["resourceVersion"].is_string()
+        })
+        .cloned();
     for _ in 0..CLAIM_WRITE_ATTEMPTS_MAX {
-        let Some(mut claim) = get(client, &path).await? else {
+        let fresh = match base.take() {
+            Some(copy) => Some(copy),
+            None => get(client, &path).await?,
+        };
+        let Some(mut claim) = fresh else {
             return Ok(ClaimOutcome::Missing);
         };
         let status = &mut claim["status"];
@@ -219,6 +232,9 @@ pub async fn write_claim(
             consumers.push(consumer.clone());
         }
         status["reservedFor"] = Value::Array(consumers);
+        // A copy from a list may lack its type; the server needs it in the body.
+        claim["apiVersion"] = json!("resource.k8s.io/v1");
+        claim["kind"] = json!("ResourceClaim");
         match call(
             client,
             Method::PUT,
@@ -237,6 +253,18 @@ pub async fn write_claim(
         path,
         reason: "no attempt made".into(),
     }))
+}
+
+/// Whether `claim` holds `allocation` and is reserved for `pod`.
+fn claim_written(claim: &Value, allocation: &Value, pod: &PodRef) -> bool {
+    let status = &claim["status"];
+    let reserved = status["reservedFor"].as_array().is_some_and(|r| {
+        r.iter()
+            .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()))
+    });
+    !status["allocation"].is_null()
+        && status["allocation"]["devices"] == allocation["devices"]
+        && reserved
 }
 
 /// Merge-patches `patch` into the object at `path`.

@@ -297,12 +297,16 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
             return Ok(false);
         };
         ctx.pacer.wait().await;
+        let cached = ctx
+            .cache
+            .get(Slot::ResourceClaims, &pod.namespace, &object_name);
         match api::write_claim(
             &ctx.client,
             &pod.namespace,
             &object_name,
             &allocation(&m.node, &devices),
             &pod,
+            cached.as_deref(),
         )
         .await?
         {
