@@ -588,6 +588,67 @@ async fn a_binding_is_classified_as_the_real_server_answers_it() {
         "one binding reached the server: {:?}",
         api.bindings()
     );
+
+    // A claim written from a stale copy (as the informer may hold one): the copy's
+    // resourceVersion makes the first write a 409, the claim is read again, and written.
+    use gangway_server::kube::api::{write_claim, ClaimOutcome};
+    api.create(&DEVICE_CLASSES, json!({
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
+    }))
+    .await
+    .expect("class");
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "c", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+    }))
+    .await
+    .expect("claim");
+    let stale = api
+        .get(&RESOURCE_CLAIMS, Some(NS), "c")
+        .await
+        .expect("claim");
+    api.update(&RESOURCE_CLAIMS, Some(NS), "c", |c| {
+        c["metadata"]["labels"] = json!({"touched": "yes"});
+    })
+    .await
+    .expect("newer claim");
+    let allocation = json!({"devices": {"results": [
+        {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
+    ], "config": []}});
+    let owner = PodRef {
+        namespace: NS.into(),
+        name: "p".into(),
+        uid,
+    };
+    let outcome = write_claim(&client, NS, "c", &allocation, &owner, Some(&stale))
+        .await
+        .expect("claim written");
+    assert_eq!(outcome, ClaimOutcome::Written);
+    let claim = api
+        .get(&RESOURCE_CLAIMS, Some(NS), "c")
+        .await
+        .expect("claim");
+    assert_eq!(
+        claim["status"]["allocation"]["devices"]["results"][0]["device"], "gpu-0",
+        "{claim}"
+    );
+    assert_eq!(
+        claim["metadata"]["labels"]["touched"], "yes",
+        "the newer claim kept"
+    );
+    assert_eq!(claim["status"]["reservedFor"][0]["uid"], owner.uid.as_str());
+    let writes: Vec<u16> = api
+        .audit()
+        .iter()
+        .filter(|e| e.resource == "resourceclaims" && e.subresource == "status" && e.name == "c")
+        .map(|e| e.code)
+        .collect();
+    assert_eq!(
+        writes,
+        vec![409, 200],
+        "the stale copy's write refused, then one from a fresh read"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
