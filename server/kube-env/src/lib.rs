@@ -477,14 +477,13 @@ impl ControlPlane {
             let before = object.clone();
             edit(&mut object);
             let mut written = self.call(Method::PUT, &path, JSON, Some(&object)).await;
-            if written.is_ok() && kind.status_subresource && object["status"] != before["status"] {
-                if let Ok(current) = &written {
-                    let mut status = current.clone();
-                    status["status"] = object["status"].clone();
-                    written = self
-                        .call(Method::PUT, &format!("{path}/status"), JSON, Some(&status))
-                        .await;
-                }
+            let status_changed = kind.status_subresource && object["status"] != before["status"];
+            if let (Ok(current), true) = (&written, status_changed) {
+                let mut status = current.clone();
+                status["status"] = object["status"].clone();
+                written = self
+                    .call(Method::PUT, &format!("{path}/status"), JSON, Some(&status))
+                    .await;
             }
             match written {
                 Err(e) if e.code() == Some(409) && attempt < UPDATE_ATTEMPTS_MAX => continue,

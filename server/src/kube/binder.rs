@@ -161,10 +161,12 @@ pub async fn run(
                 }
             };
             let asked = look_again.remove(&shard);
-            if !(applied || asked) || in_flight.len() >= in_flight_max {
-                if in_flight.len() >= in_flight_max {
-                    look_again.insert(shard);
-                }
+            if in_flight.len() >= in_flight_max {
+                // Full: look once a slot frees.
+                look_again.insert(shard);
+                continue;
+            }
+            if !(applied || asked) {
                 continue;
             }
             // Members in flight or waiting for a retry may come first: ask past them.

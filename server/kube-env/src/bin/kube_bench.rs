@@ -115,7 +115,7 @@ fn parse_args() -> anyhow::Result<Args> {
             other => bail!("unknown flag {other}; see the header of src/bin/kube_bench.rs"),
         }
     }
-    if args.gang_size == 0 || args.pods % args.gang_size != 0 {
+    if args.gang_size == 0 || !args.pods.is_multiple_of(args.gang_size) {
         bail!("--gang-size: must divide --pods");
     }
     if args.schedulers.contains(&Scheduler::Gangway) && !args.gangway.exists() {
