@@ -11,6 +11,11 @@
 //! unplaceable groups → FailedScheduling events with the reason; PodGroups → their
 //! status (phase, scheduled, running, succeeded, failed).
 //!
+//! Work follows change: the informers' change sets update a [`PodIndex`], and each
+//! step looks only at what changed since the last pass (the nodes, groups and
+//! PodGroups of changed pods, the groups whose summary moved, the pods still waiting
+//! to be submitted); a failed write leaves its subject marked for the next pass.
+//!
 //! Invariants: only the meta leader writes; submissions carry keys derived from pod
 //! uids, so a new leader that rebuilds its memory from the meta log re-proposes
 //! nothing new; an event is written once per pod and reason. Owned by `kube::run`.
@@ -28,8 +33,9 @@ use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
 };
-use crate::kube::informer::{Cache, Changes, Slot};
-use crate::kube::objects::{self, pod_ref, ClaimIndex, PodProblem, PodRef, PoolSlices};
+use crate::kube::informer::{Cache, Changes, Key, Slot};
+use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolSlices};
+use crate::kube::pod_index::{PodIndex, Touched};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
     shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
@@ -57,6 +63,15 @@ type Summaries = BTreeMap<GroupSeq, GroupSummary>;
 /// Summaries read per meta query (bounds one read's answer).
 pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
+/// The kinds whose change sets the ingest reads (drained while it does not lead).
+const CHANGE_SLOTS: [Slot; 5] = [
+    Slot::Nodes,
+    Slot::Pods,
+    Slot::ResourceClaims,
+    Slot::PodGroupsSigs,
+    Slot::PodGroupsX,
+];
+
 /// What the leader remembers between passes; rebuilt when it becomes leader.
 #[derive(Default)]
 struct Memory {
@@ -80,6 +95,23 @@ struct Memory {
     pod_group_status: HashMap<(Slot, String, String), Value>,
     /// The meta log's groups as last read (refreshed by version each pass).
     summaries: Summaries,
+    /// Group key → its seq, for the summaries kept.
+    seq_of: HashMap<String, GroupSeq>,
+    /// The pods, kept from the informer's change sets (built whole when leading starts).
+    pods: PodIndex,
+    /// Whether `pods` was built since leading started.
+    pods_indexed: bool,
+    /// Registered nodes whose observed pods may have changed.
+    observed_dirty: BTreeSet<String>,
+    /// Groups (keys) to look at: a pod of theirs changed, or their summary moved.
+    groups_dirty: BTreeSet<String>,
+    /// PodGroups (namespace, name) whose status may have changed.
+    pod_groups_dirty: BTreeSet<Key>,
+    /// Our pending pods not submitted yet.
+    waiting: BTreeSet<Key>,
+    /// Whether anything that decides a waiting pod's fate changed since they were last
+    /// looked at (a pod, a PodGroup, a claim, a submission given up).
+    waiting_dirty: bool,
     /// Look at every node next pass (set when leadership starts).
     resync_nodes: bool,
     /// Nodes whose registration or removal failed: looked at again next pass.
@@ -152,8 +184,10 @@ impl Ingest {
         let me = self.groups.host().node_id();
         if self.groups.host().leader_of(0) != Some(me) {
             self.memory = Memory::default();
-            // Keeps the change set empty: a new leader looks at every node anyway.
-            let _ = self.cache.take_changes(Slot::Nodes);
+            // Keeps the change sets empty: a new leader looks at everything anyway.
+            for slot in CHANGE_SLOTS {
+                let _ = self.cache.take_changes(slot);
+            }
             return Ok(());
         }
         if !self.memory.leading {
@@ -163,19 +197,13 @@ impl Ingest {
         self.sync_classes().await;
         self.sync_slices().await;
         self.refresh_summaries()?;
-        // Held outside the memory for the pass: the steps write the memory while reading them.
-        let summaries = std::mem::take(&mut self.memory.summaries);
-        // One copy of the pods per pass, shared by every step that scans them.
-        let pods: Vec<Arc<Value>> = self
-            .cache
-            .read(Slot::Pods, |o| o.values().cloned().collect());
-        self.forget_finished(&summaries, &pods);
-        self.sync_observed(&pods).await;
-        self.release_gone(&summaries).await;
-        self.submit_pending(&pods).await;
-        self.report(&summaries).await;
-        self.write_pod_group_status(&pods).await;
-        self.memory.summaries = summaries;
+        self.take_pod_changes();
+        self.take_claim_changes();
+        self.take_pod_group_changes();
+        self.sync_observed().await;
+        self.check_groups().await;
+        self.submit_pending().await;
+        self.write_pod_group_status().await;
         Ok(())
     }
 
@@ -188,9 +216,18 @@ impl Ingest {
             Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
             Err(e) => return Err(e.to_string()),
         };
-        let kept = &mut self.memory.summaries;
         let live: HashSet<GroupSeq> = versions.iter().map(|(seq, _)| *seq).collect();
-        kept.retain(|seq, _| live.contains(seq));
+        let forgotten: Vec<GroupSeq> = self
+            .memory
+            .summaries
+            .keys()
+            .filter(|seq| !live.contains(seq))
+            .copied()
+            .collect();
+        for seq in forgotten {
+            self.forget_group(seq);
+        }
+        let kept = &self.memory.summaries;
         let moved: Vec<GroupSeq> = versions
             .iter()
             .filter(|(seq, version)| kept.get(seq).map(|s| s.version) != Some(*version))
@@ -203,6 +240,8 @@ impl Ingest {
             match self.groups.meta_query_local(&query) {
                 Ok(MetaReply::Summaries { groups }) => {
                     for g in groups {
+                        self.memory.groups_dirty.insert(g.key.clone());
+                        self.memory.seq_of.insert(g.key.clone(), g.seq);
                         self.memory.summaries.insert(g.seq, g);
                     }
                 }
@@ -405,6 +444,7 @@ impl Ingest {
                     LedgerReply::NodeRegistered { .. } => {
                         self.memory.nodes.insert(node.name.clone(), node.clone());
                         self.memory.shard_of.insert(node.name.clone(), shard);
+                        self.memory.observed_dirty.insert(node.name.clone());
                     }
                     other => {
                         self.warn_once(
@@ -516,52 +556,35 @@ impl Ingest {
     }
 
     /// Records in each node's shard the pods other schedulers bound there (and pods of
-    /// ours gangway did not place), so placements count what they take; only nodes
-    /// whose list changed are written, every node on the first pass as leader.
-    async fn sync_observed(&mut self, pods: &[Arc<Value>]) {
-        let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
-        let mut per_node: BTreeMap<String, Vec<ObservedPod>> = self
-            .memory
-            .shard_of
-            .keys()
-            .map(|n| (n.clone(), Vec::new()))
+    /// ours gangway did not place), so placements count what they take; only the nodes
+    /// whose pods changed are looked at, and only those whose list changed are written.
+    async fn sync_observed(&mut self) {
+        let dirty = std::mem::take(&mut self.memory.observed_dirty);
+        let nodes: Vec<String> = dirty
+            .into_iter()
+            .filter(|n| self.memory.shard_of.contains_key(n))
             .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
+        let mut per_shard: BTreeMap<u32, Vec<(String, Vec<ObservedPod>)>> = BTreeMap::new();
         let mut unreadable = Vec::new();
-        for pod in pods {
-            let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
-                continue;
-            };
-            let finished = matches!(
-                pod["status"]["phase"].as_str(),
-                Some("Succeeded" | "Failed")
-            );
-            let placed_by_us = pod["metadata"]["uid"]
-                .as_str()
-                .is_some_and(|uid| self.memory.submitted.contains_key(uid));
-            if finished || (self.ours(pod) && placed_by_us) {
-                continue;
-            }
-            let Some(list) = per_node.get_mut(node) else {
-                continue;
-            };
-            match objects::observed_pod(pod, &claims) {
-                Ok(observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => list.push(observed),
-                Ok(_) => {}
-                Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
-                    if let Some(r) = pod_ref(pod) {
-                        unreadable.push((r, why));
+        for node in nodes {
+            let mut list = Vec::new();
+            for facts in self.memory.pods.on_node(&node) {
+                let placed_by_us = self.memory.submitted.contains_key(&facts.pod.uid);
+                if facts.finished || (facts.ours && placed_by_us) {
+                    continue;
+                }
+                match objects::observed_pod(&facts.object, &claims) {
+                    Ok(observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => list.push(observed),
+                    Ok(_) => {}
+                    Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
+                        unreadable.push((facts.pod.clone(), why))
                     }
                 }
             }
-        }
-        for (pod, why) in unreadable {
-            self.warn_once(
-                &pod.uid,
-                &format!("pod {pod} on a gangway node is not counted: {why}"),
-            );
-        }
-        let mut per_shard: BTreeMap<u32, Vec<(String, Vec<ObservedPod>)>> = BTreeMap::new();
-        for (node, mut list) in per_node {
             list.sort_by(|a, b| a.uid.cmp(&b.uid));
             if self.memory.observed.get(&node) == Some(&list) {
                 continue;
@@ -569,6 +592,12 @@ impl Ingest {
             if let Some(shard) = self.memory.shard_of.get(&node) {
                 per_shard.entry(*shard).or_default().push((node, list));
             }
+        }
+        for (pod, why) in unreadable {
+            self.warn_once(
+                &pod.uid,
+                &format!("pod {pod} on a gangway node is not counted: {why}"),
+            );
         }
         for (shard, lists) in per_shard {
             for chunk in lists.chunks(OBSERVED_NODES_PER_ENTRY) {
@@ -589,10 +618,12 @@ impl Ingest {
             Ok(ShardOutcome::Applied(LedgerReply::Batch { replies })) => replies,
             Ok(other) => {
                 tracing::warn!(shard, reply = ?other, "unexpected reply recording observed pods");
+                self.retry_observed(lists);
                 return;
             }
             Err(e) => {
                 tracing::warn!(shard, error = %e, "recording observed pods failed; retrying next pass");
+                self.retry_observed(lists);
                 return;
             }
         };
@@ -605,102 +636,251 @@ impl Ingest {
                     }
                     self.memory.observed.insert(node.clone(), pods.clone());
                 }
-                other => self.warn_once(
-                    &format!("node/{node}"),
-                    &format!("observed pods of node {node} not recorded: {other:?}"),
-                ),
+                other => {
+                    self.warn_once(
+                        &format!("node/{node}"),
+                        &format!("observed pods of node {node} not recorded: {other:?}"),
+                    );
+                    self.memory.observed_dirty.insert(node.clone());
+                }
             }
         }
     }
 
-    /// Drops what the meta log and the informers no longer know: groups the meta log
-    /// forgot, and reports and marks about pods that are gone (memory stays bounded by
-    /// the meta log's own bounds and the number of live pods).
-    fn forget_finished(&mut self, summaries: &Summaries, pods: &[Arc<Value>]) {
-        let keys: HashSet<&str> = summaries.values().map(|s| s.key.as_str()).collect();
-        let memory = &mut self.memory;
-        memory.pods_of.retain(|k, _| keys.contains(k.as_str()));
-        let pods_of = &memory.pods_of;
-        memory.submitted.retain(|_, k| pods_of.contains_key(k));
-        let live: HashSet<&str> = pods
-            .iter()
-            .filter_map(|p| p["metadata"]["uid"].as_str())
-            .collect();
-        memory
-            .reported
-            .retain(|subject, _| subject.contains('/') || live.contains(subject.as_str()));
-        memory.timed_out.retain(|uid| live.contains(uid.as_str()));
+    fn retry_observed(&mut self, lists: &[(String, Vec<ObservedPod>)]) {
+        self.memory
+            .observed_dirty
+            .extend(lists.iter().map(|(node, _)| node.clone()));
     }
 
-    /// Releases placed members whose pods are gone or finished; cancels queued
-    /// groups that lost a pod (their other pods are submitted again).
-    async fn release_gone(&mut self, summaries: &Summaries) {
-        let pod_groups = self.pod_groups();
-        for s in summaries.values() {
-            let Some(pods) = self.memory.pods_of.get(&s.key) else {
+    /// Drops a group the meta log forgot, and which pods were submitted in it.
+    fn forget_group(&mut self, seq: GroupSeq) {
+        let Some(summary) = self.memory.summaries.remove(&seq) else {
+            return;
+        };
+        self.memory.seq_of.remove(&summary.key);
+        self.memory.groups_dirty.remove(&summary.key);
+        for pod in self.memory.pods_of.remove(&summary.key).unwrap_or_default() {
+            if self.memory.submitted.get(&pod.uid) == Some(&summary.key) {
+                self.unmark_submitted(&pod);
+            }
+        }
+    }
+
+    /// Records that `pod` was submitted in group `key`.
+    fn mark_submitted(&mut self, pod: &PodRef, key: &str) {
+        self.memory
+            .submitted
+            .insert(pod.uid.clone(), key.to_string());
+        self.memory
+            .waiting
+            .remove(&(pod.namespace.clone(), pod.name.clone()));
+    }
+
+    /// Forgets that `pod` was submitted: it waits to be submitted again if still
+    /// pending, and counts as observed on its node if bound.
+    fn unmark_submitted(&mut self, pod: &PodRef) {
+        self.memory.submitted.remove(&pod.uid);
+        self.memory.waiting_dirty = true;
+        if let Some(facts) = self.memory.pods.same(pod) {
+            if let Some(node) = &facts.node {
+                self.memory.observed_dirty.insert(node.clone());
+            }
+            if facts.pending_ours() {
+                self.memory
+                    .waiting
+                    .insert((pod.namespace.clone(), pod.name.clone()));
+            }
+        }
+    }
+
+    /// Brings the pod index up to the informer's copy (whole on the first pass as
+    /// leader or after a re-list, else the changed pods) and marks what changed.
+    fn take_pod_changes(&mut self) {
+        let scheduler = self.opts.scheduler_name.clone();
+        let changes = self.cache.take_changes(Slot::Pods);
+        let touched = match changes {
+            Changes::Keys(keys) if self.memory.pods_indexed => {
+                let objects: Vec<(Key, Option<Arc<Value>>)> = self.cache.read(Slot::Pods, |o| {
+                    keys.into_iter()
+                        .map(|k| {
+                            let object = o.get(&k).cloned();
+                            (k, object)
+                        })
+                        .collect()
+                });
+                let mut touched = Touched::default();
+                for (key, object) in objects {
+                    self.memory
+                        .pods
+                        .update(key, object, &scheduler, &mut touched);
+                }
+                touched
+            }
+            _ => {
+                self.memory.pods_indexed = true;
+                let index = &mut self.memory.pods;
+                self.cache
+                    .read(Slot::Pods, |o| index.rebuild(o.iter(), &scheduler))
+            }
+        };
+        self.absorb(touched);
+    }
+
+    /// Marks the nodes, groups, PodGroups and waiting pods `touched` concerns.
+    fn absorb(&mut self, touched: Touched) {
+        let memory = &mut self.memory;
+        if !touched.pods.is_empty() {
+            memory.waiting_dirty = true;
+        }
+        memory.observed_dirty.extend(touched.nodes);
+        memory.pod_groups_dirty.extend(touched.pod_groups);
+        for uid in &touched.uids {
+            if let Some(key) = memory.submitted.get(uid) {
+                memory.groups_dirty.insert(key.clone());
+            }
+        }
+        for pod in &touched.deleted {
+            memory.reported.remove(&pod.uid);
+            memory.timed_out.remove(&pod.uid);
+        }
+        for key in touched.pods {
+            let waits = memory
+                .pods
+                .get(&key)
+                .is_some_and(|f| f.pending_ours() && !memory.submitted.contains_key(&f.pod.uid));
+            if waits {
+                memory.waiting.insert(key);
+            } else {
+                memory.waiting.remove(&key);
+            }
+        }
+    }
+
+    /// A claim changed: the devices of bound pods with claims may have, and waiting
+    /// pods may have their claims now.
+    fn take_claim_changes(&mut self) {
+        let changed = match self.cache.take_changes(Slot::ResourceClaims) {
+            Changes::All => true,
+            Changes::Keys(keys) => !keys.is_empty(),
+        };
+        if changed {
+            let nodes = self.memory.pods.nodes_with_claims();
+            self.memory.observed_dirty.extend(nodes);
+            self.memory.waiting_dirty = true;
+        }
+    }
+
+    /// A PodGroup changed: its status may need writing, and waiting pods may now be
+    /// able to name their gang.
+    fn take_pod_group_changes(&mut self) {
+        for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX] {
+            let keys: BTreeSet<Key> = match self.cache.take_changes(slot) {
+                Changes::All => {
+                    let mut keys: BTreeSet<Key> =
+                        self.cache.read(slot, |o| o.keys().cloned().collect());
+                    // Those the re-list no longer has, so their memory goes too.
+                    keys.extend(
+                        self.memory
+                            .pod_group_status
+                            .keys()
+                            .filter(|(s, _, _)| *s == slot)
+                            .map(|(_, ns, name)| (ns.clone(), name.clone())),
+                    );
+                    keys
+                }
+                Changes::Keys(keys) => keys,
+            };
+            if !keys.is_empty() {
+                self.memory.waiting_dirty = true;
+            }
+            self.memory.pod_groups_dirty.extend(keys);
+        }
+    }
+
+    /// Looks at the groups marked since the last pass (a pod of theirs changed, or
+    /// their summary moved): releases or cancels what lost pods, reports why a group
+    /// waits, marks timed-out pods. A group whose write failed stays marked.
+    async fn check_groups(&mut self) {
+        let dirty = std::mem::take(&mut self.memory.groups_dirty);
+        for key in dirty {
+            let summary = self
+                .memory
+                .seq_of
+                .get(&key)
+                .and_then(|seq| self.memory.summaries.get(seq))
+                .cloned();
+            let (Some(s), Some(pods)) = (summary, self.memory.pods_of.get(&key).cloned()) else {
                 continue;
             };
-            let gone: Vec<&PodRef> = pods.iter().filter(|p| !self.pod_alive(p)).collect();
-            match s.state {
-                GroupState::Placed if !gone.is_empty() => {
-                    if let Some(why) = self.strict_gang_broken(s, pods, &pod_groups) {
-                        let pods = pods.clone();
-                        self.release_whole(s, &pods, &why).await;
-                        continue;
-                    }
-                    let names = placed_members(s, |key| {
-                        gone.iter()
-                            .any(|p| p.namespace == key.namespace && p.name == key.member)
-                    });
-                    if names.is_empty() {
-                        continue;
-                    }
-                    if let Err(e) = release_members(&self.groups, s.seq, names).await {
-                        tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
-                    }
-                }
-                GroupState::Queued | GroupState::Placing { .. } if !gone.is_empty() => {
-                    let cmd = MetaCommand::Cancel {
-                        seq: s.seq,
-                        at_ms: now_ms(),
-                    };
-                    if let Err(e) = self.groups.meta(&cmd).await {
-                        tracing::warn!(group = s.seq, error = %e, "cancelling a group that lost a pod failed");
-                    }
-                }
-                GroupState::Done {
-                    how: Terminal::Cancelled,
-                } => {
-                    for p in pods {
-                        if self.memory.submitted.get(&p.uid) == Some(&s.key) {
-                            self.memory.submitted.remove(&p.uid);
-                        }
-                    }
-                }
-                _ => {}
+            let released = self.release_gone(&s, &pods).await;
+            let reported = self.report(&s, &pods).await;
+            if !(released && reported) {
+                self.memory.groups_dirty.insert(key);
             }
         }
+    }
+
+    /// Releases placed members of `s` whose pods are gone or finished; cancels it if
+    /// queued and it lost a pod (its other pods are submitted again); forgets its
+    /// pods' submission once cancelled. False when a write failed.
+    async fn release_gone(&mut self, s: &GroupSummary, pods: &[PodRef]) -> bool {
+        let gone: Vec<&PodRef> = pods.iter().filter(|p| !self.memory.pods.alive(p)).collect();
+        match s.state {
+            GroupState::Placed if !gone.is_empty() => {
+                if let Some(why) = self.strict_gang_broken(s, pods) {
+                    return self.release_whole(s, pods, &why).await;
+                }
+                let names = placed_members(s, |key| {
+                    gone.iter()
+                        .any(|p| p.namespace == key.namespace && p.name == key.member)
+                });
+                if names.is_empty() {
+                    return true;
+                }
+                if let Err(e) = release_members(&self.groups, s.seq, names).await {
+                    tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
+                    return false;
+                }
+            }
+            GroupState::Queued | GroupState::Placing { .. } if !gone.is_empty() => {
+                let cmd = MetaCommand::Cancel {
+                    seq: s.seq,
+                    at_ms: now_ms(),
+                };
+                if let Err(e) = self.groups.meta(&cmd).await {
+                    tracing::warn!(group = s.seq, error = %e, "cancelling a group that lost a pod failed");
+                    return false;
+                }
+            }
+            GroupState::Done {
+                how: Terminal::Cancelled,
+            } => {
+                for p in pods {
+                    if self.memory.submitted.get(&p.uid) == Some(&s.key) {
+                        self.unmark_submitted(p);
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
     }
 
     /// Why a placed group must be released whole: one of its Strict gangs has fewer
     /// live pods than its minMember and none of the group's pods is bound yet (a bound
     /// pod cannot be taken back, so after the first binding the group stays).
-    fn strict_gang_broken(
-        &self,
-        s: &GroupSummary,
-        pods: &[PodRef],
-        pod_groups: &PodGroupIndex,
-    ) -> Option<String> {
+    fn strict_gang_broken(&self, s: &GroupSummary, pods: &[PodRef]) -> Option<String> {
+        let pod_groups = self.pod_groups();
         let mut live: BTreeMap<GangId, (u32, GangParams)> = BTreeMap::new();
-        for p in pods.iter().filter(|p| self.pod_alive(p)) {
-            let object = self.cache.get(Slot::Pods, &p.namespace, &p.name)?;
-            if object["spec"]["nodeName"]
-                .as_str()
-                .is_some_and(|n| !n.is_empty())
-            {
+        for p in pods {
+            let Some(facts) = self.memory.pods.same(p).filter(|f| !f.finished) else {
+                continue;
+            };
+            if facts.bound() {
                 return None;
             }
-            if let Ok(Identity::Gang(g)) = gangs::identify(&object, pod_groups) {
+            if let Ok(Identity::Gang(g)) = gangs::identify(&facts.object, &pod_groups) {
                 live.entry(g.id.clone()).or_insert((0, g)).0 += 1;
             }
         }
@@ -726,88 +906,53 @@ impl Ingest {
 
     /// Releases every placement of group `s` and forgets its live pods' submission, so
     /// they are submitted again once their gangs are ready.
-    async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) {
+    async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) -> bool {
         let names = placed_members(s, |_| true);
         if let Err(e) = release_members(&self.groups, s.seq, names).await {
             tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
-            return;
+            return false;
         }
         tracing::info!(group = s.seq, reason = %why, "released a Strict gang that lost a pod");
         for p in pods {
-            self.memory.submitted.remove(&p.uid);
-            if self.pod_alive(p) {
+            self.unmark_submitted(p);
+            if self.memory.pods.alive(p) {
                 self.failed_scheduling(p, why).await;
             }
         }
+        true
     }
 
-    /// Whether the pod still exists under its uid and has not finished.
-    fn pod_alive(&self, pod: &PodRef) -> bool {
-        let key = (pod.namespace.clone(), pod.name.clone());
-        self.cache.read(Slot::Pods, |objects| {
-            objects.get(&key).is_some_and(|o| {
-                o["metadata"]["uid"].as_str() == Some(pod.uid.as_str())
-                    && !matches!(o["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-            })
-        })
-    }
-
-    fn ours(&self, pod: &Value) -> bool {
-        pod["spec"]["schedulerName"].as_str() == Some(self.opts.scheduler_name.as_str())
-    }
-
-    async fn submit_pending(&mut self, all_pods: &[Arc<Value>]) {
+    /// Submits the pending pods of ours not yet submitted, when something that decides
+    /// them changed (a pod, a PodGroup, a claim, a submission given up).
+    async fn submit_pending(&mut self) {
+        if !std::mem::take(&mut self.memory.waiting_dirty) || self.memory.waiting.is_empty() {
+            return;
+        }
         let pod_groups = self.pod_groups();
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
-        let pods: Vec<&Value> = all_pods
-            .iter()
-            .map(|p| p.as_ref())
-            .filter(|p| self.ours(p))
-            .collect();
         let mut ready = Vec::new();
-        let mut bound_per_gang: BTreeMap<GangId, BoundPods> = BTreeMap::new();
         let mut problems = Vec::new();
-        for pod in pods {
-            let Some(r) = pod_ref(pod) else { continue };
-            let bound = pod["spec"]["nodeName"]
-                .as_str()
-                .is_some_and(|n| !n.is_empty());
-            let finished = matches!(
-                pod["status"]["phase"].as_str(),
-                Some("Succeeded" | "Failed")
-            );
-            if bound {
-                if let Ok(Identity::Gang(p)) = gangs::identify(pod, &pod_groups) {
-                    let counted = bound_per_gang.entry(p.id).or_default();
-                    counted.ever += 1;
-                    if !finished {
-                        counted.running += 1;
-                    }
-                }
+        for key in &self.memory.waiting {
+            let Some(facts) = self.memory.pods.get(key) else {
                 continue;
-            }
-            let terminating = !pod["metadata"]["deletionTimestamp"].is_null();
-            let timed_out =
-                pod["metadata"]["annotations"][ANNOTATION_TIMEOUT].as_str() == Some("true");
-            if finished || terminating || timed_out || self.memory.submitted.contains_key(&r.uid) {
-                continue;
-            }
-            let identity = match gangs::identify(pod, &pod_groups) {
+            };
+            let identity = match gangs::identify(&facts.object, &pod_groups) {
                 Ok(i) => i,
                 Err(p) => {
-                    problems.push((r, p));
+                    problems.push((facts.pod.clone(), p));
                     continue;
                 }
             };
-            match objects::pod_spec(pod, &claims) {
+            match objects::pod_spec(&facts.object, &claims) {
                 Ok((spec, _)) => ready.push(ReadyPod {
-                    pod: r,
+                    pod: facts.pod.clone(),
                     spec,
                     identity,
                 }),
-                Err(p) => problems.push((r, p)),
+                Err(p) => problems.push((facts.pod.clone(), p)),
             }
         }
+        let bound_per_gang = self.bound_per_gang(&ready, &pod_groups);
         let satisfied = gangs::apply_match_policies(&mut ready, &bound_per_gang);
         for (pod, problem) in problems {
             if let PodProblem::Invalid(why) = problem {
@@ -816,47 +961,87 @@ impl Ingest {
         }
         let submissions = gangs::submissions(&ready, &satisfied);
         for chunk in submissions.chunks(SUBMIT_BATCH_MAX) {
-            let at_ms = now_ms();
-            let commands = chunk
-                .iter()
-                .map(|s| MetaCommand::Submit {
-                    key: s.key.clone(),
-                    group: s.group.clone(),
-                    at_ms,
-                })
-                .collect();
-            let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {
-                Ok(MetaReply::Batch { replies }) => replies,
-                Ok(other) => {
-                    tracing::warn!(reply = ?other, "unexpected reply to a submission batch");
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "submitting pods failed; retrying next pass");
-                    continue;
-                }
-            };
-            tracing::info!(
-                groups = chunk.len(),
-                "submitted pending pods as gang groups"
-            );
-            for (s, reply) in chunk.iter().zip(replies) {
-                match reply {
-                    MetaReply::Submitted { .. } => {
-                        for p in &s.pods {
-                            self.memory.submitted.insert(p.uid.clone(), s.key.clone());
-                        }
-                        self.memory.pods_of.insert(s.key.clone(), s.pods.clone());
-                    }
-                    MetaReply::Rejected { reason, .. } => {
-                        for p in &s.pods {
-                            self.failed_scheduling(p, &reason).await;
-                        }
-                    }
-                    other => tracing::warn!(reply = ?other, "unexpected submission reply"),
-                }
+            if !self.submit(chunk).await {
+                // Looked at again next pass.
+                self.memory.waiting_dirty = true;
             }
         }
+    }
+
+    /// The bound pods of ours of each gang that `ready` pods belong to.
+    fn bound_per_gang(
+        &self,
+        ready: &[ReadyPod],
+        pod_groups: &PodGroupIndex,
+    ) -> BTreeMap<GangId, BoundPods> {
+        let mut counted: BTreeMap<GangId, BoundPods> = BTreeMap::new();
+        for pod in ready {
+            let Identity::Gang(g) = &pod.identity else {
+                continue;
+            };
+            if counted.contains_key(&g.id) {
+                continue;
+            }
+            let mut bound = BoundPods::default();
+            let members = self.memory.pods.in_gang(&g.id.namespace, &g.id.name);
+            for facts in members.filter(|f| f.ours && f.bound()) {
+                if let Ok(Identity::Gang(p)) = gangs::identify(&facts.object, pod_groups) {
+                    if p.id == g.id {
+                        bound.ever += 1;
+                        if !facts.finished {
+                            bound.running += 1;
+                        }
+                    }
+                }
+            }
+            counted.insert(g.id.clone(), bound);
+        }
+        counted
+    }
+
+    /// Proposes one batch of submissions; false when the meta group did not answer.
+    async fn submit(&mut self, chunk: &[gangs::Submission]) -> bool {
+        let at_ms = now_ms();
+        let commands = chunk
+            .iter()
+            .map(|s| MetaCommand::Submit {
+                key: s.key.clone(),
+                group: s.group.clone(),
+                at_ms,
+            })
+            .collect();
+        let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {
+            Ok(MetaReply::Batch { replies }) => replies,
+            Ok(other) => {
+                tracing::warn!(reply = ?other, "unexpected reply to a submission batch");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "submitting pods failed; retrying next pass");
+                return false;
+            }
+        };
+        tracing::info!(
+            groups = chunk.len(),
+            "submitted pending pods as gang groups"
+        );
+        for (s, reply) in chunk.iter().zip(replies) {
+            match reply {
+                MetaReply::Submitted { .. } => {
+                    for p in &s.pods {
+                        self.mark_submitted(p, &s.key);
+                    }
+                    self.memory.pods_of.insert(s.key.clone(), s.pods.clone());
+                }
+                MetaReply::Rejected { reason, .. } => {
+                    for p in &s.pods {
+                        self.failed_scheduling(p, &reason).await;
+                    }
+                }
+                other => tracing::warn!(reply = ?other, "unexpected submission reply"),
+            }
+        }
+        true
     }
 
     fn pod_groups(&self) -> PodGroupIndex {
@@ -871,32 +1056,25 @@ impl Ingest {
         index
     }
 
-    /// Writes each PodGroup's status (phase, scheduled, running, succeeded, failed) when it changed.
-    async fn write_pod_group_status(&mut self, pods: &[Arc<Value>]) {
-        let mut members: HashMap<(String, String), Vec<&Value>> = HashMap::new();
-        for pod in pods.iter().map(|p| p.as_ref()) {
-            if let Some(name) = gangs::pod_group_name(pod) {
-                let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-                members
-                    .entry((ns.to_string(), name.to_string()))
-                    .or_default()
-                    .push(pod);
-            }
-        }
-        let mut seen = HashSet::new();
-        for slot in [Slot::PodGroupsX, Slot::PodGroupsSigs] {
-            let groups: Vec<((String, String), Arc<Value>)> = self.cache.read(slot, |o| {
-                o.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-            });
-            for ((ns, name), group) in groups {
-                let min = group["spec"]["minMember"].as_u64().unwrap_or(1);
-                let list = members
-                    .get(&(ns.clone(), name.clone()))
-                    .cloned()
-                    .unwrap_or_default();
-                let status = gangs::pod_group_status(min, &list);
+    /// Writes the status (phase, scheduled, running, succeeded, failed) of the
+    /// PodGroups marked since the last pass, where it changed; a failed write stays marked.
+    async fn write_pod_group_status(&mut self) {
+        let dirty = std::mem::take(&mut self.memory.pod_groups_dirty);
+        for (ns, name) in dirty {
+            for slot in [Slot::PodGroupsX, Slot::PodGroupsSigs] {
                 let key = (slot, ns.clone(), name.clone());
-                seen.insert(key.clone());
+                let Some(group) = self.cache.get(slot, &ns, &name) else {
+                    self.memory.pod_group_status.remove(&key);
+                    continue;
+                };
+                let min = group["spec"]["minMember"].as_u64().unwrap_or(1);
+                let members: Vec<&Value> = self
+                    .memory
+                    .pods
+                    .in_pod_group(&(ns.clone(), name.clone()))
+                    .map(|f| f.object.as_ref())
+                    .collect();
+                let status = gangs::pod_group_status(min, &members);
                 let current = &group["status"];
                 let unchanged = ["phase", "scheduled", "running", "succeeded", "failed"]
                     .iter()
@@ -916,58 +1094,58 @@ impl Ingest {
                         self.memory.pod_group_status.insert(key, status);
                     }
                     Err(e) => {
-                        tracing::debug!(pod_group = %format!("{ns}/{name}"), error = %e, "PodGroup status not written")
+                        tracing::debug!(pod_group = %format!("{ns}/{name}"), error = %e, "PodGroup status not written");
+                        self.memory
+                            .pod_groups_dirty
+                            .insert((ns.clone(), name.clone()));
                     }
                 }
             }
         }
-        self.memory.pod_group_status.retain(|k, _| seen.contains(k));
     }
 
-    /// Events for groups that cannot be placed, and the timeout mark for timed-out gangs.
-    async fn report(&mut self, summaries: &Summaries) {
-        for s in summaries.values() {
-            let Some(pods) = self.memory.pods_of.get(&s.key).cloned() else {
-                continue;
-            };
-            match s.state {
-                GroupState::Queued if s.attempts > 0 && !s.reason.is_empty() => {
-                    for p in &pods {
-                        self.failed_scheduling(p, &s.reason).await;
-                    }
+    /// Events for a group that cannot be placed, and the timeout mark for a timed-out
+    /// one. False when a write failed.
+    async fn report(&mut self, s: &GroupSummary, pods: &[PodRef]) -> bool {
+        let mut done = true;
+        match s.state {
+            GroupState::Queued if s.attempts > 0 && !s.reason.is_empty() => {
+                for p in pods {
+                    done &= self.failed_scheduling(p, &s.reason).await;
                 }
-                GroupState::Done {
-                    how: Terminal::TimedOut,
-                } => {
-                    for p in &pods {
-                        if self.memory.timed_out.contains(&p.uid) || !self.pod_alive(p) {
-                            continue;
-                        }
-                        let patch =
-                            json!({"metadata": {"annotations": {ANNOTATION_TIMEOUT: "true"}}});
-                        match api::merge_patch(&self.client, &api::path_of(p), &patch).await {
-                            Ok(_) => {
-                                self.memory.timed_out.insert(p.uid.clone());
-                                let why = format!(
-                                    "gang timed out before it could be placed: {}",
-                                    s.reason
-                                );
-                                self.failed_scheduling(p, &why).await;
-                            }
-                            Err(e) => {
-                                tracing::warn!(pod = %p, error = %e, "marking a timed-out pod failed")
-                            }
-                        }
-                    }
-                }
-                _ => {}
             }
+            GroupState::Done {
+                how: Terminal::TimedOut,
+            } => {
+                for p in pods {
+                    if self.memory.timed_out.contains(&p.uid) || !self.memory.pods.alive(p) {
+                        continue;
+                    }
+                    let patch = json!({"metadata": {"annotations": {ANNOTATION_TIMEOUT: "true"}}});
+                    match api::merge_patch(&self.client, &api::path_of(p), &patch).await {
+                        Ok(_) => {
+                            self.memory.timed_out.insert(p.uid.clone());
+                            let why =
+                                format!("gang timed out before it could be placed: {}", s.reason);
+                            done &= self.failed_scheduling(p, &why).await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %p, error = %e, "marking a timed-out pod failed");
+                            done = false;
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
+        done
     }
 
-    async fn failed_scheduling(&mut self, pod: &PodRef, why: &str) {
+    /// Writes a FailedScheduling event for `pod` unless this reason was the last one
+    /// reported; false when the write failed.
+    async fn failed_scheduling(&mut self, pod: &PodRef, why: &str) -> bool {
         if self.memory.reported.get(&pod.uid).map(String::as_str) == Some(why) {
-            return;
+            return true;
         }
         let result = api::pod_event(
             &self.client,
@@ -984,9 +1162,11 @@ impl Ingest {
                 self.memory
                     .reported
                     .insert(pod.uid.clone(), why.to_string());
+                true
             }
             Err(e) => {
-                tracing::debug!(pod = %pod, error = %e, "FailedScheduling event not recorded")
+                tracing::debug!(pod = %pod, error = %e, "FailedScheduling event not recorded");
+                false
             }
         }
     }

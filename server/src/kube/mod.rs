@@ -15,6 +15,7 @@ pub mod gangs;
 pub mod informer;
 pub mod ingest;
 pub mod objects;
+pub mod pod_index;
 
 use std::path::PathBuf;
 use std::sync::Arc;

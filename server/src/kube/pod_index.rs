@@ -1,0 +1,504 @@
+//! The ingest loop's index of pods: what each step needs of a pod (its node, phase,
+//! scheduler, gang and PodGroup names), read once when the pod's object changes, and
+//! the pods grouped by node, by gang and by PodGroup. The ingest applies the
+//! informer's change set to it each pass and gets back what the changes touched, so
+//! a pod event costs work for that pod's node, gang, PodGroup and group only, never a
+//! scan of every pod.
+//!
+//! Invariants: every pod in `pods` is in exactly the secondary sets its facts name
+//! (checked by `assert_consistent` in tests); an update's `Touched` names the nodes,
+//! PodGroups and pods of both the old and the new facts. Pure; owned by the ingest
+//! loop (`kube::ingest`), rebuilt when it starts leading.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::kube::gangs::{self, ANNOTATION_TIMEOUT, GANG_PREFIX};
+use crate::kube::informer::Key;
+use crate::kube::objects::{pod_ref, PodRef};
+
+/// What the ingest needs of one pod, read from its object once per change.
+#[derive(Debug, Clone)]
+pub struct PodFacts {
+    /// Namespace, name and uid.
+    pub pod: PodRef,
+    /// `spec.nodeName`, when bound.
+    pub node: Option<String>,
+    /// Phase Succeeded or Failed.
+    pub finished: bool,
+    /// `schedulerName` is gangway's.
+    pub ours: bool,
+    /// Has a deletion timestamp.
+    pub terminating: bool,
+    /// Marked with Koordinator's timeout annotation.
+    pub timed_out: bool,
+    /// The PodGroup it names (label or annotation).
+    pub pod_group: Option<String>,
+    /// The gang it names: its PodGroup, else Koordinator's gang name.
+    pub gang: Option<String>,
+    /// Lists ResourceClaims (its devices depend on claim objects too).
+    pub uses_claims: bool,
+    /// The object itself (shared with the informer).
+    pub object: Arc<Value>,
+}
+
+impl PodFacts {
+    /// Reads `object`; `None` without a name or uid (the API server always sets both).
+    pub fn read(object: Arc<Value>, scheduler_name: &str) -> Option<Self> {
+        let pod = pod_ref(&object)?;
+        let node = object["spec"]["nodeName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+        let finished = matches!(
+            object["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        );
+        let ours = object["spec"]["schedulerName"].as_str() == Some(scheduler_name);
+        let terminating = !object["metadata"]["deletionTimestamp"].is_null();
+        let timed_out =
+            object["metadata"]["annotations"][ANNOTATION_TIMEOUT].as_str() == Some("true");
+        let pod_group = gangs::pod_group_name(&object).map(str::to_string);
+        let gang = pod_group.clone().or_else(|| {
+            object["metadata"]["annotations"][format!("{GANG_PREFIX}name").as_str()]
+                .as_str()
+                .map(str::to_string)
+        });
+        let uses_claims = object["spec"]["resourceClaims"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty());
+        Some(Self {
+            pod,
+            node,
+            finished,
+            ours,
+            terminating,
+            timed_out,
+            pod_group,
+            gang,
+            uses_claims,
+            object,
+        })
+    }
+
+    /// Bound to a node.
+    pub fn bound(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// Ours, unbound, not finished, not being deleted, not timed out: a pod to submit.
+    pub fn pending_ours(&self) -> bool {
+        self.ours && !self.bound() && !self.finished && !self.terminating && !self.timed_out
+    }
+
+    fn namespaced(&self, name: &Option<String>) -> Option<Key> {
+        name.as_ref()
+            .map(|n| (self.pod.namespace.clone(), n.clone()))
+    }
+}
+
+/// What an update touched: the ingest's steps look at these and nothing else.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Touched {
+    /// Pods added, changed or removed.
+    pub pods: BTreeSet<Key>,
+    /// Pods (uids) that were removed or replaced by a pod of another uid.
+    pub deleted: Vec<PodRef>,
+    /// Pods whose facts before the change were these (uids of changed pods).
+    pub uids: BTreeSet<String>,
+    /// Nodes that gained or lost a pod, or whose pods changed.
+    pub nodes: BTreeSet<String>,
+    /// PodGroups (namespace, name) whose member pods changed.
+    pub pod_groups: BTreeSet<Key>,
+}
+
+/// The pods, by key, node, gang and PodGroup.
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pods: HashMap<Key, PodFacts>,
+    on_node: HashMap<String, BTreeSet<Key>>,
+    in_gang: HashMap<Key, BTreeSet<Key>>,
+    in_pod_group: HashMap<Key, BTreeSet<Key>>,
+    with_claims: BTreeSet<Key>,
+}
+
+fn add<K: std::hash::Hash + Eq>(index: &mut HashMap<K, BTreeSet<Key>>, at: Option<K>, key: &Key) {
+    if let Some(at) = at {
+        index.entry(at).or_default().insert(key.clone());
+    }
+}
+
+fn remove<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, BTreeSet<Key>>,
+    at: Option<K>,
+    key: &Key,
+) {
+    if let Some(at) = at {
+        if let Some(set) = index.get_mut(&at) {
+            set.remove(key);
+            if set.is_empty() {
+                index.remove(&at);
+            }
+        }
+    }
+}
+
+impl PodIndex {
+    /// Sets the pod at `key` to `object` (`None`: deleted), recording in `touched`
+    /// what it changed.
+    pub fn update(
+        &mut self,
+        key: Key,
+        object: Option<Arc<Value>>,
+        scheduler_name: &str,
+        touched: &mut Touched,
+    ) {
+        let new = object.and_then(|o| PodFacts::read(o, scheduler_name));
+        let old = self.unlink(&key);
+        if let Some(old) = &old {
+            touched.uids.insert(old.pod.uid.clone());
+            if new.as_ref().map(|n| &n.pod.uid) != Some(&old.pod.uid) {
+                touched.deleted.push(old.pod.clone());
+            }
+            Self::touch(old, touched);
+        }
+        if let Some(new) = new {
+            Self::touch(&new, touched);
+            self.link(key.clone(), new);
+        }
+        touched.pods.insert(key);
+    }
+
+    /// Replaces the whole index with `objects` (after a re-list, or when the ingest
+    /// starts leading); everything counts as touched, and pods no longer there as deleted.
+    pub fn rebuild<'a>(
+        &mut self,
+        objects: impl IntoIterator<Item = (&'a Key, &'a Arc<Value>)>,
+        scheduler_name: &str,
+    ) -> Touched {
+        let old = std::mem::take(self);
+        let mut touched = Touched::default();
+        for (key, object) in objects {
+            if let Some(facts) = PodFacts::read(object.clone(), scheduler_name) {
+                Self::touch(&facts, &mut touched);
+                touched.pods.insert(key.clone());
+                self.link(key.clone(), facts);
+            }
+        }
+        for (key, facts) in old.pods {
+            touched.uids.insert(facts.pod.uid.clone());
+            if self.pods.get(&key).map(|n| &n.pod.uid) != Some(&facts.pod.uid) {
+                touched.deleted.push(facts.pod.clone());
+            }
+            Self::touch(&facts, &mut touched);
+            touched.pods.insert(key);
+        }
+        touched
+    }
+
+    fn touch(facts: &PodFacts, touched: &mut Touched) {
+        if let Some(node) = &facts.node {
+            touched.nodes.insert(node.clone());
+        }
+        if let Some(group) = facts.namespaced(&facts.pod_group) {
+            touched.pod_groups.insert(group);
+        }
+    }
+
+    fn link(&mut self, key: Key, facts: PodFacts) {
+        add(&mut self.on_node, facts.node.clone(), &key);
+        add(&mut self.in_gang, facts.namespaced(&facts.gang), &key);
+        add(
+            &mut self.in_pod_group,
+            facts.namespaced(&facts.pod_group),
+            &key,
+        );
+        if facts.uses_claims {
+            self.with_claims.insert(key.clone());
+        }
+        self.pods.insert(key, facts);
+    }
+
+    fn unlink(&mut self, key: &Key) -> Option<PodFacts> {
+        let facts = self.pods.remove(key)?;
+        remove(&mut self.on_node, facts.node.clone(), key);
+        remove(&mut self.in_gang, facts.namespaced(&facts.gang), key);
+        remove(
+            &mut self.in_pod_group,
+            facts.namespaced(&facts.pod_group),
+            key,
+        );
+        self.with_claims.remove(key);
+        Some(facts)
+    }
+
+    /// The pod at `key`.
+    pub fn get(&self, key: &Key) -> Option<&PodFacts> {
+        self.pods.get(key)
+    }
+
+    /// The pod `pod` names, if it is still there under the same uid.
+    pub fn same(&self, pod: &PodRef) -> Option<&PodFacts> {
+        self.pods
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .filter(|f| f.pod.uid == pod.uid)
+    }
+
+    /// Whether `pod` is still there under its uid and has not finished.
+    pub fn alive(&self, pod: &PodRef) -> bool {
+        self.same(pod).is_some_and(|f| !f.finished)
+    }
+
+    /// The pods bound to `node`.
+    pub fn on_node<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a PodFacts> + 'a {
+        self.members(self.on_node.get(node))
+    }
+
+    /// The pods naming gang `name` in `namespace`.
+    pub fn in_gang<'a>(
+        &'a self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Iterator<Item = &'a PodFacts> + 'a {
+        self.members(self.in_gang.get(&(namespace.to_string(), name.to_string())))
+    }
+
+    /// The pods naming PodGroup `group`.
+    pub fn in_pod_group<'a>(&'a self, group: &Key) -> impl Iterator<Item = &'a PodFacts> + 'a {
+        self.members(self.in_pod_group.get(group))
+    }
+
+    /// The nodes of bound pods that list ResourceClaims (their devices change with claims).
+    pub fn nodes_with_claims(&self) -> BTreeSet<String> {
+        self.with_claims
+            .iter()
+            .filter_map(|k| self.pods.get(k)?.node.clone())
+            .collect()
+    }
+
+    /// Every pod.
+    pub fn all(&self) -> impl Iterator<Item = &PodFacts> {
+        self.pods.values()
+    }
+
+    /// Number of pods.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// No pods.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    fn members<'a>(
+        &'a self,
+        keys: Option<&'a BTreeSet<Key>>,
+    ) -> impl Iterator<Item = &'a PodFacts> + 'a {
+        keys.into_iter()
+            .flatten()
+            .filter_map(move |k| self.pods.get(k))
+    }
+
+    /// Panics if a secondary set disagrees with the facts (tests).
+    #[cfg(test)]
+    pub fn assert_consistent(&self) {
+        let mut expected = PodIndex::default();
+        for (key, facts) in &self.pods {
+            expected.link(key.clone(), facts.clone());
+        }
+        assert_eq!(expected.on_node, self.on_node, "on_node");
+        assert_eq!(expected.in_gang, self.in_gang, "in_gang");
+        assert_eq!(expected.in_pod_group, self.in_pod_group, "in_pod_group");
+        assert_eq!(expected.with_claims, self.with_claims, "with_claims");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn pod(
+        name: &str,
+        uid: &str,
+        node: Option<&str>,
+        group: Option<&str>,
+        phase: &str,
+    ) -> Arc<Value> {
+        let mut labels = serde_json::Map::new();
+        if let Some(g) = group {
+            labels.insert(gangs::LABEL_POD_GROUP.into(), json!(g));
+        }
+        Arc::new(json!({
+            "metadata": {"namespace": "ns", "name": name, "uid": uid, "labels": labels},
+            "spec": {"schedulerName": "gangway", "nodeName": node.unwrap_or("")},
+            "status": {"phase": phase},
+        }))
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn a_binding_touches_the_node_and_the_pod_group() {
+        let mut index = PodIndex::default();
+        let mut touched = Touched::default();
+        index.update(
+            key("a"),
+            Some(pod("a", "u1", None, Some("pg"), "Pending")),
+            "gangway",
+            &mut touched,
+        );
+        assert!(index.get(&key("a")).is_some_and(PodFacts::pending_ours));
+        let mut touched = Touched::default();
+        index.update(
+            key("a"),
+            Some(pod("a", "u1", Some("n1"), Some("pg"), "Pending")),
+            "gangway",
+            &mut touched,
+        );
+        assert_eq!(touched.nodes, BTreeSet::from(["n1".to_string()]));
+        assert_eq!(touched.pod_groups, BTreeSet::from([key("pg")]));
+        assert!(touched.deleted.is_empty());
+        assert_eq!(index.on_node("n1").count(), 1);
+        assert_eq!(index.in_pod_group(&key("pg")).count(), 1);
+        assert_eq!(index.in_gang("ns", "pg").count(), 1);
+    }
+
+    #[test]
+    fn a_pod_replaced_under_its_name_counts_as_deleted() {
+        let mut index = PodIndex::default();
+        let mut touched = Touched::default();
+        index.update(
+            key("a"),
+            Some(pod("a", "u1", Some("n1"), None, "Running")),
+            "gangway",
+            &mut touched,
+        );
+        let mut touched = Touched::default();
+        index.update(
+            key("a"),
+            Some(pod("a", "u2", None, None, "Pending")),
+            "gangway",
+            &mut touched,
+        );
+        assert_eq!(touched.deleted.len(), 1);
+        assert_eq!(touched.deleted[0].uid, "u1");
+        assert_eq!(touched.nodes, BTreeSet::from(["n1".to_string()]));
+        assert_eq!(index.on_node("n1").count(), 0);
+        let old = PodRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+        };
+        assert!(!index.alive(&old));
+    }
+
+    #[test]
+    fn a_finished_pod_is_not_alive() {
+        let mut index = PodIndex::default();
+        let mut touched = Touched::default();
+        index.update(
+            key("a"),
+            Some(pod("a", "u1", Some("n1"), None, "Succeeded")),
+            "gangway",
+            &mut touched,
+        );
+        let r = PodRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+        };
+        assert!(!index.alive(&r));
+        assert!(index.same(&r).is_some());
+    }
+
+    /// One step of the property test: set pod `name` to a state, or delete it.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Set {
+            name: u8,
+            uid: u8,
+            node: Option<u8>,
+            group: Option<u8>,
+            finished: bool,
+        },
+        Delete {
+            name: u8,
+        },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (
+                0u8..6,
+                0u8..3,
+                proptest::option::of(0u8..3),
+                proptest::option::of(0u8..2),
+                any::<bool>()
+            )
+                .prop_map(|(name, uid, node, group, finished)| Step::Set {
+                    name,
+                    uid,
+                    node,
+                    group,
+                    finished
+                }),
+            (0u8..6).prop_map(|name| Step::Delete { name }),
+        ]
+    }
+
+    proptest! {
+        /// After any sequence of updates the index equals one rebuilt from the final
+        /// objects, its secondary sets agree with its facts, and every step's Touched
+        /// names the nodes and PodGroups the pod left and entered.
+        #[test]
+        fn updates_agree_with_a_rebuild(steps in proptest::collection::vec(step(), 1..60)) {
+            let mut index = PodIndex::default();
+            let mut objects: std::collections::BTreeMap<Key, Arc<Value>> = Default::default();
+            for s in steps {
+                let mut touched = Touched::default();
+                match s {
+                    Step::Set { name, uid, node, group, finished } => {
+                        let n = format!("p{name}");
+                        let node = node.map(|x| format!("n{x}"));
+                        let group = group.map(|x| format!("g{x}"));
+                        let before = index.get(&key(&n)).cloned();
+                        let object = pod(&n, &format!("u{name}-{uid}"), node.as_deref(), group.as_deref(),
+                            if finished { "Failed" } else { "Running" });
+                        objects.insert(key(&n), object.clone());
+                        index.update(key(&n), Some(object), "gangway", &mut touched);
+                        for f in before.iter().chain(index.get(&key(&n))) {
+                            if let Some(node) = &f.node { prop_assert!(touched.nodes.contains(node)); }
+                            if let Some(g) = &f.pod_group { prop_assert!(touched.pod_groups.contains(&("ns".to_string(), g.clone()))); }
+                        }
+                    }
+                    Step::Delete { name } => {
+                        let n = format!("p{name}");
+                        let before = index.get(&key(&n)).cloned();
+                        objects.remove(&key(&n));
+                        index.update(key(&n), None, "gangway", &mut touched);
+                        if let Some(before) = before {
+                            prop_assert_eq!(touched.deleted.clone(), vec![before.pod.clone()]);
+                        }
+                    }
+                }
+                index.assert_consistent();
+            }
+            let mut rebuilt = PodIndex::default();
+            rebuilt.rebuild(objects.iter(), "gangway");
+            prop_assert_eq!(rebuilt.len(), index.len());
+            for (k, f) in &rebuilt.pods {
+                let mine = index.get(k);
+                prop_assert!(mine.is_some());
+                let mine = mine.map(|m| (&m.pod, &m.node, m.finished, &m.pod_group));
+                prop_assert_eq!(mine, Some((&f.pod, &f.node, f.finished, &f.pod_group)));
+            }
+        }
+    }
+}
