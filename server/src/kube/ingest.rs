@@ -93,8 +93,12 @@ struct Memory {
     timed_out: HashSet<String>,
     /// PodGroup (slot, namespace, name) → the status last written.
     pod_group_status: HashMap<(Slot, String, String), Value>,
-    /// The meta log's groups as last read (refreshed by version each pass).
+    /// The meta log's groups as last read (refreshed by change stamp each pass).
     summaries: Summaries,
+    /// The meta log's change stamp the summaries are up to.
+    stamp: u64,
+    /// The meta log's count of forgotten groups when last read.
+    forgotten: u64,
     /// Group key → its seq, for the summaries kept.
     seq_of: HashMap<String, GroupSeq>,
     /// The pods, kept from the informer's change sets (built whole when leading starts).
@@ -207,10 +211,43 @@ impl Ingest {
         Ok(())
     }
 
-    /// Brings the kept group summaries up to the meta log's: reads every group's
-    /// version, then only the summaries whose version moved (all of them on the first
-    /// pass as leader), and drops the groups the log forgot.
+    /// Brings the kept group summaries up to the meta log's: reads the groups changed
+    /// since the last stamp seen (all of them on the first pass as leader), and, when
+    /// the log forgot groups since, drops those it no longer has.
     fn refresh_summaries(&mut self) -> Result<(), String> {
+        loop {
+            let query = MetaQuery::ChangedSince {
+                after: self.memory.stamp,
+                limit: SUMMARIES_PER_READ_MAX as u32,
+            };
+            let (groups, stamp, more, forgotten) = match self.groups.meta_query_local(&query) {
+                Ok(MetaReply::Changed {
+                    groups,
+                    stamp,
+                    more,
+                    forgotten,
+                }) => (groups, stamp, more, forgotten),
+                Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            };
+            if forgotten != self.memory.forgotten {
+                self.drop_forgotten()?;
+                self.memory.forgotten = forgotten;
+            }
+            for g in groups {
+                self.memory.groups_dirty.insert(g.key.clone());
+                self.memory.seq_of.insert(g.key.clone(), g.seq);
+                self.memory.summaries.insert(g.seq, g);
+            }
+            self.memory.stamp = stamp;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Drops the kept groups the meta log no longer has.
+    fn drop_forgotten(&mut self) -> Result<(), String> {
         let versions = match self.groups.meta_query_local(&MetaQuery::Versions) {
             Ok(MetaReply::Versions { groups }) => groups,
             Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
@@ -226,28 +263,6 @@ impl Ingest {
             .collect();
         for seq in forgotten {
             self.forget_group(seq);
-        }
-        let kept = &self.memory.summaries;
-        let moved: Vec<GroupSeq> = versions
-            .iter()
-            .filter(|(seq, version)| kept.get(seq).map(|s| s.version) != Some(*version))
-            .map(|(seq, _)| *seq)
-            .collect();
-        for chunk in moved.chunks(SUMMARIES_PER_READ_MAX) {
-            let query = MetaQuery::SummariesOf {
-                seqs: chunk.to_vec(),
-            };
-            match self.groups.meta_query_local(&query) {
-                Ok(MetaReply::Summaries { groups }) => {
-                    for g in groups {
-                        self.memory.groups_dirty.insert(g.key.clone());
-                        self.memory.seq_of.insert(g.key.clone(), g.seq);
-                        self.memory.summaries.insert(g.seq, g);
-                    }
-                }
-                Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
-                Err(e) => return Err(e.to_string()),
-            }
         }
         Ok(())
     }

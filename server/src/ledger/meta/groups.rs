@@ -214,7 +214,8 @@ pub struct GroupRecord {
     pub reason: String,
     /// Member key (`ns/gang/member`) → placement, once placed.
     pub placements: BTreeMap<String, Placement>,
-    /// Bumped on every change, so watchers see each one.
+    /// Bumped on every change, so watchers see each one: the meta log's change
+    /// stamp at its last change, so "changed since stamp N" is a comparison.
     pub version: u64,
     /// Highest priority over its gangs (queue order).
     pub priority: i32,
@@ -227,6 +228,14 @@ pub struct GroupRecord {
 }
 
 impl GroupRecord {
+    /// Marks a change: the next stamp after both `last` and its own version (data from
+    /// before stamps were global had versions counted per group), recorded in `last`.
+    pub fn bump(&mut self, last: &mut u64) {
+        let stamp = (*last).max(self.version) + 1;
+        *last = stamp;
+        self.version = stamp;
+    }
+
     /// Whether every gang has at least minMember placed members.
     pub fn every_gang_at_min(&self) -> bool {
         self.group.gangs.iter().all(|gang| {

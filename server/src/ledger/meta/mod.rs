@@ -228,6 +228,18 @@ pub enum MetaReply {
         /// Their summaries.
         groups: Vec<GroupSummary>,
     },
+    /// The groups changed since a stamp ([`MetaQuery::ChangedSince`]).
+    Changed {
+        /// Their summaries, oldest change first.
+        groups: Vec<GroupSummary>,
+        /// The stamp to ask from next: every change up to it is in `groups`.
+        stamp: u64,
+        /// More changes than the limit: ask again from `stamp`.
+        more: bool,
+        /// Groups forgotten so far (a reader that kept summaries drops the ones gone
+        /// when this moved).
+        forgotten: u64,
+    },
     /// One transaction, if known.
     Txn {
         /// Its record.
@@ -307,6 +319,14 @@ pub enum MetaQuery {
     /// Every group's (seq, version), in seq order: a caller that keeps summaries asks
     /// for those whose version moved ([`MetaQuery::SummariesOf`]) instead of all.
     Versions,
+    /// The groups whose version (a change stamp) is above `after`, at most `limit`,
+    /// oldest change first: what a reader that keeps summaries needs each time.
+    ChangedSince {
+        /// The stamp the reader has seen.
+        after: u64,
+        /// At most this many summaries.
+        limit: u32,
+    },
     /// The summaries of these groups, in seq order (unknown ones left out).
     SummariesOf {
         /// The groups.
@@ -348,6 +368,13 @@ pub struct MetaState {
     /// group ends or is forgotten (checked at admission, so no transition updates it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     gang_owners: BTreeMap<String, GroupSeq>,
+    /// The last change stamp given to a group ([`GroupRecord::bump`]).
+    #[serde(default)]
+    last_version: u64,
+    /// Groups forgotten so far: a reader that keeps summaries compares it to learn
+    /// that some of them are gone.
+    #[serde(default)]
+    forgotten: u64,
 }
 
 fn rejected(reason: impl Into<String>) -> MetaReply {
@@ -492,6 +519,7 @@ impl MetaState {
             MetaQuery::Versions => MetaReply::Versions {
                 groups: self.groups.values().map(|r| (r.seq, r.version)).collect(),
             },
+            MetaQuery::ChangedSince { after, limit } => self.changed_since(*after, *limit),
             MetaQuery::SummariesOf { seqs } => MetaReply::Summaries {
                 groups: seqs
                     .iter()
@@ -597,7 +625,7 @@ impl MetaState {
             .map(|g| at_ms.saturating_add(g.wait_time_ms))
             .min();
         let priority = group.gangs.iter().map(|g| g.priority).max().unwrap_or(0);
-        let record = GroupRecord {
+        let mut record = GroupRecord {
             seq,
             key: key.to_string(),
             group,
@@ -608,15 +636,38 @@ impl MetaState {
             not_before_ms: at_ms,
             reason: String::new(),
             placements: BTreeMap::new(),
-            version: 1,
+            version: 0,
             priority,
             txn: None,
             releasing: BTreeMap::new(),
         };
+        record.bump(&mut self.last_version);
         self.groups.insert(seq, record);
         self.keys.insert(key.to_string(), seq);
         self.forget_old_groups();
         MetaReply::Submitted { seq, created: true }
+    }
+
+    fn changed_since(&self, after: u64, limit: u32) -> MetaReply {
+        let mut changed: Vec<&GroupRecord> =
+            self.groups.values().filter(|g| g.version > after).collect();
+        changed.sort_unstable_by_key(|g| g.version);
+        let more = changed.len() > limit as usize;
+        changed.truncate(limit as usize);
+        let newest = changed.last().map_or(after, |g| g.version);
+        // Without `more` everything is listed: the next stamp is the log's (or, for
+        // data from before stamps were global, the newest version listed).
+        let stamp = if more {
+            newest
+        } else {
+            newest.max(self.last_version)
+        };
+        MetaReply::Changed {
+            groups: changed.into_iter().map(GroupSummary::of).collect(),
+            stamp,
+            more,
+            forgotten: self.forgotten,
+        }
     }
 
     /// The live group that declared gang `name`, if any.
@@ -655,7 +706,7 @@ impl MetaState {
         self.next_txn += 1;
         record.state = GroupState::Placing { txn };
         record.txn = Some(txn);
-        record.version += 1;
+        record.bump(&mut self.last_version);
         let mut participants = participants.to_vec();
         participants.sort_unstable();
         participants.dedup();
@@ -766,7 +817,15 @@ impl MetaState {
         self.note_delivery(txn);
         if let Some(g) = group.and_then(|seq| self.groups.get_mut(&seq)) {
             if g.state == (GroupState::Placing { txn }) {
-                apply_decision(g, txn, decision, placements, &reason, at_ms);
+                apply_decision(
+                    g,
+                    &mut self.last_version,
+                    txn,
+                    decision,
+                    placements,
+                    &reason,
+                    at_ms,
+                );
             }
         }
         self.forget_old_txns();
@@ -818,7 +877,7 @@ impl MetaState {
         if attempts.is_none_or(|seen| seen == g.attempts) {
             g.attempts += 1;
             g.reason = reason.to_string();
-            g.version += 1;
+            g.bump(&mut self.last_version);
             if g.deadline_ms.is_some_and(|d| d <= at_ms) {
                 g.state = g.timed_out();
             } else {
@@ -841,7 +900,7 @@ impl MetaState {
                 "waitTime passed before the group could be placed ({})",
                 g.reason
             );
-            g.version += 1;
+            g.bump(&mut self.last_version);
         }
         MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
@@ -934,7 +993,7 @@ impl MetaState {
             }
         }
         if changed {
-            g.version += 1;
+            g.bump(&mut self.last_version);
         }
         MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
@@ -957,7 +1016,7 @@ impl MetaState {
             }
         }
         if changed {
-            g.version += 1;
+            g.bump(&mut self.last_version);
             if g.state == GroupState::Placed && g.holds_nothing() {
                 g.state = GroupState::Done {
                     how: Terminal::Released,
@@ -975,7 +1034,7 @@ impl MetaState {
             // The coordinator freed placements and releasing members alike.
             g.releasing.clear();
             g.state = GroupState::Done { how: then };
-            g.version += 1;
+            g.bump(&mut self.last_version);
         }
         self.answer_with_group(seq)
     }
@@ -986,7 +1045,7 @@ impl MetaState {
         };
         if g.state != state {
             g.state = state;
-            g.version += 1;
+            g.bump(&mut self.last_version);
         }
         self.answer_with_group(seq)
     }
@@ -1024,6 +1083,7 @@ impl MetaState {
         for seq in terminal.into_iter().take(excess) {
             if let Some(g) = self.groups.remove(&seq) {
                 self.keys.remove(&g.key);
+                self.forgotten += 1;
             }
         }
         let groups = &self.groups;
@@ -1090,13 +1150,14 @@ fn same_body(stored: &GangGroup, offered: &GangGroup) -> bool {
 
 fn apply_decision(
     g: &mut GroupRecord,
+    last_version: &mut u64,
     txn: TxnId,
     decision: Decision,
     placements: &BTreeMap<String, Placement>,
     reason: &str,
     at_ms: u64,
 ) {
-    g.version += 1;
+    g.bump(last_version);
     match decision {
         Decision::Commit => {
             g.placements.extend(placements.iter().map(|(k, p)| {

@@ -711,6 +711,118 @@ proptest! {
             prop_assert_eq!(&kept, &full, "after {:?}", cmd);
         }
     }
+
+    /// A reader that asks only for the groups changed since its stamp, a few at a time
+    /// (the Kubernetes ingest), sees exactly what a full read sees, after every command.
+    #[test]
+    fn summaries_kept_by_change_stamp_match_a_full_read(
+        cmds in prop::collection::vec(arb_command(), 1..60),
+        limit in 1u32..4,
+    ) {
+        let mut m = MetaState::new(2);
+        let mut reader = StampReader::default();
+        for cmd in &cmds {
+            m.apply(cmd);
+            reader.refresh(&m, limit);
+            prop_assert_eq!(&reader.kept, &full_read(&m), "after {:?}", cmd);
+        }
+    }
+}
+
+/// The ingest's way of keeping group summaries: changes since a stamp, and the
+/// versions of all groups only when some were forgotten.
+#[derive(Default)]
+struct StampReader {
+    kept: BTreeMap<GroupSeq, GroupSummary>,
+    stamp: u64,
+    forgotten: u64,
+}
+
+impl StampReader {
+    fn refresh(&mut self, m: &MetaState, limit: u32) {
+        loop {
+            let MetaReply::Changed {
+                groups,
+                stamp,
+                more,
+                forgotten,
+            } = m.query(&MetaQuery::ChangedSince {
+                after: self.stamp,
+                limit,
+            })
+            else {
+                panic!("changed");
+            };
+            assert!(groups.len() <= limit as usize);
+            if forgotten != self.forgotten {
+                let MetaReply::Versions { groups: versions } = m.query(&MetaQuery::Versions) else {
+                    panic!("versions");
+                };
+                let live: BTreeSet<GroupSeq> = versions.iter().map(|(seq, _)| *seq).collect();
+                self.kept.retain(|seq, _| live.contains(seq));
+                self.forgotten = forgotten;
+            }
+            for g in groups {
+                assert!(g.version > self.stamp && g.version <= stamp);
+                self.kept.insert(g.seq, g);
+            }
+            self.stamp = stamp;
+            if !more {
+                return;
+            }
+        }
+    }
+}
+
+fn full_read(m: &MetaState) -> BTreeMap<GroupSeq, GroupSummary> {
+    let MetaReply::Summaries { groups } = m.query(&MetaQuery::Summaries { active_only: false })
+    else {
+        panic!("summaries");
+    };
+    groups.into_iter().map(|g| (g.seq, g)).collect()
+}
+
+#[test]
+fn a_reader_by_change_stamp_drops_the_groups_the_log_forgets() {
+    let mut m = MetaState::new(2);
+    let mut reader = StampReader::default();
+    let mut seqs = Vec::new();
+    for i in 0..=crate::ledger::meta::FINISHED_GROUPS_MAX + 10 {
+        let seq = submit(
+            &mut m,
+            &format!("k{i}"),
+            group(&format!("g{i}"), vec![gang(&format!("a{i}"), 1, 1, 0, 0)]),
+            10,
+        );
+        seqs.push(seq);
+        m.apply(&MetaCommand::Cancel { seq, at_ms: 11 });
+        if i == 5 {
+            reader.refresh(&m, 1_024);
+        }
+    }
+    reader.refresh(&m, 1_024);
+    assert!(reader.forgotten > 0, "nothing was forgotten");
+    assert!(
+        !reader.kept.contains_key(&seqs[0]),
+        "a forgotten group is still kept"
+    );
+    assert_eq!(reader.kept, full_read(&m));
+}
+
+#[test]
+fn change_stamps_continue_above_versions_written_per_group() {
+    // Data written before stamps were global: a group at version 7, the log's stamp 0.
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 10);
+    m.groups.get_mut(&seq).map(|g| g.version = 7);
+    m.last_version = 0;
+    let mut reader = StampReader::default();
+    reader.refresh(&m, 10);
+    assert_eq!(reader.stamp, 7);
+    m.apply(&MetaCommand::Cancel { seq, at_ms: 11 });
+    reader.refresh(&m, 10);
+    assert_eq!(reader.kept, full_read(&m));
+    assert_eq!(reader.kept[&seq].version, 8);
 }
 
 #[test]
