@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
@@ -260,6 +260,34 @@ fn status_to_rpc<E: std::error::Error>(status: tonic::Status) -> RpcErr<E> {
     }
 }
 
+/// A Raft call to a peer, as `gangway_raft_rpc_seconds` labels it.
+#[derive(Debug, Clone, Copy)]
+enum RpcKind {
+    /// AppendEntries without entries.
+    Heartbeat,
+    /// AppendEntries carrying entries.
+    Append,
+    /// RequestVote.
+    Vote,
+}
+
+impl RpcKind {
+    fn label(self) -> &'static str {
+        match self {
+            RpcKind::Heartbeat => "heartbeat",
+            RpcKind::Append => "append",
+            RpcKind::Vote => "vote",
+        }
+    }
+
+    /// Records the round trip of a call started at `started`, answered or not: a
+    /// heartbeat that waits past the election timeout is what starts elections.
+    fn observe(self, started: Instant) {
+        metrics::histogram!("gangway_raft_rpc_seconds", "rpc" => self.label())
+            .record(started.elapsed().as_secs_f64());
+    }
+}
+
 impl RaftNetwork<TypeConfig> for PeerLink {
     async fn append_entries(
         &mut self,
@@ -267,10 +295,18 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
         let mut client = self.client().map_err(RPCError::Unreachable)?;
+        let kind = if rpc.entries.is_empty() {
+            RpcKind::Heartbeat
+        } else {
+            RpcKind::Append
+        };
         let req = self
             .request("append-entries request", &rpc, &option)
             .map_err(RPCError::Network)?;
-        let reply = client.append_entries(req).await.map_err(status_to_rpc)?;
+        let started = Instant::now();
+        let reply = client.append_entries(req).await;
+        kind.observe(started);
+        let reply = reply.map_err(status_to_rpc)?;
         self.decode("append-entries reply", &reply.into_inner().payload)
     }
 
@@ -296,7 +332,10 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         let req = self
             .request("vote request", &rpc, &option)
             .map_err(RPCError::Network)?;
-        let reply = client.vote(req).await.map_err(status_to_rpc)?;
+        let started = Instant::now();
+        let reply = client.vote(req).await;
+        RpcKind::Vote.observe(started);
+        let reply = reply.map_err(status_to_rpc)?;
         self.decode("vote reply", &reply.into_inner().payload)
     }
 

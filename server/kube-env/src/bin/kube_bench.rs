@@ -8,7 +8,9 @@
 //! binding, time to the last, pods/s, the longest gap between two bindings, CPU
 //! seconds per 1,000 pods of the scheduler (all replicas), the API server and etcd,
 //! pods bound twice (from the audit log), for gangway the meta group's leader
-//! changes, and the cores the scheduler uses in the 10 s after the drain (idle). `--load` adds one busy process per core for the whole run. Every
+//! changes and the round trips of its Raft calls to peers (heartbeats, appends, votes),
+//! and the cores the scheduler uses in the 10 s after the drain (idle). `--load` adds
+//! one busy process per core for the whole run. Every
 //! process it starts is killed when it exits.
 //!
 //! Usage: gangway-kube-bench [--gangway PATH] [--nodes N] [--pods M] [--gang-size K]
@@ -231,6 +233,95 @@ struct Run {
     meta_leader_changes: Option<u64>,
     /// Cores the scheduler used while idle after the drain.
     idle_cores: f64,
+    /// gangway's Raft calls to peers over the run, by kind.
+    raft_rpcs: Vec<(String, RpcLatency)>,
+}
+
+/// Round trips of one kind of Raft call, from the replicas' histograms summed.
+#[derive(Debug, Default)]
+struct RpcLatency {
+    calls: u64,
+    /// Upper bounds (s) of the buckets holding the median and the 99th percentile.
+    p50_s: f64,
+    p99_s: f64,
+    /// Calls slower than 0.25 s (near the default election timeout of 0.3 s).
+    over_250ms: u64,
+}
+
+/// gangway's Raft call latencies by kind (`gangway_raft_rpc_seconds`), summed over replicas.
+async fn raft_rpc_latency(http: &[String]) -> Vec<(String, RpcLatency)> {
+    // rpc → le → cumulative count.
+    let mut buckets: BTreeMap<String, BTreeMap<OrderedLe, u64>> = BTreeMap::new();
+    for addr in http {
+        let Ok(body) = http_get(addr, "/metrics").await else {
+            continue;
+        };
+        for line in body
+            .lines()
+            .filter(|l| l.starts_with("gangway_raft_rpc_seconds_bucket{"))
+        {
+            let label = |name: &str| {
+                let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = line[start..].find('"')? + start;
+                Some(line[start..end].to_string())
+            };
+            let (Some(rpc), Some(le)) = (label("rpc"), label("le")) else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            let count = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            *buckets
+                .entry(rpc)
+                .or_default()
+                .entry(OrderedLe(le))
+                .or_insert(0) += count as u64;
+        }
+    }
+    buckets
+        .into_iter()
+        .map(|(rpc, cumulative)| {
+            let calls = cumulative.values().copied().max().unwrap_or(0);
+            let quantile = |q: f64| {
+                cumulative
+                    .iter()
+                    .find(|(_, n)| **n as f64 >= q * calls as f64)
+                    .map_or(f64::INFINITY, |(le, _)| le.0)
+            };
+            let within_250ms = cumulative
+                .iter()
+                .filter(|(le, _)| le.0 <= 0.25)
+                .map(|(_, n)| *n)
+                .max()
+                .unwrap_or(0);
+            let latency = RpcLatency {
+                calls,
+                p50_s: quantile(0.5),
+                p99_s: quantile(0.99),
+                over_250ms: calls.saturating_sub(within_250ms),
+            };
+            (rpc, latency)
+        })
+        .collect()
+}
+
+/// A bucket bound that orders (they are never NaN).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+struct OrderedLe(f64);
+
+impl Eq for OrderedLe {}
+
+impl Ord for OrderedLe {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
 }
 
 /// Watches the benchmark's pods; answers the instants at which each became bound.
@@ -470,6 +561,10 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
         Scheduler::Gangway => meta_leader_changes(&http).await,
         Scheduler::KubeScheduler => None,
     };
+    let raft_rpcs = match scheduler {
+        Scheduler::Gangway => raft_rpc_latency(&http).await,
+        Scheduler::KubeScheduler => Vec::new(),
+    };
     let mut per_pod: BTreeMap<String, u32> = BTreeMap::new();
     for b in api.bindings() {
         *per_pod.entry(b.pod).or_insert(0) += 1;
@@ -486,6 +581,7 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
         bound_twice,
         meta_leader_changes,
         idle_cores,
+        raft_rpcs,
     })
 }
 
@@ -524,6 +620,20 @@ async fn main() -> anyhow::Result<()> {
             r.meta_leader_changes.map_or("-".to_string(), |n| n.to_string()),
             r.idle_cores,
         );
+    }
+    for r in runs.iter().filter(|r| !r.raft_rpcs.is_empty()) {
+        println!(
+            "\n{} Raft calls to peers over the run (all replicas; bucket bounds):",
+            r.scheduler.name()
+        );
+        println!("| call | calls | p50 ≤ s | p99 ≤ s | over 0.25 s |");
+        println!("|---|---|---|---|---|");
+        for (rpc, l) in &r.raft_rpcs {
+            println!(
+                "| {rpc} | {} | {} | {} | {} |",
+                l.calls, l.p50_s, l.p99_s, l.over_250ms
+            );
+        }
     }
     if let [a, b] = runs.as_slice() {
         let rate = |r: &Run| args.pods as f64 / r.all_s.max(1e-9);
