@@ -528,15 +528,19 @@ impl MetaState {
                     .collect(),
             },
             MetaQuery::Pending { limit } => {
-                let mut records: Vec<GroupRecord> = self
-                    .groups
-                    .values()
-                    .filter(|r| r.is_pending())
-                    .cloned()
-                    .collect();
-                records.sort_by_key(GroupRecord::order_key);
-                records.truncate(*limit as usize);
-                MetaReply::Groups { records }
+                // Ordered by reference and cut before cloning: the queue may hold
+                // thousands of groups while a round takes a few hundred.
+                let mut records: Vec<&GroupRecord> =
+                    self.groups.values().filter(|r| r.is_pending()).collect();
+                let limit = (*limit as usize).min(records.len());
+                if limit < records.len() {
+                    records.select_nth_unstable_by_key(limit, |r| r.order_key());
+                    records.truncate(limit);
+                }
+                records.sort_by_key(|r| r.order_key());
+                MetaReply::Groups {
+                    records: records.into_iter().cloned().collect(),
+                }
             }
             MetaQuery::Txn { txn } => MetaReply::Txn {
                 record: self.txns.get(txn).cloned(),
