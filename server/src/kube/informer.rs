@@ -243,7 +243,11 @@ pub async fn run(
 ) {
     let resource = slot.resource();
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
-    let stream = watcher::watcher(api, watcher::Config::default());
+    // Lists are answered from the API server's watch cache (resourceVersion 0), as
+    // client-go's reflectors do: a quorum read of 10,000 pods from etcd, page by page,
+    // takes seconds on every replica at start and on every re-list.
+    let config = watcher::Config::default().any_semantic();
+    let stream = watcher::watcher(api, config);
     futures::pin_mut!(stream);
     let mut buffer: Option<Objects> = None;
     let mut failures: u32 = 0;
