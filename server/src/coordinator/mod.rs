@@ -18,6 +18,7 @@
 pub mod assign;
 pub mod metrics;
 pub mod release;
+pub mod victims;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
