@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::engine::group_preemption::GroupOffer;
 use crate::model::GangId;
 
 /// Up to this many offered units the choice is exact (every subset is tried).
@@ -76,6 +77,45 @@ pub struct Cost {
     pub priority_sum: i64,
     /// Unit names, for a total order.
     pub names: Vec<GangId>,
+}
+
+/// The chooser's units and offers from every shard's [`GroupOffer`]: a unit's priority
+/// is its highest over the shards and its pods their sum; a gang any shard names
+/// ineligible is no unit (the steps naming it end those shards' offers).
+pub fn from_group_offers(
+    offers: &BTreeMap<u32, GroupOffer>,
+) -> (BTreeMap<GangId, VictimUnit>, BTreeMap<u32, ShardOffer>) {
+    let ineligible: BTreeSet<&GangId> = offers.values().flat_map(|o| o.ineligible.iter()).collect();
+    let mut units: BTreeMap<GangId, VictimUnit> = BTreeMap::new();
+    for offer in offers.values() {
+        for (gang, local) in offer.units.iter().filter(|(g, _)| !ineligible.contains(g)) {
+            let unit = units.entry(gang.clone()).or_insert(VictimUnit {
+                priority: i32::MIN,
+                pods: 0,
+            });
+            unit.priority = unit.priority.max(local.priority);
+            unit.pods += local.members.len() as u32;
+        }
+    }
+    let shard_offers = offers
+        .iter()
+        .map(|(shard, o)| {
+            let steps = o
+                .steps
+                .iter()
+                .map(|(gang, hostable)| OfferStep {
+                    evict: vec![gang.clone()],
+                    hostable: hostable.clone(),
+                })
+                .collect();
+            let offer = ShardOffer {
+                hostable_now: o.hostable_now.clone(),
+                steps,
+            };
+            (*shard, offer)
+        })
+        .collect();
+    (units, shard_offers)
 }
 
 /// The cost of evicting `set`.

@@ -17,6 +17,7 @@ pub mod cache;
 pub mod cluster;
 pub mod devices;
 pub mod filter;
+pub mod group_preemption;
 pub mod interpod;
 pub mod placement;
 pub mod preemption;
