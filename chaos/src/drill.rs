@@ -474,7 +474,9 @@ impl Runner {
                 if self.rng.chance(60) {
                     Fault::CrashPoint(FP_BINDER)
                 } else {
-                    Fault::KillLeader(self.rng.range(1, groups - 1))
+                    // Any group's leader: the meta leader runs the ingest, which must read
+                    // back which pods it already submitted.
+                    Fault::KillLeader(self.rng.range(0, groups - 1))
                 }
             }
             DrillKind::PartitionLeaderMinority => Fault::IsolateLeader(group),

@@ -267,56 +267,52 @@ impl Ingest {
         Ok(())
     }
 
-    /// Rebuilds which pods were submitted from the meta log (after a failover).
+    /// Rebuilds which pods were submitted from the meta log (after a failover), a
+    /// page of groups at a time and without their specs.
     async fn recover(&mut self) -> Result<(), String> {
-        let records = match self
-            .groups
-            .meta_query(&MetaQuery::Groups { active_only: false })
-            .await
-        {
-            Ok(MetaReply::Groups { records }) => records,
-            Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
-            Err(e) => return Err(e.to_string()),
-        };
+        let started = std::time::Instant::now();
         let mut memory = Memory {
             leading: true,
             resync_nodes: true,
             ..Memory::default()
         };
-        for r in records {
-            let pods: Vec<PodRef> = r
-                .group
-                .gangs
-                .iter()
-                .flat_map(|g| {
-                    g.members.iter().filter_map(|m| {
-                        m.uid.as_ref().map(|uid| PodRef {
-                            namespace: g.namespace.clone(),
-                            name: m.name.clone(),
-                            uid: uid.clone(),
-                        })
+        let mut after = 0;
+        loop {
+            let query = MetaQuery::SubmittedPods {
+                after,
+                limit: SUMMARIES_PER_READ_MAX as u32,
+            };
+            let (groups, more) = match self.groups.meta_query(&query).await {
+                Ok(MetaReply::SubmittedPods { groups, more }) => (groups, more),
+                Ok(other) => return Err(format!("unexpected meta reply {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            };
+            for g in groups {
+                after = after.max(g.seq);
+                let pods: Vec<PodRef> = g
+                    .pods
+                    .into_iter()
+                    .map(|(namespace, name, uid)| PodRef {
+                        namespace,
+                        name,
+                        uid,
                     })
-                })
-                .collect();
-            if pods.is_empty() {
-                continue;
-            }
-            let forget = matches!(
-                r.state,
-                GroupState::Done {
-                    how: Terminal::Cancelled
+                    .collect();
+                if !g.cancelled {
+                    for p in &pods {
+                        memory.submitted.insert(p.uid.clone(), g.key.clone());
+                    }
                 }
-            );
-            if !forget {
-                for p in &pods {
-                    memory.submitted.insert(p.uid.clone(), r.key.clone());
-                }
+                memory.pods_of.insert(g.key, pods);
             }
-            memory.pods_of.insert(r.key.clone(), pods);
+            if !more {
+                break;
+            }
         }
         tracing::info!(
             groups = memory.pods_of.len(),
-            "kube ingest leading; state rebuilt from the meta log"
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "kube ingest leading; submitted pods read from the meta log"
         );
         self.memory = memory;
         Ok(())

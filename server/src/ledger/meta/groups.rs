@@ -294,3 +294,49 @@ impl GroupRecord {
         (-i64::from(self.priority), self.seq)
     }
 }
+
+/// The pods a group was submitted for (members that carry a uid: Kubernetes pods),
+/// without their specs: what a new Kubernetes ingest leader needs to know which pods
+/// are already submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmittedPods {
+    /// The group.
+    pub seq: GroupSeq,
+    /// Its idempotency key.
+    pub key: String,
+    /// Whether it was cancelled (its pods may be submitted again).
+    pub cancelled: bool,
+    /// (namespace, name, uid) of each member with a uid.
+    pub pods: Vec<(String, String, String)>,
+}
+
+impl SubmittedPods {
+    /// The pods of `r`, if any of its members carries a uid.
+    pub fn of(r: &GroupRecord) -> Option<Self> {
+        let pods: Vec<(String, String, String)> = r
+            .group
+            .gangs
+            .iter()
+            .flat_map(|g| {
+                g.members.iter().filter_map(|m| {
+                    let uid = m.uid.as_ref()?;
+                    Some((g.namespace.clone(), m.name.clone(), uid.clone()))
+                })
+            })
+            .collect();
+        if pods.is_empty() {
+            return None;
+        }
+        Some(Self {
+            seq: r.seq,
+            key: r.key.clone(),
+            cancelled: matches!(
+                r.state,
+                GroupState::Done {
+                    how: Terminal::Cancelled
+                }
+            ),
+            pods,
+        })
+    }
+}

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 pub use decisions::{Decision, TxnRecord, Undelivered};
 pub use groups::{
-    GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, Terminal,
+    GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, SubmittedPods,
+    Terminal,
 };
 pub use shard_map::shard_for;
 
@@ -228,6 +229,13 @@ pub enum MetaReply {
         /// Their summaries.
         groups: Vec<GroupSummary>,
     },
+    /// The pods groups were submitted for ([`MetaQuery::SubmittedPods`]).
+    SubmittedPods {
+        /// In seq order.
+        groups: Vec<SubmittedPods>,
+        /// More groups after the last one listed: ask again from its seq.
+        more: bool,
+    },
     /// The groups changed since a stamp ([`MetaQuery::ChangedSince`]).
     Changed {
         /// Their summaries, oldest change first.
@@ -319,6 +327,14 @@ pub enum MetaQuery {
     /// Every group's (seq, version), in seq order: a caller that keeps summaries asks
     /// for those whose version moved ([`MetaQuery::SummariesOf`]) instead of all.
     Versions,
+    /// The pods of the groups after seq `after` whose members carry uids (Kubernetes
+    /// pods), at most `limit` groups, without their specs.
+    SubmittedPods {
+        /// The last seq the reader has.
+        after: GroupSeq,
+        /// At most this many groups.
+        limit: u32,
+    },
     /// The groups whose version (a change stamp) is above `after`, at most `limit`,
     /// oldest change first: what a reader that keeps summaries needs each time.
     ChangedSince {
@@ -520,6 +536,22 @@ impl MetaState {
                 groups: self.groups.values().map(|r| (r.seq, r.version)).collect(),
             },
             MetaQuery::ChangedSince { after, limit } => self.changed_since(*after, *limit),
+            MetaQuery::SubmittedPods { after, limit } => {
+                let mut groups = Vec::new();
+                let mut more = false;
+                let later = self.groups.range((
+                    std::ops::Bound::Excluded(*after),
+                    std::ops::Bound::Unbounded,
+                ));
+                for (_, record) in later {
+                    if groups.len() >= (*limit).max(1) as usize {
+                        more = true;
+                        break;
+                    }
+                    groups.extend(SubmittedPods::of(record));
+                }
+                MetaReply::SubmittedPods { groups, more }
+            }
             MetaQuery::SummariesOf { seqs } => MetaReply::Summaries {
                 groups: seqs
                     .iter()

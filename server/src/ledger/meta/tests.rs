@@ -979,3 +979,50 @@ fn two_live_groups_cannot_declare_the_same_gang() {
     });
     submit(&mut m, "k3", group("h", vec![gang("a", 1, 1, 0, 0)]), 3);
 }
+
+#[test]
+fn submitted_pods_are_read_a_page_at_a_time_without_specs() {
+    let mut m = MetaState::new(2);
+    let mut with_uids = Vec::new();
+    for i in 0..7 {
+        let mut g = group(&format!("g{i}"), vec![gang(&format!("a{i}"), 2, 2, 0, 0)]);
+        // Every third group came from the gRPC API: its members carry no uid.
+        if i % 3 != 0 {
+            for (j, member) in g.gangs[0].members.iter_mut().enumerate() {
+                member.uid = Some(format!("uid-{i}-{j}"));
+            }
+        }
+        let seq = submit(&mut m, &format!("k{i}"), g, 10);
+        if i % 3 != 0 {
+            with_uids.push(seq);
+        }
+    }
+    m.apply(&MetaCommand::Cancel {
+        seq: with_uids[0],
+        at_ms: 11,
+    });
+    let mut read = Vec::new();
+    let mut after = 0;
+    loop {
+        let MetaReply::SubmittedPods { groups, more } =
+            m.query(&MetaQuery::SubmittedPods { after, limit: 2 })
+        else {
+            panic!("submitted pods");
+        };
+        assert!(groups.len() <= 2);
+        for g in groups {
+            after = g.seq;
+            assert_eq!(g.pods.len(), 2);
+            assert!(g.pods.iter().all(|(ns, name, uid)| !ns.is_empty()
+                && !name.is_empty()
+                && uid.starts_with("uid-")));
+            read.push((g.seq, g.cancelled));
+        }
+        if !more {
+            break;
+        }
+    }
+    let expected: Vec<(GroupSeq, bool)> =
+        with_uids.iter().map(|s| (*s, *s == with_uids[0])).collect();
+    assert_eq!(read, expected);
+}
