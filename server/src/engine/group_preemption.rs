@@ -9,7 +9,8 @@
 //! step, up to `OFFER_STEPS_MAX` steps or until the shard could host the whole group;
 //! each step's counts come from placing the group on the shard as it would be with
 //! every unit so far gone ([`WithoutGangs`]: their pods, footprints and devices given
-//! back). Pure; the shard leader answers the coordinator's offer query with it.
+//! back). Pure; meant for the shard leader's answer to the coordinator's offer query,
+//! which does not exist yet (docs/ARCHITECTURE.md §10).
 
 use std::collections::{BTreeMap, BTreeSet};
 
