@@ -768,18 +768,16 @@ impl Ingest {
         }
     }
 
-    /// A claim changed: the devices of bound pods with claims may have, and waiting
-    /// pods may have their claims now.
+    /// A claim changed: the devices of the bound pods naming it may have (every bound
+    /// pod with claims after a re-list), and waiting pods may have their claims now.
     fn take_claim_changes(&mut self) {
-        let changed = match self.cache.take_changes(Slot::ResourceClaims) {
-            Changes::All => true,
-            Changes::Keys(keys) => !keys.is_empty(),
+        let nodes = match self.cache.take_changes(Slot::ResourceClaims) {
+            Changes::All => self.memory.pods.nodes_with_claims(),
+            Changes::Keys(keys) if keys.is_empty() => return,
+            Changes::Keys(keys) => self.memory.pods.nodes_using_claims(&keys),
         };
-        if changed {
-            let nodes = self.memory.pods.nodes_with_claims();
-            self.memory.observed_dirty.extend(nodes);
-            self.memory.waiting_dirty = true;
-        }
+        self.memory.observed_dirty.extend(nodes);
+        self.memory.waiting_dirty = true;
     }
 
     /// A PodGroup changed: its status may need writing, and waiting pods may now be

@@ -301,6 +301,17 @@ fn claim_object_name(pod: &Value, entry: &Value) -> Result<String, PodProblem> {
     )))
 }
 
+/// The ResourceClaim objects the pod's claims name, as far as they are known yet (a
+/// claim from a template has a name once the controller recorded it in the status).
+pub fn claim_object_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| claim_object_name(pod, entry).ok())
+        .collect()
+}
+
 /// The pod's claims with their ResourceClaims' device requests, and the claim object names.
 fn pod_claims(
     pod: &Value,

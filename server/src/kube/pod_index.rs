@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::kube::gangs::{self, ANNOTATION_TIMEOUT, GANG_PREFIX};
 use crate::kube::informer::Key;
-use crate::kube::objects::{pod_ref, PodRef};
+use crate::kube::objects::{claim_object_names, pod_ref, PodRef};
 
 /// What the ingest needs of one pod, read from its object once per change.
 #[derive(Debug, Clone)]
@@ -40,6 +40,8 @@ pub struct PodFacts {
     pub gang: Option<String>,
     /// Lists ResourceClaims (its devices depend on claim objects too).
     pub uses_claims: bool,
+    /// The ResourceClaim objects it names, as far as known.
+    pub claims: Vec<String>,
     /// The object itself (shared with the informer).
     pub object: Arc<Value>,
 }
@@ -69,6 +71,7 @@ impl PodFacts {
         let uses_claims = object["spec"]["resourceClaims"]
             .as_array()
             .is_some_and(|c| !c.is_empty());
+        let claims = claim_object_names(&object);
         Some(Self {
             pod,
             node,
@@ -79,6 +82,7 @@ impl PodFacts {
             pod_group,
             gang,
             uses_claims,
+            claims,
             object,
         })
     }
@@ -122,6 +126,8 @@ pub struct PodIndex {
     in_gang: HashMap<Key, BTreeSet<Key>>,
     in_pod_group: HashMap<Key, BTreeSet<Key>>,
     with_claims: BTreeSet<Key>,
+    /// ResourceClaim (namespace, name) → the pods naming it.
+    by_claim: HashMap<Key, BTreeSet<Key>>,
 }
 
 fn add<K: std::hash::Hash + Eq>(index: &mut HashMap<K, BTreeSet<Key>>, at: Option<K>, key: &Key) {
@@ -218,6 +224,13 @@ impl PodIndex {
         if facts.uses_claims {
             self.with_claims.insert(key.clone());
         }
+        for claim in &facts.claims {
+            add(
+                &mut self.by_claim,
+                Some((facts.pod.namespace.clone(), claim.clone())),
+                &key,
+            );
+        }
         self.pods.insert(key, facts);
     }
 
@@ -231,6 +244,13 @@ impl PodIndex {
             key,
         );
         self.with_claims.remove(key);
+        for claim in &facts.claims {
+            remove(
+                &mut self.by_claim,
+                Some((facts.pod.namespace.clone(), claim.clone())),
+                key,
+            );
+        }
         Some(facts)
     }
 
@@ -278,6 +298,18 @@ impl PodIndex {
             .collect()
     }
 
+    /// The nodes of bound pods that name any of `claims` (namespace, name).
+    pub fn nodes_using_claims<'a>(
+        &self,
+        claims: impl IntoIterator<Item = &'a Key>,
+    ) -> BTreeSet<String> {
+        claims
+            .into_iter()
+            .flat_map(|claim| self.members(self.by_claim.get(claim)))
+            .filter_map(|f| f.node.clone())
+            .collect()
+    }
+
     /// Every pod.
     pub fn all(&self) -> impl Iterator<Item = &PodFacts> {
         self.pods.values()
@@ -313,6 +345,7 @@ impl PodIndex {
         assert_eq!(expected.in_gang, self.in_gang, "in_gang");
         assert_eq!(expected.in_pod_group, self.in_pod_group, "in_pod_group");
         assert_eq!(expected.with_claims, self.with_claims, "with_claims");
+        assert_eq!(expected.by_claim, self.by_claim, "by_claim");
     }
 }
 
@@ -416,6 +449,40 @@ mod tests {
         };
         assert!(!index.alive(&r));
         assert!(index.same(&r).is_some());
+    }
+
+    #[test]
+    fn a_claim_change_touches_the_nodes_of_the_pods_naming_it() {
+        let mut index = PodIndex::default();
+        let mut touched = Touched::default();
+        let with_claim = |name: &str, uid: &str, node: &str, claim: &str| {
+            Arc::new(json!({
+                "metadata": {"namespace": "ns", "name": name, "uid": uid},
+                "spec": {"schedulerName": "other", "nodeName": node,
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+                "status": {"phase": "Running"},
+            }))
+        };
+        index.update(
+            key("a"),
+            Some(with_claim("a", "u1", "n1", "c1")),
+            "gangway",
+            &mut touched,
+        );
+        index.update(
+            key("b"),
+            Some(with_claim("b", "u2", "n2", "c2")),
+            "gangway",
+            &mut touched,
+        );
+        let c1 = ("ns".to_string(), "c1".to_string());
+        assert_eq!(
+            index.nodes_using_claims([&c1]),
+            BTreeSet::from(["n1".to_string()])
+        );
+        index.update(key("a"), None, "gangway", &mut touched);
+        assert!(index.nodes_using_claims([&c1]).is_empty());
+        index.assert_consistent();
     }
 
     /// One step of the property test: set pod `name` to a state, or delete it.
