@@ -34,7 +34,7 @@ use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
 };
 use crate::kube::informer::{Cache, Changes, Key, Slot};
-use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolSlices};
+use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices};
 use crate::kube::pod_index::{PodIndex, Touched};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
@@ -64,8 +64,9 @@ type Summaries = BTreeMap<GroupSeq, GroupSummary>;
 pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
 /// The kinds whose change sets the ingest reads (drained while it does not lead).
-const CHANGE_SLOTS: [Slot; 5] = [
+const CHANGE_SLOTS: [Slot; 6] = [
     Slot::Nodes,
+    Slot::ResourceSlices,
     Slot::Pods,
     Slot::ResourceClaims,
     Slot::PodGroupsSigs,
@@ -82,7 +83,15 @@ struct Memory {
     /// Node → the observed pods last recorded in its shard (sorted by uid).
     observed: HashMap<String, Vec<ObservedPod>>,
     classes: BTreeMap<String, DeviceClass>,
-    pools: HashMap<(String, String, String), u64>,
+    pools: HashMap<PoolKey, u64>,
+    /// ResourceSlice name → its pool (node-local slices).
+    slice_pool: HashMap<String, PoolKey>,
+    /// Pool → the names of its slices.
+    pool_slices: HashMap<PoolKey, BTreeSet<String>>,
+    /// Pools whose slices changed, or whose publication is still to do.
+    pools_dirty: BTreeSet<PoolKey>,
+    /// Whether `slice_pool` was built since leading started.
+    slices_indexed: bool,
     /// Pod uid → key of the group it was submitted in.
     submitted: HashMap<String, String>,
     /// Group key → its pods.
@@ -199,6 +208,7 @@ impl Ingest {
         }
         self.sync_nodes().await;
         self.sync_classes().await;
+        self.take_slice_changes();
         self.sync_slices().await;
         self.refresh_summaries()?;
         self.take_pod_changes();
@@ -504,9 +514,71 @@ impl Ingest {
         }
     }
 
+    /// Marks the pools whose slices changed (every pool on the first pass as leader or
+    /// after a re-list), keeping which slices make up which pool.
+    fn take_slice_changes(&mut self) {
+        let changed: Vec<(String, Option<Arc<Value>>)> =
+            match self.cache.take_changes(Slot::ResourceSlices) {
+                Changes::Keys(keys) if self.memory.slices_indexed => keys
+                    .into_iter()
+                    .map(|(_, name)| {
+                        let object = self.cache.get(Slot::ResourceSlices, "", &name);
+                        (name, object)
+                    })
+                    .collect(),
+                // Everything: forget the old grouping, and look at every slice there is.
+                _ => {
+                    let memory = &mut self.memory;
+                    memory.slices_indexed = true;
+                    memory
+                        .pools_dirty
+                        .extend(memory.pool_slices.keys().cloned());
+                    memory.slice_pool.clear();
+                    memory.pool_slices.clear();
+                    self.named(Slot::ResourceSlices)
+                        .into_iter()
+                        .map(|(name, object)| (name, Some(object)))
+                        .collect()
+                }
+            };
+        let memory = &mut self.memory;
+        for (name, object) in changed {
+            if let Some(old) = memory.slice_pool.remove(&name) {
+                if let Some(names) = memory.pool_slices.get_mut(&old) {
+                    names.remove(&name);
+                    if names.is_empty() {
+                        memory.pool_slices.remove(&old);
+                    }
+                }
+                memory.pools_dirty.insert(old);
+            }
+            if let Some(key) = object.as_deref().and_then(objects::pool_key) {
+                memory
+                    .pool_slices
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(name.clone());
+                memory.slice_pool.insert(name, key.clone());
+                memory.pools_dirty.insert(key);
+            }
+        }
+    }
+
+    /// Publishes the marked pools whose newest generation is complete and not the one
+    /// registered; a pool whose node is not registered yet, or whose write failed,
+    /// stays marked.
     async fn sync_slices(&mut self) {
+        let dirty = std::mem::take(&mut self.memory.pools_dirty);
+        let mut slices = Vec::new();
+        for pool in &dirty {
+            for name in self.memory.pool_slices.get(pool).into_iter().flatten() {
+                if let Some(object) = self.cache.get(Slot::ResourceSlices, "", name) {
+                    slices.push((name.clone(), object));
+                }
+            }
+        }
         let known = &self.memory.pools;
-        let pools = objects::node_pools(self.named(Slot::ResourceSlices), |key, generation| {
+        let pools = objects::node_pools(slices, |key, generation| {
             known.get(key) == Some(&generation)
         });
         for pool in pools {
@@ -537,12 +609,15 @@ impl Ingest {
                 }
             };
             let key = (node.clone(), pool.driver.clone(), pool.name.clone());
-            if self.memory.pools.get(&key) == Some(&pool.generation)
-                || !self.memory.nodes.contains_key(&node)
-            {
+            if self.memory.pools.get(&key) == Some(&pool.generation) {
+                continue;
+            }
+            if !self.memory.nodes.contains_key(&node) {
+                self.memory.pools_dirty.insert(key);
                 continue;
             }
             let Ok(Some(shard)) = shard_of(&self.groups, &node).await else {
+                self.memory.pools_dirty.insert(key);
                 continue;
             };
             let generation = pool.generation;
@@ -558,10 +633,13 @@ impl Ingest {
                 Ok(_) => {
                     self.memory.pools.insert(key, generation);
                 }
-                Err(e) => self.warn_once(
-                    &format!("slice/{name}"),
-                    &format!("ResourceSlice {name}: {}", e.message()),
-                ),
+                Err(e) => {
+                    self.warn_once(
+                        &format!("slice/{name}"),
+                        &format!("ResourceSlice {name}: {}", e.message()),
+                    );
+                    self.memory.pools_dirty.insert(key);
+                }
             }
         }
     }

@@ -201,29 +201,37 @@ pub enum PoolSlices {
     },
 }
 
+/// A node-local device pool: (node, driver, pool name).
+pub type PoolKey = (String, String, String);
+
+/// The pool a ResourceSlice belongs to, if it is node-local.
+pub fn pool_key(object: &Value) -> Option<PoolKey> {
+    let spec = &object["spec"];
+    let node = spec["nodeName"].as_str().filter(|n| !n.is_empty())?;
+    Some((
+        node.to_string(),
+        spec["driver"].as_str().unwrap_or_default().to_string(),
+        spec["pool"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    ))
+}
+
 /// Groups node-local slices (name, object) by (node, driver, pool), keeps each pool's
 /// newest generation, and merges its slices (a pool may span several, as
 /// `spec.pool.resourceSliceCount` says). Slices without a node are left out, and so are
 /// pools `current` says are known at their newest generation (nothing to merge).
 pub fn node_pools(
     slices: Vec<(String, std::sync::Arc<Value>)>,
-    current: impl Fn(&(String, String, String), u64) -> bool,
+    current: impl Fn(&PoolKey, u64) -> bool,
 ) -> Vec<PoolSlices> {
     type Named = (String, std::sync::Arc<Value>);
-    let mut pools: BTreeMap<(String, String, String), Vec<Named>> = BTreeMap::new();
+    let mut pools: BTreeMap<PoolKey, Vec<Named>> = BTreeMap::new();
     for (name, object) in slices {
-        let spec = &object["spec"];
-        let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+        let Some(key) = pool_key(&object) else {
             continue;
         };
-        let key = (
-            node.to_string(),
-            spec["driver"].as_str().unwrap_or_default().to_string(),
-            spec["pool"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
         pools.entry(key).or_default().push((name, object));
     }
     let generation = |o: &Value| o["spec"]["pool"]["generation"].as_u64().unwrap_or(0);
