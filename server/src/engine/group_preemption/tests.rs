@@ -148,14 +148,18 @@ fn plan_across(
     Some((choice.evict, placed))
 }
 
+/// Two shards of 4 nodes each, filled by one Strict gang `low` of 8 pods at priority 1.
+fn filled_by_low() -> BTreeMap<u32, ShardLedger> {
+    let mut a = shard("a", 4);
+    let mut b = shard("b", 4);
+    hold(&mut a, 1, "low", &names("a", 4), 1, true);
+    hold(&mut b, 1, "low", &names("b", 4), 1, true);
+    BTreeMap::from([(1, a), (2, b)])
+}
+
 #[test]
 fn a_low_strict_gang_across_two_shards_is_evicted_whole_for_a_high_gang() {
-    let mut shards = BTreeMap::from([(1, shard("a", 4)), (2, shard("b", 4))]);
-    for (id, prefix) in [(1u32, "a"), (2, "b")] {
-        if let Some(ledger) = shards.get_mut(&id) {
-            hold(ledger, 1, "low", &names(prefix, 4), 1, true);
-        }
-    }
+    let shards = filled_by_low();
     let high = preemptor("high", 8, 10);
     let (evict, placed) = plan_across(&shards, &high, 10).expect("a plan");
     assert_eq!(evict, BTreeSet::from([GangId::new("ns", "low")]));
@@ -167,12 +171,7 @@ fn a_low_strict_gang_across_two_shards_is_evicted_whole_for_a_high_gang() {
 
 #[test]
 fn nothing_is_evicted_when_the_room_would_still_be_too_small() {
-    let mut shards = BTreeMap::from([(1, shard("a", 4)), (2, shard("b", 4))]);
-    for (id, prefix) in [(1u32, "a"), (2, "b")] {
-        if let Some(ledger) = shards.get_mut(&id) {
-            hold(ledger, 1, "low", &names(prefix, 4), 1, true);
-        }
-    }
+    let shards = filled_by_low();
     assert_eq!(plan_across(&shards, &preemptor("high", 10, 10), 10), None);
 }
 
