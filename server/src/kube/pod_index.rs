@@ -310,19 +310,10 @@ impl PodIndex {
             .collect()
     }
 
-    /// Every pod.
-    pub fn all(&self) -> impl Iterator<Item = &PodFacts> {
-        self.pods.values()
-    }
-
-    /// Number of pods.
-    pub fn len(&self) -> usize {
+    /// Number of pods (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.pods.len()
-    }
-
-    /// No pods.
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
     }
 
     fn members<'a>(
