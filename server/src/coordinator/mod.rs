@@ -198,7 +198,7 @@ impl Coordinator {
                 GroupState::Placing { txn } => self.recover(txn).await,
                 GroupState::Releasing { .. } => self.release(record).await,
                 GroupState::Placed => self.finish_member_release(record).await,
-                GroupState::Done { .. } => Ok(()),
+                GroupState::Done { .. } | GroupState::Preempting { .. } => Ok(()),
             };
             if let Err(e) = result {
                 tracing::warn!(group = seq, error = %e, "gang group step failed; retrying next round");

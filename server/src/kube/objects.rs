@@ -483,6 +483,7 @@ pub fn pod_spec(
     let mut raw: RawPodSpec =
         serde_json::from_value(raw).map_err(|e| PodProblem::Invalid(format!("spec: {e}")))?;
     raw.claims = raw_claims;
+    raw.preemption_policy = pod["spec"]["preemptionPolicy"].as_str().map(str::to_string);
     let mut spec = raw.validate(&FieldPath::new("spec")).map_err(invalid)?;
     spec.requests = pod_requests(pod)?;
     spec.validate(&FieldPath::new("spec")).map_err(invalid)?;

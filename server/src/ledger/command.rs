@@ -34,6 +34,9 @@ pub const RESERVE_HOLD_MS_MAX: u64 = 10 * 60 * 1_000;
 pub const OBSERVED_PODS_PER_NODE_MAX: usize = 1_024;
 /// The gang part of an observed pod's key; not a DNS name, so no submitted gang can take it.
 pub const OBSERVED_GANG: &str = "~observed";
+/// The namespace of the placeholder slots that hold the victims' room during a
+/// preemption (`crate::ledger::displace`); no gang namespace can contain `~`.
+pub const VICTIM_ROOM_NS: &str = "~victim-room";
 
 /// Transaction id: unique, and the idempotency key of every two-phase step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -146,6 +149,22 @@ pub enum LedgerOp {
         txn_id: TxnId,
         /// Members and their nodes.
         members: Vec<ReserveMember>,
+        /// When the holder should ask the coordinator for the decision.
+        deadline_ms: u64,
+    },
+    /// Phase 1 of a preemption: takes the `victims` (committed or bound members
+    /// here) out of their nodes, holds `members` on the room they leave, and holds
+    /// what the members do not take of it for the victims (placeholders), until
+    /// `deadline_ms`. COMMIT frees the victims' room; ABORT puts the victims back.
+    /// All or nothing (docs/ARCHITECTURE.md §5, rule 14).
+    ReserveDisplacing {
+        /// Transaction id.
+        txn_id: TxnId,
+        /// The preemptor's members here and their nodes (may be empty: a shard that
+        /// only holds victims).
+        members: Vec<ReserveMember>,
+        /// The victims' members here.
+        victims: Vec<MemberKey>,
         /// When the holder should ask the coordinator for the decision.
         deadline_ms: u64,
     },
@@ -302,6 +321,11 @@ pub enum RefusalCause {
         /// Node holding it.
         node: String,
     },
+    /// A victim of a preemption is not a committed or bound member here.
+    VictimNotPlaced,
+    /// What the victims' room keeps after the preemptor's members took theirs
+    /// cannot be held for the victims (a shared device or counter both would use).
+    VictimRoomNotHeld,
     /// A device the member was allocated cannot take it.
     DeviceUnavailable {
         /// The device.
@@ -783,6 +807,13 @@ impl fmt::Display for RefusalCause {
             ),
             RefusalCause::HostPortInUse { port } => write!(f, "host port {port} is taken"),
             RefusalCause::MemberHeld { node } => write!(f, "it is already held on node {node}"),
+            RefusalCause::VictimNotPlaced => {
+                write!(f, "it is a victim, but not a committed or bound member here")
+            }
+            RefusalCause::VictimRoomNotHeld => write!(
+                f,
+                "the victims' room left after the preemptor's members cannot be held for the victims"
+            ),
             RefusalCause::DeviceUnavailable { device, reason } => {
                 write!(f, "device {device} cannot take it: {reason}")
             }

@@ -16,6 +16,7 @@
 
 pub mod command;
 pub mod devices;
+pub mod displace;
 pub mod meta;
 pub mod query;
 pub mod shard;
@@ -24,6 +25,8 @@ pub mod view;
 
 #[cfg(test)]
 mod device_tests;
+#[cfg(test)]
+mod displace_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

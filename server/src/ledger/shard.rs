@@ -48,6 +48,7 @@ use crate::ledger::command::{
     RESERVE_HOLD_MS_MAX,
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
+use crate::ledger::displace;
 use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::claim::validate_allocations;
@@ -58,6 +59,7 @@ use crate::model::device::{
 use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
+use crate::model::pod::PodSummary;
 use crate::model::resources::Resources;
 
 /// Most finished transactions remembered for idempotent retries; the oldest finished is
@@ -117,6 +119,19 @@ pub struct OpenTxn {
     pub deadline_ms: u64,
     /// When the reservation was applied.
     pub reserved_at_ms: u64,
+    /// The victims a preemption took out of their nodes (the members' list then also
+    /// names the placeholders holding their room): put back on ABORT, dropped on COMMIT.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub displaced: BTreeMap<MemberKey, DisplacedSlot>,
+}
+
+/// A victim's slot taken out of its node by an open preemption.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisplacedSlot {
+    /// The node it was on (and returns to on ABORT).
+    pub node: String,
+    /// The slot as it was.
+    pub slot: PodSlot,
 }
 
 /// The remembered end of a transaction.
@@ -457,6 +472,12 @@ impl ShardLedger {
             LedgerOp::ReserveAndCommit { txn_id, members } => {
                 self.reserve(at_ms, *txn_id, members, Hold::CommitNow)
             }
+            LedgerOp::ReserveDisplacing {
+                txn_id,
+                members,
+                victims,
+                deadline_ms,
+            } => self.reserve_displacing(at_ms, *txn_id, members, victims, *deadline_ms),
             LedgerOp::Commit { txn_id } => self.commit(at_ms, *txn_id),
             LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
             LedgerOp::Release { target } => self.release(at_ms, target),
@@ -518,11 +539,24 @@ impl ShardLedger {
             LedgerOp::Reserve { members, .. } | LedgerOp::ReserveAndCommit { members, .. } => {
                 members.iter().map(|m| m.node.clone()).collect()
             }
+            LedgerOp::ReserveDisplacing {
+                members, victims, ..
+            } => {
+                let mut nodes = of_members(&mut victims.iter());
+                nodes.extend(members.iter().map(|m| m.node.clone()));
+                nodes
+            }
             LedgerOp::Commit { txn_id }
             | LedgerOp::Abort { txn_id }
             | LedgerOp::Release {
                 target: ReleaseTarget::Txn(txn_id),
-            } => of_members(&mut self.index.by_txn.get(txn_id).into_iter().flatten()),
+            } => {
+                let mut nodes =
+                    of_members(&mut self.index.by_txn.get(txn_id).into_iter().flatten());
+                let displaced = self.state.open.values().flat_map(|o| o.displaced.values());
+                nodes.extend(displaced.map(|d| d.node.clone()));
+                nodes
+            }
             LedgerOp::Release {
                 target: ReleaseTarget::Members(keys),
             } => of_members(&mut keys.iter()),
@@ -780,6 +814,7 @@ impl ShardLedger {
                     members: held,
                     deadline_ms,
                     reserved_at_ms: at_ms,
+                    displaced: BTreeMap::new(),
                 };
                 self.state.open.insert(txn_id, open);
                 Ok(LedgerReply::Reserved {
@@ -805,6 +840,256 @@ impl ShardLedger {
                         .and_then(|entry| entry.usage.pods.get(&m.member))
                         .is_some_and(|slot| slot.pod == m.pod)
             })
+    }
+
+    /// A preemption's first phase (rule 14): all or nothing, the victims leave their
+    /// nodes, the members are reserved on the room they leave, and placeholders hold
+    /// the rest of that room for the victims until the decision
+    /// ([`crate::ledger::displace`]). Checked on copies of the touched nodes as they
+    /// would be after, so what it holds always fits, and an ABORT always can put the
+    /// victims back.
+    fn reserve_displacing(
+        &mut self,
+        at_ms: u64,
+        txn_id: TxnId,
+        members: &[ReserveMember],
+        victims: &[MemberKey],
+        deadline_ms: u64,
+    ) -> Result<LedgerReply, LedgerError> {
+        if let Some(open) = self.state.open.get(&txn_id) {
+            return if self.is_same_displacing(open, members, victims) {
+                Ok(LedgerReply::Reserved {
+                    txn_id,
+                    deadline_ms: open.deadline_ms,
+                })
+            } else {
+                Err(LedgerError::TxnConflict { txn_id })
+            };
+        }
+        if let Some(done) = self.state.finished.get(&txn_id) {
+            return Ok(finished_answer(txn_id, done, Hold::Until(deadline_ms)));
+        }
+        if self.index.by_txn.contains_key(&txn_id) {
+            return Ok(LedgerReply::AlreadyFinished {
+                txn_id,
+                outcome: TxnOutcome::Committed,
+            });
+        }
+        validate_displacing(at_ms, txn_id, members, victims, deadline_ms)?;
+        let placeholders = match self.displacing_plan(txn_id, members, victims, at_ms) {
+            Ok(placeholders) => placeholders,
+            Err(mut refusals) => {
+                refusals.truncate(REFUSALS_KEPT_MAX);
+                self.finish(txn_id, TxnOutcome::Refused, at_ms, refusals.clone());
+                return Ok(LedgerReply::ReserveRefused { txn_id, refusals });
+            }
+        };
+        let mut displaced = BTreeMap::new();
+        for key in victims {
+            let Some(node) = self.index.locations.get(key).cloned() else {
+                continue;
+            };
+            if let Some(slot) = self.take_member(key) {
+                displaced.insert(key.clone(), DisplacedSlot { node, slot });
+            }
+        }
+        let mut held = BTreeMap::new();
+        for m in members.iter().chain(&placeholders) {
+            self.hold_member(m, SlotState::Reserved { txn_id });
+            held.insert(m.member.clone(), m.node.clone());
+        }
+        let open = OpenTxn {
+            members: held,
+            deadline_ms,
+            reserved_at_ms: at_ms,
+            displaced,
+        };
+        self.state.open.insert(txn_id, open);
+        Ok(LedgerReply::Reserved {
+            txn_id,
+            deadline_ms,
+        })
+    }
+
+    /// The placeholders a preemption needs, or why it cannot be held: the victims must
+    /// be committed or bound here, and the members, then the placeholders, must fit the
+    /// touched nodes without the victims.
+    fn displacing_plan(
+        &self,
+        txn_id: TxnId,
+        members: &[ReserveMember],
+        victims: &[MemberKey],
+        at_ms: u64,
+    ) -> Result<Vec<ReserveMember>, Vec<Refusal>> {
+        let refusal = |member: &MemberKey, node: &str, cause| Refusal {
+            member: member.clone(),
+            node: node.to_string(),
+            cause,
+        };
+        let mut refusals = Vec::new();
+        let mut victims_by_node: BTreeMap<&str, Vec<(&MemberKey, &PodSlot)>> = BTreeMap::new();
+        for key in victims {
+            let node = self.index.locations.get(key);
+            let slot = node.and_then(|n| self.state.nodes.get(n)?.usage.pods.get(key));
+            match (node, slot) {
+                (Some(node), Some(slot))
+                    if matches!(
+                        slot.state,
+                        SlotState::Committed { .. } | SlotState::Bound { .. }
+                    ) =>
+                {
+                    victims_by_node.entry(node).or_default().push((key, slot));
+                }
+                (node, _) => refusals.push(refusal(
+                    key,
+                    node.map_or("", String::as_str),
+                    RefusalCause::VictimNotPlaced,
+                )),
+            }
+        }
+        if !refusals.is_empty() {
+            return Err(refusals);
+        }
+        let mut after: BTreeMap<&str, NodeUsage> = BTreeMap::new();
+        for (node, slots) in &victims_by_node {
+            if let Some(entry) = self.state.nodes.get(node) {
+                let mut usage = entry.usage.clone();
+                for (key, _) in slots {
+                    usage.take(key);
+                }
+                after.insert(node, usage);
+            }
+        }
+        let reserved = SlotState::Reserved { txn_id };
+        for m in members {
+            if let Some(node) = self.index.locations.get(&m.member) {
+                let cause = RefusalCause::MemberHeld { node: node.clone() };
+                refusals.push(refusal(&m.member, &m.node, cause));
+                continue;
+            }
+            let Some(entry) = self.state.nodes.get(&m.node) else {
+                refusals.push(refusal(&m.member, &m.node, RefusalCause::UnknownNode));
+                continue;
+            };
+            if entry.node.readiness == Readiness::NotReady {
+                refusals.push(refusal(&m.member, &m.node, RefusalCause::NodeNotReady));
+                continue;
+            }
+            let usage = after
+                .entry(m.node.as_str())
+                .or_insert_with(|| entry.usage.clone());
+            let nothing = BatchLoad::default();
+            match usage.refusal_at(&entry.node.allocatable, &nothing, &m.pod, Some(at_ms)) {
+                Some(cause) => refusals.push(refusal(&m.member, &m.node, cause)),
+                None => usage.hold(
+                    m.member.clone(),
+                    PodSlot {
+                        pod: m.pod.clone(),
+                        state: reserved,
+                    },
+                ),
+            }
+        }
+        if !refusals.is_empty() {
+            return Err(refusals);
+        }
+        let mut placeholders = Vec::new();
+        for (node, slots) in &victims_by_node {
+            let (Some(entry), Some(usage)) = (self.state.nodes.get(node), after.get_mut(node))
+            else {
+                continue;
+            };
+            let victim_pods: Vec<&PodSummary> = slots.iter().map(|(_, s)| &s.pod).collect();
+            let member_pods: Vec<&PodSummary> = members
+                .iter()
+                .filter(|m| m.node == *node)
+                .map(|m| &m.pod)
+                .collect();
+            for (key, pod) in displace::victim_room(txn_id, node, &victim_pods, &member_pods) {
+                let nothing = BatchLoad::default();
+                if usage
+                    .refusal_at(&entry.node.allocatable, &nothing, &pod, None)
+                    .is_some()
+                {
+                    refusals.push(refusal(&key, node, RefusalCause::VictimRoomNotHeld));
+                    continue;
+                }
+                let slot = PodSlot {
+                    pod: pod.clone(),
+                    state: reserved,
+                };
+                usage.hold(key.clone(), slot);
+                placeholders.push(ReserveMember {
+                    member: key,
+                    node: node.to_string(),
+                    pod,
+                });
+            }
+        }
+        if refusals.is_empty() {
+            Ok(placeholders)
+        } else {
+            Err(refusals)
+        }
+    }
+
+    fn is_same_displacing(
+        &self,
+        open: &OpenTxn,
+        members: &[ReserveMember],
+        victims: &[MemberKey],
+    ) -> bool {
+        let own = open
+            .members
+            .keys()
+            .filter(|k| !displace::is_placeholder(k))
+            .count();
+        own == members.len()
+            && victims.len() == open.displaced.len()
+            && victims.iter().all(|v| open.displaced.contains_key(v))
+            && members.iter().all(|m| {
+                open.members.get(&m.member) == Some(&m.node)
+                    && self.slot(&m.member).is_some_and(|slot| slot.pod == m.pod)
+            })
+    }
+
+    /// Puts a displaced victim back on its node, as it was.
+    fn put_back(&mut self, key: &MemberKey, displaced: DisplacedSlot) {
+        let txn_id = displaced.slot.state.txn_id();
+        let node = displaced.node;
+        let slot = displaced.slot;
+        let held = self
+            .state
+            .nodes
+            .update(&node, |entry| entry.usage.hold(key.clone(), slot));
+        if held.is_none() {
+            // Corrupted state: a node with a preemption's slots cannot be removed.
+            panic!("displaced victim {key} belongs to node {node}, which is gone");
+        }
+        self.index.locations.insert(key.clone(), node);
+        if let Some(txn_id) = txn_id {
+            self.index
+                .by_txn
+                .entry(txn_id)
+                .or_default()
+                .insert(key.clone());
+        }
+    }
+
+    /// Forgets displaced victims that `gone` names (a release that reached this shard
+    /// while they were displaced), so that an ABORT does not put them back; returns them.
+    fn forget_displaced(&mut self, gone: impl Fn(&MemberKey, &PodSlot) -> bool) -> Vec<MemberKey> {
+        let mut forgotten = Vec::new();
+        for open in self.state.open.values_mut() {
+            open.displaced.retain(|key, d| {
+                let keep = !gone(key, &d.slot);
+                if !keep {
+                    forgotten.push(key.clone());
+                }
+                keep
+            });
+        }
+        forgotten
     }
 
     /// Every member that cannot be held, checking the batch cumulatively per node.
@@ -882,7 +1167,12 @@ impl ShardLedger {
 
     fn commit(&mut self, at_ms: u64, txn_id: TxnId) -> Result<LedgerReply, LedgerError> {
         if let Some(open) = self.state.open.remove(&txn_id) {
+            // A preemption's victims and the placeholders holding their room go.
             for (member, node) in &open.members {
+                if displace::is_placeholder(member) {
+                    self.take_member(member);
+                    continue;
+                }
                 self.state
                     .nodes
                     .update(node, |entry| entry.usage.promote(member, at_ms));
@@ -924,10 +1214,14 @@ impl ShardLedger {
         let Some(open) = self.state.open.remove(&txn_id) else {
             return Vec::new();
         };
-        let members: Vec<MemberKey> = open.members.into_keys().collect();
+        let mut members: Vec<MemberKey> = open.members.into_keys().collect();
         for member in &members {
             self.take_member(member);
         }
+        for (key, displaced) in open.displaced {
+            self.put_back(&key, displaced);
+        }
+        members.retain(|m| !displace::is_placeholder(m));
         self.finish(txn_id, TxnOutcome::Aborted, at_ms, Vec::new());
         members
     }
@@ -958,8 +1252,10 @@ impl ShardLedger {
         for member in &members {
             self.take_member(member);
         }
+        let mut released = members;
+        released.extend(self.forget_displaced(|_, slot| slot.state.txn_id() == Some(txn_id)));
         LedgerReply::Released {
-            released: members,
+            released,
             absent: Vec::new(),
         }
     }
@@ -981,12 +1277,15 @@ impl ShardLedger {
         }
         let mut released = Vec::new();
         let mut absent = Vec::new();
-        for key in keys {
+        for key in &keys {
             match self.take_member(key) {
-                Some(_) => released.push(key.clone()),
-                None => absent.push(key.clone()),
+                Some(_) => released.push((*key).clone()),
+                None => absent.push((*key).clone()),
             }
         }
+        let displaced = self.forget_displaced(|key, _| keys.contains(key));
+        absent.retain(|key| !displaced.contains(key));
+        released.extend(displaced);
         Ok(LedgerReply::Released { released, absent })
     }
 
@@ -1563,6 +1862,20 @@ impl ShardLedger {
                 )));
             }
         }
+        for (victim, displaced) in &open.displaced {
+            if self.index.locations.contains_key(victim) {
+                return Err(InvariantViolation(format!(
+                    "{txn_id} displaced {victim}, which is also held"
+                )));
+            }
+            let room_held = open.members.values().any(|node| *node == displaced.node);
+            if !room_held {
+                return Err(InvariantViolation(format!(
+                    "{txn_id} displaced {victim} from {}, where it holds nothing",
+                    displaced.node
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -1629,6 +1942,12 @@ pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
         LedgerOp::ReserveAndCommit { txn_id, members } => {
             validate_reservation(cmd.at_ms, *txn_id, members, Hold::CommitNow)
         }
+        LedgerOp::ReserveDisplacing {
+            txn_id,
+            members,
+            victims,
+            deadline_ms,
+        } => validate_displacing(cmd.at_ms, *txn_id, members, victims, *deadline_ms),
         _ => Ok(()),
     }
 }
@@ -1643,20 +1962,7 @@ fn validate_reservation(
         return Err(LedgerError::EmptyReservation { txn_id });
     }
     if let Hold::Until(deadline_ms) = hold {
-        if deadline_ms <= at_ms {
-            return Err(LedgerError::DeadlinePassed {
-                txn_id,
-                deadline_ms,
-                at_ms,
-            });
-        }
-        if deadline_ms - at_ms > RESERVE_HOLD_MS_MAX {
-            return Err(LedgerError::HoldTooLong {
-                txn_id,
-                deadline_ms,
-                at_ms,
-            });
-        }
+        validate_deadline(at_ms, txn_id, deadline_ms)?;
     }
     let mut seen = BTreeSet::new();
     for m in members {
@@ -1667,6 +1973,65 @@ fn validate_reservation(
             });
         }
         validate_summary(txn_id, m)?;
+    }
+    Ok(())
+}
+
+/// A deadline after the command's time and at most [`RESERVE_HOLD_MS_MAX`] after it.
+fn validate_deadline(at_ms: u64, txn_id: TxnId, deadline_ms: u64) -> Result<(), LedgerError> {
+    if deadline_ms <= at_ms {
+        return Err(LedgerError::DeadlinePassed {
+            txn_id,
+            deadline_ms,
+            at_ms,
+        });
+    }
+    if deadline_ms - at_ms > RESERVE_HOLD_MS_MAX {
+        return Err(LedgerError::HoldTooLong {
+            txn_id,
+            deadline_ms,
+            at_ms,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a preemption's reservation: what a reservation needs (members may be empty
+/// when victims are not), victims distinct, valid, not placeholders and not members.
+fn validate_displacing(
+    at_ms: u64,
+    txn_id: TxnId,
+    members: &[ReserveMember],
+    victims: &[MemberKey],
+    deadline_ms: u64,
+) -> Result<(), LedgerError> {
+    if victims.is_empty() && members.is_empty() {
+        return Err(LedgerError::EmptyReservation { txn_id });
+    }
+    validate_deadline(at_ms, txn_id, deadline_ms)?;
+    for m in members {
+        if displace::is_placeholder(&m.member) {
+            return Err(LedgerError::InvalidMember {
+                txn_id,
+                member: m.member.clone(),
+                message: "a member may not be keyed as a placeholder".into(),
+            });
+        }
+    }
+    if !members.is_empty() {
+        validate_reservation(at_ms, txn_id, members, Hold::Until(deadline_ms))?;
+    }
+    let mut seen = BTreeSet::new();
+    for v in victims {
+        let bad = v.validate().is_err()
+            || displace::is_placeholder(v)
+            || members.iter().any(|m| m.member == *v);
+        if bad || !seen.insert(v) {
+            return Err(LedgerError::DuplicateMember {
+                txn_id,
+                member: v.clone(),
+            });
+        }
     }
     Ok(())
 }

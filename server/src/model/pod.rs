@@ -300,6 +300,30 @@ pub struct PodSpec {
     /// Resource claims (DRA): devices the pod needs on its node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<PodClaim>,
+    /// Whether the pod may preempt lower-priority pods.
+    #[serde(default, skip_serializing_if = "PreemptionPolicy::is_default")]
+    pub preemption_policy: PreemptionPolicy,
+}
+
+/// Whether a pod may preempt lower-priority pods (Kubernetes `preemptionPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PreemptionPolicy {
+    /// It may (the default).
+    #[default]
+    PreemptLowerPriority,
+    /// It never preempts; it waits for room.
+    Never,
+}
+
+impl PreemptionPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::PreemptLowerPriority
+    }
+
+    /// Whether the pod never preempts.
+    pub fn never(&self) -> bool {
+        *self == Self::Never
+    }
 }
 
 impl PodSpec {
@@ -725,6 +749,9 @@ pub struct RawPodSpec {
     /// Resource claims.
     #[serde(default)]
     pub claims: Vec<RawPodClaim>,
+    /// `PreemptLowerPriority` (default) or `Never`.
+    #[serde(default)]
+    pub preemption_policy: Option<String>,
 }
 
 impl RawPodSpec {
@@ -766,9 +793,30 @@ impl RawPodSpec {
             claims: convert_list(&path.child("claims"), &self.claims, |at, raw| {
                 raw.convert(at)
             })?,
+            preemption_policy: convert_preemption_policy(
+                &path.child("preemptionPolicy"),
+                self.preemption_policy.as_deref(),
+            )?,
         };
         spec.validate(path)?;
         Ok(spec)
+    }
+}
+
+fn convert_preemption_policy(
+    path: &FieldPath,
+    raw: Option<&str>,
+) -> Result<PreemptionPolicy, ValidationError> {
+    match raw {
+        None | Some("PreemptLowerPriority") => Ok(PreemptionPolicy::PreemptLowerPriority),
+        Some("Never") => Ok(PreemptionPolicy::Never),
+        Some(other) => Err(ValidationError::new(
+            path,
+            format!(
+                "{:?} is not PreemptLowerPriority or Never",
+                crate::model::error::clip(other)
+            ),
+        )),
     }
 }
 

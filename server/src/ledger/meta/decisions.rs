@@ -39,6 +39,10 @@ pub struct TxnRecord {
     /// undecided, and once every participant has it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unacked: Vec<u32>,
+    /// The groups a preemption transaction displaces (empty for a plain placement):
+    /// `Preempting` until the decision, then `Preempted` (COMMIT) or `Placed` (ABORT).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub victims: Vec<GroupSeq>,
 }
 
 /// A decided transaction some participant has not acknowledged yet.

@@ -30,6 +30,15 @@ pub enum GroupState {
     },
     /// Every gang reached its minMember in one committed decision.
     Placed,
+    /// Placed, and named a victim of transaction `txn`, which places group `by` on the
+    /// room it holds: COMMIT ends it `Preempted` (the shards free its members as
+    /// they commit `txn`), ABORT returns it to `Placed`. Nothing else may change it.
+    Preempting {
+        /// The preemptor's transaction.
+        txn: TxnId,
+        /// The preemptor group.
+        by: GroupSeq,
+    },
     /// Its members are being released on their shards; then it ends as `then`.
     Releasing {
         /// The terminal state after the release.
@@ -52,18 +61,22 @@ pub enum Terminal {
     Cancelled,
     /// waitTime passed before it could be placed.
     TimedOut,
+    /// A higher-priority group took its room (the reason names it).
+    Preempted,
 }
 
 impl GroupState {
     /// Every state name [`GroupState::name`] gives.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 9] = [
         "Queued",
         "Placing",
         "Placed",
+        "Preempting",
         "Releasing",
         "Released",
         "Cancelled",
         "TimedOut",
+        "Preempted",
     ];
 
     /// The state's name as the API shows it.
@@ -72,6 +85,7 @@ impl GroupState {
             GroupState::Queued => "Queued",
             GroupState::Placing { .. } => "Placing",
             GroupState::Placed => "Placed",
+            GroupState::Preempting { .. } => "Preempting",
             GroupState::Releasing { .. } => "Releasing",
             GroupState::Done {
                 how: Terminal::Released,
@@ -82,6 +96,9 @@ impl GroupState {
             GroupState::Done {
                 how: Terminal::TimedOut,
             } => "TimedOut",
+            GroupState::Done {
+                how: Terminal::Preempted,
+            } => "Preempted",
         }
     }
 
@@ -264,8 +281,29 @@ impl GroupRecord {
     /// Whether the coordinator has work on it: placing, releasing, or a member release
     /// the shards have not confirmed.
     pub fn is_pending(&self) -> bool {
-        !self.state.is_terminal()
-            && (self.state != GroupState::Placed || !self.releasing.is_empty())
+        match self.state {
+            GroupState::Done { .. } | GroupState::Preempting { .. } => false,
+            GroupState::Placed => !self.releasing.is_empty(),
+            GroupState::Queued | GroupState::Placing { .. } | GroupState::Releasing { .. } => true,
+        }
+    }
+
+    /// The priority preemption compares: the highest of its gangs' and its pods'.
+    pub fn highest_priority(&self) -> i32 {
+        let pods = self
+            .group
+            .gangs
+            .iter()
+            .flat_map(|g| g.members.iter().map(|m| m.spec.priority));
+        pods.fold(self.priority, i32::max)
+    }
+
+    /// Whether any of its members is a Kubernetes pod (carries a uid).
+    pub fn has_kubernetes_pods(&self) -> bool {
+        self.group
+            .gangs
+            .iter()
+            .any(|g| g.members.iter().any(|m| m.uid.is_some()))
     }
 
     /// The state a group times out into: releasing what it accumulated, or done.

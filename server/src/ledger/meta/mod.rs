@@ -72,6 +72,20 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// Starts a preemption: a transaction that places queued group `seq` on room the
+    /// placed `victims` hold. The victims become `Preempting`; the decision settles
+    /// them with the preemptor's (docs/ARCHITECTURE.md §5, rule 14).
+    BeginPreemption {
+        /// The preemptor group.
+        seq: GroupSeq,
+        /// The groups it displaces, each whole.
+        victims: Vec<GroupSeq>,
+        /// Shards that will be asked to reserve: every shard of the preemptor's
+        /// members and of the victims' placements.
+        participants: Vec<u32>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
     /// Records the coordinator's decision (the commit point of 2PC).
     Decide {
         /// The transaction.
@@ -460,6 +474,12 @@ impl MetaState {
                 participants,
                 at_ms,
             } => self.begin_txn(*seq, participants, *at_ms),
+            MetaCommand::BeginPreemption {
+                seq,
+                victims,
+                participants,
+                at_ms,
+            } => self.begin_preemption(*seq, victims, participants, *at_ms),
             MetaCommand::Decide {
                 txn,
                 decision,
@@ -755,9 +775,161 @@ impl MetaState {
                 decision: None,
                 began_at_ms: at_ms,
                 unacked: Vec::new(),
+                victims: Vec::new(),
             },
         );
         MetaReply::TxnBegun { txn }
+    }
+
+    /// Refuses, naming the field, a preemption whose preemptor or victims are not in
+    /// the states rule 14 needs; otherwise begins it like [`Self::begin_txn`] and marks
+    /// the victims `Preempting`.
+    fn begin_preemption(
+        &mut self,
+        seq: GroupSeq,
+        victims: &[GroupSeq],
+        participants: &[u32],
+        at_ms: u64,
+    ) -> MetaReply {
+        if let Err(reason) = self.preemption_refusal(seq, victims, participants) {
+            return rejected(reason);
+        }
+        let reply = self.begin_txn(seq, participants, at_ms);
+        let MetaReply::TxnBegun { txn } = reply else {
+            return reply;
+        };
+        let mut victims = victims.to_vec();
+        victims.sort_unstable();
+        if let Some(t) = self.txns.get_mut(&txn) {
+            t.victims = victims.clone();
+        }
+        for v in victims {
+            if let Some(g) = self.groups.get_mut(&v) {
+                g.state = GroupState::Preempting { txn, by: seq };
+                g.reason = format!("being preempted by gang group {seq} ({txn})");
+                g.bump(&mut self.last_version);
+            }
+        }
+        MetaReply::TxnBegun { txn }
+    }
+
+    fn preemption_refusal(
+        &self,
+        seq: GroupSeq,
+        victims: &[GroupSeq],
+        participants: &[u32],
+    ) -> Result<(), String> {
+        let Some(preemptor) = self.groups.get(&seq) else {
+            return Err(format!("seq: no gang group {seq}"));
+        };
+        if preemptor.state != GroupState::Queued || !preemptor.holds_nothing() {
+            return Err(format!(
+                "seq: gang group {seq} is {} and holds {} members; only a queued group that holds nothing preempts",
+                preemptor.state.name(),
+                preemptor.placements.len() + preemptor.releasing.len()
+            ));
+        }
+        if let Some((i, _)) = preemptor
+            .group
+            .gangs
+            .iter()
+            .enumerate()
+            .find(|(_, g)| g.members.iter().any(|m| m.spec.preemption_policy.never()))
+        {
+            return Err(format!(
+                "seq: gang group {seq}: gangs[{i}] has a member with preemptionPolicy Never"
+            ));
+        }
+        if victims.is_empty() {
+            return Err("victims: a preemption names at least one victim group".into());
+        }
+        let priority = preemptor.highest_priority();
+        let mut seen = BTreeSet::new();
+        for (i, v) in victims.iter().enumerate() {
+            if !seen.insert(*v) {
+                return Err(format!("victims[{i}]: gang group {v} is named twice"));
+            }
+            if *v == seq {
+                return Err(format!("victims[{i}]: a group cannot preempt itself"));
+            }
+            let Some(victim) = self.groups.get(v) else {
+                return Err(format!("victims[{i}]: no gang group {v}"));
+            };
+            if victim.state != GroupState::Placed || !victim.releasing.is_empty() {
+                return Err(format!(
+                    "victims[{i}]: gang group {v} is {}{}, not Placed",
+                    victim.state.name(),
+                    if victim.releasing.is_empty() {
+                        ""
+                    } else {
+                        " with members being released"
+                    }
+                ));
+            }
+            if victim.highest_priority() >= priority {
+                return Err(format!(
+                    "victims[{i}]: gang group {v} has priority {}, not below the preemptor's {priority}",
+                    victim.highest_priority()
+                ));
+            }
+            if victim.has_kubernetes_pods() {
+                return Err(format!(
+                    "victims[{i}]: gang group {v} has Kubernetes pods; evicting them is not built yet"
+                ));
+            }
+            if let Some(p) = victim
+                .placements
+                .values()
+                .find(|p| !participants.contains(&p.shard))
+            {
+                return Err(format!(
+                    "participants: shard {} holds members of victim gang group {v} and must take part",
+                    p.shard
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles the victims of preemption `txn` once its decision allows: COMMIT ends
+    /// them `Preempted` at once (the participants free their members as they commit);
+    /// ABORT returns them to `Placed` only when every participant applied it, since
+    /// until then a participant still holds their room displaced, and a release that
+    /// reached it first would find nothing to free. Victims no longer `Preempting` for
+    /// `txn` are left as they are.
+    fn settle_victims(&mut self, txn: TxnId) {
+        let Some(t) = self.txns.get(&txn) else {
+            return;
+        };
+        let decision = match t.decision {
+            Some(Decision::Commit) => Decision::Commit,
+            Some(Decision::Abort) if t.unacked.is_empty() => Decision::Abort,
+            _ => return,
+        };
+        let victims = t.victims.clone();
+        let by = t.group.unwrap_or_default();
+        for v in victims {
+            let Some(g) = self.groups.get_mut(&v) else {
+                continue;
+            };
+            if !matches!(g.state, GroupState::Preempting { txn: t, .. } if t == txn) {
+                continue;
+            }
+            match decision {
+                Decision::Commit => {
+                    g.state = GroupState::Done {
+                        how: Terminal::Preempted,
+                    };
+                    g.placements.clear();
+                    g.reason = format!("preempted by gang group {by} ({txn})");
+                }
+                Decision::Abort => {
+                    g.state = GroupState::Placed;
+                    g.reason = format!("preemption by gang group {by} ({txn}) was aborted");
+                }
+            }
+            g.bump(&mut self.last_version);
+        }
     }
 
     fn abort_if_undecided(&mut self, txn: TxnId, at_ms: u64, shard: Option<u32>) -> MetaReply {
@@ -792,6 +964,7 @@ impl MetaState {
                 decision: Some(Decision::Abort),
                 began_at_ms: at_ms,
                 unacked,
+                victims: Vec::new(),
             },
         );
         self.note_delivery(txn);
@@ -864,6 +1037,7 @@ impl MetaState {
                 );
             }
         }
+        self.settle_victims(txn);
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
     }
@@ -877,6 +1051,7 @@ impl MetaState {
         };
         record.unacked.retain(|s| !shards.contains(s));
         self.note_delivery(txn);
+        self.settle_victims(txn);
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
     }
@@ -967,6 +1142,11 @@ impl MetaState {
                 self.note_delivery(txn);
                 cancelled
             }
+            GroupState::Preempting { txn, by } => {
+                return rejected(format!(
+                    "gang group {seq} is being preempted by gang group {by} ({txn}); it ends Preempted, or returns to Placed once every shard applied the decision; cancel it then"
+                ))
+            }
             state @ (GroupState::Releasing { .. } | GroupState::Done { .. }) => state,
         };
         let _ = at_ms;
@@ -985,6 +1165,9 @@ impl MetaState {
                 },
             ),
             GroupState::Releasing { .. } | GroupState::Done { .. } => self.set_state(seq, state),
+            GroupState::Preempting { txn, by } => rejected(format!(
+                "gang group {seq} is being preempted by gang group {by} ({txn}); it ends Preempted, or returns to Placed once every shard applied the decision"
+            )),
             other => rejected(format!(
                 "gang group {seq} is {}, not Placed; cancel it instead",
                 other.name()

@@ -1,0 +1,475 @@
+//! Preemption's first phase on one shard (`LedgerOp::ReserveDisplacing`): victims leave,
+//! members take their room, placeholders hold the rest; COMMIT frees the victims' room,
+//! ABORT puts every victim back exactly as it was. Unit tests for each state a
+//! reservation meets, and a property test over random victims, members and outcomes
+//! against the rule that an ABORT leaves the nodes as they were before.
+
+use proptest::prelude::*;
+
+use crate::ledger::command::{
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, RefusalCause, ReleaseTarget, ReserveMember,
+    TxnId,
+};
+use crate::ledger::displace::is_placeholder;
+use crate::ledger::shard::ShardLedger;
+use crate::ledger::usage::SlotState;
+use crate::model::gang::MemberKey;
+use crate::model::node::Node;
+use crate::model::pod::{HostPort, PodSummary, Protocol};
+use crate::model::resources::Resources;
+
+const DEADLINE_MS: u64 = 10_000;
+
+fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
+    Node::new(
+        name,
+        Resources {
+            cpu_milli,
+            memory_bytes: 1 << 30,
+            pods,
+            ..Resources::zero()
+        },
+    )
+}
+
+fn pod(cpu_milli: u64) -> PodSummary {
+    PodSummary {
+        requests: Resources {
+            cpu_milli,
+            ..Resources::zero()
+        },
+        ..PodSummary::default()
+    }
+}
+
+fn member(gang: &str, name: &str, node: &str, p: PodSummary) -> ReserveMember {
+    ReserveMember {
+        member: MemberKey::new("ns", gang, name),
+        node: node.to_string(),
+        pod: p,
+    }
+}
+
+fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
+    let reply = ledger.apply(&LedgerCommand::new(at_ms, op));
+    if let Err(e) = ledger.check_invariants() {
+        panic!("{e} after {reply:?}");
+    }
+    reply
+}
+
+fn ledger_with(nodes: &[Node]) -> ShardLedger {
+    let mut ledger = ShardLedger::new();
+    for n in nodes {
+        apply(&mut ledger, 0, LedgerOp::RegisterNode { node: n.clone() });
+    }
+    ledger
+}
+
+/// Places `members` committed under `txn` (a victim gang).
+fn place(ledger: &mut ShardLedger, txn: u64, members: Vec<ReserveMember>) {
+    let reply = apply(
+        ledger,
+        1,
+        LedgerOp::ReserveAndCommit {
+            txn_id: TxnId(txn),
+            members,
+        },
+    );
+    assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
+}
+
+fn displacing(txn: u64, members: Vec<ReserveMember>, victims: Vec<MemberKey>) -> LedgerOp {
+    LedgerOp::ReserveDisplacing {
+        txn_id: TxnId(txn),
+        members,
+        victims,
+        deadline_ms: DEADLINE_MS,
+    }
+}
+
+fn keys(members: &[ReserveMember]) -> Vec<MemberKey> {
+    members.iter().map(|m| m.member.clone()).collect()
+}
+
+/// Two 8-cpu nodes, each full with two 4-cpu victims of gang `low`.
+fn full_of_victims() -> (ShardLedger, Vec<ReserveMember>) {
+    let mut ledger = ledger_with(&[node("n1", 8000, 110), node("n2", 8000, 110)]);
+    let victims: Vec<ReserveMember> = (0..4)
+        .map(|i| {
+            member(
+                "low",
+                &format!("v{i}"),
+                if i < 2 { "n1" } else { "n2" },
+                pod(4000),
+            )
+        })
+        .collect();
+    place(&mut ledger, 1, victims.clone());
+    (ledger, victims)
+}
+
+#[test]
+fn members_take_the_victims_room_and_the_rest_stays_held_until_commit() {
+    let (mut ledger, victims) = full_of_victims();
+    let high = vec![member("high", "h0", "n1", pod(6000))];
+    let reply = apply(
+        &mut ledger,
+        2,
+        displacing(5, high.clone(), keys(&victims[..2])),
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    assert!(
+        ledger.slot(&victims[0].member).is_none(),
+        "victims leave their node"
+    );
+    assert_eq!(
+        ledger.slot(&high[0].member).map(|s| s.state),
+        Some(SlotState::Reserved { txn_id: TxnId(5) })
+    );
+    // The 2 cpus the member leaves are the victims' until the decision.
+    let squeeze = vec![member("other", "o0", "n1", pod(1000))];
+    let refused = apply(
+        &mut ledger,
+        3,
+        LedgerOp::Reserve {
+            txn_id: TxnId(6),
+            members: squeeze.clone(),
+            deadline_ms: DEADLINE_MS,
+        },
+    );
+    assert!(
+        matches!(refused, LedgerReply::ReserveRefused { .. }),
+        "{refused:?}"
+    );
+
+    let committed = apply(&mut ledger, 4, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(
+        matches!(committed, LedgerReply::Committed { .. }),
+        "{committed:?}"
+    );
+    let n1 = ledger.node("n1").expect("n1");
+    assert!(
+        n1.usage.pods.keys().all(|k| !is_placeholder(k)),
+        "placeholders go at commit"
+    );
+    assert_eq!(
+        n1.usage.committed.cpu_milli, 6000,
+        "only the preemptor is left"
+    );
+    assert!(
+        ledger.slot(&victims[2].member).is_some(),
+        "victims on n2 were not named"
+    );
+    let fits = apply(
+        &mut ledger,
+        5,
+        LedgerOp::Reserve {
+            txn_id: TxnId(7),
+            members: squeeze,
+            deadline_ms: DEADLINE_MS,
+        },
+    );
+    assert!(matches!(fits, LedgerReply::Reserved { .. }), "{fits:?}");
+}
+
+#[test]
+fn abort_puts_every_victim_back_as_it_was() {
+    let (mut ledger, victims) = full_of_victims();
+    let before = ledger.clone();
+    let high = vec![
+        member("high", "h0", "n1", pod(8000)),
+        member("high", "h1", "n2", pod(1000)),
+    ];
+    let reply = apply(&mut ledger, 2, displacing(5, high, keys(&victims)));
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    let aborted = apply(&mut ledger, 3, LedgerOp::Abort { txn_id: TxnId(5) });
+    assert!(
+        matches!(aborted, LedgerReply::Aborted { .. }),
+        "{aborted:?}"
+    );
+    for name in ["n1", "n2"] {
+        assert_eq!(
+            ledger.node(name),
+            before.node(name),
+            "node {name} as it was"
+        );
+    }
+    // The victims' own transaction still answers for them.
+    let released = apply(
+        &mut ledger,
+        4,
+        LedgerOp::Release {
+            target: ReleaseTarget::Txn(TxnId(1)),
+        },
+    );
+    let LedgerReply::Released { released, .. } = released else {
+        panic!("{released:?}");
+    };
+    assert_eq!(released.len(), 4);
+}
+
+#[test]
+fn a_victim_that_is_not_placed_here_refuses_the_whole_preemption() {
+    let (mut ledger, victims) = full_of_victims();
+    let before = ledger.clone();
+    let high = vec![member("high", "h0", "n1", pod(6000))];
+    let mut named = keys(&victims[..2]);
+    named.push(MemberKey::new("ns", "low", "elsewhere"));
+    let reply = apply(&mut ledger, 2, displacing(5, high, named));
+    let LedgerReply::ReserveRefused { refusals, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(refusals[0].cause, RefusalCause::VictimNotPlaced);
+    assert_eq!(ledger.node("n1"), before.node("n1"), "nothing changed");
+    assert!(ledger.open_txns().is_empty());
+}
+
+#[test]
+fn a_reserved_victim_is_not_placed() {
+    let mut ledger = ledger_with(&[node("n1", 8000, 110)]);
+    let low = vec![member("low", "v0", "n1", pod(8000))];
+    let reply = apply(
+        &mut ledger,
+        1,
+        LedgerOp::Reserve {
+            txn_id: TxnId(1),
+            members: low.clone(),
+            deadline_ms: DEADLINE_MS,
+        },
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }));
+    let high = vec![member("high", "h0", "n1", pod(8000))];
+    let reply = apply(&mut ledger, 2, displacing(5, high, keys(&low)));
+    let LedgerReply::ReserveRefused { refusals, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(refusals[0].cause, RefusalCause::VictimNotPlaced);
+}
+
+#[test]
+fn members_that_do_not_fit_even_without_the_victims_refuse_it() {
+    let (mut ledger, victims) = full_of_victims();
+    let before = ledger.clone();
+    let high = vec![member("high", "h0", "n1", pod(9000))];
+    let reply = apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    let LedgerReply::ReserveRefused { refusals, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    assert!(matches!(
+        refusals[0].cause,
+        RefusalCause::Insufficient { .. }
+    ));
+    assert_eq!(ledger.node("n1"), before.node("n1"));
+    // The id is spent: a retry is answered as refused, never applied.
+    let retry = apply(
+        &mut ledger,
+        3,
+        displacing(
+            5,
+            vec![member("high", "h0", "n1", pod(1000))],
+            keys(&victims[..2]),
+        ),
+    );
+    assert!(
+        matches!(retry, LedgerReply::ReserveRefused { .. }),
+        "{retry:?}"
+    );
+}
+
+#[test]
+fn a_retry_is_answered_and_another_body_under_the_id_is_refused() {
+    let (mut ledger, victims) = full_of_victims();
+    let high = vec![member("high", "h0", "n1", pod(6000))];
+    let op = displacing(5, high, keys(&victims[..2]));
+    assert!(matches!(
+        apply(&mut ledger, 2, op.clone()),
+        LedgerReply::Reserved { .. }
+    ));
+    let after = ledger.clone();
+    assert!(matches!(
+        apply(&mut ledger, 3, op),
+        LedgerReply::Reserved { .. }
+    ));
+    assert_eq!(ledger, after, "a retry changes nothing");
+    let other = displacing(
+        5,
+        vec![member("high", "h0", "n1", pod(5000))],
+        keys(&victims[..2]),
+    );
+    let reply = apply(&mut ledger, 4, other);
+    assert!(
+        matches!(
+            reply,
+            LedgerReply::Rejected {
+                error: LedgerError::TxnConflict { .. }
+            }
+        ),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn a_victim_released_while_displaced_does_not_come_back_on_abort() {
+    let (mut ledger, victims) = full_of_victims();
+    let high = vec![member("high", "h0", "n1", pod(6000))];
+    apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    let released = apply(
+        &mut ledger,
+        3,
+        LedgerOp::Release {
+            target: ReleaseTarget::Members(vec![victims[0].member.clone()]),
+        },
+    );
+    let LedgerReply::Released { released, absent } = released else {
+        panic!("{released:?}");
+    };
+    assert_eq!((released.len(), absent.len()), (1, 0));
+    apply(&mut ledger, 4, LedgerOp::Abort { txn_id: TxnId(5) });
+    assert!(
+        ledger.slot(&victims[0].member).is_none(),
+        "released stays released"
+    );
+    assert!(
+        ledger.slot(&victims[1].member).is_some(),
+        "the other comes back"
+    );
+}
+
+#[test]
+fn a_shard_holding_only_victims_frees_them_at_commit() {
+    let (mut ledger, victims) = full_of_victims();
+    let reply = apply(
+        &mut ledger,
+        2,
+        displacing(5, Vec::new(), keys(&victims[2..])),
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    assert_eq!(
+        ledger.node("n2").expect("n2").usage.reserved.cpu_milli,
+        8000
+    );
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(ledger.node("n2").expect("n2").usage.pods.is_empty());
+}
+
+#[test]
+fn malformed_preemptions_are_rejected_naming_the_member() {
+    let (mut ledger, victims) = full_of_victims();
+    let twice = vec![victims[0].member.clone(), victims[0].member.clone()];
+    let reply = apply(&mut ledger, 2, displacing(5, Vec::new(), twice));
+    assert!(
+        matches!(
+            reply,
+            LedgerReply::Rejected {
+                error: LedgerError::DuplicateMember { .. }
+            }
+        ),
+        "{reply:?}"
+    );
+    let empty = apply(&mut ledger, 2, displacing(6, Vec::new(), Vec::new()));
+    assert!(
+        matches!(
+            empty,
+            LedgerReply::Rejected {
+                error: LedgerError::EmptyReservation { .. }
+            }
+        ),
+        "{empty:?}"
+    );
+    let mut ported = pod(1000);
+    ported.host_ports.push(HostPort {
+        port: 80,
+        protocol: Protocol::Tcp,
+    });
+    let both = vec![member("low", "v0", "n1", ported)];
+    let reply = apply(&mut ledger, 2, displacing(7, both, keys(&victims[..1])));
+    assert!(matches!(reply, LedgerReply::Rejected { .. }), "{reply:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Random victims and members on three nodes: whatever is reserved keeps every
+    /// ledger invariant; ABORT leaves each node exactly as it was before; COMMIT leaves
+    /// the members committed and no victim or placeholder anywhere.
+    #[test]
+    fn abort_restores_and_commit_frees(
+        victim_cpus in prop::collection::vec((0usize..3, 1u64..5), 1..7),
+        member_cpus in prop::collection::vec((0usize..3, 1u64..9), 0..5),
+        named in prop::collection::vec(any::<bool>(), 7),
+        ports in prop::collection::vec(any::<bool>(), 12),
+        commit in any::<bool>(),
+    ) {
+        let names = ["n1", "n2", "n3"];
+        let mut ledger = ledger_with(&names.map(|n| node(n, 8000, 4)));
+        let mut victims = Vec::new();
+        for (i, (n, cpu)) in victim_cpus.iter().enumerate() {
+            let mut p = pod(cpu * 1000);
+            if ports[i] {
+                p.host_ports.push(HostPort { port: 8000 + i as u16 % 2, protocol: Protocol::Tcp });
+            }
+            victims.push(member("low", &format!("v{i}"), names[*n], p));
+        }
+        // Victims that do not fit are left out (each placed alone).
+        let mut placed = Vec::new();
+        for (i, v) in victims.into_iter().enumerate() {
+            let reply = ledger.apply(&LedgerCommand::new(1, LedgerOp::ReserveAndCommit {
+                txn_id: TxnId(100 + i as u64),
+                members: vec![v.clone()],
+            }));
+            if matches!(reply, LedgerReply::Committed { .. }) {
+                placed.push(v);
+            }
+        }
+        let named: Vec<MemberKey> = placed
+            .iter()
+            .zip(&named)
+            .filter(|(_, n)| **n)
+            .map(|(v, _)| v.member.clone())
+            .collect();
+        let members: Vec<ReserveMember> = member_cpus
+            .iter()
+            .enumerate()
+            .map(|(i, (n, cpu))| {
+                let mut p = pod(cpu * 1000);
+                if ports[7 + i] {
+                    p.host_ports.push(HostPort { port: 8000, protocol: Protocol::Tcp });
+                }
+                member("high", &format!("h{i}"), names[*n], p)
+            })
+            .collect();
+        let before = ledger.clone();
+        let reply = ledger.apply(&LedgerCommand::new(2, displacing(5, members.clone(), named.clone())));
+        prop_assert!(ledger.check_invariants().is_ok(), "{:?}", ledger.check_invariants());
+        match reply {
+            LedgerReply::Reserved { .. } => {
+                let op = if commit { LedgerOp::Commit { txn_id: TxnId(5) } } else { LedgerOp::Abort { txn_id: TxnId(5) } };
+                ledger.apply(&LedgerCommand::new(3, op));
+                prop_assert!(ledger.check_invariants().is_ok(), "{:?}", ledger.check_invariants());
+                if commit {
+                    for v in &named {
+                        prop_assert!(ledger.slot(v).is_none());
+                    }
+                    for m in &members {
+                        let committed = matches!(ledger.slot(&m.member).map(|s| s.state), Some(SlotState::Committed { .. }));
+                        prop_assert!(committed);
+                    }
+                    for n in ledger.nodes() {
+                        prop_assert!(n.usage.pods.keys().all(|k| !is_placeholder(k)));
+                    }
+                } else {
+                    for n in names {
+                        prop_assert_eq!(ledger.node(n), before.node(n));
+                    }
+                }
+            }
+            LedgerReply::ReserveRefused { .. } | LedgerReply::Rejected { .. } => {
+                for n in names {
+                    prop_assert_eq!(ledger.node(n), before.node(n));
+                }
+            }
+            other => prop_assert!(false, "unexpected {:?}", other),
+        }
+    }
+}
