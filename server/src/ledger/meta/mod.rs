@@ -1186,6 +1186,11 @@ impl MetaState {
             return rejected("members: name at least one member");
         }
         let retried = members.iter().all(|m| g.releasing.contains_key(m));
+        if let GroupState::Preempting { txn, by } = g.state {
+            return rejected(format!(
+                "gang group {seq} is being preempted by gang group {by} ({txn}): its members leave with it, or stay placed if the preemption is aborted"
+            ));
+        }
         if g.state != GroupState::Placed && !retried {
             return rejected(format!(
                 "gang group {seq} is {}, not Placed: only a placed group's members can be released (cancel the group instead)",
@@ -1410,5 +1415,7 @@ fn apply_decision(
     }
 }
 
+#[cfg(test)]
+mod preemption_tests;
 #[cfg(test)]
 mod tests;
