@@ -14,6 +14,11 @@ use std::path::PathBuf;
 pub const AFTER_RESERVE: &str = "coordinator-after-reserve";
 /// The coordinator wrote COMMIT and has not told the participants.
 pub const AFTER_DECIDE: &str = "coordinator-after-decide";
+/// The coordinator has every displacing reservation of a preemption and has not
+/// written its decision (the victims are Preempting, the shards hold their room).
+pub const PREEMPTION_AFTER_RESERVE: &str = "coordinator-preemption-after-reserve";
+/// The coordinator wrote a preemption's COMMIT and has not told the participants.
+pub const PREEMPTION_AFTER_DECIDE: &str = "coordinator-preemption-after-decide";
 /// A replica applied a multi-shard reservation and has not answered it. The
 /// first replica to apply an entry is, in practice, the shard leader (it
 /// applies as soon as the entry commits; followers learn of the commit later).
@@ -52,9 +57,11 @@ pub const META_FORGETS_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
 pub const SELECTORS_INLINE: &str = "selectors-evaluated-inline";
 
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 12] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
+    PREEMPTION_AFTER_RESERVE,
+    PREEMPTION_AFTER_DECIDE,
     PARTICIPANT_AFTER_RESERVE,
     BINDER_AFTER_BIND,
     COORDINATOR_SKIPS_DECISION,

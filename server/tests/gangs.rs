@@ -9,85 +9,8 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use gangway_client::Client;
-use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, NodeSpec, SubmitGangGroupRequest};
+use support::gangs::{fleet, gang, held, submission, wait_state};
 use support::{client, Cluster};
-
-/// Registers nodes (cpu `cpu`, 64Gi, 110 pods) until every shard has `per_shard` of them.
-async fn fleet(c: &Client, shards: u32, per_shard: u32, cpu: &str) -> BTreeMap<u32, Vec<String>> {
-    let mut by_shard: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-    let mut i = 0;
-    while (1..=shards).any(|s| by_shard.get(&s).map_or(0, Vec::len) < per_shard as usize) {
-        assert!(i < 1_000, "could not fill every shard: {by_shard:?}");
-        let name = format!("node-{i:03}");
-        i += 1;
-        let spec = support::node_spec(&name, cpu, false);
-        let info = c.register_node(spec.clone()).await.expect("register node");
-        let list = by_shard.entry(info.shard).or_default();
-        if list.len() < per_shard as usize {
-            list.push(name);
-        } else {
-            // Full shard: cordon the extra node so it takes no pods.
-            c.update_node(NodeSpec {
-                unschedulable: true,
-                ..spec
-            })
-            .await
-            .expect("cordon");
-        }
-    }
-    by_shard
-}
-
-fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) -> GangSpec {
-    GangSpec {
-        name: name.into(),
-        namespace: "team-a".into(),
-        min_member: min,
-        total_number: members,
-        mode: "Strict".into(),
-        wait_time_ms,
-        priority: 0,
-        members: vec![MemberSpec {
-            name: "worker".into(),
-            count: members,
-            pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
-        }],
-    }
-}
-
-fn submission(key: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
-    SubmitGangGroupRequest {
-        idempotency_key: key.into(),
-        name: key.into(),
-        gangs,
-    }
-}
-
-/// Pods held (reserved or placed) per node, over every shard's ledger.
-async fn held(c: &Client) -> BTreeMap<String, u32> {
-    let nodes = c.list_nodes(None).await.expect("list nodes");
-    nodes
-        .into_iter()
-        .filter_map(|n| Some((n.node?.name, n.pods)))
-        .filter(|(_, p)| *p > 0)
-        .collect()
-}
-
-async fn wait_state(c: &Client, id: u64, state: &str, timeout: Duration) -> GangGroupStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let s = c.get(id).await.expect("get group");
-        if s.state == state {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "group {id} not {state} within {timeout:?}: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_group_across_three_shards_is_all_or_nothing() {

@@ -17,6 +17,7 @@
 
 pub mod assign;
 pub mod metrics;
+pub mod preempt;
 pub mod release;
 pub mod victims;
 
@@ -472,6 +473,15 @@ impl Coordinator {
                 partial
             }
             AssignOutcome::Short { reason, .. } => {
+                let reason = match preempt::may_preempt(r) {
+                    true => match self.preempt(r).await? {
+                        preempt::Preemption::Ran => return Ok(()),
+                        preempt::Preemption::NotBegun(why) => {
+                            format!("{reason}; no preemption: {why}")
+                        }
+                    },
+                    false => reason,
+                };
                 self.groups
                     .meta(&MetaCommand::Requeue {
                         seq: r.seq,

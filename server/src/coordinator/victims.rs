@@ -105,9 +105,9 @@ pub fn from_group_offers(
             let steps = o
                 .steps
                 .iter()
-                .map(|(gang, hostable)| OfferStep {
-                    evict: vec![gang.clone()],
-                    hostable: hostable.clone(),
+                .map(|step| OfferStep {
+                    evict: vec![step.gang.clone()],
+                    hostable: step.hostable.clone(),
                 })
                 .collect();
             let offer = ShardOffer {

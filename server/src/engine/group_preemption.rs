@@ -9,10 +9,12 @@
 //! step, up to `OFFER_STEPS_MAX` steps or until the shard could host the whole group;
 //! each step's counts come from placing the group on the shard as it would be with
 //! every unit so far gone ([`WithoutGangs`]: their pods, footprints and devices given
-//! back). Pure; meant for the shard leader's answer to the coordinator's offer query,
-//! which does not exist yet (docs/ARCHITECTURE.md §10).
+//! back). Pure; the shard leader answers the coordinator's `ShardQuery::PreemptionOffer`
+//! with it, and plans a chosen preemption on [`WithoutGangs`] (`ShardQuery::PlanWithout`).
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
 
 use crate::engine::cluster::Nomination;
 use crate::engine::placement::place_group;
@@ -26,7 +28,7 @@ use crate::model::gang::{GangGroup, GangId, MemberKey};
 pub const OFFER_STEPS_MAX: usize = 32;
 
 /// A gang that could be evicted, as this shard sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalUnit {
     /// Highest priority among its pods here.
     pub priority: i32,
@@ -34,19 +36,55 @@ pub struct LocalUnit {
     pub members: Vec<(MemberKey, String)>,
 }
 
-/// What this shard could host of a preemptor group, now and as units leave.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// What this shard could host of a preemptor group, now and as units leave. Maps
+/// keyed by gang travel as lists of pairs (a gang is no JSON map key).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct GroupOffer {
     /// The units the steps name.
+    #[serde(with = "as_pairs")]
     pub units: BTreeMap<GangId, LocalUnit>,
     /// Gangs with pods here that may not be evicted (a pod reserved, observed or of too
     /// high a priority): a gang is a unit only if no shard names it here.
     pub ineligible: BTreeSet<GangId>,
     /// Preemptor gang → members the shard could host as it is.
+    #[serde(with = "as_pairs")]
     pub hostable_now: BTreeMap<GangId, u32>,
     /// One unit per step, with what the shard could host once it and every earlier
     /// step's unit are gone.
-    pub steps: Vec<(GangId, BTreeMap<GangId, u32>)>,
+    pub steps: Vec<OfferedStep>,
+}
+
+/// One step of a shard's offer: this unit goes too, and the shard could then host this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferedStep {
+    /// The unit evicted at this step.
+    pub gang: GangId,
+    /// Preemptor gang → members hostable once it and every earlier unit are gone.
+    #[serde(with = "as_pairs")]
+    pub hostable: BTreeMap<GangId, u32>,
+}
+
+/// A map as a list of pairs, for keys JSON cannot use.
+mod as_pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer, K: Serialize, V: Serialize>(
+        map: &BTreeMap<K, V>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+    {
+        Vec::<(K, V)>::deserialize(deserializer).map(|pairs| pairs.into_iter().collect())
+    }
 }
 
 /// A view of a shard with some gangs' pods gone, as if evicted.
@@ -168,6 +206,14 @@ pub fn group_offer<V: LedgerView + ?Sized>(
         .map(|g| (g.id(), g.members.len() as u32))
         .collect();
     let (units, ineligible) = local_units(view, priority, &own);
+    if units.is_empty() {
+        // Nothing here could go: no placement to count (the common case for a group
+        // of the lowest priority, asked after every failed attempt).
+        return GroupOffer {
+            ineligible,
+            ..GroupOffer::default()
+        };
+    }
     let mut order: Vec<(&GangId, &LocalUnit)> = units.iter().collect();
     order.sort_by_key(|(gang, unit)| (unit.priority, unit.members.len(), (*gang).clone()));
     let hostable_now = hostable(view, group, profile, nominations);
@@ -185,7 +231,10 @@ pub fn group_offer<V: LedgerView + ?Sized>(
         gone.insert(gang.clone());
         counts = hostable(&WithoutGangs::new(view, &gone), group, profile, nominations);
         offer.units.insert(gang.clone(), unit.clone());
-        offer.steps.push((gang.clone(), counts.clone()));
+        offer.steps.push(OfferedStep {
+            gang: gang.clone(),
+            hostable: counts.clone(),
+        });
     }
     offer
 }

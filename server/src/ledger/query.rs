@@ -3,17 +3,22 @@
 //! this shard's ledger on its leader), and the open reservations and
 //! transaction outcomes that resolvers and a recovering coordinator need, the
 //! committed Kubernetes pods a binder has yet to bind, and the placed pods that must
-//! leave their devices (the evictor's work list, computed from state at a given time).
+//! leave their devices (the evictor's work list, computed from state at a given time),
+//! and a preemption's offer and plan (the engine on this ledger with victims gone).
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::group_preemption::{group_offer, GroupOffer, WithoutGangs};
+use crate::engine::placement::place_members;
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
 use crate::ledger::devices::{DeviceHealth, EvictionCause};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
-use crate::model::{DeviceId, MemberKey, PodSpec, PodSummary};
+use crate::model::{DeviceId, GangGroup, GangId, MemberKey, PodSpec, PodSummary};
 
 /// A read-only question to a shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +37,26 @@ pub enum ShardQuery {
         members: Vec<(MemberKey, PodSpec)>,
         /// Scoring profile.
         profile: Box<Profile>,
+    },
+    /// What this shard could host of a preemptor group of `priority` now and as its
+    /// cheapest lower-priority gangs leave, one per step (`engine::group_preemption`).
+    PreemptionOffer {
+        /// The preemptor group.
+        group: Box<GangGroup>,
+        /// Its priority: only gangs all of whose pods here are below it are units.
+        priority: i32,
+        /// Scoring profile.
+        profile: Box<Profile>,
+    },
+    /// Where this shard would place these members with the pods of `gone` evicted
+    /// (nothing is held): a chosen preemption's plan.
+    PlanWithout {
+        /// Members and their specs.
+        members: Vec<(MemberKey, PodSpec)>,
+        /// Scoring profile.
+        profile: Box<Profile>,
+        /// The victims' gangs.
+        gone: Vec<GangId>,
     },
     /// Reservations not yet committed or aborted, with their deadlines.
     OpenTxns,
@@ -129,6 +154,11 @@ pub enum ShardAnswer {
         /// The engine's placement.
         placement: GangPlacement,
     },
+    /// A preemption offer.
+    Offer {
+        /// What the shard could host as victims leave.
+        offer: GroupOffer,
+    },
     /// Open reservations: (transaction, deadline in ms).
     OpenTxns {
         /// In transaction order.
@@ -186,6 +216,28 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .collect();
             ShardAnswer::Plan {
                 placement: placer.place_members(ledger, &refs, profile, &[]),
+            }
+        }
+        ShardQuery::PreemptionOffer {
+            group,
+            priority,
+            profile,
+        } => ShardAnswer::Offer {
+            offer: group_offer(ledger, group, *priority, profile, &[]),
+        },
+        ShardQuery::PlanWithout {
+            members,
+            profile,
+            gone,
+        } => {
+            let refs: Vec<MemberRef<'_>> = members
+                .iter()
+                .map(|(key, spec)| MemberRef { key, spec })
+                .collect();
+            let gone: BTreeSet<GangId> = gone.iter().cloned().collect();
+            let view = WithoutGangs::new(ledger, &gone);
+            ShardAnswer::Plan {
+                placement: place_members(&view, &refs, profile, &[]),
             }
         }
         ShardQuery::OpenTxns => ShardAnswer::OpenTxns {

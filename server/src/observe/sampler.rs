@@ -29,6 +29,7 @@ type DeviceSeries = BTreeSet<(String, String)>;
 /// Samples until `stop` fires.
 pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
     placement::register();
+    crate::coordinator::preempt::register();
     evictor::register_metrics();
     let mut leading_meta = false;
     let mut reported: BTreeMap<u32, DeviceSeries> = BTreeMap::new();

@@ -19,6 +19,8 @@ use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::{ListNodesRequest, NodeSpec, RegisterNodeRequest};
 use tonic::transport::{Channel, Endpoint};
 
+pub mod gangs;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A free loopback port outside the ephemeral range (see `gangway_client::loopback`).

@@ -203,11 +203,14 @@ fn steps_stop_once_the_shard_could_host_the_whole_group() {
     let offer = group_offer(&a, &preemptor("high", 2, 10), 10, &Profile::default(), &[]);
     assert_eq!(offer.steps.len(), 1, "{offer:?}");
     assert_eq!(
-        offer.steps[0].0,
+        offer.steps[0].gang,
         GangId::new("ns", "x"),
         "the lower priority first"
     );
-    assert_eq!(offer.steps[0].1.get(&GangId::new("ns", "high")), Some(&2));
+    assert_eq!(
+        offer.steps[0].hostable.get(&GangId::new("ns", "high")),
+        Some(&2)
+    );
 }
 
 #[test]

@@ -367,6 +367,12 @@ pub enum MetaQuery {
         /// The transaction.
         txn: TxnId,
     },
+    /// The live groups that declare these gangs (`namespace/name`), in seq order, each
+    /// once: the groups a preemption would displace.
+    OwnersOf {
+        /// The gangs.
+        gangs: Vec<String>,
+    },
     /// Groups the coordinator must act on (queued, placing, releasing), in queue order.
     Pending {
         /// At most this many.
@@ -592,6 +598,17 @@ impl MetaState {
                 records.sort_by_key(|r| r.order_key());
                 MetaReply::Groups {
                     records: records.into_iter().cloned().collect(),
+                }
+            }
+            MetaQuery::OwnersOf { gangs } => {
+                let seqs: BTreeSet<GroupSeq> =
+                    gangs.iter().filter_map(|g| self.live_owner(g)).collect();
+                MetaReply::Groups {
+                    records: seqs
+                        .iter()
+                        .filter_map(|seq| self.groups.get(seq))
+                        .cloned()
+                        .collect(),
                 }
             }
             MetaQuery::Txn { txn } => MetaReply::Txn {

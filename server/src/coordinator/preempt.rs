@@ -1,0 +1,329 @@
+//! Preemption, on the meta leader (docs/ARCHITECTURE.md §5 rule 14): a queued group
+//! that did not fit, and whose priority is above some placed groups', asks every shard
+//! for an offer (`ShardQuery::PreemptionOffer`), chooses the cheapest victims across
+//! shards (`victims.rs`), checks in meta that each victim gang's group may go (Placed,
+//! of lower priority, gRPC-submitted), plans the group with the victim groups gone
+//! (`ShardQuery::PlanWithout`) and, only if that places every gang at minMember, runs
+//! one transaction: `BeginPreemption` marks the victims Preempting, every participant
+//! (the preemptor's shards and the victims') reserves with `ReserveDisplacing`, and
+//! the decision settles preemptor and victims together.
+//!
+//! Invariants: victims are whole groups; nothing is written unless the plan places the
+//! whole group; victims end Preempted only through a COMMIT, which only follows a yes
+//! from every participant, so no victim is evicted while the preemptor is not held.
+//! Called by the coordinator's placement of one group (`Coordinator::place`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use futures::future::join_all;
+
+use super::assign::{assign, AssignOutcome, Assignment};
+use super::victims::{choose_victims, from_group_offers};
+use super::{placements, refusal_reason, Coordinator, Vote, RESERVE_TTL_MS};
+use crate::engine::group_preemption::GroupOffer;
+use crate::engine::GangPlacement;
+use crate::failpoints;
+use crate::ledger::meta::{
+    Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply,
+};
+use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::ledger::{LedgerOp, LedgerReply, TxnId};
+use crate::model::{GangId, MemberKey, PodSpec};
+use crate::replicated::{now_ms, GroupError, ShardOutcome};
+
+/// What a preemption attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Preemption {
+    /// A preemption transaction ran (committed or aborted; its decision is recorded).
+    Ran,
+    /// None was begun, for this reason.
+    NotBegun(String),
+}
+
+/// `gangway_preemptions_total{outcome}` labels.
+pub const PREEMPTION_OUTCOMES: [&str; 3] = ["committed", "aborted", "no_plan"];
+
+/// Registers the preemption counters at zero.
+pub fn register() {
+    for outcome in PREEMPTION_OUTCOMES {
+        metrics::counter!("gangway_preemptions_total", "outcome" => outcome).increment(0);
+    }
+    metrics::counter!("gangway_preempted_groups_total").increment(0);
+    metrics::counter!("gangway_preempted_pods_total").increment(0);
+}
+
+/// Whether `r` may preempt at all: it holds nothing (a NonStrict group that holds
+/// members waits for room) and no member has preemptionPolicy Never.
+pub(super) fn may_preempt(r: &GroupRecord) -> bool {
+    r.holds_nothing()
+        && !r
+            .group
+            .gangs
+            .iter()
+            .any(|g| g.members.iter().any(|m| m.spec.preemption_policy.never()))
+}
+
+/// Whether the group owning a victim gang may be displaced by `preemptor` of
+/// `priority`; the same rules meta checks at `BeginPreemption`.
+fn displaceable(owner: &GroupRecord, preemptor: GroupSeq, priority: i32) -> bool {
+    owner.seq != preemptor
+        && owner.state == GroupState::Placed
+        && owner.releasing.is_empty()
+        && owner.highest_priority() < priority
+        && !owner.has_kubernetes_pods()
+}
+
+impl Coordinator {
+    /// Tries to place `r` by preemption; see the module header.
+    pub(super) async fn preempt(&self, r: &GroupRecord) -> Result<Preemption, GroupError> {
+        let started = Instant::now();
+        let priority = r.highest_priority();
+        let offers = self.offers(r, priority).await;
+        let (mut units, shard_offers) = from_group_offers(&offers);
+        if units.is_empty() {
+            return Ok(Preemption::NotBegun(
+                "no lower-priority gang could make room".into(),
+            ));
+        }
+        let owners = self.owners_of(units.keys()).await?;
+        units.retain(|gang, _| {
+            owners
+                .get(gang)
+                .is_some_and(|o| displaceable(o, r.seq, priority))
+        });
+        let need: BTreeMap<GangId, u32> = r
+            .group
+            .gangs
+            .iter()
+            .map(|g| (g.id(), g.min_member))
+            .collect();
+        let Some(choice) = choose_victims(&units, &shard_offers, &need, priority) else {
+            return Ok(no_plan(
+                "evicting every lower-priority gang that may go would not make room",
+            ));
+        };
+        if choice.evict.is_empty() {
+            return Ok(no_plan("it fits without evicting anything now"));
+        }
+        // Victims are whole groups: a gang group's gangs go together.
+        let victims: BTreeMap<GroupSeq, &GroupRecord> = choice
+            .evict
+            .iter()
+            .filter_map(|g| owners.get(g))
+            .map(|o| (o.seq, o))
+            .collect();
+        let gone: Vec<GangId> = victims
+            .values()
+            .flat_map(|v| v.group.gangs.iter().map(|g| g.id()))
+            .collect();
+        let members = Self::members(r);
+        let plans = self.plans_without(&members, &gone).await;
+        let assignment = match assign(&r.group, &plans, &BTreeSet::new()) {
+            AssignOutcome::Ready(a) => a,
+            AssignOutcome::Short { reason, .. } => {
+                return Ok(no_plan(&format!(
+                    "planned with the chosen victims gone, it still does not fit: {reason}"
+                )))
+            }
+        };
+        let victims_here = victims_per_shard(&victims)?;
+        let participants: Vec<u32> = assignment
+            .per_shard
+            .keys()
+            .chain(victims_here.keys())
+            .copied()
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        let begin = MetaCommand::BeginPreemption {
+            seq: r.seq,
+            victims: victims.keys().copied().collect(),
+            participants: participants.clone(),
+            at_ms: now_ms(),
+        };
+        let txn = match self.groups.meta(&begin).await? {
+            MetaReply::TxnBegun { txn } => txn,
+            MetaReply::Rejected { reason, .. } => {
+                return Ok(no_plan(&format!("meta refused the preemption: {reason}")))
+            }
+            other => return Ok(no_plan(&format!("meta answered {other:?}"))),
+        };
+        tracing::info!(
+            group = r.seq,
+            %txn,
+            victims = ?victims.keys().collect::<Vec<_>>(),
+            shards = participants.len(),
+            "preempting"
+        );
+        let decided = self
+            .run_preemption(txn, &participants, &assignment, &victims_here)
+            .await?;
+        let outcome = match decided {
+            Decision::Commit => {
+                let pods: usize = victims.values().map(|v| v.placements.len()).sum();
+                metrics::counter!("gangway_preempted_groups_total").increment(victims.len() as u64);
+                metrics::counter!("gangway_preempted_pods_total").increment(pods as u64);
+                metrics::histogram!("gangway_preemption_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                "committed"
+            }
+            Decision::Abort => "aborted",
+        };
+        metrics::counter!("gangway_preemptions_total", "outcome" => outcome).increment(1);
+        Ok(Preemption::Ran)
+    }
+
+    /// Reserves on every participant (members and victims there), decides and tells.
+    async fn run_preemption(
+        &self,
+        txn: TxnId,
+        participants: &[u32],
+        assignment: &Assignment,
+        victims_here: &BTreeMap<u32, Vec<MemberKey>>,
+    ) -> Result<Decision, GroupError> {
+        let deadline_ms = now_ms() + RESERVE_TTL_MS;
+        let asks = participants.iter().map(|shard| {
+            let op = LedgerOp::ReserveDisplacing {
+                txn_id: txn,
+                members: assignment.per_shard.get(shard).cloned().unwrap_or_default(),
+                victims: victims_here.get(shard).cloned().unwrap_or_default(),
+                deadline_ms,
+            };
+            async move {
+                match self.groups.shard(*shard, op).await {
+                    Ok(ShardOutcome::Applied(LedgerReply::Reserved { .. })) => Vote::Yes,
+                    Ok(other) => Vote::No(refusal_reason(*shard, &other)),
+                    Err(e) => Vote::No(format!("shard {shard}: {e}")),
+                }
+            }
+        });
+        let votes = join_all(asks).await;
+        let no = votes.iter().find_map(|v| match v {
+            Vote::No(why) => Some(why.clone()),
+            Vote::Yes => None,
+        });
+        let (decision, reason) = match no {
+            None => (Decision::Commit, String::new()),
+            Some(why) => (Decision::Abort, format!("preemption: {why}")),
+        };
+        if decision == Decision::Commit {
+            self.failpoints.hit(failpoints::PREEMPTION_AFTER_RESERVE);
+        }
+        let decided = self
+            .decide(txn, decision, placements(assignment), reason, Vec::new())
+            .await?;
+        if decided == Decision::Commit {
+            self.failpoints.hit(failpoints::PREEMPTION_AFTER_DECIDE);
+        }
+        super::release::tell(
+            &self.groups,
+            txn,
+            decided,
+            participants,
+            participants.len() == 1,
+        )
+        .await;
+        Ok(decided)
+    }
+
+    /// Every shard's offer for `r` (a shard that cannot answer offers nothing).
+    async fn offers(&self, r: &GroupRecord, priority: i32) -> BTreeMap<u32, GroupOffer> {
+        let query = ShardQuery::PreemptionOffer {
+            group: Box::new(r.group.clone()),
+            priority,
+            profile: Box::new(self.profile.clone()),
+        };
+        let asks = (1..=self.shards).map(|s| {
+            let query = &query;
+            async move { (s, self.groups.shard_query(s, query).await) }
+        });
+        let mut offers = BTreeMap::new();
+        for (shard, answer) in join_all(asks).await {
+            match answer {
+                Ok(ShardAnswer::Offer { offer }) => {
+                    offers.insert(shard, offer);
+                }
+                Ok(other) => tracing::warn!(shard, ?other, "unexpected offer answer"),
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "shard could not offer; leaving it out")
+                }
+            }
+        }
+        offers
+    }
+
+    /// The live groups owning `gangs`, by gang.
+    async fn owners_of(
+        &self,
+        gangs: impl Iterator<Item = &GangId>,
+    ) -> Result<BTreeMap<GangId, GroupRecord>, GroupError> {
+        let names: Vec<String> = gangs
+            .map(|g| format!("{}/{}", g.namespace, g.name))
+            .collect();
+        let reply = self
+            .groups
+            .meta_query(&MetaQuery::OwnersOf { gangs: names })
+            .await?;
+        let MetaReply::Groups { records } = reply else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(records
+            .into_iter()
+            .flat_map(|r| {
+                let ids: Vec<GangId> = r.group.gangs.iter().map(|g| g.id()).collect();
+                ids.into_iter().map(move |id| (id, r.clone()))
+            })
+            .collect())
+    }
+
+    /// Every shard's plan for `members` with the pods of `gone` evicted.
+    async fn plans_without(
+        &self,
+        members: &[(MemberKey, PodSpec)],
+        gone: &[GangId],
+    ) -> BTreeMap<u32, GangPlacement> {
+        let query = ShardQuery::PlanWithout {
+            members: members.to_vec(),
+            profile: Box::new(self.profile.clone()),
+            gone: gone.to_vec(),
+        };
+        let asks = (1..=self.shards).map(|s| {
+            let query = &query;
+            async move { (s, self.groups.shard_query(s, query).await) }
+        });
+        let mut plans = BTreeMap::new();
+        for (shard, answer) in join_all(asks).await {
+            match answer {
+                Ok(ShardAnswer::Plan { placement }) => {
+                    plans.insert(shard, placement);
+                }
+                Ok(other) => tracing::warn!(shard, ?other, "unexpected plan answer"),
+                Err(e) => tracing::warn!(shard, error = %e, "shard could not plan; leaving it out"),
+            }
+        }
+        plans
+    }
+}
+
+/// The victims' members, by the shard that holds them.
+fn victims_per_shard(
+    victims: &BTreeMap<GroupSeq, &GroupRecord>,
+) -> Result<BTreeMap<u32, Vec<MemberKey>>, GroupError> {
+    let mut out: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    for v in victims.values() {
+        for (key, p) in &v.placements {
+            let member = MemberKey::try_from(key.clone()).map_err(|e| GroupError::Decode {
+                group: gangway_raft::META_GROUP,
+                reason: format!("gang group {}: placement key {e}", v.seq),
+            })?;
+            out.entry(p.shard).or_default().push(member);
+        }
+    }
+    Ok(out)
+}
+
+fn no_plan(reason: &str) -> Preemption {
+    metrics::counter!("gangway_preemptions_total", "outcome" => "no_plan").increment(1);
+    Preemption::NotBegun(reason.to_string())
+}
