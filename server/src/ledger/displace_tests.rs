@@ -13,12 +13,17 @@ use crate::ledger::command::{
 use crate::ledger::displace::is_placeholder;
 use crate::ledger::shard::ShardLedger;
 use crate::ledger::usage::SlotState;
+use crate::model::claim::{AdminAccess, DeviceAllocation};
+use crate::model::device::{Device, DeviceId};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{HostPort, PodSummary, Protocol};
 use crate::model::resources::Resources;
 
 const DEADLINE_MS: u64 = 10_000;
+const DRIVER: &str = "gpu.example.com";
+/// GPUs published on every node of the device tests.
+const GPUS_PER_NODE: usize = 6;
 
 fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
     Node::new(
@@ -62,8 +67,38 @@ fn ledger_with(nodes: &[Node]) -> ShardLedger {
     let mut ledger = ShardLedger::new();
     for n in nodes {
         apply(&mut ledger, 0, LedgerOp::RegisterNode { node: n.clone() });
+        let gpus = (0..GPUS_PER_NODE)
+            .map(|i| Device::new(format!("gpu-{i}")))
+            .collect();
+        let publish = LedgerOp::PublishPool {
+            node: n.name.clone(),
+            driver: DRIVER.into(),
+            pool: n.name.clone(),
+            generation: 1,
+            devices: gpus,
+            counter_sets: Vec::new(),
+        };
+        apply(&mut ledger, 0, publish);
     }
     ledger
+}
+
+/// An exclusive allocation of GPU `i` of `node`.
+fn gpu(node: &str, i: usize) -> DeviceAllocation {
+    DeviceAllocation {
+        claim: "c".into(),
+        request: format!("r{i}"),
+        device: DeviceId::new(DRIVER, node, &format!("gpu-{i}")),
+        admin_access: AdminAccess::Disabled,
+        tolerations: Vec::new(),
+        share_id: None,
+        consumed_capacity: Default::default(),
+    }
+}
+
+fn with_gpus(mut p: PodSummary, node: &str, gpus: &[usize]) -> PodSummary {
+    p.devices = gpus.iter().map(|i| gpu(node, *i)).collect();
+    p
 }
 
 /// Places `members` committed under `txn` (a victim gang).
@@ -387,6 +422,60 @@ fn malformed_preemptions_are_rejected_naming_the_member() {
     assert!(matches!(reply, LedgerReply::Rejected { .. }), "{reply:?}");
 }
 
+#[test]
+fn gpus_the_members_do_not_take_stay_held_for_the_victims() {
+    let mut ledger = ledger_with(&[node("n1", 8000, 110)]);
+    let victims = vec![
+        member("low", "v0", "n1", with_gpus(pod(1000), "n1", &[0, 1])),
+        member("low", "v1", "n1", with_gpus(pod(1000), "n1", &[2])),
+    ];
+    place(&mut ledger, 1, victims.clone());
+    let before = ledger.clone();
+    let high = vec![member(
+        "high",
+        "h0",
+        "n1",
+        with_gpus(pod(1000), "n1", &[0, 3]),
+    )];
+    let reply = apply(&mut ledger, 2, displacing(5, high, keys(&victims)));
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    // gpu-1 and gpu-2 are the victims' until the decision; gpu-4 is free.
+    for (i, taken) in [(1, true), (2, true), (4, false)] {
+        let want = vec![member(
+            "other",
+            &format!("o{i}"),
+            "n1",
+            with_gpus(pod(0), "n1", &[i]),
+        )];
+        let reply = apply(
+            &mut ledger,
+            3,
+            LedgerOp::Reserve {
+                txn_id: TxnId(10 + i as u64),
+                members: want,
+                deadline_ms: DEADLINE_MS,
+            },
+        );
+        let refused = matches!(reply, LedgerReply::ReserveRefused { .. });
+        assert_eq!(refused, taken, "gpu-{i}: {reply:?}");
+        if !refused {
+            apply(
+                &mut ledger,
+                3,
+                LedgerOp::Abort {
+                    txn_id: TxnId(10 + i as u64),
+                },
+            );
+        }
+    }
+    apply(&mut ledger, 4, LedgerOp::Abort { txn_id: TxnId(5) });
+    assert_eq!(
+        ledger.node("n1"),
+        before.node("n1"),
+        "victims and their GPUs are back"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -397,6 +486,8 @@ proptest! {
     fn abort_restores_and_commit_frees(
         victim_cpus in prop::collection::vec((0usize..3, 1u64..5), 1..7),
         member_cpus in prop::collection::vec((0usize..3, 1u64..9), 0..5),
+        victim_gpus in prop::collection::vec(prop::collection::btree_set(0usize..GPUS_PER_NODE, 0..3), 7),
+        member_gpus in prop::collection::vec(prop::collection::btree_set(0usize..GPUS_PER_NODE, 0..3), 5),
         named in prop::collection::vec(any::<bool>(), 7),
         ports in prop::collection::vec(any::<bool>(), 12),
         commit in any::<bool>(),
@@ -405,7 +496,8 @@ proptest! {
         let mut ledger = ledger_with(&names.map(|n| node(n, 8000, 4)));
         let mut victims = Vec::new();
         for (i, (n, cpu)) in victim_cpus.iter().enumerate() {
-            let mut p = pod(cpu * 1000);
+            let gpus: Vec<usize> = victim_gpus[i].iter().copied().collect();
+            let mut p = with_gpus(pod(cpu * 1000), names[*n], &gpus);
             if ports[i] {
                 p.host_ports.push(HostPort { port: 8000 + i as u16 % 2, protocol: Protocol::Tcp });
             }
@@ -432,7 +524,8 @@ proptest! {
             .iter()
             .enumerate()
             .map(|(i, (n, cpu))| {
-                let mut p = pod(cpu * 1000);
+                let gpus: Vec<usize> = member_gpus[i].iter().copied().collect();
+                let mut p = with_gpus(pod(cpu * 1000), names[*n], &gpus);
                 if ports[7 + i] {
                     p.host_ports.push(HostPort { port: 8000, protocol: Protocol::Tcp });
                 }
