@@ -1046,7 +1046,9 @@ async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
 fn catalogue() -> BTreeSet<String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/METRICS.md");
     let text = std::fs::read_to_string(path).expect("docs/METRICS.md");
+    // Histograms recorded only by a preemption are checked by server/tests/preemption.rs.
     text.lines()
+        .filter(|l| !l.contains("served after the first preemption"))
         .filter_map(|l| l.strip_prefix("| `"))
         .filter_map(|l| l.split('`').next())
         .filter(|n| n.starts_with("gangway_"))

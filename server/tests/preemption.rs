@@ -101,6 +101,20 @@ async fn a_high_priority_gang_evicts_a_low_gang_whole_across_shards() {
     assert_eq!(seen.state, "Preempted");
     assert_preempted(&cl, low.id, high.id).await;
     c.wait_converged(&[1, 2, 3], Duration::from_secs(20)).await;
+
+    // The coordinator that ran it counted it.
+    let mut text = String::new();
+    for id in c.live() {
+        text.push_str(&support::http_get(&c.procs[&id].http, "/metrics").await.1);
+    }
+    for line in [
+        "gangway_preemptions_total{outcome=\"committed\"} 1",
+        "gangway_preempted_groups_total 1",
+        "gangway_preempted_pods_total 8",
+        "gangway_preemption_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} on /metrics");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,10 +19,10 @@
 //! Invariants: a unit of priority equal to or above the preemptor's is never chosen
 //! (a step holding one ends that shard's offer); the answer always fits by the rule
 //! above; when nothing fits, nothing is evicted; a gang any shard names ineligible is
-//! no unit ([`from_group_offers`]). Pure and deterministic. Meant for the coordinator,
-//! with the shards' offers (`engine/group_preemption.rs`); no round calls it yet
-//! (docs/ARCHITECTURE.md §10), and the placement that is to follow must be checked by
-//! the shards again, so a plan that does not hold there evicts nothing.
+//! no unit ([`from_group_offers`]). Pure and deterministic. Called by the coordinator's
+//! preemption (`coordinator/preempt.rs`) with the shards' offers
+//! (`engine/group_preemption.rs`); the placement that follows is planned and checked by
+//! the shards again, so a choice that does not hold there evicts nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 

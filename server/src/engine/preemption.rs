@@ -12,8 +12,10 @@
 //! [`crate::engine::cluster::Nomination`] so that later pods of lower or equal priority
 //! leave the freed room alone. Pods with device needs are checked against the nodes'
 //! devices as they are: a node whose devices cannot serve the pod is never chosen, and
-//! devices held by victims are not counted as freed (conservative). Pure; called by
-//! the shard leader when a placement fails.
+//! devices held by victims are not counted as freed (conservative). Pure. The
+//! scheduler does not call it: gang groups preempt through per-shard group offers
+//! (`group_preemption.rs`, docs/ARCHITECTURE.md §5 rule 14); this one-pod choice and its
+//! nomination are for `nominatedNodeName` once Kubernetes victims are evicted (§10).
 
 use std::collections::{BTreeMap, BTreeSet};
 
