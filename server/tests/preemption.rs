@@ -62,6 +62,13 @@ async fn wait_held(cl: &Client, pods: u32) {
 async fn assert_preempted(cl: &Client, low: u64, high: u64) {
     let placed = wait_state(cl, high, "Placed", Duration::from_secs(30)).await;
     assert_eq!(placed.placements.len(), 8);
+    assert!(
+        placed
+            .reason
+            .contains(&format!("preempting gang groups {low}")),
+        "says whom it preempted: {}",
+        placed.reason
+    );
     let gone = wait_state(cl, low, "Preempted", Duration::from_secs(10)).await;
     assert!(gone.placements.is_empty(), "evicted whole: {gone:?}");
     assert!(

@@ -925,6 +925,20 @@ impl MetaState {
         };
         let victims = t.victims.clone();
         let by = t.group.unwrap_or_default();
+        if victims.is_empty() {
+            return;
+        }
+        if decision == Decision::Commit {
+            if let Some(g) = self.groups.get_mut(&by) {
+                if g.state == GroupState::Placed && g.txn == Some(txn) {
+                    let names: Vec<String> = victims.iter().map(u64::to_string).collect();
+                    g.reason = format!(
+                        "placed by preempting gang groups {} ({txn})",
+                        names.join(", ")
+                    );
+                }
+            }
+        }
         for v in victims {
             let Some(g) = self.groups.get_mut(&v) else {
                 continue;

@@ -127,6 +127,11 @@ fn commit_places_the_preemptor_and_ends_every_victim_preempted() {
 
     decide(&mut m, txn, Decision::Commit, placements("high", 4));
     assert_eq!(state_of(&m, high), GroupState::Placed);
+    let reason = &m.record(high).expect("preemptor").reason;
+    assert_eq!(
+        reason,
+        &format!("placed by preempting gang groups {low}, {low2} ({txn})")
+    );
     for v in [low, low2] {
         let r = m.record(v).expect("victim");
         assert_eq!(
