@@ -51,13 +51,19 @@ pub const RAFT_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
 /// ABORT tombstone makes it abort a transaction meta committed.
 pub const META_FORGETS_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
 
+/// A fixed protocol bug, back for checking the checker: meta returns a preemption's
+/// victims to Placed as soon as it records ABORT, while a participant that has not
+/// applied it still holds their room displaced (rule 14; found by the two-phase model,
+/// `random_preemptions_find_victims_returned_before_their_abort_is_delivered`).
+pub const META_RETURNS_VICTIMS_AT_ABORT: &str = "meta-returns-victims-at-abort";
+
 /// A fixed liveness bug, back for checking the checks: plans evaluate every selector
 /// themselves, under the shard's state-machine lock, however costly (no warmer), so one
 /// slow selector stalls every plan and write of its shard.
 pub const SELECTORS_INLINE: &str = "selectors-evaluated-inline";
 
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -69,6 +75,7 @@ pub const ALL: [&str; 12] = [
     RELEASE_SHARDS_FIRST,
     RAFT_TRANSPORT_OPEN,
     META_FORGETS_UNACKED,
+    META_RETURNS_VICTIMS_AT_ABORT,
     SELECTORS_INLINE,
 ];
 

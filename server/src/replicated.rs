@@ -151,6 +151,12 @@ impl StateMachine for MetaMachine {
         if self.failpoints.armed(failpoints::META_FORGETS_UNACKED) {
             self.state.forget_decisions_unacknowledged();
         }
+        if self
+            .failpoints
+            .armed(failpoints::META_RETURNS_VICTIMS_AT_ABORT)
+        {
+            self.state.settle_aborted_preemptions_early();
+        }
         answer
     }
     fn snapshot(&self) -> Vec<u8> {

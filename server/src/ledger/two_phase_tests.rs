@@ -1,7 +1,8 @@
 //! The meta and shard state machines together: random interleavings of what the
 //! coordinator, the front door and the participants' resolvers write, with the
 //! coordinator crashing (forgetting everything it had not written) at any point and a
-//! new one recovering what it left Placing (rule 11),
+//! new one recovering what it left Placing (rule 11), and preemptions (rule 14: a queued
+//! group displacing a placed one of lower priority through `ReserveDisplacing`),
 //! checked against the two-phase rules after every step and after a final drain.
 //!
 //! The actors here write the same commands the services do (docs/ARCHITECTURE.md,
@@ -52,7 +53,7 @@ const DRAIN_ROUNDS_MAX: usize = 64;
 /// One step of one actor.
 #[derive(Debug, Clone)]
 enum Step {
-    /// Front door: a group of one gang of `members`, key `k{key}`.
+    /// Front door: a group of one gang of `members`, key `k{key}`, of priority `key`.
     Submit {
         key: u8,
         members: u8,
@@ -61,6 +62,10 @@ enum Step {
     /// Coordinator: begins a transaction for the `pick`-th queued group, planning the
     /// members it does not hold, spread over shards from `shift`.
     Begin { pick: u8, shift: u8 },
+    /// Coordinator: begins a preemption of the `victim`-th placed group by the
+    /// `pick`-th queued group holding nothing, placing its members from `shift` (which
+    /// may not fit even with the victim gone: a No vote).
+    Preempt { pick: u8, victim: u8, shift: u8 },
     /// Coordinator: asks one participant of an open transaction to reserve.
     Reserve { pick: u8 },
     /// Coordinator: writes the decision of a transaction whose votes are in.
@@ -87,6 +92,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0u8..4, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
         3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
+        2 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(pick, victim, shift)| Step::Preempt { pick, victim, shift }),
         4 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
         3 => any::<u8>().prop_map(|pick| Step::Decide { pick }),
         3 => any::<u8>().prop_map(|pick| Step::Tell { pick }),
@@ -106,7 +112,11 @@ struct Running {
     /// Every participant's reservation deadline, set once before the first is asked
     /// (as `reserve_all` does), so a reservation that arrives late is refused.
     deadline_ms: u64,
+    /// Every participant with the members it reserves (none on a shard that only holds
+    /// victims of a preemption).
     per_shard: BTreeMap<u32, Vec<ReserveMember>>,
+    /// A preemption's victim members on each participant (empty for a placement).
+    victims: BTreeMap<u32, Vec<MemberKey>>,
     votes: BTreeMap<u32, bool>,
     decided: Option<Decision>,
     told: BTreeSet<u32>,
@@ -130,6 +140,9 @@ struct Bugs {
     /// ReleaseMembers frees the members on their shards, committing the group's latest
     /// transaction there first, before meta agrees (items 1 and 2; rule 9 broken).
     release_shards_first: bool,
+    /// Meta returns a preemption's victims to Placed as soon as it records ABORT, before
+    /// every participant put them back (rule 14 broken).
+    victims_back_at_abort: bool,
 }
 
 fn node_name(shard: u32, i: usize) -> String {
@@ -143,7 +156,10 @@ fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
         GangMode::Strict
     };
     let members = u32::from(members);
-    Gang::with_members("default", &format!("g{key}"), members, members, mode)
+    Gang {
+        priority: i32::from(key),
+        ..Gang::with_members("default", &format!("g{key}"), members, members, mode)
+    }
 }
 
 fn pod() -> PodSummary {
@@ -195,6 +211,9 @@ impl World {
         if self.bugs.forget_decisions {
             self.meta.forget_decisions_unacknowledged();
         }
+        if self.bugs.victims_back_at_abort {
+            self.meta.settle_aborted_preemptions_early();
+        }
         reply
     }
 
@@ -243,6 +262,11 @@ impl World {
                 });
             }
             Step::Begin { pick, shift } => self.begin(pick, shift),
+            Step::Preempt {
+                pick,
+                victim,
+                shift,
+            } => self.preempt(pick, victim, shift),
             Step::Reserve { pick } => self.reserve(pick),
             Step::Decide { pick } => self.decide(pick),
             Step::Tell { pick } => self.tell(pick),
@@ -287,16 +311,7 @@ impl World {
         } else {
             unheld.len()
         };
-        for (i, member) in unheld.into_iter().take(take).enumerate() {
-            let slot = i + usize::from(shift);
-            let shard = 1 + (slot as u32 % SHARDS);
-            let node = node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD);
-            per_shard.entry(shard).or_default().push(ReserveMember {
-                member,
-                node,
-                pod: pod(),
-            });
-        }
+        spread(&mut per_shard, unheld.into_iter().take(take), shift);
         if per_shard.is_empty() {
             return;
         }
@@ -312,6 +327,58 @@ impl World {
                 Running {
                     deadline_ms: at_ms + TTL_MS,
                     per_shard,
+                    victims: BTreeMap::new(),
+                    votes: BTreeMap::new(),
+                    decided: None,
+                    told: BTreeSet::new(),
+                },
+            );
+        }
+    }
+
+    /// The coordinator's `preempt` on the model, after its choice: `BeginPreemption`
+    /// with every shard of the preemptor's members and of the victim's placements.
+    fn preempt(&mut self, pick: u8, victim: u8, shift: u8) {
+        let groups = self.groups();
+        let queued: Vec<&GroupRecord> = groups
+            .iter()
+            .filter(|g| g.state == GroupState::Queued && g.holds_nothing())
+            .collect();
+        let placed: Vec<&GroupRecord> = groups
+            .iter()
+            .filter(|g| g.state == GroupState::Placed && g.releasing.is_empty())
+            .collect();
+        let (Some(g), Some(v)) = (Self::pick(&queued, pick), Self::pick(&placed, victim)) else {
+            return;
+        };
+        let mut per_shard: BTreeMap<u32, Vec<ReserveMember>> = BTreeMap::new();
+        let members = g.group.gangs.iter().flat_map(|gang| {
+            gang.members
+                .iter()
+                .map(|m| MemberKey::new(&gang.namespace, &gang.name, &m.name))
+        });
+        spread(&mut per_shard, members, shift);
+        let mut victims: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+        for (key, p) in &v.placements {
+            let member = MemberKey::try_from(key.clone())
+                .unwrap_or_else(|e| panic!("placed member {key} does not parse: {e}"));
+            victims.entry(p.shard).or_default().push(member);
+            per_shard.entry(p.shard).or_default();
+        }
+        let at_ms = self.now_ms;
+        let reply = self.meta_write(&MetaCommand::BeginPreemption {
+            seq: g.seq,
+            victims: vec![v.seq],
+            participants: per_shard.keys().copied().collect(),
+            at_ms,
+        });
+        if let MetaReply::TxnBegun { txn } = reply {
+            self.running.insert(
+                txn,
+                Running {
+                    deadline_ms: at_ms + TTL_MS,
+                    per_shard,
+                    victims,
                     votes: BTreeMap::new(),
                     decided: None,
                     told: BTreeSet::new(),
@@ -337,14 +404,21 @@ impl World {
             return;
         };
         let r = &self.running[&txn];
-        let alone = r.per_shard.len() == 1;
+        let alone = r.per_shard.len() == 1 && r.victims.is_empty();
         let Some((&shard, members)) = r.per_shard.iter().find(|(s, _)| !r.votes.contains_key(s))
         else {
             return;
         };
         let members = members.clone();
         let deadline_ms = r.deadline_ms;
-        let op = if alone {
+        let op = if !r.victims.is_empty() {
+            LedgerOp::ReserveDisplacing {
+                txn_id: txn,
+                members,
+                victims: r.victims.get(&shard).cloned().unwrap_or_default(),
+                deadline_ms,
+            }
+        } else if alone {
             LedgerOp::ReserveAndCommit {
                 txn_id: txn,
                 members,
@@ -393,7 +467,7 @@ impl World {
         } else {
             BTreeMap::new()
         };
-        let alone = r.per_shard.len() == 1;
+        let alone = r.per_shard.len() == 1 && r.victims.is_empty();
         let delivered: Vec<u32> = if alone && commit {
             r.per_shard.keys().copied().collect()
         } else {
@@ -898,6 +972,25 @@ impl World {
     }
 }
 
+/// Places `members` over the shards from `shift`, filling each node's two slots in
+/// turn (the ledger refuses what does not fit: a No vote).
+fn spread(
+    per_shard: &mut BTreeMap<u32, Vec<ReserveMember>>,
+    members: impl Iterator<Item = MemberKey>,
+    shift: u8,
+) {
+    for (i, member) in members.enumerate() {
+        let slot = i + usize::from(shift);
+        let shard = 1 + (slot as u32 % SHARDS);
+        let node = node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD);
+        per_shard.entry(shard).or_default().push(ReserveMember {
+            member,
+            node,
+            pod: pod(),
+        });
+    }
+}
+
 /// Runs `steps`, checking after each; the error names the step.
 fn run(steps: &[Step], bugs: Bugs) -> Result<(), String> {
     let mut w = World::new(bugs);
@@ -919,6 +1012,60 @@ proptest! {
     fn meta_and_shards_agree_under_any_interleaving(steps in prop::collection::vec(arb_step(), 1..80)) {
         if let Err(e) = run(&steps, Bugs::default()) {
             prop_assert!(false, "{}\nsteps: {:?}", e, steps);
+        }
+    }
+}
+
+/// A low group of four placed across both shards, fully delivered: what the
+/// preemption runs start from.
+fn low_group_placed() -> Vec<Step> {
+    vec![
+        Step::Submit {
+            key: 0,
+            members: 4,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Deliver,
+    ]
+}
+
+/// Steps weighted toward preemptions of higher-priority groups.
+fn arb_preemption_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => (1u8..4, 1u8..5).prop_map(|(key, members)| Step::Submit { key, members, non_strict: false }),
+        4 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(pick, victim, shift)| Step::Preempt { pick, victim, shift }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
+        6 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
+        3 => any::<u8>().prop_map(|pick| Step::Decide { pick }),
+        3 => any::<u8>().prop_map(|pick| Step::Tell { pick }),
+        1 => Just(Step::Crash),
+        1 => Just(Step::Deliver),
+        1 => Just(Step::Recover),
+        1 => Just(Step::FinishReleases),
+        2 => (any::<u8>(), 0u8..3).prop_map(|(pick, how)| Step::Give { pick, how }),
+        1 => (0u16..1_500).prop_map(|ms| Step::Wait { ms }),
+        2 => (1u8..=SHARDS as u8).prop_map(|shard| Step::Resolve { shard }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Preemptions of a placed group interleaved with everything else, crashes and
+    /// deadlines included, keep the rules: a victim is never listed Placed while a shard
+    /// holds its room displaced, never loses its room while the preemption may abort,
+    /// and the drain leaves the ledgers exactly as meta says.
+    #[test]
+    fn preemptions_keep_the_rules_under_any_interleaving(
+        steps in prop::collection::vec(arb_preemption_step(), 1..60),
+    ) {
+        let all: Vec<Step> = low_group_placed().into_iter().chain(steps).collect();
+        if let Err(e) = run(&all, Bugs::default()) {
+            prop_assert!(false, "{}\nsteps: {:?}", e, all);
         }
     }
 }
@@ -1060,4 +1207,127 @@ fn a_one_shard_commit_left_undecided_is_recovered_as_placed() {
     assert_eq!(groups[0].placements.len(), 1);
     w.drain();
     assert_eq!(w.check_drained(), Ok(()));
+}
+
+/// Rule 14: a preemption whose ABORT reached one participant (its resolver, at the
+/// deadline) leaves the victim Preempting until the other participant put it back too.
+/// Brought back, the bug of returning victims to Placed at the ABORT itself is found: the
+/// victim is listed Placed while a shard still holds its room displaced.
+#[test]
+fn the_checks_find_victims_returned_before_their_abort_is_delivered() {
+    let steps = [
+        // A low group of two, one member on each shard...
+        Step::Submit {
+            key: 0,
+            members: 2,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Tell { pick: 0 },
+        Step::Tell { pick: 0 },
+        // ...is preempted by a higher one, and the coordinator dies reserved.
+        Step::Submit {
+            key: 3,
+            members: 2,
+            non_strict: false,
+        },
+        Step::Preempt {
+            pick: 0,
+            victim: 0,
+            shift: 0,
+        },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Crash,
+        // Shard 1's resolver aborts it; shard 2 has not heard.
+        Step::Wait { ms: 1_200 },
+        Step::Resolve { shard: 1 },
+    ];
+    assert_eq!(run(&steps, Bugs::default()), Ok(()));
+    let bugs = Bugs {
+        victims_back_at_abort: true,
+        ..Bugs::default()
+    };
+    let found = run(&steps, bugs).expect_err("the bug went unnoticed");
+    assert!(found.contains("lists default/g0/m"), "{found}");
+    eprintln!("found, as expected: {found}");
+}
+
+/// A preemption that commits places the preemptor on the victim's room and ends the
+/// victim Preempted, holding nothing, on every shard.
+#[test]
+fn a_committed_preemption_moves_the_room_from_victim_to_preemptor() {
+    let steps = [
+        Step::Submit {
+            key: 0,
+            members: 4,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Deliver,
+        Step::Submit {
+            key: 3,
+            members: 8,
+            non_strict: false,
+        },
+        Step::Preempt {
+            pick: 0,
+            victim: 0,
+            shift: 0,
+        },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Tell { pick: 0 },
+    ];
+    let mut w = World::new(Bugs::default());
+    for step in &steps {
+        w.step(step);
+        assert_eq!(w.check_always(), Ok(()), "after {step:?}");
+    }
+    let groups = w.groups();
+    assert_eq!(groups[0].state, GroupState::Placed, "{:?}", groups[0]);
+    assert_eq!(groups[0].placements.len(), 8);
+    assert!(matches!(
+        groups[1].state,
+        GroupState::Done {
+            how: crate::ledger::meta::Terminal::Preempted
+        }
+    ));
+    w.drain();
+    assert_eq!(w.check_drained(), Ok(()));
+    assert_eq!(w.slots().len(), 8);
+}
+
+/// Random preemption interleavings find the victims returned at the ABORT itself within a
+/// bounded number of cases.
+#[test]
+fn random_preemptions_find_victims_returned_before_their_abort_is_delivered() {
+    let bugs = Bugs {
+        victims_back_at_abort: true,
+        ..Bugs::default()
+    };
+    let config = ProptestConfig {
+        cases: 2_048,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let found = runner.run(
+        &prop::collection::vec(arb_preemption_step(), 1..60),
+        |steps| {
+            let all: Vec<Step> = low_group_placed().into_iter().chain(steps).collect();
+            run(&all, bugs).map_err(proptest::test_runner::TestCaseError::fail)
+        },
+    );
+    let found = found
+        .err()
+        .unwrap_or_else(|| panic!("the bug went unnoticed in 2,048 cases"));
+    eprintln!("found, as expected: {found}");
 }

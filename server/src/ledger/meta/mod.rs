@@ -1368,6 +1368,28 @@ impl MetaState {
         }
     }
 
+    /// Bug switch `meta-returns-victims-at-abort` (and the two-phase model's) only:
+    /// returns every victim of an aborted preemption to `Placed` at once, before every
+    /// participant put it back, as a first version of rule 14 did. Never called in
+    /// production.
+    pub fn settle_aborted_preemptions_early(&mut self) {
+        let aborted: Vec<TxnId> = self
+            .txns
+            .values()
+            .filter(|t| t.decision == Some(Decision::Abort) && !t.victims.is_empty())
+            .map(|t| t.txn)
+            .collect();
+        for txn in aborted {
+            if let Some(t) = self.txns.get_mut(&txn) {
+                let unacked = std::mem::take(&mut t.unacked);
+                self.settle_victims(txn);
+                if let Some(t) = self.txns.get_mut(&txn) {
+                    t.unacked = unacked;
+                }
+            }
+        }
+    }
+
     /// Bug switch `meta-forgets-unacknowledged-decisions` only: forgets every decided
     /// transaction, acknowledged or not, which rule 5 forbids. Never called in production.
     pub fn forget_decisions_unacknowledged(&mut self) {
