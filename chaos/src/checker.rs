@@ -4,7 +4,8 @@
 //!
 //! I1 no device with two owners; I2 no node overcommitted; I3 no gang group
 //! partly placed, and the ledger holds exactly what placed groups say; I4 every
-//! acknowledged submission (and release, cancel) is there; I5 no reservation
+//! acknowledged submission (and release, cancel) is there, and a group that ended
+//! Preempted names a preemptor of higher priority that was placed; I5 no reservation
 //! outlives its deadline; I6 replicas' state hashes are equal; I7 every fault is
 //! followed by a successful placement within [`RECOVERY_MAX_MS`].
 
@@ -89,6 +90,7 @@ pub fn check(history: &[Entry], fin: &FinalState) -> Verdict {
     check_capacity(fin, &mut v);
     check_groups(&ops, fin, &mut v);
     check_acknowledged(&ops, fin, &mut v);
+    check_preempted(&ops, fin, &mut v);
     check_refusals(&ops, &mut v);
     check_reservations(fin, &mut v);
     check_hashes(fin, &mut v);
@@ -492,6 +494,58 @@ fn check_acknowledged(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
     }
 }
 
+/// The preemptor a Preempted group's reason names ("preempted by gang group N (...)").
+pub fn preemptor_of(reason: &str) -> Option<u64> {
+    let rest = reason.strip_prefix("preempted by gang group ")?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Every group that ended Preempted names a preemptor that exists, was submitted at a
+/// higher priority, and was placed (it is not left waiting or timed out).
+fn check_preempted(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
+    let shapes = ops.shapes();
+    let by_id: BTreeMap<u64, &GangGroupStatus> = fin.groups.iter().map(|g| (g.id, g)).collect();
+    let priority = |g: &GangGroupStatus| {
+        shapes
+            .get(&g.idempotency_key)
+            .and_then(|gangs| gangs.iter().map(|x| x.priority).max())
+            .unwrap_or(0)
+    };
+    for g in fin.groups.iter().filter(|g| g.state == "Preempted") {
+        let Some(by) = preemptor_of(&g.reason).and_then(|id| by_id.get(&id)) else {
+            v.push(violation(
+                "I4",
+                format!(
+                    "group {} ended Preempted, naming no preemptor that exists: {:?}",
+                    g.id, g.reason
+                ),
+            ));
+            continue;
+        };
+        if priority(by) <= priority(g) {
+            v.push(violation(
+                "I4",
+                format!(
+                    "group {} (priority {}) was preempted by group {} of priority {}",
+                    g.id,
+                    priority(g),
+                    by.id,
+                    priority(by)
+                ),
+            ));
+        }
+        if matches!(by.state.as_str(), "Queued" | "Placing" | "TimedOut") {
+            v.push(violation(
+                "I4",
+                format!(
+                    "group {} was preempted by group {}, which is {} (never placed)",
+                    g.id, by.id, by.state
+                ),
+            ));
+        }
+    }
+}
+
 fn check_reservations(fin: &FinalState, v: &mut Vec<Violation>) {
     for n in &fin.nodes {
         let Some(spec) = &n.node else { continue };
@@ -739,6 +793,7 @@ mod tests {
                 mode: "Strict".into(),
                 cpu: 1,
                 gpu: 0,
+                priority: 0,
             }],
             members: vec![],
         }
@@ -971,6 +1026,65 @@ mod tests {
             .insert("g1-0".into(), ("g1".into(), Some("b".into())));
         let found = check_kube(&elsewhere, &fin);
         assert!(found[0].detail.contains("Bound on a"), "{found:?}");
+    }
+
+    /// A group preempted by a higher-priority group that was placed passes; one naming
+    /// no preemptor, a preemptor of equal priority, or one never placed is a violation.
+    #[test]
+    fn a_preempted_group_names_a_placed_preemptor_of_higher_priority() {
+        let (mut history, mut fin) = consistent();
+        let mut urgent = place(2, "k2", 1);
+        if let Event::Invoke { gangs, .. } = &mut urgent {
+            gangs[0].priority = 100;
+        }
+        history.push(entry(40, urgent));
+        fin.groups[0].state = "Preempted".into();
+        fin.groups[0].placements.clear();
+        fin.groups[0].reason = "preempted by gang group 8 (txn-3)".into();
+        fin.groups
+            .push(group(8, "k2", "Placed", &[("chaos/op2-0/m-0", "a")]));
+        fin.nodes = vec![
+            node("a", "4", "1", &[("chaos/op2-0/m-0", "Committed")]),
+            node("b", "4", "0", &[]),
+        ];
+        assert!(
+            check(&history, &fin).violations.is_empty(),
+            "{:?}",
+            check(&history, &fin)
+        );
+
+        let mut nameless = fin.clone();
+        nameless.groups[0].reason = "gone".into();
+        assert_eq!(invariants(&check(&history, &nameless)), ["I4"]);
+
+        let mut waiting = fin.clone();
+        waiting.groups[1].state = "TimedOut".into();
+        waiting.groups[1].placements.clear();
+        waiting.nodes[0].pod_slots.clear();
+        waiting.nodes[0].requested.clear();
+        let found = check(&history, &waiting);
+        assert!(
+            found
+                .violations
+                .iter()
+                .any(|v| v.detail.contains("never placed")),
+            "{found:?}"
+        );
+
+        let equal: Vec<Entry> = history
+            .iter()
+            .take(2)
+            .cloned()
+            .chain([entry(40, place(2, "k2", 1))])
+            .collect();
+        let found = check(&equal, &fin);
+        assert!(
+            found
+                .violations
+                .iter()
+                .any(|v| v.detail.contains("priority 0")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub const FP_AFTER_DECIDE: &str = "coordinator-after-decide";
 pub const FP_PARTICIPANT: &str = "participant-after-reserve";
 /// Crash point: a shard leader bound a pod through the API and has not recorded it.
 pub const FP_BINDER: &str = "binder-after-bind";
+/// Crash point: coordinator between a preemption's displacing reservations and its decision.
+pub const FP_PREEMPT_AFTER_RESERVE: &str = "coordinator-preemption-after-reserve";
+/// Crash point: coordinator between a preemption's COMMIT and telling the shards.
+pub const FP_PREEMPT_AFTER_DECIDE: &str = "coordinator-preemption-after-decide";
 /// Bug switch for the checker's self-test: COMMIT sent with no decision written.
 pub const BUG_SKIP_DECISION: &str = "coordinator-skips-decision";
 /// Bug switch: ReleaseMembers frees shard slots before meta agrees.
@@ -62,7 +66,14 @@ pub const SELF_TEST_BUGS: [&str; 3] = [
     BUG_TRANSPORT_OPEN,
 ];
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
-pub const CRASH_POINTS: [&str; 4] = [FP_AFTER_RESERVE, FP_AFTER_DECIDE, FP_PARTICIPANT, FP_BINDER];
+pub const CRASH_POINTS: [&str; 6] = [
+    FP_AFTER_RESERVE,
+    FP_AFTER_DECIDE,
+    FP_PARTICIPANT,
+    FP_BINDER,
+    FP_PREEMPT_AFTER_RESERVE,
+    FP_PREEMPT_AFTER_DECIDE,
+];
 
 /// Time the cluster may take to elect every leader at start and after a heal.
 pub const READY_TIMEOUT_MS: u64 = 30_000;
@@ -100,13 +111,17 @@ pub enum DrillKind {
     RollingRestart,
     /// SIGKILL every replica, start them all again.
     FullRestart,
+    /// Urgent groups preempt wide ones: crash the coordinator inside a preemption
+    /// (between its reservations and its decision, or its decision and commit), or kill
+    /// the meta leader.
+    Preemption,
     /// All of the above and more (follower faults, 2/1 splits, one-way loss, latency).
     Mixed,
 }
 
 impl DrillKind {
     /// Every drill, in the order `list` and `ci` use.
-    pub const ALL: [DrillKind; 9] = [
+    pub const ALL: [DrillKind; 10] = [
         Self::LeaderKill,
         Self::CoordinatorKillMid2pc,
         Self::ParticipantKillMidReserve,
@@ -115,6 +130,7 @@ impl DrillKind {
         Self::PauseLeader,
         Self::RollingRestart,
         Self::FullRestart,
+        Self::Preemption,
         Self::Mixed,
     ];
 
@@ -129,6 +145,7 @@ impl DrillKind {
             Self::PauseLeader => "pause-leader",
             Self::RollingRestart => "rolling-restart",
             Self::FullRestart => "full-restart",
+            Self::Preemption => "preemption",
             Self::Mixed => "mixed",
         }
     }
@@ -346,7 +363,14 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     let (agents, mut workers) = match &api {
         None => {
             let agents = start_fleet(&replicas, spec.shards, &stop_rx).await?;
-            (agents, workload.spawn(&mut runner.rng, stop_rx.clone()))
+            let mix = match spec.kind {
+                DrillKind::Preemption => workload::Mix::Preemption,
+                _ => workload::Mix::Default,
+            };
+            (
+                agents,
+                workload.spawn(&mut runner.rng, stop_rx.clone(), mix),
+            )
         }
         Some(api) => {
             let kube = KubeWorkload::new(api.clone(), history.clone());
@@ -483,8 +507,15 @@ impl Runner {
             DrillKind::PauseLeader => Fault::PauseLeader(group),
             DrillKind::RollingRestart => Fault::RollingRestart,
             DrillKind::FullRestart => Fault::FullRestart,
+            // The two points in turn, after-decide first; every third fault kills the
+            // meta leader instead (its coordinator may be mid-preemption).
+            DrillKind::Preemption => match self.next_fault % 3 {
+                1 => Fault::CrashPoint(FP_PREEMPT_AFTER_DECIDE),
+                2 => Fault::CrashPoint(FP_PREEMPT_AFTER_RESERVE),
+                _ => Fault::KillLeader(0),
+            },
             DrillKind::Mixed => {
-                let menu: [(u64, Fault); 14] = [
+                let menu: [(u64, Fault); 16] = [
                     (14, Fault::KillLeader(group)),
                     (6, Fault::KillFollower),
                     (10, Fault::PauseLeader(group)),
@@ -509,6 +540,8 @@ impl Runner {
                     (8, Fault::CrashPoint(FP_AFTER_RESERVE)),
                     (8, Fault::CrashPoint(FP_AFTER_DECIDE)),
                     (8, Fault::CrashPoint(FP_PARTICIPANT)),
+                    (5, Fault::CrashPoint(FP_PREEMPT_AFTER_RESERVE)),
+                    (5, Fault::CrashPoint(FP_PREEMPT_AFTER_DECIDE)),
                     (3, Fault::FullRestart),
                     (3, Fault::RollingRestart),
                 ];

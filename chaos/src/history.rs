@@ -36,6 +36,13 @@ pub struct GangShape {
     pub cpu: u32,
     /// Devices per member.
     pub gpu: u32,
+    /// The gang's priority (a group of higher priority may preempt it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// What an event records.

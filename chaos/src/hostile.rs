@@ -211,6 +211,7 @@ impl Workload {
             mode: "NonStrict".into(),
             cpu: 1,
             gpu: 0,
+            priority: 0,
         };
         let request = SubmitGangGroupRequest {
             idempotency_key: key.clone(),

@@ -132,6 +132,7 @@ impl KubeWorkload {
                 mode: "Strict".into(),
                 cpu: POD_CPUS,
                 gpu: 0,
+                priority: 0,
             }],
             members: vec![],
         });

@@ -1,7 +1,8 @@
 //! The drill's clients: a simulated fleet (nodes, some with device agents) and
 //! workers that submit gang groups (Strict, NonStrict, GangGroups of two
 //! gangs, groups too wide for one shard, NonStrict groups whose members arrive
-//! over time across shards, members with devices), hold them, release or cancel
+//! over time across shards, members with devices, urgent groups of high priority that
+//! preempt the others when they do not fit), hold them, release or cancel
 //! them, or run a hostile probe (`hostile.rs`), plus a probe that submits a one-pod gang every
 //! [`PROBE_INTERVAL_MS`] so recovery is seen within that resolution.
 //!
@@ -338,6 +339,12 @@ pub(crate) enum Shape {
     /// A NonStrict gang of five 12-CPU members, all needed: wider than one shard, its
     /// members arrive over time as room frees up on either shard.
     Accumulating,
+    /// A Strict gang of four 12-CPU members of priority [`URGENT_PRIORITY`]: wider than
+    /// one shard, it preempts lower-priority groups (every other shape) for room.
+    Urgent,
+    /// A Strict gang of three 10-CPU members, one per node: two fill six of the eight
+    /// nodes, so an urgent group finds room only by preempting one.
+    Filler,
     /// A hostile probe instead of a group's life (see `hostile.rs`); the hostile
     /// worker runs only these.
     Hostile,
@@ -345,15 +352,62 @@ pub(crate) enum Shape {
     Probe,
 }
 
-const SHAPES: [Shape; 6] = [
+const SHAPES: [Shape; 8] = [
     Shape::PairGroup,
     Shape::NonStrict,
     Shape::Devices,
     Shape::Wide,
     Shape::Unfit,
     Shape::Accumulating,
+    Shape::Urgent,
+    Shape::Filler,
 ];
-const SHAPE_WEIGHTS: [u64; 6] = [30, 20, 20, 20, 10, 10];
+const SHAPE_WEIGHTS: [u64; 8] = [30, 20, 20, 20, 10, 10, 12, 0];
+/// The preemption drill's weights: low-priority fillers fill the fleet and urgent
+/// groups must preempt them. Fillers rather than wide groups (only one of which fits at
+/// a time, so workers wait on each other), and no accumulating groups: they hold
+/// members while queued, so they are never victims, and a few fill the fleet for good.
+const PREEMPTION_WEIGHTS: [u64; 8] = [15, 0, 5, 0, 0, 0, 20, 60];
+
+/// Which groups the workers submit, by weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// Every shape, urgent groups among them.
+    Default,
+    /// Mostly wide groups and urgent ones that preempt them.
+    Preemption,
+}
+
+impl Mix {
+    /// Workers submitting groups: more in the preemption mix, so the fleet is full
+    /// when urgent groups arrive.
+    fn workers(self) -> usize {
+        match self {
+            Mix::Default => WORKERS,
+            Mix::Preemption => WORKERS + 2,
+        }
+    }
+
+    fn weights(self) -> &'static [u64; 8] {
+        match self {
+            Mix::Default => &SHAPE_WEIGHTS,
+            Mix::Preemption => &PREEMPTION_WEIGHTS,
+        }
+    }
+
+    /// How long a placed group of `shape` is held, in ms (from `rng`): in the
+    /// preemption mix low-priority groups hold their room long enough for urgent ones
+    /// to find the fleet full.
+    fn hold_ms(self, shape: Shape, rng: &mut Rng) -> u64 {
+        match (self, shape) {
+            (_, Shape::Probe) => 0,
+            (Mix::Preemption, s) if s != Shape::Urgent => rng.range(400, 1_500),
+            _ => rng.range(50, 400),
+        }
+    }
+}
+/// The priority of urgent groups; every other group has 0.
+pub const URGENT_PRIORITY: i32 = 100;
 
 pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
     let gang = |k: u32, min: u32, members: u32, mode: &str, cpu: u32, gpu: u32| GangShape {
@@ -363,6 +417,7 @@ pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
         mode: mode.to_string(),
         cpu,
         gpu,
+        priority: 0,
     };
     match shape {
         Shape::PairGroup => vec![gang(0, 2, 2, "Strict", 3, 0), gang(1, 2, 2, "Strict", 3, 0)],
@@ -371,6 +426,11 @@ pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
         Shape::Wide => vec![gang(0, 5, 5, "Strict", 12, 0)],
         Shape::Unfit => vec![gang(0, 1, 1, "Strict", 1_000, 0)],
         Shape::Accumulating => vec![gang(0, 5, 5, "NonStrict", 12, 0)],
+        Shape::Filler => vec![gang(0, 3, 3, "Strict", 10, 0)],
+        Shape::Urgent => vec![GangShape {
+            priority: URGENT_PRIORITY,
+            ..gang(0, 4, 4, "Strict", 12, 0)
+        }],
         Shape::Probe | Shape::Hostile => vec![gang(0, 1, 1, "Strict", 1, 0)],
     }
 }
@@ -396,7 +456,7 @@ pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupReque
                     total_number: g.members,
                     mode: g.mode.clone(),
                     wait_time_ms: 0,
-                    priority: 0,
+                    priority: g.priority,
                     members: vec![MemberSpec {
                         name: "m".into(),
                         count: g.members,
@@ -426,7 +486,7 @@ pub fn placed_of(status: &GangGroupStatus) -> Vec<Placed> {
 }
 
 /// States in which a group holds nothing and never will again.
-pub const TERMINAL: [&str; 3] = ["Released", "Cancelled", "TimedOut"];
+pub const TERMINAL: [&str; 4] = ["Released", "Cancelled", "TimedOut", "Preempted"];
 
 /// The workload of one drill.
 pub struct Workload {
@@ -470,17 +530,22 @@ impl Workload {
     }
 
     /// Starts the workers and the probe; they stop when `stop` turns true.
-    pub fn spawn(self: &Arc<Self>, rng: &mut Rng, stop: watch::Receiver<bool>) -> JoinSet<()> {
+    pub fn spawn(
+        self: &Arc<Self>,
+        rng: &mut Rng,
+        stop: watch::Receiver<bool>,
+        mix: Mix,
+    ) -> JoinSet<()> {
         let mut set = JoinSet::new();
-        for _ in 0..WORKERS {
+        for _ in 0..mix.workers() {
             let w = self.clone();
             let rng = rng.fork();
-            set.spawn(w.worker(rng, stop.clone(), None));
+            set.spawn(w.worker(rng, stop.clone(), None, mix));
         }
         for _ in 0..HOSTILE_WORKERS {
             let w = self.clone();
             let rng = rng.fork();
-            set.spawn(w.worker(rng, stop.clone(), Some(Shape::Hostile)));
+            set.spawn(w.worker(rng, stop.clone(), Some(Shape::Hostile), mix));
         }
         set.spawn(self.clone().prober(stop));
         set
@@ -492,10 +557,11 @@ impl Workload {
         mut rng: Rng,
         stop: watch::Receiver<bool>,
         only: Option<Shape>,
+        mix: Mix,
     ) {
         while !*stop.borrow() {
-            let shape = only.unwrap_or_else(|| SHAPES[rng.weighted(&SHAPE_WEIGHTS).unwrap_or(0)]);
-            self.cycle(shape, &mut rng).await;
+            let shape = only.unwrap_or_else(|| SHAPES[rng.weighted(mix.weights()).unwrap_or(0)]);
+            self.cycle(shape, &mut rng, mix).await;
             tokio::time::sleep(Duration::from_millis(rng.range(0, 50))).await;
         }
     }
@@ -516,7 +582,7 @@ impl Workload {
             let w = self.clone();
             probes.spawn(async move {
                 let mut rng = Rng::new(0);
-                w.cycle(Shape::Probe, &mut rng).await;
+                w.cycle(Shape::Probe, &mut rng, Mix::Default).await;
                 drop(permit);
             });
         }
@@ -524,7 +590,7 @@ impl Workload {
     }
 
     /// One group's life: submit, wait for placement, hold, give back.
-    async fn cycle(&self, shape: Shape, rng: &mut Rng) {
+    async fn cycle(&self, shape: Shape, rng: &mut Rng, mix: Mix) {
         if shape == Shape::Hostile {
             self.hostile(rng).await;
             return;
@@ -539,8 +605,9 @@ impl Workload {
             self.give_back("cancel", id).await;
             return;
         }
-        if shape != Shape::Probe {
-            tokio::time::sleep(Duration::from_millis(rng.range(50, 400))).await;
+        let hold_ms = mix.hold_ms(shape, rng);
+        if hold_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
         }
         if shape == Shape::NonStrict && rng.chance(50) {
             self.release_one(id).await;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::failover::FailoverBenchArgs;
+use gangway_server::bench::preemption::PreemptionBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::bench::selectors::SelectorBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
@@ -49,6 +50,8 @@ enum Bench {
     E2e(E2eBenchArgs),
     /// Placement stopped by a meta leader kill, with many gang groups placed.
     Failover(FailoverBenchArgs),
+    /// Submission to placed of a high-priority gang that must preempt, victims on 1, 2, 4 shards.
+    Preemption(PreemptionBenchArgs),
     /// Placement latency of plain gangs while a gang with a slow CEL selector waits.
     Selectors(SelectorBenchArgs),
 }
@@ -76,6 +79,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Failover(args),
         } => bench::failover::run(args).await,
+        Command::Bench {
+            which: Bench::Preemption(args),
+        } => bench::preemption::run(args).await,
         Command::Bench {
             which: Bench::Selectors(args),
         } => bench::selectors::run(args).await,

@@ -4,6 +4,7 @@
 pub mod e2e;
 pub mod engine;
 pub mod failover;
+pub mod preemption;
 pub mod raft;
 pub mod selectors;
 

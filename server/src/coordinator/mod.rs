@@ -477,6 +477,7 @@ impl Coordinator {
                     true => match self.preempt(r).await? {
                         preempt::Preemption::Ran => return Ok(()),
                         preempt::Preemption::NotBegun(why) => {
+                            tracing::debug!(group = r.seq, %why, "no preemption");
                             format!("{reason}; no preemption: {why}")
                         }
                     },

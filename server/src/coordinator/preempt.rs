@@ -41,6 +41,11 @@ pub(super) enum Preemption {
     NotBegun(String),
 }
 
+/// Most offer rounds per attempt: each asks again without the units the previous
+/// one offered whose groups may not go (a unit the coordinator cannot use cuts its
+/// shard's offer at that step).
+pub const OFFER_ROUNDS_MAX: usize = 3;
+
 /// `gangway_preemptions_total{outcome}` labels.
 pub const PREEMPTION_OUTCOMES: [&str; 3] = ["committed", "aborted", "no_plan"];
 
@@ -79,19 +84,35 @@ impl Coordinator {
     pub(super) async fn preempt(&self, r: &GroupRecord) -> Result<Preemption, GroupError> {
         let started = Instant::now();
         let priority = r.highest_priority();
-        let offers = self.offers(r, priority).await;
-        let (mut units, shard_offers) = from_group_offers(&offers);
-        if units.is_empty() {
-            return Ok(Preemption::NotBegun(
-                "no lower-priority gang could make room".into(),
-            ));
-        }
-        let owners = self.owners_of(units.keys()).await?;
-        units.retain(|gang, _| {
-            owners
-                .get(gang)
-                .is_some_and(|o| displaceable(o, r.seq, priority))
-        });
+        let mut keep: BTreeSet<GangId> = BTreeSet::new();
+        let mut round = 0;
+        let (units, shard_offers, owners) = loop {
+            round += 1;
+            let offers = self.offers(r, priority, &keep).await;
+            let (mut units, shard_offers) = from_group_offers(&offers);
+            if units.is_empty() {
+                return Ok(Preemption::NotBegun(
+                    "no lower-priority gang could make room".into(),
+                ));
+            }
+            let owners = self.owners_of(units.keys()).await?;
+            let before = units.len();
+            units.retain(|gang, _| {
+                owners
+                    .get(gang)
+                    .is_some_and(|o| displaceable(o, r.seq, priority))
+            });
+            if units.len() == before || round == OFFER_ROUNDS_MAX {
+                break (units, shard_offers, owners);
+            }
+            keep.extend(
+                owners
+                    .iter()
+                    .filter(|(_, o)| !displaceable(o, r.seq, priority))
+                    .map(|(g, _)| g.clone()),
+            );
+            keep.extend(shard_offers_units(&offers).filter(|g| !owners.contains_key(g)));
+        };
         let need: BTreeMap<GangId, u32> = r
             .group
             .gangs
@@ -227,12 +248,19 @@ impl Coordinator {
         Ok(decided)
     }
 
-    /// Every shard's offer for `r` (a shard that cannot answer offers nothing).
-    async fn offers(&self, r: &GroupRecord, priority: i32) -> BTreeMap<u32, GroupOffer> {
+    /// Every shard's offer for `r`, never evicting `keep` (a shard that cannot answer
+    /// offers nothing).
+    async fn offers(
+        &self,
+        r: &GroupRecord,
+        priority: i32,
+        keep: &BTreeSet<GangId>,
+    ) -> BTreeMap<u32, GroupOffer> {
         let query = ShardQuery::PreemptionOffer {
             group: Box::new(r.group.clone()),
             priority,
             profile: Box::new(self.profile.clone()),
+            keep: keep.iter().cloned().collect(),
         };
         let asks = (1..=self.shards).map(|s| {
             let query = &query;
@@ -304,6 +332,11 @@ impl Coordinator {
         }
         plans
     }
+}
+
+/// Every gang the shards offered as a unit.
+fn shard_offers_units(offers: &BTreeMap<u32, GroupOffer>) -> impl Iterator<Item = GangId> + '_ {
+    offers.values().flat_map(|o| o.units.keys().cloned())
 }
 
 /// The victims' members, by the shard that holds them.

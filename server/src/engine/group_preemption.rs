@@ -199,7 +199,29 @@ pub fn group_offer<V: LedgerView + ?Sized>(
     profile: &Profile,
     nominations: &[Nomination],
 ) -> GroupOffer {
-    let own: BTreeSet<GangId> = group.gangs.iter().map(|g| g.id()).collect();
+    group_offer_keeping(
+        view,
+        group,
+        priority,
+        profile,
+        nominations,
+        &BTreeSet::new(),
+    )
+}
+
+/// [`group_offer`] with the gangs of `keep` never units (the coordinator learned from
+/// meta that their groups may not go): a unit the coordinator cannot use would cut
+/// every step after it from the offer.
+pub fn group_offer_keeping<V: LedgerView + ?Sized>(
+    view: &V,
+    group: &GangGroup,
+    priority: i32,
+    profile: &Profile,
+    nominations: &[Nomination],
+    keep: &BTreeSet<GangId>,
+) -> GroupOffer {
+    let mut own: BTreeSet<GangId> = group.gangs.iter().map(|g| g.id()).collect();
+    own.extend(keep.iter().cloned());
     let total: BTreeMap<GangId, u32> = group
         .gangs
         .iter()

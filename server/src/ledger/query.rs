@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::group_preemption::{group_offer, GroupOffer, WithoutGangs};
+use crate::engine::group_preemption::{group_offer_keeping, GroupOffer, WithoutGangs};
 use crate::engine::placement::place_members;
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
 use crate::ledger::devices::{DeviceHealth, EvictionCause};
@@ -47,6 +47,9 @@ pub enum ShardQuery {
         priority: i32,
         /// Scoring profile.
         profile: Box<Profile>,
+        /// Gangs that may not be units (their groups may not go, as meta says).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        keep: Vec<GangId>,
     },
     /// Where this shard would place these members with the pods of `gone` evicted
     /// (nothing is held): a chosen preemption's plan.
@@ -222,9 +225,13 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             group,
             priority,
             profile,
-        } => ShardAnswer::Offer {
-            offer: group_offer(ledger, group, *priority, profile, &[]),
-        },
+            keep,
+        } => {
+            let keep: BTreeSet<GangId> = keep.iter().cloned().collect();
+            ShardAnswer::Offer {
+                offer: group_offer_keeping(ledger, group, *priority, profile, &[], &keep),
+            }
+        }
         ShardQuery::PlanWithout {
             members,
             profile,

@@ -232,3 +232,22 @@ fn a_view_without_gangs_gives_their_room_back() {
         "the ledger itself is untouched"
     );
 }
+
+#[test]
+fn gangs_the_coordinator_keeps_are_never_steps() {
+    let mut a = shard("a", 4);
+    hold(&mut a, 1, "x", &names("a", 4)[..2], 1, true);
+    hold(&mut a, 2, "y", &names("a", 4)[2..], 2, true);
+    let keep = BTreeSet::from([GangId::new("ns", "x")]);
+    let offer = group_offer_keeping(
+        &a,
+        &preemptor("high", 2, 10),
+        10,
+        &Profile::default(),
+        &[],
+        &keep,
+    );
+    assert_eq!(offer.steps.len(), 1, "{offer:?}");
+    assert_eq!(offer.steps[0].gang, GangId::new("ns", "y"), "x is kept");
+    assert!(offer.ineligible.contains(&GangId::new("ns", "x")));
+}
