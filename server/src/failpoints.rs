@@ -62,8 +62,14 @@ pub const META_RETURNS_VICTIMS_AT_ABORT: &str = "meta-returns-victims-at-abort";
 /// slow selector stalls every plan and write of its shard.
 pub const SELECTORS_INLINE: &str = "selectors-evaluated-inline";
 
+/// A missing step, back for checking the checks: the binder binds a preemptor's pods
+/// as soon as the preemption commits, while its victims' pods may still run on the
+/// node (the ledger lists them as unbound whatever `ShardQuery::PreemptionVictims`
+/// still holds), so a node runs victims and preemptor at once.
+pub const BIND_BEFORE_VICTIMS_LEAVE: &str = "binder-binds-before-victims-leave";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 14] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -77,6 +83,7 @@ pub const ALL: [&str; 13] = [
     META_FORGETS_UNACKED,
     META_RETURNS_VICTIMS_AT_ABORT,
     SELECTORS_INLINE,
+    BIND_BEFORE_VICTIMS_LEAVE,
 ];
 
 /// The armed crash points of a process.

@@ -16,7 +16,7 @@ use crate::engine::placement::Unplaced;
 use crate::engine::{Diagnosis, FilterReason, Placer};
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
-use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
+use crate::ledger::query::{answer, unbound, ShardAnswer, ShardQuery, Victims};
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 use crate::model::{Device, MemberKey, PodSpec};
 use crate::shard::warmer::SelectorWarmer;
@@ -274,6 +274,12 @@ impl StateMachine for ShardMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
+            Ok(ShardQuery::Unbound { limit })
+                if self.failpoints.armed(failpoints::BIND_BEFORE_VICTIMS_LEAVE) =>
+            {
+                let answered = unbound(&self.ledger, limit, Victims::Ignore);
+                reply(&answered, answer_malformed)
+            }
             Ok(q) => {
                 let (q, cold) = self.without_cold_gangs(q);
                 // A panic while planning leaves no broken invariant in a placer (its

@@ -148,6 +148,17 @@ async fn apply_chart(api: &ControlPlane) {
 }
 
 async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, setup: Setup) -> Env {
+    start_armed(nodes, gpus, bind_qps, setup, &[]).await
+}
+
+/// `start_with`, every gangway process with these test bug switches armed.
+async fn start_armed(
+    nodes: usize,
+    gpus: usize,
+    bind_qps: u32,
+    setup: Setup,
+    failpoints: &[&str],
+) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
     let api = ControlPlane::start(Options {
@@ -187,13 +198,18 @@ async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, setup: Setup) -> E
     api.create(&RESOURCE_CLAIM_TEMPLATES, template("one-gpu", DRIVER))
         .await
         .expect("template");
-    let args = vec![
+    let mut args = vec![
         "--kubeconfig".to_string(),
         kubeconfig.display().to_string(),
         "--bind-qps".to_string(),
         bind_qps.to_string(),
     ];
-    let cluster = Cluster::start_with(3, 2, args, Vec::new());
+    let mut vars = Vec::new();
+    if !failpoints.is_empty() {
+        args.push("--test-failpoints".into());
+        vars.push(("GANGWAY_TEST_FAILPOINTS".to_string(), failpoints.join(",")));
+    }
+    let cluster = Cluster::start_with(3, 2, args, vars);
     cluster
         .wait_ready(&[1, 2, 3], Duration::from_secs(30))
         .await;
@@ -1040,6 +1056,211 @@ async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
             "{other} was not evicted"
         );
     }
+}
+
+// ---- preemption ---------------------------------------------------------------------------
+
+/// Makes PriorityClasses `low` (10), `high` (1000) and `highest` (2000); the API
+/// server's Priority admission resolves a pod's `priorityClassName` into `spec.priority`.
+async fn create_priority_classes(api: &ControlPlane) {
+    for (name, value) in [("low", 10), ("high", 1000), ("highest", 2000)] {
+        let class = json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+        });
+        api.call(
+            http::Method::POST,
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "application/json",
+            Some(&class),
+        )
+        .await
+        .expect("PriorityClass");
+    }
+}
+
+/// Creates a Koordinator gang `gang` of `size` pods of `cpu` CPUs each, of PriorityClass
+/// `class`, all of them needed (min-available = size); answers the pod names.
+async fn create_priority_gang(
+    api: &ControlPlane,
+    gang: &str,
+    size: usize,
+    cpu: &str,
+    class: &str,
+) -> Vec<String> {
+    let annotations = json!({"gang.scheduling.koordinator.sh/name": gang,
+                             "gang.scheduling.koordinator.sh/min-available": size.to_string()});
+    let mut names = Vec::new();
+    for i in 0..size {
+        let name = format!("{gang}-{i}");
+        let mut pod = pod_with_cpu(&name, cpu, annotations.clone());
+        pod["spec"]["priorityClassName"] = json!(class);
+        api.create(&PODS, pod).await.expect("pod");
+        names.push(name);
+    }
+    names
+}
+
+/// The `DisruptionTarget` condition's reason on `pod`, if it has one.
+fn disruption_reason(view: &View, pod: &str) -> Option<String> {
+    view.pods.get(pod)?["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "DisruptionTarget")?["reason"]
+        .as_str()
+        .map(String::from)
+}
+
+/// Acts as the kubelets would: finishes the graceful deletion of `pods` (no kubelet
+/// runs here, so a deleted bound pod stays terminating until this).
+async fn finish_deletions(api: &ControlPlane, pods: &[String]) {
+    for name in pods {
+        match api.delete(&PODS, Some(NS), name).await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(404) => {}
+            Err(e) => panic!("finishing the deletion of {name}: {e}"),
+        }
+    }
+}
+
+/// A low-priority Strict gang of 8 fills every node (4 nodes of 64 CPUs over two
+/// shards, two 32-CPU pods each); then a high-priority gang of 8 arrives. Answers the
+/// two gangs' pods once every low pod is evicted (DisruptionTarget, then deleted;
+/// without kubelets they stay terminating).
+async fn preemption_begins(env: &Env) -> (Vec<String>, Vec<String>) {
+    let api = &env.api;
+    create_priority_classes(api).await;
+    let low = create_priority_gang(api, "low", 8, "32", "low").await;
+    wait_for("the low gang bound", Duration::from_secs(60), env, |v| {
+        v.bound(&low)
+    })
+    .await;
+    let high = create_priority_gang(api, "high", 8, "32", "high").await;
+    let now = wait_for(
+        "every low pod evicted for the high gang",
+        Duration::from_secs(60),
+        env,
+        |v| low.iter().all(|p| v.going(p)),
+    )
+    .await;
+    for p in &low {
+        if now.pods.contains_key(p) {
+            assert_eq!(
+                disruption_reason(&now, p).as_deref(),
+                Some("PreemptionByScheduler"),
+                "{p}"
+            );
+        }
+    }
+    (low, high)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_gang_preempts_a_low_gang_whole_and_binds_once_the_victims_are_gone() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    let (low, high) = preemption_begins(&env).await;
+
+    // Until the victims' pods are gone, the high pods wait (their room is still used),
+    // nominated to their nodes.
+    wait_for(
+        "the high pods nominated",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            high.iter().all(|p| {
+                v.pods
+                    .get(p)
+                    .is_some_and(|o| o["status"]["nominatedNodeName"].is_string())
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = view(api).await;
+    assert!(
+        high.iter().all(|p| now.node_of(p).is_none()),
+        "no high pod is bound while the victims still run: {:?}",
+        high.iter()
+            .filter_map(|p| now.node_of(p))
+            .collect::<Vec<_>>()
+    );
+    for p in &low {
+        let events = now.events_for(p, "Preempted");
+        assert!(
+            events
+                .iter()
+                .any(|m| m.contains("Preempted by gang train/high")),
+            "{p}: {events:?}"
+        );
+    }
+    let nominated: BTreeMap<String, String> = high
+        .iter()
+        .filter_map(|p| {
+            let node = now.pods[p]["status"]["nominatedNodeName"].as_str()?;
+            Some((p.clone(), node.to_string()))
+        })
+        .collect();
+    let nodes: BTreeSet<&String> = nominated.values().collect();
+    assert_eq!(nodes.len(), 4, "nominated over every node: {nominated:?}");
+
+    // The kubelets finish the deletions: the high gang binds where it was nominated.
+    finish_deletions(api, &low).await;
+    let now = wait_for(
+        "the high gang bound once the victims are gone",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&high),
+    )
+    .await;
+    // (The API server clears nominatedNodeName at the binding.)
+    for p in &high {
+        assert_eq!(
+            now.node_of(p).as_ref(),
+            nominated.get(p),
+            "{p} bound where it was nominated"
+        );
+    }
+    check_bound_once_where_committed(&env, 3, &high).await;
+
+    // A gang that evicting every lower-priority pod would not make room for (9 x 32 CPUs
+    // on 4 x 64) evicts nothing.
+    let huge = create_priority_gang(api, "huge", 9, "32", "highest").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let now = view(api).await;
+    for p in &high {
+        assert!(
+            now.node_of(p).is_some() && !now.going(p),
+            "{p} was not evicted for a gang that cannot fit"
+        );
+    }
+    assert!(huge.iter().all(|p| now.node_of(p).is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_binder_that_binds_before_the_victims_are_gone() {
+    let env = start_armed(
+        4,
+        0,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::BIND_BEFORE_VICTIMS_LEAVE],
+    )
+    .await;
+    let (low, high) = preemption_begins(&env).await;
+    // Nobody finishes the victims' deletions here, so they run on for good.
+    wait_for(
+        "a high pod bound on a node where a victim still runs (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            high.iter().filter_map(|p| v.node_of(p)).any(|node| {
+                low.iter()
+                    .any(|victim| v.node_of(victim).as_deref() == Some(node.as_str()))
+            })
+        },
+    )
+    .await;
 }
 
 /// The metric names docs/METRICS.md lists (first column of its table).

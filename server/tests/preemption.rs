@@ -154,8 +154,11 @@ async fn nothing_is_evicted_when_it_would_not_make_room_or_is_not_allowed() {
     // Each is tried a few times (backoff from 100 ms).
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     for (id, why) in [
-        (too_big.id, "would not make room"),
-        (equal.id, "no lower-priority gang"),
+        (
+            too_big.id,
+            "no preemption: evicting every lower-priority gang",
+        ),
+        (equal.id, "fit"),
         (never.id, "fit"),
     ] {
         let s = cl.get(id).await.expect("get");
@@ -163,8 +166,12 @@ async fn nothing_is_evicted_when_it_would_not_make_room_or_is_not_allowed() {
         assert!(s.placements.is_empty());
         assert!(s.reason.contains(why), "group {id} says why: {}", s.reason);
     }
-    let never_reason = cl.get(never.id).await.expect("get").reason;
-    assert!(!never_reason.contains("preemption"), "{never_reason}");
+    // Neither may preempt: no placed group is below the equal one, and the other's pod
+    // never preempts.
+    for id in [equal.id, never.id] {
+        let reason = cl.get(id).await.expect("get").reason;
+        assert!(!reason.contains("preempt"), "{reason}");
+    }
     let still = cl.get(low.id).await.expect("get low");
     assert_eq!(
         (still.state.as_str(), still.placements.len()),

@@ -70,6 +70,10 @@ const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::meta::META_BATCH_MA
 const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::command::LEDGER_BATCH_MAX);
 /// Most members planned together in one batched round.
 pub const BATCH_MEMBERS_MAX: usize = 8_192;
+/// Most preemption attempts in one round: each asks every shard for offers (up to
+/// `OFFER_STEPS_MAX` placements each) and plans, so a round with many high-priority
+/// groups that do not fit would otherwise delay every other group's placement.
+pub const PREEMPTION_ATTEMPTS_PER_ROUND_MAX: u32 = 2;
 /// Most undelivered decisions delivered in one round.
 pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
 
@@ -81,6 +85,20 @@ pub struct Coordinator {
     failpoints: Failpoints,
     /// Rounds run, to rotate the shard asked first.
     rounds: AtomicU32,
+    /// Preemption attempts left in the current round (reset to
+    /// [`PREEMPTION_ATTEMPTS_PER_ROUND_MAX`] as each round starts).
+    preemptions_left: AtomicU32,
+}
+
+/// Whether a group that did not fit tries to preempt this round.
+enum PreemptionChance {
+    /// It may not (it holds members, a pod never preempts, or no placed group is of
+    /// lower priority).
+    None,
+    /// It may, but the round's attempts are spent: requeued, it tries at its next attempt.
+    Deferred,
+    /// It tries now.
+    Try,
 }
 
 /// What a reservation attempt on one participant came to.
@@ -98,6 +116,7 @@ impl Coordinator {
             profile,
             failpoints,
             rounds: AtomicU32::new(0),
+            preemptions_left: AtomicU32::new(0),
         }
     }
 
@@ -159,6 +178,8 @@ impl Coordinator {
     }
 
     async fn round(&self, first_round: bool) -> Result<Activity, GroupError> {
+        self.preemptions_left
+            .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
@@ -361,6 +382,33 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Whether `r`, which did not fit, tries to preempt: only if it may, and some placed
+    /// group has a lower priority (a local read), and the round has an attempt left.
+    fn preemption_chance(&self, r: &GroupRecord) -> Result<PreemptionChance, GroupError> {
+        if !preempt::may_preempt(r) {
+            return Ok(PreemptionChance::None);
+        }
+        let lowest = match self
+            .groups
+            .meta_query_local(&MetaQuery::LowestPlacedPriority)?
+        {
+            MetaReply::LowestPriority { priority } => priority,
+            _ => None,
+        };
+        if lowest.is_none_or(|p| p >= r.highest_priority()) {
+            return Ok(PreemptionChance::None);
+        }
+        let taken = self
+            .preemptions_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        Ok(if taken {
+            PreemptionChance::Try
+        } else {
+            PreemptionChance::Deferred
+        })
+    }
+
     /// Applies `commands` as one meta entry; one reply per command.
     async fn meta_batch(&self, commands: Vec<MetaCommand>) -> Result<Vec<MetaReply>, GroupError> {
         let n = commands.len();
@@ -473,15 +521,20 @@ impl Coordinator {
                 partial
             }
             AssignOutcome::Short { reason, .. } => {
-                let reason = match preempt::may_preempt(r) {
-                    true => match self.preempt(r).await? {
+                let tried = std::time::Instant::now();
+                let reason = match self.preemption_chance(r)? {
+                    PreemptionChance::None => reason,
+                    PreemptionChance::Deferred => format!(
+                        "{reason}; preemption deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
+                    ),
+                    PreemptionChance::Try => match self.preempt(r).await? {
                         preempt::Preemption::Ran => return Ok(()),
                         preempt::Preemption::NotBegun(why) => {
-                            tracing::debug!(group = r.seq, %why, "no preemption");
+                            let ms = tried.elapsed().as_millis() as u64;
+                            tracing::debug!(group = r.seq, %why, ms, "no preemption");
                             format!("{reason}; no preemption: {why}")
                         }
                     },
-                    false => reason,
                 };
                 self.groups
                     .meta(&MetaCommand::Requeue {

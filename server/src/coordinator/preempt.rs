@@ -76,7 +76,6 @@ fn displaceable(owner: &GroupRecord, preemptor: GroupSeq, priority: i32) -> bool
         && owner.state == GroupState::Placed
         && owner.releasing.is_empty()
         && owner.highest_priority() < priority
-        && !owner.has_kubernetes_pods()
 }
 
 impl Coordinator {

@@ -160,7 +160,9 @@ fn local_units<V: LedgerView + ?Sized>(
             let evictable = matches!(
                 slot.state,
                 SlotState::Committed { .. } | SlotState::Bound { .. }
-            ) && slot.pod.priority < priority;
+            ) && slot.pod.priority < priority
+                // Room held for a committed preemption's victims still on the node.
+                && !crate::ledger::displace::is_placeholder(key);
             if !evictable {
                 ineligible.insert(gang.clone());
             }

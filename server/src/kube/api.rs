@@ -1,6 +1,6 @@
 //! The writes gangway makes to the API server, as plain REST calls: pod bindings
 //! with a uid precondition, ResourceClaim status (allocation and reservedFor),
-//! events, pod annotations and PodGroup status. Each returns the API server's
+//! events, pod annotations, a preemptor's nominated node and PodGroup status. Each returns the API server's
 //! answer classified the way callers act on it. Called by the binder and the
 //! ingest loop.
 
@@ -323,6 +323,19 @@ pub async fn evict(
         Ok(_) => Ok(EvictOutcome::Deleted),
         // 409: the precondition failed, so the name belongs to another pod now.
         Err(e) if matches!(e.code(), Some(404 | 409)) => Ok(EvictOutcome::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets `status.nominatedNodeName` of `pod` to `node`, as kube-scheduler does for a
+/// preemptor waiting for its victims to leave; false when the pod is gone (or another
+/// pod holds its name now).
+pub async fn nominate(client: &kube::Client, pod: &PodRef, node: &str) -> Result<bool, ApiError> {
+    let patch = json!({"metadata": {"uid": pod.uid}, "status": {"nominatedNodeName": node}});
+    let status = format!("{}/status", pod_path(pod));
+    match call(client, Method::PATCH, &status, STRATEGIC, Some(&patch)).await {
+        Ok(current) => Ok(current["metadata"]["uid"].as_str() == Some(pod.uid.as_str())),
+        Err(e) if matches!(e.code(), Some(404 | 409)) => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -3,7 +3,8 @@
 //! the DRA objects; the ingest loop (`ingest`, meta leader only) feeds nodes,
 //! devices and gangs into the same ledger and queue as the gRPC path; binders
 //! (`binder`, each shard leader) write claim allocations and pod bindings back;
-//! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad.
+//! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad
+//! and the victims of committed preemptions.
 //! `objects` and `gangs` are the pure conversions both use; `api` the REST writes.
 //! Started by `gangway serve --kubeconfig` (or `--in-cluster`); every task it
 //! starts stops with the shutdown signal it is given.
@@ -147,6 +148,7 @@ pub async fn run(
         groups.clone(),
         shards,
         client.clone(),
+        cache.clone(),
         opts.clone(),
         stop.clone(),
     ));

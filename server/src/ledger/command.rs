@@ -190,6 +190,14 @@ pub enum LedgerOp {
         /// What to release.
         target: ReleaseTarget,
     },
+    /// Records that these victims of committed preemptions (Kubernetes pods) are gone
+    /// from their nodes: the room the placeholders held for them there is freed once
+    /// every victim of that transaction on that node is gone, and the preemptor's
+    /// members there may bind. Victims not evicting are answered as absent.
+    VictimsGone {
+        /// The victims.
+        members: Vec<MemberKey>,
+    },
     /// Records that the pod was bound through the Kubernetes API.
     BindConfirmed {
         /// The member.

@@ -566,3 +566,322 @@ proptest! {
         }
     }
 }
+
+// ---- Kubernetes victims: room held until their pods are gone -----------------------------
+
+/// `pod(cpu)` as a Kubernetes pod (a uid).
+fn kube_pod(cpu_milli: u64, uid: &str) -> PodSummary {
+    PodSummary {
+        uid: Some(uid.to_string()),
+        ..pod(cpu_milli)
+    }
+}
+
+/// Two 8-cpu nodes, each full with two 4-cpu Kubernetes victims of gang `low`.
+fn full_of_kube_victims() -> (ShardLedger, Vec<ReserveMember>) {
+    let mut ledger = ledger_with(&[node("n1", 8000, 110), node("n2", 8000, 110)]);
+    let victims: Vec<ReserveMember> = (0..4)
+        .map(|i| {
+            let n = if i < 2 { "n1" } else { "n2" };
+            member(
+                "low",
+                &format!("v{i}"),
+                n,
+                kube_pod(4000, &format!("uid-v{i}")),
+            )
+        })
+        .collect();
+    place(&mut ledger, 1, victims.clone());
+    (ledger, victims)
+}
+
+fn unbound_members(ledger: &ShardLedger) -> Vec<MemberKey> {
+    use crate::ledger::query::{unbound, ShardAnswer, Victims};
+    match unbound(ledger, 100, Victims::Wait) {
+        ShardAnswer::Unbound { members } => members.into_iter().map(|m| m.member).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn placeholders_on(ledger: &ShardLedger, node: &str) -> usize {
+    ledger
+        .node(node)
+        .map(|n| n.usage.pods.keys().filter(|k| is_placeholder(k)).count())
+        .unwrap_or(0)
+}
+
+fn reserve_other(ledger: &mut ShardLedger, txn: u64, node: &str, cpu_milli: u64) -> LedgerReply {
+    apply(
+        ledger,
+        10,
+        LedgerOp::Reserve {
+            txn_id: TxnId(txn),
+            members: vec![member("other", &format!("o{txn}"), node, pod(cpu_milli))],
+            deadline_ms: DEADLINE_MS,
+        },
+    )
+}
+
+#[test]
+fn kubernetes_victims_keep_their_room_until_their_pods_are_gone() {
+    let (mut ledger, victims) = full_of_kube_victims();
+    let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];
+    let reply = apply(
+        &mut ledger,
+        2,
+        displacing(5, high.clone(), keys(&victims[..2])),
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    let committed = apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(
+        matches!(committed, LedgerReply::Committed { .. }),
+        "{committed:?}"
+    );
+
+    // Committed, the victims are evicting and their pods may still run on n1: the
+    // placeholders hold what the preemptor does not take, and it is not bound yet.
+    assert_eq!(
+        ledger.evicting().keys().cloned().collect::<Vec<_>>(),
+        keys(&victims[..2])
+    );
+    assert_eq!(ledger.evicting()[&victims[0].member].preemptor, "ns/high");
+    assert!(placeholders_on(&ledger, "n1") > 0);
+    assert!(
+        ledger.slot(&victims[0].member).is_none(),
+        "the victims' slots are gone"
+    );
+    assert!(
+        !unbound_members(&ledger).contains(&high[0].member),
+        "the preemptor waits for its victims"
+    );
+    assert!(matches!(
+        reserve_other(&mut ledger, 6, "n1", 1000),
+        LedgerReply::ReserveRefused { .. }
+    ));
+
+    // One victim gone: the other still runs there.
+    let gone = apply(
+        &mut ledger,
+        4,
+        LedgerOp::VictimsGone {
+            members: keys(&victims[..1]),
+        },
+    );
+    assert!(
+        matches!(&gone, LedgerReply::Released { released, .. } if released.len() == 1),
+        "{gone:?}"
+    );
+    assert!(placeholders_on(&ledger, "n1") > 0);
+    assert!(!unbound_members(&ledger).contains(&high[0].member));
+
+    // Both gone: the room is free and the preemptor may bind.
+    apply(
+        &mut ledger,
+        5,
+        LedgerOp::VictimsGone {
+            members: keys(&victims[1..2]),
+        },
+    );
+    assert_eq!(placeholders_on(&ledger, "n1"), 0);
+    assert!(ledger.evicting().is_empty());
+    assert!(unbound_members(&ledger).contains(&high[0].member));
+    assert_eq!(
+        ledger.node("n1").map(|n| n.usage.committed.cpu_milli),
+        Some(6000)
+    );
+    assert!(matches!(
+        reserve_other(&mut ledger, 7, "n1", 2000),
+        LedgerReply::Reserved { .. }
+    ));
+
+    // Told again: nothing changes.
+    let before = ledger.clone();
+    let again = apply(
+        &mut ledger,
+        6,
+        LedgerOp::VictimsGone {
+            members: keys(&victims[..2]),
+        },
+    );
+    assert!(
+        matches!(&again, LedgerReply::Released { released, absent } if released.is_empty() && absent.len() == 2),
+        "{again:?}"
+    );
+    assert_eq!(ledger, before);
+}
+
+#[test]
+fn a_preemptor_waits_only_for_the_victims_on_its_own_node() {
+    let (mut ledger, victims) = full_of_kube_victims();
+    // h0 goes where v0 and v1 were; h1 to n2, where v2 was (v3 stays).
+    let high = vec![
+        member("high", "h0", "n1", kube_pod(8000, "uid-h0")),
+        member("high", "h1", "n2", kube_pod(4000, "uid-h1")),
+    ];
+    apply(
+        &mut ledger,
+        2,
+        displacing(5, high.clone(), keys(&victims[..3])),
+    );
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(placeholders_on(&ledger, "n1") > 0, "v1's pod slot is held");
+    apply(
+        &mut ledger,
+        4,
+        LedgerOp::VictimsGone {
+            members: keys(&victims[2..3]),
+        },
+    );
+    let unbound = unbound_members(&ledger);
+    assert!(unbound.contains(&high[1].member), "n2's victim is gone");
+    assert!(!unbound.contains(&high[0].member), "n1's victims still run");
+    assert!(
+        unbound.contains(&victims[3].member),
+        "v3 was never a victim"
+    );
+}
+
+#[test]
+fn releasing_the_preemptor_frees_its_placeholders_and_names_only_its_members() {
+    let (mut ledger, victims) = full_of_kube_victims();
+    let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];
+    apply(
+        &mut ledger,
+        2,
+        displacing(5, high.clone(), keys(&victims[..2])),
+    );
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    let reply = apply(
+        &mut ledger,
+        4,
+        LedgerOp::Release {
+            target: ReleaseTarget::Txn(TxnId(5)),
+        },
+    );
+    let LedgerReply::Released { released, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(released, keys(&high));
+    assert_eq!(placeholders_on(&ledger, "n1"), 0);
+    // The evictor's work list stays until the pods are gone; that frees nothing more.
+    assert_eq!(ledger.evicting().len(), 2);
+    apply(
+        &mut ledger,
+        5,
+        LedgerOp::VictimsGone {
+            members: keys(&victims[..2]),
+        },
+    );
+    assert!(ledger.evicting().is_empty());
+    assert_eq!(
+        ledger.node("n1").map(|n| n.usage.committed.cpu_milli),
+        Some(0)
+    );
+}
+
+#[test]
+fn grpc_victims_and_aborted_preemptions_leave_nothing_evicting() {
+    let (mut ledger, victims) = full_of_victims();
+    let high = vec![member("high", "h0", "n1", pod(6000))];
+    apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(
+        ledger.evicting().is_empty(),
+        "gRPC victims have no pods to wait for"
+    );
+
+    let (mut ledger, victims) = full_of_kube_victims();
+    let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];
+    apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    apply(&mut ledger, 3, LedgerOp::Abort { txn_id: TxnId(5) });
+    assert!(
+        ledger.evicting().is_empty(),
+        "an aborted preemption evicts nothing"
+    );
+}
+
+#[test]
+fn evicting_victims_survive_a_snapshot() {
+    let (mut ledger, victims) = full_of_kube_victims();
+    let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];
+    apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    let restored = ShardLedger::restore(&ledger.snapshot()).expect("restore");
+    assert_eq!(restored, ledger);
+    assert_eq!(restored.evicting().len(), 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random Kubernetes and gRPC victims, members, and victims reported gone in any
+    /// order (repeats included): after every step every invariant holds, a node keeps
+    /// the transaction's placeholders exactly while one of its Kubernetes victims is
+    /// not reported gone, and a member is bindable exactly when none runs on its node.
+    #[test]
+    fn placeholders_stay_exactly_while_victims_run(
+        victims in prop::collection::vec((0usize..3, 1u64..5, any::<bool>()), 1..7),
+        member_cpus in prop::collection::vec((0usize..3, 1u64..9), 0..5),
+        named in prop::collection::vec(any::<bool>(), 7),
+        gone_order in prop::collection::vec(0usize..7, 0..10),
+    ) {
+        let names = ["n1", "n2", "n3"];
+        let mut ledger = ledger_with(&names.map(|n| node(n, 8000, 8)));
+        let mut placed = Vec::new();
+        for (i, (n, cpu, kube)) in victims.iter().enumerate() {
+            let p = if *kube { kube_pod(cpu * 1000, &format!("uid-v{i}")) } else { pod(cpu * 1000) };
+            let v = member("low", &format!("v{i}"), names[*n], p);
+            let reply = ledger.apply(&LedgerCommand::new(1, LedgerOp::ReserveAndCommit {
+                txn_id: TxnId(100 + i as u64),
+                members: vec![v.clone()],
+            }));
+            if matches!(reply, LedgerReply::Committed { .. }) {
+                placed.push(v);
+            }
+        }
+        let named: Vec<ReserveMember> = placed
+            .into_iter()
+            .zip(&named)
+            .filter(|(_, n)| **n)
+            .map(|(v, _)| v)
+            .collect();
+        let members: Vec<ReserveMember> = member_cpus
+            .iter()
+            .enumerate()
+            .map(|(i, (n, cpu))| member("high", &format!("h{i}"), names[*n], kube_pod(cpu * 1000, &format!("uid-h{i}"))))
+            .collect();
+        let reply = ledger.apply(&LedgerCommand::new(2, displacing(5, members.clone(), keys(&named))));
+        prop_assume!(matches!(reply, LedgerReply::Reserved { .. }));
+        ledger.apply(&LedgerCommand::new(3, LedgerOp::Commit { txn_id: TxnId(5) }));
+        let mut running: Vec<&ReserveMember> = named.iter().filter(|v| v.pod.uid.is_some()).collect();
+        let check = |ledger: &ShardLedger, running: &[&ReserveMember]| -> Result<(), TestCaseError> {
+            prop_assert!(ledger.check_invariants().is_ok(), "{:?}", ledger.check_invariants());
+            let unbound = unbound_members(ledger);
+            for n in names {
+                let runs_here = running.iter().any(|v| v.node == n);
+                // A node with room to hold keeps at least one placeholder while a victim runs.
+                let members_here: u64 = members.iter().filter(|m| m.node == n).map(|m| m.pod.requests.cpu_milli).sum();
+                let victims_here: u64 = named.iter().filter(|v| v.node == n).map(|v| v.pod.requests.cpu_milli).sum();
+                let rest = named.iter().filter(|v| v.node == n).count() > members.iter().filter(|m| m.node == n).count()
+                    || victims_here > members_here;
+                if runs_here && rest {
+                    prop_assert!(placeholders_on(ledger, n) > 0, "node {} lost its placeholders early", n);
+                }
+                if !runs_here {
+                    prop_assert_eq!(placeholders_on(ledger, n), 0, "node {} keeps placeholders", n);
+                }
+                for m in members.iter().filter(|m| m.node == n) {
+                    prop_assert_eq!(unbound.contains(&m.member), !runs_here, "member {}", m.member);
+                }
+            }
+            Ok(())
+        };
+        check(&ledger, &running)?;
+        for i in gone_order {
+            let Some(v) = named.get(i) else { continue };
+            ledger.apply(&LedgerCommand::new(4, LedgerOp::VictimsGone { members: vec![v.member.clone()] }));
+            running.retain(|r| r.member != v.member);
+            check(&ledger, &running)?;
+        }
+    }
+}

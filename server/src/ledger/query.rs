@@ -68,7 +68,8 @@ pub enum ShardQuery {
         /// The transaction.
         txn: TxnId,
     },
-    /// Committed members of Kubernetes pods (those with a uid) not yet bound, in node order.
+    /// Committed members of Kubernetes pods (those with a uid) not yet bound, in node
+    /// order; members of a preemption whose victims may still run on their node wait.
     Unbound {
         /// At most this many.
         limit: u32,
@@ -89,6 +90,31 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+    /// Kubernetes victims of committed preemptions whose pods may still run, in member
+    /// order, each with the preemptor's members waiting on its node (the evictor's
+    /// preemption work list).
+    PreemptionVictims {
+        /// At most this many.
+        limit: u32,
+    },
+}
+
+/// A Kubernetes victim of a committed preemption, as the evictor needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptedPod {
+    /// The victim.
+    pub member: MemberKey,
+    /// Its pod's uid.
+    pub uid: String,
+    /// Its node.
+    pub node: String,
+    /// The preemption's transaction.
+    pub txn: TxnId,
+    /// The preemptor's gang (`namespace/name`).
+    pub preemptor: String,
+    /// The preemptor's Kubernetes pods waiting on that node (member, uid), to be
+    /// nominated there.
+    pub waiting: Vec<(MemberKey, String)>,
 }
 
 /// What a shard's metrics report.
@@ -194,6 +220,11 @@ pub enum ShardAnswer {
         /// In node order, then member order.
         pods: Vec<PodEviction>,
     },
+    /// Victims of committed preemptions still to leave.
+    PreemptionVictims {
+        /// In member order.
+        victims: Vec<PreemptedPod>,
+    },
     /// The query could not be decoded.
     Malformed {
         /// Why.
@@ -254,21 +285,20 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .map(|(id, t)| (*id, t.deadline_ms))
                 .collect(),
         },
-        ShardQuery::Unbound { limit } => ShardAnswer::Unbound {
-            members: ledger
-                .nodes()
-                .flat_map(|e| {
-                    e.usage.pods.iter().filter_map(move |(member, slot)| {
-                        let waiting = matches!(slot.state, SlotState::Committed { .. })
-                            && slot.pod.uid.is_some();
-                        waiting.then(|| UnboundMember {
-                            member: member.clone(),
-                            node: e.node.name.clone(),
-                            pod: slot.pod.clone(),
-                        })
-                    })
-                })
+        ShardQuery::Unbound { limit } => unbound(ledger, *limit, Victims::Wait),
+        ShardQuery::PreemptionVictims { limit } => ShardAnswer::PreemptionVictims {
+            victims: ledger
+                .evicting()
+                .iter()
                 .take(*limit as usize)
+                .map(|(member, v)| PreemptedPod {
+                    member: member.clone(),
+                    uid: v.uid.clone(),
+                    node: v.node.clone(),
+                    txn: v.txn_id,
+                    preemptor: v.preemptor.clone(),
+                    waiting: waiting_on(ledger, v.txn_id, &v.node),
+                })
                 .collect(),
         },
         ShardQuery::Stats { at_ms } => ShardAnswer::Stats {
@@ -316,6 +346,64 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             }
         }
     }
+}
+
+/// Whether a preemptor's members wait for its victims to leave their node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Victims {
+    /// They wait (gangway as built).
+    Wait,
+    /// They do not: the bug switch `binder-binds-before-victims-leave` only.
+    Ignore,
+}
+
+/// The committed Kubernetes members waiting for their binding, at most `limit`, in
+/// node order; members of a preemption whose victims may still run on their node are
+/// left out unless `victims` says to ignore them.
+pub fn unbound(ledger: &ShardLedger, limit: u32, victims: Victims) -> ShardAnswer {
+    let running = match victims {
+        Victims::Wait => ledger.victims_running(),
+        Victims::Ignore => BTreeSet::new(),
+    };
+    let running = &running;
+    ShardAnswer::Unbound {
+        members: ledger
+            .nodes()
+            .flat_map(|e| {
+                e.usage.pods.iter().filter_map(move |(member, slot)| {
+                    let waiting = match slot.state {
+                        SlotState::Committed { txn_id, .. } => {
+                            slot.pod.uid.is_some()
+                                && !running.contains(&(txn_id, e.node.name.as_str()))
+                        }
+                        _ => false,
+                    };
+                    waiting.then(|| UnboundMember {
+                        member: member.clone(),
+                        node: e.node.name.clone(),
+                        pod: slot.pod.clone(),
+                    })
+                })
+            })
+            .take(limit as usize)
+            .collect(),
+    }
+}
+
+/// The Kubernetes members of committed transaction `txn` on `node` (member, uid).
+fn waiting_on(ledger: &ShardLedger, txn: TxnId, node: &str) -> Vec<(MemberKey, String)> {
+    let Some(entry) = ledger.node(node) else {
+        return Vec::new();
+    };
+    entry
+        .usage
+        .pods
+        .iter()
+        .filter(
+            |(_, slot)| matches!(slot.state, SlotState::Committed { txn_id, .. } if txn_id == txn),
+        )
+        .filter_map(|(member, slot)| slot.pod.uid.clone().map(|uid| (member.clone(), uid)))
+        .collect()
 }
 
 /// The placed Kubernetes pods on one node that must go by `at_ms`, one line per pod.

@@ -134,6 +134,23 @@ pub struct DisplacedSlot {
     pub slot: PodSlot,
 }
 
+/// A Kubernetes victim of a committed preemption whose pod may still run on its node.
+/// The transaction's placeholders on that node keep holding the victims' room, and its
+/// members there wait to be bound, until every such victim there is gone
+/// (`LedgerOp::VictimsGone`, proposed by the evictor once the API server shows the pod
+/// gone or finished).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictingVictim {
+    /// The preemption's transaction.
+    pub txn_id: TxnId,
+    /// The node the pod runs on.
+    pub node: String,
+    /// The pod's uid (the eviction's precondition).
+    pub uid: String,
+    /// The preemptor's gang (`namespace/name`) that took its room, for the pod's event.
+    pub preemptor: String,
+}
+
 /// The remembered end of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinishedTxn {
@@ -310,6 +327,8 @@ struct LedgerState {
     next_seq: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     device_classes: BTreeMap<String, DeviceClass>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    evicting: BTreeMap<MemberKey, EvictingVictim>,
 }
 
 impl Default for LedgerState {
@@ -321,6 +340,7 @@ impl Default for LedgerState {
             finished: BTreeMap::new(),
             next_seq: 0,
             device_classes: BTreeMap::new(),
+            evicting: BTreeMap::new(),
         }
     }
 }
@@ -335,6 +355,8 @@ struct StoredState {
     next_seq: u64,
     #[serde(default)]
     device_classes: BTreeMap<String, DeviceClass>,
+    #[serde(default)]
+    evicting: BTreeMap<MemberKey, EvictingVictim>,
 }
 
 impl StoredState {
@@ -357,6 +379,7 @@ impl StoredState {
             finished: self.finished,
             next_seq: self.next_seq,
             device_classes: self.device_classes,
+            evicting: self.evicting,
         })
     }
 }
@@ -482,6 +505,7 @@ impl ShardLedger {
             LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
             LedgerOp::Release { target } => self.release(at_ms, target),
             LedgerOp::BindConfirmed { member } => self.bind_confirmed(at_ms, member),
+            LedgerOp::VictimsGone { members } => Ok(self.victims_gone(members)),
             LedgerOp::Tick => Ok(self.tick(at_ms)),
             LedgerOp::PublishPool {
                 node,
@@ -561,6 +585,10 @@ impl ShardLedger {
                 target: ReleaseTarget::Members(keys),
             } => of_members(&mut keys.iter()),
             LedgerOp::BindConfirmed { member } => of_members(&mut std::iter::once(member)),
+            LedgerOp::VictimsGone { members } => members
+                .iter()
+                .filter_map(|k| self.state.evicting.get(k).map(|v| v.node.clone()))
+                .collect(),
             LedgerOp::PublishPool { node, .. }
             | LedgerOp::SetDeviceHealth { node, .. }
             | LedgerOp::SetDeviceTaints { node, .. }
@@ -1167,9 +1195,11 @@ impl ShardLedger {
 
     fn commit(&mut self, at_ms: u64, txn_id: TxnId) -> Result<LedgerReply, LedgerError> {
         if let Some(open) = self.state.open.remove(&txn_id) {
-            // A preemption's victims and the placeholders holding their room go.
+            // A preemption's victims go; the placeholders holding their room go too,
+            // except on nodes where a victim's pod may still run (Kubernetes pods).
+            let still_running = self.keep_evicting(txn_id, &open);
             for (member, node) in &open.members {
-                if displace::is_placeholder(member) {
+                if displace::is_placeholder(member) && !still_running.contains(node) {
                     self.take_member(member);
                     continue;
                 }
@@ -1187,6 +1217,79 @@ impl ShardLedger {
                 Ok(LedgerReply::Committed { txn_id })
             }
             None => Err(LedgerError::UnknownTxn { txn_id }),
+        }
+    }
+
+    /// Records the Kubernetes victims of committed preemption `txn_id` as evicting;
+    /// returns the nodes they run on (where its placeholders stay).
+    fn keep_evicting(&mut self, txn_id: TxnId, open: &OpenTxn) -> BTreeSet<String> {
+        let preemptor = open
+            .members
+            .keys()
+            .find(|k| !displace::is_placeholder(k))
+            .map(|k| format!("{}/{}", k.namespace, k.gang))
+            .unwrap_or_default();
+        let mut nodes = BTreeSet::new();
+        for (key, d) in &open.displaced {
+            let Some(uid) = d.slot.pod.uid.clone() else {
+                continue;
+            };
+            nodes.insert(d.node.clone());
+            self.state.evicting.insert(
+                key.clone(),
+                EvictingVictim {
+                    txn_id,
+                    node: d.node.clone(),
+                    uid,
+                    preemptor: preemptor.clone(),
+                },
+            );
+        }
+        nodes
+    }
+
+    /// Forgets victims whose pods are gone; frees a transaction's placeholders on a
+    /// node once none of its victims there is left.
+    fn victims_gone(&mut self, keys: &[MemberKey]) -> LedgerReply {
+        let mut released = Vec::new();
+        let mut absent = Vec::new();
+        let mut left: BTreeSet<(TxnId, String)> = BTreeSet::new();
+        for key in keys {
+            match self.state.evicting.remove(key) {
+                Some(v) => {
+                    released.push(key.clone());
+                    left.insert((v.txn_id, v.node));
+                }
+                None => absent.push(key.clone()),
+            }
+        }
+        for (txn_id, node) in left {
+            let still = self
+                .state
+                .evicting
+                .values()
+                .any(|v| v.txn_id == txn_id && v.node == node);
+            if !still {
+                self.free_placeholders(txn_id, &node);
+            }
+        }
+        LedgerReply::Released { released, absent }
+    }
+
+    /// Takes committed transaction `txn_id`'s placeholders off `node`.
+    fn free_placeholders(&mut self, txn_id: TxnId, node: &str) {
+        let holders: Vec<MemberKey> = self
+            .index
+            .by_txn
+            .get(&txn_id)
+            .into_iter()
+            .flatten()
+            .filter(|k| displace::is_placeholder(k))
+            .filter(|k| self.index.locations.get(*k).map(String::as_str) == Some(node))
+            .cloned()
+            .collect();
+        for key in holders {
+            self.take_member(&key);
         }
     }
 
@@ -1252,7 +1355,11 @@ impl ShardLedger {
         for member in &members {
             self.take_member(member);
         }
-        let mut released = members;
+        // Placeholders still holding evicting victims' room go with the transaction.
+        let mut released: Vec<MemberKey> = members
+            .into_iter()
+            .filter(|m| !displace::is_placeholder(m))
+            .collect();
         released.extend(self.forget_displaced(|_, slot| slot.state.txn_id() == Some(txn_id)));
         LedgerReply::Released {
             released,
@@ -1680,6 +1787,21 @@ impl ShardLedger {
         &self.state.open
     }
 
+    /// Victims of committed preemptions whose pods may still run, by member.
+    pub fn evicting(&self) -> &BTreeMap<MemberKey, EvictingVictim> {
+        &self.state.evicting
+    }
+
+    /// The (transaction, node) pairs where a committed preemption's victims may still
+    /// run: that transaction's members there wait to be bound until they are gone.
+    pub fn victims_running(&self) -> BTreeSet<(TxnId, &str)> {
+        self.state
+            .evicting
+            .values()
+            .map(|v| (v.txn_id, v.node.as_str()))
+            .collect()
+    }
+
     /// How a remembered transaction ended.
     pub fn outcome(&self, txn_id: TxnId) -> Option<TxnOutcome> {
         self.state.finished.get(&txn_id).map(|done| done.outcome)
@@ -1777,6 +1899,7 @@ impl ShardLedger {
         for (txn_id, open) in &self.state.open {
             self.check_open(*txn_id, open)?;
         }
+        self.check_evicting()?;
         self.check_records()
     }
 
@@ -1877,6 +2000,21 @@ impl ShardLedger {
             }
         }
         Ok(())
+    }
+
+    fn check_evicting(&self) -> Result<(), InvariantViolation> {
+        match self
+            .state
+            .evicting
+            .iter()
+            .find(|(_, v)| self.state.open.contains_key(&v.txn_id))
+        {
+            Some((victim, v)) => Err(InvariantViolation(format!(
+                "{victim} is evicting for {}, which is still open",
+                v.txn_id
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn check_records(&self) -> Result<(), InvariantViolation> {

@@ -298,14 +298,6 @@ impl GroupRecord {
         pods.fold(self.priority, i32::max)
     }
 
-    /// Whether any of its members is a Kubernetes pod (carries a uid).
-    pub fn has_kubernetes_pods(&self) -> bool {
-        self.group
-            .gangs
-            .iter()
-            .any(|g| g.members.iter().any(|m| m.uid.is_some()))
-    }
-
     /// The state a group times out into: releasing what it accumulated, or done.
     pub fn timed_out(&self) -> GroupState {
         if self.holds_nothing() {

@@ -267,6 +267,11 @@ pub enum MetaReply {
         /// Its record.
         record: Option<TxnRecord>,
     },
+    /// The lowest priority of a Placed group, if any group is Placed.
+    LowestPriority {
+        /// That priority.
+        priority: Option<i32>,
+    },
     /// Groups per state name (every state named, zero included).
     StateCounts {
         /// State name → groups.
@@ -367,6 +372,8 @@ pub enum MetaQuery {
         /// The transaction.
         txn: TxnId,
     },
+    /// The lowest priority of a Placed group (whether any group could be preempted).
+    LowestPlacedPriority,
     /// The live groups that declare these gangs (`namespace/name`), in seq order, each
     /// once: the groups a preemption would displace.
     OwnersOf {
@@ -600,6 +607,14 @@ impl MetaState {
                     records: records.into_iter().cloned().collect(),
                 }
             }
+            MetaQuery::LowestPlacedPriority => MetaReply::LowestPriority {
+                priority: self
+                    .groups
+                    .values()
+                    .filter(|g| g.state == GroupState::Placed)
+                    .map(GroupRecord::highest_priority)
+                    .min(),
+            },
             MetaQuery::OwnersOf { gangs } => {
                 let seqs: BTreeSet<GroupSeq> =
                     gangs.iter().filter_map(|g| self.live_owner(g)).collect();
@@ -887,11 +902,6 @@ impl MetaState {
                 return Err(format!(
                     "victims[{i}]: gang group {v} has priority {}, not below the preemptor's {priority}",
                     victim.highest_priority()
-                ));
-            }
-            if victim.has_kubernetes_pods() {
-                return Err(format!(
-                    "victims[{i}]: gang group {v} has Kubernetes pods; evicting them is not built yet"
                 ));
             }
             if let Some(p) = victim

@@ -283,7 +283,6 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
         (high, vec![high], vec![1, 2], "itself"),
         (high, vec![999], vec![1, 2], "no gang group 999"),
         (high, vec![low], vec![1], "shard 2 holds members"),
-        (high, vec![kube_seq], vec![1, 2], "Kubernetes pods"),
         (low, vec![queued], vec![1, 2], "only a queued group"),
     ];
     for (seq, victims, participants, words) in cases {
@@ -299,6 +298,15 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
         );
         assert_eq!(m, before);
     }
+    // A group of Kubernetes pods is a victim like any other: its pods are evicted by
+    // the shards' evictors once the preemption commits.
+    let reply = m.apply(&MetaCommand::BeginPreemption {
+        seq: high,
+        victims: vec![kube_seq],
+        participants: vec![1, 2],
+        at_ms: 4,
+    });
+    assert!(matches!(reply, MetaReply::TxnBegun { .. }), "{reply:?}");
 }
 
 #[test]
