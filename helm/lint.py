@@ -70,6 +70,7 @@ for _group, _resources, _verbs in [
     ("", ["pods/status"], ["patch"]),
     ("", ["events"], ["create", "patch"]),
     ("", ["nodes"], ["get", "list", "watch"]),
+    ("policy", ["poddisruptionbudgets"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.sigs.k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),

@@ -186,6 +186,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             profile: Profile::default(),
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
+            budgets: Arc::default(),
         };
         opts.host.peer_security.peer_secret = Some(peer_secret.own_shared());
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);

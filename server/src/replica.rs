@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 
+use crate::coordinator::budgets::DisruptionBudgets;
 use crate::coordinator::Coordinator;
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
@@ -58,6 +59,9 @@ pub struct ReplicaOptions {
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
     pub security: ServerSecurity,
+    /// PodDisruptionBudgets the coordinator chooses preemption victims by (the
+    /// Kubernetes ingest of the same process fills them; empty without Kubernetes).
+    pub budgets: Arc<DisruptionBudgets>,
 }
 
 /// A running replica.
@@ -142,7 +146,13 @@ impl Replica {
                 replica.stop_services.subscribe(),
             )));
         let stop = replica.stop_services.subscribe();
-        let coordinator = Coordinator::new(groups.clone(), shards, opts.profile, opts.failpoints);
+        let coordinator = Coordinator::new(
+            groups.clone(),
+            shards,
+            opts.profile,
+            opts.failpoints,
+            opts.budgets,
+        );
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Decision, StartMode};
 use crate::config::ServeConfig;
+use crate::coordinator::budgets::DisruptionBudgets;
 use crate::datadir::{self, Identity};
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
@@ -75,6 +76,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     if mode == StartMode::Join {
         bootstrap::check_joiner(&cfg, &peer_security).await?;
     }
+    let budgets: Arc<DisruptionBudgets> = Arc::default();
     let mut opts = ReplicaOptions {
         host: host_config(
             &cfg.cluster_id,
@@ -92,6 +94,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             Failpoints::disabled()
         },
         security: server_security,
+        budgets: budgets.clone(),
     };
     opts.host.peer_security = peer_security.clone();
     opts.host.peer_routes = cfg.peer_routes.clone();
@@ -145,6 +148,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                 Groups::new(replica.host.clone()),
                 cfg.shards,
                 cfg.topology_label.clone(),
+                budgets.clone(),
                 crate::kube::KubeOptions {
                     failpoints: if cfg.test_failpoints {
                         Failpoints::from_env()

@@ -1094,6 +1094,7 @@ async fn create_priority_gang(
     for i in 0..size {
         let name = format!("{gang}-{i}");
         let mut pod = pod_with_cpu(&name, cpu, annotations.clone());
+        pod["metadata"]["labels"] = json!({"app": gang});
         pod["spec"]["priorityClassName"] = json!(class);
         api.create(&PODS, pod).await.expect("pod");
         names.push(name);
@@ -1222,6 +1223,17 @@ async fn a_high_priority_gang_preempts_a_low_gang_whole_and_binds_once_the_victi
         );
     }
     check_bound_once_where_committed(&env, 3, &high).await;
+    let (names, text) = scrape(&env.cluster).await;
+    assert!(
+        names.contains("gangway_preemption_victims_gone_seconds"),
+        "{names:?}"
+    );
+    let evicted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("gangway_evictions_total{cause=\"preemption\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(evicted, 8.0, "every victim evicted once");
 
     // A gang that evicting every lower-priority pod would not make room for (9 x 32 CPUs
     // on 4 x 64) evicts nothing.
@@ -1235,6 +1247,64 @@ async fn a_high_priority_gang_preempts_a_low_gang_whole_and_binds_once_the_victi
         );
     }
     assert!(huge.iter().all(|p| now.node_of(p).is_none()));
+}
+
+/// policy/v1 PodDisruptionBudgets (written with their status here: no disruption
+/// controller runs in these tests).
+const PDBS: gangway_kube_double::store::Kind = gangway_kube_double::store::Kind {
+    group: "policy",
+    version: "v1",
+    plural: "poddisruptionbudgets",
+    kind: "PodDisruptionBudget",
+    namespaced: true,
+    status_subresource: true,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_spares_a_gang_a_disruption_budget_protects() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    create_priority_classes(api).await;
+    api.create(
+        &PDBS,
+        json!({
+            "metadata": {"name": "guarded", "namespace": NS},
+            "spec": {"minAvailable": 4, "selector": {"matchLabels": {"app": "guarded"}}},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 4, "desiredHealthy": 4,
+                       "expectedPods": 4, "observedGeneration": 1}
+        }),
+    )
+    .await
+    .expect("PodDisruptionBudget");
+    // Two low gangs of equal cost fill the nodes; by name, "guarded" would go first.
+    let guarded = create_priority_gang(api, "guarded", 4, "32", "low").await;
+    let plain = create_priority_gang(api, "plain", 4, "32", "low").await;
+    wait_for("both low gangs bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&guarded) && v.bound(&plain)
+    })
+    .await;
+    let urgent = create_priority_gang(api, "urgent", 4, "32", "high").await;
+    let now = wait_for(
+        "the unprotected gang evicted for the urgent one",
+        Duration::from_secs(60),
+        &env,
+        |v| plain.iter().all(|p| v.going(p)),
+    )
+    .await;
+    for p in &guarded {
+        assert!(
+            now.node_of(p).is_some() && !now.going(p),
+            "{p} is protected by its budget and was not evicted"
+        );
+    }
+    finish_deletions(api, &plain).await;
+    wait_for(
+        "the urgent gang bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&urgent),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

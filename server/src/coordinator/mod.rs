@@ -16,6 +16,7 @@
 //! replica leads the meta group.
 
 pub mod assign;
+pub mod budgets;
 pub mod metrics;
 pub mod preempt;
 pub mod release;
@@ -23,6 +24,7 @@ pub mod victims;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -41,6 +43,7 @@ use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, Tx
 use crate::model::{MemberKey, PodSpec};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 use assign::{assign, AssignOutcome, Assignment};
+use budgets::DisruptionBudgets;
 use metrics::{transaction_ended, Phase, PhaseTimer};
 
 /// Longest pause between the coordinator's rounds, in ms.
@@ -88,6 +91,8 @@ pub struct Coordinator {
     /// Preemption attempts left in the current round (reset to
     /// [`PREEMPTION_ATTEMPTS_PER_ROUND_MAX`] as each round starts).
     preemptions_left: AtomicU32,
+    /// The PodDisruptionBudgets victims are chosen by (filled by the Kubernetes ingest).
+    budgets: Arc<DisruptionBudgets>,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -108,8 +113,14 @@ enum Vote {
 }
 
 impl Coordinator {
-    /// A coordinator over `shards` shards.
-    pub fn new(groups: Groups, shards: u32, profile: Profile, failpoints: Failpoints) -> Self {
+    /// A coordinator over `shards` shards, choosing preemption victims by `budgets`.
+    pub fn new(
+        groups: Groups,
+        shards: u32,
+        profile: Profile,
+        failpoints: Failpoints,
+        budgets: Arc<DisruptionBudgets>,
+    ) -> Self {
         Self {
             groups,
             shards,
@@ -117,6 +128,7 @@ impl Coordinator {
             failpoints,
             rounds: AtomicU32::new(0),
             preemptions_left: AtomicU32::new(0),
+            budgets,
         }
     }
 

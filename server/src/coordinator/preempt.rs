@@ -6,7 +6,9 @@
 //! (`ShardQuery::PlanWithout`) and, only if that places every gang at minMember, runs
 //! one transaction: `BeginPreemption` marks the victims Preempting, every participant
 //! (the preemptor's shards and the victims') reserves with `ReserveDisplacing`, and
-//! the decision settles preemptor and victims together.
+//! the decision settles preemptor and victims together. Victims whose eviction would
+//! break a PodDisruptionBudget (`budgets.rs`) are spared when a choice without them
+//! makes room; otherwise the preemption breaks it and says so.
 //!
 //! Invariants: victims are whole groups; nothing is written unless the plan places the
 //! whole group; victims end Preempted only through a COMMIT, which only follows a yes
@@ -19,6 +21,7 @@ use std::time::Instant;
 use futures::future::join_all;
 
 use super::assign::{assign, AssignOutcome, Assignment};
+use super::budgets::{broken, placed_pods};
 use super::victims::{choose_victims, from_group_offers};
 use super::{placements, refusal_reason, Coordinator, Vote, RESERVE_TTL_MS};
 use crate::engine::group_preemption::GroupOffer;
@@ -55,6 +58,7 @@ pub fn register() {
         metrics::counter!("gangway_preemptions_total", "outcome" => outcome).increment(0);
     }
     metrics::counter!("gangway_preempted_groups_total").increment(0);
+    metrics::counter!("gangway_preemption_budget_violations_total").increment(0);
     metrics::counter!("gangway_preempted_pods_total").increment(0);
 }
 
@@ -118,7 +122,25 @@ impl Coordinator {
             .iter()
             .map(|g| (g.id(), g.min_member))
             .collect();
-        let Some(choice) = choose_victims(&units, &shard_offers, &need, priority) else {
+        // Gangs whose eviction alone would break a PodDisruptionBudget are spared if a
+        // choice without them makes room.
+        let budgets = self.budgets.current();
+        let spared: BTreeMap<GangId, _> = units
+            .iter()
+            .filter(|(gang, _)| {
+                owners
+                    .get(*gang)
+                    .is_none_or(|o| broken(&budgets, &placed_pods(o)).is_empty())
+            })
+            .map(|(gang, unit)| (gang.clone(), unit.clone()))
+            .collect();
+        let choice = match spared.len() == units.len() {
+            true => None,
+            false => choose_victims(&spared, &shard_offers, &need, priority),
+        };
+        let Some(choice) =
+            choice.or_else(|| choose_victims(&units, &shard_offers, &need, priority))
+        else {
             return Ok(no_plan(
                 "evicting every lower-priority gang that may go would not make room",
             ));
@@ -147,6 +169,11 @@ impl Coordinator {
                 )))
             }
         };
+        let victim_pods: Vec<_> = victims.values().flat_map(|v| placed_pods(v)).collect();
+        let breaks: Vec<String> = broken(&budgets, &victim_pods)
+            .iter()
+            .map(|b| b.id())
+            .collect();
         let victims_here = victims_per_shard(&victims)?;
         let participants: Vec<u32> = assignment
             .per_shard
@@ -176,6 +203,9 @@ impl Coordinator {
             shards = participants.len(),
             "preempting"
         );
+        if !breaks.is_empty() {
+            tracing::warn!(group = r.seq, %txn, budgets = ?breaks, "preemption breaks PodDisruptionBudgets: no choice that keeps them makes room");
+        }
         let decided = self
             .run_preemption(txn, &participants, &assignment, &victims_here)
             .await?;
@@ -186,6 +216,8 @@ impl Coordinator {
                 metrics::counter!("gangway_preempted_pods_total").increment(pods as u64);
                 metrics::histogram!("gangway_preemption_seconds")
                     .record(started.elapsed().as_secs_f64());
+                metrics::counter!("gangway_preemption_budget_violations_total")
+                    .increment(breaks.len() as u64);
                 "committed"
             }
             Decision::Abort => "aborted",

@@ -148,7 +148,10 @@ async fn preemption_victims(
         let members = chunk.iter().map(|v| v.member.clone()).collect();
         match groups.shard(shard, LedgerOp::VictimsGone { members }).await {
             Ok(_) => {
+                let now = now_ms();
                 for v in chunk {
+                    let waited = now.saturating_sub(v.since_ms) as f64 / 1_000.0;
+                    metrics::histogram!("gangway_preemption_victims_gone_seconds").record(waited);
                     memory.victims_asked.remove(&v.member);
                     tracing::info!(victim = %v.member, node = %v.node, txn = %v.txn, "preemption victim gone; its room is the preemptor's");
                 }
@@ -161,7 +164,10 @@ async fn preemption_victims(
         for (member, uid) in &v.waiting {
             nominate_once(client, memory, member, uid, &v.node).await;
         }
-        if memory.victims_asked.contains_key(&v.member) || evicted >= EVICT_BATCH_MAX {
+        if memory.victims_asked.contains_key(&v.member)
+            || evicted >= EVICT_BATCH_MAX
+            || terminating(cache, &v)
+        {
             continue;
         }
         evicted += 1;
@@ -186,6 +192,17 @@ fn pod_gone(cache: &Cache, v: &PreemptedPod) -> bool {
         object["status"]["phase"].as_str(),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// Whether the victim's pod is being deleted already (asked before, by this replica or
+/// an earlier leader): asking again would only repeat its condition and event.
+fn terminating(cache: &Cache, v: &PreemptedPod) -> bool {
+    cache
+        .get(Slot::Pods, &v.member.namespace, &v.member.member)
+        .is_some_and(|o| {
+            o["metadata"]["uid"].as_str() == Some(v.uid.as_str())
+                && !o["metadata"]["deletionTimestamp"].is_null()
+        })
 }
 
 /// Sets a waiting preemptor pod's nominated node, once.

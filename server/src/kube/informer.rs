@@ -31,11 +31,14 @@ pub enum Slot {
     DeviceClasses,
     /// DRA ResourceClaims.
     ResourceClaims,
+    /// PodDisruptionBudgets (policy/v1), which preemption respects when it can.
+    PodDisruptionBudgets,
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 7] = [
+pub const SLOTS: [Slot; 8] = [
     Slot::Nodes,
+    Slot::PodDisruptionBudgets,
     Slot::DeviceClasses,
     Slot::ResourceSlices,
     Slot::PodGroupsX,
@@ -60,13 +63,24 @@ impl Slot {
             Slot::ResourceSlices => ("resource.k8s.io", "v1", "ResourceSlice", "resourceslices"),
             Slot::DeviceClasses => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
             Slot::ResourceClaims => ("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"),
+            Slot::PodDisruptionBudgets => (
+                "policy",
+                "v1",
+                "PodDisruptionBudget",
+                "poddisruptionbudgets",
+            ),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
 
-    /// Whether the cluster may lack the kind (a CRD): its absence must not hold up the rest.
+    /// Whether the cluster may lack the kind (a CRD), or gangway may lack the right to
+    /// read it (PodDisruptionBudgets, under an older ClusterRole): its absence must not
+    /// hold up the rest.
     pub fn optional(self) -> bool {
-        matches!(self, Slot::PodGroupsX | Slot::PodGroupsSigs)
+        matches!(
+            self,
+            Slot::PodGroupsX | Slot::PodGroupsSigs | Slot::PodDisruptionBudgets
+        )
     }
 }
 

@@ -27,6 +27,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use crate::coordinator::budgets::DisruptionBudgets;
 use crate::coordinator::release::release_members;
 use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::kube::api::{self, EventType};
@@ -138,6 +139,7 @@ pub struct Ingest {
     topology_label: Option<String>,
     client: kube::Client,
     cache: Arc<Cache>,
+    budgets: Arc<DisruptionBudgets>,
     opts: KubeOptions,
     memory: Memory,
 }
@@ -150,6 +152,7 @@ impl Ingest {
         topology_label: Option<String>,
         client: kube::Client,
         cache: Arc<Cache>,
+        budgets: Arc<DisruptionBudgets>,
         opts: KubeOptions,
     ) -> Self {
         Self {
@@ -158,6 +161,7 @@ impl Ingest {
             topology_label,
             client,
             cache,
+            budgets,
             opts,
             memory: Memory::default(),
         }
@@ -194,6 +198,8 @@ impl Ingest {
             tracing::debug!("kube informers not synced yet");
             return Ok(());
         }
+        // Every replica keeps them, so a new meta leader's coordinator has them at once.
+        self.sync_budgets();
         let me = self.groups.host().node_id();
         if self.groups.host().leader_of(0) != Some(me) {
             self.memory = Memory::default();
@@ -219,6 +225,30 @@ impl Ingest {
         self.submit_pending().await;
         self.write_pod_group_status().await;
         Ok(())
+    }
+
+    /// Hands the PodDisruptionBudgets to the coordinator when any changed (a handful
+    /// per namespace: all are parsed again).
+    fn sync_budgets(&mut self) {
+        if matches!(
+            self.cache.take_changes(Slot::PodDisruptionBudgets),
+            Changes::Keys(keys) if keys.is_empty()
+        ) {
+            return;
+        }
+        let budgets = self.cache.read(Slot::PodDisruptionBudgets, |objects| {
+            objects
+                .values()
+                .filter_map(|o| match objects::disruption_budget(o) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "PodDisruptionBudget skipped");
+                        None
+                    }
+                })
+                .collect()
+        });
+        self.budgets.replace(budgets);
     }
 
     /// Brings the kept group summaries up to the meta log's: reads the groups changed

@@ -1,6 +1,6 @@
 //! The Kubernetes adapter: gangway as the scheduler of the pods whose
-//! `schedulerName` names it. Informers (`informer`) copy Pods, Nodes, PodGroups and
-//! the DRA objects; the ingest loop (`ingest`, meta leader only) feeds nodes,
+//! `schedulerName` names it. Informers (`informer`) copy Pods, Nodes, PodGroups,
+//! PodDisruptionBudgets and the DRA objects; the ingest loop (`ingest`, meta leader only) feeds nodes,
 //! devices and gangs into the same ledger and queue as the gRPC path; binders
 //! (`binder`, each shard leader) write claim allocations and pod bindings back;
 //! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad
@@ -24,6 +24,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::coordinator::budgets::DisruptionBudgets;
 use crate::replicated::Groups;
 
 /// Default scheduler name (the `schedulerName` of the pods gangway schedules).
@@ -122,6 +123,7 @@ pub async fn run(
     groups: Groups,
     shards: u32,
     topology_label: Option<String>,
+    budgets: Arc<DisruptionBudgets>,
     opts: KubeOptions,
     stop: watch::Receiver<bool>,
 ) {
@@ -141,6 +143,7 @@ pub async fn run(
         topology_label,
         client.clone(),
         cache.clone(),
+        budgets,
         opts.clone(),
     );
     tasks.spawn(ingest.run(stop.clone()));

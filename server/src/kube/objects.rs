@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use crate::coordinator::budgets::DisruptionBudget;
 use crate::ledger::ObservedPod;
+use crate::model::pod::{convert_label_selector, RawLabelSelector};
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
 use crate::model::{AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, PodSummary};
@@ -281,6 +283,35 @@ pub fn device_class(object: &Value) -> Result<DeviceClass, ValidationError> {
     let raw: RawDeviceClass =
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
     raw.validate()
+}
+
+/// A policy/v1 PodDisruptionBudget as preemption reads it: its selector and
+/// `status.disruptionsAllowed` (0 until the disruption controller wrote it). A budget
+/// with a selector gangway cannot read is refused (the caller skips it, as
+/// kube-scheduler does).
+pub fn disruption_budget(object: &Value) -> Result<DisruptionBudget, ValidationError> {
+    let selector = match &object["spec"]["selector"] {
+        Value::Null => None,
+        raw => {
+            let path = FieldPath::new("spec").child("selector");
+            let raw: RawLabelSelector =
+                serde_json::from_value(raw.clone()).map_err(|e| path.error(e.to_string()))?;
+            Some(convert_label_selector(&path, &raw)?)
+        }
+    };
+    let allowed = object["status"]["disruptionsAllowed"].as_i64().unwrap_or(0);
+    Ok(DisruptionBudget {
+        namespace: object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        name: object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        selector,
+        disruptions_allowed: u32::try_from(allowed.max(0)).unwrap_or(u32::MAX),
+    })
 }
 
 /// ResourceClaims by namespace and name.

@@ -112,6 +112,8 @@ pub struct PreemptedPod {
     pub txn: TxnId,
     /// The preemptor's gang (`namespace/name`).
     pub preemptor: String,
+    /// When the preemption committed on this shard (leader's clock, ms).
+    pub since_ms: u64,
     /// The preemptor's Kubernetes pods waiting on that node (member, uid), to be
     /// nominated there.
     pub waiting: Vec<(MemberKey, String)>,
@@ -297,6 +299,7 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                     node: v.node.clone(),
                     txn: v.txn_id,
                     preemptor: v.preemptor.clone(),
+                    since_ms: v.since_ms,
                     waiting: waiting_on(ledger, v.txn_id, &v.node),
                 })
                 .collect(),

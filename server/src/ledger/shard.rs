@@ -149,6 +149,9 @@ pub struct EvictingVictim {
     pub uid: String,
     /// The preemptor's gang (`namespace/name`) that took its room, for the pod's event.
     pub preemptor: String,
+    /// When the preemption committed here (leader's clock, ms).
+    #[serde(default)]
+    pub since_ms: u64,
 }
 
 /// The remembered end of a transaction.
@@ -1197,7 +1200,7 @@ impl ShardLedger {
         if let Some(open) = self.state.open.remove(&txn_id) {
             // A preemption's victims go; the placeholders holding their room go too,
             // except on nodes where a victim's pod may still run (Kubernetes pods).
-            let still_running = self.keep_evicting(txn_id, &open);
+            let still_running = self.keep_evicting(at_ms, txn_id, &open);
             for (member, node) in &open.members {
                 if displace::is_placeholder(member) && !still_running.contains(node) {
                     self.take_member(member);
@@ -1222,7 +1225,7 @@ impl ShardLedger {
 
     /// Records the Kubernetes victims of committed preemption `txn_id` as evicting;
     /// returns the nodes they run on (where its placeholders stay).
-    fn keep_evicting(&mut self, txn_id: TxnId, open: &OpenTxn) -> BTreeSet<String> {
+    fn keep_evicting(&mut self, at_ms: u64, txn_id: TxnId, open: &OpenTxn) -> BTreeSet<String> {
         let preemptor = open
             .members
             .keys()
@@ -1242,6 +1245,7 @@ impl ShardLedger {
                     node: d.node.clone(),
                     uid,
                     preemptor: preemptor.clone(),
+                    since_ms: at_ms,
                 },
             );
         }

@@ -874,7 +874,8 @@ fn convert_node_affinity(
     })
 }
 
-fn convert_label_selector(
+/// Validates a label selector as submitted (errors name the field under `path`).
+pub fn convert_label_selector(
     path: &FieldPath,
     raw: &RawLabelSelector,
 ) -> Result<LabelSelector, ValidationError> {
