@@ -15,8 +15,11 @@
 //! for by a live group, an undecided transaction, or a decision still to be delivered
 //! there (I5). After the drain (the coordinator and resolvers run until nothing is
 //! left): the ledgers hold exactly what live groups list, nothing is reserved, and every
-//! decision was delivered. A failing case prints its steps; proptest's regression file
-//! replays it.
+//! decision was delivered. Groups of odd keys are Kubernetes pods (their members carry
+//! a uid): a committed preemption of them keeps its placeholders until the evictor
+//! reports the victims gone (`Step::VictimsGone`), and until then the preemptor's
+//! members on their nodes are not bindable. A failing case prints its steps; proptest's
+//! regression file replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -86,6 +89,8 @@ enum Step {
     Wait { ms: u16 },
     /// A shard's resolver looks at expired reservations.
     Resolve { shard: u8 },
+    /// A shard's evictor finds the `pick`-th evicting victim's pod gone.
+    VictimsGone { shard: u8, pick: u8 },
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -103,6 +108,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         2 => (any::<u8>(), 0u8..3).prop_map(|(pick, how)| Step::Give { pick, how }),
         2 => (0u16..1_500).prop_map(|ms| Step::Wait { ms }),
         2 => (1u8..=SHARDS as u8).prop_map(|shard| Step::Resolve { shard }),
+        1 => (1u8..=SHARDS as u8, any::<u8>()).prop_map(|(shard, pick)| Step::VictimsGone { shard, pick }),
     ]
 }
 
@@ -156,18 +162,31 @@ fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
         GangMode::Strict
     };
     let members = u32::from(members);
-    Gang {
+    let mut gang = Gang {
         priority: i32::from(key),
         ..Gang::with_members("default", &format!("g{key}"), members, members, mode)
+    };
+    if key % 2 == 1 {
+        for m in &mut gang.members {
+            m.uid = Some(format!("uid-g{key}-{}", m.name));
+        }
     }
+    gang
 }
 
-fn pod() -> PodSummary {
+/// A member's pod: a Kubernetes pod (with a uid) when its gang's key is odd.
+fn pod(member: &MemberKey) -> PodSummary {
+    let kube = member
+        .gang
+        .strip_prefix('g')
+        .and_then(|k| k.parse::<u8>().ok())
+        .is_some_and(|k| k % 2 == 1);
     PodSummary {
         requests: Resources {
             cpu_milli: MEMBER_CPU_MILLI,
             ..Resources::zero()
         },
+        uid: kube.then(|| format!("uid-{}-{}", member.gang, member.member)),
         ..PodSummary::default()
     }
 }
@@ -277,6 +296,23 @@ impl World {
             Step::Give { pick, how } => self.give(pick, how),
             Step::Wait { ms } => self.now_ms += u64::from(ms),
             Step::Resolve { shard } => self.resolve(u32::from(shard)),
+            Step::VictimsGone { shard, pick } => self.victims_gone(u32::from(shard), Some(pick)),
+        }
+    }
+
+    /// The evictor of `shard`: the `pick`-th evicting victim's pod is gone (every one
+    /// when `pick` is `None`).
+    fn victims_gone(&mut self, shard: u32, pick: Option<u8>) {
+        let Some(ledger) = self.shards.get(&shard) else {
+            return;
+        };
+        let evicting: Vec<MemberKey> = ledger.evicting().keys().cloned().collect();
+        let members: Vec<MemberKey> = match pick {
+            Some(pick) => Self::pick(&evicting, pick).into_iter().collect(),
+            None => evicting,
+        };
+        if !members.is_empty() {
+            self.shard_write(shard, LedgerOp::VictimsGone { members });
         }
     }
 
@@ -806,12 +842,57 @@ impl World {
                     t.decision.is_none() || t.unacked.contains(shard)
                 }
                 _ => false,
-            };
+            } || self.holds_for_running_victims(*shard, member, node, txn);
             if !accounted {
                 return Err(format!(
                     "{member} on {node} (shard {shard}, {state:?}) is held for no live group, \
                      undecided transaction or undelivered decision"
                 ));
+            }
+        }
+        self.check_victims_wait()
+    }
+
+    /// Whether `member` is a placeholder of committed preemption `txn` on `node` of
+    /// `shard` where one of its Kubernetes victims may still run.
+    fn holds_for_running_victims(&self, shard: u32, member: &str, node: &str, txn: TxnId) -> bool {
+        let is_placeholder = MemberKey::try_from(member.to_string())
+            .is_ok_and(|k| crate::ledger::displace::is_placeholder(&k));
+        is_placeholder
+            && self.shards[&shard]
+                .evicting()
+                .values()
+                .any(|v| v.txn_id == txn && v.node == node)
+    }
+
+    /// No member is bindable on a node where a Kubernetes victim of its preemption may
+    /// still run; no victim is evicting for a transaction meta has not committed.
+    fn check_victims_wait(&self) -> Result<(), String> {
+        use crate::ledger::query::{unbound, ShardAnswer, Victims};
+        for (shard, ledger) in &self.shards {
+            let running = ledger.victims_running();
+            if let ShardAnswer::Unbound { members } = unbound(ledger, u32::MAX, Victims::Wait) {
+                for m in members {
+                    let txn = ledger.slot(&m.member).and_then(|s| s.state.txn_id());
+                    if txn.is_some_and(|t| running.contains(&(t, m.node.as_str()))) {
+                        return Err(format!(
+                            "{} on {} (shard {shard}) is bindable while a victim of its preemption runs there",
+                            m.member, m.node
+                        ));
+                    }
+                }
+            }
+            for (victim, v) in ledger.evicting() {
+                if let MetaReply::Txn { record: Some(t) } =
+                    self.meta.query(&MetaQuery::Txn { txn: v.txn_id })
+                {
+                    if t.decision != Some(Decision::Commit) {
+                        return Err(format!(
+                            "{victim} on shard {shard} is evicting for {}, which meta has {:?}",
+                            v.txn_id, t.decision
+                        ));
+                    }
+                }
             }
         }
         Ok(())
@@ -827,6 +908,7 @@ impl World {
             self.now_ms += TTL_MS;
             for shard in 1..=SHARDS {
                 self.resolve(shard);
+                self.victims_gone(shard, None);
             }
             self.recover();
             if (self.meta.clone(), self.slots()) == before {
@@ -983,11 +1065,11 @@ fn spread(
         let slot = i + usize::from(shift);
         let shard = 1 + (slot as u32 % SHARDS);
         let node = node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD);
-        per_shard.entry(shard).or_default().push(ReserveMember {
-            member,
-            node,
-            pod: pod(),
-        });
+        let pod = pod(&member);
+        per_shard
+            .entry(shard)
+            .or_default()
+            .push(ReserveMember { member, node, pod });
     }
 }
 
@@ -1019,9 +1101,14 @@ proptest! {
 /// A low group of four placed across both shards, fully delivered: what the
 /// preemption runs start from.
 fn low_group_placed() -> Vec<Step> {
+    low_group_placed_as(0)
+}
+
+/// `low_group_placed` with key `key` (odd: a group of Kubernetes pods).
+fn low_group_placed_as(key: u8) -> Vec<Step> {
     vec![
         Step::Submit {
-            key: 0,
+            key,
             members: 4,
             non_strict: false,
         },
@@ -1049,6 +1136,7 @@ fn arb_preemption_step() -> impl Strategy<Value = Step> {
         2 => (any::<u8>(), 0u8..3).prop_map(|(pick, how)| Step::Give { pick, how }),
         1 => (0u16..1_500).prop_map(|ms| Step::Wait { ms }),
         2 => (1u8..=SHARDS as u8).prop_map(|shard| Step::Resolve { shard }),
+        2 => (1u8..=SHARDS as u8, any::<u8>()).prop_map(|(shard, pick)| Step::VictimsGone { shard, pick }),
     ]
 }
 
@@ -1062,8 +1150,10 @@ proptest! {
     #[test]
     fn preemptions_keep_the_rules_under_any_interleaving(
         steps in prop::collection::vec(arb_preemption_step(), 1..60),
+        kube_low in any::<bool>(),
     ) {
-        let all: Vec<Step> = low_group_placed().into_iter().chain(steps).collect();
+        let low = low_group_placed_as(u8::from(kube_low));
+        let all: Vec<Step> = low.into_iter().chain(steps).collect();
         if let Err(e) = run(&all, Bugs::default()) {
             prop_assert!(false, "{}\nsteps: {:?}", e, all);
         }
