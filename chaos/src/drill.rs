@@ -240,6 +240,8 @@ pub struct DrillReport {
     pub faults: Vec<String>,
     /// Operations invoked / ok / fail / unknown.
     pub operations: OperationCounts,
+    /// Gang groups that ended Preempted (what the preemption paths were exercised by).
+    pub preempted: usize,
     /// Broken invariants.
     pub violations: Vec<Violation>,
     /// Recovery per fault.
@@ -415,6 +417,7 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
             })
             .collect(),
         operations: count(&entries),
+        preempted: fin.groups.iter().filter(|g| g.state == "Preempted").count(),
         violations: verdict.violations,
         recoveries: verdict.recoveries,
         replay: replay_command(&spec),

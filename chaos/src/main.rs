@@ -215,13 +215,14 @@ async fn series(
                 .filter_map(|x| x.ms.map(|ms| format!("{ms}")))
                 .collect();
             println!(
-                "[{}/{}] {} seed {}: {} faults, {} ops, {} violations, leader-loss recoveries [{}] ms",
+                "[{}/{}] {} seed {}: {} faults, {} ops, {} preempted, {} violations, leader-loss recoveries [{}] ms",
                 i + 1,
                 drills.len(),
                 r.drill,
                 r.seed,
                 r.faults.len(),
                 r.operations.invoked,
+                r.preempted,
                 r.violations.len(),
                 leader.join(", ")
             );

@@ -64,7 +64,7 @@ pub fn recovery_figures(reports: &[DrillReport]) -> (RecoveryStats, RecoveryStat
 pub fn summary(r: &DrillReport) -> String {
     let (all, leader) = recovery_figures(std::slice::from_ref(r));
     let mut out = format!(
-        "drill {} · seed {} · {:.1} s\n  faults injected: {}\n  operations: {} invoked, {} ok, {} fail, {} unknown\n  recovery (all faults):      {}\n  recovery (leader lost):     {}\n  violations: {}\n",
+        "drill {} · seed {} · {:.1} s\n  faults injected: {}\n  operations: {} invoked, {} ok, {} fail, {} unknown\n  groups preempted: {}\n  recovery (all faults):      {}\n  recovery (leader lost):     {}\n  violations: {}\n",
         r.drill,
         r.seed,
         r.elapsed_ms as f64 / 1000.0,
@@ -73,6 +73,7 @@ pub fn summary(r: &DrillReport) -> String {
         r.operations.ok,
         r.operations.fail,
         r.operations.unknown,
+        r.preempted,
         all.line(),
         leader.line(),
         r.violations.len(),
@@ -103,6 +104,8 @@ pub struct SeriesReport {
     pub faults: usize,
     /// Operations invoked in all.
     pub operations: u64,
+    /// Gang groups that ended Preempted, in all.
+    pub preempted: usize,
     /// Recovery after any fault.
     pub recovery_all: RecoveryStats,
     /// Recovery after losing a leader.
@@ -120,6 +123,7 @@ impl SeriesReport {
             failed: reports.iter().filter(|r| !r.violations.is_empty()).count(),
             faults: reports.iter().map(|r| r.faults.len()).sum(),
             operations: reports.iter().map(|r| r.operations.invoked).sum(),
+            preempted: reports.iter().map(|r| r.preempted).sum(),
             recovery_all: all,
             recovery_leader_lost: leader,
             reports,
@@ -129,11 +133,12 @@ impl SeriesReport {
     /// The totals, as printed.
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "{} drills · {} with violations · {} faults · {} operations\n  recovery (all faults):  {}\n  recovery (leader lost): {}\n",
+            "{} drills · {} with violations · {} faults · {} operations · {} groups preempted\n  recovery (all faults):  {}\n  recovery (leader lost): {}\n",
             self.drills,
             self.failed,
             self.faults,
             self.operations,
+            self.preempted,
             self.recovery_all.line(),
             self.recovery_leader_lost.line()
         );
