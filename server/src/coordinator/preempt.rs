@@ -22,7 +22,7 @@ use futures::future::join_all;
 
 use super::assign::{assign, AssignOutcome, Assignment};
 use super::budgets::{broken, placed_pods};
-use super::victims::{choose_victims, from_group_offers};
+use super::victims::{by_group, choose_victims, from_group_offers};
 use super::{placements, refusal_reason, Coordinator, Vote, RESERVE_TTL_MS};
 use crate::engine::group_preemption::GroupOffer;
 use crate::engine::GangPlacement;
@@ -89,10 +89,14 @@ impl Coordinator {
         let priority = r.highest_priority();
         let mut keep: BTreeSet<GangId> = BTreeSet::new();
         let mut round = 0;
-        let (units, shard_offers, owners) = loop {
+        let (units, shard_offers, owners, ineligible) = loop {
             round += 1;
             let offers = self.offers(r, priority, &keep).await;
             let (mut units, shard_offers) = from_group_offers(&offers);
+            let ineligible: BTreeSet<GangId> = offers
+                .values()
+                .flat_map(|o| o.ineligible.iter().cloned())
+                .collect();
             if units.is_empty() {
                 return Ok(Preemption::NotBegun(
                     "no lower-priority gang could make room".into(),
@@ -106,7 +110,7 @@ impl Coordinator {
                     .is_some_and(|o| displaceable(o, r.seq, priority))
             });
             if units.len() == before || round == OFFER_ROUNDS_MAX {
-                break (units, shard_offers, owners);
+                break (units, shard_offers, owners, ineligible);
             }
             keep.extend(
                 owners
@@ -122,7 +126,13 @@ impl Coordinator {
             .iter()
             .map(|g| (g.id(), g.min_member))
             .collect();
-        // Gangs whose eviction alone would break a PodDisruptionBudget are spared if a
+        // A victim group goes whole: its gangs are one unit, costed together.
+        let gangs_of: BTreeMap<GangId, Vec<GangId>> = owners
+            .iter()
+            .map(|(gang, o)| (gang.clone(), o.group.gangs.iter().map(|g| g.id()).collect()))
+            .collect();
+        let (units, shard_offers) = by_group(&units, &shard_offers, &gangs_of, &ineligible);
+        // Groups whose eviction alone would break a PodDisruptionBudget are spared if a
         // choice without them makes room.
         let budgets = self.budgets.current();
         let spared: BTreeMap<GangId, _> = units

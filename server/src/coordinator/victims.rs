@@ -19,7 +19,8 @@
 //! Invariants: a unit of priority equal to or above the preemptor's is never chosen
 //! (a step holding one ends that shard's offer); the answer always fits by the rule
 //! above; when nothing fits, nothing is evicted; a gang any shard names ineligible is
-//! no unit ([`from_group_offers`]). Pure and deterministic. Called by the coordinator's
+//! no unit ([`from_group_offers`]); the gangs of one victim group form one unit
+//! ([`by_group`]), so the cost counts everything that goes. Pure and deterministic. Called by the coordinator's
 //! preemption (`coordinator/preempt.rs`) with the shards' offers
 //! (`engine/group_preemption.rs`); the placement that follows is planned and checked by
 //! the shards again, so a choice that does not hold there evicts nothing.
@@ -118,6 +119,67 @@ pub fn from_group_offers(
         })
         .collect();
     (units, shard_offers)
+}
+
+/// Units of whole gang groups, since a victim group goes whole: the units of a group's
+/// gangs (`gangs_of`: gang → every gang of its group) become one, keyed by the group's
+/// first gang, with the highest priority and the sum of pods; every step names that key
+/// instead (a step whose group an earlier step of the shard took adds nothing, which
+/// only ever undercounts what the shard could host). A group with a gang `ineligible`
+/// names is no unit; a gang whose group is unknown stays a unit of its own.
+pub fn by_group(
+    units: &BTreeMap<GangId, VictimUnit>,
+    offers: &BTreeMap<u32, ShardOffer>,
+    gangs_of: &BTreeMap<GangId, Vec<GangId>>,
+    ineligible: &BTreeSet<GangId>,
+) -> (BTreeMap<GangId, VictimUnit>, BTreeMap<u32, ShardOffer>) {
+    let key = |g: &GangId| -> GangId {
+        gangs_of
+            .get(g)
+            .and_then(|all| all.iter().min())
+            .unwrap_or(g)
+            .clone()
+    };
+    let blocked = |g: &GangId| {
+        gangs_of
+            .get(g)
+            .is_some_and(|all| all.iter().any(|x| ineligible.contains(x)))
+    };
+    let mut merged: BTreeMap<GangId, VictimUnit> = BTreeMap::new();
+    for (gang, unit) in units.iter().filter(|(g, _)| !blocked(g)) {
+        let m = merged.entry(key(gang)).or_insert(VictimUnit {
+            priority: i32::MIN,
+            pods: 0,
+        });
+        m.priority = m.priority.max(unit.priority);
+        m.pods += unit.pods;
+    }
+    let renamed = offers
+        .iter()
+        .map(|(shard, offer)| {
+            let mut taken: BTreeSet<GangId> = BTreeSet::new();
+            let steps = offer
+                .steps
+                .iter()
+                .map(|step| OfferStep {
+                    // A blocked group's key is no unit: the step ends the offer.
+                    evict: step
+                        .evict
+                        .iter()
+                        .map(|g| if blocked(g) { g.clone() } else { key(g) })
+                        .filter(|k| taken.insert(k.clone()))
+                        .collect(),
+                    hostable: step.hostable.clone(),
+                })
+                .collect();
+            let offer = ShardOffer {
+                hostable_now: offer.hostable_now.clone(),
+                steps,
+            };
+            (*shard, offer)
+        })
+        .collect();
+    (merged, renamed)
 }
 
 /// The cost of evicting `set`.

@@ -56,6 +56,67 @@ fn a_gang_across_two_shards_is_evicted_whole_for_a_gang_needing_both() {
 }
 
 #[test]
+fn a_group_of_two_gangs_is_costed_whole() {
+    // Gangs "a1" (2 pods, shard 1) and "a2" (6 pods, shard 2) are one group; "b" (3
+    // pods, shard 2) is another. Evicting a1 alone would make room, but a1 takes a2
+    // with it: 8 pods, against b's 3.
+    let units = BTreeMap::from([
+        (g("a1"), unit(1, 2)),
+        (g("a2"), unit(1, 6)),
+        (g("b"), unit(1, 3)),
+    ]);
+    let offers = BTreeMap::from([
+        (
+            1,
+            ShardOffer {
+                hostable_now: counts(&[("high", 0)]),
+                steps: vec![step(&["a1"], &[("high", 2)])],
+            },
+        ),
+        (
+            2,
+            ShardOffer {
+                hostable_now: counts(&[("high", 0)]),
+                steps: vec![step(&["b"], &[("high", 2)]), step(&["a2"], &[("high", 4)])],
+            },
+        ),
+    ]);
+    let need = counts(&[("high", 2)]);
+    let by_gang = choose_victims(&units, &offers, &need, 10).expect("a plan");
+    assert_eq!(
+        by_gang.evict,
+        BTreeSet::from([g("a1")]),
+        "per gang, a1 is cheapest"
+    );
+    let group = vec![g("a1"), g("a2")];
+    let gangs_of = BTreeMap::from([
+        (g("a1"), group.clone()),
+        (g("a2"), group),
+        (g("b"), vec![g("b")]),
+    ]);
+    let (units, offers) = by_group(&units, &offers, &gangs_of, &BTreeSet::new());
+    assert_eq!(units[&g("a1")], unit(1, 8), "one unit for the group");
+    assert!(!units.contains_key(&g("a2")));
+    let whole = choose_victims(&units, &offers, &need, 10).expect("a plan");
+    assert_eq!(
+        whole.evict,
+        BTreeSet::from([g("b")]),
+        "the group costs 8 pods"
+    );
+
+    // A group with a gang some shard names ineligible is no unit.
+    let (units, offers) = by_group(
+        &BTreeMap::from([(g("a1"), unit(1, 2)), (g("b"), unit(1, 3))]),
+        &offers,
+        &gangs_of,
+        &BTreeSet::from([g("a2")]),
+    );
+    assert!(!units.contains_key(&g("a1")));
+    let only_b = choose_victims(&units, &offers, &need, 10).expect("a plan");
+    assert_eq!(only_b.evict, BTreeSet::from([g("b")]));
+}
+
+#[test]
 fn equal_priority_is_never_a_victim() {
     let units = BTreeMap::from([(g("peer"), unit(10, 8))]);
     let offers = BTreeMap::from([(
