@@ -783,8 +783,10 @@ async fn plain_gang_overtakes_a_slow_selector(failpoints: &str) -> bool {
     .expect("plain gang placed within 120 s")
     .expect("watch plain");
     assert_eq!(plain.state, "Placed", "{plain:?}");
+    // Still waiting for its plan: Queued. Placing means its plan is done and its
+    // reservation under way, which may commit after the plain gang's own.
     let slow_now = client.get(slow.id).await.expect("get slow");
-    let overtook = slow_now.state != "Placed";
+    let overtook = slow_now.state == "Queued";
     let slow = tokio::time::timeout(
         Duration::from_secs(300),
         client.watch_until(slow.id, placed),
