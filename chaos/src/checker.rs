@@ -504,11 +504,24 @@ pub fn preemptor_of(reason: &str) -> Option<u64> {
 /// higher priority, and was placed (it is not left waiting or timed out).
 fn check_preempted(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
     let shapes = ops.shapes();
+    // Kubernetes gangs are submitted by gangway's ingest under keys of its own: their
+    // priority is found by gang name.
+    let by_gang: BTreeMap<&str, i32> = shapes
+        .values()
+        .flatten()
+        .map(|x| (x.name.as_str(), x.priority))
+        .collect();
     let by_id: BTreeMap<u64, &GangGroupStatus> = fin.groups.iter().map(|g| (g.id, g)).collect();
     let priority = |g: &GangGroupStatus| {
         shapes
             .get(&g.idempotency_key)
             .and_then(|gangs| gangs.iter().map(|x| x.priority).max())
+            .or_else(|| {
+                g.gangs
+                    .iter()
+                    .filter_map(|name| by_gang.get(name.as_str()).copied())
+                    .max()
+            })
             .unwrap_or(0)
     };
     for g in fin.groups.iter().filter(|g| g.state == "Preempted") {
@@ -613,6 +626,15 @@ pub fn check_kube(view: &crate::kube_workload::ApiView, fin: &FinalState) -> Vec
                 format!("pod {pod} was bound {} times: {nodes:?}", nodes.len()),
             ));
         }
+    }
+    for (node, revision, cpu) in view.over_capacity() {
+        v.push(violation(
+            "I2",
+            format!(
+                "node {node} held pods requesting {cpu} CPUs of {} at API revision {revision} (a pod bound before the one it replaced was gone)",
+                crate::kube_workload::KUBE_NODE_CPUS
+            ),
+        ));
     }
     for (gang, bound, pods) in view.partly_bound() {
         v.push(violation(

@@ -44,10 +44,13 @@ pub const BUG_REPLAN_HELD: &str = "coordinator-replans-held-members";
 pub const BUG_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
 /// Bug switch: meta forgets decisions participants have not acknowledged.
 pub const BUG_FORGET_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
+/// Bug switch: the binder binds a preemptor's pods before its victims' pods are gone.
+pub const BUG_BIND_BEFORE_VICTIMS: &str = "binder-binds-before-victims-leave";
 /// Every bug switch a drill may arm.
-pub const BUGS: [&str; 5] = [
+pub const BUGS: [&str; 6] = [
     BUG_SKIP_DECISION,
     BUG_RELEASE_SHARDS_FIRST,
+    BUG_BIND_BEFORE_VICTIMS,
     BUG_REPLAN_HELD,
     BUG_TRANSPORT_OPEN,
     BUG_FORGET_UNACKED,

@@ -3,8 +3,14 @@
 //! resourceVersions, watches, the binding subresource, 409 for a pod already
 //! bound) with a fleet of nodes, and workers that create Koordinator gangs as
 //! pods, wait until every pod is bound, hold them, then delete them as a
-//! finished job would. Each gang is one operation in the history:
-//! invoke → ok (all pods bound) / unknown; its deletion is a `release`.
+//! finished job would. Fillers hold big low-priority gangs longer, so urgent
+//! gangs (priority [`URGENT_PRIORITY`]) find the fleet full and preempt them:
+//! gangway evicts the victims' pods (the double deletes at once; no kubelet) and
+//! binds the urgent pods once they are gone. Each gang is one operation in the
+//! history: invoke → ok (all pods bound) / fail (preempted before it was bound) /
+//! unknown; its deletion is a `delete_pods`, `Preempted` when gangway deleted them
+//! first. The view ([`ApiView`]) replays every binding and deletion in revision
+//! order, so the checker sees whether a node ever ran more than it has.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,8 +35,14 @@ pub const KUBE_NODES: usize = 6;
 pub const KUBE_NODE_CPUS: u32 = 16;
 /// CPUs each pod requests.
 pub const POD_CPUS: u32 = 3;
-/// Workers creating gangs.
+/// Workers creating small gangs.
 pub const KUBE_WORKERS: usize = 3;
+/// Workers creating big low-priority gangs held longer (the usual victims).
+pub const KUBE_FILLERS: usize = 2;
+/// Workers creating urgent gangs.
+pub const KUBE_URGENT_WORKERS: usize = 1;
+/// Priority of urgent gangs (the others have 0).
+pub const URGENT_PRIORITY: i32 = 100;
 /// The namespace of every pod.
 pub const KUBE_NAMESPACE: &str = "chaos";
 
@@ -53,7 +65,30 @@ pub async fn start_api(kubeconfig: &Path) -> std::io::Result<ApiServerDouble> {
     Ok(api)
 }
 
-fn pod(gang: &str, name: &str, size: u32) -> Value {
+/// What a worker submits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// 2–3 pods, held 100–600 ms.
+    Small,
+    /// 6–8 pods, held 600–1,500 ms.
+    Filler,
+    /// 3–5 pods of priority [`URGENT_PRIORITY`], held 100–400 ms.
+    Urgent,
+}
+
+impl Kind {
+    /// (size, hold in ms, priority), drawn from `rng`.
+    fn draw(self, rng: &mut Rng) -> (u32, u64, i32) {
+        match self {
+            Kind::Small => (rng.range(2, 4) as u32, rng.range(100, 600), 0),
+            Kind::Filler => (rng.range(6, 9) as u32, rng.range(600, 1_500), 0),
+            Kind::Urgent => (rng.range(3, 6) as u32, rng.range(100, 400), URGENT_PRIORITY),
+        }
+    }
+}
+
+/// The API server's own pod priority (no PriorityClass admission in the double).
+fn pod(gang: &str, name: &str, size: u32, priority: i32) -> Value {
     json!({
         "metadata": {
             "name": name,
@@ -65,6 +100,7 @@ fn pod(gang: &str, name: &str, size: u32) -> Value {
         },
         "spec": {
             "schedulerName": "gangway",
+            "priority": priority,
             "containers": [{"name": "main", "image": "worker",
                             "resources": {"requests": {"cpu": POD_CPUS.to_string()}}}]
         }
@@ -100,24 +136,26 @@ impl KubeWorkload {
     /// Starts the workers; they stop when `stop` turns true.
     pub fn spawn(self: &Arc<Self>, rng: &mut Rng, stop: watch::Receiver<bool>) -> JoinSet<()> {
         let mut set = JoinSet::new();
-        for _ in 0..KUBE_WORKERS {
+        let kinds = std::iter::repeat_n(Kind::Small, KUBE_WORKERS)
+            .chain(std::iter::repeat_n(Kind::Filler, KUBE_FILLERS))
+            .chain(std::iter::repeat_n(Kind::Urgent, KUBE_URGENT_WORKERS));
+        for kind in kinds {
             let w = self.clone();
             let rng = rng.fork();
-            set.spawn(w.worker(rng, stop.clone()));
+            set.spawn(w.worker(kind, rng, stop.clone()));
         }
         set
     }
 
-    async fn worker(self: Arc<Self>, mut rng: Rng, stop: watch::Receiver<bool>) {
+    async fn worker(self: Arc<Self>, kind: Kind, mut rng: Rng, stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
-            let size = rng.range(2, 4) as u32;
-            let hold = rng.range(100, 600);
-            self.cycle(size, hold).await;
+            let (size, hold, priority) = kind.draw(&mut rng);
+            self.cycle(size, hold, priority).await;
         }
     }
 
     /// Creates a gang of `size` pods, waits until all are bound, holds, deletes them.
-    async fn cycle(&self, size: u32, hold_ms: u64) {
+    async fn cycle(&self, size: u32, hold_ms: u64, priority: i32) {
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         let gang = format!("g{op}");
         let names: Vec<String> = (0..size).map(|i| format!("{gang}-{i}")).collect();
@@ -132,12 +170,12 @@ impl KubeWorkload {
                 mode: "Strict".into(),
                 cpu: POD_CPUS,
                 gpu: 0,
-                priority: 0,
+                priority,
             }],
             members: vec![],
         });
         for name in &names {
-            if let Err(e) = self.api.create(&PODS, pod(&gang, name, size)) {
+            if let Err(e) = self.api.create(&PODS, pod(&gang, name, size, priority)) {
                 self.history.record(Event::Fail {
                     op,
                     error: format!("pod {name} not created: {e:?}"),
@@ -148,6 +186,15 @@ impl KubeWorkload {
         }
         let deadline = Instant::now() + Duration::from_millis(PLACE_WAIT_MS);
         let placed = loop {
+            if names.iter().any(|n| !self.exists(n)) {
+                // Committed, then preempted before every pod was bound.
+                self.history.record(Event::Fail {
+                    op,
+                    error: format!("gang {gang} lost pods to a preemption before it was bound"),
+                });
+                self.delete(&gang, &names).await;
+                return;
+            }
             let nodes: Vec<Option<String>> = names.iter().map(|n| node_of(&self.api, n)).collect();
             if nodes.iter().all(Option::is_some) {
                 break Some(
@@ -188,7 +235,12 @@ impl KubeWorkload {
         self.delete(&gang, &names).await;
     }
 
-    /// Deletes a gang's pods (the job finished), recorded as a release.
+    fn exists(&self, name: &str) -> bool {
+        self.api.get(&PODS, Some(KUBE_NAMESPACE), name).is_ok()
+    }
+
+    /// Deletes a gang's pods (the job finished), recorded as a release; pods gangway
+    /// deleted first (a preemption's victims) are no error.
     async fn delete(&self, gang: &str, names: &[String]) {
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         self.history.record(Event::Invoke {
@@ -199,16 +251,19 @@ impl KubeWorkload {
             members: names.to_vec(),
         });
         let mut errors = Vec::new();
+        let mut gone = 0;
         for name in names {
-            if let Err(e) = self.api.delete(&PODS, Some(KUBE_NAMESPACE), name) {
-                errors.push(format!("{name}: {e:?}"));
+            match self.api.delete(&PODS, Some(KUBE_NAMESPACE), name) {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => gone += 1,
+                Err(e) => errors.push(format!("{name}: {e:?}")),
             }
         }
         let event = if errors.is_empty() {
             Event::Ok {
                 op,
                 group: 0,
-                state: "Deleted".into(),
+                state: if gone == 0 { "Deleted" } else { "Preempted" }.into(),
                 placed: vec![],
             }
         } else {
@@ -228,6 +283,21 @@ pub struct ApiView {
     pub bindings: BTreeMap<String, Vec<String>>,
     /// Live pods: name -> (gang, node if bound).
     pub pods: BTreeMap<String, (String, Option<String>)>,
+    /// Every binding and deletion of a bound pod, in revision order.
+    pub timeline: Vec<NodeChange>,
+}
+
+/// A pod arriving on or leaving a node, at an API revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeChange {
+    /// The revision.
+    pub revision: u64,
+    /// The pod.
+    pub pod: String,
+    /// The node.
+    pub node: String,
+    /// Whether it arrived (bound) or left (deleted).
+    pub arrived: bool,
 }
 
 impl ApiView {
@@ -245,17 +315,63 @@ impl ApiView {
             .map(|(gang, (pods, bound))| (gang, bound, pods))
             .collect()
     }
+
+    /// Nodes that, at some revision, held more pods than their CPUs allow:
+    /// (node, revision, CPUs requested). Every pod requests [`POD_CPUS`].
+    pub fn over_capacity(&self) -> Vec<(String, u64, u32)> {
+        let mut used: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut over = Vec::new();
+        for c in &self.timeline {
+            let cpu = used.entry(c.node.as_str()).or_default();
+            if c.arrived {
+                *cpu += POD_CPUS;
+                if *cpu > KUBE_NODE_CPUS {
+                    over.push((c.node.clone(), c.revision, *cpu));
+                }
+            } else {
+                *cpu = cpu.saturating_sub(POD_CPUS);
+            }
+        }
+        over
+    }
 }
 
 /// Reads the view from the double.
 pub fn api_view(api: &ApiServerDouble) -> ApiView {
     let mut view = ApiView::default();
     for b in api.bindings() {
+        view.timeline.push(NodeChange {
+            revision: b.revision,
+            pod: b.pod.clone(),
+            node: b.node.clone(),
+            arrived: true,
+        });
         view.bindings
             .entry(format!("{}/{}", b.namespace, b.pod))
             .or_default()
             .push(b.node);
     }
+    for gone in api.deleted() {
+        let (Some(node), Some(name), Some(revision)) = (
+            gone["spec"]["nodeName"].as_str(),
+            gone["metadata"]["name"].as_str(),
+            gone["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|rv| rv.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if !gone["spec"]["containers"].is_array() {
+            continue;
+        }
+        view.timeline.push(NodeChange {
+            revision,
+            pod: name.to_string(),
+            node: node.to_string(),
+            arrived: false,
+        });
+    }
+    view.timeline.sort_by_key(|c| c.revision);
     for p in api.list(&PODS, Some(KUBE_NAMESPACE)) {
         let name = p["metadata"]["name"]
             .as_str()
@@ -269,4 +385,38 @@ pub fn api_view(api: &ApiServerDouble) -> ApiView {
         view.pods.insert(name, (gang, node));
     }
     view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(revision: u64, pod: &str, node: &str, arrived: bool) -> NodeChange {
+        NodeChange {
+            revision,
+            pod: pod.into(),
+            node: node.into(),
+            arrived,
+        }
+    }
+
+    #[test]
+    fn a_node_is_over_capacity_only_while_more_pods_are_bound_than_fit() {
+        let fits = (KUBE_NODE_CPUS / POD_CPUS) as u64;
+        let mut view = ApiView::default();
+        for i in 0..fits {
+            view.timeline.push(change(i, &format!("p{i}"), "n1", true));
+        }
+        // One leaves, then another arrives: never over.
+        view.timeline.push(change(fits, "p0", "n1", false));
+        view.timeline.push(change(fits + 1, "late", "n1", true));
+        view.timeline.push(change(fits + 2, "elsewhere", "n2", true));
+        assert!(view.over_capacity().is_empty());
+        // One more before anyone leaves: over, at that revision.
+        view.timeline.push(change(fits + 3, "extra", "n1", true));
+        assert_eq!(
+            view.over_capacity(),
+            vec![("n1".to_string(), fits + 3, (fits as u32 + 1) * POD_CPUS)]
+        );
+    }
 }

@@ -229,13 +229,15 @@ impl ApiServerDouble {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Value, ApiError> {
-        self.shared.write(|store| {
+        let gone = self.shared.write(|store| {
             let gone = store.delete(kind, namespace, name, None, None)?;
             if *kind == store::PODS && self.shared.options.claim_controller {
                 claim_controller::pod_deleted(store, &gone);
             }
             Ok(gone)
-        })
+        })?;
+        self.shared.record_deletion(gone.clone());
+        Ok(gone)
     }
 
     /// Every successful binding so far, in order (tests count them per pod).
@@ -247,7 +249,8 @@ impl ApiServerDouble {
             .clone()
     }
 
-    /// Every object deleted through the HTTP API so far, as it was when deleted.
+    /// Every object deleted so far (through the HTTP API or [`Self::delete`]), as it was
+    /// when deleted, its `resourceVersion` the deletion's (one counter with bindings').
     pub fn deleted(&self) -> Vec<Value> {
         self.shared
             .deleted
