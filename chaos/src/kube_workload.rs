@@ -410,7 +410,8 @@ mod tests {
         // One leaves, then another arrives: never over.
         view.timeline.push(change(fits, "p0", "n1", false));
         view.timeline.push(change(fits + 1, "late", "n1", true));
-        view.timeline.push(change(fits + 2, "elsewhere", "n2", true));
+        view.timeline
+            .push(change(fits + 2, "elsewhere", "n2", true));
         assert!(view.over_capacity().is_empty());
         // One more before anyone leaves: over, at that revision.
         view.timeline.push(change(fits + 3, "extra", "n1", true));

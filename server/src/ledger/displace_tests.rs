@@ -801,6 +801,30 @@ fn grpc_victims_and_aborted_preemptions_leave_nothing_evicting() {
 }
 
 #[test]
+fn a_name_preempted_again_frees_the_room_of_its_earlier_pod() {
+    // "low/v0" runs on n1 (uid-a), is preempted by h0, and its pod is replaced by
+    // another of the same name (uid-b) on n2 before the evictor reported it gone; that
+    // one is preempted too. Only one pod of a name exists at a time, so uid-a is gone:
+    // n1's room must not stay held for it.
+    let mut ledger = ledger_with(&[node("n1", 8000, 110), node("n2", 8000, 110)]);
+    let first = member("low", "v0", "n1", kube_pod(4000, "uid-a"));
+    place(&mut ledger, 1, vec![first.clone()]);
+    let h0 = vec![member("high", "h0", "n1", kube_pod(3000, "uid-h0"))];
+    apply(&mut ledger, 2, displacing(5, h0, keys(&[first.clone()])));
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    assert!(placeholders_on(&ledger, "n1") > 0);
+    let again = member("low", "v0", "n2", kube_pod(4000, "uid-b"));
+    place(&mut ledger, 6, vec![again.clone()]);
+    let h1 = vec![member("high", "h1", "n2", kube_pod(3000, "uid-h1"))];
+    apply(&mut ledger, 4, displacing(7, h1, keys(&[again])));
+    apply(&mut ledger, 5, LedgerOp::Commit { txn_id: TxnId(7) });
+    assert_eq!(placeholders_on(&ledger, "n1"), 0, "uid-a's room is free");
+    assert!(placeholders_on(&ledger, "n2") > 0, "uid-b may still run");
+    let v = &ledger.evicting()[&first.member];
+    assert_eq!((v.txn_id, v.uid.as_str()), (TxnId(7), "uid-b"));
+}
+
+#[test]
 fn evicting_victims_survive_a_snapshot() {
     let (mut ledger, victims) = full_of_kube_victims();
     let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];

@@ -15,6 +15,9 @@
 //!   no committed slot names an open transaction (so I5: aborting or committing every
 //!   open transaction leaves nothing reserved);
 //! - at most [`FINISHED_TXNS_MAX`] finished records are kept, none for an open id;
+//! - no Kubernetes victim is evicting for an open transaction; a committed preemption's
+//!   placeholders stay on a node only while one of its victims there is evicting (the
+//!   preemptor's members there are not bindable meanwhile, see `ledger::query`);
 //! - every node's [`NodeFit`] summary (what the engine's hot loop reads, see
 //!   [`LedgerView::indexed`]) is that of its node and usage: every command that
 //!   changes a node refreshes it, so the engine never rebuilds per call.
@@ -1238,16 +1241,18 @@ impl ShardLedger {
                 continue;
             };
             nodes.insert(d.node.clone());
-            self.state.evicting.insert(
-                key.clone(),
-                EvictingVictim {
-                    txn_id,
-                    node: d.node.clone(),
-                    uid,
-                    preemptor: preemptor.clone(),
-                    since_ms: at_ms,
-                },
-            );
+            let victim = EvictingVictim {
+                txn_id,
+                node: d.node.clone(),
+                uid,
+                preemptor: preemptor.clone(),
+                since_ms: at_ms,
+            };
+            // The same name evicting for an earlier preemption was another pod, which
+            // is gone (Kubernetes has one pod of a name at a time): its room is free.
+            if let Some(earlier) = self.state.evicting.insert(key.clone(), victim) {
+                self.victim_left(earlier.txn_id, &earlier.node);
+            }
         }
         nodes
     }
@@ -1268,16 +1273,22 @@ impl ShardLedger {
             }
         }
         for (txn_id, node) in left {
-            let still = self
-                .state
-                .evicting
-                .values()
-                .any(|v| v.txn_id == txn_id && v.node == node);
-            if !still {
-                self.free_placeholders(txn_id, &node);
-            }
+            self.victim_left(txn_id, &node);
         }
         LedgerReply::Released { released, absent }
+    }
+
+    /// A victim of `txn_id` left `node`: frees the transaction's placeholders there if
+    /// none of its victims is left on it.
+    fn victim_left(&mut self, txn_id: TxnId, node: &str) {
+        let still = self
+            .state
+            .evicting
+            .values()
+            .any(|v| v.txn_id == txn_id && v.node == node);
+        if !still {
+            self.free_placeholders(txn_id, node);
+        }
     }
 
     /// Takes committed transaction `txn_id`'s placeholders off `node`.
