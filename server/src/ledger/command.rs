@@ -195,7 +195,7 @@ pub enum LedgerOp {
     /// every victim of that transaction on that node is gone, and the preemptor's
     /// members there may bind. Victims not evicting are answered as absent.
     VictimsGone {
-        /// The victims.
+        /// The victims (at most `LEDGER_BATCH_MAX`).
         members: Vec<MemberKey>,
     },
     /// Records that the pod was bound through the Kubernetes API.

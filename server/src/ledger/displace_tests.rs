@@ -825,6 +825,33 @@ fn a_name_preempted_again_frees_the_room_of_its_earlier_pod() {
 }
 
 #[test]
+fn an_oversized_victims_gone_is_refused_whole() {
+    use crate::ledger::command::LEDGER_BATCH_MAX;
+    let (mut ledger, victims) = full_of_kube_victims();
+    let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];
+    apply(&mut ledger, 2, displacing(5, high, keys(&victims[..2])));
+    apply(&mut ledger, 3, LedgerOp::Commit { txn_id: TxnId(5) });
+    let before = ledger.clone();
+    let members = std::iter::repeat_n(victims[0].member.clone(), LEDGER_BATCH_MAX + 1).collect();
+    let cmd = LedgerCommand::new(4, LedgerOp::VictimsGone { members });
+    assert!(matches!(
+        crate::ledger::shard::admit(&cmd),
+        Err(LedgerError::BatchTooLarge { .. })
+    ));
+    let reply = ledger.apply(&cmd);
+    assert!(
+        matches!(
+            reply,
+            LedgerReply::Rejected {
+                error: LedgerError::BatchTooLarge { .. }
+            }
+        ),
+        "{reply:?}"
+    );
+    assert_eq!(ledger, before, "nothing changed");
+}
+
+#[test]
 fn evicting_victims_survive_a_snapshot() {
     let (mut ledger, victims) = full_of_kube_victims();
     let high = vec![member("high", "h0", "n1", kube_pod(6000, "uid-h0"))];

@@ -511,6 +511,9 @@ impl ShardLedger {
             LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
             LedgerOp::Release { target } => self.release(at_ms, target),
             LedgerOp::BindConfirmed { member } => self.bind_confirmed(at_ms, member),
+            LedgerOp::VictimsGone { members } if members.len() > LEDGER_BATCH_MAX => {
+                Err(LedgerError::BatchTooLarge { ops: members.len() })
+            }
             LedgerOp::VictimsGone { members } => Ok(self.victims_gone(members)),
             LedgerOp::Tick => Ok(self.tick(at_ms)),
             LedgerOp::PublishPool {
@@ -2086,6 +2089,9 @@ pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
         }
         LedgerOp::Batch { ops } if ops.iter().any(|op| matches!(op, LedgerOp::Batch { .. })) => {
             Err(LedgerError::NestedBatch)
+        }
+        LedgerOp::VictimsGone { members } if members.len() > LEDGER_BATCH_MAX => {
+            Err(LedgerError::BatchTooLarge { ops: members.len() })
         }
         LedgerOp::Reserve {
             txn_id,
