@@ -2,7 +2,10 @@
 //! members take their room, placeholders hold the rest; COMMIT frees the victims' room,
 //! ABORT puts every victim back exactly as it was. Unit tests for each state a
 //! reservation meets, and a property test over random victims, members and outcomes
-//! against the rule that an ABORT leaves the nodes as they were before.
+//! against the rule that an ABORT leaves the nodes as they were before. Kubernetes
+//! victims (pods with a uid): after COMMIT their room stays held, and the preemptor's
+//! members on their nodes unbindable, until `LedgerOp::VictimsGone` reports every one
+//! there gone; unit tests and a property test over any order of reports.
 
 use proptest::prelude::*;
 
