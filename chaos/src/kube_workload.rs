@@ -107,11 +107,9 @@ fn pod(gang: &str, name: &str, size: u32, priority: i32) -> Value {
     })
 }
 
-/// The node a pod is bound to, if any.
-pub fn node_of(api: &ApiServerDouble, name: &str) -> Option<String> {
-    api.get(&PODS, Some(KUBE_NAMESPACE), name)
-        .ok()?
-        .pointer("/spec/nodeName")
+/// The node `pod` is bound to, if any.
+fn node_name(pod: &Value) -> Option<String> {
+    pod.pointer("/spec/nodeName")
         .and_then(Value::as_str)
         .map(str::to_string)
 }
@@ -186,7 +184,11 @@ impl KubeWorkload {
         }
         let deadline = Instant::now() + Duration::from_millis(PLACE_WAIT_MS);
         let placed = loop {
-            if names.iter().any(|n| !self.exists(n)) {
+            let pods: Vec<Option<Value>> = names
+                .iter()
+                .map(|n| self.api.get(&PODS, Some(KUBE_NAMESPACE), n).ok())
+                .collect();
+            if pods.iter().any(Option::is_none) {
                 // Committed, then preempted before every pod was bound.
                 self.history.record(Event::Fail {
                     op,
@@ -195,7 +197,10 @@ impl KubeWorkload {
                 self.delete(&gang, &names).await;
                 return;
             }
-            let nodes: Vec<Option<String>> = names.iter().map(|n| node_of(&self.api, n)).collect();
+            let nodes: Vec<Option<String>> = pods
+                .iter()
+                .map(|p| p.as_ref().and_then(node_name))
+                .collect();
             if nodes.iter().all(Option::is_some) {
                 break Some(
                     names
@@ -233,10 +238,6 @@ impl KubeWorkload {
             }
         }
         self.delete(&gang, &names).await;
-    }
-
-    fn exists(&self, name: &str) -> bool {
-        self.api.get(&PODS, Some(KUBE_NAMESPACE), name).is_ok()
     }
 
     /// Deletes a gang's pods (the job finished), recorded as a release; pods gangway

@@ -142,8 +142,11 @@ async fn preemption_victims(
     if victims.is_empty() || !cache.synced() {
         return;
     }
-    let (gone, running): (Vec<PreemptedPod>, Vec<PreemptedPod>) =
-        victims.into_iter().partition(|v| pod_gone(cache, v));
+    let (gone, running): (Vec<_>, Vec<_>) = victims
+        .into_iter()
+        .map(|v| (victim_pod(cache, &v), v))
+        .partition(|(pod, _)| *pod == VictimPod::Gone);
+    let gone: Vec<PreemptedPod> = gone.into_iter().map(|(_, v)| v).collect();
     for chunk in gone.chunks(LEDGER_BATCH_MAX) {
         let members = chunk.iter().map(|v| v.member.clone()).collect();
         match groups.shard(shard, LedgerOp::VictimsGone { members }).await {
@@ -160,13 +163,13 @@ async fn preemption_victims(
         }
     }
     let mut evicted = 0;
-    for v in running {
+    for (pod, v) in running {
         for (member, uid) in &v.waiting {
             nominate_once(client, memory, member, uid, &v.node).await;
         }
         if memory.victims_asked.contains_key(&v.member)
             || evicted >= EVICT_BATCH_MAX
-            || terminating(cache, &v)
+            || pod == VictimPod::Terminating
         {
             continue;
         }
@@ -179,30 +182,34 @@ async fn preemption_victims(
     }
 }
 
-/// Whether the victim's pod is gone from the API server (the informer's copy), or
-/// has finished (its containers no longer hold the node's room).
-fn pod_gone(cache: &Cache, v: &PreemptedPod) -> bool {
-    let Some(object) = cache.get(Slot::Pods, &v.member.namespace, &v.member.member) else {
-        return true;
-    };
-    if object["metadata"]["uid"].as_str() != Some(v.uid.as_str()) {
-        return true;
-    }
-    matches!(
-        object["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    )
+/// A preemption victim's pod as the informer's copy shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VictimPod {
+    /// Gone from the API server (or another pod holds its name now), or finished: its
+    /// containers no longer hold the node's room.
+    Gone,
+    /// Being deleted already (asked before, by this replica or an earlier leader):
+    /// asking again would only repeat its condition and event.
+    Terminating,
+    /// Running on.
+    Running,
 }
 
-/// Whether the victim's pod is being deleted already (asked before, by this replica or
-/// an earlier leader): asking again would only repeat its condition and event.
-fn terminating(cache: &Cache, v: &PreemptedPod) -> bool {
-    cache
-        .get(Slot::Pods, &v.member.namespace, &v.member.member)
-        .is_some_and(|o| {
-            o["metadata"]["uid"].as_str() == Some(v.uid.as_str())
-                && !o["metadata"]["deletionTimestamp"].is_null()
-        })
+fn victim_pod(cache: &Cache, v: &PreemptedPod) -> VictimPod {
+    let Some(object) = cache.get(Slot::Pods, &v.member.namespace, &v.member.member) else {
+        return VictimPod::Gone;
+    };
+    let finished = matches!(
+        object["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    );
+    if object["metadata"]["uid"].as_str() != Some(v.uid.as_str()) || finished {
+        VictimPod::Gone
+    } else if !object["metadata"]["deletionTimestamp"].is_null() {
+        VictimPod::Terminating
+    } else {
+        VictimPod::Running
+    }
 }
 
 /// Sets a waiting preemptor pod's nominated node, once.
