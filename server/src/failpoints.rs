@@ -68,8 +68,13 @@ pub const SELECTORS_INLINE: &str = "selectors-evaluated-inline";
 /// still holds), so a node runs victims and preemptor at once.
 pub const BIND_BEFORE_VICTIMS_LEAVE: &str = "binder-binds-before-victims-leave";
 
+/// A fixed bug, back for checking the checks: the binder writes claim allocations
+/// without configs (`devices.config: []`), as it once did, so a DRA driver never sees
+/// the opaque parameters of the claim or its DeviceClass.
+pub const BINDER_DROPS_CONFIGS: &str = "binder-drops-allocation-configs";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -84,6 +89,7 @@ pub const ALL: [&str; 14] = [
     META_RETURNS_VICTIMS_AT_ABORT,
     SELECTORS_INLINE,
     BIND_BEFORE_VICTIMS_LEAVE,
+    BINDER_DROPS_CONFIGS,
 ];
 
 /// The armed crash points of a process.

@@ -4,7 +4,8 @@
 //! scheduling through kube-rs: DRA gangs bound with their claims allocated first,
 //! a binding shard leader SIGKILLed mid-way, Koordinator and scheduler-plugins
 //! gangs, bad objects reported, deleted pods freeing their devices, pods bound by
-//! another scheduler counted, pods on NoExecute-tainted devices evicted. Bindings
+//! another scheduler counted, pods on NoExecute-tainted devices evicted, claim
+//! allocations carrying the class and claim configs a driver reads. Bindings
 //! are counted from the API server's audit log. (A binding answered 503 is in
 //! `kube_faults.rs`, on the double: the real server cannot be made to answer so.)
 
@@ -531,6 +532,126 @@ async fn dra_gangs_bind_once_with_claims_first_even_when_the_binding_leader_dies
             now.events_for(p, "Scheduled")
         );
     }
+}
+
+/// A DeviceClass with a driver config, and a template whose one request is a
+/// firstAvailable choice (an "h100" no slice has, else any GPU tolerating a taint)
+/// with claim configs for each choice: what a GPU-sharing driver reads.
+async fn create_configured_claims(api: &ControlPlane) {
+    api.create(&DEVICE_CLASSES, json!({
+        "metadata": {"name": "shared-gpu"},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}],
+                 "config": [{"opaque": {"driver": DRIVER, "parameters": {"sharing": "time-slicing"}}}]}
+    }))
+    .await
+    .expect("class");
+    let h100 = format!("device.attributes[\"{DRIVER}\"].model == \"h100\"");
+    api.create(&RESOURCE_CLAIM_TEMPLATES, json!({
+        "metadata": {"name": "configured", "namespace": NS},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": "shared-gpu", "selectors": [{"cel": {"expression": h100}}]},
+                {"name": "any", "deviceClassName": "shared-gpu",
+                 "tolerations": [{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}]}
+            ]}],
+            "config": [
+                {"requests": ["gpu/any"], "opaque": {"driver": DRIVER, "parameters": {"mps": true}}},
+                {"requests": ["gpu/big"], "opaque": {"driver": DRIVER, "parameters": {"never": true}}},
+                {"opaque": {"driver": DRIVER, "parameters": {"everyRequest": true}}}
+            ]}}}
+    }))
+    .await
+    .expect("template");
+}
+
+/// What is wrong with the allocations of `pods`' claims (made from the "configured"
+/// template), as a driver would read them: the chosen sub-request, its class config
+/// (`FromClass`), the claim configs for it and for all (`FromClaim`), in that order.
+fn config_problems(view: &View, pods: &[String]) -> Vec<String> {
+    let want = json!([
+        {"source": "FromClass", "requests": ["gpu/any"],
+         "opaque": {"driver": DRIVER, "parameters": {"sharing": "time-slicing"}}},
+        {"source": "FromClaim", "requests": ["gpu/any"],
+         "opaque": {"driver": DRIVER, "parameters": {"mps": true}}},
+        {"source": "FromClaim",
+         "opaque": {"driver": DRIVER, "parameters": {"everyRequest": true}}}
+    ]);
+    let mut problems = Vec::new();
+    for pod in pods {
+        let Some(claim) = view.claim_of(pod) else {
+            problems.push(format!("{pod}: no claim"));
+            continue;
+        };
+        let devices = &claim["status"]["allocation"]["devices"];
+        if devices["results"][0]["request"] != "gpu/any" {
+            problems.push(format!("{pod}: result {}", devices["results"]));
+        }
+        if devices["config"] != want {
+            problems.push(format!("{pod}: configs {}", devices["config"]));
+        }
+    }
+    problems
+}
+
+/// A gang of two pods claiming GPUs through the "configured" template.
+async fn create_configured_gang(api: &ControlPlane) -> Vec<String> {
+    create_configured_claims(api).await;
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "configured", "namespace": NS}, "spec": {"minMember": 2}}),
+    )
+    .await
+    .expect("pod group");
+    let pods: Vec<String> = (0..2).map(|i| format!("configured-{i}")).collect();
+    for name in &pods {
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "configured"});
+        api.create(&PODS, gpu_pod(name, labels, json!({}), "configured"))
+            .await
+            .expect("pod");
+    }
+    pods
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_allocations_carry_class_and_claim_configs_and_the_request_tolerations() {
+    let env = start(2, 4, 0).await;
+    let pods = create_configured_gang(&env.api).await;
+    let now = wait_for("the configured gang bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&pods)
+    })
+    .await;
+    assert_eq!(config_problems(&now, &pods), Vec::<String>::new());
+    for pod in &pods {
+        let result = &now.claim_of(pod).expect("claim")["status"]["allocation"]["devices"]
+            ["results"][0];
+        assert_eq!(
+            result["tolerations"],
+            json!([{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}]),
+            "{pod}: the device taint eviction controller reads tolerations from the result"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_binder_that_drops_allocation_configs() {
+    let env = start_armed(
+        2,
+        4,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::BINDER_DROPS_CONFIGS],
+    )
+    .await;
+    let pods = create_configured_gang(&env.api).await;
+    let now = wait_for("the configured gang bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&pods)
+    })
+    .await;
+    assert_eq!(
+        config_problems(&now, &pods).len(),
+        2,
+        "the bug switch drops every config"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

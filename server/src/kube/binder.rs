@@ -11,12 +11,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, watch, Mutex, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::failpoints;
+use crate::kube::allocation;
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
@@ -240,34 +241,6 @@ async fn confirm(
     }
 }
 
-/// The allocation a claim's status carries for the devices of one pod claim on `node`.
-pub fn allocation(node: &str, devices: &[&crate::model::DeviceAllocation]) -> Value {
-    let results: Vec<Value> = devices
-        .iter()
-        .map(|d| {
-            let mut r = json!({
-                "request": d.request,
-                "driver": d.device.driver,
-                "pool": d.device.pool,
-                "device": d.device.device,
-            });
-            if d.admin_access == crate::model::AdminAccess::Enabled {
-                r["adminAccess"] = json!(true);
-            }
-            if let Some(share) = &d.share_id {
-                r["shareID"] = json!(share);
-            }
-            r
-        })
-        .collect();
-    json!({
-        "devices": {"results": results, "config": []},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}
-        ]}]},
-    })
-}
-
 /// Binds one member; `Ok(false)` when its pod is gone or replaced (nothing to do here).
 async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError> {
     let Some(uid) = m.pod.uid.clone() else {
@@ -298,17 +271,35 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
             tracing::warn!(pod = %pod, claim, "placed claim is not in the pod's spec or status");
             return Ok(false);
         };
-        ctx.pacer.wait().await;
-        let cached = ctx
+        // The claim's spec is immutable, so the informer's copy says which configs apply.
+        let Some(cached) = ctx
             .cache
-            .get(Slot::ResourceClaims, &pod.namespace, &object_name);
+            .get(Slot::ResourceClaims, &pod.namespace, &object_name)
+        else {
+            tracing::debug!(pod = %pod, claim = %object_name, "claim not in this replica's informer yet");
+            return Ok(false);
+        };
+        let class_of = |class: &str| ctx.cache.get(Slot::DeviceClasses, "", class);
+        let allocation = match allocation::allocation(&m.node, &cached, &class_of, &devices) {
+            Ok(mut allocation) => {
+                if ctx.opts.failpoints.armed(failpoints::BINDER_DROPS_CONFIGS) {
+                    allocation["devices"]["config"] = Value::Array(Vec::new());
+                }
+                allocation
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod, claim = %object_name, error = %e, "claim cannot be allocated yet; not binding");
+                return Ok(false);
+            }
+        };
+        ctx.pacer.wait().await;
         match api::write_claim(
             &ctx.client,
             &pod.namespace,
             &object_name,
-            &allocation(&m.node, &devices),
+            &allocation,
             &pod,
-            cached.as_deref(),
+            Some(&cached),
         )
         .await?
         {

@@ -5,10 +5,12 @@
 //! (`binder`, each shard leader) write claim allocations and pod bindings back;
 //! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad
 //! and the victims of committed preemptions.
-//! `objects` and `gangs` are the pure conversions both use; `api` the REST writes.
+//! `objects` and `gangs` are the pure conversions both use, `allocation` the claim
+//! allocations the binder writes; `api` the REST writes.
 //! Started by `gangway serve --kubeconfig` (or `--in-cluster`); every task it
 //! starts stops with the shutdown signal it is given.
 
+pub mod allocation;
 pub mod api;
 pub mod binder;
 pub mod evictor;

@@ -1,0 +1,404 @@
+//! A ResourceClaim's `status.allocation` as DRA drivers and the kubelet read it.
+//!
+//! Owns [`allocation`]: from the devices gangway placed for one pod claim, the claim
+//! object (its spec is immutable) and the DeviceClasses, the allocation the binder
+//! writes: one result per device (request, driver, pool, device, admin access, the
+//! request's tolerations, share id and consumed capacity of a shared device), the node
+//! selector of the node, and the configs that apply to the allocated requests. A driver
+//! reads its opaque parameters only from these configs, and the device taint eviction
+//! controller reads tolerations only from the results, so leaving either out makes a
+//! real driver prepare with defaults and a tolerating pod be evicted.
+//!
+//! Config rules, as `resource.k8s.io/v1` defines them: for each request of the claim in
+//! spec order (the chosen sub-request of a firstAvailable one, named `request/sub`), the
+//! configs of its DeviceClass with source `FromClass`, added once per class with the
+//! names of every request served by that class; then each config of the claim with
+//! source `FromClaim` when it names no request, or names an allocated request or the
+//! chosen sub-request (once, where upstream repeats a config once per request it names;
+//! drivers read the set). Invariants: pure (no I/O); the same inputs give the same
+//! JSON, so a retried write compares equal. Called by the binder.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
+use crate::model::pod::TolerationOperator;
+
+/// Why no allocation can be written yet.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocationError {
+    /// A request's DeviceClass is not known (deleted since placement, or not yet seen).
+    #[error("request \"{request}\" names DeviceClass {class}, which does not exist")]
+    ClassMissing {
+        /// The request (or `request/sub`).
+        request: String,
+        /// The class.
+        class: String,
+    },
+}
+
+/// The source of a config in an allocation result.
+const FROM_CLASS: &str = "FromClass";
+/// The source of a config in an allocation result.
+const FROM_CLAIM: &str = "FromClaim";
+
+/// The allocation of `devices` (one pod claim's, on `node`) for the claim object
+/// `claim`, with the classes `class_of` answers.
+pub fn allocation(
+    node: &str,
+    claim: &Value,
+    class_of: &dyn Fn(&str) -> Option<Arc<Value>>,
+    devices: &[&DeviceAllocation],
+) -> Result<Value, AllocationError> {
+    let results: Vec<Value> = devices.iter().map(|d| result(d)).collect();
+    let config = configs(claim, class_of, devices)?;
+    Ok(json!({
+        "devices": {"results": results, "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}
+        ]}]},
+    }))
+}
+
+/// One device's entry in `status.allocation.devices.results`.
+fn result(d: &DeviceAllocation) -> Value {
+    let mut r = json!({
+        "request": d.request,
+        "driver": d.device.driver,
+        "pool": d.device.pool,
+        "device": d.device.device,
+    });
+    if d.admin_access == AdminAccess::Enabled {
+        r["adminAccess"] = json!(true);
+    }
+    if !d.tolerations.is_empty() {
+        r["tolerations"] = Value::Array(d.tolerations.iter().map(toleration).collect());
+    }
+    if let Some(share) = &d.share_id {
+        r["shareID"] = json!(share);
+    }
+    if !d.consumed_capacity.is_empty() {
+        let consumed: Map<String, Value> = d
+            .consumed_capacity
+            .iter()
+            .map(|(name, amount)| (name.clone(), json!(amount.to_string())))
+            .collect();
+        r["consumedCapacity"] = Value::Object(consumed);
+    }
+    r
+}
+
+/// A device toleration in the API's spelling.
+fn toleration(t: &DeviceToleration) -> Value {
+    let mut v = json!({"operator": match t.operator {
+        TolerationOperator::Equal => "Equal",
+        TolerationOperator::Exists => "Exists",
+    }});
+    if !t.key.is_empty() {
+        v["key"] = json!(t.key);
+    }
+    if !t.value.is_empty() {
+        v["value"] = json!(t.value);
+    }
+    if let Some(effect) = t.effect {
+        v["effect"] = json!(format!("{effect:?}"));
+    }
+    if let Some(seconds) = t.toleration_seconds {
+        v["tolerationSeconds"] = json!(seconds);
+    }
+    v
+}
+
+/// The configs that apply to the allocated requests (see the module header).
+fn configs(
+    claim: &Value,
+    class_of: &dyn Fn(&str) -> Option<Arc<Value>>,
+    devices: &[&DeviceAllocation],
+) -> Result<Vec<Value>, AllocationError> {
+    // Allocated request → the chosen sub-request, if it is a firstAvailable one.
+    let mut chosen: BTreeMap<&str, Option<&str>> = BTreeMap::new();
+    for d in devices {
+        match d.request.split_once('/') {
+            Some((main, sub)) => chosen.insert(main, Some(sub)),
+            None => chosen.insert(d.request.as_str(), None),
+        };
+    }
+    let spec = &claim["spec"]["devices"];
+    let mut out: Vec<Value> = Vec::new();
+    // Class → the positions of its configs in `out`.
+    let mut class_configs: BTreeMap<String, std::ops::Range<usize>> = BTreeMap::new();
+    for request in spec["requests"].as_array().into_iter().flatten() {
+        let Some(main) = request["name"].as_str() else {
+            continue;
+        };
+        let Some(sub) = chosen.get(main) else {
+            continue;
+        };
+        let Some((class, name)) = request_class(request, main, *sub) else {
+            continue;
+        };
+        if let Some(range) = class_configs.get(&class) {
+            for config in &mut out[range.clone()] {
+                if let Some(names) = config["requests"].as_array_mut() {
+                    names.push(json!(name));
+                }
+            }
+            continue;
+        }
+        let object = class_of(&class).ok_or_else(|| AllocationError::ClassMissing {
+            request: name.clone(),
+            class: class.clone(),
+        })?;
+        let start = out.len();
+        for config in object["spec"]["config"].as_array().into_iter().flatten() {
+            let mut entry = without_requests(config);
+            entry.insert("source".into(), json!(FROM_CLASS));
+            entry.insert("requests".into(), json!([name]));
+            out.push(Value::Object(entry));
+        }
+        class_configs.insert(class, start..out.len());
+    }
+    for config in spec["config"].as_array().into_iter().flatten() {
+        let names: Vec<&str> = config["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let applies = names.is_empty()
+            || names.iter().any(|n| match n.split_once('/') {
+                None => chosen.contains_key(n),
+                Some((main, sub)) => chosen.get(main) == Some(&Some(sub)),
+            });
+        if applies {
+            let mut entry = without_requests(config);
+            entry.insert("source".into(), json!(FROM_CLAIM));
+            if !names.is_empty() {
+                entry.insert("requests".into(), json!(names));
+            }
+            out.push(Value::Object(entry));
+        }
+    }
+    Ok(out)
+}
+
+/// The class a request was served from and the name results use for it: the request's
+/// own, or its chosen sub-request's (`request/sub`).
+fn request_class(request: &Value, main: &str, sub: Option<&str>) -> Option<(String, String)> {
+    match sub {
+        None => {
+            let class = request["exactly"]["deviceClassName"].as_str()?;
+            Some((class.to_string(), main.to_string()))
+        }
+        Some(sub) => {
+            let class = request["firstAvailable"]
+                .as_array()?
+                .iter()
+                .find(|s| s["name"].as_str() == Some(sub))?["deviceClassName"]
+                .as_str()?;
+            Some((class.to_string(), format!("{main}/{sub}")))
+        }
+    }
+}
+
+/// A config entry's fields other than `requests` (the device configuration itself).
+fn without_requests(config: &Value) -> Map<String, Value> {
+    let mut fields = config.as_object().cloned().unwrap_or_default();
+    fields.remove("requests");
+    fields.remove("source");
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::device::{DeviceId, DeviceQuantity, DeviceTaintEffect};
+
+    fn device(request: &str, name: &str) -> DeviceAllocation {
+        DeviceAllocation {
+            claim: "gpu".into(),
+            request: request.into(),
+            device: DeviceId {
+                driver: "gpu.example.com".into(),
+                pool: "node-0".into(),
+                device: name.into(),
+            },
+            admin_access: AdminAccess::Disabled,
+            tolerations: Vec::new(),
+            share_id: None,
+            consumed_capacity: BTreeMap::new(),
+        }
+    }
+
+    fn opaque(driver: &str, mode: &str) -> Value {
+        json!({"opaque": {"driver": driver, "parameters": {"mode": mode}}})
+    }
+
+    fn classes() -> BTreeMap<String, Arc<Value>> {
+        [
+            ("gpu", json!({"spec": {"config": [opaque("gpu.example.com", "class-gpu")]}})),
+            ("small", json!({"spec": {"config": [opaque("gpu.example.com", "class-small-a"),
+                                                  opaque("gpu.example.com", "class-small-b")]}})),
+            ("plain", json!({"spec": {}})),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), Arc::new(v)))
+        .collect()
+    }
+
+    fn with_classes(
+        claim: &Value,
+        devices: &[DeviceAllocation],
+    ) -> Result<Vec<Value>, AllocationError> {
+        let classes = classes();
+        let lookup = move |name: &str| classes.get(name).cloned();
+        let refs: Vec<&DeviceAllocation> = devices.iter().collect();
+        let a = allocation("node-0", claim, &lookup, &refs)?;
+        Ok(a["devices"]["config"].as_array().cloned().unwrap_or_default())
+    }
+
+    fn claim() -> Value {
+        json!({"spec": {"devices": {
+            "requests": [
+                {"name": "a", "exactly": {"deviceClassName": "gpu"}},
+                {"name": "b", "exactly": {"deviceClassName": "gpu", "count": 2}},
+                {"name": "c", "firstAvailable": [
+                    {"name": "big", "deviceClassName": "gpu"},
+                    {"name": "small", "deviceClassName": "small"}]},
+                {"name": "d", "exactly": {"deviceClassName": "plain"}},
+            ],
+            "config": [
+                {"opaque": {"driver": "gpu.example.com", "parameters": {"all": true}}},
+                {"requests": ["b"], "opaque": {"driver": "gpu.example.com", "parameters": {"b": 1}}},
+                {"requests": ["c/big"], "opaque": {"driver": "gpu.example.com", "parameters": {"big": 1}}},
+                {"requests": ["c/small"], "opaque": {"driver": "gpu.example.com", "parameters": {"small": 1}}},
+                {"requests": ["x", "c"], "opaque": {"driver": "gpu.example.com", "parameters": {"c": 1}}},
+            ]}}})
+    }
+
+    #[test]
+    fn class_configs_come_once_per_class_naming_every_request_it_served() {
+        let devices = [
+            device("a", "gpu-0"),
+            device("b", "gpu-1"),
+            device("b", "gpu-2"),
+            device("c/small", "gpu-3"),
+            device("d", "gpu-4"),
+        ];
+        let configs = with_classes(&claim(), &devices).expect("classes known");
+        let from_class: Vec<&Value> = configs
+            .iter()
+            .filter(|c| c["source"] == FROM_CLASS)
+            .collect();
+        assert_eq!(
+            from_class,
+            vec![
+                &json!({"source": "FromClass", "requests": ["a", "b"],
+                        "opaque": {"driver": "gpu.example.com", "parameters": {"mode": "class-gpu"}}}),
+                &json!({"source": "FromClass", "requests": ["c/small"],
+                        "opaque": {"driver": "gpu.example.com", "parameters": {"mode": "class-small-a"}}}),
+                &json!({"source": "FromClass", "requests": ["c/small"],
+                        "opaque": {"driver": "gpu.example.com", "parameters": {"mode": "class-small-b"}}}),
+            ]
+        );
+    }
+
+    #[test]
+    fn claim_configs_apply_to_all_to_allocated_requests_and_to_the_chosen_sub_request() {
+        let devices = [device("a", "gpu-0"), device("c/small", "gpu-3")];
+        let configs = with_classes(&claim(), &devices).expect("classes known");
+        let from_claim: Vec<&Value> = configs
+            .iter()
+            .filter(|c| c["source"] == FROM_CLAIM)
+            .map(|c| &c["opaque"]["parameters"])
+            .collect();
+        // "b" was not allocated, "c/big" not chosen; "x" names nothing but "c" does.
+        assert_eq!(
+            from_claim,
+            vec![&json!({"all": true}), &json!({"small": 1}), &json!({"c": 1})]
+        );
+        let all = configs
+            .iter()
+            .find(|c| c["opaque"]["parameters"] == json!({"all": true}))
+            .expect("config for all");
+        assert!(
+            all.get("requests").is_none(),
+            "a config for all requests names none: {all}"
+        );
+        let c = configs
+            .iter()
+            .find(|c| c["opaque"]["parameters"] == json!({"c": 1}))
+            .expect("config naming c");
+        assert_eq!(c["requests"], json!(["x", "c"]), "names kept as written");
+    }
+
+    #[test]
+    fn a_missing_class_is_an_error_naming_request_and_class() {
+        let claim = json!({"spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gone"}}]}}});
+        assert_eq!(
+            with_classes(&claim, &[device("a", "gpu-0")]),
+            Err(AllocationError::ClassMissing {
+                request: "a".into(),
+                class: "gone".into()
+            })
+        );
+    }
+
+    #[test]
+    fn results_carry_admin_access_tolerations_share_and_consumed_capacity() {
+        let mut d = device("a", "gpu-0");
+        d.admin_access = AdminAccess::Enabled;
+        d.tolerations = vec![
+            DeviceToleration {
+                key: "example.com/ecc".into(),
+                operator: TolerationOperator::Equal,
+                value: "bad".into(),
+                effect: Some(DeviceTaintEffect::NoExecute),
+                toleration_seconds: Some(30),
+            },
+            DeviceToleration {
+                key: String::new(),
+                operator: TolerationOperator::Exists,
+                value: String::new(),
+                effect: None,
+                toleration_seconds: None,
+            },
+        ];
+        d.share_id = Some("6f1c0a7e".into());
+        d.consumed_capacity
+            .insert("memory".into(), DeviceQuantity::from_units(4));
+        let claim = json!({"spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "plain"}}]}}});
+        let classes = classes();
+        let lookup = move |name: &str| classes.get(name).cloned();
+        let a = allocation("node-7", &claim, &lookup, &[&d]).expect("allocation");
+        assert_eq!(
+            a["devices"]["results"][0],
+            json!({"request": "a", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0",
+                   "adminAccess": true,
+                   "tolerations": [
+                       {"key": "example.com/ecc", "operator": "Equal", "value": "bad",
+                        "effect": "NoExecute", "tolerationSeconds": 30},
+                       {"operator": "Exists"}],
+                   "shareID": "6f1c0a7e",
+                   "consumedCapacity": {"memory": "4"}})
+        );
+        assert_eq!(
+            a["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
+            json!(["node-7"])
+        );
+        assert_eq!(a["devices"]["config"], json!([]));
+    }
+
+    #[test]
+    fn equal_inputs_give_equal_json() {
+        let devices = [device("a", "gpu-0"), device("b", "gpu-1")];
+        assert_eq!(
+            with_classes(&claim(), &devices),
+            with_classes(&claim(), &devices)
+        );
+    }
+}
