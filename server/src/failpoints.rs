@@ -73,8 +73,14 @@ pub const BIND_BEFORE_VICTIMS_LEAVE: &str = "binder-binds-before-victims-leave";
 /// the opaque parameters of the claim or its DeviceClass.
 pub const BINDER_DROPS_CONFIGS: &str = "binder-drops-allocation-configs";
 
+/// A fixed bug, back for checking the checks: every pod another scheduler bound
+/// carries the devices of its claims, shared or not (as it once did), so of two pods
+/// sharing a claim the second's copy is refused as a conflict and counts nothing; when
+/// the first goes, the devices look free while the second still uses them.
+pub const OBSERVED_CLAIMS_PER_POD: &str = "observed-claims-counted-per-pod";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -90,6 +96,7 @@ pub const ALL: [&str; 15] = [
     SELECTORS_INLINE,
     BIND_BEFORE_VICTIMS_LEAVE,
     BINDER_DROPS_CONFIGS,
+    OBSERVED_CLAIMS_PER_POD,
 ];
 
 /// The armed crash points of a process.

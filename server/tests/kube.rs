@@ -5,7 +5,9 @@
 //! a binding shard leader SIGKILLed mid-way, Koordinator and scheduler-plugins
 //! gangs, bad objects reported, deleted pods freeing their devices, pods bound by
 //! another scheduler counted, pods on NoExecute-tainted devices evicted, claim
-//! allocations carrying the class and claim configs a driver reads. Bindings
+//! allocations carrying the class and claim configs a driver reads, a claim shared by
+//! foreign pods holding its device until the last goes, shared claims of gangway's own
+//! pods refused. Bindings
 //! are counted from the API server's audit log. (A binding answered 503 is in
 //! `kube_faults.rs`, on the double: the real server cannot be made to answer so.)
 
@@ -652,6 +654,150 @@ async fn the_check_catches_a_binder_that_drops_allocation_configs() {
         2,
         "the bug switch drops every config"
     );
+}
+
+/// One node with one GPU, which two pods another scheduler bound share through one
+/// claim; a gangway pod wants a GPU. Once the sharer gangway counted the claim for
+/// (the lower uid) is deleted, answers the gangway pod's name and the other sharer's.
+async fn a_shared_foreign_claim_loses_one_pod(env: &Env) -> (String, String) {
+    let api = &env.api;
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "foreign-shared", "namespace": "infra"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
+        ]}}}
+    }))
+    .await
+    .expect("claim");
+    let mut sharers = Vec::new();
+    for name in ["sharer-a", "sharer-b"] {
+        let pod = api.create(&PODS, json!({
+            "metadata": {"name": name, "namespace": "infra"},
+            "spec": {
+                "schedulerName": "default-scheduler",
+                "nodeName": "node-000",
+                "containers": [{"name": "main", "image": "inference", "resources": {"requests": {"cpu": "1"}}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "foreign-shared"}]
+            },
+            "status": {"phase": "Running"}
+        }))
+        .await
+        .expect("sharer");
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        sharers.push((uid, name.to_string()));
+    }
+    sharers.sort();
+    api.create(&PODS, gpu_pod("wants-gpu", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    wait_for(
+        "FailedScheduling for the GPU pod (the shared GPU is counted)",
+        Duration::from_secs(30),
+        env,
+        |v| !v.events_for("wants-gpu", "FailedScheduling").is_empty(),
+    )
+    .await;
+    api.delete(&PODS, Some("infra"), &sharers[0].1)
+        .await
+        .expect("delete");
+    ("wants-gpu".to_string(), sharers[1].1.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and_ours_are_refused(
+) {
+    let env = start(1, 1, 0).await;
+    let (ours, other_sharer) = a_shared_foreign_claim_loses_one_pod(&env).await;
+    // Long enough for gangway to see the deletion and place the pod if it thought the
+    // GPU free (ingest passes run at least every 2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let now = view(&env.api).await;
+    assert_eq!(
+        now.node_of(&ours),
+        None,
+        "the GPU is still used by {other_sharer}, which shares the claim"
+    );
+
+    // Two gangway pods naming one claim: both refused, with the reason, nothing allocated.
+    env.api
+        .create(&RESOURCE_CLAIMS, json!({
+            "metadata": {"name": "ours-shared", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+        }))
+        .await
+        .expect("claim");
+    let sharing: Vec<String> = vec!["share-0".into(), "share-1".into()];
+    for name in &sharing {
+        let mut pod = gpu_pod(name, json!({}), json!({}), "unused");
+        pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "ours-shared"}]);
+        env.api.create(&PODS, pod).await.expect("pod");
+    }
+    let now = wait_for(
+        "both sharing pods refused",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            sharing.iter().all(|p| {
+                v.events_for(p, "FailedScheduling")
+                    .iter()
+                    .any(|m| m.contains("gangway does not place claims shared by several pods"))
+            })
+        },
+    )
+    .await;
+    assert!(
+        now.claims["ours-shared"]["status"]["allocation"].is_null(),
+        "a refused shared claim is not allocated: {}",
+        now.claims["ours-shared"]
+    );
+    assert!(!now.bound(&sharing[..1]) && !now.bound(&sharing[1..]));
+    // Once one of them is gone, the other is placed (the claim is its own).
+    env.api
+        .delete(&PODS, Some(NS), &sharing[1])
+        .await
+        .expect("delete");
+
+    // The last foreign sharer goes: the GPU is free for the pods waiting for it; the
+    // gangway pod and the remaining sharer of ours-shared want one GPU each, and only one
+    // is there.
+    env.api
+        .delete(&PODS, Some("infra"), &other_sharer)
+        .await
+        .expect("delete");
+    wait_for(
+        "one GPU pod bound once the shared claim's last pod is gone",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of(&ours).is_some() || v.node_of(&sharing[0]).is_some(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = view(&env.api).await;
+    assert!(
+        now.node_of(&ours).is_none() || now.node_of(&sharing[0]).is_none(),
+        "one GPU, so one of the two bound"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_foreign_sharers_each_counting_the_claim() {
+    let env = start_armed(
+        1,
+        1,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::OBSERVED_CLAIMS_PER_POD],
+    )
+    .await;
+    let (ours, _) = a_shared_foreign_claim_loses_one_pod(&env).await;
+    wait_for(
+        "the GPU pod bound on the device the remaining sharer uses (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of(&ours).is_some(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 use crate::coordinator::budgets::DisruptionBudgets;
 use crate::coordinator::release::release_members;
+use crate::failpoints;
 use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
@@ -36,7 +37,7 @@ use crate::kube::gangs::{
 };
 use crate::kube::informer::{Cache, Changes, Key, Slot};
 use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices};
-use crate::kube::pod_index::{PodIndex, Touched};
+use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::KubeOptions;
 use crate::ledger::meta::{
     shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
@@ -691,12 +692,23 @@ impl Ingest {
         let mut unreadable = Vec::new();
         for node in nodes {
             let mut list = Vec::new();
-            for facts in self.memory.pods.on_node(&node) {
-                let placed_by_us = self.memory.submitted.contains_key(&facts.pod.uid);
-                if facts.finished || (facts.ours && placed_by_us) {
-                    continue;
+            let mut on_node: Vec<&PodFacts> = self
+                .memory
+                .pods
+                .on_node(&node)
+                .filter(|f| {
+                    let placed_by_us = self.memory.submitted.contains_key(&f.pod.uid);
+                    !(f.finished || (f.ours && placed_by_us))
+                })
+                .collect();
+            // By uid, so a shared claim's devices stay with the same pod while it runs.
+            on_node.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+            let mut counted = BTreeSet::new();
+            for facts in on_node {
+                if self.opts.failpoints.armed(failpoints::OBSERVED_CLAIMS_PER_POD) {
+                    counted.clear();
                 }
-                match objects::observed_pod(&facts.object, &claims) {
+                match objects::observed_pod(&facts.object, &claims, &mut counted) {
                     Ok(observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => list.push(observed),
                     Ok(_) => {}
                     Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
@@ -1060,8 +1072,12 @@ impl Ingest {
                     continue;
                 }
             };
-            match objects::pod_spec(&facts.object, &claims) {
-                Ok((spec, _)) => ready.push(ReadyPod {
+            let spec = objects::pod_spec(&facts.object, &claims).and_then(|(spec, names)| {
+                self.refuse_shared_claims(facts, &names, &claims)?;
+                Ok(spec)
+            });
+            match spec {
+                Ok(spec) => ready.push(ReadyPod {
                     pod: facts.pod.clone(),
                     spec,
                     identity,
@@ -1083,6 +1099,33 @@ impl Ingest {
                 self.memory.waiting_dirty = true;
             }
         }
+    }
+
+    /// Refuses a pod naming a ResourceClaim that another pod uses or names too.
+    fn refuse_shared_claims(
+        &self,
+        facts: &PodFacts,
+        names: &BTreeMap<String, String>,
+        claims: &ClaimIndex,
+    ) -> Result<(), PodProblem> {
+        for (claim, object_name) in names {
+            let key = (facts.pod.namespace.clone(), object_name.clone());
+            let others: Vec<String> = self
+                .memory
+                .pods
+                .naming_claim(&key)
+                .filter(|f| f.pod.uid != facts.pod.uid)
+                .map(|f| f.pod.name.clone())
+                .collect();
+            objects::refuse_shared_claim(
+                &facts.object,
+                claim,
+                object_name,
+                claims.get(&key).map(|o| o.as_ref()),
+                &others,
+            )?;
+        }
+        Ok(())
     }
 
     /// The bound pods of ours of each gang that `ready` pods belong to.

@@ -5,7 +5,7 @@
 //! so the reason can go into a FailedScheduling event as is. Called by the ingest
 //! loop (`kube::ingest`) and the gang recognizer (`kube::gangs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
@@ -492,6 +492,39 @@ fn affinity(pod: &Value) -> Value {
     a
 }
 
+/// Refuses a pod whose ResourceClaim `object_name` (named by pod claim `claim`) is
+/// shared: named by another unfinished pod (`others`, their names), or reserved in its
+/// status for another pod. gangway allocates a claim for one pod; placing a second
+/// consumer would give it devices of its own that the claim, already allocated, cannot
+/// record, and the pod would never bind.
+pub fn refuse_shared_claim(
+    pod: &Value,
+    claim: &str,
+    object_name: &str,
+    object: Option<&Value>,
+    others: &[String],
+) -> Result<(), PodProblem> {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let mut sharers: Vec<String> = others.to_vec();
+    if let Some(object) = object {
+        for consumer in object["status"]["reservedFor"].as_array().into_iter().flatten() {
+            let name = consumer["name"].as_str().unwrap_or_default();
+            if consumer["uid"].as_str() != Some(uid) && !sharers.iter().any(|s| s == name) {
+                sharers.push(name.to_string());
+            }
+        }
+    }
+    if sharers.is_empty() {
+        return Ok(());
+    }
+    sharers.sort();
+    Err(PodProblem::Invalid(format!(
+        "spec.resourceClaims[{claim}]: ResourceClaim {namespace}/{object_name} is also used by pod {}; gangway does not place claims shared by several pods yet (give each pod its own claim, e.g. through resourceClaimTemplateName)",
+        sharers.join(", ")
+    )))
+}
+
 /// A pod's scheduling spec and the ResourceClaim object name of each pod claim.
 pub fn pod_spec(
     pod: &Value,
@@ -524,8 +557,15 @@ pub fn pod_spec(
 /// A pod another scheduler bound, as the ledger records it: its requests, labels,
 /// priority, host ports and required anti-affinity (when gangway can read them; an
 /// affinity it cannot read is left out rather than the pod), and the devices its
-/// allocated ResourceClaims hold (claims not allocated yet hold nothing).
-pub fn observed_pod(pod: &Value, claims: &ClaimIndex) -> Result<ObservedPod, PodProblem> {
+/// allocated ResourceClaims hold (claims not allocated yet hold nothing). A claim in
+/// `counted` (namespace, name) is left out: several pods sharing one claim hold its
+/// devices once, and the caller counts each claim for the first of them (by uid), so
+/// when that pod goes the next one carries the devices in the same ledger command.
+pub fn observed_pod(
+    pod: &Value,
+    claims: &ClaimIndex,
+    counted: &mut BTreeSet<(String, String)>,
+) -> Result<ObservedPod, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
     let uid = pod["metadata"]["uid"]
         .as_str()
@@ -550,7 +590,7 @@ pub fn observed_pod(pod: &Value, claims: &ClaimIndex) -> Result<ObservedPod, Pod
         },
     };
     summary.requests = pod_requests(pod)?;
-    summary.devices = allocated_devices(pod, namespace, claims);
+    summary.devices = allocated_devices(pod, namespace, claims, counted);
     summary.uid = Some(uid.to_string());
     Ok(ObservedPod {
         namespace: namespace.to_string(),
@@ -560,7 +600,12 @@ pub fn observed_pod(pod: &Value, claims: &ClaimIndex) -> Result<ObservedPod, Pod
 }
 
 /// The devices the pod's allocated ResourceClaims hold (from `status.allocation`).
-fn allocated_devices(pod: &Value, namespace: &str, claims: &ClaimIndex) -> Vec<DeviceAllocation> {
+fn allocated_devices(
+    pod: &Value,
+    namespace: &str,
+    claims: &ClaimIndex,
+    counted: &mut BTreeSet<(String, String)>,
+) -> Vec<DeviceAllocation> {
     let mut out = Vec::new();
     for entry in pod["spec"]["resourceClaims"]
         .as_array()
@@ -570,10 +615,14 @@ fn allocated_devices(pod: &Value, namespace: &str, claims: &ClaimIndex) -> Vec<D
         let Ok(object_name) = claim_object_name(pod, entry) else {
             continue;
         };
-        let Some(claim) = claims.get(&(namespace.to_string(), object_name)) else {
+        let key = (namespace.to_string(), object_name);
+        let Some(claim) = claims.get(&key) else {
             continue;
         };
         let results = claim["status"]["allocation"]["devices"]["results"].as_array();
+        if results.is_some_and(|r| !r.is_empty()) && !counted.insert(key) {
+            continue;
+        }
         for r in results.into_iter().flatten() {
             let (Some(driver), Some(pool), Some(device)) = (
                 r["driver"].as_str(),
@@ -742,6 +791,69 @@ mod tests {
         let (spec, names) = pod_spec(&pod, &claims).expect("spec");
         assert_eq!(spec.claims.len(), 1);
         assert_eq!(names.get("gpu").map(String::as_str), Some("p-gpu-x"));
+    }
+
+    fn sharing_pod(name: &str, uid: &str, claim: &str) -> Value {
+        json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [], "nodeName": "n1",
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}
+        })
+    }
+
+    fn allocated_claim(consumers: &[(&str, &str)]) -> Value {
+        let reserved: Vec<Value> = consumers
+            .iter()
+            .map(|(name, uid)| json!({"resource": "pods", "name": name, "uid": uid}))
+            .collect();
+        json!({"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "c"}}]}},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": "g", "driver": "d", "pool": "n1", "device": "gpu-0"}]}},
+                          "reservedFor": reserved}})
+    }
+
+    #[test]
+    fn a_claim_named_or_reserved_by_another_pod_is_refused_naming_both() {
+        let pod = sharing_pod("a", "ua", "shared");
+        let own = allocated_claim(&[("a", "ua")]);
+        assert_eq!(refuse_shared_claim(&pod, "gpu", "shared", Some(&own), &[]), Ok(()));
+        assert_eq!(refuse_shared_claim(&pod, "gpu", "shared", None, &[]), Ok(()));
+        let by_status = allocated_claim(&[("a", "ua"), ("b", "ub")]);
+        let Err(PodProblem::Invalid(why)) =
+            refuse_shared_claim(&pod, "gpu", "shared", Some(&by_status), &[])
+        else {
+            panic!("reserved for b too: refused");
+        };
+        assert!(
+            why.starts_with("spec.resourceClaims[gpu]: ResourceClaim ns/shared is also used by pod b;"),
+            "{why}"
+        );
+        let Err(PodProblem::Invalid(why)) =
+            refuse_shared_claim(&pod, "gpu", "shared", Some(&by_status), &["c".into(), "b".into()])
+        else {
+            panic!("named by c too: refused");
+        };
+        assert!(why.contains("used by pod b, c;"), "each sharer once: {why}");
+    }
+
+    #[test]
+    fn pods_sharing_a_claim_hold_its_devices_once() {
+        let claims = ClaimIndex::from([(
+            ("ns".to_string(), "shared".to_string()),
+            std::sync::Arc::new(allocated_claim(&[("a", "ua"), ("b", "ub")])),
+        )]);
+        let mut counted = BTreeSet::new();
+        let a = observed_pod(&sharing_pod("a", "ua", "shared"), &claims, &mut counted)
+            .expect("a read");
+        let b = observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted)
+            .expect("b read");
+        assert_eq!(a.pod.devices.len(), 1, "the first pod carries the claim");
+        assert!(b.pod.devices.is_empty(), "the second holds nothing more");
+        // Once a is gone, b carries them (its node's list is written again).
+        let mut counted = BTreeSet::new();
+        let b = observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted)
+            .expect("b read");
+        assert_eq!(b.pod.devices.len(), 1);
     }
 
     #[test]

@@ -310,6 +310,12 @@ impl PodIndex {
             .collect()
     }
 
+    /// The pods, finished ones left out, that name ResourceClaim `claim` (namespace, name).
+    pub fn naming_claim<'a>(&'a self, claim: &Key) -> impl Iterator<Item = &'a PodFacts> + 'a {
+        self.members(self.by_claim.get(claim))
+            .filter(|f| !f.finished)
+    }
+
     /// Number of pods (tests).
     #[cfg(test)]
     fn len(&self) -> usize {
