@@ -618,14 +618,17 @@ async fn create_configured_gang(api: &ControlPlane) -> Vec<String> {
 async fn claim_allocations_carry_class_and_claim_configs_and_the_request_tolerations() {
     let env = start(2, 4, 0).await;
     let pods = create_configured_gang(&env.api).await;
-    let now = wait_for("the configured gang bound", Duration::from_secs(60), &env, |v| {
-        v.bound(&pods)
-    })
+    let now = wait_for(
+        "the configured gang bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&pods),
+    )
     .await;
     assert_eq!(config_problems(&now, &pods), Vec::<String>::new());
     for pod in &pods {
-        let result = &now.claim_of(pod).expect("claim")["status"]["allocation"]["devices"]
-            ["results"][0];
+        let result =
+            &now.claim_of(pod).expect("claim")["status"]["allocation"]["devices"]["results"][0];
         assert_eq!(
             result["tolerations"],
             json!([{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}]),
@@ -645,9 +648,12 @@ async fn the_check_catches_a_binder_that_drops_allocation_configs() {
     )
     .await;
     let pods = create_configured_gang(&env.api).await;
-    let now = wait_for("the configured gang bound", Duration::from_secs(60), &env, |v| {
-        v.bound(&pods)
-    })
+    let now = wait_for(
+        "the configured gang bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&pods),
+    )
     .await;
     assert_eq!(
         config_problems(&now, &pods).len(),
@@ -684,7 +690,10 @@ async fn a_shared_foreign_claim_loses_one_pod(env: &Env) -> (String, String) {
         }))
         .await
         .expect("sharer");
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         sharers.push((uid, name.to_string()));
     }
     sharers.sort();
@@ -705,8 +714,8 @@ async fn a_shared_foreign_claim_loses_one_pod(env: &Env) -> (String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and_ours_are_refused(
-) {
+async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and_ours_are_refused()
+{
     let env = start(1, 1, 0).await;
     let (ours, other_sharer) = a_shared_foreign_claim_loses_one_pod(&env).await;
     // Long enough for gangway to see the deletion and place the pod if it thought the
@@ -730,7 +739,8 @@ async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and
     let sharing: Vec<String> = vec!["share-0".into(), "share-1".into()];
     for name in &sharing {
         let mut pod = gpu_pod(name, json!({}), json!({}), "unused");
-        pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "ours-shared"}]);
+        pod["spec"]["resourceClaims"] =
+            json!([{"name": "gpu", "resourceClaimName": "ours-shared"}]);
         env.api.create(&PODS, pod).await.expect("pod");
     }
     let now = wait_for(

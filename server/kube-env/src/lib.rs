@@ -285,6 +285,30 @@ impl ControlPlane {
         Ok(plane)
     }
 
+    /// Starts kube-scheduler as the admin (client QPS and burst 1000, no leader election,
+    /// no serving port); it stops with the control plane. For side-by-side runs: it
+    /// schedules the pods whose `schedulerName` is `default-scheduler`.
+    pub fn start_kube_scheduler(&mut self) -> Result<(), EnvError> {
+        let kubeconfig = self.dir.path().join("scheduler.kubeconfig");
+        self.write_kubeconfig(&kubeconfig, ADMIN_USER)?;
+        let config = self.dir.path().join("kube-scheduler.yaml");
+        write(
+            &config,
+            &format!(
+                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\nleaderElection:\n  leaderElect: false\n",
+                kubeconfig.display()
+            ),
+        )?;
+        let args = vec![
+            format!("--config={}", config.display()),
+            "--secure-port=0".into(),
+            "-v=0".into(),
+        ];
+        let scheduler = spawn("kube-scheduler", &self.assets, self.dir.path(), &args)?;
+        self.processes.push(scheduler);
+        Ok(())
+    }
+
     /// The API server's base URL.
     pub fn url(&self) -> &str {
         &self.url

@@ -238,9 +238,15 @@ mod tests {
 
     fn classes() -> BTreeMap<String, Arc<Value>> {
         [
-            ("gpu", json!({"spec": {"config": [opaque("gpu.example.com", "class-gpu")]}})),
-            ("small", json!({"spec": {"config": [opaque("gpu.example.com", "class-small-a"),
-                                                  opaque("gpu.example.com", "class-small-b")]}})),
+            (
+                "gpu",
+                json!({"spec": {"config": [opaque("gpu.example.com", "class-gpu")]}}),
+            ),
+            (
+                "small",
+                json!({"spec": {"config": [opaque("gpu.example.com", "class-small-a"),
+                                                  opaque("gpu.example.com", "class-small-b")]}}),
+            ),
             ("plain", json!({"spec": {}})),
         ]
         .into_iter()
@@ -256,26 +262,29 @@ mod tests {
         let lookup = move |name: &str| classes.get(name).cloned();
         let refs: Vec<&DeviceAllocation> = devices.iter().collect();
         let a = allocation("node-0", claim, &lookup, &refs)?;
-        Ok(a["devices"]["config"].as_array().cloned().unwrap_or_default())
+        Ok(a["devices"]["config"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
     }
 
     fn claim() -> Value {
         json!({"spec": {"devices": {
-            "requests": [
-                {"name": "a", "exactly": {"deviceClassName": "gpu"}},
-                {"name": "b", "exactly": {"deviceClassName": "gpu", "count": 2}},
-                {"name": "c", "firstAvailable": [
-                    {"name": "big", "deviceClassName": "gpu"},
-                    {"name": "small", "deviceClassName": "small"}]},
-                {"name": "d", "exactly": {"deviceClassName": "plain"}},
-            ],
-            "config": [
-                {"opaque": {"driver": "gpu.example.com", "parameters": {"all": true}}},
-                {"requests": ["b"], "opaque": {"driver": "gpu.example.com", "parameters": {"b": 1}}},
-                {"requests": ["c/big"], "opaque": {"driver": "gpu.example.com", "parameters": {"big": 1}}},
-                {"requests": ["c/small"], "opaque": {"driver": "gpu.example.com", "parameters": {"small": 1}}},
-                {"requests": ["x", "c"], "opaque": {"driver": "gpu.example.com", "parameters": {"c": 1}}},
-            ]}}})
+        "requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gpu"}},
+            {"name": "b", "exactly": {"deviceClassName": "gpu", "count": 2}},
+            {"name": "c", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu"},
+                {"name": "small", "deviceClassName": "small"}]},
+            {"name": "d", "exactly": {"deviceClassName": "plain"}},
+        ],
+        "config": [
+            {"opaque": {"driver": "gpu.example.com", "parameters": {"all": true}}},
+            {"requests": ["b"], "opaque": {"driver": "gpu.example.com", "parameters": {"b": 1}}},
+            {"requests": ["c/big"], "opaque": {"driver": "gpu.example.com", "parameters": {"big": 1}}},
+            {"requests": ["c/small"], "opaque": {"driver": "gpu.example.com", "parameters": {"small": 1}}},
+            {"requests": ["x", "c"], "opaque": {"driver": "gpu.example.com", "parameters": {"c": 1}}},
+        ]}}})
     }
 
     #[test]
@@ -317,7 +326,11 @@ mod tests {
         // "b" was not allocated, "c/big" not chosen; "x" names nothing but "c" does.
         assert_eq!(
             from_claim,
-            vec![&json!({"all": true}), &json!({"small": 1}), &json!({"c": 1})]
+            vec![
+                &json!({"all": true}),
+                &json!({"small": 1}),
+                &json!({"c": 1})
+            ]
         );
         let all = configs
             .iter()

@@ -705,7 +705,11 @@ impl Ingest {
             on_node.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
             let mut counted = BTreeSet::new();
             for facts in on_node {
-                if self.opts.failpoints.armed(failpoints::OBSERVED_CLAIMS_PER_POD) {
+                if self
+                    .opts
+                    .failpoints
+                    .armed(failpoints::OBSERVED_CLAIMS_PER_POD)
+                {
                     counted.clear();
                 }
                 match objects::observed_pod(&facts.object, &claims, &mut counted) {

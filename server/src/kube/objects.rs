@@ -508,7 +508,11 @@ pub fn refuse_shared_claim(
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
     let mut sharers: Vec<String> = others.to_vec();
     if let Some(object) = object {
-        for consumer in object["status"]["reservedFor"].as_array().into_iter().flatten() {
+        for consumer in object["status"]["reservedFor"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let name = consumer["name"].as_str().unwrap_or_default();
             if consumer["uid"].as_str() != Some(uid) && !sharers.iter().any(|s| s == name) {
                 sharers.push(name.to_string());
@@ -816,8 +820,14 @@ mod tests {
     fn a_claim_named_or_reserved_by_another_pod_is_refused_naming_both() {
         let pod = sharing_pod("a", "ua", "shared");
         let own = allocated_claim(&[("a", "ua")]);
-        assert_eq!(refuse_shared_claim(&pod, "gpu", "shared", Some(&own), &[]), Ok(()));
-        assert_eq!(refuse_shared_claim(&pod, "gpu", "shared", None, &[]), Ok(()));
+        assert_eq!(
+            refuse_shared_claim(&pod, "gpu", "shared", Some(&own), &[]),
+            Ok(())
+        );
+        assert_eq!(
+            refuse_shared_claim(&pod, "gpu", "shared", None, &[]),
+            Ok(())
+        );
         let by_status = allocated_claim(&[("a", "ua"), ("b", "ub")]);
         let Err(PodProblem::Invalid(why)) =
             refuse_shared_claim(&pod, "gpu", "shared", Some(&by_status), &[])
@@ -825,12 +835,18 @@ mod tests {
             panic!("reserved for b too: refused");
         };
         assert!(
-            why.starts_with("spec.resourceClaims[gpu]: ResourceClaim ns/shared is also used by pod b;"),
+            why.starts_with(
+                "spec.resourceClaims[gpu]: ResourceClaim ns/shared is also used by pod b;"
+            ),
             "{why}"
         );
-        let Err(PodProblem::Invalid(why)) =
-            refuse_shared_claim(&pod, "gpu", "shared", Some(&by_status), &["c".into(), "b".into()])
-        else {
+        let Err(PodProblem::Invalid(why)) = refuse_shared_claim(
+            &pod,
+            "gpu",
+            "shared",
+            Some(&by_status),
+            &["c".into(), "b".into()],
+        ) else {
             panic!("named by c too: refused");
         };
         assert!(why.contains("used by pod b, c;"), "each sharer once: {why}");
@@ -843,16 +859,16 @@ mod tests {
             std::sync::Arc::new(allocated_claim(&[("a", "ua"), ("b", "ub")])),
         )]);
         let mut counted = BTreeSet::new();
-        let a = observed_pod(&sharing_pod("a", "ua", "shared"), &claims, &mut counted)
-            .expect("a read");
-        let b = observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted)
-            .expect("b read");
+        let a =
+            observed_pod(&sharing_pod("a", "ua", "shared"), &claims, &mut counted).expect("a read");
+        let b =
+            observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted).expect("b read");
         assert_eq!(a.pod.devices.len(), 1, "the first pod carries the claim");
         assert!(b.pod.devices.is_empty(), "the second holds nothing more");
         // Once a is gone, b carries them (its node's list is written again).
         let mut counted = BTreeSet::new();
-        let b = observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted)
-            .expect("b read");
+        let b =
+            observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted).expect("b read");
         assert_eq!(b.pod.devices.len(), 1);
     }
 

@@ -1,0 +1,1079 @@
+//! DRA allocation, gangway against kube-scheduler, on one real control plane.
+//!
+//! Each world (drawn from a seed) is a few nodes with one ResourceSlice each (GPUs with
+//! a model, a memory size and a NUMA node), two DeviceClasses (one with a driver config,
+//! one selecting big GPUs) and pods with one claim each, from their own
+//! ResourceClaimTemplate: an exact count with or without a model selector, a
+//! firstAvailable choice, or two requests that must share a NUMA node. The world is
+//! created twice, on two sets of nodes (labels keep the copies apart): once for
+//! kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three `gangway
+//! serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator written
+//! from the `resource.k8s.io/v1` rules (not from either allocator) checks both sides:
+//! every allocation names devices of the pod's node that exist, match the class and
+//! request selectors, number what the request asks, share the constrained attribute,
+//! carry the class's config (`FromClass`, naming the requests it served) and are
+//! reserved for the pod; no device is allocated twice. Then gangway must have left no pod
+//! unbound whose claim fits in the devices it left free (an exhaustive search over the
+//! small nodes): both place pods one at a time, in their own order, so either may end
+//! with more pods bound in a world, and the run reports how often each did.
+//! kube-scheduler's side checks the validator itself. A failing world prints its seed
+//! and its definition.
+//!
+//! `GANGWAY_DRA_WORLDS` (default 3) and `GANGWAY_DRA_SEED` set the run; the longer run
+//! in docs/BENCHMARKS.md uses more worlds.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use gangway_kube_double::store::{
+    DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES,
+};
+use gangway_kube_env::{ControlPlane, Options, ADMIN_USER};
+use serde_json::{json, Value};
+use support::Cluster;
+
+const DRIVER: &str = "gpu.diff.example.com";
+/// The taint some devices carry.
+const TAINT: &str = "example.com/maintenance";
+/// The parameters of a claim's config.
+static CLAIM_CONFIG: std::sync::LazyLock<Value> =
+    std::sync::LazyLock::new(|| json!({"profile": "claim"}));
+/// Worlds in a run unless `GANGWAY_DRA_WORLDS` says otherwise.
+const WORLDS_DEFAULT: u64 = 3;
+/// First seed unless `GANGWAY_DRA_SEED` says otherwise.
+const SEED_DEFAULT: u64 = 0x6a09_e667;
+/// A side has settled when it bound no pod for this long, in ms.
+const SETTLE_MS: u64 = 5_000;
+/// Longest a world may take to settle, in ms.
+const WORLD_TIMEOUT_MS: u64 = 90_000;
+/// How often the test looks at the API server, in ms.
+const POLL_MS: u64 = 250;
+
+/// splitmix64: the worlds must be the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+/// A GPU of a world.
+#[derive(Debug, Clone)]
+struct Gpu {
+    name: String,
+    model: &'static str,
+    mem_gib: i64,
+    numa: i64,
+    /// Carries a NoSchedule taint (`example.com/maintenance`).
+    tainted: bool,
+}
+
+/// A condition on a device, as the validator checks it (and as CEL says it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pred {
+    Model(&'static str),
+    MemAtLeast(i64),
+}
+
+impl Pred {
+    fn cel(&self) -> String {
+        match self {
+            Pred::Model(m) => format!("device.attributes[\"{DRIVER}\"].model == \"{m}\""),
+            Pred::MemAtLeast(g) => format!("device.attributes[\"{DRIVER}\"].memGiB >= {g}"),
+        }
+    }
+
+    fn holds(&self, gpu: &Gpu) -> bool {
+        match self {
+            Pred::Model(m) => gpu.model == *m,
+            Pred::MemAtLeast(g) => gpu.mem_gib >= *g,
+        }
+    }
+}
+
+/// A DeviceClass of a world: every device of the driver, and these conditions.
+#[derive(Debug, Clone)]
+struct Class {
+    name: String,
+    preds: Vec<Pred>,
+    /// A driver config the allocation must carry (`FromClass`).
+    config: Option<Value>,
+}
+
+/// One way to serve a request: a class, a count (or every matching device) and
+/// selectors; whether it tolerates the maintenance taint.
+#[derive(Debug, Clone)]
+struct Ask {
+    class: usize,
+    count: Count,
+    preds: Vec<Pred>,
+    tolerates: bool,
+}
+
+/// How many devices an ask takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    Exact(u64),
+    /// allocationMode All: every matching device of the node, all free, at least one.
+    All,
+}
+
+impl Ask {
+    fn new(class: usize, count: Count, preds: Vec<Pred>, tolerates: bool) -> Ask {
+        Ask {
+            class,
+            count,
+            preds,
+            tolerates,
+        }
+    }
+
+    /// Whether `gpu` may serve this ask: class and request selectors, and its taint.
+    fn accepts(&self, world: &World, gpu: &Gpu) -> bool {
+        let class = &world.classes[self.class];
+        class.preds.iter().chain(&self.preds).all(|p| p.holds(gpu))
+            && (!gpu.tainted || self.tolerates)
+    }
+}
+
+/// A request of a claim.
+#[derive(Debug, Clone)]
+enum Request {
+    Exactly {
+        name: &'static str,
+        ask: Ask,
+    },
+    FirstAvailable {
+        name: &'static str,
+        subs: Vec<(&'static str, Ask)>,
+    },
+}
+
+/// A pod's claim.
+#[derive(Debug, Clone)]
+struct Claim {
+    requests: Vec<Request>,
+    /// Every device of the claim on one NUMA node (matchAttribute).
+    same_numa: bool,
+    /// A claim config for every request (`FromClaim` in the allocation).
+    config: bool,
+}
+
+/// Everything a world holds.
+#[derive(Debug, Clone)]
+struct World {
+    index: u64,
+    seed: u64,
+    nodes: Vec<Vec<Gpu>>,
+    classes: Vec<Class>,
+    pods: Vec<Claim>,
+}
+
+const MODELS: [&str; 3] = ["a100", "h100", "l4"];
+const MEMS: [i64; 3] = [16, 40, 80];
+
+impl World {
+    fn draw(index: u64, seed: u64) -> World {
+        let mut rng = Rng(seed);
+        let nodes = (0..rng.range(2, 3))
+            .map(|_| {
+                (0..rng.range(1, 4))
+                    .map(|d| Gpu {
+                        name: format!("gpu-{d}"),
+                        model: rng.pick(&MODELS),
+                        mem_gib: rng.pick(&MEMS),
+                        numa: (rng.next() % 2) as i64,
+                        tainted: rng.next().is_multiple_of(5),
+                    })
+                    .collect()
+            })
+            .collect();
+        let classes = vec![
+            Class {
+                name: format!("w{index}-gpu"),
+                preds: Vec::new(),
+                config: Some(json!({"world": index, "sharing": "exclusive"})),
+            },
+            Class {
+                name: format!("w{index}-big"),
+                preds: vec![Pred::MemAtLeast(40)],
+                config: None,
+            },
+        ];
+        let pods = (0..rng.range(3, 8))
+            .map(|_| {
+                let class = (rng.next() % 2) as usize;
+                let tolerates = rng.next().is_multiple_of(3);
+                let config = rng.next().is_multiple_of(2);
+                let (requests, same_numa) = match rng.next() % 5 {
+                    0 => {
+                        let preds = if rng.next().is_multiple_of(2) {
+                            vec![Pred::Model(rng.pick(&MODELS))]
+                        } else {
+                            Vec::new()
+                        };
+                        let ask = Ask::new(class, Count::Exact(rng.range(1, 2)), preds, tolerates);
+                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                    }
+                    1 => {
+                        let first = Ask::new(0, Count::Exact(2), vec![Pred::Model("h100")], false);
+                        let then = Ask::new(class, Count::Exact(1), Vec::new(), tolerates);
+                        let subs = vec![("two-h100", first), ("one", then)];
+                        (vec![Request::FirstAvailable { name: "gpu", subs }], false)
+                    }
+                    2 => {
+                        let a = Ask::new(0, Count::Exact(1), Vec::new(), tolerates);
+                        let b = Ask::new(class, Count::Exact(1), Vec::new(), false);
+                        let requests = vec![
+                            Request::Exactly { name: "a", ask: a },
+                            Request::Exactly { name: "b", ask: b },
+                        ];
+                        (requests, true)
+                    }
+                    3 => {
+                        // Every matching device; tolerating the taint, so which devices
+                        // match does not hang on how upstream treats a tainted one here.
+                        let ask =
+                            Ask::new(1, Count::All, vec![Pred::Model(rng.pick(&MODELS))], true);
+                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                    }
+                    _ => {
+                        let ask = Ask::new(1, Count::Exact(1), Vec::new(), tolerates);
+                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                    }
+                };
+                Claim {
+                    requests,
+                    same_numa,
+                    config,
+                }
+            })
+            .collect();
+        World {
+            index,
+            seed,
+            nodes,
+            classes,
+            pods,
+        }
+    }
+
+    fn node_name(&self, side: Side, i: usize) -> String {
+        format!("w{}-{}-{i}", self.index, side.label())
+    }
+
+    fn namespace(&self, side: Side) -> String {
+        format!("w{}-{}", self.index, side.label())
+    }
+
+    fn label(&self, side: Side) -> String {
+        format!("w{}-{}", self.index, side.label())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "world {} (seed {:#x}):\n  nodes: {:?}\n  classes: {:?}\n  pods: {:?}",
+            self.index, self.seed, self.nodes, self.classes, self.pods
+        )
+    }
+}
+
+/// Which scheduler a copy of the world is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    KubeScheduler,
+    Gangway,
+}
+
+impl Side {
+    fn label(&self) -> &'static str {
+        match self {
+            Side::KubeScheduler => "kube",
+            Side::Gangway => "ours",
+        }
+    }
+
+    fn scheduler_name(&self) -> &'static str {
+        match self {
+            Side::KubeScheduler => "default-scheduler",
+            Side::Gangway => "gangway",
+        }
+    }
+}
+
+fn selectors(preds: &[Pred]) -> Vec<Value> {
+    preds
+        .iter()
+        .map(|p| json!({"cel": {"expression": p.cel()}}))
+        .collect()
+}
+
+fn ask_json(world: &World, ask: &Ask) -> Value {
+    let mut v = json!({"deviceClassName": world.classes[ask.class].name});
+    match ask.count {
+        Count::Exact(n) => v["count"] = json!(n),
+        Count::All => v["allocationMode"] = json!("All"),
+    }
+    if !ask.preds.is_empty() {
+        v["selectors"] = Value::Array(selectors(&ask.preds));
+    }
+    if ask.tolerates {
+        v["tolerations"] = json!([{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+    v
+}
+
+fn claim_spec(world: &World, claim: &Claim) -> Value {
+    let requests: Vec<Value> = claim
+        .requests
+        .iter()
+        .map(|r| match r {
+            Request::Exactly { name, ask } => {
+                json!({"name": name, "exactly": ask_json(world, ask)})
+            }
+            Request::FirstAvailable { name, subs } => {
+                let subs: Vec<Value> = subs
+                    .iter()
+                    .map(|(sub, ask)| {
+                        let mut v = ask_json(world, ask);
+                        v["name"] = json!(sub);
+                        v
+                    })
+                    .collect();
+                json!({"name": name, "firstAvailable": subs})
+            }
+        })
+        .collect();
+    let mut devices = json!({"requests": requests});
+    if claim.same_numa {
+        devices["constraints"] = json!([{"matchAttribute": format!("{DRIVER}/numa")}]);
+    }
+    if claim.config {
+        devices["config"] =
+            json!([{"opaque": {"driver": DRIVER, "parameters": CLAIM_CONFIG.clone()}}]);
+    }
+    json!({"devices": devices})
+}
+
+/// Creates the world's classes, then both copies of its nodes, slices, templates and pods.
+async fn create(api: &ControlPlane, world: &World) {
+    for class in &world.classes {
+        let mut preds = vec![format!("device.driver == \"{DRIVER}\"")];
+        preds.extend(class.preds.iter().map(Pred::cel));
+        let mut spec = json!({"selectors": [{"cel": {"expression": preds.join(" && ")}}]});
+        if let Some(config) = &class.config {
+            spec["config"] = json!([{"opaque": {"driver": DRIVER, "parameters": config}}]);
+        }
+        api.create(
+            &DEVICE_CLASSES,
+            json!({"metadata": {"name": class.name}, "spec": spec}),
+        )
+        .await
+        .expect("class");
+    }
+    for side in [Side::KubeScheduler, Side::Gangway] {
+        let ns = world.namespace(side);
+        api.ensure_namespace(&ns).await.expect("namespace");
+        for (i, gpus) in world.nodes.iter().enumerate() {
+            let name = world.node_name(side, i);
+            let mut node = support::objects::node(&name);
+            node["metadata"]["labels"]["diff"] = json!(world.label(side));
+            api.create(&NODES, node).await.expect("node");
+            let devices: Vec<Value> = gpus
+                .iter()
+                .map(|g| {
+                    let mut d = json!({"name": g.name, "attributes": {
+                        "model": {"string": g.model}, "memGiB": {"int": g.mem_gib}, "numa": {"int": g.numa}}});
+                    if g.tainted {
+                        d["taints"] = json!([{"key": TAINT, "value": "true", "effect": "NoSchedule"}]);
+                    }
+                    d
+                })
+                .collect();
+            api.create(
+                &RESOURCE_SLICES,
+                json!({
+                    "metadata": {"name": format!("{name}-gpus")},
+                    "spec": {"driver": DRIVER, "nodeName": name, "devices": devices,
+                             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}}
+                }),
+            )
+            .await
+            .expect("slice");
+        }
+        for (p, claim) in world.pods.iter().enumerate() {
+            api.create(
+                &RESOURCE_CLAIM_TEMPLATES,
+                json!({
+                    "metadata": {"name": format!("claim-{p}"), "namespace": ns},
+                    "spec": {"spec": claim_spec(world, claim)}
+                }),
+            )
+            .await
+            .expect("template");
+        }
+        for p in 0..world.pods.len() {
+            api.create(&PODS, json!({
+                "metadata": {"name": format!("p-{p}"), "namespace": ns},
+                "spec": {
+                    "schedulerName": side.scheduler_name(),
+                    "nodeSelector": {"diff": world.label(side)},
+                    "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "100m"}}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": format!("claim-{p}")}]
+                }
+            }))
+            .await
+            .expect("pod");
+        }
+    }
+}
+
+/// One copy's pods and claims by name, as the API server has them.
+struct Placed {
+    pods: BTreeMap<String, Value>,
+    claims: BTreeMap<String, Value>,
+}
+
+async fn read(api: &ControlPlane, ns: &str) -> Placed {
+    let by_name = |items: Vec<Value>| -> BTreeMap<String, Value> {
+        items
+            .into_iter()
+            .filter_map(|o| Some((o["metadata"]["name"].as_str()?.to_string(), o)))
+            .collect()
+    };
+    Placed {
+        pods: by_name(api.list(&PODS, Some(ns)).await.unwrap_or_default()),
+        claims: by_name(
+            api.list(&RESOURCE_CLAIMS, Some(ns))
+                .await
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+impl Placed {
+    fn bound(&self) -> usize {
+        self.pods
+            .values()
+            .filter(|p| p["spec"]["nodeName"].is_string())
+            .count()
+    }
+}
+
+/// What the validator found on one side.
+#[derive(Debug, Default)]
+struct Verdict {
+    bound: usize,
+    problems: Vec<String>,
+}
+
+/// Checks every bound pod's allocation against the world's rules (see the header).
+fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut taken: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (p, claim_def) in world.pods.iter().enumerate() {
+        let name = format!("p-{p}");
+        let Some(pod) = copy.pods.get(&name) else {
+            verdict.problems.push(format!("{name}: missing"));
+            continue;
+        };
+        let Some(node) = pod["spec"]["nodeName"].as_str() else {
+            continue;
+        };
+        verdict.bound += 1;
+        let mut problem = |what: String| verdict.problems.push(format!("{name} on {node}: {what}"));
+        let Some(i) = (0..world.nodes.len()).find(|i| world.node_name(side, *i) == node) else {
+            problem("bound to a node of another copy".into());
+            continue;
+        };
+        let gpus = &world.nodes[i];
+        let claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()
+            .unwrap_or_default();
+        let Some(claim) = copy.claims.get(claim_name) else {
+            problem(format!("claim {claim_name:?} not found"));
+            continue;
+        };
+        let allocation = &claim["status"]["allocation"];
+        if allocation.is_null() {
+            problem("bound with its claim unallocated".into());
+            continue;
+        }
+        let reserved = claim["status"]["reservedFor"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|c| c["uid"] == pod["metadata"]["uid"]));
+        if !reserved {
+            problem("claim not reserved for the pod".into());
+        }
+        let selector_nodes: Vec<&str> = allocation["nodeSelector"]["nodeSelectorTerms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|t| t["matchFields"].as_array().into_iter().flatten())
+            .filter(|f| f["key"] == "metadata.name")
+            .flat_map(|f| f["values"].as_array().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        if selector_nodes != [node] {
+            problem(format!("node selector names {selector_nodes:?}"));
+        }
+        let results: Vec<&Value> = allocation["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut numas = BTreeSet::new();
+        // Request name as results write it → the class it was served from.
+        let mut served: Vec<(String, usize)> = Vec::new();
+        for request in &claim_def.requests {
+            let (main, choices): (&str, Vec<(String, &Ask)>) = match request {
+                Request::Exactly { name, ask } => (name, vec![(name.to_string(), ask)]),
+                Request::FirstAvailable { name, subs } => (
+                    name,
+                    subs.iter()
+                        .map(|(s, a)| (format!("{name}/{s}"), a))
+                        .collect(),
+                ),
+            };
+            let mine: Vec<&&Value> = results
+                .iter()
+                .filter(|r| {
+                    let n = r["request"].as_str().unwrap_or_default();
+                    n == main || n.split('/').next() == Some(main)
+                })
+                .collect();
+            let chosen: BTreeSet<&str> =
+                mine.iter().filter_map(|r| r["request"].as_str()).collect();
+            if chosen.len() != 1 {
+                problem(format!("request {main}: results name {chosen:?}"));
+                continue;
+            }
+            let chosen_name = chosen.iter().next().copied().unwrap_or_default();
+            let Some((_, ask)) = choices.iter().find(|(n, _)| n == chosen_name) else {
+                problem(format!("request {main}: {chosen_name} is no choice of it"));
+                continue;
+            };
+            served.push((chosen_name.to_string(), ask.class));
+            let wanted = match ask.count {
+                Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                Count::All => gpus.iter().filter(|g| ask.accepts(world, g)).count(),
+            };
+            if mine.len() != wanted {
+                problem(format!(
+                    "{chosen_name}: {} devices, {wanted} asked ({:?})",
+                    mine.len(),
+                    ask.count
+                ));
+            }
+            for r in mine {
+                let device = r["device"].as_str().unwrap_or_default();
+                if r["driver"] != DRIVER || r["pool"] != node {
+                    problem(format!(
+                        "{chosen_name}: device {r} is not of the node's pool"
+                    ));
+                    continue;
+                }
+                let Some(gpu) = gpus.iter().find(|g| g.name == device) else {
+                    problem(format!("{chosen_name}: no device {device} on the node"));
+                    continue;
+                };
+                if !ask.accepts(world, gpu) {
+                    problem(format!(
+                        "{chosen_name}: {device} ({gpu:?}) does not serve {ask:?}"
+                    ));
+                }
+                numas.insert(gpu.numa);
+                if let Some(other) =
+                    taken.insert((node.to_string(), device.to_string()), name.clone())
+                {
+                    problem(format!("{device} allocated to {other} too"));
+                }
+            }
+        }
+        let mains: Vec<&str> = claim_def
+            .requests
+            .iter()
+            .map(|r| match r {
+                Request::Exactly { name, .. } | Request::FirstAvailable { name, .. } => *name,
+            })
+            .collect();
+        for r in &results {
+            let n = r["request"].as_str().unwrap_or_default();
+            if !mains.contains(&n.split('/').next().unwrap_or_default()) {
+                problem(format!(
+                    "a result for request {n:?}, which the claim does not have"
+                ));
+            }
+        }
+        if claim_def.same_numa && numas.len() > 1 {
+            problem(format!("matchAttribute numa broken: {numas:?}"));
+        }
+        let from_claim = allocation["devices"]["config"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["source"] == "FromClaim" && e["opaque"]["parameters"] == *CLAIM_CONFIG);
+        if from_claim != claim_def.config {
+            problem(format!(
+                "claim config in the allocation: {from_claim}, in the claim: {}",
+                claim_def.config
+            ));
+        }
+        for (c, class) in world.classes.iter().enumerate() {
+            let Some(config) = &class.config else {
+                continue;
+            };
+            let names: Vec<&str> = served
+                .iter()
+                .filter(|(_, k)| *k == c)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            let found = allocation["devices"]["config"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    e["source"] == "FromClass"
+                        && e["opaque"]["driver"] == DRIVER
+                        && e["opaque"]["parameters"] == *config
+                        && names.iter().all(|n| {
+                            e["requests"]
+                                .as_array()
+                                .is_some_and(|rs| rs.iter().any(|r| r == n))
+                        })
+                });
+            if !found {
+                problem(format!(
+                    "no FromClass config of {} for {names:?}: {}",
+                    class.name, allocation["devices"]["config"]
+                ));
+            }
+        }
+    }
+    verdict
+}
+
+/// Whether `claim` could be allocated on a node with these GPUs, the `free` ones only
+/// (an exhaustive search: nodes here have at most 4 GPUs).
+fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool]) -> bool {
+    let asks: Vec<Vec<&Ask>> = claim
+        .requests
+        .iter()
+        .map(|r| match r {
+            Request::Exactly { ask, .. } => vec![ask],
+            Request::FirstAvailable { subs, .. } => subs.iter().map(|(_, a)| a).collect(),
+        })
+        .collect();
+    let mut used = vec![false; gpus.len()];
+    fits_from(world, claim, gpus, free, &asks, 0, &mut used, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fits_from(
+    world: &World,
+    claim: &Claim,
+    gpus: &[Gpu],
+    free: &[bool],
+    asks: &[Vec<&Ask>],
+    request: usize,
+    used: &mut Vec<bool>,
+    numa: Option<i64>,
+) -> bool {
+    let Some(choices) = asks.get(request) else {
+        return true;
+    };
+    for ask in choices {
+        let matching: Vec<usize> = (0..gpus.len())
+            .filter(|&i| ask.accepts(world, &gpus[i]))
+            .collect();
+        let candidates: Vec<usize> = matching
+            .iter()
+            .copied()
+            .filter(|&i| free[i] && !used[i])
+            .collect();
+        let count = match ask.count {
+            Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            // All of them, every one free.
+            Count::All if !matching.is_empty() && candidates.len() == matching.len() => {
+                matching.len()
+            }
+            Count::All => continue,
+        };
+        // Every subset of `count` candidates (bit masks; at most 4 GPUs a node).
+        for mask in 0u32..(1 << candidates.len()) {
+            if mask.count_ones() as usize != count {
+                continue;
+            }
+            let picked: Vec<usize> = (0..candidates.len())
+                .filter(|b| mask & (1 << b) != 0)
+                .map(|b| candidates[b])
+                .collect();
+            let numas: BTreeSet<i64> = picked.iter().map(|&i| gpus[i].numa).chain(numa).collect();
+            if claim.same_numa && numas.len() > 1 {
+                continue;
+            }
+            let next = if claim.same_numa {
+                numas.first().copied()
+            } else {
+                None
+            };
+            for &i in &picked {
+                used[i] = true;
+            }
+            let ok = fits_from(world, claim, gpus, free, asks, request + 1, used, next);
+            for &i in &picked {
+                used[i] = false;
+            }
+            if ok {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The pods a side left unbound although their claim fits in the devices it left free
+/// on some node: a scheduler that stopped early, whatever order it placed pods in.
+fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> {
+    let mut free: Vec<Vec<bool>> = world.nodes.iter().map(|g| vec![true; g.len()]).collect();
+    for claim in copy.claims.values() {
+        for r in claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let pool = r["pool"].as_str().unwrap_or_default();
+            let Some(n) = (0..world.nodes.len()).find(|n| world.node_name(side, *n) == pool) else {
+                continue;
+            };
+            if let Some(d) = world.nodes[n]
+                .iter()
+                .position(|g| r["device"] == g.name.as_str())
+            {
+                free[n][d] = false;
+            }
+        }
+    }
+    world
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| {
+            copy.pods
+                .get(&format!("p-{p}"))
+                .is_some_and(|pod| pod["spec"]["nodeName"].is_null())
+        })
+        .filter(|(_, claim)| {
+            (0..world.nodes.len()).any(|n| fits(world, claim, &world.nodes[n], &free[n]))
+        })
+        .map(|(p, _)| format!("p-{p}"))
+        .collect()
+}
+
+/// Waits until neither side bound a pod for `SETTLE_MS` (or every pod is bound).
+async fn settle(api: &ControlPlane, world: &World) -> (Placed, Placed) {
+    let start = Instant::now();
+    let mut last = (usize::MAX, usize::MAX);
+    let mut since = Instant::now();
+    loop {
+        let kube = read(api, &world.namespace(Side::KubeScheduler)).await;
+        let ours = read(api, &world.namespace(Side::Gangway)).await;
+        let now = (kube.bound(), ours.bound());
+        let all = world.pods.len();
+        if now == (all, all) {
+            return (kube, ours);
+        }
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() > Duration::from_millis(SETTLE_MS) {
+            return (kube, ours);
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(WORLD_TIMEOUT_MS),
+            "{} did not settle: bound {now:?} of {all}",
+            world.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// A control plane running kube-scheduler, and three gangway processes (with these bug
+/// switches armed) scheduling through it.
+async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir) {
+    let mut api = ControlPlane::start(Options::default())
+        .await
+        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    api.start_kube_scheduler().expect("kube-scheduler starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, ADMIN_USER)
+        .expect("kubeconfig");
+    let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+    let mut vars = Vec::new();
+    if !failpoints.is_empty() {
+        args.push("--test-failpoints".into());
+        vars.push(("GANGWAY_TEST_FAILPOINTS".to_string(), failpoints.join(",")));
+    }
+    let cluster = Cluster::start_with(3, 2, args, vars);
+    cluster
+        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
+        .await;
+    (api, cluster, dir)
+}
+
+/// Figures over a run.
+#[derive(Debug, Default)]
+struct Totals {
+    pods: usize,
+    kube: usize,
+    gangway: usize,
+    kube_better: usize,
+    gangway_better: usize,
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One world, run on both sides.
+struct Run {
+    theirs: Verdict,
+    mine: Verdict,
+    /// Pods gangway left unbound although they fit.
+    left: Vec<String>,
+    /// Pods kube-scheduler left unbound although they fit.
+    theirs_left: Vec<String>,
+}
+
+impl Run {
+    /// What is wrong with gangway's side, if anything.
+    fn failure(&self) -> Option<String> {
+        if !self.mine.problems.is_empty() {
+            return Some(format!(
+                "invalid gangway allocations: {:#?}",
+                self.mine.problems
+            ));
+        }
+        if !self.left.is_empty() {
+            return Some(format!(
+                "gangway left {:?} unbound although their claims fit in what is free",
+                self.left
+            ));
+        }
+        None
+    }
+}
+
+async fn run(api: &ControlPlane, world: &World) -> Run {
+    create(api, world).await;
+    let (kube, ours) = settle(api, world).await;
+    Run {
+        theirs: validate(world, Side::KubeScheduler, &kube),
+        mine: validate(world, Side::Gangway, &ours),
+        left: placeable_left_over(world, Side::Gangway, &ours),
+        theirs_left: placeable_left_over(world, Side::KubeScheduler, &kube),
+    }
+}
+
+/// Runs smaller copies of a failing world (one pod fewer, then one node fewer, keeping
+/// every removal after which `fails` still answers a failure), at most
+/// `SHRINK_RUNS_MAX` runs; answers the smallest failing world and its failure. Each
+/// copy gets a fresh index from `next_index`, so its objects are new.
+async fn shrink(
+    api: &ControlPlane,
+    mut world: World,
+    mut failure: String,
+    next_index: &mut u64,
+    fails: impl Fn(&Run) -> Option<String>,
+) -> (World, String) {
+    let mut runs = 0;
+    for part in [Part::Pods, Part::Nodes] {
+        let mut i = 0;
+        while i < world.len_of(part) && world.len_of(part) > 1 && runs < SHRINK_RUNS_MAX {
+            let smaller = world.without(part, i, *next_index);
+            *next_index += 1;
+            runs += 1;
+            match fails(&run(api, &smaller).await) {
+                Some(why) => {
+                    world = smaller;
+                    failure = why;
+                }
+                None => i += 1,
+            }
+        }
+    }
+    eprintln!("shrunk in {runs} runs");
+    (world, failure)
+}
+
+/// Most worlds run while shrinking one.
+const SHRINK_RUNS_MAX: u32 = 16;
+
+/// What shrinking removes.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Pods,
+    Nodes,
+}
+
+impl World {
+    fn len_of(&self, part: Part) -> usize {
+        match part {
+            Part::Pods => self.pods.len(),
+            Part::Nodes => self.nodes.len(),
+        }
+    }
+
+    /// This world without its `i`th pod or node, under index `index`.
+    fn without(&self, part: Part, i: usize, index: u64) -> World {
+        let mut w = self.clone();
+        match part {
+            Part::Pods => {
+                w.pods.remove(i);
+            }
+            Part::Nodes => {
+                w.nodes.remove(i);
+            }
+        }
+        w.index = index;
+        for (c, class) in w.classes.iter_mut().enumerate() {
+            class.name = format!("w{index}-{}", ["gpu", "big"][c.min(1)]);
+            if let Some(config) = &mut class.config {
+                config["world"] = json!(index);
+            }
+        }
+        w
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
+    let worlds = env_u64("GANGWAY_DRA_WORLDS", WORLDS_DEFAULT);
+    let seed = env_u64("GANGWAY_DRA_SEED", SEED_DEFAULT);
+    let (api, _cluster, _dir) = start(&[]).await;
+    let mut totals = Totals::default();
+    let mut next_index = worlds;
+    for index in 0..worlds {
+        let world = World::draw(index, seed.wrapping_add(index));
+        let outcome = run(&api, &world).await;
+        eprintln!(
+            "world {index} (seed {:#x}): {} pods; kube-scheduler bound {}, gangway {}",
+            world.seed,
+            world.pods.len(),
+            outcome.theirs.bound,
+            outcome.mine.bound
+        );
+        assert!(
+            outcome.theirs.problems.is_empty(),
+            "the validator refuses kube-scheduler's allocations (a validator bug?): {:#?}\n{}",
+            outcome.theirs.problems,
+            world.describe()
+        );
+        if let Some(failure) = outcome.failure() {
+            let seed = world.seed;
+            let (small, why) = shrink(&api, world, failure, &mut next_index, Run::failure).await;
+            panic!(
+                "{why}\nsmallest failing world: {}\nrerun: GANGWAY_DRA_SEED={seed} GANGWAY_DRA_WORLDS=1",
+                small.describe()
+            );
+        }
+        if !outcome.theirs_left.is_empty() {
+            eprintln!(
+                "  kube-scheduler left {:?} unbound although they fit",
+                outcome.theirs_left
+            );
+        }
+        if outcome.theirs.bound > outcome.mine.bound {
+            // Both placed pods one by one in their own order until nothing else fit.
+            eprintln!(
+                "  kube-scheduler bound more here (placement order); seed {:#x}",
+                world.seed
+            );
+            totals.kube_better += 1;
+        } else if outcome.mine.bound > outcome.theirs.bound {
+            totals.gangway_better += 1;
+        }
+        totals.pods += world.pods.len();
+        totals.kube += outcome.theirs.bound;
+        totals.gangway += outcome.mine.bound;
+    }
+    eprintln!(
+        "{worlds} worlds from seed {seed:#x}: {} pods each side; bound by kube-scheduler {}, by gangway {}; worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
+        totals.pods, totals.kube, totals.gangway, totals.kube_better, totals.gangway_better
+    );
+}
+
+/// Three pods that all fit on two nodes of two plain GPUs: one served by the class with
+/// a config, two by the other.
+fn three_pod_world() -> World {
+    let gpu = |d: usize| Gpu {
+        name: format!("gpu-{d}"),
+        model: "a100",
+        mem_gib: 80,
+        numa: 0,
+        tainted: false,
+    };
+    let mut world = World::draw(0, SEED_DEFAULT);
+    world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
+    let claim = |class| Claim {
+        requests: vec![Request::Exactly {
+            name: "gpu",
+            ask: Ask::new(class, Count::Exact(1), Vec::new(), false),
+        }],
+        same_numa: false,
+        config: false,
+    };
+    world.pods = vec![claim(1), claim(0), claim(1)];
+    world
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_validator_catches_allocations_without_their_class_config_and_shrinks_the_world() {
+    let (api, _cluster, _dir) = start(&[gangway_server::failpoints::BINDER_DROPS_CONFIGS]).await;
+    let world = three_pod_world();
+    let outcome = run(&api, &world).await;
+    assert_eq!(outcome.theirs.problems, Vec::<String>::new());
+    let failure = outcome
+        .failure()
+        .expect("the bug switch drops every config");
+    assert!(failure.contains("no FromClass config"), "{failure}");
+    let mut next_index = 1;
+    let missing_config = |r: &Run| r.failure().filter(|f| f.contains("no FromClass config"));
+    let (small, why) = shrink(&api, world, failure, &mut next_index, missing_config).await;
+    assert!(why.contains("no FromClass config"), "{why}");
+    assert_eq!(
+        small.pods.len(),
+        1,
+        "one pod shows it: {}",
+        small.describe()
+    );
+    assert_eq!(small.nodes.len(), 1, "on one node: {}", small.describe());
+    assert!(
+        matches!(&small.pods[0].requests[0], Request::Exactly { ask, .. } if ask.class == 0),
+        "the pod of the class with a config: {}",
+        small.describe()
+    );
+}
