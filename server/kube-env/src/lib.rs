@@ -116,6 +116,8 @@ pub struct Options {
     pub controllers: Vec<String>,
     /// Users besides the admin.
     pub identities: Vec<Identity>,
+    /// Extra kube-apiserver flags (e.g. `--runtime-config` for APIs off by default).
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -126,6 +128,7 @@ impl Default for Options {
                 "garbage-collector-controller".to_string(),
             ],
             identities: Vec::new(),
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -206,7 +209,7 @@ impl ControlPlane {
         let secure_port = port()?;
         let url = format!("https://127.0.0.1:{secure_port}");
         let path = |p: &Path| p.display().to_string();
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
             format!("--secure-port={secure_port}"),
             "--bind-address=127.0.0.1".into(),
@@ -240,6 +243,7 @@ impl ControlPlane {
             "--audit-log-format=json".into(),
             "--audit-log-mode=blocking".into(),
         ];
+        apiserver_args.extend(options.apiserver_args.iter().cloned());
         processes.push(spawn(
             "kube-apiserver",
             &assets,

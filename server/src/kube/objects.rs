@@ -163,6 +163,8 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
                         ],
                     );
                     if let Some(taints) = d.get_mut("taints").and_then(Value::as_array_mut) {
+                        // `None` (informational) and effects added later have no effect.
+                        taints.retain(|t| has_effect(&t["effect"]));
                         for t in taints {
                             *t = without(t.clone(), &["timeAdded"]);
                         }
@@ -181,6 +183,12 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
     let raw: RawResourcePool =
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
     Ok(Some((node.to_string(), raw.validate()?)))
+}
+
+/// Whether a device taint's effect does something: `NoSchedule` or `NoExecute`.
+/// Kubernetes asks consumers to treat `None` and any effect they do not know as none.
+fn has_effect(effect: &Value) -> bool {
+    matches!(effect.as_str(), Some("NoSchedule" | "NoExecute"))
 }
 
 /// The slices of one node-local pool at its newest generation, merged into one
@@ -870,6 +878,20 @@ mod tests {
         let b =
             observed_pod(&sharing_pod("b", "ub", "shared"), &claims, &mut counted).expect("b read");
         assert_eq!(b.pod.devices.len(), 1);
+    }
+
+    #[test]
+    fn device_taints_without_effect_are_left_out_not_refused() {
+        let object = json!({"spec": {"nodeName": "n1", "driver": "d",
+            "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "taints": [
+                {"key": "example.com/info", "value": "x", "effect": "None"},
+                {"key": "example.com/future", "effect": "PreferNoSchedule"},
+                {"key": "example.com/ecc", "effect": "NoExecute", "timeAdded": "2026-11-26T08:00:00Z"}]}]}});
+        let (node, pool) = slice(&object).expect("valid").expect("node-local");
+        assert_eq!(node, "n1");
+        let taints: Vec<&str> = pool.devices[0].taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(taints, vec!["example.com/ecc"]);
     }
 
     #[test]
