@@ -7,7 +7,7 @@
 //! another scheduler counted, pods on NoExecute-tainted devices evicted, claim
 //! allocations carrying the class and claim configs a driver reads, a claim shared by
 //! foreign pods holding its device until the last goes, shared claims of gangway's own
-//! pods refused. Bindings
+//! pods refused, DeviceTaintRules keeping pods off and evicting holders. Bindings
 //! are counted from the API server's audit log. (A binding answered 503 is in
 //! `kube_faults.rs`, on the double: the real server cannot be made to answer so.)
 
@@ -99,6 +99,8 @@ enum Setup {
     /// The chart's ServiceAccount with the chart's ClusterRole and binding, and the
     /// chart's PodGroup CRD (scheduling.x-k8s.io only).
     Chart,
+    /// `Chart`, with `resource.k8s.io/v1beta2` (DeviceTaintRules) served.
+    ChartWithTaintRules,
 }
 
 /// The chart's ServiceAccount (namespace, name) in these tests.
@@ -164,8 +166,13 @@ async fn start_armed(
 ) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
+    let apiserver_args = match setup {
+        Setup::ChartWithTaintRules => vec!["--runtime-config=resource.k8s.io/v1beta2=true".into()],
+        _ => Vec::new(),
+    };
     let api = ControlPlane::start(Options {
         identities: vec![sa.clone()],
+        apiserver_args,
         ..Options::default()
     })
     .await
@@ -173,7 +180,7 @@ async fn start_armed(
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
     let user = match setup {
-        Setup::Chart => sa.user.as_str(),
+        Setup::Chart | Setup::ChartWithTaintRules => sa.user.as_str(),
         Setup::Admin | Setup::AdminWithoutCrds => gangway_kube_env::ADMIN_USER,
     };
     api.write_kubeconfig(&kubeconfig, user).expect("kubeconfig");
@@ -183,7 +190,7 @@ async fn start_armed(
     match setup {
         Setup::Admin => api.install_pod_group_crds().await.expect("PodGroup CRDs"),
         Setup::AdminWithoutCrds => {}
-        Setup::Chart => apply_chart(&api).await,
+        Setup::Chart | Setup::ChartWithTaintRules => apply_chart(&api).await,
     }
     api.create(&DEVICE_CLASSES, json!({
         "metadata": {"name": DRIVER},
@@ -976,6 +983,15 @@ async fn a_missing_pod_group_crd_is_reported_once_and_scheduling_goes_on() {
             warnings.len(),
             warnings.join("\n")
         );
+        // DeviceTaintRules are off by default in 1.36: said once, and not as a warning.
+        let rules: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("devicetaintrules"))
+            .collect();
+        assert!(
+            rules.len() == 1 && rules[0].contains("INFO") && rules[0].contains("not served"),
+            "replica {id} on the unserved DeviceTaintRules: {rules:#?}"
+        );
     }
 }
 
@@ -1333,6 +1349,97 @@ async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
             "{other} was not evicted"
         );
     }
+}
+
+/// Creates DeviceTaintRule `name` putting `effect` on `device` of node-000's GPUs.
+async fn create_taint_rule(api: &ControlPlane, name: &str, device: &str, effect: &str) {
+    let rule = json!({
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": "node-000", "device": device},
+                 "taint": {"key": format!("example.com/{name}"), "value": "true", "effect": effect}}
+    });
+    api.call(
+        http::Method::POST,
+        "/apis/resource.k8s.io/v1beta2/devicetaintrules",
+        "application/json",
+        Some(&rule),
+    )
+    .await
+    .expect("DeviceTaintRule");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_taint_rules_keep_pods_off_evict_holders_and_lift_when_deleted() {
+    // Under the chart's ClusterRole: it must let gangway read the rules.
+    let env = start_with(1, 2, 0, Setup::ChartWithTaintRules).await;
+    let api = &env.api;
+    api.create(&PODS, gpu_pod("held", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    let now = wait_for(
+        "the first GPU pod bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.device_of("held").is_some() && v.node_of("held").is_some(),
+    )
+    .await;
+    let (_, held) = now.device_of("held").expect("device");
+    let free = if held == "gpu-0" { "gpu-1" } else { "gpu-0" };
+
+    // NoSchedule on the free GPU: a second pod has nowhere to go.
+    create_taint_rule(api, "maintenance", free, "NoSchedule").await;
+    // The rule must be in the ledger before the pod is looked at: give the ingest a pass.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api.create(&PODS, gpu_pod("next", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    wait_for(
+        "FailedScheduling for the pod with only a tainted GPU left",
+        Duration::from_secs(30),
+        &env,
+        |v| !v.events_for("next", "FailedScheduling").is_empty(),
+    )
+    .await;
+    assert_eq!(view(api).await.node_of("next"), None);
+
+    // NoExecute on the held GPU: its pod is evicted, as a slice taint would evict it.
+    create_taint_rule(api, "ecc", &held, "NoExecute").await;
+    wait_for(
+        "the pod on the GPU a rule taints NoExecute evicted, the event naming the taint",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            v.going("held")
+                && v.events_for("held", "DeviceEviction")
+                    .iter()
+                    .any(|m| m.contains("example.com/ecc"))
+        },
+    )
+    .await;
+    finish_deletions(api, &["held".to_string()]).await;
+    assert_eq!(view(api).await.node_of("next"), None, "both GPUs tainted");
+
+    // The NoSchedule rule goes: the pod waiting gets that GPU.
+    api.call(
+        http::Method::DELETE,
+        "/apis/resource.k8s.io/v1beta2/devicetaintrules/maintenance",
+        "application/json",
+        None,
+    )
+    .await
+    .expect("delete rule");
+    let now = wait_for(
+        "the waiting pod bound once the rule is deleted",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of("next").is_some() && v.device_of("next").is_some(),
+    )
+    .await;
+    assert_eq!(
+        now.device_of("next").map(|(_, d)| d),
+        Some(free.to_string())
+    );
 }
 
 // ---- preemption ---------------------------------------------------------------------------

@@ -408,6 +408,36 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
+/// Milliseconds since the epoch of a Kubernetes timestamp (`2026-11-18T11:06:40Z`, the
+/// form `metav1.Time` takes; a fraction of a second, if any, is dropped); `None` for
+/// anything else.
+pub fn parse_rfc3339_ms(text: &str) -> Option<u64> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time.split('.').next()?;
+    let mut t = time.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hour, minute, second) = (t.next()??, t.next()??, t.next()??);
+    let valid = (1..=12).contains(&month)
+        && (1..=31).contains(&day)
+        && (0..24).contains(&hour)
+        && (0..60).contains(&minute)
+        && (0..=60).contains(&second);
+    if !valid || year < 1970 {
+        return None;
+    }
+    // Days from 1970-01-01 to a civil date (the inverse of `rfc3339`'s).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    u64::try_from(secs).ok()?.checked_mul(1_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,5 +446,25 @@ mod tests {
     fn timestamps_are_rfc3339() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40Z");
+    }
+
+    #[test]
+    fn timestamps_read_back_to_the_second() {
+        for ms in [0, 951_782_400_000, 1_795_000_000_000, 4_102_444_799_000] {
+            assert_eq!(parse_rfc3339_ms(&rfc3339(ms)), Some(ms), "{}", rfc3339(ms));
+        }
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-18T11:06:40.123456Z"),
+            Some(1_795_000_000_000)
+        );
+        for bad in [
+            "",
+            "2026-11-18",
+            "2026-13-01T00:00:00Z",
+            "2026-11-18T11:06:40+01:00",
+            "x",
+        ] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
     }
 }

@@ -33,13 +33,17 @@ pub enum Slot {
     ResourceClaims,
     /// PodDisruptionBudgets (policy/v1), which preemption respects when it can.
     PodDisruptionBudgets,
+    /// DRA DeviceTaintRules (`resource.k8s.io/v1beta2`, served only where the cluster
+    /// turned that API version on).
+    DeviceTaintRules,
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 8] = [
+pub const SLOTS: [Slot; 9] = [
     Slot::Nodes,
     Slot::PodDisruptionBudgets,
     Slot::DeviceClasses,
+    Slot::DeviceTaintRules,
     Slot::ResourceSlices,
     Slot::PodGroupsX,
     Slot::PodGroupsSigs,
@@ -69,17 +73,26 @@ impl Slot {
                 "PodDisruptionBudget",
                 "poddisruptionbudgets",
             ),
+            Slot::DeviceTaintRules => (
+                "resource.k8s.io",
+                "v1beta2",
+                "DeviceTaintRule",
+                "devicetaintrules",
+            ),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
 
-    /// Whether the cluster may lack the kind (a CRD), or gangway may lack the right to
-    /// read it (PodDisruptionBudgets, under an older ClusterRole): its absence must not
-    /// hold up the rest.
+    /// Whether the cluster may lack the kind (a CRD, an API version off by default), or
+    /// gangway may lack the right to read it (PodDisruptionBudgets, under an older
+    /// ClusterRole): its absence must not hold up the rest.
     pub fn optional(self) -> bool {
         matches!(
             self,
-            Slot::PodGroupsX | Slot::PodGroupsSigs | Slot::PodDisruptionBudgets
+            Slot::PodGroupsX
+                | Slot::PodGroupsSigs
+                | Slot::PodDisruptionBudgets
+                | Slot::DeviceTaintRules
         )
     }
 }
@@ -164,6 +177,13 @@ impl Cache {
             Some(keys) => Changes::Keys(keys),
             None => Changes::All,
         }
+    }
+
+    /// Whether `slot` has been listed once (an optional kind the cluster does not serve
+    /// never is).
+    pub fn listed(&self, slot: Slot) -> bool {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        slots.get(&slot).is_some_and(|st| st.synced)
     }
 
     /// Whether every required kind has been listed once.
@@ -283,7 +303,10 @@ pub async fn run(
             Some(Err(e)) => {
                 failures = failures.saturating_add(1);
                 let delay_ms = retry_delay_ms(failures);
-                if failures == 1 {
+                if failures == 1 && slot == Slot::DeviceTaintRules && not_served(&e) {
+                    // Off by default in Kubernetes 1.36: no rules, nothing wrong.
+                    tracing::info!(kind = %resource.plural, group = %resource.group, version = %resource.version, "not served by this API server; no device taint rules apply (asked for again with backoff)");
+                } else if failures == 1 {
                     tracing::warn!(kind = %resource.plural, group = %resource.group, error = %e, "watch failed; retrying with backoff (logged once until it recovers)");
                 } else {
                     tracing::debug!(kind = %resource.plural, group = %resource.group, error = %e, failures, delay_ms, "watch failed again");
@@ -295,6 +318,15 @@ pub async fn run(
             }
             None => return,
         }
+    }
+}
+
+/// Whether the API server answered that it does not serve the kind (404).
+fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
     }
 }
 

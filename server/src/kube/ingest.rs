@@ -2,7 +2,7 @@
 //! informers see into gangway's replicated state and reports back. Each pass:
 //! Nodes → the shard map and shard ledgers; DeviceClasses → every shard;
 //! ResourceSlices → their node's shard (a pool spanning several slices once all
-//! are there); pods bound by other schedulers → their node's observed pods (what
+//! are there); DeviceTaintRules → rule taints on the devices they pick; pods bound by other schedulers → their node's observed pods (what
 //! they take counts); pods that are gone or finished → their placements released
 //! (a queued group losing a member is cancelled, its other pods submitted again; a
 //! placed group with a Strict gang below minMember before any binding is released
@@ -39,10 +39,14 @@ use crate::kube::informer::{Cache, Changes, Key, Slot};
 use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices};
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::KubeOptions;
+use crate::ledger::command::LEDGER_BATCH_MAX;
 use crate::ledger::meta::{
     shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
+use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
+use crate::model::device::DeviceTaint;
+use crate::model::DeviceId;
 use crate::model::{DeviceClass, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
@@ -66,9 +70,10 @@ type Summaries = BTreeMap<GroupSeq, GroupSummary>;
 pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
 /// The kinds whose change sets the ingest reads (drained while it does not lead).
-const CHANGE_SLOTS: [Slot; 6] = [
+const CHANGE_SLOTS: [Slot; 7] = [
     Slot::Nodes,
     Slot::ResourceSlices,
+    Slot::DeviceTaintRules,
     Slot::Pods,
     Slot::ResourceClaims,
     Slot::PodGroupsSigs,
@@ -131,6 +136,11 @@ struct Memory {
     resync_nodes: bool,
     /// Nodes whose registration or removal failed: looked at again next pass.
     nodes_retry: BTreeSet<String>,
+    /// The rule taints the shard ledgers hold, by node and device (`None`: to be read
+    /// from them, at the start of leading and after pools or nodes changed).
+    rule_taints: Option<HashMap<(String, DeviceId), Vec<DeviceTaint>>>,
+    /// Whether the rule taints are to be worked out again.
+    taint_rules_dirty: bool,
 }
 
 /// The ingest loop's dependencies.
@@ -217,6 +227,7 @@ impl Ingest {
         self.sync_classes().await;
         self.take_slice_changes();
         self.sync_slices().await;
+        self.sync_taint_rules().await;
         self.refresh_summaries()?;
         self.take_pod_changes();
         self.take_claim_changes();
@@ -425,6 +436,7 @@ impl Ingest {
                 Ok(_) => {
                     self.memory.nodes.remove(&name);
                     self.memory.shard_of.remove(&name);
+                    self.memory.rule_taints = None;
                     self.memory.observed.remove(&name);
                 }
                 Err(e) => {
@@ -663,6 +675,8 @@ impl Ingest {
             match apply_op(&self.groups, shard, op).await {
                 Ok(_) => {
                     self.memory.pools.insert(key, generation);
+                    // Its devices may be new to the rules, or gone with their taints.
+                    self.memory.rule_taints = None;
                 }
                 Err(e) => {
                     self.warn_once(
@@ -670,6 +684,172 @@ impl Ingest {
                         &format!("ResourceSlice {name}: {}", e.message()),
                     );
                     self.memory.pools_dirty.insert(key);
+                }
+            }
+        }
+    }
+
+    /// Puts the DeviceTaintRules' taints on the devices they pick, in the devices'
+    /// shards (`SetDeviceTaints`, batched), once the rules have been listed: each
+    /// published device gets the taints of every rule that picks it (in rule name order,
+    /// each once), and a device no rule picks any more loses them. Works from what the
+    /// ledgers hold (read at the start of leading and after pools or nodes changed) and
+    /// writes only the differences; runs when a rule, pool or node changed.
+    async fn sync_taint_rules(&mut self) {
+        let changed = match self.cache.take_changes(Slot::DeviceTaintRules) {
+            Changes::All => true,
+            Changes::Keys(keys) => !keys.is_empty(),
+        };
+        if changed || self.memory.rule_taints.is_none() {
+            self.memory.taint_rules_dirty = true;
+        }
+        if !self.memory.taint_rules_dirty || !self.cache.listed(Slot::DeviceTaintRules) {
+            return;
+        }
+        if self.memory.rule_taints.is_none() {
+            match self.read_rule_taints().await {
+                Ok(held) => self.memory.rule_taints = Some(held),
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading rule taints failed; next pass");
+                    return;
+                }
+            }
+        }
+        let wanted = self.wanted_rule_taints();
+        let held = self.memory.rule_taints.clone().unwrap_or_default();
+        let mut per_shard: BTreeMap<u32, Vec<(String, DeviceId, Vec<DeviceTaint>)>> =
+            BTreeMap::new();
+        let keys: BTreeSet<&(String, DeviceId)> = wanted.keys().chain(held.keys()).collect();
+        for key in keys {
+            let want = wanted.get(key).cloned().unwrap_or_default();
+            if held.get(key).cloned().unwrap_or_default() == want {
+                continue;
+            }
+            let Some(shard) = self.memory.shard_of.get(&key.0) else {
+                continue;
+            };
+            per_shard
+                .entry(*shard)
+                .or_default()
+                .push((key.0.clone(), key.1.clone(), want));
+        }
+        self.memory.taint_rules_dirty = false;
+        for (shard, writes) in per_shard {
+            for chunk in writes.chunks(LEDGER_BATCH_MAX) {
+                self.write_rule_taints(shard, chunk).await;
+            }
+        }
+    }
+
+    /// The rule taints of every device of a published pool, from the informer's rules
+    /// and slices.
+    fn wanted_rule_taints(&mut self) -> HashMap<(String, DeviceId), Vec<DeviceTaint>> {
+        let mut rules = Vec::new();
+        for (name, object) in self.named(Slot::DeviceTaintRules) {
+            match objects::taint_rule(&object) {
+                Ok(rule) => rules.push(rule),
+                Err(e) => self.warn_once(
+                    &format!("devicetaintrule/{name}"),
+                    &format!("DeviceTaintRule {name}: {e}"),
+                ),
+            }
+        }
+        let mut wanted = HashMap::new();
+        if rules.is_empty() {
+            return wanted;
+        }
+        for ((node, driver, pool), generation) in &self.memory.pools {
+            let key = (node.clone(), driver.clone(), pool.clone());
+            for slice in self.memory.pool_slices.get(&key).into_iter().flatten() {
+                let Some(object) = self.cache.get(Slot::ResourceSlices, "", slice) else {
+                    continue;
+                };
+                if object["spec"]["pool"]["generation"].as_u64() != Some(*generation) {
+                    continue;
+                }
+                for device in object["spec"]["devices"].as_array().into_iter().flatten() {
+                    let id = DeviceId {
+                        driver: driver.clone(),
+                        pool: pool.clone(),
+                        device: device["name"].as_str().unwrap_or_default().to_string(),
+                    };
+                    let mut taints: Vec<DeviceTaint> = Vec::new();
+                    for taint in rules.iter().filter_map(|r| r.taint_for(&id)) {
+                        if !taints.contains(taint) {
+                            taints.push(taint.clone());
+                        }
+                    }
+                    if !taints.is_empty() {
+                        wanted.insert((node.clone(), id), taints);
+                    }
+                }
+            }
+        }
+        wanted
+    }
+
+    /// The rule taints every shard ledger holds now.
+    async fn read_rule_taints(
+        &self,
+    ) -> Result<HashMap<(String, DeviceId), Vec<DeviceTaint>>, String> {
+        let mut held = HashMap::new();
+        for shard in 1..=self.shards {
+            match self
+                .groups
+                .shard_query(shard, &ShardQuery::RuleTaints)
+                .await
+            {
+                Ok(ShardAnswer::RuleTaints { taints }) => {
+                    for (node, device, list) in taints {
+                        held.insert((node, device), list);
+                    }
+                }
+                Ok(other) => return Err(format!("shard {shard}: unexpected answer {other:?}")),
+                Err(e) => return Err(format!("shard {shard}: {e}")),
+            }
+        }
+        Ok(held)
+    }
+
+    /// Writes one batch of rule taints to `shard`; a refused or failed write makes the
+    /// next pass read the ledgers again.
+    async fn write_rule_taints(
+        &mut self,
+        shard: u32,
+        writes: &[(String, DeviceId, Vec<DeviceTaint>)],
+    ) {
+        let ops = writes
+            .iter()
+            .map(|(node, device, taints)| LedgerOp::SetDeviceTaints {
+                node: node.clone(),
+                device: device.clone(),
+                taints: taints.clone(),
+            })
+            .collect();
+        let replies = match apply_op(&self.groups, shard, LedgerOp::Batch { ops }).await {
+            Ok(LedgerReply::Batch { replies }) => replies,
+            Ok(other) => {
+                tracing::warn!(shard, reply = ?other, "unexpected reply setting rule taints");
+                self.memory.rule_taints = None;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(shard, error = %e.message(), "setting rule taints failed; retrying next pass");
+                self.memory.rule_taints = None;
+                return;
+            }
+        };
+        for ((node, device, taints), reply) in writes.iter().zip(replies) {
+            if let LedgerReply::Rejected { error } = reply {
+                tracing::warn!(node = %node, device = %device, error = %error, "rule taints not set; reading the ledger again next pass");
+                self.memory.rule_taints = None;
+                continue;
+            }
+            if let Some(held) = self.memory.rule_taints.as_mut() {
+                if taints.is_empty() {
+                    held.remove(&(node.clone(), device.clone()));
+                } else {
+                    held.insert((node.clone(), device.clone()), taints.clone());
                 }
             }
         }

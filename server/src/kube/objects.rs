@@ -10,7 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use crate::coordinator::budgets::DisruptionBudget;
+use crate::kube::api;
 use crate::ledger::ObservedPod;
+use crate::model::device::{DeviceTaint, DeviceTaintEffect};
+use crate::model::names::{validate_label_value, validate_qualified_name};
 use crate::model::pod::{convert_label_selector, RawLabelSelector};
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
@@ -166,7 +169,7 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
                         // `None` (informational) and effects added later have no effect.
                         taints.retain(|t| has_effect(&t["effect"]));
                         for t in taints {
-                            *t = without(t.clone(), &["timeAdded"]);
+                            *t = device_taint(t);
                         }
                     }
                     d
@@ -183,6 +186,91 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
     let raw: RawResourcePool =
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
     Ok(Some((node.to_string(), raw.validate()?)))
+}
+
+/// A device taint in the form the model reads: `timeAdded` (which tolerationSeconds
+/// count from) as milliseconds.
+fn device_taint(taint: &Value) -> Value {
+    let mut out = without(taint.clone(), &["timeAdded"]);
+    if let Some(ms) = taint["timeAdded"].as_str().and_then(api::parse_rfc3339_ms) {
+        out["timeAddedMs"] = json!(ms);
+    }
+    out
+}
+
+/// A DeviceTaintRule (`resource.k8s.io/v1beta2`): one taint for the devices its
+/// selector picks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaintRule {
+    /// The rule's name.
+    pub name: String,
+    /// Which devices; `None` (no selector) picks none, an empty one picks every device.
+    pub selector: Option<TaintSelector>,
+    /// The taint; `None` when its effect does nothing (`None`, or one gangway does not
+    /// know).
+    pub taint: Option<DeviceTaint>,
+}
+
+/// The devices a DeviceTaintRule picks: each field set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaintSelector {
+    /// Driver name.
+    pub driver: Option<String>,
+    /// Pool name.
+    pub pool: Option<String>,
+    /// Device name.
+    pub device: Option<String>,
+}
+
+impl TaintRule {
+    /// The taint this rule puts on `device`, if it picks it and its taint does anything.
+    pub fn taint_for(&self, device: &DeviceId) -> Option<&DeviceTaint> {
+        let s = self.selector.as_ref()?;
+        let matches = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        let picked = matches(&s.driver, &device.driver)
+            && matches(&s.pool, &device.pool)
+            && matches(&s.device, &device.device);
+        picked.then_some(self.taint.as_ref()).flatten()
+    }
+}
+
+/// Reads a DeviceTaintRule, naming the field at fault.
+pub fn taint_rule(object: &Value) -> Result<TaintRule, ValidationError> {
+    let spec = FieldPath::new("spec");
+    let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(String::from);
+    let selector = match &object["spec"]["deviceSelector"] {
+        Value::Null => None,
+        s => Some(TaintSelector {
+            driver: text(&s["driver"]),
+            pool: text(&s["pool"]),
+            device: text(&s["device"]),
+        }),
+    };
+    let raw = &object["spec"]["taint"];
+    let path = spec.child("taint");
+    let key = raw["key"].as_str().unwrap_or_default();
+    validate_qualified_name(&path.child("key"), key)?;
+    let value = raw["value"].as_str().unwrap_or_default();
+    validate_label_value(&path.child("value"), value)?;
+    let taint = if has_effect(&raw["effect"]) {
+        let effect = raw["effect"].as_str().unwrap_or_default();
+        Some(DeviceTaint {
+            key: key.to_string(),
+            value: value.to_string(),
+            effect: DeviceTaintEffect::parse(&path.child("effect"), effect)?,
+            time_added_ms: raw["timeAdded"].as_str().and_then(api::parse_rfc3339_ms),
+        })
+    } else {
+        None
+    };
+    Ok(TaintRule {
+        name: object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        selector,
+        taint,
+    })
 }
 
 /// Whether a device taint's effect does something: `NoSchedule` or `NoExecute`.
@@ -890,8 +978,64 @@ mod tests {
                 {"key": "example.com/ecc", "effect": "NoExecute", "timeAdded": "2026-11-26T08:00:00Z"}]}]}});
         let (node, pool) = slice(&object).expect("valid").expect("node-local");
         assert_eq!(node, "n1");
-        let taints: Vec<&str> = pool.devices[0].taints.iter().map(|t| t.key.as_str()).collect();
+        let taints: Vec<&str> = pool.devices[0]
+            .taints
+            .iter()
+            .map(|t| t.key.as_str())
+            .collect();
         assert_eq!(taints, vec!["example.com/ecc"]);
+        // tolerationSeconds count from it: without it every look would start them again.
+        assert_eq!(
+            pool.devices[0].taints[0].time_added_ms,
+            Some(1_795_680_000_000)
+        );
+    }
+
+    #[test]
+    fn taint_rules_pick_by_driver_pool_and_device_and_ignore_effects_without_effect() {
+        let rule = |selector: Value, effect: &str| {
+            let mut object = json!({"metadata": {"name": "r"}, "spec": {"taint": {
+                "key": "example.com/maintenance", "value": "planned", "effect": effect,
+                "timeAdded": "2026-11-18T11:06:40Z"}}});
+            if !selector.is_null() {
+                object["spec"]["deviceSelector"] = selector;
+            }
+            taint_rule(&object).expect("valid")
+        };
+        let gpu = |driver: &str, pool: &str, device: &str| DeviceId {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+        };
+        let a = gpu("gpu.example.com", "n1", "gpu-0");
+        let b = gpu("gpu.example.com", "n2", "gpu-0");
+        let all = rule(json!({}), "NoExecute");
+        let taint = all
+            .taint_for(&a)
+            .expect("the empty selector picks every device");
+        assert_eq!(taint.time_added_ms, Some(1_795_000_000_000));
+        assert_eq!(taint.effect, DeviceTaintEffect::NoExecute);
+        assert!(all.taint_for(&b).is_some());
+        assert!(
+            rule(Value::Null, "NoExecute").taint_for(&a).is_none(),
+            "no selector: none"
+        );
+        let one = rule(
+            json!({"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}),
+            "NoSchedule",
+        );
+        assert!(one.taint_for(&a).is_some());
+        assert!(one.taint_for(&b).is_none());
+        assert!(rule(json!({"pool": "n2"}), "NoSchedule")
+            .taint_for(&b)
+            .is_some());
+        assert!(
+            rule(json!({}), "None").taint_for(&a).is_none(),
+            "informational"
+        );
+        let bad = json!({"metadata": {"name": "r"}, "spec": {"taint": {"key": "bad key!", "effect": "NoSchedule"}}});
+        let e = taint_rule(&bad).expect_err("invalid key");
+        assert!(e.to_string().contains("spec.taint.key"), "{e}");
     }
 
     #[test]

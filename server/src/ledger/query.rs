@@ -18,6 +18,7 @@ use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
+use crate::model::device::DeviceTaint;
 use crate::model::{DeviceId, GangGroup, GangId, MemberKey, PodSpec, PodSummary};
 
 /// A read-only question to a shard.
@@ -97,6 +98,9 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+    /// The taints rules put on devices (`LedgerOp::SetDeviceTaints`), by node and
+    /// device: what a new writer of rules starts from.
+    RuleTaints,
 }
 
 /// A Kubernetes victim of a committed preemption, as the evictor needs it.
@@ -227,6 +231,11 @@ pub enum ShardAnswer {
         /// In member order.
         victims: Vec<PreemptedPod>,
     },
+    /// Rule taints, by node then device.
+    RuleTaints {
+        /// (node, device, its rule taints), only devices that have some.
+        taints: Vec<(String, DeviceId, Vec<DeviceTaint>)>,
+    },
     /// The query could not be decoded.
     Malformed {
         /// Why.
@@ -301,6 +310,16 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                     preemptor: v.preemptor.clone(),
                     since_ms: v.since_ms,
                     waiting: waiting_on(ledger, v.txn_id, &v.node),
+                })
+                .collect(),
+        },
+        ShardQuery::RuleTaints => ShardAnswer::RuleTaints {
+            taints: ledger
+                .nodes()
+                .flat_map(|e| {
+                    e.usage.devices.rule_taints.iter().map(|(device, taints)| {
+                        (e.node.name.clone(), device.clone(), taints.clone())
+                    })
                 })
                 .collect(),
         },
