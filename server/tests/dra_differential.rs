@@ -82,6 +82,9 @@ struct Gpu {
     numa: i64,
     /// Carries a NoSchedule taint (`example.com/maintenance`).
     tainted: bool,
+    /// What it consumes of its node's shared counter (`pgpu/mem`, `COUNTER_TOTAL`);
+    /// 0: nothing (a partition of one physical GPU consumes its share).
+    consumes: i64,
 }
 
 /// A condition on a device, as the validator checks it (and as CEL says it).
@@ -169,10 +172,20 @@ enum Request {
 #[derive(Debug, Clone)]
 struct Claim {
     requests: Vec<Request>,
-    /// Every device of the claim on one NUMA node (matchAttribute).
-    same_numa: bool,
+    /// How the claim's devices' NUMA nodes relate (matchAttribute, distinctAttribute).
+    numa: NumaRule,
     /// A claim config for every request (`FromClaim` in the allocation).
     config: bool,
+}
+
+/// A constraint on the NUMA attribute of a claim's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NumaRule {
+    Any,
+    /// matchAttribute: one value for all.
+    Same,
+    /// distinctAttribute: a different value each.
+    Distinct,
 }
 
 /// Everything a world holds.
@@ -186,6 +199,9 @@ struct World {
 }
 
 const MODELS: [&str; 3] = ["a100", "h100", "l4"];
+/// The shared counter of a node with a partitionable GPU: its memory, split between a
+/// whole-GPU device (all of it) and two halves.
+const COUNTER_TOTAL: i64 = 80;
 const MEMS: [i64; 3] = [16, 40, 80];
 
 impl World {
@@ -193,15 +209,18 @@ impl World {
         let mut rng = Rng(seed);
         let nodes = (0..rng.range(2, 3))
             .map(|_| {
-                (0..rng.range(1, 4))
+                let mut gpus: Vec<Gpu> = (0..rng.range(1, 4))
                     .map(|d| Gpu {
                         name: format!("gpu-{d}"),
                         model: rng.pick(&MODELS),
                         mem_gib: rng.pick(&MEMS),
                         numa: (rng.next() % 2) as i64,
                         tainted: rng.next().is_multiple_of(5),
+                        consumes: 0,
                     })
-                    .collect()
+                    .collect();
+                gpus.extend(Self::partitions(rng.next().is_multiple_of(2)));
+                gpus
             })
             .collect();
         let classes = vec![
@@ -221,7 +240,7 @@ impl World {
                 let class = (rng.next() % 2) as usize;
                 let tolerates = rng.next().is_multiple_of(3);
                 let config = rng.next().is_multiple_of(2);
-                let (requests, same_numa) = match rng.next() % 5 {
+                let (requests, numa) = match rng.next() % 5 {
                     0 => {
                         let preds = if rng.next().is_multiple_of(2) {
                             vec![Pred::Model(rng.pick(&MODELS))]
@@ -229,13 +248,16 @@ impl World {
                             Vec::new()
                         };
                         let ask = Ask::new(class, Count::Exact(rng.range(1, 2)), preds, tolerates);
-                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                        (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                     1 => {
                         let first = Ask::new(0, Count::Exact(2), vec![Pred::Model("h100")], false);
                         let then = Ask::new(class, Count::Exact(1), Vec::new(), tolerates);
                         let subs = vec![("two-h100", first), ("one", then)];
-                        (vec![Request::FirstAvailable { name: "gpu", subs }], false)
+                        (
+                            vec![Request::FirstAvailable { name: "gpu", subs }],
+                            NumaRule::Any,
+                        )
                     }
                     2 => {
                         let a = Ask::new(0, Count::Exact(1), Vec::new(), tolerates);
@@ -244,23 +266,28 @@ impl World {
                             Request::Exactly { name: "a", ask: a },
                             Request::Exactly { name: "b", ask: b },
                         ];
-                        (requests, true)
+                        let rule = if rng.next().is_multiple_of(2) {
+                            NumaRule::Same
+                        } else {
+                            NumaRule::Distinct
+                        };
+                        (requests, rule)
                     }
                     3 => {
                         // Every matching device; tolerating the taint, so which devices
                         // match does not hang on how upstream treats a tainted one here.
                         let ask =
                             Ask::new(1, Count::All, vec![Pred::Model(rng.pick(&MODELS))], true);
-                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                        (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                     _ => {
                         let ask = Ask::new(1, Count::Exact(1), Vec::new(), tolerates);
-                        (vec![Request::Exactly { name: "gpu", ask }], false)
+                        (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                 };
                 Claim {
                     requests,
-                    same_numa,
+                    numa,
                     config,
                 }
             })
@@ -272,6 +299,28 @@ impl World {
             classes,
             pods,
         }
+    }
+
+    /// A partitionable a100 (whole, or two halves on shared counters), or nothing.
+    fn partitions(present: bool) -> Vec<Gpu> {
+        if !present {
+            return Vec::new();
+        }
+        [
+            ("p-whole", COUNTER_TOTAL),
+            ("p-half-0", COUNTER_TOTAL / 2),
+            ("p-half-1", COUNTER_TOTAL / 2),
+        ]
+        .into_iter()
+        .map(|(name, share)| Gpu {
+            name: name.to_string(),
+            model: "a100",
+            mem_gib: share,
+            numa: 0,
+            tainted: false,
+            consumes: share,
+        })
+        .collect()
     }
 
     fn node_name(&self, side: Side, i: usize) -> String {
@@ -361,8 +410,14 @@ fn claim_spec(world: &World, claim: &Claim) -> Value {
         })
         .collect();
     let mut devices = json!({"requests": requests});
-    if claim.same_numa {
-        devices["constraints"] = json!([{"matchAttribute": format!("{DRIVER}/numa")}]);
+    match claim.numa {
+        NumaRule::Any => {}
+        NumaRule::Same => {
+            devices["constraints"] = json!([{"matchAttribute": format!("{DRIVER}/numa")}]);
+        }
+        NumaRule::Distinct => {
+            devices["constraints"] = json!([{"distinctAttribute": format!("{DRIVER}/numa")}]);
+        }
     }
     if claim.config {
         devices["config"] =
@@ -403,15 +458,35 @@ async fn create(api: &ControlPlane, world: &World) {
                     if g.tainted {
                         d["taints"] = json!([{"key": TAINT, "value": "true", "effect": "NoSchedule"}]);
                     }
+                    if g.consumes > 0 {
+                        d["consumesCounters"] = json!([{"counterSet": "pgpu",
+                            "counters": {"mem": {"value": g.consumes.to_string()}}}]);
+                    }
                     d
                 })
                 .collect();
+            // Counters and devices live in separate slices of the pool (resource.k8s.io/v1).
+            let counted = gpus.iter().any(|g| g.consumes > 0);
+            let slices = if counted { 2 } else { 1 };
+            let pool = json!({"name": name, "generation": 1, "resourceSliceCount": slices});
+            if counted {
+                api.create(
+                    &RESOURCE_SLICES,
+                    json!({
+                        "metadata": {"name": format!("{name}-counters")},
+                        "spec": {"driver": DRIVER, "nodeName": name, "pool": pool,
+                                 "sharedCounters": [{"name": "pgpu",
+                                     "counters": {"mem": {"value": COUNTER_TOTAL.to_string()}}}]}
+                    }),
+                )
+                .await
+                .expect("counter slice");
+            }
             api.create(
                 &RESOURCE_SLICES,
                 json!({
                     "metadata": {"name": format!("{name}-gpus")},
-                    "spec": {"driver": DRIVER, "nodeName": name, "devices": devices,
-                             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}}
+                    "spec": {"driver": DRIVER, "nodeName": name, "devices": devices, "pool": pool}
                 }),
             )
             .await
@@ -539,6 +614,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             .flatten()
             .collect();
         let mut numas = BTreeSet::new();
+        let mut numa_values = 0;
         // Request name as results write it → the class it was served from.
         let mut served: Vec<(String, usize)> = Vec::new();
         for request in &claim_def.requests {
@@ -599,6 +675,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                     ));
                 }
                 numas.insert(gpu.numa);
+                numa_values += 1;
                 if let Some(other) =
                     taken.insert((node.to_string(), device.to_string()), name.clone())
                 {
@@ -621,8 +698,13 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 ));
             }
         }
-        if claim_def.same_numa && numas.len() > 1 {
+        if claim_def.numa == NumaRule::Same && numas.len() > 1 {
             problem(format!("matchAttribute numa broken: {numas:?}"));
+        }
+        if claim_def.numa == NumaRule::Distinct && numas.len() != numa_values {
+            problem(format!(
+                "distinctAttribute numa broken: {numa_values} devices on {numas:?}"
+            ));
         }
         let from_claim = allocation["devices"]["config"]
             .as_array()
@@ -669,12 +751,27 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             }
         }
     }
+    // Shared counters: what the allocated partitions of a node consume fits its total.
+    for (n, gpus) in world.nodes.iter().enumerate() {
+        let node = world.node_name(side, n);
+        let spent: i64 = gpus
+            .iter()
+            .filter(|g| taken.contains_key(&(node.clone(), g.name.clone())))
+            .map(|g| g.consumes)
+            .sum();
+        if spent > COUNTER_TOTAL {
+            verdict.problems.push(format!(
+                "{node}: partitions consume {spent} of the shared counter's {COUNTER_TOTAL}"
+            ));
+        }
+    }
     verdict
 }
 
-/// Whether `claim` could be allocated on a node with these GPUs, the `free` ones only
-/// (an exhaustive search: nodes here have at most 4 GPUs).
-fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool]) -> bool {
+/// Whether `claim` could be allocated on a node with these GPUs, the `free` ones only,
+/// with `budget` of the shared counter left (an exhaustive search: nodes here have at
+/// most 7 devices).
+fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool], budget: i64) -> bool {
     let asks: Vec<Vec<&Ask>> = claim
         .requests
         .iter()
@@ -684,71 +781,94 @@ fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool]) -> bool {
         })
         .collect();
     let mut used = vec![false; gpus.len()];
-    fits_from(world, claim, gpus, free, &asks, 0, &mut used, None)
+    let search = Search {
+        world,
+        claim,
+        gpus,
+        free,
+        asks: &asks,
+    };
+    search.from(0, &mut used, &BTreeSet::new(), budget)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn fits_from(
-    world: &World,
-    claim: &Claim,
-    gpus: &[Gpu],
-    free: &[bool],
-    asks: &[Vec<&Ask>],
-    request: usize,
-    used: &mut Vec<bool>,
-    numa: Option<i64>,
-) -> bool {
-    let Some(choices) = asks.get(request) else {
-        return true;
-    };
-    for ask in choices {
-        let matching: Vec<usize> = (0..gpus.len())
-            .filter(|&i| ask.accepts(world, &gpus[i]))
-            .collect();
-        let candidates: Vec<usize> = matching
-            .iter()
-            .copied()
-            .filter(|&i| free[i] && !used[i])
-            .collect();
-        let count = match ask.count {
-            Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            // All of them, every one free.
-            Count::All if !matching.is_empty() && candidates.len() == matching.len() => {
-                matching.len()
-            }
-            Count::All => continue,
+/// The fixed inputs of one feasibility search.
+struct Search<'a> {
+    world: &'a World,
+    claim: &'a Claim,
+    gpus: &'a [Gpu],
+    free: &'a [bool],
+    asks: &'a [Vec<&'a Ask>],
+}
+
+impl Search<'_> {
+    /// Whether requests `request..` can be served beside the `used` devices, whose NUMA
+    /// nodes are `numas`, with `budget` of the counter left.
+    fn from(
+        &self,
+        request: usize,
+        used: &mut Vec<bool>,
+        numas: &BTreeSet<i64>,
+        budget: i64,
+    ) -> bool {
+        let Some(choices) = self.asks.get(request) else {
+            return true;
         };
-        // Every subset of `count` candidates (bit masks; at most 4 GPUs a node).
-        for mask in 0u32..(1 << candidates.len()) {
-            if mask.count_ones() as usize != count {
-                continue;
-            }
-            let picked: Vec<usize> = (0..candidates.len())
-                .filter(|b| mask & (1 << b) != 0)
-                .map(|b| candidates[b])
+        let gpus = self.gpus;
+        for ask in choices {
+            let matching: Vec<usize> = (0..gpus.len())
+                .filter(|&i| ask.accepts(self.world, &gpus[i]))
                 .collect();
-            let numas: BTreeSet<i64> = picked.iter().map(|&i| gpus[i].numa).chain(numa).collect();
-            if claim.same_numa && numas.len() > 1 {
-                continue;
-            }
-            let next = if claim.same_numa {
-                numas.first().copied()
-            } else {
-                None
+            let candidates: Vec<usize> = matching
+                .iter()
+                .copied()
+                .filter(|&i| self.free[i] && !used[i])
+                .collect();
+            let count = match ask.count {
+                Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
+                // All of them, every one free.
+                Count::All if !matching.is_empty() && candidates.len() == matching.len() => {
+                    matching.len()
+                }
+                Count::All => continue,
             };
-            for &i in &picked {
-                used[i] = true;
-            }
-            let ok = fits_from(world, claim, gpus, free, asks, request + 1, used, next);
-            for &i in &picked {
-                used[i] = false;
-            }
-            if ok {
-                return true;
+            // Every subset of `count` candidates (bit masks; at most 7 devices a node).
+            for mask in 0u32..(1 << candidates.len()) {
+                if mask.count_ones() as usize != count {
+                    continue;
+                }
+                let picked: Vec<usize> = (0..candidates.len())
+                    .filter(|b| mask & (1 << b) != 0)
+                    .map(|b| candidates[b])
+                    .collect();
+                let spent: i64 = picked.iter().map(|&i| gpus[i].consumes).sum();
+                if spent > budget {
+                    continue;
+                }
+                let values: Vec<i64> = picked.iter().map(|&i| gpus[i].numa).collect();
+                let mut all = numas.clone();
+                all.extend(values.iter().copied());
+                let fine = match self.claim.numa {
+                    NumaRule::Any => true,
+                    NumaRule::Same => all.len() <= 1,
+                    NumaRule::Distinct => all.len() == numas.len() + values.len(),
+                };
+                if !fine {
+                    continue;
+                }
+                for &i in &picked {
+                    used[i] = true;
+                }
+                let ok = self.from(request + 1, used, &all, budget - spent);
+                for &i in &picked {
+                    used[i] = false;
+                }
+                if ok {
+                    return true;
+                }
             }
         }
+        false
     }
-    false
 }
 
 /// The pods a side left unbound although their claim fits in the devices it left free
@@ -783,7 +903,21 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                 .is_some_and(|pod| pod["spec"]["nodeName"].is_null())
         })
         .filter(|(_, claim)| {
-            (0..world.nodes.len()).any(|n| fits(world, claim, &world.nodes[n], &free[n]))
+            (0..world.nodes.len()).any(|n| {
+                let spent: i64 = world.nodes[n]
+                    .iter()
+                    .zip(&free[n])
+                    .filter(|(_, free)| !**free)
+                    .map(|(g, _)| g.consumes)
+                    .sum();
+                fits(
+                    world,
+                    claim,
+                    &world.nodes[n],
+                    &free[n],
+                    COUNTER_TOTAL - spent,
+                )
+            })
         })
         .map(|(p, _)| format!("p-{p}"))
         .collect()
@@ -1035,6 +1169,7 @@ fn three_pod_world() -> World {
         mem_gib: 80,
         numa: 0,
         tainted: false,
+        consumes: 0,
     };
     let mut world = World::draw(0, SEED_DEFAULT);
     world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
@@ -1043,7 +1178,7 @@ fn three_pod_world() -> World {
             name: "gpu",
             ask: Ask::new(class, Count::Exact(1), Vec::new(), false),
         }],
-        same_numa: false,
+        numa: NumaRule::Any,
         config: false,
     };
     world.pods = vec![claim(1), claim(0), claim(1)];
