@@ -79,8 +79,13 @@ pub const BINDER_DROPS_CONFIGS: &str = "binder-drops-allocation-configs";
 /// the first goes, the devices look free while the second still uses them.
 pub const OBSERVED_CLAIMS_PER_POD: &str = "observed-claims-counted-per-pod";
 
+/// A fixed bug, back for checking the checks: the binder binds a pod as soon as its
+/// claim is allocated, without waiting for its devices' binding conditions (as it once
+/// did), so a pod may start before the driver attached its device.
+pub const BINDER_IGNORES_BINDING_CONDITIONS: &str = "binder-ignores-binding-conditions";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -97,6 +102,7 @@ pub const ALL: [&str; 16] = [
     BIND_BEFORE_VICTIMS_LEAVE,
     BINDER_DROPS_CONFIGS,
     OBSERVED_CLAIMS_PER_POD,
+    BINDER_IGNORES_BINDING_CONDITIONS,
 ];
 
 /// The armed crash points of a process.

@@ -7,7 +7,8 @@
 //! another scheduler counted, pods on NoExecute-tainted devices evicted, claim
 //! allocations carrying the class and claim configs a driver reads, a claim shared by
 //! foreign pods holding its device until the last goes, shared claims of gangway's own
-//! pods refused, DeviceTaintRules keeping pods off and evicting holders. Bindings
+//! pods refused, DeviceTaintRules keeping pods off and evicting holders, bindings
+//! waiting for the driver's binding conditions. Bindings
 //! are counted from the API server's audit log. (A binding answered 503 is in
 //! `kube_faults.rs`, on the double: the real server cannot be made to answer so.)
 
@@ -1349,6 +1350,127 @@ async fn foreign_pods_count_and_pods_on_bad_devices_are_evicted() {
             "{other} was not evicted"
         );
     }
+}
+
+/// Makes node-000's gpu-0 a device the driver must attach before a pod may be bound
+/// (binding conditions, a new slice generation).
+async fn require_attachment(api: &ControlPlane) {
+    api.update(&RESOURCE_SLICES, None, "node-000-gpus", |slice| {
+        slice["spec"]["pool"]["generation"] = json!(2);
+        if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+            for d in devices.iter_mut().filter(|d| d["name"] == "gpu-0") {
+                d["bindingConditions"] = json!(["example.com/attached"]);
+                d["bindingFailureConditions"] = json!(["example.com/attach-failed"]);
+            }
+        }
+    })
+    .await
+    .expect("binding conditions");
+}
+
+/// Acts as the driver: sets `condition` True on the device in claim `name`'s status.
+async fn report_condition(api: &ControlPlane, name: &str, condition: &str) {
+    api.update(&RESOURCE_CLAIMS, Some(NS), name, |claim| {
+        claim["status"]["devices"] = json!([{
+            "driver": DRIVER, "pool": "node-000", "device": "gpu-0",
+            "conditions": [{"type": condition, "status": "True", "reason": "Driver",
+                            "message": "", "lastTransitionTime": "2026-11-26T08:00:00Z"}]
+        }]);
+    })
+    .await
+    .expect("device status");
+}
+
+/// A pod claiming the one GPU of node-000, which needs attaching; answers its claim's
+/// name once the claim is allocated with the device's binding conditions.
+async fn pod_waiting_for_attachment(env: &Env) -> String {
+    require_attachment(&env.api).await;
+    env.api
+        .create(&PODS, gpu_pod("attach", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    let now = wait_for(
+        "the claim allocated with the device's binding conditions",
+        Duration::from_secs(60),
+        env,
+        |v| {
+            v.claim_of("attach").is_some_and(|c| {
+                c["status"]["allocation"]["devices"]["results"][0]["bindingConditions"]
+                    == json!(["example.com/attached"])
+            })
+        },
+    )
+    .await;
+    let claim = now.claim_of("attach").expect("claim");
+    claim["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_waits_for_the_drivers_conditions_and_a_failure_deallocates_the_claim() {
+    let env = start(1, 1, 0).await;
+    let claim = pod_waiting_for_attachment(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        view(&env.api).await.node_of("attach"),
+        None,
+        "not bound before attached"
+    );
+
+    // The driver fails to attach: the claim is deallocated, the pod told why.
+    report_condition(&env.api, &claim, "example.com/attach-failed").await;
+    wait_for(
+        "FailedBinding naming the failure condition, and the claim deallocated",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            v.events_for("attach", "FailedBinding")
+                .iter()
+                .any(|m| m.contains("example.com/attach-failed"))
+                && v.claims[&claim]["status"]["allocation"].is_null()
+        },
+    )
+    .await;
+    assert_eq!(view(&env.api).await.node_of("attach"), None);
+
+    // Allocated again after the back-off; attached this time: bound.
+    wait_for(
+        "the claim allocated again",
+        Duration::from_secs(30),
+        &env,
+        |v| !v.claims[&claim]["status"]["allocation"].is_null(),
+    )
+    .await;
+    report_condition(&env.api, &claim, "example.com/attached").await;
+    wait_for(
+        "the pod bound once attached",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of("attach").is_some(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_binder_that_ignores_binding_conditions() {
+    let env = start_armed(
+        1,
+        1,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::BINDER_IGNORES_BINDING_CONDITIONS],
+    )
+    .await;
+    pod_waiting_for_attachment(&env).await;
+    wait_for(
+        "the pod bound before its device is attached (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of("attach").is_some(),
+    )
+    .await;
 }
 
 /// Creates DeviceTaintRule `name` putting `effect` on `device` of node-000's GPUs.

@@ -15,8 +15,14 @@
 //! names of every request served by that class; then each config of the claim with
 //! source `FromClaim` when it names no request, or names an allocated request or the
 //! chosen sub-request (once, where upstream repeats a config once per request it names;
-//! drivers read the set). Invariants: pure (no I/O); the same inputs give the same
-//! JSON, so a retried write compares equal. Called by the binder.
+//! drivers read the set).
+//!
+//! Binding conditions: a device that publishes `bindingConditions` (a fabric-attached
+//! GPU the driver must attach first) carries them and its `bindingFailureConditions`
+//! into its result; [`binding_state`] says whether the pod may be bound yet, from the
+//! conditions the driver writes in the claim's `status.devices`. Invariants: pure (no
+//! I/O); the same inputs give the same JSON, so a retried write compares equal. Called
+//! by the binder.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +30,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use crate::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
+use crate::model::device::DeviceId;
 use crate::model::pod::TolerationOperator;
 
 /// Why no allocation can be written yet.
@@ -45,14 +52,29 @@ const FROM_CLASS: &str = "FromClass";
 const FROM_CLAIM: &str = "FromClaim";
 
 /// The allocation of `devices` (one pod claim's, on `node`) for the claim object
-/// `claim`, with the classes `class_of` answers.
+/// `claim`, with the classes `class_of` answers and the devices as their slices
+/// publish them (`device_of`, for their binding conditions).
 pub fn allocation(
     node: &str,
     claim: &Value,
     class_of: &dyn Fn(&str) -> Option<Arc<Value>>,
+    device_of: &dyn Fn(&DeviceId) -> Option<Value>,
     devices: &[&DeviceAllocation],
 ) -> Result<Value, AllocationError> {
-    let results: Vec<Value> = devices.iter().map(|d| result(d)).collect();
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            let mut r = result(d);
+            if let Some(published) = device_of(&d.device) {
+                for field in ["bindingConditions", "bindingFailureConditions"] {
+                    if published[field].as_array().is_some_and(|c| !c.is_empty()) {
+                        r[field] = published[field].clone();
+                    }
+                }
+            }
+            r
+        })
+        .collect();
     let config = configs(claim, class_of, devices)?;
     Ok(json!({
         "devices": {"results": results, "config": config},
@@ -60,6 +82,88 @@ pub fn allocation(
             {"key": "metadata.name", "operator": "In", "values": [node]}
         ]}]},
     }))
+}
+
+/// Whether a pod may be bound once its claim holds `allocation`: every binding
+/// condition of its devices must be `True` in the claim's `status.devices` (written by
+/// the driver), and no binding failure condition may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingState {
+    /// Nothing to wait for.
+    Ready,
+    /// A device's binding condition is not `True` yet.
+    Waiting {
+        /// The device (`driver/pool/device`).
+        device: String,
+        /// The condition.
+        condition: String,
+    },
+    /// A device's binding failure condition is `True`.
+    Failed {
+        /// The device (`driver/pool/device`).
+        device: String,
+        /// The condition.
+        condition: String,
+    },
+}
+
+/// Where binding stands for `allocation`, given the claim as last seen (see
+/// [`BindingState`]); failure conditions are looked at first, as upstream does.
+pub fn binding_state(allocation: &Value, claim: &Value) -> BindingState {
+    let mut waiting = None;
+    for r in allocation["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let id = format!(
+            "{}/{}/{}",
+            r["driver"].as_str().unwrap_or_default(),
+            r["pool"].as_str().unwrap_or_default(),
+            r["device"].as_str().unwrap_or_default()
+        );
+        let status = claim["status"]["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| {
+                d["driver"] == r["driver"] && d["pool"] == r["pool"] && d["device"] == r["device"]
+            });
+        let is_true = |condition: &str| {
+            status.is_some_and(|d| {
+                d["conditions"].as_array().into_iter().flatten().any(|c| {
+                    c["type"].as_str() == Some(condition) && c["status"].as_str() == Some("True")
+                })
+            })
+        };
+        let names = |field: &str| -> Vec<String> {
+            r[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        };
+        if let Some(condition) = names("bindingFailureConditions")
+            .into_iter()
+            .find(|c| is_true(c))
+        {
+            return BindingState::Failed {
+                device: id,
+                condition,
+            };
+        }
+        if waiting.is_none() {
+            if let Some(condition) = names("bindingConditions").into_iter().find(|c| !is_true(c)) {
+                waiting = Some(BindingState::Waiting {
+                    device: id,
+                    condition,
+                });
+            }
+        }
+    }
+    waiting.unwrap_or(BindingState::Ready)
 }
 
 /// One device's entry in `status.allocation.devices.results`.
@@ -261,7 +365,7 @@ mod tests {
         let classes = classes();
         let lookup = move |name: &str| classes.get(name).cloned();
         let refs: Vec<&DeviceAllocation> = devices.iter().collect();
-        let a = allocation("node-0", claim, &lookup, &refs)?;
+        let a = allocation("node-0", claim, &lookup, &|_| None, &refs)?;
         Ok(a["devices"]["config"]
             .as_array()
             .cloned()
@@ -387,7 +491,7 @@ mod tests {
             {"name": "a", "exactly": {"deviceClassName": "plain"}}]}}});
         let classes = classes();
         let lookup = move |name: &str| classes.get(name).cloned();
-        let a = allocation("node-7", &claim, &lookup, &[&d]).expect("allocation");
+        let a = allocation("node-7", &claim, &lookup, &|_| None, &[&d]).expect("allocation");
         assert_eq!(
             a["devices"]["results"][0],
             json!({"request": "a", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0",
@@ -404,6 +508,70 @@ mod tests {
             json!(["node-7"])
         );
         assert_eq!(a["devices"]["config"], json!([]));
+    }
+
+    #[test]
+    fn binding_waits_for_every_condition_and_fails_on_any_failure_condition() {
+        let claim = json!({"spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "plain", "count": 2}}]}}});
+        let classes = classes();
+        let lookup = move |name: &str| classes.get(name).cloned();
+        let published = |id: &DeviceId| {
+            (id.device == "gpu-0").then(|| {
+                json!({"name": "gpu-0", "bindingConditions": ["attached", "ready"],
+                       "bindingFailureConditions": ["failed"]})
+            })
+        };
+        let (d0, d1) = (device("a", "gpu-0"), device("a", "gpu-1"));
+        let a = allocation("node-0", &claim, &lookup, &published, &[&d0, &d1]).expect("ok");
+        let results = &a["devices"]["results"];
+        assert_eq!(
+            results[0]["bindingConditions"],
+            json!(["attached", "ready"])
+        );
+        assert_eq!(results[0]["bindingFailureConditions"], json!(["failed"]));
+        assert!(results[1].get("bindingConditions").is_none());
+        let with = |conditions: Value| {
+            let mut c = claim.clone();
+            c["status"]["devices"] = json!([{"driver": "gpu.example.com", "pool": "node-0",
+                                             "device": "gpu-0", "conditions": conditions}]);
+            binding_state(&a, &c)
+        };
+        let id = "gpu.example.com/node-0/gpu-0".to_string();
+        assert_eq!(
+            binding_state(&a, &claim),
+            BindingState::Waiting {
+                device: id.clone(),
+                condition: "attached".into()
+            }
+        );
+        assert_eq!(
+            with(
+                json!([{"type": "attached", "status": "True"}, {"type": "ready", "status": "False"}])
+            ),
+            BindingState::Waiting {
+                device: id.clone(),
+                condition: "ready".into()
+            }
+        );
+        assert_eq!(
+            with(
+                json!([{"type": "attached", "status": "True"}, {"type": "ready", "status": "True"}])
+            ),
+            BindingState::Ready
+        );
+        assert_eq!(
+            with(
+                json!([{"type": "attached", "status": "True"}, {"type": "ready", "status": "True"},
+                        {"type": "failed", "status": "True"}])
+            ),
+            BindingState::Failed {
+                device: id,
+                condition: "failed".into()
+            }
+        );
+        let plain = allocation("node-0", &claim, &lookup, &|_| None, &[&d1]).expect("ok");
+        assert_eq!(binding_state(&plain, &claim), BindingState::Ready);
     }
 
     #[test]

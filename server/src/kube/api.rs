@@ -255,6 +255,64 @@ pub async fn write_claim(
     }))
 }
 
+/// Takes `pod` out of claim `name`'s `reservedFor` and, when no other consumer is left,
+/// deallocates it (allocation and the driver's `status.devices` cleared, so the driver
+/// starts afresh), re-reading on a 409. A claim already gone or unallocated is fine.
+pub async fn clear_claim(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    pod: &PodRef,
+) -> Result<(), ApiError> {
+    let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+    let mut last = None;
+    for _ in 0..CLAIM_WRITE_ATTEMPTS_MAX {
+        let Some(mut claim) = get(client, &path).await? else {
+            return Ok(());
+        };
+        let status = &mut claim["status"];
+        if status["allocation"].is_null() {
+            return Ok(());
+        }
+        let consumers: Vec<Value> = status["reservedFor"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["uid"].as_str() != Some(pod.uid.as_str()))
+            .cloned()
+            .collect();
+        if consumers.is_empty() {
+            if let Some(fields) = status.as_object_mut() {
+                fields.remove("allocation");
+                fields.remove("devices");
+                fields.remove("reservedFor");
+            }
+        } else {
+            status["reservedFor"] = Value::Array(consumers);
+        }
+        claim["apiVersion"] = json!("resource.k8s.io/v1");
+        claim["kind"] = json!("ResourceClaim");
+        match call(
+            client,
+            Method::PUT,
+            &format!("{path}/status"),
+            JSON,
+            Some(&claim),
+        )
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == Some(409) => last = Some(e),
+            Err(e) if e.code() == Some(404) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(ApiError::Build {
+        path,
+        reason: "no attempt made".into(),
+    }))
+}
+
 /// Whether `claim` holds `allocation` and is reserved for `pod`.
 fn claim_written(claim: &Value, allocation: &Value, pod: &PodRef) -> bool {
     let status = &claim["status"];

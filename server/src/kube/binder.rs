@@ -1,5 +1,7 @@
 //! The binder: on every replica, for each shard it leads, binds the shard's
-//! committed Kubernetes pods: the ResourceClaim allocations first, then
+//! committed Kubernetes pods: the ResourceClaim allocations first (and, for devices
+//! with binding conditions, the driver's word that they hold: a failure or a wait past
+//! `BINDING_CONDITIONS_TIMEOUT_MS` deallocates the claim and tries again later), then
 //! `pods/binding` with the pod's uid as precondition, then records the binding in
 //! the shard's log (`BindConfirmed`, batched). A new leader finds the committed but
 //! unconfirmed members in its ledger and binds them again; the API server's 409
@@ -17,7 +19,7 @@ use tokio::task::JoinSet;
 
 use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::failpoints;
-use crate::kube::allocation;
+use crate::kube::allocation::{self, BindingState};
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
@@ -25,7 +27,7 @@ use crate::kube::KubeOptions;
 use crate::ledger::command::LEDGER_BATCH_MAX;
 use crate::ledger::query::{ShardAnswer, ShardQuery, UnboundMember};
 use crate::ledger::LedgerOp;
-use crate::model::MemberKey;
+use crate::model::{DeviceId, MemberKey};
 use crate::replicated::{now_ms, Groups};
 
 /// Period of the binder's look at its shards, in ms.
@@ -40,6 +42,58 @@ pub const BIND_RETRY_MS: u64 = 1_000;
 pub const CONFLICTS_REMEMBERED_MAX: usize = 10_000;
 /// Results queued between binding tasks and the loop.
 pub const BIND_RESULTS_QUEUED_MAX: usize = 4_096;
+/// Longest wait for a device's binding conditions, in ms (upstream's default binding
+/// timeout, 600 s); past it the binding has failed.
+pub const BINDING_CONDITIONS_TIMEOUT_MS: u64 = 600_000;
+/// Wait after a failed binding (claim deallocated) before it is tried again, in ms.
+pub const BINDING_FAILURE_BACKOFF_MS: u64 = 5_000;
+/// Members remembered as waiting for binding conditions or backing off after a failure;
+/// past it the memory starts over (a wait then counts from its next look).
+pub const BINDING_WAITS_MAX: usize = 10_000;
+
+/// Members waiting for their devices' binding conditions, and those backing off after
+/// a failed binding. Kept by the replica binding them: a new shard leader starts the
+/// waits again.
+#[derive(Default)]
+struct BindingWaits {
+    since: HashMap<MemberKey, Instant>,
+    failed: HashMap<MemberKey, Instant>,
+}
+
+impl BindingWaits {
+    /// Whether `member` still backs off after a failure.
+    fn backing_off(&mut self, member: &MemberKey) -> bool {
+        let now = Instant::now();
+        self.failed.retain(|_, at| {
+            now.duration_since(*at) < Duration::from_millis(BINDING_FAILURE_BACKOFF_MS)
+        });
+        self.failed.contains_key(member)
+    }
+
+    /// Records that `member` waits; false once it has waited past the timeout.
+    fn wait(&mut self, member: &MemberKey) -> bool {
+        if self.since.len() >= BINDING_WAITS_MAX {
+            self.since.clear();
+        }
+        let since = *self
+            .since
+            .entry(member.clone())
+            .or_insert_with(Instant::now);
+        since.elapsed() < Duration::from_millis(BINDING_CONDITIONS_TIMEOUT_MS)
+    }
+
+    fn failed(&mut self, member: &MemberKey) {
+        self.since.remove(member);
+        if self.failed.len() >= BINDING_WAITS_MAX {
+            self.failed.clear();
+        }
+        self.failed.insert(member.clone(), Instant::now());
+    }
+
+    fn done(&mut self, member: &MemberKey) {
+        self.since.remove(member);
+    }
+}
 
 /// How one member's binding ended.
 #[derive(Debug)]
@@ -87,6 +141,8 @@ struct Ctx {
     slots: Semaphore,
     /// Pods found bound elsewhere, with the node: reported once each.
     conflicts: std::sync::Mutex<HashMap<PodRef, String>>,
+    /// Members waiting for binding conditions or backing off after a failure.
+    binding: std::sync::Mutex<BindingWaits>,
 }
 
 /// Runs the binder until `stop` fires.
@@ -104,6 +160,7 @@ pub async fn run(
         pacer: Pacer::new(opts.bind_qps),
         slots: Semaphore::new(opts.bind_concurrency.max(1)),
         conflicts: std::sync::Mutex::new(HashMap::new()),
+        binding: std::sync::Mutex::new(BindingWaits::default()),
         opts,
     });
     let (tx, mut rx) = mpsc::channel::<Done>(BIND_RESULTS_QUEUED_MAX);
@@ -260,6 +317,9 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
     if object["spec"]["nodeName"].as_str() == Some(m.node.as_str()) {
         return Ok(true);
     }
+    if ctx.waits().backing_off(&m.member) {
+        return Ok(false);
+    }
     let _slot = ctx.slots.acquire().await;
     let _timer = PhaseTimer::start(Phase::Bind);
     let mut claims: BTreeMap<&str, Vec<&crate::model::DeviceAllocation>> = BTreeMap::new();
@@ -280,7 +340,10 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
             return Ok(false);
         };
         let class_of = |class: &str| ctx.cache.get(Slot::DeviceClasses, "", class);
-        let allocation = match allocation::allocation(&m.node, &cached, &class_of, &devices) {
+        let device_of = |id: &DeviceId| published_device(&ctx.cache, id);
+        let allocation = match allocation::allocation(
+            &m.node, &cached, &class_of, &device_of, &devices,
+        ) {
             Ok(mut allocation) => {
                 if ctx.opts.failpoints.armed(failpoints::BINDER_DROPS_CONFIGS) {
                     allocation["devices"]["config"] = Value::Array(Vec::new());
@@ -310,7 +373,42 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
                 return Ok(false);
             }
         }
+        // The driver's conditions, as far as this replica's informer has seen them.
+        let seen = ctx
+            .cache
+            .get(Slot::ResourceClaims, &pod.namespace, &object_name)
+            .unwrap_or(cached);
+        let state = if ctx
+            .opts
+            .failpoints
+            .armed(failpoints::BINDER_IGNORES_BINDING_CONDITIONS)
+        {
+            BindingState::Ready
+        } else {
+            allocation::binding_state(&allocation, &seen)
+        };
+        match state {
+            BindingState::Ready => {}
+            BindingState::Waiting { device, condition } => {
+                if ctx.waits().wait(&m.member) {
+                    tracing::debug!(pod = %pod, device, condition, "waiting for a binding condition");
+                    return Ok(false);
+                }
+                let why = format!(
+                    "binding condition {condition} of device {device} not True after {} s",
+                    BINDING_CONDITIONS_TIMEOUT_MS / 1_000
+                );
+                fail_binding(ctx, &pod, &object_name, &m.member, &why).await?;
+                return Ok(false);
+            }
+            BindingState::Failed { device, condition } => {
+                let why = format!("device {device} reports binding failure condition {condition}");
+                fail_binding(ctx, &pod, &object_name, &m.member, &why).await?;
+                return Ok(false);
+            }
+        }
     }
+    ctx.waits().done(&m.member);
     ctx.pacer.wait().await;
     match api::bind(&ctx.client, &pod, &m.node).await? {
         BindOutcome::Bound => ctx.opts.failpoints.hit(failpoints::BINDER_AFTER_BIND),
@@ -338,6 +436,66 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
         tracing::debug!(pod = %pod, error = %e, "Scheduled event not recorded");
     }
     Ok(true)
+}
+
+impl Ctx {
+    fn waits(&self) -> std::sync::MutexGuard<'_, BindingWaits> {
+        self.binding.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The device `id` as its ResourceSlice publishes it (a scan of the informer's slices:
+/// asked only while binding pods with devices).
+fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
+    cache.read(Slot::ResourceSlices, |slices| {
+        slices.values().find_map(|slice| {
+            let spec = &slice["spec"];
+            if spec["driver"].as_str() != Some(id.driver.as_str())
+                || spec["pool"]["name"].as_str() != Some(id.pool.as_str())
+            {
+                return None;
+            }
+            spec["devices"]
+                .as_array()?
+                .iter()
+                .find(|d| d["name"].as_str() == Some(id.device.as_str()))
+                .cloned()
+        })
+    })
+}
+
+/// A binding that failed its devices' conditions (or waited past the timeout), as
+/// upstream's scheduler handles it: the claim is deallocated (the driver starts afresh)
+/// and a Warning event says why; the member stays placed and is tried again after
+/// `BINDING_FAILURE_BACKOFF_MS`, on the same devices.
+async fn fail_binding(
+    ctx: &Ctx,
+    pod: &PodRef,
+    claim: &str,
+    member: &MemberKey,
+    why: &str,
+) -> Result<(), api::ApiError> {
+    ctx.waits().failed(member);
+    tracing::warn!(pod = %pod, claim, reason = why, "binding failed; claim deallocated, trying again later");
+    api::clear_claim(&ctx.client, &pod.namespace, claim, pod).await?;
+    let message = format!(
+        "{why}; ResourceClaim {claim} deallocated, binding tried again in {} s",
+        BINDING_FAILURE_BACKOFF_MS / 1_000
+    );
+    if let Err(e) = api::pod_event(
+        &ctx.client,
+        &ctx.opts.scheduler_name,
+        pod,
+        EventType::Warning,
+        "FailedBinding",
+        &message,
+        &api::rfc3339(now_ms()),
+    )
+    .await
+    {
+        tracing::debug!(pod = %pod, error = %e, "FailedBinding event not recorded");
+    }
+    Ok(())
 }
 
 /// Logs a pod bound to another node than the ledger's, once per pod and node (the
