@@ -92,6 +92,16 @@ struct Gpu {
 enum Pred {
     Model(&'static str),
     MemAtLeast(i64),
+    /// A selector that fails at run time on every device: a misspelt attribute (no such
+    /// key) or a string compared with a number. Never true.
+    Broken(Mistake),
+}
+
+/// How a broken selector is wrong.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mistake {
+    MisspeltAttribute,
+    WrongType,
 }
 
 impl Pred {
@@ -99,6 +109,12 @@ impl Pred {
         match self {
             Pred::Model(m) => format!("device.attributes[\"{DRIVER}\"].model == \"{m}\""),
             Pred::MemAtLeast(g) => format!("device.attributes[\"{DRIVER}\"].memGiB >= {g}"),
+            Pred::Broken(Mistake::MisspeltAttribute) => {
+                format!("device.attributes[\"{DRIVER}\"].modle == \"a100\"")
+            }
+            Pred::Broken(Mistake::WrongType) => {
+                format!("device.attributes[\"{DRIVER}\"].model == 80")
+            }
         }
     }
 
@@ -106,6 +122,7 @@ impl Pred {
         match self {
             Pred::Model(m) => gpu.model == *m,
             Pred::MemAtLeast(g) => gpu.mem_gib >= *g,
+            Pred::Broken(_) => false,
         }
     }
 }
@@ -178,6 +195,20 @@ struct Claim {
     config: bool,
 }
 
+impl Claim {
+    /// Whether a selector the allocator must evaluate fails at run time: an exact
+    /// request's, or a firstAvailable request's first choice (always tried). Such a claim
+    /// cannot be allocated: the error aborts the allocation (upstream's allocator, and
+    /// gangway's), it does not fall through to the next choice.
+    fn breaks(&self) -> bool {
+        let broken = |ask: &Ask| ask.preds.iter().any(|p| matches!(p, Pred::Broken(_)));
+        self.requests.iter().any(|r| match r {
+            Request::Exactly { ask, .. } => broken(ask),
+            Request::FirstAvailable { subs, .. } => subs.first().is_some_and(|(_, a)| broken(a)),
+        })
+    }
+}
+
 /// A constraint on the NUMA attribute of a claim's devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum NumaRule {
@@ -243,7 +274,11 @@ impl World {
                 let (requests, numa) = match rng.next() % 5 {
                     0 => {
                         let preds = if rng.next().is_multiple_of(2) {
-                            vec![Pred::Model(rng.pick(&MODELS))]
+                            match rng.next() % 8 {
+                                0 => vec![Pred::Broken(Mistake::MisspeltAttribute)],
+                                1 => vec![Pred::Broken(Mistake::WrongType)],
+                                _ => vec![Pred::Model(rng.pick(&MODELS))],
+                            }
                         } else {
                             Vec::new()
                         };
@@ -251,7 +286,13 @@ impl World {
                         (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                     1 => {
-                        let first = Ask::new(0, Count::Exact(2), vec![Pred::Model("h100")], false);
+                        // Now and then the first choice's selector fails at run time.
+                        let pred = if rng.next().is_multiple_of(6) {
+                            Pred::Broken(Mistake::MisspeltAttribute)
+                        } else {
+                            Pred::Model("h100")
+                        };
+                        let first = Ask::new(0, Count::Exact(2), vec![pred], false);
                         let then = Ask::new(class, Count::Exact(1), Vec::new(), tolerates);
                         let subs = vec![("two-h100", first), ("one", then)];
                         (
@@ -590,6 +631,9 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             problem("bound with its claim unallocated".into());
             continue;
         }
+        if claim_def.breaks() {
+            problem("allocated although a selector it must evaluate fails at run time".into());
+        }
         let reserved = claim["status"]["reservedFor"]
             .as_array()
             .is_some_and(|r| r.iter().any(|c| c["uid"] == pod["metadata"]["uid"]));
@@ -772,6 +816,9 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
 /// with `budget` of the shared counter left (an exhaustive search: nodes here have at
 /// most 7 devices).
 fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool], budget: i64) -> bool {
+    if claim.breaks() {
+        return false;
+    }
     let asks: Vec<Vec<&Ask>> = claim
         .requests
         .iter()
@@ -1013,8 +1060,8 @@ impl Run {
         }
         if !self.left.is_empty() {
             return Some(format!(
-                "gangway left {:?} unbound although their claims fit in what is free",
-                self.left
+                "gangway left {:?} unbound although their claims fit in what is free (kube-scheduler bound {} and left {:?} so)",
+                self.left, self.theirs.bound, self.theirs_left
             ));
         }
         None
