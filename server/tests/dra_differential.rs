@@ -1,26 +1,31 @@
 //! DRA allocation, gangway against kube-scheduler, on one real control plane.
 //!
-//! Each world (drawn from a seed) is a few nodes with one ResourceSlice each (GPUs with
-//! a model, a memory size and a NUMA node), two DeviceClasses (one with a driver config,
-//! one selecting big GPUs) and pods with one claim each, from their own
-//! ResourceClaimTemplate: an exact count with or without a model selector, a
-//! firstAvailable choice, or two requests that must share a NUMA node. The world is
-//! created twice, on two sets of nodes (labels keep the copies apart): once for
-//! kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three `gangway
-//! serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator written
-//! from the `resource.k8s.io/v1` rules (not from either allocator) checks both sides:
-//! every allocation names devices of the pod's node that exist, match the class and
-//! request selectors, number what the request asks, share the constrained attribute,
-//! carry the class's config (`FromClass`, naming the requests it served) and are
-//! reserved for the pod; no device is allocated twice. Then gangway must have left no pod
-//! unbound whose claim fits in the devices it left free (an exhaustive search over the
-//! small nodes): both place pods one at a time, in their own order, so either may end
-//! with more pods bound in a world, and the run reports how often each did.
-//! kube-scheduler's side checks the validator itself. A failing world prints its seed
-//! and its definition.
+//! Each world (drawn from a seed) is a few nodes, each with a pool of GPUs (a model, a
+//! memory size, a NUMA node, sometimes a NoSchedule taint) and, on half of them, a
+//! partitionable GPU (a whole device and two halves on one shared counter, in a second
+//! slice of the pool); two DeviceClasses (one with a driver config, one selecting big
+//! GPUs); and pods with one claim each, from their own ResourceClaimTemplate: an exact
+//! count with or without a model selector, a firstAvailable choice, two requests on one
+//! NUMA node or on different ones, or every matching GPU (`allocationMode: All`); some
+//! requests tolerate the taint, some claims carry a config, a few selectors fail at run
+//! time. The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
+//! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
+//! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
+//! sides: every allocation names devices of the pod's node that exist, match the class
+//! and request selectors and tolerate the taints, number what the request asks (every
+//! matching one for All), keep the NUMA constraint and the shared counter, carry the
+//! class's config (`FromClass`, naming the requests it served) and the claim's
+//! (`FromClaim`), and are reserved for the pod; no device is allocated twice; no claim
+//! whose selectors fail at run time is allocated (the error aborts the allocation).
+//! Then gangway must have left no pod unbound whose claim fits in the devices it left
+//! free (an exhaustive search over the small nodes): both place pods one at a time, in
+//! their own order, so either may end with more pods bound in a world, and the run
+//! reports how often each did. kube-scheduler's side checks the validator itself. A
+//! failing world is shrunk (pods, then nodes) and printed with its seed.
 //!
-//! `GANGWAY_DRA_WORLDS` (default 3) and `GANGWAY_DRA_SEED` set the run; the longer run
-//! in docs/BENCHMARKS.md uses more worlds.
+//! `GANGWAY_DRA_WORLDS` (default 3) and `GANGWAY_DRA_SEED` set the run; the longer runs
+//! in docs/BENCHMARKS.md use more worlds.
 
 mod support;
 

@@ -444,23 +444,30 @@ impl Ctx {
     }
 }
 
-/// The device `id` as its ResourceSlice publishes it (a scan of the informer's slices:
-/// asked only while binding pods with devices).
+/// The device `id` as the newest generation of its pool publishes it (a scan of the
+/// informer's slices: asked only while binding pods with devices).
 fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
     cache.read(Slot::ResourceSlices, |slices| {
-        slices.values().find_map(|slice| {
-            let spec = &slice["spec"];
-            if spec["driver"].as_str() != Some(id.driver.as_str())
-                || spec["pool"]["name"].as_str() != Some(id.pool.as_str())
-            {
-                return None;
-            }
-            spec["devices"]
-                .as_array()?
-                .iter()
-                .find(|d| d["name"].as_str() == Some(id.device.as_str()))
-                .cloned()
-        })
+        slices
+            .values()
+            .filter_map(|slice| {
+                let spec = &slice["spec"];
+                if spec["driver"].as_str() != Some(id.driver.as_str())
+                    || spec["pool"]["name"].as_str() != Some(id.pool.as_str())
+                {
+                    return None;
+                }
+                let device = spec["devices"]
+                    .as_array()?
+                    .iter()
+                    .find(|d| d["name"].as_str() == Some(id.device.as_str()))?;
+                Some((
+                    spec["pool"]["generation"].as_u64().unwrap_or(0),
+                    device.clone(),
+                ))
+            })
+            .max_by_key(|(generation, _)| *generation)
+            .map(|(_, device)| device)
     })
 }
 

@@ -2,8 +2,9 @@
 //! informers see into gangway's replicated state and reports back. Each pass:
 //! Nodes → the shard map and shard ledgers; DeviceClasses → every shard;
 //! ResourceSlices → their node's shard (a pool spanning several slices once all
-//! are there); DeviceTaintRules → rule taints on the devices they pick; pods bound by other schedulers → their node's observed pods (what
-//! they take counts); pods that are gone or finished → their placements released
+//! are there); DeviceTaintRules → rule taints on the devices they pick; pods bound
+//! by other schedulers → their node's observed pods (what they take counts; a claim
+//! several share counted once); pods that are gone or finished → their placements released
 //! (a queued group losing a member is cancelled, its other pods submitted again; a
 //! placed group with a Strict gang below minMember before any binding is released
 //! whole); pending pods of our scheduler → gang groups in the meta queue (batched);
@@ -46,8 +47,7 @@ use crate::ledger::meta::{
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
 use crate::model::device::DeviceTaint;
-use crate::model::DeviceId;
-use crate::model::{DeviceClass, GangId, GangMode, MemberKey, Node};
+use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
 /// Longest gap between passes, in ms, when neither the informers nor the meta group
