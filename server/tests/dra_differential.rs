@@ -6,7 +6,8 @@
 //! slice of the pool); two DeviceClasses (one with a driver config, one selecting big
 //! GPUs); and pods with one claim each, from their own ResourceClaimTemplate: an exact
 //! count with or without a model selector, a firstAvailable choice, two requests on one
-//! NUMA node or on different ones, or every matching GPU (`allocationMode: All`); some
+//! NUMA node or on different ones, every matching GPU (`allocationMode: All`), or admin
+//! access to one GPU (a monitoring agent: the device may be in use and stays free); some
 //! requests tolerate the taint, some claims carry a config, a few selectors fail at run
 //! time. The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
@@ -149,6 +150,8 @@ struct Ask {
     count: Count,
     preds: Vec<Pred>,
     tolerates: bool,
+    /// Admin access: the device is watched, not taken (it may be in use, and stays free).
+    admin: bool,
 }
 
 /// How many devices an ask takes.
@@ -166,6 +169,7 @@ impl Ask {
             count,
             preds,
             tolerates,
+            admin: false,
         }
     }
 
@@ -276,7 +280,7 @@ impl World {
                 let class = (rng.next() % 2) as usize;
                 let tolerates = rng.next().is_multiple_of(3);
                 let config = rng.next().is_multiple_of(2);
-                let (requests, numa) = match rng.next() % 5 {
+                let (requests, numa) = match rng.next() % 6 {
                     0 => {
                         let preds = if rng.next().is_multiple_of(2) {
                             match rng.next() % 8 {
@@ -324,6 +328,12 @@ impl World {
                         // match does not hang on how upstream treats a tainted one here.
                         let ask =
                             Ask::new(1, Count::All, vec![Pred::Model(rng.pick(&MODELS))], true);
+                        (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
+                    }
+                    4 => {
+                        // A monitoring agent: admin access to one GPU, in use or not.
+                        let mut ask = Ask::new(0, Count::Exact(1), Vec::new(), tolerates);
+                        ask.admin = true;
                         (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                     _ => {
@@ -431,6 +441,9 @@ fn ask_json(world: &World, ask: &Ask) -> Value {
     if ask.tolerates {
         v["tolerations"] = json!([{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}]);
     }
+    if ask.admin {
+        v["adminAccess"] = json!(true);
+    }
     v
 }
 
@@ -490,7 +503,18 @@ async fn create(api: &ControlPlane, world: &World) {
     }
     for side in [Side::KubeScheduler, Side::Gangway] {
         let ns = world.namespace(side);
-        api.ensure_namespace(&ns).await.expect("namespace");
+        // Admin access is allowed only in namespaces labelled for it (API admission).
+        api.call(
+            http::Method::POST,
+            "/api/v1/namespaces",
+            "application/json",
+            Some(
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns,
+                "labels": {"resource.kubernetes.io/admin-access": "true"}}}),
+            ),
+        )
+        .await
+        .expect("namespace");
         for (i, gpus) in world.nodes.iter().enumerate() {
             let name = world.node_name(side, i);
             let mut node = support::objects::node(&name);
@@ -725,6 +749,16 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 }
                 numas.insert(gpu.numa);
                 numa_values += 1;
+                if ask.admin != (r["adminAccess"] == true) {
+                    problem(format!(
+                        "{chosen_name}: adminAccess in the result {}",
+                        r["adminAccess"]
+                    ));
+                }
+                if ask.admin {
+                    // Watched, not taken: in use by others or not, and it stays free.
+                    continue;
+                }
                 if let Some(other) =
                     taken.insert((node.to_string(), device.to_string()), name.clone())
                 {
@@ -873,7 +907,7 @@ impl Search<'_> {
             let candidates: Vec<usize> = matching
                 .iter()
                 .copied()
-                .filter(|&i| self.free[i] && !used[i])
+                .filter(|&i| (ask.admin || self.free[i]) && !used[i])
                 .collect();
             let count = match ask.count {
                 Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -892,7 +926,11 @@ impl Search<'_> {
                     .filter(|b| mask & (1 << b) != 0)
                     .map(|b| candidates[b])
                     .collect();
-                let spent: i64 = picked.iter().map(|&i| gpus[i].consumes).sum();
+                let spent: i64 = if ask.admin {
+                    0
+                } else {
+                    picked.iter().map(|&i| gpus[i].consumes).sum()
+                };
                 if spent > budget {
                     continue;
                 }
@@ -933,6 +971,9 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
             .into_iter()
             .flatten()
         {
+            if r["adminAccess"] == true {
+                continue;
+            }
             let pool = r["pool"].as_str().unwrap_or_default();
             let Some(n) = (0..world.nodes.len()).find(|n| world.node_name(side, *n) == pool) else {
                 continue;
