@@ -1,6 +1,8 @@
 //! Kubernetes objects (as JSON from the API server) into gangway's model: Nodes,
-//! ResourceSlices, DeviceClasses, pods with their ResourceClaims, and pods other
-//! schedulers bound (with the devices their allocated claims hold). Pure
+//! ResourceSlices, DeviceClasses, DeviceTaintRules, PodDisruptionBudgets, pods with
+//! their ResourceClaims (refusing claims several pods share), and pods other
+//! schedulers bound (with the devices their allocated claims hold, a shared claim's
+//! once). Pure
 //! functions; every error names the object and the field (Kubernetes JSON names),
 //! so the reason can go into a FailedScheduling event as is. Called by the ingest
 //! loop (`kube::ingest`) and the gang recognizer (`kube::gangs`).
