@@ -1056,11 +1056,7 @@ async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir
     api.write_kubeconfig(&kubeconfig, ADMIN_USER)
         .expect("kubeconfig");
     let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-    let mut vars = Vec::new();
-    if !failpoints.is_empty() {
-        args.push("--test-failpoints".into());
-        vars.push(("GANGWAY_TEST_FAILPOINTS".to_string(), failpoints.join(",")));
-    }
+    let vars = support::arm_failpoints(&mut args, failpoints);
     let cluster = Cluster::start_with(3, 2, args, vars);
     cluster
         .wait_ready(&[1, 2, 3], Duration::from_secs(30))

@@ -296,18 +296,9 @@ impl ControlPlane {
         let kubeconfig = self.dir.path().join("scheduler.kubeconfig");
         self.write_kubeconfig(&kubeconfig, ADMIN_USER)?;
         let config = self.dir.path().join("kube-scheduler.yaml");
-        write(
-            &config,
-            &format!(
-                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\nleaderElection:\n  leaderElect: false\n",
-                kubeconfig.display()
-            ),
-        )?;
-        let args = vec![
-            format!("--config={}", config.display()),
-            "--secure-port=0".into(),
-            "-v=0".into(),
-        ];
+        write(&config, &kube_scheduler_config(&kubeconfig))?;
+        let mut args = vec![format!("--config={}", config.display())];
+        args.extend(KUBE_SCHEDULER_FLAGS.iter().map(|f| f.to_string()));
         let scheduler = spawn("kube-scheduler", &self.assets, self.dir.path(), &args)?;
         self.processes.push(scheduler);
         Ok(())
@@ -609,6 +600,18 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// kube-scheduler's configuration for side-by-side runs: client QPS and burst 1000 (its
+/// default 50 QPS would cap it near 50 pods/s), no leader election.
+pub fn kube_scheduler_config(kubeconfig: &Path) -> String {
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\nleaderElection:\n  leaderElect: false\n",
+        kubeconfig.display()
+    )
+}
+
+/// kube-scheduler's flags besides `--config`: no serving port, quiet logs.
+pub const KUBE_SCHEDULER_FLAGS: [&str; 2] = ["--secure-port=0", "-v=0"];
 
 const JSON: &str = "application/json";
 const MERGE: &str = "application/merge-patch+json";

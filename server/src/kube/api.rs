@@ -187,7 +187,7 @@ pub async fn write_claim(
     pod: &PodRef,
     cached: Option<&Value>,
 ) -> Result<ClaimOutcome, ApiError> {
-    let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+    let path = claim_path(namespace, name);
     let consumer = json!({"resource": "pods", "name": pod.name, "uid": pod.uid});
     let mut last = None;
     let mut base = cached
@@ -232,19 +232,8 @@ pub async fn write_claim(
             consumers.push(consumer.clone());
         }
         status["reservedFor"] = Value::Array(consumers);
-        // A copy from a list may lack its type; the server needs it in the body.
-        claim["apiVersion"] = json!("resource.k8s.io/v1");
-        claim["kind"] = json!("ResourceClaim");
-        match call(
-            client,
-            Method::PUT,
-            &format!("{path}/status"),
-            JSON,
-            Some(&claim),
-        )
-        .await
-        {
-            Ok(_) => return Ok(ClaimOutcome::Written),
+        match put_claim_status(client, &path, claim).await {
+            Ok(()) => return Ok(ClaimOutcome::Written),
             Err(e) if e.code() == Some(409) => last = Some(e),
             Err(e) => return Err(e),
         }
@@ -264,7 +253,7 @@ pub async fn clear_claim(
     name: &str,
     pod: &PodRef,
 ) -> Result<(), ApiError> {
-    let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+    let path = claim_path(namespace, name);
     let mut last = None;
     for _ in 0..CLAIM_WRITE_ATTEMPTS_MAX {
         let Some(mut claim) = get(client, &path).await? else {
@@ -290,18 +279,8 @@ pub async fn clear_claim(
         } else {
             status["reservedFor"] = Value::Array(consumers);
         }
-        claim["apiVersion"] = json!("resource.k8s.io/v1");
-        claim["kind"] = json!("ResourceClaim");
-        match call(
-            client,
-            Method::PUT,
-            &format!("{path}/status"),
-            JSON,
-            Some(&claim),
-        )
-        .await
-        {
-            Ok(_) => return Ok(()),
+        match put_claim_status(client, &path, claim).await {
+            Ok(()) => return Ok(()),
             Err(e) if e.code() == Some(409) => last = Some(e),
             Err(e) if e.code() == Some(404) => return Ok(()),
             Err(e) => return Err(e),
@@ -311,6 +290,32 @@ pub async fn clear_claim(
         path,
         reason: "no attempt made".into(),
     }))
+}
+
+/// The API path of ResourceClaim `namespace/name`.
+fn claim_path(namespace: &str, name: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+}
+
+/// Writes `claim` (as read from `path`, with its resourceVersion) through the status
+/// subresource.
+async fn put_claim_status(
+    client: &kube::Client,
+    path: &str,
+    mut claim: Value,
+) -> Result<(), ApiError> {
+    // A copy from a list may lack its type; the server needs it in the body.
+    claim["apiVersion"] = json!("resource.k8s.io/v1");
+    claim["kind"] = json!("ResourceClaim");
+    call(
+        client,
+        Method::PUT,
+        &format!("{path}/status"),
+        JSON,
+        Some(&claim),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Whether `claim` holds `allocation` and is reserved for `pod`.

@@ -422,25 +422,32 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
     }
     metrics::pod_bound();
     let message = format!("Successfully assigned {pod} to {}", m.node);
-    if let Err(e) = api::pod_event(
-        &ctx.client,
-        &ctx.opts.scheduler_name,
-        &pod,
-        EventType::Normal,
-        "Scheduled",
-        &message,
-        &api::rfc3339(now_ms()),
-    )
-    .await
-    {
-        tracing::debug!(pod = %pod, error = %e, "Scheduled event not recorded");
-    }
+    ctx.event(&pod, EventType::Normal, "Scheduled", &message)
+        .await;
     Ok(true)
 }
 
 impl Ctx {
     fn waits(&self) -> std::sync::MutexGuard<'_, BindingWaits> {
         self.binding.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an event on `pod`, best effort (as kube-scheduler's events are).
+    async fn event(&self, pod: &PodRef, kind: EventType, reason: &str, message: &str) {
+        let now = api::rfc3339(now_ms());
+        let sent = api::pod_event(
+            &self.client,
+            &self.opts.scheduler_name,
+            pod,
+            kind,
+            reason,
+            message,
+            &now,
+        )
+        .await;
+        if let Err(e) = sent {
+            tracing::debug!(pod = %pod, reason, error = %e, "event not recorded");
+        }
     }
 }
 
@@ -489,19 +496,8 @@ async fn fail_binding(
         "{why}; ResourceClaim {claim} deallocated, binding tried again in {} s",
         BINDING_FAILURE_BACKOFF_MS / 1_000
     );
-    if let Err(e) = api::pod_event(
-        &ctx.client,
-        &ctx.opts.scheduler_name,
-        pod,
-        EventType::Warning,
-        "FailedBinding",
-        &message,
-        &api::rfc3339(now_ms()),
-    )
-    .await
-    {
-        tracing::debug!(pod = %pod, error = %e, "FailedBinding event not recorded");
-    }
+    ctx.event(pod, EventType::Warning, "FailedBinding", &message)
+        .await;
     Ok(())
 }
 

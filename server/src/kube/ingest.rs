@@ -716,13 +716,14 @@ impl Ingest {
             }
         }
         let wanted = self.wanted_rule_taints();
-        let held = self.memory.rule_taints.clone().unwrap_or_default();
+        let empty = HashMap::new();
+        let held = self.memory.rule_taints.as_ref().unwrap_or(&empty);
         let mut per_shard: BTreeMap<u32, Vec<(String, DeviceId, Vec<DeviceTaint>)>> =
             BTreeMap::new();
         let keys: BTreeSet<&(String, DeviceId)> = wanted.keys().chain(held.keys()).collect();
         for key in keys {
             let want = wanted.get(key).cloned().unwrap_or_default();
-            if held.get(key).cloned().unwrap_or_default() == want {
+            if held.get(key).map_or(want.is_empty(), |h| *h == want) {
                 continue;
             }
             let Some(shard) = self.memory.shard_of.get(&key.0) else {

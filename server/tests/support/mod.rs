@@ -497,6 +497,16 @@ pub fn wipe(path: &Path) {
     let _ = std::fs::remove_dir_all(path);
 }
 
+/// Arms test bug switches on `gangway serve`: adds `--test-failpoints` to `args` when
+/// `failpoints` names any, and answers the environment that names them.
+pub fn arm_failpoints(args: &mut Vec<String>, failpoints: &[&str]) -> Vec<(String, String)> {
+    if failpoints.is_empty() {
+        return Vec::new();
+    }
+    args.push("--test-failpoints".into());
+    vec![("GANGWAY_TEST_FAILPOINTS".to_string(), failpoints.join(","))]
+}
+
 /// Kubernetes objects the Kubernetes tests create (against the real API server or the
 /// double).
 pub mod objects {

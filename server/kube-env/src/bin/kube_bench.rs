@@ -467,13 +467,7 @@ async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 
 fn kube_scheduler_config(dir: &Path, kubeconfig: &Path) -> anyhow::Result<PathBuf> {
     let path = dir.join("kube-scheduler.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\nleaderElection:\n  leaderElect: false\n",
-            kubeconfig.display()
-        ),
-    )?;
+    std::fs::write(&path, gangway_kube_env::kube_scheduler_config(kubeconfig))?;
     Ok(path)
 }
 
@@ -532,7 +526,7 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
             procs.0.push(
                 Command::new(api.program("kube-scheduler"))
                     .arg(format!("--config={}", config.display()))
-                    .args(["--secure-port=0", "-v=0"])
+                    .args(gangway_kube_env::KUBE_SCHEDULER_FLAGS)
                     .stdout(log.try_clone()?)
                     .stderr(log)
                     .spawn()
