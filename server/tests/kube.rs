@@ -673,10 +673,7 @@ async fn a_shared_foreign_claim_loses_one_pod(env: &Env) -> (String, String) {
     let api = &env.api;
     api.create(&RESOURCE_CLAIMS, json!({
         "metadata": {"name": "foreign-shared", "namespace": "infra"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
-        ]}}}
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
     }))
     .await
     .expect("claim");
@@ -701,6 +698,18 @@ async fn a_shared_foreign_claim_loses_one_pod(env: &Env) -> (String, String) {
         sharers.push((uid, name.to_string()));
     }
     sharers.sort();
+    // The claim is allocated once gangway has seen both pods (its ingest looks at least
+    // every 2 s), so it counts their devices in one pass, by uid; were the pods seen in
+    // two passes, the one seen first would carry them and the bug switch would show
+    // nothing when the lower uid goes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api.update(&RESOURCE_CLAIMS, Some("infra"), "foreign-shared", |claim| {
+        claim["status"]["allocation"] = json!({"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "node-000", "device": "gpu-0"}
+        ]}});
+    })
+    .await
+    .expect("allocation");
     api.create(&PODS, gpu_pod("wants-gpu", json!({}), json!({}), "one-gpu"))
         .await
         .expect("pod");
