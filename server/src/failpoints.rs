@@ -84,8 +84,13 @@ pub const OBSERVED_CLAIMS_PER_POD: &str = "observed-claims-counted-per-pod";
 /// did), so a pod may start before the driver attached its device.
 pub const BINDER_IGNORES_BINDING_CONDITIONS: &str = "binder-ignores-binding-conditions";
 
+/// A tempting design, switched on for checking the checks: when the pod carrying a shared claim's
+/// devices leaves its node, the ledger frees them although the claim's other pods
+/// still run there, so another pod can be given them.
+pub const SHARED_CLAIMS_FREED_WITH_CARRIER: &str = "ledger-frees-shared-claims-with-their-carrier";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -103,6 +108,7 @@ pub const ALL: [&str; 17] = [
     BINDER_DROPS_CONFIGS,
     OBSERVED_CLAIMS_PER_POD,
     BINDER_IGNORES_BINDING_CONDITIONS,
+    SHARED_CLAIMS_FREED_WITH_CARRIER,
 ];
 
 /// The armed crash points of a process.

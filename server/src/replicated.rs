@@ -17,6 +17,7 @@ use crate::engine::{Diagnosis, FilterReason, Placer};
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use crate::ledger::query::{answer, unbound, ShardAnswer, ShardQuery, Victims};
+use crate::ledger::usage::HandOver;
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 use crate::model::{Device, MemberKey, PodSpec};
 use crate::shard::warmer::SelectorWarmer;
@@ -250,6 +251,12 @@ impl StateMachine for ShardMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         match decode::<LedgerCommand>(command) {
             Ok(cmd) => {
+                if self
+                    .failpoints
+                    .armed(failpoints::SHARED_CLAIMS_FREED_WITH_CARRIER)
+                {
+                    self.ledger.set_hand_over(HandOver::Freed);
+                }
                 let outcome = ShardOutcome::Applied(self.ledger.apply(&cmd));
                 if matches!(cmd.op, LedgerOp::Reserve { .. }) {
                     self.failpoints.hit(failpoints::PARTICIPANT_AFTER_RESERVE);

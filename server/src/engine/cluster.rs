@@ -387,6 +387,11 @@ impl<'a> Cluster<'a> {
         held.chain(planned)
     }
 
+    /// Whether a pod held or planned on node `idx` carries shared claim `claim`.
+    pub fn carries(&self, idx: usize, claim: &str) -> bool {
+        self.pods(idx).any(|p| p.pod.carries(claim))
+    }
+
     /// Devices allocated to the pods planned on node `idx` in this round.
     pub fn planned_devices(&self, idx: usize) -> impl Iterator<Item = &DeviceAllocation> + '_ {
         self.overlay_of(idx)

@@ -945,3 +945,5 @@ mod agreement {
         }
     }
 }
+
+mod share_tests;

@@ -69,6 +69,9 @@ pub enum FilterReason {
     /// A costly device selector is still being evaluated over the shard's devices; the
     /// gang sits out plans until it is (see `shard::warmer`).
     SelectorsWarming,
+    /// The pod shares a ResourceClaim (`namespace/name`) whose devices are not
+    /// allocated on the node (they are elsewhere, or not yet anywhere).
+    SharedClaimNotHere(String),
 }
 
 impl FilterReason {
@@ -118,6 +121,9 @@ impl fmt::Display for FilterReason {
             Self::SelectorsWarming => f.write_str(
                 "a costly device selector is still being evaluated over this shard's devices",
             ),
+            Self::SharedClaimNotHere(claim) => {
+                write!(f, "node(s) didn't hold the devices of shared claim {claim}")
+            }
         }
     }
 }
@@ -392,6 +398,14 @@ impl<'s> Probe<'s> {
                 self.interpod.check(node, spec)?;
             }
         }
+        if let Some(share) = self
+            .candidate
+            .spec
+            .followed_shares()
+            .find(|share| !cluster.carries(idx, &share.claim))
+        {
+            return Err(FilterReason::SharedClaimNotHere(share.claim.clone()));
+        }
         let copies = if self.single { copies.min(1) } else { copies };
         let copies = copies.min(cap);
         match self.devices {
@@ -406,7 +420,8 @@ impl<'s> Probe<'s> {
     /// Whether, without nominations, the outcome on a node whose summary has none of
     /// the [`NodeFit::NODE_FILTERED`] flags depends on that summary alone.
     pub fn reads_fit_only(&self) -> bool {
-        self.any_labels
+        self.candidate.spec.shares.is_empty()
+            && self.any_labels
             && self.fixed.is_some()
             && self.any_neighbours
             && self.candidate.spec.host_ports.is_empty()
@@ -420,6 +435,7 @@ impl<'s> Probe<'s> {
     pub fn reads_node_only(&self) -> bool {
         self.reads_fit_only()
             || (self.devices.is_some()
+                && self.candidate.spec.shares.is_empty()
                 && self.any_labels
                 && self.any_neighbours
                 && self.candidate.spec.host_ports.is_empty())

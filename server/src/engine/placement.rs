@@ -349,7 +349,14 @@ fn templates<'a>(
         let extended: u64 = t.footprint.extended.values().sum();
         (extended, t.footprint.cpu_milli, t.footprint.memory_bytes)
     };
-    out.sort_by(|a, b| size(b).cmp(&size(a)).then(a.members[0].cmp(&b.members[0])));
+    // A shared claim's carrier goes before the pods that follow it to its node.
+    let follows = |t: &Template<'_>| t.spec.followed_shares().next().is_some();
+    out.sort_by(|a, b| {
+        follows(a)
+            .cmp(&follows(b))
+            .then(size(b).cmp(&size(a)))
+            .then(a.members[0].cmp(&b.members[0]))
+    });
     out
 }
 

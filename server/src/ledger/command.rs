@@ -341,6 +341,17 @@ pub enum RefusalCause {
         /// Why.
         reason: DeviceRefusal,
     },
+    /// The member would carry a shared claim's devices, but the claim is already
+    /// carried on the node (by a held pod or another member of the batch).
+    SharedClaimCarried {
+        /// The claim, `namespace/name`.
+        claim: String,
+    },
+    /// The member follows a shared claim that nothing carries on the node.
+    SharedClaimNotHere {
+        /// The claim, `namespace/name`.
+        claim: String,
+    },
 }
 
 /// Why a device cannot take an allocation.
@@ -825,6 +836,13 @@ impl fmt::Display for RefusalCause {
             RefusalCause::DeviceUnavailable { device, reason } => {
                 write!(f, "device {device} cannot take it: {reason}")
             }
+            RefusalCause::SharedClaimCarried { claim } => {
+                write!(f, "shared claim {claim} is already allocated on the node")
+            }
+            RefusalCause::SharedClaimNotHere { claim } => write!(
+                f,
+                "shared claim {claim} is not allocated on the node; its pods must share a node"
+            ),
         }
     }
 }

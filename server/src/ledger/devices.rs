@@ -613,9 +613,21 @@ impl NodeDevices {
         member: &MemberKey,
         allocations: &[DeviceAllocation],
     ) -> Vec<DeviceId> {
+        self.adopt(member, 0, allocations)
+    }
+
+    /// Counts allocations handed to `member`'s slot (a shared claim's, from its departed
+    /// carrier), which holds them from position `offset` on: as for an observed pod,
+    /// each that does not fit is detached; returns their devices.
+    pub fn adopt(
+        &mut self,
+        member: &MemberKey,
+        offset: usize,
+        allocations: &[DeviceAllocation],
+    ) -> Vec<DeviceId> {
         let mut left_out = Vec::new();
         for (i, a) in allocations.iter().enumerate() {
-            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            let index = u32::try_from(offset + i).unwrap_or(u32::MAX);
             let mut scratch = Overlay::default();
             if self.admit(&Overlay::default(), &mut scratch, a).is_ok() {
                 self.count(a);
@@ -884,7 +896,7 @@ impl NodeDevices {
                 }
             }
         }
-        out
+        with_followers(out, pods)
     }
 
     /// Checks I1 and the accounting against `pods`; the error says what is wrong.
@@ -1025,4 +1037,37 @@ fn add_use(
                 .unwrap_or(DeviceQuantity::from_nano(u128::MAX));
         }
     }
+}
+
+/// `evictions` (of carriers) and the same for every pod on the node that follows the
+/// shared claim an evicted allocation belongs to: its pods use the device too.
+fn with_followers(
+    mut evictions: Vec<DeviceEviction>,
+    pods: &BTreeMap<MemberKey, PodSlot>,
+) -> Vec<DeviceEviction> {
+    let mut more = Vec::new();
+    for e in &evictions {
+        let Some(carrier) = pods.get(&e.member) else {
+            continue;
+        };
+        let claims = carrier.pod.carried().filter(|s| {
+            carrier
+                .pod
+                .devices
+                .iter()
+                .any(|d| d.claim == s.pod_claim && d.device == e.device)
+        });
+        for share in claims {
+            for (member, slot) in pods.iter().filter(|(_, s)| s.state.is_gangway()) {
+                if slot.pod.followed().any(|s| s.claim == share.claim) {
+                    more.push(DeviceEviction {
+                        member: member.clone(),
+                        ..e.clone()
+                    });
+                }
+            }
+        }
+    }
+    evictions.extend(more);
+    evictions
 }

@@ -52,9 +52,9 @@ use crate::ledger::command::{
 };
 use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
 use crate::ledger::displace;
-use crate::ledger::usage::{BatchLoad, NodeUsage, PodSlot, SlotState};
+use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
-use crate::model::claim::validate_allocations;
+use crate::model::claim::{validate_allocations, validate_shares};
 use crate::model::device::{
     validate_device_taint, validate_pool, CounterSet, Device, DeviceClass, DeviceId, DeviceTaint,
     DEVICE_TAINTS_MAX,
@@ -445,12 +445,21 @@ enum Hold {
 pub struct ShardLedger {
     state: LedgerState,
     index: Indexes,
+    /// What a departing carrier's shared claims become (not state: a test-only bug
+    /// switch sets it on every replica alike).
+    hand_over: HandOver,
 }
 
 impl ShardLedger {
     /// An empty ledger.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets what a departing carrier's shared-claim devices become ([`HandOver::Freed`]
+    /// only for the test-only bug switch).
+    pub fn set_hand_over(&mut self, hand_over: HandOver) {
+        self.hand_over = hand_over;
     }
 
     /// Applies one command; bad input is answered with `Rejected` and changes nothing.
@@ -1132,6 +1141,12 @@ impl ShardLedger {
     /// Every member that cannot be held, checking the batch cumulatively per node.
     fn refusals(&self, members: &[ReserveMember], at_ms: u64) -> Vec<Refusal> {
         let mut batches: BTreeMap<&str, BatchLoad> = BTreeMap::new();
+        for m in members.iter().filter(|m| !m.pod.shares.is_empty()) {
+            batches
+                .entry(m.node.as_str())
+                .or_default()
+                .expect_carrier(&m.pod);
+        }
         let nothing_yet = BatchLoad::default();
         let mut out = Vec::new();
         for (i, m) in members.iter().enumerate() {
@@ -1422,11 +1437,12 @@ impl ShardLedger {
 
     /// Removes a member's slot wherever it is, keeping the indexes in step.
     fn take_member(&mut self, key: &MemberKey) -> Option<PodSlot> {
+        let hand_over = self.hand_over;
         let node = self.index.locations.remove(key)?;
         let slot = self
             .state
             .nodes
-            .update(&node, |entry| entry.usage.take(key))
+            .update(&node, |entry| entry.usage.take_as(key, hand_over))
             .flatten()?;
         if let Some(txn_id) = slot.state.txn_id() {
             if let Some(set) = self.index.by_txn.get_mut(&txn_id) {
@@ -1899,7 +1915,11 @@ impl ShardLedger {
         }
         let state = stored.into_state()?;
         let index = Indexes::build(&state);
-        let ledger = Self { state, index };
+        let ledger = Self {
+            state,
+            index,
+            hand_over: HandOver::default(),
+        };
         ledger.check_invariants()?;
         Ok(ledger)
     }
@@ -1937,6 +1957,9 @@ impl ShardLedger {
             return fail(format!("I2: {resource} held exceeds allocatable"));
         }
         if let Err(what) = entry.usage.devices.check(&entry.usage.pods) {
+            return fail(what);
+        }
+        if let Err(what) = entry.usage.check_shares() {
             return fail(what);
         }
         let mut ports = BTreeSet::new();
@@ -2235,6 +2258,10 @@ fn validate_summary(txn_id: TxnId, m: &ReserveMember) -> Result<(), LedgerError>
     m.member.validate().map_err(|e| invalid(e.to_string()))?;
     if !m.pod.devices.is_empty() {
         validate_allocations(&FieldPath::new("pod").child("devices"), &m.pod.devices)
+            .map_err(|e| invalid(e.to_string()))?;
+    }
+    if !m.pod.shares.is_empty() {
+        validate_shares(&FieldPath::new("pod").child("shares"), &m.pod.shares)
             .map_err(|e| invalid(e.to_string()))?;
     }
     // Only extended resources can be invalid, and only errors need the path.

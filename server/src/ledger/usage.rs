@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::command::{RefusalCause, TxnId};
 use crate::ledger::devices::{DeviceBatch, NodeDevices};
+use crate::model::claim::{ClaimShare, DeviceAllocation};
 use crate::model::gang::MemberKey;
 use crate::model::pod::{HostPort, PodSummary};
 use crate::model::resources::Resources;
@@ -88,9 +89,20 @@ pub struct BatchLoad {
     pub ports: Vec<HostPort>,
     /// Devices allocated to them.
     pub devices: DeviceBatch,
+    /// Shared claims (`namespace/name`) the batch carries on the node, counted for the
+    /// whole batch before any member is checked: a follower may come before its carrier.
+    pub carried: BTreeMap<String, u32>,
 }
 
 impl BatchLoad {
+    /// Adds an accepted member.
+    /// Counts the shared claims `pod` (a member about to be checked) carries.
+    pub fn expect_carrier(&mut self, pod: &PodSummary) {
+        for share in pod.carried() {
+            *self.carried.entry(share.claim.clone()).or_default() += 1;
+        }
+    }
+
     /// Adds an accepted member.
     pub fn add(&mut self, pod: &PodSummary) {
         self.footprint = self.footprint.saturating_add(&pod.footprint());
@@ -105,6 +117,18 @@ impl BatchLoad {
         self.ports.extend(pod.host_ports.iter().copied());
         devices.count_into(&mut self.devices, &pod.devices);
     }
+}
+
+/// What becomes of a departing carrier's shared-claim devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HandOver {
+    /// They pass to a follower left on the node (always, in production).
+    #[default]
+    ToFollower,
+    /// They are freed with the carrier: the fixed bug behind the test-only switch
+    /// `ledger-frees-shared-claims-with-their-carrier`, which lets followers run on
+    /// devices the ledger counts free.
+    Freed,
 }
 
 /// What the pods on one node hold.
@@ -187,12 +211,58 @@ impl NodeUsage {
                 resource,
             });
         }
+        if let Some(cause) = self.share_refusal(batch, pod) {
+            return Some(cause);
+        }
         self.devices
             .refusal_for(&batch.devices, &pod.devices, at_ms)
     }
 
+    /// Whether `pod` breaks the shared-claim rule: each shared claim carried by exactly
+    /// one pod on the node, and followed only where it is carried.
+    fn share_refusal(&self, batch: &BatchLoad, pod: &PodSummary) -> Option<RefusalCause> {
+        for share in &pod.shares {
+            let held = self.carrier_of(&share.claim).is_some();
+            let in_batch = batch.carried.get(&share.claim).copied().unwrap_or(0);
+            let cause = if pod.carries(&share.claim) {
+                (held || in_batch > 1).then(|| RefusalCause::SharedClaimCarried {
+                    claim: share.claim.clone(),
+                })
+            } else {
+                (!held && in_batch == 0).then(|| RefusalCause::SharedClaimNotHere {
+                    claim: share.claim.clone(),
+                })
+            };
+            if cause.is_some() {
+                return cause;
+            }
+        }
+        None
+    }
+
+    /// The slot carrying shared claim `claim` (`namespace/name`) on this node, if any.
+    pub fn carrier_of(&self, claim: &str) -> Option<&MemberKey> {
+        self.pods
+            .iter()
+            .find(|(_, slot)| slot.pod.carries(claim))
+            .map(|(key, _)| key)
+    }
+
     /// Takes the pod's footprint and records its slot; callers check `refusal_for` first.
-    pub fn hold(&mut self, member: MemberKey, slot: PodSlot) {
+    ///
+    /// A slot carrying a shared claim that another slot here already carries (a
+    /// displaced victim put back after its follower took the devices over) keeps
+    /// following it instead, so the devices are never counted twice.
+    pub fn hold(&mut self, member: MemberKey, mut slot: PodSlot) {
+        let carried_here: Vec<String> = slot
+            .pod
+            .carried()
+            .filter(|s| self.carrier_of(&s.claim).is_some())
+            .map(|s| s.pod_claim.clone())
+            .collect();
+        slot.pod
+            .devices
+            .retain(|d| !carried_here.contains(&d.claim));
         let footprint = slot.pod.footprint();
         let sum = self.sum_of(&slot.state);
         *sum = sum.saturating_add(&footprint);
@@ -255,8 +325,15 @@ impl NodeUsage {
         true
     }
 
-    /// Removes a slot and gives its footprint and devices back.
+    /// Removes a slot and gives its footprint and devices back. The devices of a shared
+    /// claim it carried pass to the claim's first follower left on the node, if any
+    /// (the pods still use them): returns the slot as it was.
     pub fn take(&mut self, member: &MemberKey) -> Option<PodSlot> {
+        self.take_as(member, HandOver::ToFollower)
+    }
+
+    /// [`NodeUsage::take`], handing shared claims over as `hand_over` says.
+    pub fn take_as(&mut self, member: &MemberKey, hand_over: HandOver) -> Option<PodSlot> {
         let slot = self.pods.remove(member)?;
         self.devices.release(member, &slot.pod.devices);
         if slot.state == SlotState::Observed {
@@ -266,7 +343,77 @@ impl NodeUsage {
             let sum = self.sum_of(&slot.state);
             *sum = sum.saturating_sub(&footprint);
         }
+        if hand_over == HandOver::ToFollower {
+            for share in slot.pod.carried() {
+                self.hand_over(share, &slot.pod.devices);
+            }
+        }
         Some(slot)
+    }
+
+    /// Gives the allocations of shared claim `share` (from `devices`, a departed
+    /// carrier's) to the lowest-keyed slot that follows the claim here.
+    fn hand_over(&mut self, share: &ClaimShare, devices: &[DeviceAllocation]) {
+        let Some((heir, heir_claim)) = self.pods.iter().find_map(|(key, slot)| {
+            slot.pod
+                .followed()
+                .find(|s| s.claim == share.claim)
+                .map(|s| (key.clone(), s.pod_claim.clone()))
+        }) else {
+            return;
+        };
+        let moved: Vec<DeviceAllocation> = devices
+            .iter()
+            .filter(|d| d.claim == share.pod_claim)
+            .map(|d| DeviceAllocation {
+                claim: heir_claim.clone(),
+                ..d.clone()
+            })
+            .collect();
+        let Some(slot) = self.pods.get_mut(&heir) else {
+            return;
+        };
+        let offset = slot.pod.devices.len();
+        slot.pod.devices.extend(moved.iter().cloned());
+        self.devices.adopt(&heir, offset, &moved);
+    }
+
+    /// I1 for shared claims: a claim followed on this node is carried here, and no
+    /// claim is carried by two slots.
+    pub fn check_shares(&self) -> Result<(), String> {
+        let mut carriers: BTreeMap<&str, Vec<&MemberKey>> = BTreeMap::new();
+        for (member, slot) in &self.pods {
+            for share in slot.pod.carried() {
+                carriers
+                    .entry(share.claim.as_str())
+                    .or_default()
+                    .push(member);
+            }
+        }
+        if let Some((claim, slots)) = carriers.iter().find(|(_, slots)| slots.len() > 1) {
+            return Err(format!(
+                "I1: shared claim {claim} carried by {} slots ({})",
+                slots.len(),
+                slots
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        for (member, slot) in &self.pods {
+            if let Some(share) = slot
+                .pod
+                .followed()
+                .find(|s| !carriers.contains_key(s.claim.as_str()))
+            {
+                return Err(format!(
+                    "I1: {member} follows shared claim {}, which no slot on the node carries",
+                    share.claim
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Recomputes the usage sums from the slots, for invariant checks.

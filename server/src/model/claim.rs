@@ -443,6 +443,55 @@ pub fn validate_claims(path: &FieldPath, claims: &[PodClaim]) -> Result<(), Vali
     Ok(())
 }
 
+/// How many pods may share one ResourceClaim (upstream's `reservedFor` limit).
+pub const CLAIM_CONSUMERS_MAX: usize = 256;
+
+/// A ResourceClaim object that several pods name (Kubernetes `resourceClaimName`). Its
+/// devices are allocated once, on one node: one consumer there *carries* the
+/// allocation (its spec has a pod claim named `pod_claim`, its slot the devices), the
+/// others only name it and must be placed on the carrier's node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClaimShare {
+    /// The pod's own name for the claim.
+    pub pod_claim: String,
+    /// The shared object, `namespace/name`.
+    pub claim: String,
+}
+
+/// Checks a pod's shared claims: valid names, each pod claim and each object once.
+pub fn validate_shares(path: &FieldPath, shares: &[ClaimShare]) -> Result<(), ValidationError> {
+    if shares.len() > POD_CLAIMS_MAX {
+        return Err(path.error(format!(
+            "at most {POD_CLAIMS_MAX} shared claims per pod, got {}",
+            shares.len()
+        )));
+    }
+    let mut pod_claims = BTreeSet::new();
+    let mut objects = BTreeSet::new();
+    for (i, share) in shares.iter().enumerate() {
+        let at = path.index(i);
+        validate_dns_label(&at.child("podClaim"), &share.pod_claim)?;
+        let Some((namespace, name)) = share.claim.split_once('/') else {
+            return Err(at
+                .child("claim")
+                .error(format!("\"{}\" is not namespace/name", share.claim)));
+        };
+        validate_dns_label(&at.child("claim"), namespace)?;
+        validate_dns_subdomain(&at.child("claim"), name)?;
+        if !pod_claims.insert(share.pod_claim.as_str()) {
+            return Err(at
+                .child("podClaim")
+                .error(format!("duplicate pod claim \"{}\"", share.pod_claim)));
+        }
+        if !objects.insert(share.claim.as_str()) {
+            return Err(at
+                .child("claim")
+                .error(format!("claim {} named twice", share.claim)));
+        }
+    }
+    Ok(())
+}
+
 /// One device allocated to a claim (an upstream DeviceRequestAllocationResult).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DeviceAllocation {

@@ -16,7 +16,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::claim::{validate_claims, DeviceAllocation, PodClaim, RawPodClaim};
+use crate::model::claim::{
+    validate_claims, validate_shares, ClaimShare, DeviceAllocation, PodClaim, RawPodClaim,
+};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{validate_label_value, validate_labels, validate_qualified_name};
 use crate::model::node::TaintEffect;
@@ -303,6 +305,10 @@ pub struct PodSpec {
     /// Whether the pod may preempt lower-priority pods.
     #[serde(default, skip_serializing_if = "PreemptionPolicy::is_default")]
     pub preemption_policy: PreemptionPolicy,
+    /// ResourceClaims the pod shares with other pods; a share whose `pod_claim` is in
+    /// `claims` is carried by this pod, the others are followed (placed beside their carrier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ClaimShare>,
 }
 
 /// Whether a pod may preempt lower-priority pods (Kubernetes `preemptionPolicy`).
@@ -346,7 +352,16 @@ impl PodSpec {
             validate_toleration(&path.child("tolerations").index(i), toleration)?;
         }
         validate_host_ports(&path.child("hostPorts"), &self.host_ports)?;
-        validate_claims(&path.child("claims"), &self.claims)
+        validate_claims(&path.child("claims"), &self.claims)?;
+        validate_shares(&path.child("shares"), &self.shares)
+    }
+
+    /// The shared claims this pod must find carried on its node (it names them and does
+    /// not allocate them).
+    pub fn followed_shares(&self) -> impl Iterator<Item = &ClaimShare> + '_ {
+        self.shares
+            .iter()
+            .filter(|s| !self.claims.iter().any(|c| c.name == s.pod_claim))
     }
 
     /// Whether the spec has any inter-pod affinity or anti-affinity term.
@@ -540,6 +555,10 @@ pub struct PodSummary {
     /// The Kubernetes pod's uid, when the pod came from the API server (the binder's precondition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// ResourceClaims shared with other pods; the pod carries a share's devices when
+    /// `devices` has allocations for its `pod_claim`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ClaimShare>,
 }
 
 impl PodSummary {
@@ -553,7 +572,29 @@ impl PodSummary {
             anti_affinity: spec.pod_anti_affinity.required.clone(),
             devices: Vec::new(),
             uid: None,
+            shares: spec.shares.clone(),
         }
+    }
+
+    /// Whether the pod carries the devices of shared claim `claim` (`namespace/name`).
+    pub fn carries(&self, claim: &str) -> bool {
+        self.shares
+            .iter()
+            .any(|s| s.claim == claim && self.devices.iter().any(|d| d.claim == s.pod_claim))
+    }
+
+    /// The shared claims whose devices this pod carries.
+    pub fn carried(&self) -> impl Iterator<Item = &ClaimShare> + '_ {
+        self.shares
+            .iter()
+            .filter(|s| self.devices.iter().any(|d| d.claim == s.pod_claim))
+    }
+
+    /// The shared claims this pod follows (names without carrying).
+    pub fn followed(&self) -> impl Iterator<Item = &ClaimShare> + '_ {
+        self.shares
+            .iter()
+            .filter(|s| !self.devices.iter().any(|d| d.claim == s.pod_claim))
     }
 
     /// What the pod takes from its node: its requests plus one pod slot.
@@ -797,6 +838,7 @@ impl RawPodSpec {
                 &path.child("preemptionPolicy"),
                 self.preemption_policy.as_deref(),
             )?,
+            shares: Vec::new(),
         };
         spec.validate(path)?;
         Ok(spec)
