@@ -741,7 +741,8 @@ async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and
         "the GPU is still used by {other_sharer}, which shares the claim"
     );
 
-    // Two gangway pods naming one claim: both refused, with the reason, nothing allocated.
+    // Two gangway pods in no gang naming one claim: both refused, with the reason,
+    // nothing allocated.
     env.api
         .create(&RESOURCE_CLAIMS, json!({
             "metadata": {"name": "ours-shared", "namespace": NS},
@@ -764,7 +765,7 @@ async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and
             sharing.iter().all(|p| {
                 v.events_for(p, "FailedScheduling")
                     .iter()
-                    .any(|m| m.contains("gangway does not place claims shared by several pods"))
+                    .any(|m| m.contains("gangway shares a claim only among the pods of one gang"))
             })
         },
     )
@@ -819,6 +820,142 @@ async fn the_check_catches_foreign_sharers_each_counting_the_claim() {
         Duration::from_secs(30),
         &env,
         |v| v.node_of(&ours).is_some(),
+    )
+    .await;
+}
+
+/// A PodGroup of 4 pods naming one ResourceClaim (one GPU) on 3 nodes of 2 GPUs: the
+/// pods bind to one node, the claim is allocated once and reserved for all 4, and its
+/// GPU is counted once (5 one-GPU pods bind beside it, a 6th waits). Then every pod of
+/// the claim but the last (by uid, so the pod that allocated it goes) is deleted.
+/// Answers the 4 pods, the 6th one-GPU pod and the pod still holding the claim.
+async fn a_gang_shares_a_claim_and_loses_its_carrier(env: &Env) -> (Vec<String>, String, String) {
+    let api = &env.api;
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "gang-channel", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+    }))
+    .await
+    .expect("claim");
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "sharing", "namespace": NS}, "spec": {"minMember": 4}}),
+    )
+    .await
+    .expect("pod group");
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        let name = format!("sharing-{i}");
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "sharing"});
+        let mut pod = gpu_pod(&name, labels, json!({}), "unused");
+        pod["spec"]["resourceClaims"] =
+            json!([{"name": "channel", "resourceClaimName": "gang-channel"}]);
+        let created = api.create(&PODS, pod).await.expect("pod");
+        uids.push((
+            created["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            name,
+        ));
+    }
+    uids.sort();
+    let sharing: Vec<String> = uids.iter().map(|(_, n)| n.clone()).collect();
+    let now = wait_for(
+        "the 4 pods sharing a claim bound",
+        Duration::from_secs(60),
+        env,
+        |v| v.bound(&sharing),
+    )
+    .await;
+    let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
+    assert_eq!(nodes.len(), 1, "one node for the claim's pods: {nodes:?}");
+    let node = nodes.into_iter().next().unwrap_or_default();
+    let claim = &now.claims["gang-channel"];
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "allocated once: {claim}");
+    assert_eq!(results[0]["pool"], json!(node), "{claim}");
+    let reserved: BTreeSet<String> = claim["status"]["reservedFor"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["uid"].as_str().map(str::to_string))
+        .collect();
+    let all: BTreeSet<String> = uids.iter().map(|(u, _)| u.clone()).collect();
+    assert_eq!(reserved, all, "reserved for every pod of the gang: {claim}");
+
+    // 6 GPUs, one held by the claim: 5 one-GPU pods bind, a 6th waits.
+    let singles: Vec<String> = (0..6).map(|i| format!("single-{i}")).collect();
+    for name in &singles[..5] {
+        api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .await
+            .expect("pod");
+    }
+    wait_for(
+        "5 one-GPU pods bound beside the claim",
+        Duration::from_secs(60),
+        env,
+        |v| v.bound(&singles[..5]),
+    )
+    .await;
+    let last = singles[5].clone();
+    api.create(&PODS, gpu_pod(&last, json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    wait_for(
+        "the 6th one-GPU pod waits",
+        Duration::from_secs(30),
+        env,
+        |v| !v.events_for(&last, "FailedScheduling").is_empty(),
+    )
+    .await;
+    // The first pod by uid allocated the claim; it and two more go.
+    finish_deletions(api, &sharing[..3]).await;
+    (sharing.clone(), last, sharing[3].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_shared_by_four_pods_of_a_gang_is_allocated_once_and_held_until_the_last_goes() {
+    let env = start(3, 2, 0).await;
+    let (_, waiting, holder) = a_gang_shares_a_claim_and_loses_its_carrier(&env).await;
+    // Long enough for gangway to see the deletions and place the pod if it thought the
+    // GPU free (ingest passes run at least every 2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let now = view(&env.api).await;
+    assert_eq!(
+        now.node_of(&waiting),
+        None,
+        "the claim's GPU is still used by {holder}"
+    );
+    finish_deletions(&env.api, &[holder]).await;
+    wait_for(
+        "the 6th pod bound once the claim's last pod is gone",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of(&waiting).is_some(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_ledger_that_frees_a_shared_claim_with_its_carrier() {
+    let env = start_armed(
+        3,
+        2,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::SHARED_CLAIMS_FREED_WITH_CARRIER],
+    )
+    .await;
+    let (_, waiting, _) = a_gang_shares_a_claim_and_loses_its_carrier(&env).await;
+    wait_for(
+        "the 6th pod bound on the GPU the claim's last pod uses (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of(&waiting).is_some(),
     )
     .await;
 }

@@ -244,6 +244,100 @@ pub async fn write_claim(
     }))
 }
 
+/// What became of a pod joining a shared claim another pod allocated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JoinOutcome {
+    /// The claim is reserved for the pod too; its allocation as it stands.
+    Joined(Value),
+    /// The claim does not exist.
+    Missing,
+    /// The claim is not allocated (yet): its carrier has not written it.
+    NotAllocated,
+    /// The claim's devices are not reachable from the pod's node.
+    OtherNode,
+}
+
+/// Adds `pod` to the `reservedFor` of shared claim `name`, allocated by another pod,
+/// once the allocation is there and reachable from `node`, re-reading on a 409.
+/// `cached` (the informer's copy) saves the first read, as for [`write_claim`].
+pub async fn join_claim(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    pod: &PodRef,
+    node: &str,
+    cached: Option<&Value>,
+) -> Result<JoinOutcome, ApiError> {
+    let path = claim_path(namespace, name);
+    let mut last = None;
+    let mut base = cached
+        .filter(|c| c["metadata"]["resourceVersion"].is_string())
+        .cloned();
+    for _ in 0..CLAIM_WRITE_ATTEMPTS_MAX {
+        let (fresh, from_cache) = match base.take() {
+            Some(copy) => (Some(copy), true),
+            None => (get(client, &path).await?, false),
+        };
+        let Some(mut claim) = fresh else {
+            return Ok(JoinOutcome::Missing);
+        };
+        let allocation = claim["status"]["allocation"].clone();
+        if allocation.is_null() {
+            if from_cache {
+                // The informer may lag the carrier's write: read it from the server.
+                continue;
+            }
+            return Ok(JoinOutcome::NotAllocated);
+        }
+        if !reachable_from(&allocation, node) {
+            return Ok(JoinOutcome::OtherNode);
+        }
+        let mut consumers = claim["status"]["reservedFor"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if consumers
+            .iter()
+            .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()))
+        {
+            return Ok(JoinOutcome::Joined(allocation));
+        }
+        consumers.push(json!({"resource": "pods", "name": pod.name, "uid": pod.uid}));
+        claim["status"]["reservedFor"] = Value::Array(consumers);
+        match put_claim_status(client, &path, claim).await {
+            Ok(()) => return Ok(JoinOutcome::Joined(allocation)),
+            Err(e) if e.code() == Some(409) => last = Some(e),
+            Err(e) if e.code() == Some(404) => return Ok(JoinOutcome::Missing),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(ApiError::Build {
+        path,
+        reason: "no attempt made".into(),
+    }))
+}
+
+/// Whether an allocation's devices are reachable from `node`: no node selector, or a
+/// term naming the node by `metadata.name` (the form gangway writes).
+fn reachable_from(allocation: &Value, node: &str) -> bool {
+    let Some(terms) = allocation["nodeSelector"]["nodeSelectorTerms"].as_array() else {
+        return true;
+    };
+    terms.iter().any(|term| {
+        term["matchFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|f| {
+                f["key"] == "metadata.name"
+                    && f["operator"] == "In"
+                    && f["values"]
+                        .as_array()
+                        .is_some_and(|v| v.iter().any(|n| n.as_str() == Some(node)))
+            })
+    })
+}
+
 /// Takes `pod` out of claim `name`'s `reservedFor` and, when no other consumer is left,
 /// deallocates it (allocation and the driver's `status.devices` cleared, so the driver
 /// starts afresh), re-reading on a 409. A claim already gone or unallocated is fine.

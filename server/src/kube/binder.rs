@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::failpoints;
 use crate::kube::allocation::{self, BindingState};
-use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType};
+use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType, JoinOutcome};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
@@ -373,39 +373,46 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
                 return Ok(false);
             }
         }
-        // The driver's conditions, as far as this replica's informer has seen them.
-        let seen = ctx
-            .cache
-            .get(Slot::ResourceClaims, &pod.namespace, &object_name)
-            .unwrap_or(cached);
-        let state = if ctx
-            .opts
-            .failpoints
-            .armed(failpoints::BINDER_IGNORES_BINDING_CONDITIONS)
-        {
-            BindingState::Ready
-        } else {
-            allocation::binding_state(&allocation, &seen)
+        if !binding_conditions_met(ctx, &pod, &object_name, &m.member, &allocation, cached).await? {
+            return Ok(false);
+        }
+    }
+    // Shared claims another pod of the gang allocated: join them once they are written.
+    for share in m.pod.followed() {
+        let Some(object_name) = claim_object(&object, &share.pod_claim) else {
+            tracing::warn!(pod = %pod, claim = share.pod_claim, "shared claim is not in the pod's spec or status");
+            return Ok(false);
         };
-        match state {
-            BindingState::Ready => {}
-            BindingState::Waiting { device, condition } => {
-                if ctx.waits().wait(&m.member) {
-                    tracing::debug!(pod = %pod, device, condition, "waiting for a binding condition");
-                    return Ok(false);
-                }
-                let why = format!(
-                    "binding condition {condition} of device {device} not True after {} s",
-                    BINDING_CONDITIONS_TIMEOUT_MS / 1_000
-                );
-                fail_binding(ctx, &pod, &object_name, &m.member, &why).await?;
+        let cached = ctx
+            .cache
+            .get(Slot::ResourceClaims, &pod.namespace, &object_name);
+        ctx.pacer.wait().await;
+        let joined = api::join_claim(
+            &ctx.client,
+            &pod.namespace,
+            &object_name,
+            &pod,
+            &m.node,
+            cached.as_deref(),
+        )
+        .await?;
+        let allocation = match joined {
+            JoinOutcome::Joined(allocation) => allocation,
+            JoinOutcome::Missing => return Ok(false),
+            JoinOutcome::NotAllocated => {
+                tracing::debug!(pod = %pod, claim = %object_name, "waiting for the shared claim's carrier to allocate it");
                 return Ok(false);
             }
-            BindingState::Failed { device, condition } => {
-                let why = format!("device {device} reports binding failure condition {condition}");
-                fail_binding(ctx, &pod, &object_name, &m.member, &why).await?;
+            JoinOutcome::OtherNode => {
+                tracing::error!(pod = %pod, claim = %object_name, node = %m.node, "shared claim allocated for another node; not binding");
                 return Ok(false);
             }
+        };
+        let Some(cached) = cached else {
+            return Ok(false);
+        };
+        if !binding_conditions_met(ctx, &pod, &object_name, &m.member, &allocation, cached).await? {
+            return Ok(false);
         }
     }
     ctx.waits().done(&m.member);
@@ -482,6 +489,53 @@ fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
 /// upstream's scheduler handles it: the claim is deallocated (the driver starts afresh)
 /// and a Warning event says why; the member stays placed and is tried again after
 /// `BINDING_FAILURE_BACKOFF_MS`, on the same devices.
+/// Whether the devices of claim `claim` (allocated as `allocation`) let the pod bind:
+/// their binding conditions are True in the driver's status as this replica's informer
+/// has seen it (else `cached`). A failure condition, or a wait past
+/// `BINDING_CONDITIONS_TIMEOUT_MS`, fails the binding (see [`fail_binding`]).
+async fn binding_conditions_met(
+    ctx: &Ctx,
+    pod: &PodRef,
+    claim: &str,
+    member: &MemberKey,
+    allocation: &Value,
+    cached: std::sync::Arc<Value>,
+) -> Result<bool, api::ApiError> {
+    let seen = ctx
+        .cache
+        .get(Slot::ResourceClaims, &pod.namespace, claim)
+        .unwrap_or(cached);
+    let state = if ctx
+        .opts
+        .failpoints
+        .armed(failpoints::BINDER_IGNORES_BINDING_CONDITIONS)
+    {
+        BindingState::Ready
+    } else {
+        allocation::binding_state(allocation, &seen)
+    };
+    match state {
+        BindingState::Ready => Ok(true),
+        BindingState::Waiting { device, condition } => {
+            if ctx.waits().wait(member) {
+                tracing::debug!(pod = %pod, device, condition, "waiting for a binding condition");
+                return Ok(false);
+            }
+            let why = format!(
+                "binding condition {condition} of device {device} not True after {} s",
+                BINDING_CONDITIONS_TIMEOUT_MS / 1_000
+            );
+            fail_binding(ctx, pod, claim, member, &why).await?;
+            Ok(false)
+        }
+        BindingState::Failed { device, condition } => {
+            let why = format!("device {device} reports binding failure condition {condition}");
+            fail_binding(ctx, pod, claim, member, &why).await?;
+            Ok(false)
+        }
+    }
+}
+
 async fn fail_binding(
     ctx: &Ctx,
     pod: &PodRef,

@@ -37,7 +37,7 @@ use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
 };
 use crate::kube::informer::{Cache, Changes, Key, Slot};
-use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices};
+use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices, ShareRole};
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::KubeOptions;
 use crate::ledger::command::LEDGER_BATCH_MAX;
@@ -46,7 +46,9 @@ use crate::ledger::meta::{
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
+use crate::model::claim::ClaimShare;
 use crate::model::device::DeviceTaint;
+use crate::model::pod::PodSpec;
 use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
@@ -1257,8 +1259,8 @@ impl Ingest {
                     continue;
                 }
             };
-            let spec = objects::pod_spec(&facts.object, &claims).and_then(|(spec, names)| {
-                self.refuse_shared_claims(facts, &names, &claims)?;
+            let spec = objects::pod_spec(&facts.object, &claims).and_then(|(mut spec, names)| {
+                self.share_claims(facts, &mut spec, &names, &claims)?;
                 Ok(spec)
             });
             match spec {
@@ -1286,29 +1288,49 @@ impl Ingest {
         }
     }
 
-    /// Refuses a pod naming a ResourceClaim that another pod uses or names too.
-    fn refuse_shared_claims(
+    /// Records in `spec` the ResourceClaims the pod shares with other pods of its gang:
+    /// a claim it carries stays among its claims, one it follows leaves them (its
+    /// carrier allocates it). Refuses a claim shared beyond the gang.
+    fn share_claims(
         &self,
         facts: &PodFacts,
+        spec: &mut PodSpec,
         names: &BTreeMap<String, String>,
         claims: &ClaimIndex,
     ) -> Result<(), PodProblem> {
         for (claim, object_name) in names {
             let key = (facts.pod.namespace.clone(), object_name.clone());
-            let others: Vec<String> = self
+            let others: Vec<objects::Sharer> = self
                 .memory
                 .pods
                 .naming_claim(&key)
-                .filter(|f| f.pod.uid != facts.pod.uid)
-                .map(|f| f.pod.name.clone())
+                .filter(|f| f.pod.uid != facts.pod.uid && !f.terminating)
+                .map(|f| objects::Sharer {
+                    name: f.pod.name.clone(),
+                    uid: f.pod.uid.clone(),
+                    ours: f.ours,
+                    gang: f.gang.clone(),
+                    placed: f.bound() || self.memory.submitted.contains_key(&f.pod.uid),
+                })
                 .collect();
-            objects::refuse_shared_claim(
+            let role = objects::share_role(
                 &facts.object,
+                facts.gang.as_deref(),
                 claim,
                 object_name,
                 claims.get(&key).map(|o| o.as_ref()),
                 &others,
             )?;
+            if role == ShareRole::Alone {
+                continue;
+            }
+            if role == ShareRole::Follower {
+                spec.claims.retain(|c| &c.name != claim);
+            }
+            spec.shares.push(ClaimShare {
+                pod_claim: claim.clone(),
+                claim: format!("{}/{object_name}", facts.pod.namespace),
+            });
         }
         Ok(())
     }

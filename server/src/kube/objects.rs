@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::coordinator::budgets::DisruptionBudget;
 use crate::kube::api;
 use crate::ledger::ObservedPod;
+use crate::model::claim::CLAIM_CONSUMERS_MAX;
 use crate::model::device::{DeviceTaint, DeviceTaintEffect};
 use crate::model::names::{validate_label_value, validate_qualified_name};
 use crate::model::pod::{convert_label_selector, RawLabelSelector};
@@ -590,41 +591,97 @@ fn affinity(pod: &Value) -> Value {
     a
 }
 
-/// Refuses a pod whose ResourceClaim `object_name` (named by pod claim `claim`) is
-/// shared: named by another unfinished pod (`others`, their names), or reserved in its
-/// status for another pod. gangway allocates a claim for one pod; placing a second
-/// consumer would give it devices of its own that the claim, already allocated, cannot
-/// record, and the pod would never bind.
-pub fn refuse_shared_claim(
+/// Another pod naming the same ResourceClaim, as the ingest's pod index knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sharer {
+    /// Pod name.
+    pub name: String,
+    /// Pod uid.
+    pub uid: String,
+    /// Whether gangway schedules it.
+    pub ours: bool,
+    /// The gang it names, if any.
+    pub gang: Option<String>,
+    /// Whether it is bound or already submitted (placed or queued with the claim).
+    pub placed: bool,
+}
+
+/// What a pod does with one of its ResourceClaims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareRole {
+    /// No other pod names it: the pod's own claim.
+    Alone,
+    /// Other pods of its gang name it and it allocates it for them.
+    Carrier,
+    /// Other pods of its gang name it and one of them allocates (or allocated) it.
+    Follower,
+}
+
+/// How pod `pod` of gang `gang` uses its ResourceClaim `object_name` (pod claim `claim`), given the
+/// other unfinished pods naming it (`others`) and the object. Pods of one gang share a
+/// claim: the first of them by uid allocates it when it is not allocated yet and none
+/// of them is placed already; the others follow it to its node. A claim also named or
+/// reserved by a pod outside the gang (or another scheduler's) is refused, as is one
+/// named by more pods than `reservedFor` can hold.
+pub fn share_role(
     pod: &Value,
+    gang: Option<&str>,
     claim: &str,
     object_name: &str,
     object: Option<&Value>,
-    others: &[String],
-) -> Result<(), PodProblem> {
+    others: &[Sharer],
+) -> Result<ShareRole, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-    let mut sharers: Vec<String> = others.to_vec();
-    if let Some(object) = object {
-        for consumer in object["status"]["reservedFor"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let name = consumer["name"].as_str().unwrap_or_default();
-            if consumer["uid"].as_str() != Some(uid) && !sharers.iter().any(|s| s == name) {
-                sharers.push(name.to_string());
-            }
+    let reserved: Vec<(&str, &str)> = object
+        .into_iter()
+        .flat_map(|o| o["status"]["reservedFor"].as_array().into_iter().flatten())
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default(),
+                c["uid"].as_str().unwrap_or_default(),
+            )
+        })
+        .filter(|(_, u)| *u != uid)
+        .collect();
+    let mut strangers: Vec<String> = others
+        .iter()
+        .filter(|o| !o.ours || gang.is_none() || o.gang.as_deref() != gang)
+        .map(|o| o.name.clone())
+        .collect();
+    for (name, consumer) in &reserved {
+        if !others.iter().any(|o| o.uid == *consumer) && !strangers.iter().any(|s| s == name) {
+            strangers.push(name.to_string());
         }
     }
-    if sharers.is_empty() {
-        return Ok(());
+    if !strangers.is_empty() {
+        strangers.sort();
+        strangers.dedup();
+        let within = match gang {
+            Some(g) => format!("the pods of one gang it schedules (here {namespace}/{g})"),
+            None => "the pods of one gang it schedules, and this pod is in none".to_string(),
+        };
+        return Err(PodProblem::Invalid(format!(
+            "spec.resourceClaims[{claim}]: ResourceClaim {namespace}/{object_name} is also used by pod {}; gangway shares a claim only among {within} (give each pod its own claim, e.g. through resourceClaimTemplateName)",
+            strangers.join(", ")
+        )));
     }
-    sharers.sort();
-    Err(PodProblem::Invalid(format!(
-        "spec.resourceClaims[{claim}]: ResourceClaim {namespace}/{object_name} is also used by pod {}; gangway does not place claims shared by several pods yet (give each pod its own claim, e.g. through resourceClaimTemplateName)",
-        sharers.join(", ")
-    )))
+    if others.len() + 1 > CLAIM_CONSUMERS_MAX {
+        return Err(PodProblem::Invalid(format!(
+            "spec.resourceClaims[{claim}]: ResourceClaim {namespace}/{object_name} is named by {} pods; at most {CLAIM_CONSUMERS_MAX} can share a claim",
+            others.len() + 1
+        )));
+    }
+    if others.is_empty() {
+        return Ok(ShareRole::Alone);
+    }
+    let allocated = object.is_some_and(|o| !o["status"]["allocation"].is_null());
+    let first = others.iter().all(|o| o.uid.as_str() > uid);
+    if !allocated && first && !others.iter().any(|o| o.placed) {
+        Ok(ShareRole::Carrier)
+    } else {
+        Ok(ShareRole::Follower)
+    }
 }
 
 /// A pod's scheduling spec and the ResourceClaim object name of each pod claim.
@@ -914,22 +971,58 @@ mod tests {
                           "reservedFor": reserved}})
     }
 
+    fn sharer(name: &str, uid: &str, gang: Option<&str>, placed: bool) -> Sharer {
+        Sharer {
+            name: name.into(),
+            uid: uid.into(),
+            ours: true,
+            gang: gang.map(str::to_string),
+            placed,
+        }
+    }
+
     #[test]
-    fn a_claim_named_or_reserved_by_another_pod_is_refused_naming_both() {
+    fn pods_of_one_gang_share_a_claim_and_the_first_carries_it() {
         let pod = sharing_pod("a", "ua", "shared");
+        let role = |gang, object: Option<&Value>, others: &[Sharer]| {
+            share_role(&pod, gang, "gpu", "shared", object, others)
+        };
+        let g = Some("g");
+        let unallocated = json!({"spec": {}, "status": {}});
+        assert_eq!(role(g, Some(&unallocated), &[]), Ok(ShareRole::Alone));
         let own = allocated_claim(&[("a", "ua")]);
+        assert_eq!(role(g, Some(&own), &[]), Ok(ShareRole::Alone));
+        // The lowest uid carries a claim nobody allocated or placed yet.
+        let b = sharer("b", "ub", g, false);
         assert_eq!(
-            refuse_shared_claim(&pod, "gpu", "shared", Some(&own), &[]),
-            Ok(())
+            role(g, Some(&unallocated), &[b.clone()]),
+            Ok(ShareRole::Carrier)
         );
+        let first = sharer("0", "u0", g, false);
         assert_eq!(
-            refuse_shared_claim(&pod, "gpu", "shared", None, &[]),
-            Ok(())
+            role(g, Some(&unallocated), &[first]),
+            Ok(ShareRole::Follower)
         );
+        // A placed sharer carries it already, or the claim is allocated: follow.
+        let placed = sharer("b", "ub", g, true);
+        assert_eq!(
+            role(g, Some(&unallocated), &[placed.clone()]),
+            Ok(ShareRole::Follower)
+        );
+        let by_b = allocated_claim(&[("b", "ub")]);
+        assert_eq!(role(g, Some(&by_b), &[placed]), Ok(ShareRole::Follower));
+    }
+
+    #[test]
+    fn a_claim_shared_beyond_the_gang_is_refused_naming_the_others() {
+        let pod = sharing_pod("a", "ua", "shared");
+        let role = |gang, object: Option<&Value>, others: &[Sharer]| {
+            share_role(&pod, gang, "gpu", "shared", object, others)
+        };
+        let g = Some("g");
+        // Reserved for a pod gangway does not know of.
         let by_status = allocated_claim(&[("a", "ua"), ("b", "ub")]);
-        let Err(PodProblem::Invalid(why)) =
-            refuse_shared_claim(&pod, "gpu", "shared", Some(&by_status), &[])
-        else {
+        let Err(PodProblem::Invalid(why)) = role(g, Some(&by_status), &[]) else {
             panic!("reserved for b too: refused");
         };
         assert!(
@@ -938,16 +1031,30 @@ mod tests {
             ),
             "{why}"
         );
-        let Err(PodProblem::Invalid(why)) = refuse_shared_claim(
-            &pod,
-            "gpu",
-            "shared",
-            Some(&by_status),
-            &["c".into(), "b".into()],
-        ) else {
+        // Named by a pod of another gang, another scheduler's pod, or without a gang.
+        let other_gang = sharer("c", "uc", Some("h"), false);
+        let mut foreign = sharer("b", "ub", g, false);
+        foreign.ours = false;
+        let Err(PodProblem::Invalid(why)) =
+            role(g, Some(&by_status), &[other_gang.clone(), foreign])
+        else {
             panic!("named by c too: refused");
         };
-        assert!(why.contains("used by pod b, c;"), "each sharer once: {why}");
+        assert!(why.contains("used by pod b, c;"), "each once: {why}");
+        assert!(why.contains("(here ns/g)"), "{why}");
+        let Err(PodProblem::Invalid(why)) = role(None, None, &[sharer("b", "ub", None, false)])
+        else {
+            panic!("no gang: refused");
+        };
+        assert!(why.contains("this pod is in none"), "{why}");
+        // More pods than reservedFor holds.
+        let many: Vec<Sharer> = (0..CLAIM_CONSUMERS_MAX)
+            .map(|i| sharer(&format!("p{i}"), &format!("v{i}"), g, false))
+            .collect();
+        let Err(PodProblem::Invalid(why)) = role(g, None, &many) else {
+            panic!("257 pods: refused");
+        };
+        assert!(why.contains("named by 257 pods; at most 256"), "{why}");
     }
 
     #[test]
