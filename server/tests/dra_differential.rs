@@ -9,7 +9,8 @@
 //! NUMA node or on different ones, every matching GPU (`allocationMode: All`), or admin
 //! access to one GPU (a monitoring agent: the device may be in use and stays free); some
 //! requests tolerate the taint, some claims carry a config, a few selectors fail at run
-//! time. The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! time. About one claim in four is a ResourceClaim shared by two or three pods (for
+//! gangway a Koordinator gang of them; kube-scheduler ignores the annotations). The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
 //! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
 //! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
@@ -17,10 +18,11 @@
 //! and request selectors and tolerate the taints, number what the request asks (every
 //! matching one for All), keep the NUMA constraint and the shared counter, carry the
 //! class's config (`FromClass`, naming the requests it served) and the claim's
-//! (`FromClaim`), and are reserved for the pod; no device is allocated twice; no claim
-//! whose selectors fail at run time is allocated (the error aborts the allocation).
+//! (`FromClaim`), and are reserved for the pod; no device is allocated to two claims; a
+//! shared claim's pods are all on its node; no claim whose selectors fail at run time is
+//! allocated (the error aborts the allocation).
 //! Then gangway must have left no pod unbound whose claim fits in the devices it left
-//! free (an exhaustive search over the small nodes): both place pods one at a time, in
+//! free (an exhaustive search over the small nodes), or whose shared claim is allocated: both place pods one at a time, in
 //! their own order, so either may end with more pods bound in a world, and the run
 //! reports how often each did. kube-scheduler's side checks the validator itself. A
 //! failing world is shrunk (pods, then nodes) and printed with its seed.
@@ -202,9 +204,20 @@ struct Claim {
     numa: NumaRule,
     /// A claim config for every request (`FromClaim` in the allocation).
     config: bool,
+    /// How many pods use it: one (its own claim, from a template) or several (one
+    /// ResourceClaim they all name; for gangway they form a Koordinator gang).
+    sharers: usize,
 }
 
 impl Claim {
+    /// The names of the pods of claim `p`.
+    fn pod_names(&self, p: usize) -> Vec<String> {
+        if self.sharers <= 1 {
+            return vec![format!("p-{p}")];
+        }
+        (0..self.sharers).map(|j| format!("p-{p}-{j}")).collect()
+    }
+
     /// Whether a selector the allocator must evaluate fails at run time: an exact
     /// request's, or a firstAvailable request's first choice (always tried). Such a claim
     /// cannot be allocated: the error aborts the allocation (upstream's allocator, and
@@ -341,10 +354,17 @@ impl World {
                         (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                 };
+                // Now and then one ResourceClaim for two or three pods.
+                let sharers = if rng.next().is_multiple_of(4) {
+                    rng.range(2, 3) as usize
+                } else {
+                    1
+                };
                 Claim {
                     requests,
                     numa,
                     config,
+                    sharers,
                 }
             })
             .collect();
@@ -377,6 +397,20 @@ impl World {
             consumes: share,
         })
         .collect()
+    }
+
+    /// How many pods the world has (a shared claim's pods each count).
+    fn pod_count(&self) -> usize {
+        self.pods.iter().map(|c| c.sharers.max(1)).sum()
+    }
+
+    /// How many of them share a claim.
+    fn sharing_pods(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|c| c.sharers > 1)
+            .map(|c| c.sharers)
+            .sum()
     }
 
     fn node_name(&self, side: Side, i: usize) -> String {
@@ -563,28 +597,54 @@ async fn create(api: &ControlPlane, world: &World) {
             .expect("slice");
         }
         for (p, claim) in world.pods.iter().enumerate() {
-            api.create(
-                &RESOURCE_CLAIM_TEMPLATES,
-                json!({
-                    "metadata": {"name": format!("claim-{p}"), "namespace": ns},
-                    "spec": {"spec": claim_spec(world, claim)}
-                }),
-            )
-            .await
-            .expect("template");
+            if claim.sharers > 1 {
+                api.create(
+                    &RESOURCE_CLAIMS,
+                    json!({
+                        "metadata": {"name": format!("shared-{p}"), "namespace": ns},
+                        "spec": claim_spec(world, claim)
+                    }),
+                )
+                .await
+                .expect("claim");
+            } else {
+                api.create(
+                    &RESOURCE_CLAIM_TEMPLATES,
+                    json!({
+                        "metadata": {"name": format!("claim-{p}"), "namespace": ns},
+                        "spec": {"spec": claim_spec(world, claim)}
+                    }),
+                )
+                .await
+                .expect("template");
+            }
         }
-        for p in 0..world.pods.len() {
-            api.create(&PODS, json!({
-                "metadata": {"name": format!("p-{p}"), "namespace": ns},
-                "spec": {
-                    "schedulerName": side.scheduler_name(),
-                    "nodeSelector": {"diff": world.label(side)},
-                    "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "100m"}}}],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": format!("claim-{p}")}]
-                }
-            }))
-            .await
-            .expect("pod");
+        for (p, claim) in world.pods.iter().enumerate() {
+            let (source, annotations) = if claim.sharers > 1 {
+                (
+                    json!({"name": "gpu", "resourceClaimName": format!("shared-{p}")}),
+                    json!({"gang.scheduling.koordinator.sh/name": format!("shared-{p}"),
+                           "gang.scheduling.koordinator.sh/min-available": claim.sharers.to_string()}),
+                )
+            } else {
+                (
+                    json!({"name": "gpu", "resourceClaimTemplateName": format!("claim-{p}")}),
+                    json!({}),
+                )
+            };
+            for name in claim.pod_names(p) {
+                api.create(&PODS, json!({
+                    "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+                    "spec": {
+                        "schedulerName": side.scheduler_name(),
+                        "nodeSelector": {"diff": world.label(side)},
+                        "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "100m"}}}],
+                        "resourceClaims": [source]
+                    }
+                }))
+                .await
+                .expect("pod");
+            }
         }
     }
 }
@@ -631,9 +691,14 @@ struct Verdict {
 /// Checks every bound pod's allocation against the world's rules (see the header).
 fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
     let mut verdict = Verdict::default();
+    // (node, device) → the claim holding it.
     let mut taken: BTreeMap<(String, String), String> = BTreeMap::new();
-    for (p, claim_def) in world.pods.iter().enumerate() {
-        let name = format!("p-{p}");
+    let consumers = world
+        .pods
+        .iter()
+        .enumerate()
+        .flat_map(|(p, c)| c.pod_names(p).into_iter().map(move |n| (n, c)));
+    for (name, claim_def) in consumers {
         let Some(pod) = copy.pods.get(&name) else {
             verdict.problems.push(format!("{name}: missing"));
             continue;
@@ -648,9 +713,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             continue;
         };
         let gpus = &world.nodes[i];
-        let claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-            .as_str()
-            .unwrap_or_default();
+        let claim_name = claim_of(pod);
         let Some(claim) = copy.claims.get(claim_name) else {
             problem(format!("claim {claim_name:?} not found"));
             continue;
@@ -759,10 +822,13 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                     // Watched, not taken: in use by others or not, and it stays free.
                     continue;
                 }
-                if let Some(other) =
-                    taken.insert((node.to_string(), device.to_string()), name.clone())
-                {
-                    problem(format!("{device} allocated to {other} too"));
+                if let Some(other) = taken.insert(
+                    (node.to_string(), device.to_string()),
+                    claim_name.to_string(),
+                ) {
+                    if other != claim_name {
+                        problem(format!("{device} allocated to claim {other} too"));
+                    }
                 }
             }
         }
@@ -849,6 +915,14 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
         }
     }
     verdict
+}
+
+/// The name of the ResourceClaim a pod's one claim names or was made for.
+fn claim_of(pod: &Value) -> &str {
+    pod["spec"]["resourceClaims"][0]["resourceClaimName"]
+        .as_str()
+        .or_else(|| pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str())
+        .unwrap_or_default()
 }
 
 /// Whether `claim` could be allocated on a node with these GPUs, the `free` ones only,
@@ -986,33 +1060,38 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
             }
         }
     }
-    world
-        .pods
-        .iter()
-        .enumerate()
-        .filter(|(p, _)| {
-            copy.pods
-                .get(&format!("p-{p}"))
-                .is_some_and(|pod| pod["spec"]["nodeName"].is_null())
+    let unbound = world.pods.iter().enumerate().flat_map(|(p, claim)| {
+        claim
+            .pod_names(p)
+            .into_iter()
+            .filter_map(move |name| Some((copy.pods.get(&name)?, name, claim)))
+            .filter(|(pod, _, _)| pod["spec"]["nodeName"].is_null())
+    });
+    unbound
+        .filter(|(pod, _, claim)| {
+            // A shared claim already allocated: the pod could have joined it.
+            let allocated = copy
+                .claims
+                .get(claim_of(pod))
+                .is_some_and(|c| !c["status"]["allocation"].is_null());
+            allocated
+                || (0..world.nodes.len()).any(|n| {
+                    let spent: i64 = world.nodes[n]
+                        .iter()
+                        .zip(&free[n])
+                        .filter(|(_, free)| !**free)
+                        .map(|(g, _)| g.consumes)
+                        .sum();
+                    fits(
+                        world,
+                        claim,
+                        &world.nodes[n],
+                        &free[n],
+                        COUNTER_TOTAL - spent,
+                    )
+                })
         })
-        .filter(|(_, claim)| {
-            (0..world.nodes.len()).any(|n| {
-                let spent: i64 = world.nodes[n]
-                    .iter()
-                    .zip(&free[n])
-                    .filter(|(_, free)| !**free)
-                    .map(|(g, _)| g.consumes)
-                    .sum();
-                fits(
-                    world,
-                    claim,
-                    &world.nodes[n],
-                    &free[n],
-                    COUNTER_TOTAL - spent,
-                )
-            })
-        })
-        .map(|(p, _)| format!("p-{p}"))
+        .map(|(_, name, _)| name)
         .collect()
 }
 
@@ -1025,7 +1104,7 @@ async fn settle(api: &ControlPlane, world: &World) -> (Placed, Placed) {
         let kube = read(api, &world.namespace(Side::KubeScheduler)).await;
         let ours = read(api, &world.namespace(Side::Gangway)).await;
         let now = (kube.bound(), ours.bound());
-        let all = world.pods.len();
+        let all = world.pod_count();
         if now == (all, all) {
             return (kube, ours);
         }
@@ -1068,6 +1147,7 @@ async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir
 #[derive(Debug, Default)]
 struct Totals {
     pods: usize,
+    sharing: usize,
     kube: usize,
     gangway: usize,
     kube_better: usize,
@@ -1203,9 +1283,10 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
         let world = World::draw(index, seed.wrapping_add(index));
         let outcome = run(&api, &world).await;
         eprintln!(
-            "world {index} (seed {:#x}): {} pods; kube-scheduler bound {}, gangway {}",
+            "world {index} (seed {:#x}): {} pods ({} sharing claims); kube-scheduler bound {}, gangway {}",
             world.seed,
-            world.pods.len(),
+            world.pod_count(),
+            world.sharing_pods(),
             outcome.theirs.bound,
             outcome.mine.bound
         );
@@ -1239,13 +1320,14 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
         } else if outcome.mine.bound > outcome.theirs.bound {
             totals.gangway_better += 1;
         }
-        totals.pods += world.pods.len();
+        totals.pods += world.pod_count();
+        totals.sharing += world.sharing_pods();
         totals.kube += outcome.theirs.bound;
         totals.gangway += outcome.mine.bound;
     }
     eprintln!(
-        "{worlds} worlds from seed {seed:#x}: {} pods each side; bound by kube-scheduler {}, by gangway {}; worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
-        totals.pods, totals.kube, totals.gangway, totals.kube_better, totals.gangway_better
+        "{worlds} worlds from seed {seed:#x}: {} pods each side ({} sharing claims); bound by kube-scheduler {}, by gangway {}; worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
+        totals.pods, totals.sharing, totals.kube, totals.gangway, totals.kube_better, totals.gangway_better
     );
 }
 
@@ -1269,6 +1351,7 @@ fn three_pod_world() -> World {
         }],
         numa: NumaRule::Any,
         config: false,
+        sharers: 1,
     };
     world.pods = vec![claim(1), claim(0), claim(1)];
     world
