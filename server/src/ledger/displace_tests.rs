@@ -5,7 +5,9 @@
 //! against the rule that an ABORT leaves the nodes as they were before. Kubernetes
 //! victims (pods with a uid): after COMMIT their room stays held, and the preemptor's
 //! members on their nodes unbindable, until `LedgerOp::VictimsGone` reports every one
-//! there gone; unit tests and a property test over any order of reports.
+//! there gone; unit tests and a property test over any order of reports. Victims sharing
+//! a ResourceClaim: a carrier displaced alone leaves the devices with its follower, and
+//! victims put back by ABORT come back with one carrier.
 
 use proptest::prelude::*;
 
@@ -938,4 +940,95 @@ proptest! {
             check(&ledger, &running)?;
         }
     }
+}
+
+/// A victim gang on n1 sharing one claim: `c` carries GPU 0, `f` follows it.
+fn sharing_victims() -> ShardLedger {
+    use crate::model::claim::ClaimShare;
+    let mut ledger = ledger_with(&[node("n1", 8000, 110)]);
+    let share = ClaimShare {
+        pod_claim: "c".into(),
+        claim: "ns/channel".into(),
+    };
+    let mut carrier = with_gpus(pod(1000), "n1", &[0]);
+    carrier.shares = vec![share.clone()];
+    let mut follower = pod(1000);
+    follower.shares = vec![share];
+    place(
+        &mut ledger,
+        1,
+        vec![
+            member("low", "c", "n1", carrier),
+            member("low", "f", "n1", follower),
+        ],
+    );
+    ledger
+}
+
+/// Holders of GPU 0 of n1, and which slots there carry the shared claim.
+fn gpu0_and_carriers(ledger: &ShardLedger) -> (u32, Vec<String>) {
+    let Some(entry) = ledger.node("n1") else {
+        return (0, Vec::new());
+    };
+    let holders = entry
+        .usage
+        .devices
+        .use_of(&DeviceId::new(DRIVER, "n1", "gpu-0"))
+        .map_or(0, |u| u.holders);
+    let carriers = entry
+        .usage
+        .pods
+        .iter()
+        .filter(|(_, s)| s.pod.carries("ns/channel"))
+        .map(|(k, _)| k.member.clone())
+        .collect();
+    (holders, carriers)
+}
+
+#[test]
+fn a_shared_claims_victims_come_back_with_one_carrier_and_its_devices_once() {
+    let victims = [
+        MemberKey::new("ns", "low", "c"),
+        MemberKey::new("ns", "low", "f"),
+    ];
+    // Both victims, then ABORT: the devices were handed to f as c left, so both come
+    // back with them; the first put back (c) carries them, f follows again.
+    let mut ledger = sharing_victims();
+    let preemptor = vec![member("high", "h", "n1", pod(1000))];
+    let reply = apply(
+        &mut ledger,
+        2,
+        displacing(2, preemptor.clone(), victims.to_vec()),
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    let (holders, _) = gpu0_and_carriers(&ledger);
+    assert_eq!(holders, 1, "the victims' room holds GPU 0 once");
+    apply(&mut ledger, 3, LedgerOp::Abort { txn_id: TxnId(2) });
+    assert_eq!(gpu0_and_carriers(&ledger), (1, vec!["c".to_string()]));
+    // COMMIT frees it.
+    let reply = apply(&mut ledger, 4, displacing(3, preemptor, victims.to_vec()));
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    apply(&mut ledger, 5, LedgerOp::Commit { txn_id: TxnId(3) });
+    apply(
+        &mut ledger,
+        6,
+        LedgerOp::Release {
+            target: ReleaseTarget::Txn(TxnId(3)),
+        },
+    );
+    assert_eq!(gpu0_and_carriers(&ledger), (0, Vec::new()));
+
+    // The carrier alone: f keeps the GPU while c is displaced; ABORT brings c back as a
+    // follower.
+    let mut ledger = sharing_victims();
+    let preemptor = vec![member("high", "h", "n1", pod(1000))];
+    let reply = apply(
+        &mut ledger,
+        2,
+        displacing(2, preemptor, victims[..1].to_vec()),
+    );
+    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+    assert_eq!(gpu0_and_carriers(&ledger), (1, vec!["f".to_string()]));
+    apply(&mut ledger, 3, LedgerOp::Abort { txn_id: TxnId(2) });
+    assert_eq!(gpu0_and_carriers(&ledger), (1, vec!["f".to_string()]));
 }

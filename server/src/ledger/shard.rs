@@ -1045,7 +1045,8 @@ impl ShardLedger {
             else {
                 continue;
             };
-            let victim_pods: Vec<&PodSummary> = slots.iter().map(|(_, s)| &s.pod).collect();
+            let victim_pods = room_of_victims(slots, &entry.usage);
+            let victim_pods: Vec<&PodSummary> = victim_pods.iter().collect();
             let member_pods: Vec<&PodSummary> = members
                 .iter()
                 .filter(|m| m.node == *node)
@@ -2090,6 +2091,31 @@ impl ShardLedger {
         }
         Ok(())
     }
+}
+
+/// The victims' pods as their room counts: a shared claim a victim carries whose
+/// follower is no victim passes to that follower (see `NodeUsage::take`), so its devices
+/// are no room of the victims'.
+fn room_of_victims(victims: &[(&MemberKey, &PodSlot)], usage: &NodeUsage) -> Vec<PodSummary> {
+    let kept: BTreeSet<&str> = usage
+        .pods
+        .iter()
+        .filter(|(key, _)| !victims.iter().any(|(v, _)| v == key))
+        .flat_map(|(_, slot)| slot.pod.followed().map(|s| s.claim.as_str()))
+        .collect();
+    victims
+        .iter()
+        .map(|(_, slot)| {
+            let mut pod = slot.pod.clone();
+            let handed: Vec<String> = pod
+                .carried()
+                .filter(|s| kept.contains(s.claim.as_str()))
+                .map(|s| s.pod_claim.clone())
+                .collect();
+            pod.devices.retain(|d| !handed.contains(&d.claim));
+            pod
+        })
+        .collect()
 }
 
 fn finished_answer(txn_id: TxnId, done: &FinishedTxn, hold: Hold) -> LedgerReply {
