@@ -18,8 +18,13 @@
 //! decision was delivered. Groups of odd keys are Kubernetes pods (their members carry
 //! a uid): a committed preemption of them keeps its placeholders until the evictor
 //! reports the victims gone (`Step::VictimsGone`), and until then the preemptor's
-//! members on their nodes are not bindable. A failing case prints its steps; proptest's
-//! regression file replays it.
+//! members on their nodes are not bindable. Groups of keys 4 and 5 share one
+//! ResourceClaim: their first member planned carries a GPU for it and the others follow
+//! on the same node (a group holding members already plans them all as followers beside
+//! them). Also checked after every step: each shard ledger's own invariants (I1, I2, a
+//! shared claim carried by one slot on its node and followed only there) and no shared
+//! claim carried twice across shards outside doomed holds. A failing case prints its
+//! steps; proptest's regression file replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,6 +39,8 @@ use crate::ledger::meta::{
 use crate::ledger::shard::ShardLedger;
 use crate::ledger::usage::SlotState;
 use crate::ledger::TxnId;
+use crate::model::claim::{AdminAccess, ClaimShare, DeviceAllocation};
+use crate::model::device::{Device, DeviceId};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::PodSummary;
@@ -95,7 +102,7 @@ enum Step {
 
 fn arb_step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0u8..4, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
+        3 => (0u8..6, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
         3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
         2 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(pick, victim, shift)| Step::Preempt { pick, victim, shift }),
         4 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
@@ -149,6 +156,9 @@ struct Bugs {
     /// Meta returns a preemption's victims to Placed as soon as it records ABORT, before
     /// every participant put them back (rule 14 broken).
     victims_back_at_abort: bool,
+    /// The shards free a shared claim's devices with the pod carrying them, while its
+    /// followers stay (I1 broken; `ledger-frees-shared-claims-with-their-carrier`).
+    shared_claims_freed_with_carrier: bool,
 }
 
 fn node_name(shard: u32, i: usize) -> String {
@@ -174,21 +184,61 @@ fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
     gang
 }
 
-/// A member's pod: a Kubernetes pod (with a uid) when its gang's key is odd.
-fn pod(member: &MemberKey) -> PodSummary {
-    let kube = member
+/// The key of a member's gang.
+fn key_of(member: &MemberKey) -> Option<u8> {
+    member
         .gang
         .strip_prefix('g')
         .and_then(|k| k.parse::<u8>().ok())
-        .is_some_and(|k| k % 2 == 1);
+}
+
+/// Whether the members of gang `g{key}` share a ResourceClaim.
+fn shares_a_claim(key: u8) -> bool {
+    key >= 4
+}
+
+/// The driver of the GPUs every node publishes.
+const DRIVER: &str = "gpu.example.com";
+/// GPUs per node.
+const GPUS_PER_NODE: usize = 2;
+
+/// A member's pod: a Kubernetes pod (with a uid) when its gang's key is odd; a
+/// follower of its gang's shared claim when the gang shares one.
+fn pod(member: &MemberKey) -> PodSummary {
+    let key = key_of(member);
+    let kube = key.is_some_and(|k| k % 2 == 1);
+    let shares = match key {
+        Some(k) if shares_a_claim(k) => vec![ClaimShare {
+            pod_claim: "c".into(),
+            claim: format!("default/claim-g{k}"),
+        }],
+        _ => Vec::new(),
+    };
     PodSummary {
         requests: Resources {
             cpu_milli: MEMBER_CPU_MILLI,
             ..Resources::zero()
         },
         uid: kube.then(|| format!("uid-{}-{}", member.gang, member.member)),
+        shares,
         ..PodSummary::default()
     }
+}
+
+/// `pod`, carrying its gang's shared claim: GPU `key % 2` of `node`.
+fn carrier(member: &MemberKey, node: &str) -> PodSummary {
+    let mut p = pod(member);
+    let gpu = key_of(member).map_or(0, |k| usize::from(k) % GPUS_PER_NODE);
+    p.devices = vec![DeviceAllocation {
+        claim: "c".into(),
+        request: "gpu".into(),
+        device: DeviceId::new(DRIVER, node, format!("gpu-{gpu}")),
+        admin_access: AdminAccess::Disabled,
+        tolerations: Vec::new(),
+        share_id: None,
+        consumed_capacity: BTreeMap::new(),
+    }];
+    p
 }
 
 impl World {
@@ -202,6 +252,9 @@ impl World {
         };
         for shard in 1..=SHARDS {
             let mut ledger = ShardLedger::new();
+            if bugs.shared_claims_freed_with_carrier {
+                ledger.set_hand_over(crate::ledger::usage::HandOver::Freed);
+            }
             for i in 0..NODES_PER_SHARD {
                 let name = node_name(shard, i);
                 let node = Node::new(
@@ -214,6 +267,17 @@ impl World {
                     },
                 );
                 ledger.apply(&LedgerCommand::new(0, LedgerOp::RegisterNode { node }));
+                let publish = LedgerOp::PublishPool {
+                    node: name.clone(),
+                    driver: DRIVER.into(),
+                    pool: name.clone(),
+                    generation: 1,
+                    devices: (0..GPUS_PER_NODE)
+                        .map(|d| Device::new(format!("gpu-{d}")))
+                        .collect(),
+                    counter_sets: Vec::new(),
+                };
+                ledger.apply(&LedgerCommand::new(0, publish));
                 w.meta_write(&MetaCommand::AssignNode {
                     node: name,
                     shard,
@@ -347,7 +411,12 @@ impl World {
         } else {
             unheld.len()
         };
-        spread(&mut per_shard, unheld.into_iter().take(take), shift);
+        let beside = g
+            .placements
+            .values()
+            .next()
+            .map(|p| (p.shard, p.node.clone()));
+        spread(&mut per_shard, unheld.into_iter().take(take), shift, beside);
         if per_shard.is_empty() {
             return;
         }
@@ -393,7 +462,7 @@ impl World {
                 .iter()
                 .map(|m| MemberKey::new(&gang.namespace, &gang.name, &m.name))
         });
-        spread(&mut per_shard, members, shift);
+        spread(&mut per_shard, members, shift, None);
         let mut victims: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
         for (key, p) in &v.placements {
             let member = MemberKey::try_from(key.clone())
@@ -795,6 +864,28 @@ impl World {
 
     /// The rules that hold between any two steps.
     fn check_always(&self) -> Result<(), String> {
+        let mut carriers: BTreeMap<String, (u32, String)> = BTreeMap::new();
+        for (shard, ledger) in &self.shards {
+            ledger
+                .check_invariants()
+                .map_err(|e| format!("shard {shard}: {e:?}"))?;
+            for entry in ledger.nodes() {
+                for (member, slot) in &entry.usage.pods {
+                    if self.doomed(*shard, &slot.state) {
+                        continue;
+                    }
+                    for share in slot.pod.carried() {
+                        let here = (*shard, entry.node.name.clone());
+                        if let Some(other) = carriers.insert(share.claim.clone(), here) {
+                            return Err(format!(
+                                "shared claim {} carried on {other:?} and by {member} on ({shard}, {})",
+                                share.claim, entry.node.name
+                            ));
+                        }
+                    }
+                }
+            }
+        }
         let slots = self.slots();
         let mut seen = BTreeMap::new();
         for (member, shard, node, state) in &slots {
@@ -1055,12 +1146,44 @@ impl World {
 }
 
 /// Places `members` over the shards from `shift`, filling each node's two slots in
-/// turn (the ledger refuses what does not fit: a No vote).
+/// turn (the ledger refuses what does not fit: a No vote). Members of a gang sharing a
+/// claim all go to one node: beside the group's held members (`beside`, as followers),
+/// else to the node at `shift`, the first carrying the claim.
 fn spread(
     per_shard: &mut BTreeMap<u32, Vec<ReserveMember>>,
     members: impl Iterator<Item = MemberKey>,
     shift: u8,
+    beside: Option<(u32, String)>,
 ) {
+    let mut members = members.peekable();
+    if members.peek().and_then(key_of).is_some_and(shares_a_claim) {
+        let slot = usize::from(shift);
+        let (shard, node, mut carried) = match beside {
+            Some((shard, node)) => (shard, node, true),
+            None => {
+                let shard = 1 + (slot as u32 % SHARDS);
+                (
+                    shard,
+                    node_name(shard, (slot / SHARDS as usize) % NODES_PER_SHARD),
+                    false,
+                )
+            }
+        };
+        for member in members {
+            let pod = if carried {
+                pod(&member)
+            } else {
+                carried = true;
+                carrier(&member, &node)
+            };
+            per_shard.entry(shard).or_default().push(ReserveMember {
+                member,
+                node: node.clone(),
+                pod,
+            });
+        }
+        return;
+    }
     for (i, member) in members.enumerate() {
         let slot = i + usize::from(shift);
         let shard = 1 + (slot as u32 % SHARDS);
@@ -1393,6 +1516,31 @@ fn a_committed_preemption_moves_the_room_from_victim_to_preemptor() {
     w.drain();
     assert_eq!(w.check_drained(), Ok(()));
     assert_eq!(w.slots().len(), 8);
+}
+
+/// Random interleavings find a shared claim's devices freed with their carrier (a
+/// follower left on a node where nothing carries its claim) within a bounded number of
+/// cases.
+#[test]
+fn the_checks_find_shared_claims_freed_with_their_carrier() {
+    let bugs = Bugs {
+        shared_claims_freed_with_carrier: true,
+        ..Bugs::default()
+    };
+    let config = ProptestConfig {
+        cases: 4_096,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let found = runner.run(&prop::collection::vec(arb_step(), 1..80), |steps| {
+        run(&steps, bugs).map_err(proptest::test_runner::TestCaseError::fail)
+    });
+    let found = found
+        .err()
+        .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"));
+    assert!(found.to_string().contains("shared claim"), "{found}");
+    eprintln!("found, as expected: {found}");
 }
 
 /// Random preemption interleavings find the victims returned at the ABORT itself within a
