@@ -1,8 +1,10 @@
 //! The binder: on every replica, for each shard it leads, binds the shard's
 //! committed Kubernetes pods: the ResourceClaim allocations first (and, for devices
 //! with binding conditions, the driver's word that they hold: a failure or a wait past
-//! `BINDING_CONDITIONS_TIMEOUT_MS` deallocates the claim and tries again later), then
-//! `pods/binding` with the pod's uid as precondition, then records the binding in
+//! `BINDING_CONDITIONS_TIMEOUT_MS` deallocates the claim and tries again later; a pod
+//! that follows a shared claim joins its `reservedFor` once the carrier's allocation is
+//! written, and waits on the same conditions), then `pods/binding` with the pod's uid as
+//! precondition, then records the binding in
 //! the shard's log (`BindConfirmed`, batched). A new leader finds the committed but
 //! unconfirmed members in its ledger and binds them again; the API server's 409
 //! for a pod already on that node makes the retry a success, so each pod is bound
@@ -485,10 +487,6 @@ fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
     })
 }
 
-/// A binding that failed its devices' conditions (or waited past the timeout), as
-/// upstream's scheduler handles it: the claim is deallocated (the driver starts afresh)
-/// and a Warning event says why; the member stays placed and is tried again after
-/// `BINDING_FAILURE_BACKOFF_MS`, on the same devices.
 /// Whether the devices of claim `claim` (allocated as `allocation`) let the pod bind:
 /// their binding conditions are True in the driver's status as this replica's informer
 /// has seen it (else `cached`). A failure condition, or a wait past
@@ -536,6 +534,10 @@ async fn binding_conditions_met(
     }
 }
 
+/// A binding that failed its devices' conditions (or waited past the timeout), as
+/// upstream's scheduler handles it: the claim is deallocated (the driver starts afresh)
+/// and a Warning event says why; the member stays placed and is tried again after
+/// `BINDING_FAILURE_BACKOFF_MS`, on the same devices.
 async fn fail_binding(
     ctx: &Ctx,
     pod: &PodRef,
