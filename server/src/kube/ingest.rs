@@ -7,7 +7,9 @@
 //! several share counted once); pods that are gone or finished → their placements released
 //! (a queued group losing a member is cancelled, its other pods submitted again; a
 //! placed group with a Strict gang below minMember before any binding is released
-//! whole); pending pods of our scheduler → gang groups in the meta queue (batched);
+//! whole); pending pods of our scheduler → gang groups in the meta queue (batched; a
+//! ResourceClaim the pods of one gang share is carried by the first and followed by
+//! the others);
 //! timed-out gangs → the Koordinator timeout annotation; invalid pods and
 //! unplaceable groups → FailedScheduling events with the reason; PodGroups → their
 //! status (phase, scheduled, running, succeeded, failed).

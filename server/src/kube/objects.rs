@@ -1,6 +1,7 @@
 //! Kubernetes objects (as JSON from the API server) into gangway's model: Nodes,
 //! ResourceSlices, DeviceClasses, DeviceTaintRules, PodDisruptionBudgets, pods with
-//! their ResourceClaims (refusing claims several pods share), and pods other
+//! their ResourceClaims (a claim the pods of one gang share is carried by one of them
+//! and followed by the others; one shared beyond the gang is refused), and pods other
 //! schedulers bound (with the devices their allocated claims hold, a shared claim's
 //! once). Pure
 //! functions; every error names the object and the field (Kubernetes JSON names),
