@@ -352,6 +352,12 @@ pub enum RefusalCause {
         /// The claim, `namespace/name`.
         claim: String,
     },
+    /// A preemption's victims include some of the pods sharing a claim on the node
+    /// but not all: the claim's devices would stay in use by the others.
+    SharedClaimSplit {
+        /// The claim, `namespace/name`.
+        claim: String,
+    },
 }
 
 /// Why a device cannot take an allocation.
@@ -842,6 +848,10 @@ impl fmt::Display for RefusalCause {
             RefusalCause::SharedClaimNotHere { claim } => write!(
                 f,
                 "shared claim {claim} is not allocated on the node; its pods must share a node"
+            ),
+            RefusalCause::SharedClaimSplit { claim } => write!(
+                f,
+                "the victims include some of the pods sharing claim {claim} on the node, not all"
             ),
         }
     }

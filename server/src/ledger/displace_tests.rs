@@ -7,7 +7,8 @@
 //! members on their nodes unbindable, until `LedgerOp::VictimsGone` reports every one
 //! there gone; unit tests and a property test over any order of reports. Victims sharing
 //! a ResourceClaim: a carrier displaced alone leaves the devices with its follower, and
-//! victims put back by ABORT come back with one carrier.
+//! victims put back by ABORT come back with one carrier, even when one was released
+//! while displaced; a preemption taking some of a claim's pods on a node, not all, is refused.
 
 use proptest::prelude::*;
 
@@ -1018,17 +1019,55 @@ fn a_shared_claims_victims_come_back_with_one_carrier_and_its_devices_once() {
     );
     assert_eq!(gpu0_and_carriers(&ledger), (0, Vec::new()));
 
-    // The carrier alone: f keeps the GPU while c is displaced; ABORT brings c back as a
-    // follower.
-    let mut ledger = sharing_victims();
-    let preemptor = vec![member("high", "h", "n1", pod(1000))];
-    let reply = apply(
-        &mut ledger,
-        2,
-        displacing(2, preemptor, victims[..1].to_vec()),
-    );
-    assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
-    assert_eq!(gpu0_and_carriers(&ledger), (1, vec!["f".to_string()]));
-    apply(&mut ledger, 3, LedgerOp::Abort { txn_id: TxnId(2) });
-    assert_eq!(gpu0_and_carriers(&ledger), (1, vec!["f".to_string()]));
+    // One victim of the two: refused, the other would keep using the GPU the victims'
+    // room counts.
+    for victim in &victims {
+        let mut ledger = sharing_victims();
+        let preemptor = vec![member("high", "h", "n1", pod(1000))];
+        let reply = apply(
+            &mut ledger,
+            2,
+            displacing(2, preemptor, vec![victim.clone()]),
+        );
+        let LedgerReply::ReserveRefused { refusals, .. } = reply else {
+            panic!("{victim}: {reply:?}");
+        };
+        assert_eq!(
+            refusals[0].cause,
+            RefusalCause::SharedClaimSplit {
+                claim: "ns/channel".into()
+            }
+        );
+    }
+
+    // Either victim released while displaced, the victims listed either way (the
+    // follower taken first keeps nothing, the carrier after it frees the GPU into the
+    // room): the other comes back carrying the GPU.
+    let orders = [victims.to_vec(), victims.iter().rev().cloned().collect()];
+    for (order, released) in orders
+        .iter()
+        .flat_map(|o| victims.iter().map(move |r| (o, r)))
+    {
+        let mut ledger = sharing_victims();
+        let preemptor = vec![member("high", "h", "n1", pod(1000))];
+        let reply = apply(&mut ledger, 2, displacing(2, preemptor, order.clone()));
+        assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
+        apply(
+            &mut ledger,
+            3,
+            LedgerOp::Release {
+                target: ReleaseTarget::Members(vec![released.clone()]),
+            },
+        );
+        apply(&mut ledger, 4, LedgerOp::Abort { txn_id: TxnId(2) });
+        let other = victims
+            .iter()
+            .find(|v| *v != released)
+            .map(|v| v.member.clone());
+        assert_eq!(
+            gpu0_and_carriers(&ledger),
+            (1, other.into_iter().collect::<Vec<_>>()),
+            "{released} released while displaced, victims {order:?}"
+        );
+    }
 }

@@ -54,7 +54,7 @@ use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRA
 use crate::ledger::displace;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
-use crate::model::claim::{validate_allocations, validate_shares};
+use crate::model::claim::{validate_allocations, validate_shares, DeviceAllocation};
 use crate::model::device::{
     validate_device_taint, validate_pool, CounterSet, Device, DeviceClass, DeviceId, DeviceTaint,
     DEVICE_TAINTS_MAX,
@@ -993,6 +993,14 @@ impl ShardLedger {
                 )),
             }
         }
+        for (node, slots) in &victims_by_node {
+            if let Some(entry) = self.state.nodes.get(node) {
+                if let Some((key, claim)) = split_claim(slots, &entry.usage) {
+                    let cause = RefusalCause::SharedClaimSplit { claim };
+                    refusals.push(refusal(key, node, cause));
+                }
+            }
+        }
         if !refusals.is_empty() {
             return Err(refusals);
         }
@@ -1045,8 +1053,7 @@ impl ShardLedger {
             else {
                 continue;
             };
-            let victim_pods = room_of_victims(slots, &entry.usage);
-            let victim_pods: Vec<&PodSummary> = victim_pods.iter().collect();
+            let victim_pods: Vec<&PodSummary> = slots.iter().map(|(_, s)| &s.pod).collect();
             let member_pods: Vec<&PodSummary> = members
                 .iter()
                 .filter(|m| m.node == *node)
@@ -1128,13 +1135,18 @@ impl ShardLedger {
     fn forget_displaced(&mut self, gone: impl Fn(&MemberKey, &PodSlot) -> bool) -> Vec<MemberKey> {
         let mut forgotten = Vec::new();
         for open in self.state.open.values_mut() {
+            let mut gone_slots = Vec::new();
             open.displaced.retain(|key, d| {
                 let keep = !gone(key, &d.slot);
                 if !keep {
                     forgotten.push(key.clone());
+                    gone_slots.push(d.clone());
                 }
                 keep
             });
+            for d in gone_slots {
+                hand_over_displaced(&mut open.displaced, &d);
+            }
         }
         forgotten
     }
@@ -2093,29 +2105,61 @@ impl ShardLedger {
     }
 }
 
-/// The victims' pods as their room counts: a shared claim a victim carries whose
-/// follower is no victim passes to that follower (see `NodeUsage::take`), so its devices
-/// are no room of the victims'.
-fn room_of_victims(victims: &[(&MemberKey, &PodSlot)], usage: &NodeUsage) -> Vec<PodSummary> {
+/// Gives the shared-claim allocations a forgotten displaced victim (`gone`) carried to
+/// the first displaced victim of its node that follows the claim, so that an ABORT
+/// puts the claim back with its devices (as `NodeUsage::take` does on a node).
+fn hand_over_displaced(displaced: &mut BTreeMap<MemberKey, DisplacedSlot>, gone: &DisplacedSlot) {
+    for share in gone.slot.pod.carried() {
+        let heir = displaced
+            .values_mut()
+            .find(|d| d.node == gone.node && d.slot.pod.followed().any(|s| s.claim == share.claim));
+        let Some(d) = heir else {
+            continue;
+        };
+        let pod_claim = d
+            .slot
+            .pod
+            .shares
+            .iter()
+            .find(|s| s.claim == share.claim)
+            .map(|s| s.pod_claim.clone());
+        if let Some(pod_claim) = pod_claim {
+            let moved = gone
+                .slot
+                .pod
+                .devices
+                .iter()
+                .filter(|a| a.claim == share.pod_claim)
+                .map(|a| DeviceAllocation {
+                    claim: pod_claim.clone(),
+                    ..a.clone()
+                });
+            d.slot.pod.devices.extend(moved);
+        }
+    }
+}
+
+/// A shared claim some of `victims` use on their node while another pod there (no
+/// victim) uses it too, with one such victim: its devices would stay in use, so the
+/// victims' room could not be what they leave.
+fn split_claim<'v>(
+    victims: &[(&'v MemberKey, &PodSlot)],
+    usage: &NodeUsage,
+) -> Option<(&'v MemberKey, String)> {
+    let is_victim = |key: &MemberKey| victims.iter().any(|(v, _)| *v == key);
     let kept: BTreeSet<&str> = usage
         .pods
         .iter()
-        .filter(|(key, _)| !victims.iter().any(|(v, _)| v == key))
-        .flat_map(|(_, slot)| slot.pod.followed().map(|s| s.claim.as_str()))
+        .filter(|(key, _)| !is_victim(key))
+        .flat_map(|(_, slot)| slot.pod.shares.iter().map(|s| s.claim.as_str()))
         .collect();
-    victims
-        .iter()
-        .map(|(_, slot)| {
-            let mut pod = slot.pod.clone();
-            let handed: Vec<String> = pod
-                .carried()
-                .filter(|s| kept.contains(s.claim.as_str()))
-                .map(|s| s.pod_claim.clone())
-                .collect();
-            pod.devices.retain(|d| !handed.contains(&d.claim));
-            pod
-        })
-        .collect()
+    victims.iter().find_map(|(key, slot)| {
+        slot.pod
+            .shares
+            .iter()
+            .find(|s| kept.contains(s.claim.as_str()))
+            .map(|s| (*key, s.claim.clone()))
+    })
 }
 
 fn finished_answer(txn_id: TxnId, done: &FinishedTxn, hold: Hold) -> LedgerReply {

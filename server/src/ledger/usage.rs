@@ -95,7 +95,6 @@ pub struct BatchLoad {
 }
 
 impl BatchLoad {
-    /// Adds an accepted member.
     /// Counts the shared claims `pod` (a member about to be checked) carries.
     pub fn expect_carrier(&mut self, pod: &PodSummary) {
         for share in pod.carried() {
