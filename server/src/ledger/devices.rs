@@ -754,7 +754,7 @@ impl NodeDevices {
         self.unhealthy.retain(|id| !in_pool(id) || published(id));
         self.rule_taints
             .retain(|id, _| !in_pool(id) || published(id));
-        let mut evictions: Vec<DeviceEviction> = self
+        let removed: Vec<DeviceEviction> = self
             .recount(pods)
             .into_iter()
             .filter(|(member, _)| pods.get(member).is_some_and(|s| s.state.is_gangway()))
@@ -766,6 +766,7 @@ impl NodeDevices {
                 evict_at_ms: at_ms,
             })
             .collect();
+        let mut evictions = with_followers(removed, pods);
         evictions.extend(self.evictions(node, pods, at_ms, |id| in_pool(id)));
         evictions.sort();
         evictions.dedup();
@@ -1041,7 +1042,7 @@ fn add_use(
 
 /// `evictions` (of carriers) and the same for every pod on the node that follows the
 /// shared claim an evicted allocation belongs to: its pods use the device too.
-fn with_followers(
+pub fn with_followers(
     mut evictions: Vec<DeviceEviction>,
     pods: &BTreeMap<MemberKey, PodSlot>,
 ) -> Vec<DeviceEviction> {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::group_preemption::{group_offer_keeping, GroupOffer, WithoutGangs};
 use crate::engine::placement::place_members;
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
-use crate::ledger::devices::{DeviceHealth, EvictionCause};
+use crate::ledger::devices::{with_followers, DeviceEviction, DeviceHealth, EvictionCause};
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{TxnId, TxnOutcome};
@@ -438,14 +438,25 @@ fn evictions_on(entry: &NodeEntry, at_ms: u64) -> Vec<PodEviction> {
         })
     };
     let mut out: std::collections::BTreeMap<MemberKey, PodEviction> = Default::default();
-    let detached = usage.devices.detached.iter().filter_map(|(member, index)| {
-        let device = usage.pods.get(member)?.pod.devices.get(*index as usize)?;
-        Some((
-            member.clone(),
-            device.device.clone(),
-            EvictionCause::DeviceRemoved,
-        ))
-    });
+    let detached: Vec<DeviceEviction> = usage
+        .devices
+        .detached
+        .iter()
+        .filter_map(|(member, index)| {
+            let device = usage.pods.get(member)?.pod.devices.get(*index as usize)?;
+            Some(DeviceEviction {
+                member: member.clone(),
+                node: entry.node.name.clone(),
+                device: device.device.clone(),
+                cause: EvictionCause::DeviceRemoved,
+                evict_at_ms: at_ms,
+            })
+        })
+        .collect();
+    // A shared claim's followers use what its carrier holds.
+    let detached = with_followers(detached, &usage.pods)
+        .into_iter()
+        .map(|e| (e.member, e.device, e.cause));
     let bad_devices = usage
         .devices
         .evictions(&entry.node.name, &usage.pods, at_ms, |_| true)

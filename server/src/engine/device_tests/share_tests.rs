@@ -312,6 +312,49 @@ fn a_bad_device_evicts_every_pod_of_the_claim() {
     );
 }
 
+#[test]
+fn a_device_dropped_from_its_pool_evicts_every_pod_of_the_claim() {
+    let mut f = fixture();
+    let placed = place_and_commit(
+        &mut f,
+        &[("c", &carrier_spec()), ("a", &follower_spec())],
+    );
+    let node = placed[0].node.clone();
+    let used = placed
+        .iter()
+        .flat_map(|m| m.pod.devices.iter().map(|d| d.device.device.clone()))
+        .next()
+        .unwrap_or_default();
+    let kept: Vec<_> = ["gpu-0", "gpu-1"]
+        .into_iter()
+        .filter(|d| *d != used)
+        .map(|d| gpu(d, "a100", 40, 0))
+        .collect();
+    let reply = f.apply(LedgerOp::PublishPool {
+        node: node.clone(),
+        driver: DRIVER.into(),
+        pool: node.clone(),
+        generation: 2,
+        devices: kept,
+        counter_sets: vec![],
+    });
+    let LedgerReply::PoolPublished { evictions, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    let evicted: BTreeSet<(String, EvictionCause)> = evictions
+        .into_iter()
+        .map(|e| (e.member.member, e.cause))
+        .collect();
+    assert_eq!(
+        evicted,
+        BTreeSet::from([
+            ("a".to_string(), EvictionCause::DeviceRemoved),
+            ("c".to_string(), EvictionCause::DeviceRemoved),
+        ])
+    );
+    assert_eq!(f.ledger.check_invariants(), Ok(()));
+}
+
 /// One step of the random walk.
 #[derive(Debug, Clone)]
 enum Step {
