@@ -103,8 +103,30 @@ fn merge(
     order.sort_by_key(|(shard, p)| (std::cmp::Reverse(p.assignments.len()), **shard));
     let mut per_shard = BTreeMap::new();
     for (shard, plan) in order {
-        let mut mine = Vec::new();
-        for slot in &plan.assignments {
+        // Carriers of shared claims first: a follower slot is taken only where the
+        // claim's carrier in this plan was taken too (or the plan has none: the claim
+        // is carried on the shard already), or the shard would refuse it.
+        let mut mine: Vec<(usize, ReserveMember)> = Vec::new();
+        let mut carried: BTreeSet<&str> = BTreeSet::new();
+        let follows = |slot: &ReserveMember| slot.pod.followed().next().is_some();
+        let firsts = plan
+            .assignments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !follows(s));
+        let thens = plan
+            .assignments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| follows(s));
+        for (i, slot) in firsts.chain(thens) {
+            let orphan = slot.pod.followed().any(|f| {
+                !carried.contains(f.claim.as_str())
+                    && plan.assignments.iter().any(|o| o.pod.carries(&f.claim))
+            });
+            if orphan {
+                continue;
+            }
             let Some(spec) = spec_of.get(&slot.member) else {
                 continue;
             };
@@ -112,15 +134,20 @@ fn merge(
                 continue;
             };
             if let Some(member) = queue.pop_front() {
-                mine.push(ReserveMember {
-                    member,
-                    node: slot.node.clone(),
-                    pod: slot.pod.clone(),
-                });
+                carried.extend(slot.pod.carried().map(|s| s.claim.as_str()));
+                mine.push((
+                    i,
+                    ReserveMember {
+                        member,
+                        node: slot.node.clone(),
+                        pod: slot.pod.clone(),
+                    },
+                ));
             }
         }
+        mine.sort_by_key(|(i, _)| *i);
         if !mine.is_empty() {
-            per_shard.insert(*shard, mine);
+            per_shard.insert(*shard, mine.into_iter().map(|(_, m)| m).collect());
         }
     }
     per_shard
@@ -194,6 +221,76 @@ mod tests {
                 .collect(),
             domain: None,
         }
+    }
+
+    #[test]
+    fn followers_of_a_shared_claim_are_taken_only_beside_the_carrier_taken() {
+        use crate::model::claim::{AdminAccess, ClaimShare, DeviceAllocation, PodClaim};
+        use crate::model::DeviceId;
+        let share = ClaimShare {
+            pod_claim: "gpu".into(),
+            claim: "ns/channel".into(),
+        };
+        let mut g = group(3, 3);
+        let follower_spec = PodSpec {
+            shares: vec![share.clone()],
+            ..PodSpec::default()
+        };
+        g.gangs[0].members[0].spec = PodSpec {
+            claims: vec![PodClaim {
+                name: "gpu".into(),
+                requests: vec![],
+                constraints: vec![],
+                config: vec![],
+            }],
+            ..follower_spec.clone()
+        };
+        g.gangs[0].members[1].spec = follower_spec.clone();
+        g.gangs[0].members[2].spec = follower_spec;
+        // Each shard's one node takes the carrier and one follower.
+        let shard_plan = |node: &str| {
+            let follower = PodSummary {
+                shares: vec![share.clone()],
+                ..PodSummary::default()
+            };
+            let carrier = PodSummary {
+                devices: vec![DeviceAllocation {
+                    claim: "gpu".into(),
+                    request: "gpu".into(),
+                    device: DeviceId::new("gpu.example.com", node, "gpu-0"),
+                    admin_access: AdminAccess::Disabled,
+                    tolerations: vec![],
+                    share_id: None,
+                    consumed_capacity: BTreeMap::new(),
+                }],
+                ..follower.clone()
+            };
+            let slot = |i: u32, pod: PodSummary| ReserveMember {
+                member: key(i),
+                node: node.to_string(),
+                pod,
+            };
+            GangPlacement {
+                assignments: vec![slot(0, carrier), slot(1, follower)],
+                unplaced: vec![Unplaced {
+                    member: key(2),
+                    diagnosis: Diagnosis::default(),
+                }],
+                domain: None,
+            }
+        };
+        let plans = BTreeMap::from([(1, shard_plan("a")), (2, shard_plan("b"))]);
+        // Shard 2's follower slot follows shard 2's carrier, which is not taken: the
+        // group is short, not ready with a follower its shard would refuse.
+        let AssignOutcome::Short { partial, .. } = assign(&g, &plans, &BTreeSet::new()) else {
+            panic!("short")
+        };
+        let taken: Vec<(u32, String)> = partial
+            .per_shard
+            .iter()
+            .flat_map(|(s, ms)| ms.iter().map(move |m| (*s, m.member.member.clone())))
+            .collect();
+        assert_eq!(taken, vec![(1, "m0".to_string()), (1, "m1".to_string())]);
     }
 
     #[test]

@@ -349,15 +349,38 @@ fn templates<'a>(
         let extended: u64 = t.footprint.extended.values().sum();
         (extended, t.footprint.cpu_milli, t.footprint.memory_bytes)
     };
-    // A shared claim's carrier goes before the pods that follow it to its node.
-    let follows = |t: &Template<'_>| t.spec.followed_shares().next().is_some();
-    out.sort_by(|a, b| {
-        follows(a)
-            .cmp(&follows(b))
-            .then(size(b).cmp(&size(a)))
-            .then(a.members[0].cmp(&b.members[0]))
-    });
+    out.sort_by(|a, b| size(b).cmp(&size(a)).then(a.members[0].cmp(&b.members[0])));
+    if out
+        .iter()
+        .any(|t| t.spec.followed_shares().next().is_some())
+    {
+        out = carriers_first(out);
+    }
     out
+}
+
+/// `templates` reordered so that a shared claim's carrier goes before the pods that
+/// follow it to its node (a carrier may follow another claim itself); otherwise in
+/// the given order. Pods whose claims follow each other in a cycle keep their order.
+fn carriers_first(mut left: Vec<Template<'_>>) -> Vec<Template<'_>> {
+    let carries = |t: &Template<'_>, claim: &str| {
+        t.spec
+            .shares
+            .iter()
+            .any(|s| s.claim == claim && t.spec.claims.iter().any(|c| c.name == s.pod_claim))
+    };
+    let mut ordered = Vec::with_capacity(left.len());
+    while !left.is_empty() {
+        let ready = (0..left.len()).find(|&i| {
+            left[i].spec.followed_shares().all(|f| {
+                left.iter()
+                    .enumerate()
+                    .all(|(j, other)| j == i || !carries(other, &f.claim))
+            })
+        });
+        ordered.push(left.remove(ready.unwrap_or(0)));
+    }
+    ordered
 }
 
 /// Planned member → node pairs and the members left over.

@@ -290,6 +290,10 @@ pub async fn join_claim(
             return Ok(JoinOutcome::NotAllocated);
         }
         if !reachable_from(&allocation, node) {
+            if from_cache {
+                // A stale copy may show an earlier allocation: ask the server.
+                continue;
+            }
             return Ok(JoinOutcome::OtherNode);
         }
         let mut consumers = claim["status"]["reservedFor"]

@@ -549,7 +549,7 @@ async fn fail_binding(
     tracing::warn!(pod = %pod, claim, reason = why, "binding failed; claim deallocated, trying again later");
     api::clear_claim(&ctx.client, &pod.namespace, claim, pod).await?;
     let message = format!(
-        "{why}; ResourceClaim {claim} deallocated, binding tried again in {} s",
+        "{why}; pod taken out of ResourceClaim {claim}'s reservedFor (the claim deallocated unless other pods share it), binding tried again in {} s",
         BINDING_FAILURE_BACKOFF_MS / 1_000
     );
     ctx.event(pod, EventType::Warning, "FailedBinding", &message)

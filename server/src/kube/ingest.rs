@@ -1323,7 +1323,9 @@ impl Ingest {
                 claims.get(&key).map(|o| o.as_ref()),
                 &others,
             )?;
-            if role == ShareRole::Alone {
+            // A claim the pod names directly may gain sharers later: its first pod carries
+            // it, so that they find it carried. A claim made from a template is the pod's own.
+            if role == ShareRole::Alone && !objects::names_claim_directly(&facts.object, claim) {
                 continue;
             }
             if role == ShareRole::Follower {

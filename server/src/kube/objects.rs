@@ -592,6 +592,16 @@ fn affinity(pod: &Value) -> Value {
     a
 }
 
+/// Whether the pod's claim `claim` names its ResourceClaim directly
+/// (`resourceClaimName`), rather than through a template.
+pub fn names_claim_directly(pod: &Value, claim: &str) -> bool {
+    pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"].as_str() == Some(claim) && c["resourceClaimName"].is_string())
+}
+
 /// Another pod naming the same ResourceClaim, as the ingest's pod index knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sharer {
@@ -620,8 +630,8 @@ pub enum ShareRole {
 
 /// How pod `pod` of gang `gang` uses its ResourceClaim `object_name` (pod claim `claim`), given the
 /// other unfinished pods naming it (`others`) and the object. Pods of one gang share a
-/// claim: the first of them by uid allocates it when it is not allocated yet and none
-/// of them is placed already; the others follow it to its node. A claim also named or
+/// claim: the first of them by uid allocates it when it is not allocated for another of
+/// them and none of them is placed already; the others follow it to its node. A claim also named or
 /// reserved by a pod outside the gang (or another scheduler's) is refused, as is one
 /// named by more pods than `reservedFor` can hold.
 pub fn share_role(
@@ -676,9 +686,11 @@ pub fn share_role(
     if others.is_empty() {
         return Ok(ShareRole::Alone);
     }
-    let allocated = object.is_some_and(|o| !o["status"]["allocation"].is_null());
+    // Allocated for another of its pods (an allocation reserved for none, or for this
+    // pod only, is left from an earlier placement: the binder replaces it).
+    let held = object.is_some_and(|o| !o["status"]["allocation"].is_null()) && !reserved.is_empty();
     let first = others.iter().all(|o| o.uid.as_str() > uid);
-    if !allocated && first && !others.iter().any(|o| o.placed) {
+    if !held && first && !others.iter().any(|o| o.placed) {
         Ok(ShareRole::Carrier)
     } else {
         Ok(ShareRole::Follower)
@@ -1012,6 +1024,13 @@ mod tests {
         );
         let by_b = allocated_claim(&[("b", "ub")]);
         assert_eq!(role(g, Some(&by_b), &[placed]), Ok(ShareRole::Follower));
+        assert_eq!(role(g, Some(&by_b), &[b.clone()]), Ok(ShareRole::Follower));
+        // An allocation left from an earlier placement, reserved for none of them or
+        // for this pod only: the first carries it again.
+        let stale = allocated_claim(&[]);
+        assert_eq!(role(g, Some(&stale), &[b.clone()]), Ok(ShareRole::Carrier));
+        let own = allocated_claim(&[("a", "ua")]);
+        assert_eq!(role(g, Some(&own), &[b]), Ok(ShareRole::Carrier));
     }
 
     #[test]

@@ -884,7 +884,7 @@ impl ShardLedger {
                         .nodes
                         .get(&m.node)
                         .and_then(|entry| entry.usage.pods.get(&m.member))
-                        .is_some_and(|slot| slot.pod == m.pod)
+                        .is_some_and(|slot| same_pod_but_handed_over(&slot.pod, &m.pod))
             })
     }
 
@@ -2105,6 +2105,23 @@ impl ShardLedger {
     }
 }
 
+/// Whether `held` is the reserved `asked` pod, but for shared-claim allocations a
+/// departed carrier handed to it since (a retried reservation is still the same one).
+fn same_pod_but_handed_over(held: &PodSummary, asked: &PodSummary) -> bool {
+    if held == asked {
+        return true;
+    }
+    if asked.shares.is_empty() || held.devices.len() <= asked.devices.len() {
+        return false;
+    }
+    let followed: BTreeSet<&str> = asked.followed().map(|s| s.pod_claim.as_str()).collect();
+    let mut trimmed = held.clone();
+    trimmed
+        .devices
+        .retain(|d| !followed.contains(d.claim.as_str()));
+    trimmed == *asked
+}
+
 /// Gives the shared-claim allocations a forgotten displaced victim (`gone`) carried to
 /// the first displaced victim of its node that follows the claim, so that an ABORT
 /// puts the claim back with its devices (as `NodeUsage::take` does on a node).
@@ -2311,6 +2328,14 @@ fn validate_observed(node: &str, pods: &[ObservedPod]) -> Result<(), LedgerError
         let at = FieldPath::new("pods").index(i).child("pod");
         validate_allocations(&at.child("devices"), &p.pod.devices)
             .map_err(|e| invalid(e.to_string()))?;
+        // Another scheduler's pods carry what their claims hold (a shared claim's once,
+        // by the caller's choice); carrying and following is for gangway's own pods.
+        if !p.pod.shares.is_empty() {
+            return Err(invalid(format!(
+                "{}: an observed pod lists no shared claims",
+                at.child("shares")
+            )));
+        }
         p.pod
             .requests
             .validate(&at.child("requests"))

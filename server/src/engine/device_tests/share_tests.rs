@@ -315,10 +315,7 @@ fn a_bad_device_evicts_every_pod_of_the_claim() {
 #[test]
 fn a_device_dropped_from_its_pool_evicts_every_pod_of_the_claim() {
     let mut f = fixture();
-    let placed = place_and_commit(
-        &mut f,
-        &[("c", &carrier_spec()), ("a", &follower_spec())],
-    );
+    let placed = place_and_commit(&mut f, &[("c", &carrier_spec()), ("a", &follower_spec())]);
     let node = placed[0].node.clone();
     let used = placed
         .iter()
@@ -591,4 +588,33 @@ fn an_all_mode_claim_is_shared_whole() {
     assert_eq!(held(&f, &node), vec!["gpu-0 (1)", "gpu-1 (1)"]);
     f.release("a");
     assert_eq!(held(&f, &node), Vec::<String>::new());
+}
+
+#[test]
+fn a_carrier_that_follows_another_claim_goes_after_that_claims_carrier() {
+    let mut f = fixture();
+    let other = |pod_claim: &str| ClaimShare {
+        pod_claim: pod_claim.into(),
+        claim: "ns/other".into(),
+    };
+    // a carries channel; b follows channel and carries other; c follows other.
+    let a = carrier_spec();
+    let mut b = follower_spec();
+    b.claims = vec![PodClaim {
+        name: "second".into(),
+        requests: vec![request("gpu", exact(1, &[]))],
+        constraints: vec![],
+        config: vec![],
+    }];
+    b.shares.push(other("second"));
+    let mut c = PodSpec::default();
+    c.shares = vec![other("second")];
+    for spec in [&b, &c] {
+        assert_eq!(spec.validate(&FieldPath::new("spec")), Ok(()));
+    }
+    let placed = place_and_commit(&mut f, &[("c", &c), ("b", &b), ("a", &a)]);
+    let nodes: BTreeSet<&str> = placed.iter().map(|m| m.node.as_str()).collect();
+    assert_eq!(nodes.len(), 1, "{placed:?}");
+    let node = placed[0].node.clone();
+    assert_eq!(held(&f, &node), vec!["gpu-0 (1)", "gpu-1 (1)"]);
 }
