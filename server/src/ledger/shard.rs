@@ -8,7 +8,9 @@
 //! [`ShardLedger::check_invariants`] and debug-asserted after every command:
 //! - I1: on every node, an exclusive device is held by at most one allocation, shared
 //!   devices and shared counters are never consumed beyond their amounts, and the device
-//!   accounting is that of the slots (see [`crate::ledger::devices`]);
+//!   accounting is that of the slots (see [`crate::ledger::devices`]); a shared
+//!   ResourceClaim followed on a node is carried by exactly one slot there, and a
+//!   preemption takes all of a claim's pods on a node or none;
 //! - I2: for every node, reserved + committed <= allocatable;
 //! - usage sums equal the sums of the node's slots; a host port is held once per node;
 //! - every `Reserved` slot belongs to exactly one open transaction and vice versa, and
@@ -638,6 +640,11 @@ impl ShardLedger {
                 );
                 let devices = entry.usage.devices.check(&entry.usage.pods);
                 debug_assert!(devices.is_ok(), "node {name}: {devices:?}");
+                // The bug switch breaks this on purpose, for the outside checks to find.
+                if self.hand_over == HandOver::ToFollower {
+                    let shares = entry.usage.check_shares();
+                    debug_assert!(shares.is_ok(), "node {name}: {shares:?}");
+                }
             }
         }
         debug_assert!(self.state.finished.len() <= FINISHED_TXNS_MAX);

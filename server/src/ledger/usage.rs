@@ -8,8 +8,10 @@
 //! ledger, see [`crate::ledger::devices`]) counts exactly the device allocations of the
 //! slots. The ledger keeps I2 (`reserved + committed <= allocatable`) and I1 (devices)
 //! by checking [`NodeUsage::refusal_at`] before every [`NodeUsage::hold`]; `take` gives
-//! a pod's devices back at once. Called by the ledger only; the engine reads it through
-//! [`crate::ledger::view`].
+//! a pod's devices back at once, except a shared claim's, which pass to a pod still
+//! following it here. A shared claim followed on the node is carried by exactly one
+//! slot there ([`NodeUsage::check_shares`]). Called by the ledger only; the engine
+//! reads it through [`crate::ledger::view`].
 
 use std::collections::BTreeMap;
 
@@ -124,9 +126,9 @@ pub enum HandOver {
     /// They pass to a follower left on the node (always, in production).
     #[default]
     ToFollower,
-    /// They are freed with the carrier: the fixed bug behind the test-only switch
-    /// `ledger-frees-shared-claims-with-their-carrier`, which lets followers run on
-    /// devices the ledger counts free.
+    /// They are freed with the carrier: a wrong design kept for the test-only switch
+    /// `ledger-frees-shared-claims-with-their-carrier` (followers run on devices the
+    /// ledger counts free), so the checks show they catch it.
     Freed,
 }
 
