@@ -89,8 +89,13 @@ pub const BINDER_IGNORES_BINDING_CONDITIONS: &str = "binder-ignores-binding-cond
 /// still run there, so another pod can be given them.
 pub const SHARED_CLAIMS_FREED_WITH_CARRIER: &str = "ledger-frees-shared-claims-with-their-carrier";
 
+/// A fixed bug, back for checking the checks: a shared device's share id is written
+/// as the names of its allocation (member, claim, request), as it once was; the API
+/// server takes only a UUID there, so the claim is never written and the pod never binds.
+pub const SHARE_IDS_NOT_UUIDS: &str = "binder-writes-share-ids-that-are-not-uuids";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 19] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -109,6 +114,7 @@ pub const ALL: [&str; 18] = [
     OBSERVED_CLAIMS_PER_POD,
     BINDER_IGNORES_BINDING_CONDITIONS,
     SHARED_CLAIMS_FREED_WITH_CARRIER,
+    SHARE_IDS_NOT_UUIDS,
 ];
 
 /// The armed crash points of a process.

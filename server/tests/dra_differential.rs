@@ -9,14 +9,18 @@
 //! NUMA node or on different ones, every matching GPU (`allocationMode: All`), or admin
 //! access to one GPU (a monitoring agent: the device may be in use and stays free); some
 //! requests tolerate the taint, some claims carry a config, a few selectors fail at run
-//! time. About one claim in four is a ResourceClaim shared by two or three pods (for
-//! gangway a Koordinator gang of them; kube-scheduler ignores the annotations). The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! time. Half the nodes also have a GPU that allows several allocations (consumable
+//! capacity: 24 or 48 GiB of `mem`, requests in steps of 8, default 8), served only by a
+//! third class; some claims ask it for 8–24 GiB or the default. About one claim in four
+//! is a ResourceClaim shared by two or three pods (for gangway a Koordinator gang of
+//! them; kube-scheduler ignores the annotations). The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
 //! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
 //! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
 //! sides: every allocation names devices of the pod's node that exist, match the class
 //! and request selectors and tolerate the taints, number what the request asks (every
-//! matching one for All), keep the NUMA constraint and the shared counter, carry the
+//! matching one for All), keep the NUMA constraint and the shared counter, take a share
+//! of a shared GPU (a share id, consuming what was asked) within its capacity, carry the
 //! class's config (`FromClass`, naming the requests it served) and the claim's
 //! (`FromClaim`), and are reserved for the pod; no device is allocated to two claims; a
 //! shared claim's pods are all on its node; no claim whose selectors fail at run time is
@@ -36,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use gangway_kube_double::store::{
-    DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES,
+    DEVICE_CLASSES, EVENTS, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES,
 };
 use gangway_kube_env::{ControlPlane, Options, ADMIN_USER};
 use serde_json::{json, Value};
@@ -93,6 +97,30 @@ struct Gpu {
     /// What it consumes of its node's shared counter (`pgpu/mem`, `COUNTER_TOTAL`);
     /// 0: nothing (a partition of one physical GPU consumes its share).
     consumes: i64,
+    /// Consumable capacity: 0 for an exclusive device; else it allows several
+    /// allocations and has this much `mem` to share (in steps of `SHARE_STEP`).
+    shared_mem: i64,
+}
+
+impl Gpu {
+    /// What one allocation of it for `ask` takes of its room (1 of 1 for an exclusive
+    /// device; the capacity requested, or the policy's default, for a shared one).
+    fn need(&self, ask: &Ask) -> i64 {
+        if self.shared_mem > 0 {
+            ask.capacity.unwrap_or(SHARE_STEP)
+        } else {
+            1
+        }
+    }
+
+    /// Its room when nothing holds it.
+    fn room(&self) -> i64 {
+        if self.shared_mem > 0 {
+            self.shared_mem
+        } else {
+            1
+        }
+    }
 }
 
 /// A condition on a device, as the validator checks it (and as CEL says it).
@@ -103,6 +131,8 @@ enum Pred {
     /// A selector that fails at run time on every device: a misspelt attribute (no such
     /// key) or a string compared with a number. Never true.
     Broken(Mistake),
+    /// Whether the device allows several allocations (consumable capacity).
+    Shared(bool),
 }
 
 /// How a broken selector is wrong.
@@ -123,6 +153,7 @@ impl Pred {
             Pred::Broken(Mistake::WrongType) => {
                 format!("device.attributes[\"{DRIVER}\"].model == 80")
             }
+            Pred::Shared(shared) => format!("device.allowMultipleAllocations == {shared}"),
         }
     }
 
@@ -131,6 +162,7 @@ impl Pred {
             Pred::Model(m) => gpu.model == *m,
             Pred::MemAtLeast(g) => gpu.mem_gib >= *g,
             Pred::Broken(_) => false,
+            Pred::Shared(shared) => (gpu.shared_mem > 0) == *shared,
         }
     }
 }
@@ -154,6 +186,8 @@ struct Ask {
     tolerates: bool,
     /// Admin access: the device is watched, not taken (it may be in use, and stays free).
     admin: bool,
+    /// `mem` requested of a shared device (consumable capacity), in GiB.
+    capacity: Option<i64>,
 }
 
 /// How many devices an ask takes.
@@ -172,6 +206,7 @@ impl Ask {
             preds,
             tolerates,
             admin: false,
+            capacity: None,
         }
     }
 
@@ -256,6 +291,8 @@ const MODELS: [&str; 3] = ["a100", "h100", "l4"];
 /// whole-GPU device (all of it) and two halves.
 const COUNTER_TOTAL: i64 = 80;
 const MEMS: [i64; 3] = [16, 40, 80];
+/// A shared GPU's capacity request policy: default, minimum and step, in GiB.
+const SHARE_STEP: i64 = 8;
 
 impl World {
     fn draw(index: u64, seed: u64) -> World {
@@ -270,21 +307,40 @@ impl World {
                         numa: (rng.next() % 2) as i64,
                         tainted: rng.next().is_multiple_of(5),
                         consumes: 0,
+                        shared_mem: 0,
                     })
                     .collect();
                 gpus.extend(Self::partitions(rng.next().is_multiple_of(2)));
+                if rng.next().is_multiple_of(2) {
+                    // A GPU whose memory several claims share (consumable capacity).
+                    let shared_mem = rng.pick(&[24, 48]);
+                    gpus.push(Gpu {
+                        name: "s-0".to_string(),
+                        model: "l4",
+                        mem_gib: shared_mem,
+                        numa: 0,
+                        tainted: false,
+                        consumes: 0,
+                        shared_mem,
+                    });
+                }
                 gpus
             })
             .collect();
         let classes = vec![
             Class {
                 name: format!("w{index}-gpu"),
-                preds: Vec::new(),
+                preds: vec![Pred::Shared(false)],
                 config: Some(json!({"world": index, "sharing": "exclusive"})),
             },
             Class {
                 name: format!("w{index}-big"),
-                preds: vec![Pred::MemAtLeast(40)],
+                preds: vec![Pred::Shared(false), Pred::MemAtLeast(40)],
+                config: None,
+            },
+            Class {
+                name: format!("w{index}-shared"),
+                preds: vec![Pred::Shared(true)],
                 config: None,
             },
         ];
@@ -293,7 +349,7 @@ impl World {
                 let class = (rng.next() % 2) as usize;
                 let tolerates = rng.next().is_multiple_of(3);
                 let config = rng.next().is_multiple_of(2);
-                let (requests, numa) = match rng.next() % 6 {
+                let (requests, numa) = match rng.next() % 7 {
                     0 => {
                         let preds = if rng.next().is_multiple_of(2) {
                             match rng.next() % 8 {
@@ -349,8 +405,14 @@ impl World {
                         ask.admin = true;
                         (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
-                    _ => {
+                    5 => {
                         let ask = Ask::new(1, Count::Exact(1), Vec::new(), tolerates);
+                        (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
+                    }
+                    _ => {
+                        // Memory of a shared GPU: a multiple of the step, or the default.
+                        let mut ask = Ask::new(2, Count::Exact(1), Vec::new(), tolerates);
+                        ask.capacity = rng.pick(&[None, Some(8), Some(16), Some(24)]);
                         (vec![Request::Exactly { name: "gpu", ask }], NumaRule::Any)
                     }
                 };
@@ -395,6 +457,7 @@ impl World {
             numa: 0,
             tainted: false,
             consumes: share,
+            shared_mem: 0,
         })
         .collect()
     }
@@ -477,6 +540,9 @@ fn ask_json(world: &World, ask: &Ask) -> Value {
     }
     if ask.admin {
         v["adminAccess"] = json!(true);
+    }
+    if let Some(mem) = ask.capacity {
+        v["capacity"] = json!({"requests": {"mem": mem.to_string()}});
     }
     v
 }
@@ -566,6 +632,12 @@ async fn create(api: &ControlPlane, world: &World) {
                         d["consumesCounters"] = json!([{"counterSet": "pgpu",
                             "counters": {"mem": {"value": g.consumes.to_string()}}}]);
                     }
+                    if g.shared_mem > 0 {
+                        d["allowMultipleAllocations"] = json!(true);
+                        d["capacity"] = json!({"mem": {"value": g.shared_mem.to_string(),
+                            "requestPolicy": {"default": SHARE_STEP.to_string(),
+                                "validRange": {"min": SHARE_STEP.to_string(), "step": SHARE_STEP.to_string()}}}});
+                    }
                     d
                 })
                 .collect();
@@ -653,6 +725,7 @@ async fn create(api: &ControlPlane, world: &World) {
 struct Placed {
     pods: BTreeMap<String, Value>,
     claims: BTreeMap<String, Value>,
+    events: Vec<Value>,
 }
 
 async fn read(api: &ControlPlane, ns: &str) -> Placed {
@@ -669,10 +742,28 @@ async fn read(api: &ControlPlane, ns: &str) -> Placed {
                 .await
                 .unwrap_or_default(),
         ),
+        events: api.list(&EVENTS, Some(ns)).await.unwrap_or_default(),
     }
 }
 
 impl Placed {
+    /// The latest FailedScheduling message of each of `pods` (why it waits).
+    fn why_waiting(&self, pods: &[String]) -> Vec<String> {
+        pods.iter()
+            .map(|pod| {
+                let why = self
+                    .events
+                    .iter()
+                    .filter(|e| e["involvedObject"]["name"] == pod.as_str())
+                    .filter(|e| e["reason"] == "FailedScheduling")
+                    .filter_map(|e| e["message"].as_str())
+                    .last()
+                    .unwrap_or("no FailedScheduling event");
+                format!("{pod}: {why}")
+            })
+            .collect()
+    }
+
     fn bound(&self) -> usize {
         self.pods
             .values()
@@ -685,6 +776,8 @@ impl Placed {
 #[derive(Debug, Default)]
 struct Verdict {
     bound: usize,
+    /// Shares of shared GPUs allocated (one per claim).
+    shares: usize,
     problems: Vec<String>,
 }
 
@@ -693,6 +786,8 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
     let mut verdict = Verdict::default();
     // (node, device) → the claim holding it.
     let mut taken: BTreeMap<(String, String), String> = BTreeMap::new();
+    // (node, shared device) → what each claim holding a share of it consumes.
+    let mut shares: BTreeMap<(String, String), BTreeMap<String, i64>> = BTreeMap::new();
     let consumers = world
         .pods
         .iter()
@@ -822,6 +917,25 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                     // Watched, not taken: in use by others or not, and it stays free.
                     continue;
                 }
+                if gpu.shared_mem > 0 {
+                    // Consumable capacity: a share of it, with its own id, consuming
+                    // what was asked (or the policy's default).
+                    let consumed = quantity(&r["consumedCapacity"]["mem"]);
+                    if consumed != Some(gpu.need(ask)) || !r["shareID"].is_string() {
+                        problem(format!(
+                            "{chosen_name}: share of {device} is {r}, {} GiB asked",
+                            gpu.need(ask)
+                        ));
+                    }
+                    shares
+                        .entry((node.to_string(), device.to_string()))
+                        .or_default()
+                        .insert(claim_name.to_string(), consumed.unwrap_or(0));
+                    continue;
+                }
+                if r["shareID"].is_string() || !r["consumedCapacity"].is_null() {
+                    problem(format!("{chosen_name}: a share of exclusive {device}: {r}"));
+                }
                 if let Some(other) = taken.insert(
                     (node.to_string(), device.to_string()),
                     claim_name.to_string(),
@@ -900,6 +1014,20 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             }
         }
     }
+    // Consumable capacity: the shares of a device fit its capacity.
+    verdict.shares = shares.values().map(BTreeMap::len).sum();
+    for ((node, device), claims) in &shares {
+        let total: i64 = claims.values().sum();
+        let capacity = (0..world.nodes.len())
+            .find(|n| world.node_name(side, *n) == *node)
+            .and_then(|n| world.nodes[n].iter().find(|g| g.name == *device))
+            .map_or(0, |g| g.shared_mem);
+        if total > capacity {
+            verdict.problems.push(format!(
+                "{node}: shares of {device} consume {total} GiB of {capacity}: {claims:?}"
+            ));
+        }
+    }
     // Shared counters: what the allocated partitions of a node consume fits its total.
     for (n, gpus) in world.nodes.iter().enumerate() {
         let node = world.node_name(side, n);
@@ -917,6 +1045,11 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
     verdict
 }
 
+/// A quantity the worlds write (whole GiB, no suffix), as a number.
+fn quantity(v: &Value) -> Option<i64> {
+    v.as_str().and_then(|s| s.parse().ok())
+}
+
 /// The name of the ResourceClaim a pod's one claim names or was made for.
 fn claim_of(pod: &Value) -> &str {
     pod["spec"]["resourceClaims"][0]["resourceClaimName"]
@@ -928,7 +1061,7 @@ fn claim_of(pod: &Value) -> &str {
 /// Whether `claim` could be allocated on a node with these GPUs, the `free` ones only,
 /// with `budget` of the shared counter left (an exhaustive search: nodes here have at
 /// most 7 devices).
-fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool], budget: i64) -> bool {
+fn fits(world: &World, claim: &Claim, gpus: &[Gpu], room: &[i64], budget: i64) -> bool {
     if claim.breaks() {
         return false;
     }
@@ -945,7 +1078,7 @@ fn fits(world: &World, claim: &Claim, gpus: &[Gpu], free: &[bool], budget: i64) 
         world,
         claim,
         gpus,
-        free,
+        room,
         asks: &asks,
     };
     search.from(0, &mut used, &BTreeSet::new(), budget)
@@ -956,7 +1089,8 @@ struct Search<'a> {
     world: &'a World,
     claim: &'a Claim,
     gpus: &'a [Gpu],
-    free: &'a [bool],
+    /// What is left of each device: 1 or 0 for an exclusive one, capacity for a shared one.
+    room: &'a [i64],
     asks: &'a [Vec<&'a Ask>],
 }
 
@@ -981,7 +1115,7 @@ impl Search<'_> {
             let candidates: Vec<usize> = matching
                 .iter()
                 .copied()
-                .filter(|&i| (ask.admin || self.free[i]) && !used[i])
+                .filter(|&i| (ask.admin || self.room[i] >= gpus[i].need(ask)) && !used[i])
                 .collect();
             let count = match ask.count {
                 Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -1038,7 +1172,11 @@ impl Search<'_> {
 /// The pods a side left unbound although their claim fits in the devices it left free
 /// on some node: a scheduler that stopped early, whatever order it placed pods in.
 fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> {
-    let mut free: Vec<Vec<bool>> = world.nodes.iter().map(|g| vec![true; g.len()]).collect();
+    let mut room: Vec<Vec<i64>> = world
+        .nodes
+        .iter()
+        .map(|gpus| gpus.iter().map(Gpu::room).collect())
+        .collect();
     for claim in copy.claims.values() {
         for r in claim["status"]["allocation"]["devices"]["results"]
             .as_array()
@@ -1056,7 +1194,11 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                 .iter()
                 .position(|g| r["device"] == g.name.as_str())
             {
-                free[n][d] = false;
+                let taken = match quantity(&r["consumedCapacity"]["mem"]) {
+                    Some(share) if world.nodes[n][d].shared_mem > 0 => share,
+                    _ => room[n][d],
+                };
+                room[n][d] -= taken;
             }
         }
     }
@@ -1078,15 +1220,15 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                 || (0..world.nodes.len()).any(|n| {
                     let spent: i64 = world.nodes[n]
                         .iter()
-                        .zip(&free[n])
-                        .filter(|(_, free)| !**free)
+                        .zip(&room[n])
+                        .filter(|(g, left)| **left < g.room())
                         .map(|(g, _)| g.consumes)
                         .sum();
                     fits(
                         world,
                         claim,
                         &world.nodes[n],
-                        &free[n],
+                        &room[n],
                         COUNTER_TOTAL - spent,
                     )
                 })
@@ -1147,6 +1289,8 @@ async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir
 #[derive(Debug, Default)]
 struct Totals {
     pods: usize,
+    kube_shares: usize,
+    gangway_shares: usize,
     sharing: usize,
     kube: usize,
     gangway: usize,
@@ -1169,6 +1313,8 @@ struct Run {
     left: Vec<String>,
     /// Pods kube-scheduler left unbound although they fit.
     theirs_left: Vec<String>,
+    /// Why gangway's `left` pods wait, as its events say.
+    left_why: Vec<String>,
 }
 
 impl Run {
@@ -1182,8 +1328,8 @@ impl Run {
         }
         if !self.left.is_empty() {
             return Some(format!(
-                "gangway left {:?} unbound although their claims fit in what is free (kube-scheduler bound {} and left {:?} so)",
-                self.left, self.theirs.bound, self.theirs_left
+                "gangway left {:?} unbound although their claims fit in what is free (kube-scheduler bound {} and left {:?} so); gangway says {:?}",
+                self.left, self.theirs.bound, self.theirs_left, self.left_why
             ));
         }
         None
@@ -1193,10 +1339,12 @@ impl Run {
 async fn run(api: &ControlPlane, world: &World) -> Run {
     create(api, world).await;
     let (kube, ours) = settle(api, world).await;
+    let left = placeable_left_over(world, Side::Gangway, &ours);
     Run {
         theirs: validate(world, Side::KubeScheduler, &kube),
         mine: validate(world, Side::Gangway, &ours),
-        left: placeable_left_over(world, Side::Gangway, &ours),
+        left_why: ours.why_waiting(&left),
+        left,
         theirs_left: placeable_left_over(world, Side::KubeScheduler, &kube),
     }
 }
@@ -1263,7 +1411,7 @@ impl World {
         }
         w.index = index;
         for (c, class) in w.classes.iter_mut().enumerate() {
-            class.name = format!("w{index}-{}", ["gpu", "big"][c.min(1)]);
+            class.name = format!("w{index}-{}", ["gpu", "big", "shared"][c.min(2)]);
             if let Some(config) = &mut class.config {
                 config["world"] = json!(index);
             }
@@ -1276,19 +1424,21 @@ impl World {
 async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
     let worlds = env_u64("GANGWAY_DRA_WORLDS", WORLDS_DEFAULT);
     let seed = env_u64("GANGWAY_DRA_SEED", SEED_DEFAULT);
-    let (api, _cluster, _dir) = start(&[]).await;
+    let (api, cluster, _dir) = start(&[]).await;
     let mut totals = Totals::default();
     let mut next_index = worlds;
     for index in 0..worlds {
         let world = World::draw(index, seed.wrapping_add(index));
         let outcome = run(&api, &world).await;
         eprintln!(
-            "world {index} (seed {:#x}): {} pods ({} sharing claims); kube-scheduler bound {}, gangway {}",
+            "world {index} (seed {:#x}): {} pods ({} sharing claims); kube-scheduler bound {} ({} GPU shares), gangway {} ({} GPU shares)",
             world.seed,
             world.pod_count(),
             world.sharing_pods(),
             outcome.theirs.bound,
-            outcome.mine.bound
+            outcome.theirs.shares,
+            outcome.mine.bound,
+            outcome.mine.shares
         );
         assert!(
             outcome.theirs.problems.is_empty(),
@@ -1297,6 +1447,7 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
             world.describe()
         );
         if let Some(failure) = outcome.failure() {
+            eprintln!("gangway's warnings:\n{}", warnings(&cluster));
             let seed = world.seed;
             let (small, why) = shrink(&api, world, failure, &mut next_index, Run::failure).await;
             panic!(
@@ -1321,14 +1472,32 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
             totals.gangway_better += 1;
         }
         totals.pods += world.pod_count();
+        totals.kube_shares += outcome.theirs.shares;
+        totals.gangway_shares += outcome.mine.shares;
         totals.sharing += world.sharing_pods();
         totals.kube += outcome.theirs.bound;
         totals.gangway += outcome.mine.bound;
     }
     eprintln!(
-        "{worlds} worlds from seed {seed:#x}: {} pods each side ({} sharing claims); bound by kube-scheduler {}, by gangway {}; worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
-        totals.pods, totals.sharing, totals.kube, totals.gangway, totals.kube_better, totals.gangway_better
+        "{worlds} worlds from seed {seed:#x}: {} pods each side ({} sharing claims); bound by kube-scheduler {} (GPU shares {}), by gangway {} (GPU shares {}); worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
+        totals.pods, totals.sharing, totals.kube, totals.kube_shares, totals.gangway, totals.gangway_shares, totals.kube_better, totals.gangway_better
     );
+}
+
+/// The last warnings and errors of each gangway process, for a failing world.
+fn warnings(cluster: &Cluster) -> String {
+    (1..=3)
+        .map(|i| {
+            let log = cluster.log(i);
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+            format!("--- process {i} ---\n{tail}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Three pods that all fit on two nodes of two plain GPUs: one served by the class with
@@ -1341,6 +1510,7 @@ fn three_pod_world() -> World {
         numa: 0,
         tainted: false,
         consumes: 0,
+        shared_mem: 0,
     };
     let mut world = World::draw(0, SEED_DEFAULT);
     world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
@@ -1383,4 +1553,41 @@ async fn the_validator_catches_allocations_without_their_class_config_and_shrink
         "the pod of the class with a config: {}",
         small.describe()
     );
+}
+
+/// One node with a shared GPU and one claim asking it for the default capacity.
+fn one_share_world() -> World {
+    let mut world = World::draw(1, SEED_DEFAULT);
+    world.nodes = vec![vec![Gpu {
+        name: "s-0".into(),
+        model: "l4",
+        mem_gib: 48,
+        numa: 0,
+        tainted: false,
+        consumes: 0,
+        shared_mem: 48,
+    }]];
+    world.pods = vec![Claim {
+        requests: vec![Request::Exactly {
+            name: "gpu",
+            ask: Ask::new(2, Count::Exact(1), Vec::new(), false),
+        }],
+        numa: NumaRule::Any,
+        config: false,
+        sharers: 1,
+    }];
+    world
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_share_ids_the_api_server_refuses() {
+    let (api, _cluster, _dir) = start(&[gangway_server::failpoints::SHARE_IDS_NOT_UUIDS]).await;
+    let world = one_share_world();
+    let outcome = run(&api, &world).await;
+    assert_eq!(outcome.theirs.problems, Vec::<String>::new());
+    assert_eq!(outcome.theirs.bound, 1, "kube-scheduler binds it");
+    let failure = outcome
+        .failure()
+        .expect("the bug switch keeps the claim from being written");
+    assert!(failure.contains("left [\"p-0\"] unbound"), "{failure}");
 }

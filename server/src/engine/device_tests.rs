@@ -584,7 +584,16 @@ fn consumable_capacity_shares_a_device_up_to_its_capacity() {
         allocation.consumed_capacity.get("bandwidth"),
         Some(&DeviceQuantity::from_units(5))
     );
-    assert!(allocation.share_id.is_some());
+    // The API server takes a share id only as a UUID: 8-4-4-4-12 hex digits.
+    let share = allocation.share_id.clone().unwrap_or_default();
+    let groups: Vec<usize> = share.split('-').map(str::len).collect();
+    assert_eq!(groups, vec![8, 4, 4, 4, 12], "{share}");
+    assert!(
+        share.chars().all(|c| c == '-' || c.is_ascii_hexdigit()),
+        "{share}"
+    );
+    let other = &placement.assignments[1].pod.devices[0];
+    assert_ne!(other.share_id, allocation.share_id, "one id per share");
     f.commit(&["a", "b"], &spec);
     // A claim naming no amount takes the default.
     let default = claim_spec(vec![request("net", exact(1, &[]))], vec![]);

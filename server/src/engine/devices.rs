@@ -642,7 +642,7 @@ fn record(
         device: DeviceId::new(slot.driver, slot.pool, &slot.device.name),
         admin_access: alternative.admin,
         tolerations: alternative.tolerations.clone(),
-        share_id: shared.then(|| format!("{key}:{}:{reference}", claim.name)),
+        share_id: shared.then(|| share_uid(&format!("{key}:{}:{reference}", claim.name))),
         consumed_capacity: if shared {
             slot.device
                 .capacity
@@ -654,6 +654,31 @@ fn record(
             BTreeMap::new()
         },
     })
+}
+
+/// The share id of one allocation of a shared device, from what names the allocation
+/// (member, claim, request): the API server takes only a UUID (RFC 4122 text), so the
+/// name's two 64-bit FNV-1a hashes are written as one, version 8 (custom), variant
+/// RFC 4122. Deterministic, as the engine must be; two names of one device colliding
+/// would be refused by the ledger, never double-counted.
+fn share_uid(name: &str) -> String {
+    let fnv = |basis: u64| {
+        name.bytes().fold(basis, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    let hi = fnv(0xcbf2_9ce4_8422_2325);
+    let lo = fnv(0x8422_2325_cbf2_9ce4);
+    let hi = (hi & !0xf000) | 0x8000;
+    let lo = (lo & !(0b11 << 62)) | (0b10 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
 }
 
 /// The claim and request at flattened position `r`.

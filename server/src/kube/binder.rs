@@ -350,6 +350,9 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
                 if ctx.opts.failpoints.armed(failpoints::BINDER_DROPS_CONFIGS) {
                     allocation["devices"]["config"] = Value::Array(Vec::new());
                 }
+                if ctx.opts.failpoints.armed(failpoints::SHARE_IDS_NOT_UUIDS) {
+                    name_shares(&mut allocation, &m.member, claim);
+                }
                 allocation
             }
             Err(e) => {
@@ -485,6 +488,18 @@ fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
             .max_by_key(|(generation, _)| *generation)
             .map(|(_, device)| device)
     })
+}
+
+/// The bug behind `SHARE_IDS_NOT_UUIDS`: each share id written as the names of its
+/// allocation (member, pod claim, request), which the API server refuses.
+fn name_shares(allocation: &mut Value, member: &MemberKey, claim: &str) {
+    let results = allocation["devices"]["results"].as_array_mut();
+    for r in results.into_iter().flatten() {
+        if r["shareID"].is_string() {
+            let request = r["request"].as_str().unwrap_or_default().to_string();
+            r["shareID"] = Value::String(format!("{member}:{claim}:{request}"));
+        }
+    }
 }
 
 /// Whether the devices of claim `claim` (allocated as `allocation`) let the pod bind:
