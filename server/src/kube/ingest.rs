@@ -1306,13 +1306,14 @@ impl Ingest {
                 .memory
                 .pods
                 .naming_claim(&key)
-                .filter(|f| f.pod.uid != facts.pod.uid && !f.terminating)
+                .filter(|f| f.pod.uid != facts.pod.uid)
                 .map(|f| objects::Sharer {
                     name: f.pod.name.clone(),
                     uid: f.pod.uid.clone(),
                     ours: f.ours,
                     gang: f.gang.clone(),
                     placed: f.bound() || self.memory.submitted.contains_key(&f.pod.uid),
+                    going: f.terminating,
                 })
                 .collect();
             let role = objects::share_role(

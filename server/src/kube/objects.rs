@@ -615,6 +615,8 @@ pub struct Sharer {
     pub gang: Option<String>,
     /// Whether it is bound or already submitted (placed or queued with the claim).
     pub placed: bool,
+    /// Whether it is being deleted: it still uses the claim, but no pod follows it now.
+    pub going: bool,
 }
 
 /// What a pod does with one of its ResourceClaims.
@@ -631,7 +633,8 @@ pub enum ShareRole {
 /// How pod `pod` of gang `gang` uses its ResourceClaim `object_name` (pod claim `claim`), given the
 /// other unfinished pods naming it (`others`) and the object. Pods of one gang share a
 /// claim: the first of them by uid allocates it when it is not allocated for another of
-/// them and none of them is placed already; the others follow it to its node. A claim also named or
+/// them and none of them is placed already (pods being deleted left out); the others
+/// follow it to its node. A claim also named or
 /// reserved by a pod outside the gang (or another scheduler's) is refused, as is one
 /// named by more pods than `reservedFor` can hold.
 pub fn share_role(
@@ -683,14 +686,20 @@ pub fn share_role(
             others.len() + 1
         )));
     }
-    if others.is_empty() {
+    // A pod being deleted is left out of the choice: following it would leave this pod
+    // without a carrier once it is gone.
+    let staying: Vec<&Sharer> = others.iter().filter(|o| !o.going).collect();
+    if staying.is_empty() {
         return Ok(ShareRole::Alone);
     }
     // Allocated for another of its pods (an allocation reserved for none, or for this
-    // pod only, is left from an earlier placement: the binder replaces it).
-    let held = object.is_some_and(|o| !o["status"]["allocation"].is_null()) && !reserved.is_empty();
-    let first = others.iter().all(|o| o.uid.as_str() > uid);
-    if !held && first && !others.iter().any(|o| o.placed) {
+    // pod only or pods going, is left from an earlier placement: the binder replaces it).
+    let held = object.is_some_and(|o| !o["status"]["allocation"].is_null())
+        && reserved
+            .iter()
+            .any(|(_, consumer)| staying.iter().any(|o| o.uid == *consumer));
+    let first = staying.iter().all(|o| o.uid.as_str() > uid);
+    if !held && first && !staying.iter().any(|o| o.placed) {
         Ok(ShareRole::Carrier)
     } else {
         Ok(ShareRole::Follower)
@@ -991,6 +1000,7 @@ mod tests {
             ours: true,
             gang: gang.map(str::to_string),
             placed,
+            going: false,
         }
     }
 
@@ -1030,7 +1040,20 @@ mod tests {
         let stale = allocated_claim(&[]);
         assert_eq!(role(g, Some(&stale), &[b.clone()]), Ok(ShareRole::Carrier));
         let own = allocated_claim(&[("a", "ua")]);
-        assert_eq!(role(g, Some(&own), &[b]), Ok(ShareRole::Carrier));
+        assert_eq!(role(g, Some(&own), &[b.clone()]), Ok(ShareRole::Carrier));
+        // A placed pod of the gang being deleted (still reserved, still sharing) is no
+        // stranger, and no pod follows it: alone beside it, this pod carries the claim.
+        let mut going = sharer("0", "u0", g, true);
+        going.going = true;
+        let by_going = allocated_claim(&[("0", "u0")]);
+        assert_eq!(
+            role(g, Some(&by_going), &[going.clone()]),
+            Ok(ShareRole::Alone)
+        );
+        assert_eq!(
+            role(g, Some(&by_going), &[going, b]),
+            Ok(ShareRole::Carrier)
+        );
     }
 
     #[test]
