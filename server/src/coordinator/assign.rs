@@ -105,44 +105,45 @@ fn merge(
     for (shard, plan) in order {
         // Carriers of shared claims first: a follower slot is taken only where the
         // claim's carrier in this plan was taken too (or the plan has none: the claim
-        // is carried on the shard already), or the shard would refuse it.
+        // is carried on the shard already), or the shard would refuse it. Passes repeat
+        // while they take something, for carriers that follow another claim themselves.
         let mut mine: Vec<(usize, ReserveMember)> = Vec::new();
         let mut carried: BTreeSet<&str> = BTreeSet::new();
-        let follows = |slot: &ReserveMember| slot.pod.followed().next().is_some();
-        let firsts = plan
-            .assignments
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !follows(s));
-        let thens = plan
-            .assignments
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| follows(s));
-        for (i, slot) in firsts.chain(thens) {
-            let orphan = slot.pod.followed().any(|f| {
-                !carried.contains(f.claim.as_str())
-                    && plan.assignments.iter().any(|o| o.pod.carries(&f.claim))
-            });
-            if orphan {
-                continue;
+        let mut pending: Vec<usize> = (0..plan.assignments.len()).collect();
+        loop {
+            let before = mine.len();
+            let mut left = Vec::new();
+            for i in pending {
+                let slot = &plan.assignments[i];
+                let orphan = slot.pod.followed().any(|f| {
+                    !carried.contains(f.claim.as_str())
+                        && plan.assignments.iter().any(|o| o.pod.carries(&f.claim))
+                });
+                if orphan {
+                    left.push(i);
+                    continue;
+                }
+                let Some(spec) = spec_of.get(&slot.member) else {
+                    continue;
+                };
+                let Some((_, queue)) = waiting.iter_mut().find(|(s, _)| *s == *spec) else {
+                    continue;
+                };
+                if let Some(member) = queue.pop_front() {
+                    carried.extend(slot.pod.carried().map(|s| s.claim.as_str()));
+                    mine.push((
+                        i,
+                        ReserveMember {
+                            member,
+                            node: slot.node.clone(),
+                            pod: slot.pod.clone(),
+                        },
+                    ));
+                }
             }
-            let Some(spec) = spec_of.get(&slot.member) else {
-                continue;
-            };
-            let Some((_, queue)) = waiting.iter_mut().find(|(s, _)| *s == *spec) else {
-                continue;
-            };
-            if let Some(member) = queue.pop_front() {
-                carried.extend(slot.pod.carried().map(|s| s.claim.as_str()));
-                mine.push((
-                    i,
-                    ReserveMember {
-                        member,
-                        node: slot.node.clone(),
-                        pod: slot.pod.clone(),
-                    },
-                ));
+            pending = left;
+            if pending.is_empty() || mine.len() == before {
+                break;
             }
         }
         mine.sort_by_key(|(i, _)| *i);
@@ -291,6 +292,93 @@ mod tests {
             .flat_map(|(s, ms)| ms.iter().map(move |m| (*s, m.member.member.clone())))
             .collect();
         assert_eq!(taken, vec![(1, "m0".to_string()), (1, "m1".to_string())]);
+    }
+
+    #[test]
+    fn a_chain_of_shared_claims_is_taken_whole_from_one_plan() {
+        use crate::model::claim::{AdminAccess, ClaimShare, DeviceAllocation, PodClaim};
+        use crate::model::DeviceId;
+        let share = |pod_claim: &str, claim: &str| ClaimShare {
+            pod_claim: pod_claim.into(),
+            claim: claim.into(),
+        };
+        let pod_claim = |name: &str| PodClaim {
+            name: name.into(),
+            requests: vec![],
+            constraints: vec![],
+            config: vec![],
+        };
+        let device = |pod_claim: &str, d: &str| DeviceAllocation {
+            claim: pod_claim.into(),
+            request: "gpu".into(),
+            device: DeviceId::new("gpu.example.com", "a", d),
+            admin_access: AdminAccess::Disabled,
+            tolerations: vec![],
+            share_id: None,
+            consumed_capacity: BTreeMap::new(),
+        };
+        // m0 carries x; m1 follows x and carries y; m2 follows y; m3 shares nothing.
+        let shares: [Vec<ClaimShare>; 4] = [
+            vec![share("x", "ns/x")],
+            vec![share("x", "ns/x"), share("y", "ns/y")],
+            vec![share("y", "ns/y")],
+            vec![],
+        ];
+        let claims = [vec![pod_claim("x")], vec![pod_claim("y")], vec![], vec![]];
+        let devices = [
+            vec![device("x", "gpu-0")],
+            vec![device("y", "gpu-1")],
+            vec![],
+            vec![],
+        ];
+        let mut g = group(4, 4);
+        for (i, m) in g.gangs[0].members.iter_mut().enumerate() {
+            m.spec = PodSpec {
+                claims: claims[i].clone(),
+                shares: shares[i].clone(),
+                ..PodSpec::default()
+            };
+        }
+        let slot = |i: usize, node: &str| ReserveMember {
+            member: key(i as u32),
+            node: node.to_string(),
+            pod: PodSummary {
+                shares: shares[i].clone(),
+                devices: devices[i].clone(),
+                ..PodSummary::default()
+            },
+        };
+        let unplaced = |i: u32| Unplaced {
+            member: key(i),
+            diagnosis: Diagnosis::default(),
+        };
+        // Shard 1 places the chain, followers listed first; shard 2 the plain member.
+        let plans = BTreeMap::from([
+            (
+                1,
+                GangPlacement {
+                    assignments: vec![slot(2, "a"), slot(1, "a"), slot(0, "a")],
+                    unplaced: vec![unplaced(3)],
+                    domain: None,
+                },
+            ),
+            (
+                2,
+                GangPlacement {
+                    assignments: vec![slot(3, "b")],
+                    unplaced: vec![unplaced(0), unplaced(1), unplaced(2)],
+                    domain: None,
+                },
+            ),
+        ]);
+        let AssignOutcome::Ready(a) = assign(&g, &plans, &BTreeSet::new()) else {
+            panic!("ready")
+        };
+        let on_one: Vec<String> = a.per_shard[&1]
+            .iter()
+            .map(|m| m.member.member.clone())
+            .collect();
+        assert_eq!(on_one, vec!["m2", "m1", "m0"], "plan order kept");
     }
 
     #[test]
