@@ -363,12 +363,7 @@ fn templates<'a>(
 /// follow it to its node (a carrier may follow another claim itself); otherwise in
 /// the given order. Pods whose claims follow each other in a cycle keep their order.
 fn carriers_first(mut left: Vec<Template<'_>>) -> Vec<Template<'_>> {
-    let carries = |t: &Template<'_>, claim: &str| {
-        t.spec
-            .shares
-            .iter()
-            .any(|s| s.claim == claim && t.spec.claims.iter().any(|c| c.name == s.pod_claim))
-    };
+    let carries = |t: &Template<'_>, claim: &str| t.spec.carried_shares().any(|s| s.claim == claim);
     let mut ordered = Vec::with_capacity(left.len());
     while !left.is_empty() {
         let ready = (0..left.len()).find(|&i| {

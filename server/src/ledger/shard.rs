@@ -56,7 +56,7 @@ use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRA
 use crate::ledger::displace;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
-use crate::model::claim::{validate_allocations, validate_shares, DeviceAllocation};
+use crate::model::claim::{validate_allocations, validate_shares};
 use crate::model::device::{
     validate_device_taint, validate_pool, CounterSet, Device, DeviceClass, DeviceId, DeviceTaint,
     DEVICE_TAINTS_MAX,
@@ -2140,24 +2140,7 @@ fn hand_over_displaced(displaced: &mut BTreeMap<MemberKey, DisplacedSlot>, gone:
         let Some(d) = heir else {
             continue;
         };
-        let pod_claim = d
-            .slot
-            .pod
-            .shares
-            .iter()
-            .find(|s| s.claim == share.claim)
-            .map(|s| s.pod_claim.clone());
-        if let Some(pod_claim) = pod_claim {
-            let moved = gone
-                .slot
-                .pod
-                .devices
-                .iter()
-                .filter(|a| a.claim == share.pod_claim)
-                .map(|a| DeviceAllocation {
-                    claim: pod_claim.clone(),
-                    ..a.clone()
-                });
+        if let Some(moved) = gone.slot.pod.handed_to(share, &d.slot.pod) {
             d.slot.pod.devices.extend(moved);
         }
     }

@@ -1315,10 +1315,16 @@ fn the_checks_find_decisions_forgotten_before_acknowledged() {
 /// agrees) within a bounded number of cases.
 #[test]
 fn the_checks_find_release_members_freeing_shards_first() {
-    let bugs = Bugs {
+    let found = find_in_random_interleavings(Bugs {
         release_shards_first: true,
         ..Bugs::default()
-    };
+    });
+    eprintln!("found, as expected: {found}");
+}
+
+/// Runs up to 4,096 random interleavings with `bugs` brought back; the first failure the
+/// checks report (panics if none does).
+fn find_in_random_interleavings(bugs: Bugs) -> String {
     let config = ProptestConfig {
         cases: 4_096,
         failure_persistence: None,
@@ -1328,10 +1334,10 @@ fn the_checks_find_release_members_freeing_shards_first() {
     let found = runner.run(&prop::collection::vec(arb_step(), 1..80), |steps| {
         run(&steps, bugs).map_err(proptest::test_runner::TestCaseError::fail)
     });
-    let found = found
+    found
         .err()
-        .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"));
-    eprintln!("found, as expected: {found}");
+        .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"))
+        .to_string()
 }
 
 /// Item 2: a release that commits the group's latest transaction on a member's shard
@@ -1523,23 +1529,11 @@ fn a_committed_preemption_moves_the_room_from_victim_to_preemptor() {
 /// cases.
 #[test]
 fn the_checks_find_shared_claims_freed_with_their_carrier() {
-    let bugs = Bugs {
+    let found = find_in_random_interleavings(Bugs {
         shared_claims_freed_with_carrier: true,
         ..Bugs::default()
-    };
-    let config = ProptestConfig {
-        cases: 4_096,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
-    let mut runner = proptest::test_runner::TestRunner::new(config);
-    let found = runner.run(&prop::collection::vec(arb_step(), 1..80), |steps| {
-        run(&steps, bugs).map_err(proptest::test_runner::TestCaseError::fail)
     });
-    let found = found
-        .err()
-        .unwrap_or_else(|| panic!("the bug went unnoticed in 4,096 cases"));
-    assert!(found.to_string().contains("shared claim"), "{found}");
+    assert!(found.contains("shared claim"), "{found}");
     eprintln!("found, as expected: {found}");
 }
 

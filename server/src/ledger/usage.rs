@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::command::{RefusalCause, TxnId};
 use crate::ledger::devices::{DeviceBatch, NodeDevices};
-use crate::model::claim::{ClaimShare, DeviceAllocation};
+use crate::model::claim::ClaimShare;
 use crate::model::gang::MemberKey;
 use crate::model::pod::{HostPort, PodSummary};
 use crate::model::resources::Resources;
@@ -346,31 +346,24 @@ impl NodeUsage {
         }
         if hand_over == HandOver::ToFollower {
             for share in slot.pod.carried() {
-                self.hand_over(share, &slot.pod.devices);
+                self.hand_over(share, &slot.pod);
             }
         }
         Some(slot)
     }
 
-    /// Gives the allocations of shared claim `share` (from `devices`, a departed
-    /// carrier's) to the lowest-keyed slot that follows the claim here.
-    fn hand_over(&mut self, share: &ClaimShare, devices: &[DeviceAllocation]) {
-        let Some((heir, heir_claim)) = self.pods.iter().find_map(|(key, slot)| {
-            slot.pod
-                .followed()
-                .find(|s| s.claim == share.claim)
-                .map(|s| (key.clone(), s.pod_claim.clone()))
+    /// Gives the allocations of shared claim `share` (of `departed`, its carrier) to the
+    /// lowest-keyed slot that follows the claim here.
+    fn hand_over(&mut self, share: &ClaimShare, departed: &PodSummary) {
+        let Some((heir, moved)) = self.pods.iter().find_map(|(key, slot)| {
+            let follows = slot.pod.followed().any(|s| s.claim == share.claim);
+            follows
+                .then(|| departed.handed_to(share, &slot.pod))
+                .flatten()
+                .map(|moved| (key.clone(), moved))
         }) else {
             return;
         };
-        let moved: Vec<DeviceAllocation> = devices
-            .iter()
-            .filter(|d| d.claim == share.pod_claim)
-            .map(|d| DeviceAllocation {
-                claim: heir_claim.clone(),
-                ..d.clone()
-            })
-            .collect();
         let Some(slot) = self.pods.get_mut(&heir) else {
             return;
         };

@@ -356,6 +356,13 @@ impl PodSpec {
         validate_shares(&path.child("shares"), &self.shares)
     }
 
+    /// The shared claims this pod carries (it names them and allocates them).
+    pub fn carried_shares(&self) -> impl Iterator<Item = &ClaimShare> + '_ {
+        self.shares
+            .iter()
+            .filter(|s| self.claims.iter().any(|c| c.name == s.pod_claim))
+    }
+
     /// The shared claims this pod must find carried on its node (it names them and does
     /// not allocate them).
     pub fn followed_shares(&self) -> impl Iterator<Item = &ClaimShare> + '_ {
@@ -588,6 +595,27 @@ impl PodSummary {
         self.shares
             .iter()
             .filter(|s| self.devices.iter().any(|d| d.claim == s.pod_claim))
+    }
+
+    /// What this pod, departing, hands to `heir` of shared claim `share` (which it
+    /// carries): its allocations of the claim under the heir's own pod claim name, or
+    /// `None` when the heir does not name the claim.
+    pub fn handed_to(
+        &self,
+        share: &ClaimShare,
+        heir: &PodSummary,
+    ) -> Option<Vec<DeviceAllocation>> {
+        let heir_claim = heir.shares.iter().find(|s| s.claim == share.claim)?;
+        Some(
+            self.devices
+                .iter()
+                .filter(|d| d.claim == share.pod_claim)
+                .map(|d| DeviceAllocation {
+                    claim: heir_claim.pod_claim.clone(),
+                    ..d.clone()
+                })
+                .collect(),
+        )
     }
 
     /// The shared claims this pod follows (names without carrying).

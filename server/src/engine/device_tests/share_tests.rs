@@ -16,7 +16,7 @@ use crate::engine::profile::Profile;
 use crate::ledger::command::{
     LedgerOp, LedgerReply, RefusalCause, ReleaseTarget, ReserveMember, TxnId,
 };
-use crate::ledger::devices::{DeviceHealth, DeviceHealthReport, EvictionCause};
+use crate::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, EvictionCause};
 use crate::ledger::usage::HandOver;
 use crate::model::claim::{AdminAccess, AllocationMode, ClaimShare, DeviceAllocation, PodClaim};
 use crate::model::device::DeviceId;
@@ -116,6 +116,14 @@ fn held(f: &Fixture, node: &str) -> Vec<String> {
                 .use_of(&id)
                 .map(|u| format!("{d} ({})", u.holders))
         })
+        .collect()
+}
+
+/// Each eviction's member and cause.
+fn evicted(evictions: Vec<DeviceEviction>) -> BTreeSet<(String, EvictionCause)> {
+    evictions
+        .into_iter()
+        .map(|e| (e.member.member, e.cause))
         .collect()
 }
 
@@ -299,10 +307,7 @@ fn a_bad_device_evicts_every_pod_of_the_claim() {
     let LedgerReply::DeviceHealthRecorded { evictions, .. } = reply else {
         panic!("{reply:?}");
     };
-    let evicted: BTreeSet<(String, EvictionCause)> = evictions
-        .into_iter()
-        .map(|e| (e.member.member, e.cause))
-        .collect();
+    let evicted = evicted(evictions);
     assert_eq!(
         evicted,
         BTreeSet::from([
@@ -338,10 +343,7 @@ fn a_device_dropped_from_its_pool_evicts_every_pod_of_the_claim() {
     let LedgerReply::PoolPublished { evictions, .. } = reply else {
         panic!("{reply:?}");
     };
-    let evicted: BTreeSet<(String, EvictionCause)> = evictions
-        .into_iter()
-        .map(|e| (e.member.member, e.cause))
-        .collect();
+    let evicted = evicted(evictions);
     assert_eq!(
         evicted,
         BTreeSet::from([
@@ -607,8 +609,10 @@ fn a_carrier_that_follows_another_claim_goes_after_that_claims_carrier() {
         config: vec![],
     }];
     b.shares.push(other("second"));
-    let mut c = PodSpec::default();
-    c.shares = vec![other("second")];
+    let c = PodSpec {
+        shares: vec![other("second")],
+        ..PodSpec::default()
+    };
     for spec in [&b, &c] {
         assert_eq!(spec.validate(&FieldPath::new("spec")), Ok(()));
     }
