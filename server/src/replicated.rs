@@ -503,6 +503,7 @@ mod tests {
                     pod: crate::model::pod::PodSummary::default(),
                 }],
                 deadline_ms: u64::MAX,
+                network: Vec::new(),
             },
         );
         let refused = shard(&encode(&forever).expect("encode")).expect_err("held for ever");

@@ -2,12 +2,17 @@
 //! decide which shard reserves which members. Fewest shards first: one shard
 //! that places every member wins outright; otherwise shards are taken in order
 //! of how many members they place. The group is ready only if every gang
-//! reaches its minMember. Pure and deterministic (ties by shard id).
+//! reaches its minMember. Network-attached devices (held on every shard) go with the
+//! members taken: a plan's slot whose network devices another plan's slot already
+//! took is not taken, since every shard would refuse the pair. Pure and deterministic
+//! (ties by shard id).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::engine::GangPlacement;
+use crate::ledger::command::NetworkHold;
 use crate::ledger::ReserveMember;
+use crate::model::device::DeviceId;
 use crate::model::{GangGroup, MemberKey, PodSpec};
 
 /// Which members each participant shard reserves.
@@ -15,9 +20,30 @@ use crate::model::{GangGroup, MemberKey, PodSpec};
 pub struct Assignment {
     /// Shard -> its members, in plan order.
     pub per_shard: BTreeMap<u32, Vec<ReserveMember>>,
+    /// The members' network-attached devices, which every shard holds.
+    pub network: Vec<NetworkHold>,
 }
 
 impl Assignment {
+    /// The shards that take part: the members' and, when network-attached devices are
+    /// held, every shard of `shards`.
+    pub fn participants(&self, shards: u32) -> Vec<u32> {
+        if self.network.is_empty() {
+            self.per_shard.keys().copied().collect()
+        } else {
+            (1..=shards).collect()
+        }
+    }
+
+    /// The network holds of `members`' keys.
+    pub fn network_of<'a>(&'a self, members: &'a [ReserveMember]) -> Vec<NetworkHold> {
+        self.network
+            .iter()
+            .filter(|h| members.iter().any(|m| m.member == h.member))
+            .cloned()
+            .collect()
+    }
+
     /// Members assigned, over every shard.
     pub fn members(&self) -> usize {
         self.per_shard.values().map(Vec::len).sum()
@@ -48,8 +74,11 @@ pub fn assign(
     let single = plans
         .iter()
         .find(|(_, p)| p.unplaced.is_empty() && !p.assignments.is_empty());
-    let mut per_shard = match single {
-        Some((shard, plan)) => BTreeMap::from([(*shard, plan.assignments.clone())]),
+    let (mut per_shard, network) = match single {
+        Some((shard, plan)) => (
+            BTreeMap::from([(*shard, plan.assignments.clone())]),
+            plan.network.clone(),
+        ),
         None => merge(group, plans, placed_before),
     };
     stamp_uids(group, per_shard.values_mut().flatten());
@@ -69,11 +98,11 @@ pub fn assign(
             );
             return AssignOutcome::Short {
                 reason,
-                partial: Assignment { per_shard },
+                partial: Assignment { per_shard, network },
             };
         }
     }
-    AssignOutcome::Ready(Assignment { per_shard })
+    AssignOutcome::Ready(Assignment { per_shard, network })
 }
 
 /// Combines partial plans, shards that place most first. Members with the
@@ -83,7 +112,7 @@ fn merge(
     group: &GangGroup,
     plans: &BTreeMap<u32, GangPlacement>,
     placed_before: &BTreeSet<String>,
-) -> BTreeMap<u32, Vec<ReserveMember>> {
+) -> (BTreeMap<u32, Vec<ReserveMember>>, Vec<NetworkHold>) {
     let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
     let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
     for gang in &group.gangs {
@@ -102,7 +131,11 @@ fn merge(
     let mut order: Vec<(&u32, &GangPlacement)> = plans.iter().collect();
     order.sort_by_key(|(shard, p)| (std::cmp::Reverse(p.assignments.len()), **shard));
     let mut per_shard = BTreeMap::new();
+    let mut network = Vec::new();
+    let mut taken_devices: BTreeSet<&DeviceId> = BTreeSet::new();
     for (shard, plan) in order {
+        let holds: BTreeMap<&MemberKey, &NetworkHold> =
+            plan.network.iter().map(|h| (&h.member, h)).collect();
         // Carriers of shared claims first: a follower slot is taken only where the
         // claim's carrier in this plan was taken too (or the plan has none: the claim
         // is carried on the shard already), or the shard would refuse it. Passes repeat
@@ -123,6 +156,11 @@ fn merge(
                     left.push(i);
                     continue;
                 }
+                let hold = holds.get(&slot.member);
+                if hold.is_some_and(|h| h.devices.iter().any(|a| taken_devices.contains(&a.device)))
+                {
+                    continue;
+                }
                 let Some(spec) = spec_of.get(&slot.member) else {
                     continue;
                 };
@@ -131,6 +169,13 @@ fn merge(
                 };
                 if let Some(member) = queue.pop_front() {
                     carried.extend(slot.pod.carried().map(|s| s.claim.as_str()));
+                    if let Some(hold) = hold {
+                        taken_devices.extend(hold.devices.iter().map(|a| &a.device));
+                        network.push(NetworkHold {
+                            member: member.clone(),
+                            devices: hold.devices.clone(),
+                        });
+                    }
                     mine.push((
                         i,
                         ReserveMember {
@@ -151,7 +196,8 @@ fn merge(
             per_shard.insert(*shard, mine.into_iter().map(|(_, m)| m).collect());
         }
     }
-    per_shard
+    network.sort_by(|a, b| a.member.cmp(&b.member));
+    (per_shard, network)
 }
 
 /// Gives each reserved member its pod's uid (plans are made per spec, without it),
@@ -221,6 +267,7 @@ mod tests {
                 })
                 .collect(),
             domain: None,
+            network: Vec::new(),
         }
     }
 
@@ -278,6 +325,7 @@ mod tests {
                     diagnosis: Diagnosis::default(),
                 }],
                 domain: None,
+                network: Vec::new(),
             }
         };
         let plans = BTreeMap::from([(1, shard_plan("a")), (2, shard_plan("b"))]);
@@ -360,6 +408,7 @@ mod tests {
                     assignments: vec![slot(2, "a"), slot(1, "a"), slot(0, "a")],
                     unplaced: vec![unplaced(3)],
                     domain: None,
+                    network: Vec::new(),
                 },
             ),
             (
@@ -368,6 +417,7 @@ mod tests {
                     assignments: vec![slot(3, "b")],
                     unplaced: vec![unplaced(0), unplaced(1), unplaced(2)],
                     domain: None,
+                    network: Vec::new(),
                 },
             ),
         ]);

@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
+use crate::ledger::command::NetworkHold;
 use crate::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
     Placement,
@@ -283,15 +284,32 @@ impl Coordinator {
                 .into_iter()
                 .map(|a| (a.member.clone(), a))
                 .collect();
+            let holds: BTreeMap<MemberKey, NetworkHold> = plan
+                .network
+                .into_iter()
+                .map(|h| (h.member.clone(), h))
+                .collect();
+            let shards = self.shards;
             left.retain(|(r, members)| {
                 let mine: Option<Vec<ReserveMember>> = members
                     .iter()
                     .map(|(k, _)| placed.get(k).cloned())
                     .collect();
+                let network: Vec<NetworkHold> = members
+                    .iter()
+                    .filter_map(|(k, _)| holds.get(k).cloned())
+                    .collect();
                 match mine {
+                    // Network-attached devices are held on every shard: such a group
+                    // is placed on its own, as a multi-shard transaction.
+                    Some(_) if !network.is_empty() && shards > 1 => true,
                     Some(mut m) => {
                         assign::stamp_uids(&r.group, m.iter_mut());
-                        chosen.push((*r, shard, m));
+                        let a = Assignment {
+                            per_shard: BTreeMap::from([(shard, m)]),
+                            network,
+                        };
+                        chosen.push((*r, shard, a));
                         false
                     }
                     None => true,
@@ -311,7 +329,7 @@ impl Coordinator {
     /// leaves its groups Placing, and the next round recovers them.
     async fn commit_batch(
         &self,
-        chosen: &[(&GroupRecord, u32, Vec<ReserveMember>)],
+        chosen: &[(&GroupRecord, u32, Assignment)],
     ) -> Result<(), GroupError> {
         let at_ms = now_ms();
         let begins = chosen
@@ -325,19 +343,20 @@ impl Coordinator {
         let timer = PhaseTimer::start(Phase::Begin);
         let begun = self.meta_batch(begins).await?;
         drop(timer);
-        let mut per_shard: BTreeMap<u32, Vec<(TxnId, &Vec<ReserveMember>)>> = BTreeMap::new();
-        for ((_, shard, members), reply) in chosen.iter().zip(begun) {
+        let mut per_shard: BTreeMap<u32, Vec<(TxnId, &Assignment)>> = BTreeMap::new();
+        for ((_, shard, assignment), reply) in chosen.iter().zip(begun) {
             if let MetaReply::TxnBegun { txn } = reply {
-                per_shard.entry(*shard).or_default().push((txn, members));
+                per_shard.entry(*shard).or_default().push((txn, assignment));
             }
         }
         let timer = PhaseTimer::start(Phase::Reserve);
         let writes = per_shard.iter().map(|(shard, txns)| async move {
             let ops = txns
                 .iter()
-                .map(|(txn, members)| LedgerOp::ReserveAndCommit {
+                .map(|(txn, a)| LedgerOp::ReserveAndCommit {
                     txn_id: *txn,
-                    members: (*members).clone(),
+                    members: a.per_shard.get(shard).cloned().unwrap_or_default(),
+                    network: a.network.clone(),
                 })
                 .collect();
             (
@@ -362,17 +381,14 @@ impl Coordinator {
                     continue;
                 }
             };
-            for ((txn, members), reply) in txns.iter().zip(replies) {
+            for ((txn, a), reply) in txns.iter().zip(replies) {
                 // The shard applied the entry: it holds the outcome already.
                 let (decision, reason) = one_shard_vote(shard, reply);
-                let a = Assignment {
-                    per_shard: BTreeMap::from([(shard, (*members).clone())]),
-                };
-                counts.push(members.len());
+                counts.push(a.members());
                 decides.push(MetaCommand::Decide {
                     txn: *txn,
                     decision,
-                    placements: placements(&a),
+                    placements: placements(a, self.shards),
                     reason,
                     at_ms: now_ms(),
                     delivered: vec![shard],
@@ -559,7 +575,7 @@ impl Coordinator {
                 return Ok(());
             }
         };
-        let participants: Vec<u32> = assignment.per_shard.keys().copied().collect();
+        let participants = assignment.participants(self.shards);
         let begin = MetaCommand::BeginTxn {
             seq: r.seq,
             participants: participants.clone(),
@@ -590,7 +606,7 @@ impl Coordinator {
                 .await;
         }
         let timer = PhaseTimer::start(Phase::Reserve);
-        let votes = self.reserve_all(txn, assignment).await;
+        let votes = self.reserve_all(txn, participants, assignment).await;
         drop(timer);
         let no = votes.iter().find_map(|v| match v {
             Vote::No(why) => Some(why.clone()),
@@ -619,7 +635,13 @@ impl Coordinator {
             return Ok(());
         }
         let decided = self
-            .decide(txn, decision, placements(assignment), reason, Vec::new())
+            .decide(
+                txn,
+                decision,
+                placements(assignment, self.shards),
+                reason,
+                Vec::new(),
+            )
             .await?;
         if decided == Decision::Commit {
             self.failpoints.hit(failpoints::AFTER_DECIDE);
@@ -653,6 +675,7 @@ impl Coordinator {
                 LedgerOp::ReserveAndCommit {
                     txn_id: txn,
                     members,
+                    network: a.network.clone(),
                 },
             )
             .await?;
@@ -665,7 +688,7 @@ impl Coordinator {
             other => (Decision::Abort, refusal_reason(shard, &other), Vec::new()),
         };
         let decided = self
-            .decide(txn, decision, placements(a), reason, delivered)
+            .decide(txn, decision, placements(a, self.shards), reason, delivered)
             .await?;
         if decided != decision {
             release::tell(&self.groups, txn, decided, &[shard], true).await;
@@ -675,13 +698,14 @@ impl Coordinator {
         Ok(())
     }
 
-    async fn reserve_all(&self, txn: TxnId, a: &Assignment) -> Vec<Vote> {
+    async fn reserve_all(&self, txn: TxnId, participants: &[u32], a: &Assignment) -> Vec<Vote> {
         let deadline_ms = now_ms() + RESERVE_TTL_MS;
-        let asks = a.per_shard.iter().map(|(shard, members)| {
+        let asks = participants.iter().map(|shard| {
             let op = LedgerOp::Reserve {
                 txn_id: txn,
-                members: members.clone(),
+                members: a.per_shard.get(shard).cloned().unwrap_or_default(),
                 deadline_ms,
+                network: a.network.clone(),
             };
             async move {
                 match self.groups.shard(*shard, op).await {
@@ -830,6 +854,7 @@ impl Coordinator {
                     shard,
                     devices: devices.remove(&m).unwrap_or_default(),
                     txn: Some(txn),
+                    network_shards: Vec::new(),
                 };
                 (m.to_string(), placement)
             })
@@ -909,18 +934,33 @@ impl Coordinator {
     }
 }
 
-fn placements(a: &Assignment) -> BTreeMap<String, Placement> {
+/// What meta records of an assignment's members (of a cluster of `shards` shards):
+/// node, shard and devices, and the other shards that hold their network-attached
+/// devices.
+fn placements(a: &Assignment, shards: u32) -> BTreeMap<String, Placement> {
     a.per_shard
         .iter()
         .flat_map(|(shard, members)| {
             members.iter().map(move |m: &ReserveMember| {
+                let hold = a.network.iter().find(|h| h.member == m.member);
+                let network_devices = hold.into_iter().flat_map(|h| &h.devices);
                 (
                     m.member.to_string(),
                     Placement {
                         txn: None,
                         node: m.node.clone(),
                         shard: *shard,
-                        devices: m.pod.devices.iter().map(PlacedDevice::of).collect(),
+                        devices: m
+                            .pod
+                            .devices
+                            .iter()
+                            .chain(network_devices)
+                            .map(PlacedDevice::of)
+                            .collect(),
+                        network_shards: match hold {
+                            Some(_) => (1..=shards).filter(|s| s != shard).collect(),
+                            None => Vec::new(),
+                        },
                     },
                 )
             })

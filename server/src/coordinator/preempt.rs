@@ -273,7 +273,13 @@ impl Coordinator {
             self.failpoints.hit(failpoints::PREEMPTION_AFTER_RESERVE);
         }
         let decided = self
-            .decide(txn, decision, placements(assignment), reason, Vec::new())
+            .decide(
+                txn,
+                decision,
+                placements(assignment, self.shards),
+                reason,
+                Vec::new(),
+            )
             .await?;
         if decided == Decision::Commit {
             self.failpoints.hit(failpoints::PREEMPTION_AFTER_DECIDE);

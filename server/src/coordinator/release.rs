@@ -191,9 +191,11 @@ pub async fn free_members(
             );
             continue;
         };
-        let entry = per_shard.entry(p.shard).or_default();
-        entry.0.extend(p.txn);
-        entry.1.push(member);
+        for shard in std::iter::once(p.shard).chain(p.network_shards.iter().copied()) {
+            let entry = per_shard.entry(shard).or_default();
+            entry.0.extend(p.txn);
+            entry.1.push(member.clone());
+        }
     }
     for (shard, (txns, members)) in per_shard {
         for chunk in members.chunks(LEDGER_BATCH_MAX / 2) {

@@ -179,6 +179,7 @@ impl Bench {
             txn_id,
             members,
             deadline_ms,
+            network: Vec::new(),
         }) {
             LedgerReply::Reserved { .. } => {
                 matches!(

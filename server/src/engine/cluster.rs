@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::network::NetworkPools;
 use crate::ledger::usage::SlotState;
 use crate::ledger::view::{fixed_dims, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::claim::DeviceAllocation;
@@ -191,6 +192,8 @@ pub struct Cluster<'a> {
     nominated: Vec<(usize, &'a Nomination)>,
     /// Whether any pod holds a required anti-affinity term (enables the symmetric check).
     pub has_anti_affinity: bool,
+    /// The network-attached pools the nodes may reach (shared by every node).
+    network: Option<&'a NetworkPools>,
 }
 
 impl<'a> Cluster<'a> {
@@ -214,6 +217,7 @@ impl<'a> Cluster<'a> {
             overlay: Vec::new(),
             nominated: Vec::new(),
             has_anti_affinity,
+            network: view.network(),
         };
         cluster.attach(nominations);
         cluster
@@ -390,6 +394,28 @@ impl<'a> Cluster<'a> {
     /// Whether a pod held or planned on node `idx` carries shared claim `claim`.
     pub fn carries(&self, idx: usize, claim: &str) -> bool {
         self.pods(idx).any(|p| p.pod.carries(claim))
+    }
+
+    /// The network-attached pools, if the view has any.
+    pub fn network(&self) -> Option<&'a NetworkPools> {
+        self.network
+    }
+
+    /// Network-attached devices allocated to the pods planned in this round on nodes
+    /// other than `idx` (a network device is one for every node, so a round that
+    /// planned it anywhere never hands it out again).
+    pub fn planned_network_devices_elsewhere(
+        &self,
+        idx: usize,
+    ) -> impl Iterator<Item = &DeviceAllocation> + '_ {
+        let network = self.network;
+        self.overlay
+            .iter()
+            .filter(move |(i, _)| *i != idx && network.is_some())
+            .flat_map(|(_, overlay)| overlay.pods.iter())
+            .filter_map(|&p| self.planned.get(p))
+            .flat_map(|p| p.pod.devices.iter())
+            .filter(move |a| network.is_some_and(|n| n.has_pool_of(&a.device)))
     }
 
     /// Devices allocated to the pods planned on node `idx` in this round.

@@ -132,6 +132,7 @@ impl Fixture {
         let reply = self.apply(LedgerOp::ReserveAndCommit {
             txn_id: TxnId(self.txn),
             members: placement.assignments.clone(),
+            network: Vec::new(),
         });
         assert_eq!(
             reply,
@@ -710,6 +711,7 @@ fn extended_resources_come_from_devices_where_a_class_maps_them() {
     let reply = f.apply(LedgerOp::ReserveAndCommit {
         txn_id: TxnId(f.txn),
         members: placement.assignments,
+        network: Vec::new(),
     });
     assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
     assert_eq!(f.ledger.check_invariants(), Ok(()));
@@ -889,70 +891,71 @@ mod agreement {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+           #![proptest_config(ProptestConfig::with_cases(64))]
 
-        #[test]
-        fn the_ledger_accepts_what_the_engine_allocates(
-            pools in (arb_pool(), arb_pool()),
-            slices in (2u64..8, 2u64..8),
-            steps in prop::collection::vec(arb_step(), 1..30),
-        ) {
-            let mut f = Fixture::new(&["n1", "n2"]);
-            for (node, devices, total) in [("n1", pools.0, slices.0), ("n2", pools.1, slices.1)] {
-                let set = CounterSet {
-                    name: "s".into(),
-                    counters: BTreeMap::from([("slices".to_string(), DeviceQuantity::from_units(total))]),
-                };
-                f.publish(node, devices, vec![set]);
-            }
-            let mut placed: Vec<String> = Vec::new();
-            let mut next = 0usize;
-            let mut placer = Placer::new();
-            for step in steps {
-                match step {
-                    Step::Place { shape, size } => {
-                        let spec = spec_of(shape);
-                        let keys: Vec<MemberKey> = (0..size)
-                            .map(|i| MemberKey::new("ns", "g", format!("p{}", next + i)))
-                            .collect();
-                        next += size;
-                        let members: Vec<MemberRef<'_>> =
-                            keys.iter().map(|key| MemberRef { key, spec: &spec }).collect();
-                        let placement = placer.place_members(&f.ledger, &members, &Profile::default(), &[]);
-                        if !placement.is_complete() {
-                            continue;
-                        }
-                        f.txn += 1;
-                        let reply = f.apply(LedgerOp::ReserveAndCommit {
-                            txn_id: TxnId(f.txn),
-                            members: placement.assignments,
-                        });
-                        prop_assert_eq!(&reply, &LedgerReply::Committed { txn_id: TxnId(f.txn) });
-                        placed.extend(keys.into_iter().map(|k| k.member));
-                    }
-                    Step::Release(i) => {
-                        if !placed.is_empty() {
-                            let name = placed.remove(i % placed.len());
-                            f.release(&name);
-                        }
-                    }
-                    Step::Sick(n, d) => {
-                        let node = ["n1", "n2"][n];
-                        let reply = f.apply(LedgerOp::SetDeviceHealth {
-                            node: node.into(),
-                            devices: vec![DeviceHealthReport {
-                                device: DeviceId::new(DRIVER, node, format!("d{d}")),
-                                health: DeviceHealth::Unhealthy,
-                            }],
-                        });
-                        let recorded = matches!(reply, LedgerReply::DeviceHealthRecorded { .. });
-                        prop_assert!(recorded);
-                    }
-                }
-                prop_assert_eq!(f.ledger.check_invariants(), Ok(()));
-            }
-        }
-    }
+           #[test]
+           fn the_ledger_accepts_what_the_engine_allocates(
+               pools in (arb_pool(), arb_pool()),
+               slices in (2u64..8, 2u64..8),
+               steps in prop::collection::vec(arb_step(), 1..30),
+           ) {
+               let mut f = Fixture::new(&["n1", "n2"]);
+               for (node, devices, total) in [("n1", pools.0, slices.0), ("n2", pools.1, slices.1)] {
+                   let set = CounterSet {
+                       name: "s".into(),
+                       counters: BTreeMap::from([("slices".to_string(), DeviceQuantity::from_units(total))]),
+                   };
+                   f.publish(node, devices, vec![set]);
+               }
+               let mut placed: Vec<String> = Vec::new();
+               let mut next = 0usize;
+               let mut placer = Placer::new();
+               for step in steps {
+                   match step {
+                       Step::Place { shape, size } => {
+                           let spec = spec_of(shape);
+                           let keys: Vec<MemberKey> = (0..size)
+                               .map(|i| MemberKey::new("ns", "g", format!("p{}", next + i)))
+                               .collect();
+                           next += size;
+                           let members: Vec<MemberRef<'_>> =
+                               keys.iter().map(|key| MemberRef { key, spec: &spec }).collect();
+                           let placement = placer.place_members(&f.ledger, &members, &Profile::default(), &[]);
+                           if !placement.is_complete() {
+                               continue;
+                           }
+                           f.txn += 1;
+                           let reply = f.apply(LedgerOp::ReserveAndCommit {
+                               txn_id: TxnId(f.txn),
+                               members: placement.assignments,
+    network: Vec::new(),
+                           });
+                           prop_assert_eq!(&reply, &LedgerReply::Committed { txn_id: TxnId(f.txn) });
+                           placed.extend(keys.into_iter().map(|k| k.member));
+                       }
+                       Step::Release(i) => {
+                           if !placed.is_empty() {
+                               let name = placed.remove(i % placed.len());
+                               f.release(&name);
+                           }
+                       }
+                       Step::Sick(n, d) => {
+                           let node = ["n1", "n2"][n];
+                           let reply = f.apply(LedgerOp::SetDeviceHealth {
+                               node: node.into(),
+                               devices: vec![DeviceHealthReport {
+                                   device: DeviceId::new(DRIVER, node, format!("d{d}")),
+                                   health: DeviceHealth::Unhealthy,
+                               }],
+                           });
+                           let recorded = matches!(reply, LedgerReply::DeviceHealthRecorded { .. });
+                           prop_assert!(recorded);
+                       }
+                   }
+                   prop_assert_eq!(f.ledger.check_invariants(), Ok(()));
+               }
+           }
+       }
 }
 
 mod share_tests;

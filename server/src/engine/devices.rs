@@ -32,7 +32,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::engine::cluster::Cluster;
 use crate::engine::filter::FilterReason;
-use crate::ledger::devices::{AgentLink, NodeDevices};
+use crate::ledger::devices::{AgentLink, NodeDevices, PoolKey};
+use crate::ledger::network::NetworkPools;
 use crate::model::cel::{compile_selector, split_qualified, CompiledSelector};
 use crate::model::claim::{
     AdminAccess, AllocationMode, ConstraintRule, DeviceAllocation, DeviceToleration, PodClaim,
@@ -121,7 +122,16 @@ struct NodeCandidates {
 
 /// Qualifying devices (or the selector error) of a node position, for one definition
 /// stamp and one set of device-served extended resources (which shapes the requests).
-type Kept = (u64, Vec<bool>, Result<Arc<NodeCandidates>, FilterReason>);
+type Kept = (Stamps, Vec<bool>, Result<Arc<NodeCandidates>, FilterReason>);
+
+/// What a node's qualifying devices depend on: the definition stamps of its own devices
+/// and of the network-attached pools, and which of those pools reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamps {
+    node: u64,
+    network: u64,
+    reached: Vec<bool>,
+}
 
 /// A pod template's device needs, resolved against the device classes.
 #[derive(Debug)]
@@ -469,12 +479,12 @@ impl DeviceDemand {
             return Err(FilterReason::NodeNotReady);
         };
         let claims = self.claims_on(node);
-        let table = Table::of(&view.usage.devices);
-        let stamp = view.usage.devices.definition_stamp();
+        let (table, stamps) = Table::for_node(node, &view.usage.devices, cluster.network());
         let served = self.served_mask(node);
-        let candidates = self.candidates(idx, (stamp, &served), &table, &claims)?;
+        let candidates = self.candidates(idx, (stamps, &served), &table, &claims)?;
         let mut search = Search::new(&table, &claims, &candidates);
         search.preload(cluster.planned_devices(idx));
+        search.preload(cluster.planned_network_devices_elsewhere(idx));
         let mut copies = 0u64;
         let mut score = 0u32;
         while copies < cap {
@@ -526,12 +536,12 @@ impl DeviceDemand {
             return Err(FilterReason::NodeNotReady);
         };
         let claims = self.claims_on(node);
-        let table = Table::of(&view.usage.devices);
-        let stamp = view.usage.devices.definition_stamp();
+        let (table, stamps) = Table::for_node(node, &view.usage.devices, cluster.network());
         let served = self.served_mask(node);
-        let candidates = self.candidates(idx, (stamp, &served), &table, &claims)?;
+        let candidates = self.candidates(idx, (stamps, &served), &table, &claims)?;
         let mut search = Search::new(&table, &claims, &candidates);
         search.preload(cluster.planned_devices(idx));
+        search.preload(cluster.planned_network_devices_elsewhere(idx));
         let mut template = base.clone();
         for e in self.served(node) {
             template
@@ -578,13 +588,14 @@ impl DeviceDemand {
         out
     }
 
-    /// The qualifying devices of node `idx` (whose devices have definition stamp
-    /// `stamp`, and which serves the extended resources `served` from devices) per
-    /// request and alternative, kept per position, stamp and served set.
+    /// The qualifying devices of node `idx` (whose devices, and the network pools it
+    /// reaches, have definition stamps `stamp`, and which serves the extended resources
+    /// `served` from devices) per request and alternative, kept per position, stamps
+    /// and served set.
     fn candidates(
         &self,
         idx: usize,
-        (stamp, served): (u64, &[bool]),
+        (stamp, served): (Stamps, &[bool]),
         table: &Table<'_>,
         claims: &[ClaimRef<'_>],
     ) -> Result<Arc<NodeCandidates>, FilterReason> {
@@ -745,9 +756,49 @@ fn seek<K: Ord, V>(
 }
 
 impl<'a> Table<'a> {
-    /// The table of `devices`; the health, taint, holding and counter maps (all in
-    /// (driver, pool, …) order, as the pools are) are read in one merged pass.
-    fn of(devices: &'a NodeDevices) -> Self {
+    /// The table of `node`'s own devices and of the network-attached pools that reach
+    /// it, with what the table depends on.
+    fn for_node(
+        node: &Node,
+        devices: &'a NodeDevices,
+        network: Option<&'a NetworkPools>,
+    ) -> (Self, Stamps) {
+        let mut table = Self::of(devices, |_| true);
+        let mut stamps = Stamps {
+            node: devices.definition_stamp(),
+            network: 0,
+            reached: Vec::new(),
+        };
+        if let Some(network) = network {
+            stamps.network = network.devices().definition_stamp();
+            stamps.reached = network.pools().map(|(_, r)| r.admits(node)).collect();
+            let reached = |key: &PoolKey| network.reach(key).is_some_and(|r| r.admits(node));
+            if stamps.reached.iter().any(|r| *r) {
+                table.append(Self::of(network.devices(), reached));
+            }
+        }
+        (table, stamps)
+    }
+
+    /// Adds another table's devices (of other pools), keeping (driver, pool, name) order.
+    fn append(&mut self, other: Self) {
+        let shift = self.counters.len();
+        self.counters.extend(other.counters);
+        self.slots.extend(other.slots.into_iter().map(|mut slot| {
+            for (pos, _) in &mut slot.counters {
+                *pos += shift;
+            }
+            slot
+        }));
+        self.slots.sort_by(|a, b| {
+            (a.driver, a.pool, &a.device.name).cmp(&(b.driver, b.pool, &b.device.name))
+        });
+    }
+
+    /// The table of the pools of `devices` that `keep` keeps; the health, taint,
+    /// holding and counter maps (all in (driver, pool, …) order, as the pools are) are
+    /// read in one merged pass.
+    fn of(devices: &'a NodeDevices, keep: impl Fn(&PoolKey) -> bool) -> Self {
         let mut slots = Vec::new();
         let mut counters = Vec::new();
         let lost = matches!(devices.agent, AgentLink::Lost { .. });
@@ -778,7 +829,7 @@ impl<'a> Table<'a> {
                 )
             })
             .peekable();
-        for (key, pool) in &devices.pools {
+        for (key, pool) in devices.pools.iter().filter(|(key, _)| keep(key)) {
             let (driver, pool_name) = (key.driver.as_str(), key.pool.as_str());
             let mut counter_pos: BTreeMap<(&str, &str), usize> = BTreeMap::new();
             for (set, values) in &pool.counter_sets {

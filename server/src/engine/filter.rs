@@ -517,6 +517,7 @@ mod tests {
                         node: node.to_string(),
                         pod: pod.clone(),
                     }],
+                    network: Vec::new(),
                 },
             ));
         }

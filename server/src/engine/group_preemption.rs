@@ -174,6 +174,11 @@ fn local_units<V: LedgerView + ?Sized>(
             unit.members.push((key.clone(), node.node.name.clone()));
         }
     }
+    // Holders of network-attached devices hold them on every shard, where a preemption
+    // (whose participants are its victims' and preemptor's shards) could not free them.
+    if let Some(network) = view.network() {
+        ineligible.extend(network.holds().keys().map(MemberKey::gang_id));
+    }
     units.retain(|gang, _| !ineligible.contains(gang));
     (units, ineligible)
 }

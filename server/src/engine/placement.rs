@@ -38,7 +38,8 @@ use crate::engine::interpod::{Counted, InterPodState};
 use crate::engine::profile::Profile;
 use crate::engine::score::{RawScore, ScoreInput, Scorer};
 use crate::engine::search::{feasible_nodes_to_find, Scope};
-use crate::ledger::command::ReserveMember;
+use crate::ledger::command::{NetworkHold, ReserveMember};
+use crate::ledger::network::NetworkPools;
 use crate::ledger::view::LedgerView;
 use crate::model::device::DeviceClass;
 use crate::model::gang::{Gang, GangGroup, MemberKey};
@@ -81,6 +82,11 @@ pub struct GangPlacement {
     pub unplaced: Vec<Unplaced>,
     /// The single domain the batch was packed into, if it was.
     pub domain: Option<TopologyDomain>,
+    /// The network-attached devices of the placed members (their `assignments` list
+    /// only the devices of their nodes), held on every shard (docs/ARCHITECTURE.md §5,
+    /// rule 15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<NetworkHold>,
 }
 
 impl GangPlacement {
@@ -187,8 +193,13 @@ impl Searcher<'_> {
             profile: self.profile,
         })
         .with_devices(demand);
-        let fit_only =
-            probe.reads_node_only() && scorer.reads_fit_only() && !cluster.has_nominations();
+        // A network-attached device is one for every node: taking it on one node changes
+        // what the others can do, which no node's stamp records.
+        let reaches_network = demand.is_some() && cluster.network().is_some();
+        let fit_only = probe.reads_node_only()
+            && scorer.reads_fit_only()
+            && !cluster.has_nominations()
+            && !reaches_network;
         let classes: &[DeviceClass] = demand.map_or(&[], DeviceDemand::classes);
         let mut slot = match self.cache.as_deref_mut() {
             Some(cache) if fit_only => {
@@ -641,7 +652,7 @@ impl Round<'_, '_> {
         planned.sort_unstable();
         let mut failed = fill.failed;
         failed.sort_by_key(|(member, _)| *member);
-        let assignments = planned
+        let mut assignments: Vec<ReserveMember> = planned
             .into_iter()
             .filter_map(|(member, node)| {
                 let m = self.members.get(member)?;
@@ -654,6 +665,10 @@ impl Round<'_, '_> {
                 })
             })
             .collect();
+        let network = match cluster.network() {
+            Some(pools) => split_network_devices(&mut assignments, pools),
+            None => Vec::new(),
+        };
         let unplaced = failed
             .into_iter()
             .filter_map(|(member, diagnosis)| {
@@ -667,8 +682,31 @@ impl Round<'_, '_> {
             assignments,
             unplaced,
             domain,
+            network,
         }
     }
+}
+
+/// Moves the members' network-attached devices out of their summaries (which keep the
+/// devices of their nodes) into holds, in member order.
+pub fn split_network_devices(
+    assignments: &mut [ReserveMember],
+    pools: &NetworkPools,
+) -> Vec<NetworkHold> {
+    let mut holds = Vec::new();
+    for m in assignments {
+        let (network, local): (Vec<_>, Vec<_>) = std::mem::take(&mut m.pod.devices)
+            .into_iter()
+            .partition(|a| pools.has_pool_of(&a.device));
+        m.pod.devices = local;
+        if !network.is_empty() {
+            holds.push(NetworkHold {
+                member: m.member.clone(),
+                devices: network,
+            });
+        }
+    }
+    holds
 }
 
 /// Undoes a fill's planned pods, last first.

@@ -879,6 +879,7 @@ mod tests {
                         node: format!("n{:02}", (i * 5) % 12),
                         pod,
                     }],
+                    network: Vec::new(),
                 },
             ));
         }

@@ -74,6 +74,7 @@ impl Fixture {
         let reply = self.apply(LedgerOp::ReserveAndCommit {
             txn_id: TxnId(self.txn),
             members,
+            network: Vec::new(),
         });
         assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
     }
@@ -89,6 +90,7 @@ impl Fixture {
                 pod,
             }],
             deadline_ms: 1000,
+            network: Vec::new(),
         });
         assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
     }
@@ -384,6 +386,7 @@ fn placement_reserves_cleanly_in_the_ledger() {
         txn_id: TxnId(100),
         members: placement.assignments,
         deadline_ms: 10,
+        network: Vec::new(),
     });
     assert!(matches!(reply, LedgerReply::Reserved { .. }), "{reply:?}");
     assert_eq!(
@@ -1000,6 +1003,7 @@ fn kept_results_never_change_a_placement() {
             let reply = f.apply(LedgerOp::ReserveAndCommit {
                 txn_id: TxnId(f.txn),
                 members: with_cache.assignments,
+                network: Vec::new(),
             });
             assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
         }
@@ -1156,6 +1160,7 @@ proptest::proptest! {
                     node: format!("n{:02}", g.below(count)),
                     pod: random_summary(&mut g),
                 }],
+ network: Vec::new(),
             });
         }
         let nominations: Vec<Nomination> = (0..g.below(3))

@@ -13,12 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::devices::{AgentLink, DeviceEviction, DeviceHealthReport, PoolChange};
 use crate::ledger::usage::ObservedConflicts;
+use crate::model::claim::DeviceAllocation;
 use crate::model::device::{
     CounterSet, Device, DeviceClass, DeviceId, DeviceTaint, DeviceTaintEffect,
 };
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
 use crate::model::pod::{HostPort, PodSummary};
+use crate::model::reach::PoolReach;
 use crate::model::resources::ResourceName;
 
 /// Most operations in one ledger batch.
@@ -74,6 +76,16 @@ pub struct ReserveMember {
     pub node: String,
     /// What the ledger keeps of the pod.
     pub pod: PodSummary,
+}
+
+/// The network-attached devices one member of a reservation takes (held on every
+/// participant of the transaction, docs/ARCHITECTURE.md §5, rule 15).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkHold {
+    /// The member.
+    pub member: MemberKey,
+    /// Its allocations of network-attached devices.
+    pub devices: Vec<DeviceAllocation>,
 }
 
 /// A pod another scheduler bound to a node, as the API server shows it.
@@ -149,6 +161,9 @@ pub enum LedgerOp {
         txn_id: TxnId,
         /// Members and their nodes.
         members: Vec<ReserveMember>,
+        /// The network-attached devices of the transaction's members (of every shard).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        network: Vec<NetworkHold>,
         /// When the holder should ask the coordinator for the decision.
         deadline_ms: u64,
     },
@@ -174,6 +189,9 @@ pub enum LedgerOp {
         txn_id: TxnId,
         /// Members and their nodes.
         members: Vec<ReserveMember>,
+        /// The network-attached devices of the transaction's members.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        network: Vec<NetworkHold>,
     },
     /// Phase 2: turns a reservation into placements.
     Commit {
@@ -206,6 +224,24 @@ pub enum LedgerOp {
     /// Reports open reservations whose deadline is at or before `at_ms` (it never drops
     /// them), and marks the devices of nodes whose agent's grace period has passed unhealthy.
     Tick,
+    /// Publishes one network-attached pool (ResourceSlices with `allNodes` or a
+    /// `nodeSelector`), which every shard keeps: generations as for `PublishPool`. The
+    /// reply is `PoolPublished` with an empty node, its evictions naming the nodes of the
+    /// members placed on this shard.
+    PublishNetworkPool {
+        /// Driver.
+        driver: String,
+        /// Pool name.
+        pool: String,
+        /// Generation.
+        generation: u64,
+        /// The nodes it serves.
+        reach: PoolReach,
+        /// Every device of the pool.
+        devices: Vec<Device>,
+        /// Shared counter sets of the pool.
+        counter_sets: Vec<CounterSet>,
+    },
     /// Publishes one pool of a node's devices (a ResourceSlice generation): a newer
     /// generation replaces the pool, an older one is ignored, the same one must be identical.
     PublishPool {
@@ -328,6 +364,13 @@ pub enum RefusalCause {
     MemberHeld {
         /// Node holding it.
         node: String,
+    },
+    /// The member already holds network-attached devices here.
+    NetworkDevicesHeld,
+    /// A network-attached device's pool does not serve the member's node.
+    DeviceUnreachable {
+        /// The device.
+        device: DeviceId,
     },
     /// A victim of a preemption is not a committed or bound member here.
     VictimNotPlaced,
@@ -713,7 +756,7 @@ pub enum LedgerReply {
     },
     /// A pool was published (or ignored as stale, or found unchanged).
     PoolPublished {
-        /// Node name.
+        /// Node name (empty for a network-attached pool).
         node: String,
         /// Driver.
         driver: String,
@@ -832,6 +875,12 @@ impl fmt::Display for RefusalCause {
             ),
             RefusalCause::HostPortInUse { port } => write!(f, "host port {port} is taken"),
             RefusalCause::MemberHeld { node } => write!(f, "it is already held on node {node}"),
+            RefusalCause::NetworkDevicesHeld => {
+                write!(f, "it already holds network-attached devices here")
+            }
+            RefusalCause::DeviceUnreachable { device } => {
+                write!(f, "device {device}'s pool does not serve the node")
+            }
             RefusalCause::VictimNotPlaced => {
                 write!(f, "it is a victim, but not a committed or bound member here")
             }

@@ -107,6 +107,7 @@ fn commit_now(txn: u64, members: Vec<ReserveMember>) -> LedgerOp {
     LedgerOp::ReserveAndCommit {
         txn_id: TxnId(txn),
         members,
+        network: Vec::new(),
     }
 }
 
@@ -868,9 +869,9 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
         3 => (0usize..MEMBERS.len()).prop_map(|m| LedgerOp::Release { target: ReleaseTarget::Members(vec![key(MEMBERS[m])]) }),
         4 => arb_publish(),
         5 => (txn(), prop::collection::vec(arb_member(), 1..=2), 1u64..80)
-            .prop_map(|(txn_id, members, deadline_ms)| LedgerOp::Reserve { txn_id, members, deadline_ms: 1_000_000 + deadline_ms }),
+            .prop_map(|(txn_id, members, deadline_ms)| LedgerOp::Reserve { txn_id, members, deadline_ms: 1_000_000 + deadline_ms, network: Vec::new() }),
         5 => (txn(), prop::collection::vec(arb_member(), 1..=2))
-            .prop_map(|(txn_id, members)| LedgerOp::ReserveAndCommit { txn_id, members }),
+            .prop_map(|(txn_id, members)| LedgerOp::ReserveAndCommit { txn_id, members, network: Vec::new() }),
         2 => txn().prop_map(|txn_id| LedgerOp::Commit { txn_id }),
         2 => txn().prop_map(|txn_id| LedgerOp::Abort { txn_id }),
         2 => prop::collection::vec(0usize..MEMBERS.len(), 0..3)

@@ -249,7 +249,7 @@ impl PartialEq for DefinitionStamp {
 impl Eq for DefinitionStamp {}
 
 /// Encodes maps with structured keys as lists of pairs (JSON keys must be strings).
-mod pairs {
+pub(crate) mod pairs {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -115,6 +115,7 @@ fn place(ledger: &mut ShardLedger, txn: u64, members: Vec<ReserveMember>) {
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(txn),
             members,
+            network: Vec::new(),
         },
     );
     assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
@@ -177,6 +178,7 @@ fn members_take_the_victims_room_and_the_rest_stays_held_until_commit() {
             txn_id: TxnId(6),
             members: squeeze.clone(),
             deadline_ms: DEADLINE_MS,
+            network: Vec::new(),
         },
     );
     assert!(
@@ -209,6 +211,7 @@ fn members_take_the_victims_room_and_the_rest_stays_held_until_commit() {
             txn_id: TxnId(7),
             members: squeeze,
             deadline_ms: DEADLINE_MS,
+            network: Vec::new(),
         },
     );
     assert!(matches!(fits, LedgerReply::Reserved { .. }), "{fits:?}");
@@ -277,6 +280,7 @@ fn a_reserved_victim_is_not_placed() {
             txn_id: TxnId(1),
             members: low.clone(),
             deadline_ms: DEADLINE_MS,
+            network: Vec::new(),
         },
     );
     assert!(matches!(reply, LedgerReply::Reserved { .. }));
@@ -460,6 +464,7 @@ fn gpus_the_members_do_not_take_stay_held_for_the_victims() {
                 txn_id: TxnId(10 + i as u64),
                 members: want,
                 deadline_ms: DEADLINE_MS,
+                network: Vec::new(),
             },
         );
         let refused = matches!(reply, LedgerReply::ReserveRefused { .. });
@@ -515,6 +520,7 @@ proptest! {
             let reply = ledger.apply(&LedgerCommand::new(1, LedgerOp::ReserveAndCommit {
                 txn_id: TxnId(100 + i as u64),
                 members: vec![v.clone()],
+ network: Vec::new(),
             }));
             if matches!(reply, LedgerReply::Committed { .. }) {
                 placed.push(v);
@@ -624,6 +630,7 @@ fn reserve_other(ledger: &mut ShardLedger, txn: u64, node: &str, cpu_milli: u64)
             txn_id: TxnId(txn),
             members: vec![member("other", &format!("o{txn}"), node, pod(cpu_milli))],
             deadline_ms: DEADLINE_MS,
+            network: Vec::new(),
         },
     )
 }
@@ -891,6 +898,7 @@ proptest! {
             let reply = ledger.apply(&LedgerCommand::new(1, LedgerOp::ReserveAndCommit {
                 txn_id: TxnId(100 + i as u64),
                 members: vec![v.clone()],
+ network: Vec::new(),
             }));
             if matches!(reply, LedgerReply::Committed { .. }) {
                 placed.push(v);

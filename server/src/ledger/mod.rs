@@ -18,6 +18,7 @@ pub mod command;
 pub mod devices;
 pub mod displace;
 pub mod meta;
+pub mod network;
 pub mod query;
 pub mod shard;
 pub mod usage;

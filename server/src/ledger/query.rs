@@ -403,13 +403,23 @@ pub fn unbound(ledger: &ShardLedger, limit: u32, victims: Victims) -> ShardAnswe
                     waiting.then(|| UnboundMember {
                         member: member.clone(),
                         node: e.node.name.clone(),
-                        pod: slot.pod.clone(),
+                        pod: with_network_devices(ledger, member, &slot.pod),
                     })
                 })
             })
             .take(limit as usize)
             .collect(),
     }
+}
+
+/// A placed member's summary with its network-attached devices after its node's (the
+/// binder writes them all into its claims).
+fn with_network_devices(ledger: &ShardLedger, member: &MemberKey, pod: &PodSummary) -> PodSummary {
+    let mut pod = pod.clone();
+    if let Some(hold) = ledger.network_pools().hold_of(member) {
+        pod.devices.extend(hold.pod.devices.iter().cloned());
+    }
+    pod
 }
 
 /// The Kubernetes members of committed transaction `txn` on `node` (member, uid).

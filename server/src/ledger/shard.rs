@@ -47,13 +47,16 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NodeChange, ObservedPod, Presence, Refusal,
-    RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome, LEDGER_BATCH_MAX,
-    NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG, OBSERVED_PODS_PER_NODE_MAX,
-    RESERVE_HOLD_MS_MAX,
+    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NetworkHold, NodeChange, ObservedPod,
+    Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG,
+    OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
-use crate::ledger::devices::{AgentLink, DeviceHealthReport, PoolParts, AGENT_GRACE_MS_DEFAULT};
+use crate::ledger::devices::{
+    AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, AGENT_GRACE_MS_DEFAULT,
+};
 use crate::ledger::displace;
+use crate::ledger::network::{self, NetworkPools};
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::claim::{validate_allocations, validate_shares};
@@ -65,6 +68,7 @@ use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
 use crate::model::pod::PodSummary;
+use crate::model::reach::PoolReach;
 use crate::model::resources::Resources;
 
 /// Most finished transactions remembered for idempotent retries; the oldest finished is
@@ -128,6 +132,9 @@ pub struct OpenTxn {
     /// names the placeholders holding their room): put back on ABORT, dropped on COMMIT.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub displaced: BTreeMap<MemberKey, DisplacedSlot>,
+    /// Members whose network-attached devices the transaction holds here.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub network: BTreeSet<MemberKey>,
 }
 
 /// A victim's slot taken out of its node by an open preemption.
@@ -337,6 +344,8 @@ struct LedgerState {
     device_classes: BTreeMap<String, DeviceClass>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     evicting: BTreeMap<MemberKey, EvictingVictim>,
+    #[serde(skip_serializing_if = "NetworkPools::is_empty")]
+    network: NetworkPools,
 }
 
 impl Default for LedgerState {
@@ -349,6 +358,7 @@ impl Default for LedgerState {
             next_seq: 0,
             device_classes: BTreeMap::new(),
             evicting: BTreeMap::new(),
+            network: NetworkPools::default(),
         }
     }
 }
@@ -365,6 +375,8 @@ struct StoredState {
     device_classes: BTreeMap<String, DeviceClass>,
     #[serde(default)]
     evicting: BTreeMap<MemberKey, EvictingVictim>,
+    #[serde(default)]
+    network: NetworkPools,
 }
 
 impl StoredState {
@@ -388,6 +400,7 @@ impl StoredState {
             next_seq: self.next_seq,
             device_classes: self.device_classes,
             evicting: self.evicting,
+            network: self.network,
         })
     }
 }
@@ -508,10 +521,13 @@ impl ShardLedger {
                 txn_id,
                 members,
                 deadline_ms,
-            } => self.reserve(at_ms, *txn_id, members, Hold::Until(*deadline_ms)),
-            LedgerOp::ReserveAndCommit { txn_id, members } => {
-                self.reserve(at_ms, *txn_id, members, Hold::CommitNow)
-            }
+                network,
+            } => self.reserve(at_ms, *txn_id, members, network, Hold::Until(*deadline_ms)),
+            LedgerOp::ReserveAndCommit {
+                txn_id,
+                members,
+                network,
+            } => self.reserve(at_ms, *txn_id, members, network, Hold::CommitNow),
             LedgerOp::ReserveDisplacing {
                 txn_id,
                 members,
@@ -542,6 +558,24 @@ impl ShardLedger {
                 *generation,
                 devices,
                 counter_sets,
+            ),
+            LedgerOp::PublishNetworkPool {
+                driver,
+                pool,
+                generation,
+                reach,
+                devices,
+                counter_sets,
+            } => self.publish_network_pool(
+                at_ms,
+                PoolParts {
+                    driver,
+                    name: pool,
+                    generation: *generation,
+                    devices,
+                    counter_sets,
+                },
+                reach,
             ),
             LedgerOp::SetDeviceHealth { node, devices } => {
                 self.set_device_health(at_ms, node, devices)
@@ -620,6 +654,7 @@ impl ShardLedger {
                 nodes
             }
             LedgerOp::RemoveNode { .. }
+            | LedgerOp::PublishNetworkPool { .. }
             | LedgerOp::PutDeviceClass { .. }
             | LedgerOp::RemoveDeviceClass { .. }
             | LedgerOp::Batch { .. } => BTreeSet::new(),
@@ -648,6 +683,10 @@ impl ShardLedger {
             }
         }
         debug_assert!(self.state.finished.len() <= FINISHED_TXNS_MAX);
+        if !self.state.network.is_empty() {
+            let network = self.check_network();
+            debug_assert!(network.is_ok(), "{network:?}");
+        }
     }
 
     // ---- nodes -------------------------------------------------------------------------
@@ -821,11 +860,12 @@ impl ShardLedger {
         at_ms: u64,
         txn_id: TxnId,
         members: &[ReserveMember],
+        network: &[NetworkHold],
         hold: Hold,
     ) -> Result<LedgerReply, LedgerError> {
         if let Some(open) = self.state.open.get(&txn_id) {
             return match hold {
-                Hold::Until(_) if self.is_same_reservation(open, members) => {
+                Hold::Until(_) if self.is_same_reservation(open, members, network) => {
                     Ok(LedgerReply::Reserved {
                         txn_id,
                         deadline_ms: open.deadline_ms,
@@ -837,14 +877,15 @@ impl ShardLedger {
         if let Some(done) = self.state.finished.get(&txn_id) {
             return Ok(finished_answer(txn_id, done, hold));
         }
-        if self.index.by_txn.contains_key(&txn_id) {
+        if self.holds_committed(txn_id) {
             return Ok(LedgerReply::AlreadyFinished {
                 txn_id,
                 outcome: TxnOutcome::Committed,
             });
         }
-        validate_reservation(at_ms, txn_id, members, hold)?;
+        validate_reservation(at_ms, txn_id, members, network, hold)?;
         let mut refusals = self.refusals(members, at_ms);
+        refusals.extend(self.network_refusals(members, network, at_ms));
         if !refusals.is_empty() {
             refusals.truncate(REFUSALS_KEPT_MAX);
             self.finish(txn_id, TxnOutcome::Refused, at_ms, refusals.clone());
@@ -857,6 +898,9 @@ impl ShardLedger {
         for member in members {
             self.hold_member(member, state);
         }
+        for h in network {
+            self.state.network.hold(h, state);
+        }
         match hold {
             Hold::Until(deadline_ms) => {
                 let mut held = BTreeMap::new();
@@ -868,6 +912,7 @@ impl ShardLedger {
                     deadline_ms,
                     reserved_at_ms: at_ms,
                     displaced: BTreeMap::new(),
+                    network: network.iter().map(|h| h.member.clone()).collect(),
                 };
                 self.state.open.insert(txn_id, open);
                 Ok(LedgerReply::Reserved {
@@ -882,8 +927,23 @@ impl ShardLedger {
         }
     }
 
-    fn is_same_reservation(&self, open: &OpenTxn, members: &[ReserveMember]) -> bool {
-        members.len() == open.members.len()
+    fn is_same_reservation(
+        &self,
+        open: &OpenTxn,
+        members: &[ReserveMember],
+        network: &[NetworkHold],
+    ) -> bool {
+        let same_network = network.len() == open.network.len()
+            && network.iter().all(|h| {
+                open.network.contains(&h.member)
+                    && self
+                        .state
+                        .network
+                        .hold_of(&h.member)
+                        .is_some_and(|slot| slot.pod.devices == h.devices)
+            });
+        same_network
+            && members.len() == open.members.len()
             && members.iter().all(|m| {
                 open.members.get(&m.member) == Some(&m.node)
                     && self
@@ -956,6 +1016,7 @@ impl ShardLedger {
             deadline_ms,
             reserved_at_ms: at_ms,
             displaced,
+            network: BTreeSet::new(),
         };
         self.state.open.insert(txn_id, open);
         Ok(LedgerReply::Reserved {
@@ -1191,6 +1252,62 @@ impl ShardLedger {
         out
     }
 
+    /// Why the network holds of a reservation cannot be taken: devices taken, sick or
+    /// unknown here, or (for members placed on this shard) not reachable from their node.
+    fn network_refusals(
+        &self,
+        members: &[ReserveMember],
+        network: &[NetworkHold],
+        at_ms: u64,
+    ) -> Vec<Refusal> {
+        let node_of = |member: &MemberKey| {
+            members
+                .iter()
+                .find(|m| m.member == *member)
+                .map(|m| m.node.as_str())
+        };
+        let mut out: Vec<Refusal> = self
+            .state
+            .network
+            .refusals(network, at_ms)
+            .into_iter()
+            .map(|(member, cause)| Refusal {
+                node: node_of(&member).unwrap_or_default().to_string(),
+                member,
+                cause,
+            })
+            .collect();
+        for hold in network {
+            let Some(node) = node_of(&hold.member) else {
+                continue;
+            };
+            let Some(entry) = self.state.nodes.get(node) else {
+                continue;
+            };
+            let unreachable = hold.devices.iter().find(|a| {
+                self.state
+                    .network
+                    .reach(&network::pool_of(&a.device))
+                    .is_some_and(|reach| !reach.admits(&entry.node))
+            });
+            if let Some(a) = unreachable {
+                out.push(Refusal {
+                    member: hold.member.clone(),
+                    node: node.to_string(),
+                    cause: RefusalCause::DeviceUnreachable {
+                        device: a.device.clone(),
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether a transaction that is not open holds anything here (so it committed).
+    fn holds_committed(&self, txn_id: TxnId) -> bool {
+        self.index.by_txn.contains_key(&txn_id) || !self.state.network.held_by(txn_id).is_empty()
+    }
+
     fn refusal_cause(
         &self,
         m: &ReserveMember,
@@ -1251,15 +1368,16 @@ impl ShardLedger {
                     .nodes
                     .update(node, |entry| entry.usage.promote(member, at_ms));
             }
+            for member in &open.network {
+                self.state.network.promote(member, at_ms);
+            }
             self.finish(txn_id, TxnOutcome::Committed, at_ms, Vec::new());
             return Ok(LedgerReply::Committed { txn_id });
         }
         match self.state.finished.get(&txn_id).map(|done| done.outcome) {
             Some(TxnOutcome::Committed) => Ok(LedgerReply::Committed { txn_id }),
             Some(outcome) => Err(LedgerError::TxnNotCommittable { txn_id, outcome }),
-            None if self.index.by_txn.contains_key(&txn_id) => {
-                Ok(LedgerReply::Committed { txn_id })
-            }
+            None if self.holds_committed(txn_id) => Ok(LedgerReply::Committed { txn_id }),
             None => Err(LedgerError::UnknownTxn { txn_id }),
         }
     }
@@ -1354,9 +1472,7 @@ impl ShardLedger {
         match self.state.finished.get(&txn_id).map(|done| done.outcome) {
             Some(TxnOutcome::Committed) => Err(LedgerError::TxnCommitted { txn_id }),
             Some(_) => Ok(LedgerReply::Aborted { txn_id }),
-            None if self.index.by_txn.contains_key(&txn_id) => {
-                Err(LedgerError::TxnCommitted { txn_id })
-            }
+            None if self.holds_committed(txn_id) => Err(LedgerError::TxnCommitted { txn_id }),
             None => {
                 // Tombstone: a reserve for this id arriving later must not land.
                 self.finish(txn_id, TxnOutcome::Aborted, at_ms, Vec::new());
@@ -1376,6 +1492,12 @@ impl ShardLedger {
         }
         for (key, displaced) in open.displaced {
             self.put_back(&key, displaced);
+        }
+        for member in open.network {
+            self.state.network.take(&member);
+            if !members.contains(&member) {
+                members.push(member);
+            }
         }
         members.retain(|m| !displace::is_placeholder(m));
         self.finish(txn_id, TxnOutcome::Aborted, at_ms, Vec::new());
@@ -1408,6 +1530,13 @@ impl ShardLedger {
         for member in &members {
             self.take_member(member);
         }
+        let mut members = members;
+        for member in self.state.network.held_by(txn_id) {
+            self.state.network.take(&member);
+            if !members.contains(&member) {
+                members.push(member);
+            }
+        }
         // Placeholders still holding evicting victims' room go with the transaction.
         let mut released: Vec<MemberKey> = members
             .into_iter()
@@ -1438,7 +1567,9 @@ impl ShardLedger {
         let mut released = Vec::new();
         let mut absent = Vec::new();
         for key in &keys {
-            match self.take_member(key) {
+            let slot = self.take_member(key);
+            let hold = self.state.network.take(key);
+            match slot.or(hold) {
                 Some(_) => released.push((*key).clone()),
                 None => absent.push((*key).clone()),
             }
@@ -1451,6 +1582,7 @@ impl ShardLedger {
 
     fn reserved_txn_of(&self, key: &MemberKey) -> Option<TxnId> {
         self.slot(key)
+            .or_else(|| self.state.network.hold_of(key))
             .filter(|slot| slot.state.is_reserved())
             .and_then(|slot| slot.state.txn_id())
     }
@@ -1658,6 +1790,66 @@ impl ShardLedger {
         }
     }
 
+    fn publish_network_pool(
+        &mut self,
+        at_ms: u64,
+        pool: PoolParts<'_>,
+        reach: &PoolReach,
+    ) -> Result<LedgerReply, LedgerError> {
+        let invalid = |message: String| LedgerError::InvalidPool { message };
+        validate_pool(
+            &FieldPath::root(),
+            pool.driver,
+            pool.name,
+            pool.devices,
+            pool.counter_sets,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        reach
+            .validate(&FieldPath::root())
+            .map_err(|e| invalid(e.to_string()))?;
+        let on_a_node = self.state.nodes.iter().find(|entry| {
+            entry.usage.devices.pools.contains_key(&PoolKey {
+                driver: pool.driver.to_string(),
+                pool: pool.name.to_string(),
+            })
+        });
+        if let Some(entry) = on_a_node {
+            return Err(invalid(format!(
+                "pool {}/{} is published by node {} already; a network-attached pool needs its own name",
+                pool.driver, pool.name, entry.node.name
+            )));
+        }
+        match self.state.network.publish(pool, reach, at_ms) {
+            Ok((change, evictions)) => Ok(LedgerReply::PoolPublished {
+                node: String::new(),
+                driver: pool.driver.to_string(),
+                pool: pool.name.to_string(),
+                generation: pool.generation,
+                change,
+                evictions: self.placed_here(evictions),
+            }),
+            Err(generation) => Err(LedgerError::PoolGenerationReused {
+                node: String::new(),
+                driver: pool.driver.to_string(),
+                pool: pool.name.to_string(),
+                generation,
+            }),
+        }
+    }
+
+    /// The evictions of network devices' holders placed on this shard, naming their
+    /// nodes (the other holders' own shards evict them).
+    fn placed_here(&self, evictions: Vec<DeviceEviction>) -> Vec<DeviceEviction> {
+        evictions
+            .into_iter()
+            .filter_map(|mut e| {
+                e.node = self.index.locations.get(&e.member)?.clone();
+                Some(e)
+            })
+            .collect()
+    }
+
     fn set_device_health(
         &mut self,
         at_ms: u64,
@@ -1836,6 +2028,11 @@ impl ShardLedger {
         self.state.nodes.iter()
     }
 
+    /// The network-attached pools and their holds.
+    pub fn network_pools(&self) -> &NetworkPools {
+        &self.state.network
+    }
+
     /// Open transactions, by id.
     pub fn open_txns(&self) -> &BTreeMap<TxnId, OpenTxn> {
         &self.state.open
@@ -1957,6 +2154,7 @@ impl ShardLedger {
         for (txn_id, open) in &self.state.open {
             self.check_open(*txn_id, open)?;
         }
+        self.check_network()?;
         self.check_evicting()?;
         self.check_records()
     }
@@ -2057,6 +2255,37 @@ impl ShardLedger {
                 return Err(InvariantViolation(format!(
                     "{txn_id} displaced {victim} from {}, where it holds nothing",
                     displaced.node
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// I1 for network-attached devices, and every hold in step with its transaction.
+    fn check_network(&self) -> Result<(), InvariantViolation> {
+        let network = &self.state.network;
+        network.check().map_err(InvariantViolation)?;
+        for (member, slot) in network.holds() {
+            let Some(txn_id) = slot.state.txn_id() else {
+                continue;
+            };
+            let listed = self
+                .state
+                .open
+                .get(&txn_id)
+                .is_some_and(|open| open.network.contains(member));
+            if slot.state.is_reserved() != listed {
+                return Err(InvariantViolation(format!(
+                    "network hold of {member} disagrees with {txn_id}"
+                )));
+            }
+        }
+        for (txn_id, open) in &self.state.open {
+            if let Some(member) = open.network.iter().find(|m| {
+                network.hold_of(m).map(|s| s.state) != Some(SlotState::Reserved { txn_id: *txn_id })
+            }) {
+                return Err(InvariantViolation(format!(
+                    "{txn_id} lists network devices of {member}, which are not held for it"
                 )));
             }
         }
@@ -2197,10 +2426,19 @@ pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
             txn_id,
             members,
             deadline_ms,
-        } => validate_reservation(cmd.at_ms, *txn_id, members, Hold::Until(*deadline_ms)),
-        LedgerOp::ReserveAndCommit { txn_id, members } => {
-            validate_reservation(cmd.at_ms, *txn_id, members, Hold::CommitNow)
-        }
+            network,
+        } => validate_reservation(
+            cmd.at_ms,
+            *txn_id,
+            members,
+            network,
+            Hold::Until(*deadline_ms),
+        ),
+        LedgerOp::ReserveAndCommit {
+            txn_id,
+            members,
+            network,
+        } => validate_reservation(cmd.at_ms, *txn_id, members, network, Hold::CommitNow),
         LedgerOp::ReserveDisplacing {
             txn_id,
             members,
@@ -2215,11 +2453,13 @@ fn validate_reservation(
     at_ms: u64,
     txn_id: TxnId,
     members: &[ReserveMember],
+    network: &[NetworkHold],
     hold: Hold,
 ) -> Result<(), LedgerError> {
-    if members.is_empty() {
+    if members.is_empty() && network.is_empty() {
         return Err(LedgerError::EmptyReservation { txn_id });
     }
+    validate_network_holds(txn_id, network)?;
     if let Hold::Until(deadline_ms) = hold {
         validate_deadline(at_ms, txn_id, deadline_ms)?;
     }
@@ -2232,6 +2472,35 @@ fn validate_reservation(
             });
         }
         validate_summary(txn_id, m)?;
+    }
+    Ok(())
+}
+
+/// Checks a reservation's network holds: bounded, members valid and distinct, each
+/// holding at least one valid allocation.
+fn validate_network_holds(txn_id: TxnId, network: &[NetworkHold]) -> Result<(), LedgerError> {
+    if network.len() > LEDGER_BATCH_MAX {
+        return Err(LedgerError::BatchTooLarge { ops: network.len() });
+    }
+    let mut seen = BTreeSet::new();
+    for hold in network {
+        let invalid = |message: String| LedgerError::InvalidMember {
+            txn_id,
+            member: hold.member.clone(),
+            message,
+        };
+        hold.member.validate().map_err(|e| invalid(e.to_string()))?;
+        if !seen.insert(&hold.member) {
+            return Err(LedgerError::DuplicateMember {
+                txn_id,
+                member: hold.member.clone(),
+            });
+        }
+        if hold.devices.is_empty() {
+            return Err(invalid("its network hold names no device".into()));
+        }
+        validate_allocations(&FieldPath::new("network").child("devices"), &hold.devices)
+            .map_err(|e| invalid(e.to_string()))?;
     }
     Ok(())
 }
@@ -2278,7 +2547,7 @@ fn validate_displacing(
         }
     }
     if !members.is_empty() {
-        validate_reservation(at_ms, txn_id, members, Hold::Until(deadline_ms))?;
+        validate_reservation(at_ms, txn_id, members, &[], Hold::Until(deadline_ms))?;
     }
     let mut seen = BTreeSet::new();
     for v in victims {
@@ -2391,5 +2660,10 @@ impl LedgerView for ShardLedger {
 
     fn device_classes(&self) -> &BTreeMap<String, DeviceClass> {
         &self.state.device_classes
+    }
+
+    fn network(&self) -> Option<&NetworkPools> {
+        let network = &self.state.network;
+        network.pools().next().is_some().then_some(network)
     }
 }

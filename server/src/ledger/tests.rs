@@ -71,6 +71,7 @@ fn reserve(txn: u64, members: Vec<ReserveMember>, deadline_ms: u64) -> LedgerOp 
         txn_id: TxnId(txn),
         members,
         deadline_ms,
+        network: Vec::new(),
     }
 }
 
@@ -382,6 +383,7 @@ fn reserve_and_commit_in_one_entry() {
     let op = LedgerOp::ReserveAndCommit {
         txn_id: TxnId(3),
         members: vec![rm("a", "n1", pod(300)), rm("b", "n1", pod(300))],
+        network: Vec::new(),
     };
     assert_eq!(
         apply(&mut ledger, 1, op.clone()),
@@ -971,9 +973,9 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
         2 => arb_node().prop_map(|node| LedgerOp::RegisterNode { node }),
         1 => (0usize..NODE_NAMES.len()).prop_map(|i| LedgerOp::RemoveNode { name: NODE_NAMES[i].into() }),
         5 => (txn(), prop::collection::vec(arb_member(), 0..4), 0u64..60)
-            .prop_map(|(txn_id, members, deadline_ms)| LedgerOp::Reserve { txn_id, members, deadline_ms }),
+            .prop_map(|(txn_id, members, deadline_ms)| LedgerOp::Reserve { txn_id, members, deadline_ms, network: Vec::new() }),
         1 => (txn(), prop::collection::vec(arb_member(), 0..3))
-            .prop_map(|(txn_id, members)| LedgerOp::ReserveAndCommit { txn_id, members }),
+            .prop_map(|(txn_id, members)| LedgerOp::ReserveAndCommit { txn_id, members, network: Vec::new() }),
         3 => txn().prop_map(|txn_id| LedgerOp::Commit { txn_id }),
         3 => txn().prop_map(|txn_id| LedgerOp::Abort { txn_id }),
         1 => txn().prop_map(|t| LedgerOp::Release { target: ReleaseTarget::Txn(t) }),
@@ -1079,15 +1081,18 @@ fn a_batch_applies_each_operation_as_if_alone() {
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(1),
             members: vec![rm("a", "n1", pod(600))],
+            network: Vec::new(),
         },
         // Does not fit after the first: refused, and the batch goes on.
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(2),
             members: vec![rm("b", "n1", pod(600))],
+            network: Vec::new(),
         },
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(3),
             members: vec![rm("c", "n1", pod(300))],
+            network: Vec::new(),
         },
     ];
     let expected: Vec<LedgerReply> = ops
@@ -1158,6 +1163,7 @@ fn observed_pods_take_room_but_are_never_refused_released_or_bound() {
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(3),
             members: vec![rm("a", "n1", pod(400))],
+            network: Vec::new(),
         },
     );
     assert_eq!(fits, LedgerReply::Committed { txn_id: TxnId(3) });

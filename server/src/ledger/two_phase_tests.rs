@@ -527,12 +527,14 @@ impl World {
             LedgerOp::ReserveAndCommit {
                 txn_id: txn,
                 members,
+                network: Vec::new(),
             }
         } else {
             LedgerOp::Reserve {
                 txn_id: txn,
                 members,
                 deadline_ms,
+                network: Vec::new(),
             }
         };
         let yes = matches!(
@@ -564,6 +566,7 @@ impl World {
                                 shard: *shard,
                                 devices: Vec::new(),
                                 txn: Some(txn),
+                                network_shards: Vec::new(),
                             },
                         )
                     })
@@ -1064,6 +1067,7 @@ impl World {
                     shard,
                     devices: Vec::new(),
                     txn: Some(txn),
+                    network_shards: Vec::new(),
                 };
                 (member, placement)
             })

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::ledger::network::NetworkPools;
 use crate::ledger::shard::NodeEntry;
 use crate::ledger::usage::{NodeUsage, PodSlot};
 use crate::model::device::DeviceClass;
@@ -231,6 +232,11 @@ pub trait LedgerView {
     /// The device classes claims may name (none unless the view keeps them).
     fn device_classes(&self) -> &BTreeMap<String, DeviceClass> {
         &NO_DEVICE_CLASSES
+    }
+
+    /// The network-attached pools the nodes may reach, if the view has any.
+    fn network(&self) -> Option<&NetworkPools> {
+        None
     }
 }
 

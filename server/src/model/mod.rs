@@ -19,6 +19,7 @@ pub mod names;
 pub mod node;
 pub mod pod;
 pub mod quantity;
+pub mod reach;
 pub mod resources;
 pub mod semver;
 

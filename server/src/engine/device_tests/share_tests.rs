@@ -90,6 +90,7 @@ fn place_and_commit(f: &mut Fixture, members: &[(&str, &PodSpec)]) -> Vec<Reserv
     let reply = f.apply(LedgerOp::ReserveAndCommit {
         txn_id: TxnId(f.txn),
         members: placement.assignments.clone(),
+        network: Vec::new(),
     });
     assert_eq!(
         reply,
@@ -216,6 +217,7 @@ fn the_ledger_refuses_a_follower_away_from_its_carrier_and_a_second_carrier() {
                 node,
                 pod,
             }],
+            network: Vec::new(),
         });
         let LedgerReply::ReserveRefused { refusals, .. } = reply else {
             panic!("{what}: {reply:?}");
@@ -242,6 +244,7 @@ fn the_ledger_refuses_a_follower_away_from_its_carrier_and_a_second_carrier() {
                 pod: again,
             },
         ],
+        network: Vec::new(),
     });
     assert!(
         matches!(reply, LedgerReply::ReserveRefused { .. }),
@@ -466,6 +469,7 @@ fn walk(steps: &[Step], hand_over: HandOver) -> Result<(), String> {
                         pod: summary,
                     }],
                     deadline_ms,
+                    network: Vec::new(),
                 });
                 let accepted = matches!(reply, LedgerReply::Reserved { .. });
                 if accepted != model.accepts(pod, node, carrier) {

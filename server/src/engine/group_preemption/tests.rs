@@ -63,12 +63,14 @@ fn hold(
         LedgerOp::ReserveAndCommit {
             txn_id: TxnId(txn),
             members,
+            network: Vec::new(),
         }
     } else {
         LedgerOp::Reserve {
             txn_id: TxnId(txn),
             members,
             deadline_ms: 5_000,
+            network: Vec::new(),
         }
     };
     let reply = ledger.apply(&LedgerCommand::new(1, op));

@@ -123,6 +123,10 @@ pub struct Placement {
     /// written before it was kept: the group's own `txn` then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txn: Option<TxnId>,
+    /// The other shards that hold the member's network-attached devices under that
+    /// transaction (a release frees them there too; rule 15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_shards: Vec<u32>,
 }
 
 /// One device allocated to a placed member.

@@ -43,6 +43,7 @@ fn placements(name: &str, members: u32) -> BTreeMap<String, Placement> {
                 shard: 1 + i % 2,
                 devices: Vec::new(),
                 txn: None,
+                network_shards: Vec::new(),
             };
             (format!("default/{name}/m{i}"), p)
         })
@@ -271,6 +272,7 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
                 shard: 1,
                 devices: Vec::new(),
                 txn: None,
+                network_shards: Vec::new(),
             },
         )]),
     );

@@ -54,6 +54,7 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
             shard: 1,
             devices: Vec::new(),
             txn: None,
+            network_shards: Vec::new(),
         },
     )]);
     match m.apply(&MetaCommand::Decide {
@@ -279,6 +280,7 @@ fn non_strict_members_accumulate_until_min_member() {
                 shard: 1,
                 devices: Vec::new(),
                 txn: None,
+                network_shards: Vec::new(),
             },
         )]);
         m.apply(&MetaCommand::Decide {
@@ -309,6 +311,7 @@ fn non_strict_members_accumulate_until_min_member() {
             shard: 1,
             devices: Vec::new(),
             txn: None,
+            network_shards: Vec::new(),
         },
     )]);
     m.apply(&MetaCommand::Decide {

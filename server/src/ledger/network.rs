@@ -1,0 +1,188 @@
+//! Network-attached device pools of a shard, and who holds their devices.
+//!
+//! Owns [`NetworkPools`]: the pools whose ResourceSlices name no single node
+//! (`allNodes`, or a `nodeSelector`), which nodes each serves ([`PoolReach`]), their
+//! devices with health and taints, and the *holds*: per gang member, the network
+//! devices it was allocated and the transaction that holds them. Such a pool serves
+//! nodes of every shard, so every shard keeps a full copy of it, and a transaction
+//! that allocates one of its devices holds it on every shard (each shard is a
+//! participant of the two-phase transaction, docs/ARCHITECTURE.md §5, rule 15). Two
+//! transactions that want one device therefore meet on every shard, and at least one
+//! shard refuses one of them: no device is held twice (I1), whatever shard places the
+//! pod, and a shard plans with its own copy, which counts every hold of the cluster.
+//! Invariants (checked by [`NetworkPools::check`]): the accounting is that of the
+//! holds, as a node's is of its slots; a hold is never empty. Pure; called by the shard
+//! ledger ([`crate::ledger::shard`]) and read by the engine through
+//! [`crate::ledger::view::LedgerView::network`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::command::{NetworkHold, RefusalCause, TxnId};
+use crate::ledger::devices::{
+    pairs, DeviceBatch, DeviceEviction, NodeDevices, PoolChange, PoolKey, PoolParts,
+};
+use crate::ledger::usage::{PodSlot, SlotState};
+use crate::model::device::DeviceId;
+use crate::model::gang::MemberKey;
+use crate::model::node::Node;
+use crate::model::pod::PodSummary;
+use crate::model::reach::PoolReach;
+
+/// The network-attached pools of a shard, with their holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkPools {
+    /// Which nodes each pool serves.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", with = "pairs")]
+    reach: BTreeMap<PoolKey, PoolReach>,
+    /// The pools' devices and what is held of them (kept as a node keeps its own).
+    #[serde(default, skip_serializing_if = "NodeDevices::is_empty")]
+    devices: NodeDevices,
+    /// Member → the network devices it holds (in `pod.devices`) and under which transaction.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    holds: BTreeMap<MemberKey, PodSlot>,
+}
+
+impl NetworkPools {
+    /// Whether no pool is published and nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.reach.is_empty() && self.devices.is_empty() && self.holds.is_empty()
+    }
+
+    /// The pools' devices and accounting.
+    pub fn devices(&self) -> &NodeDevices {
+        &self.devices
+    }
+
+    /// Which nodes a pool serves (none: not a network pool of this shard).
+    pub fn reach(&self, pool: &PoolKey) -> Option<&PoolReach> {
+        self.reach.get(pool)
+    }
+
+    /// Every pool with the nodes it serves.
+    pub fn pools(&self) -> impl Iterator<Item = (&PoolKey, &PoolReach)> {
+        self.reach.iter()
+    }
+
+    /// Whether any pool serves `node`.
+    pub fn serves(&self, node: &Node) -> bool {
+        self.reach.values().any(|r| r.admits(node))
+    }
+
+    /// Whether `device` is a device of one of these pools.
+    pub fn has_pool_of(&self, device: &DeviceId) -> bool {
+        self.reach.contains_key(&pool_of(device))
+    }
+
+    /// The holds, by member.
+    pub fn holds(&self) -> &BTreeMap<MemberKey, PodSlot> {
+        &self.holds
+    }
+
+    /// The member's hold, if any.
+    pub fn hold_of(&self, member: &MemberKey) -> Option<&PodSlot> {
+        self.holds.get(member)
+    }
+
+    /// Members whose holds `txn_id` holds (reserved or committed).
+    pub fn held_by(&self, txn_id: TxnId) -> Vec<MemberKey> {
+        self.holds
+            .iter()
+            .filter(|(_, slot)| slot.state.txn_id() == Some(txn_id))
+            .map(|(member, _)| member.clone())
+            .collect()
+    }
+
+    /// Publishes a validated pool serving `reach`. A newer generation replaces the old
+    /// one (and its reach) and every hold is recounted; holders that lost their device,
+    /// or whose device now taints them out, are returned (with an empty node: the
+    /// caller names the node of the members it places). `Err(generation)` when the same
+    /// generation arrives with other content.
+    pub fn publish(
+        &mut self,
+        pool: PoolParts<'_>,
+        reach: &PoolReach,
+        at_ms: u64,
+    ) -> Result<(PoolChange, Vec<DeviceEviction>), u64> {
+        let key = PoolKey {
+            driver: pool.driver.to_string(),
+            pool: pool.name.to_string(),
+        };
+        let current = self.devices.pools.get(&key).map(|p| p.generation);
+        if current == Some(pool.generation) && self.reach.get(&key) != Some(reach) {
+            return Err(pool.generation);
+        }
+        let (change, evictions) = self.devices.publish("", pool, &self.holds, at_ms)?;
+        if matches!(change, PoolChange::Added | PoolChange::Replaced) {
+            self.reach.insert(key, reach.clone());
+        }
+        Ok((change, evictions))
+    }
+
+    /// Why each hold of a reservation cannot be taken beside the held ones and the
+    /// holds before it in the same list, if so (one refusal per refused member).
+    pub fn refusals(&self, holds: &[NetworkHold], at_ms: u64) -> Vec<(MemberKey, RefusalCause)> {
+        let mut batch = DeviceBatch::default();
+        let mut out = Vec::new();
+        for hold in holds {
+            if self.holds.contains_key(&hold.member) {
+                out.push((hold.member.clone(), RefusalCause::NetworkDevicesHeld));
+                continue;
+            }
+            match self.devices.refusal_for(&batch, &hold.devices, Some(at_ms)) {
+                Some(cause) => out.push((hold.member.clone(), cause)),
+                None => self.devices.count_into(&mut batch, &hold.devices),
+            }
+        }
+        out
+    }
+
+    /// Holds a member's network devices (callers check [`NetworkPools::refusals`] first).
+    pub fn hold(&mut self, hold: &NetworkHold, state: SlotState) {
+        self.devices.hold(&hold.devices);
+        let pod = PodSummary {
+            devices: hold.devices.clone(),
+            ..PodSummary::default()
+        };
+        self.holds
+            .insert(hold.member.clone(), PodSlot { pod, state });
+    }
+
+    /// Commits a reserved hold.
+    pub fn promote(&mut self, member: &MemberKey, at_ms: u64) {
+        if let Some(slot) = self.holds.get_mut(member) {
+            if let SlotState::Reserved { txn_id } = slot.state {
+                slot.state = SlotState::Committed { txn_id, at_ms };
+            }
+        }
+    }
+
+    /// Gives a member's network devices back.
+    pub fn take(&mut self, member: &MemberKey) -> Option<PodSlot> {
+        let slot = self.holds.remove(member)?;
+        self.devices.release(member, &slot.pod.devices);
+        Some(slot)
+    }
+
+    /// Checks I1 and the accounting; the error says what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some((member, _)) = self.holds.iter().find(|(_, s)| s.pod.devices.is_empty()) {
+            return Err(format!("network hold of {member} holds no device"));
+        }
+        if let Some((member, _)) = self.holds.iter().find(|(_, s)| !s.state.is_gangway()) {
+            return Err(format!("network hold of {member} is not gangway's"));
+        }
+        self.devices
+            .check(&self.holds)
+            .map_err(|e| format!("network pools: {e}"))
+    }
+}
+
+/// The pool a device belongs to.
+pub fn pool_of(device: &DeviceId) -> PoolKey {
+    PoolKey {
+        driver: device.driver.clone(),
+        pool: device.pool.clone(),
+    }
+}
