@@ -431,6 +431,59 @@ mod tests {
         assert_eq!(on_one, vec!["m2", "m1", "m0"], "plan order kept");
     }
 
+    /// Plans of shards 1 and 2, each placing member `m0` with network device `d{n}`.
+    fn network_plans(d1: u32, d2: u32) -> BTreeMap<u32, GangPlacement> {
+        use crate::model::claim::{AdminAccess, DeviceAllocation};
+        let with_device = |d: u32| {
+            let mut p = plan(&[0], &[1]);
+            p.network = vec![NetworkHold {
+                member: key(0),
+                devices: vec![DeviceAllocation {
+                    claim: "c".into(),
+                    request: "r".into(),
+                    device: DeviceId::new("fabric.example.com", "fabric", format!("d{d}")),
+                    admin_access: AdminAccess::Disabled,
+                    tolerations: vec![],
+                    share_id: None,
+                    consumed_capacity: BTreeMap::new(),
+                }],
+            }];
+            p
+        };
+        BTreeMap::from([(1, with_device(d1)), (2, with_device(d2))])
+    }
+
+    #[test]
+    fn network_devices_go_with_the_members_taken_and_are_never_taken_twice() {
+        let g = group(2, 2);
+        let AssignOutcome::Ready(a) = assign(&g, &network_plans(0, 1), &BTreeSet::new()) else {
+            panic!("ready")
+        };
+        // Shard 2's slot went to the next member waiting, m1: so did its hold.
+        let holds: Vec<(String, String)> = a
+            .network
+            .iter()
+            .map(|h| (h.member.member.clone(), h.devices[0].device.device.clone()))
+            .collect();
+        assert_eq!(
+            holds,
+            [("m0".into(), "d0".into()), ("m1".into(), "d1".into())]
+        );
+        assert_eq!(
+            a.participants(4),
+            vec![1, 2, 3, 4],
+            "every shard holds them"
+        );
+        // Both plans chose d0: only one slot can have it, so the group is short.
+        let AssignOutcome::Short { partial, .. } =
+            assign(&g, &network_plans(0, 0), &BTreeSet::new())
+        else {
+            panic!("short")
+        };
+        assert_eq!(partial.members(), 1);
+        assert_eq!(partial.network.len(), 1);
+    }
+
     #[test]
     fn one_shard_that_fits_everything_wins() {
         let plans = BTreeMap::from([(1, plan(&[0, 1], &[2, 3])), (2, plan(&[0, 1, 2, 3], &[]))]);

@@ -958,4 +958,6 @@ mod agreement {
        }
 }
 
+mod network_tests;
+#[cfg(test)]
 mod share_tests;

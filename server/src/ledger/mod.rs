@@ -29,6 +29,8 @@ mod device_tests;
 #[cfg(test)]
 mod displace_tests;
 #[cfg(test)]
+mod network_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod two_phase_tests;

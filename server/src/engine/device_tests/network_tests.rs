@@ -1,0 +1,181 @@
+//! Network-attached pools in the engine: a node sees the pools that reach it beside its
+//! own devices, a device planned for one node is gone for every node of the round, the
+//! result hands network devices out as holds (the members keep their nodes' devices),
+//! and a placer that keeps fit results never reuses one a network hold has made stale.
+//! Every placement is reserved through the ledger, which must accept it.
+
+use super::{exact, gpu, one, request, unplaced_reasons, Fixture, DRIVER};
+use crate::engine::filter::FilterReason;
+use crate::engine::placement::{GangPlacement, MemberRef, Placer};
+use crate::engine::profile::Profile;
+use crate::ledger::command::{LedgerOp, LedgerReply, TxnId};
+use crate::model::claim::PodClaim;
+use crate::model::device::Device;
+use crate::model::gang::MemberKey;
+use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement, PodSpec};
+use crate::model::reach::{PoolReach, ReachTerm};
+
+const FABRIC: &str = "fabric";
+
+/// Nodes n1 and n2 in rack r1, n3 in rack r2; a network pool of `devices` devices of
+/// the test driver reaching rack r1.
+fn fixture(devices: usize) -> Fixture {
+    let mut f = Fixture::new(&["n1", "n2", "n3"]);
+    for (name, rack) in [("n1", "r1"), ("n2", "r1"), ("n3", "r2")] {
+        let mut node = super::node(name);
+        node.labels.insert("rack".into(), rack.into());
+        f.apply(LedgerOp::RegisterNode { node });
+    }
+    let reply = f.apply(LedgerOp::PublishNetworkPool {
+        driver: DRIVER.into(),
+        pool: FABRIC.into(),
+        generation: 1,
+        reach: PoolReach::Selected(ReachTerm {
+            match_expressions: vec![NodeSelectorRequirement {
+                key: "rack".into(),
+                operator: NodeSelectorOperator::In,
+                values: vec!["r1".into()],
+            }],
+            match_fields: Vec::new(),
+        }),
+        devices: (0..devices)
+            .map(|i| Device::new(format!("fabric-{i}")))
+            .collect(),
+        counter_sets: Vec::new(),
+    });
+    assert!(
+        matches!(reply, LedgerReply::PoolPublished { .. }),
+        "{reply:?}"
+    );
+    f
+}
+
+fn place_with(placer: &mut Placer, f: &Fixture, names: &[&str], spec: &PodSpec) -> GangPlacement {
+    let keys: Vec<MemberKey> = names
+        .iter()
+        .map(|n| MemberKey::new("ns", "g", *n))
+        .collect();
+    let members: Vec<MemberRef<'_>> = keys.iter().map(|key| MemberRef { key, spec }).collect();
+    placer.place_members(&f.ledger, &members, &Profile::default(), &[])
+}
+
+/// Reserves and commits a placement with its network holds; the ledger must accept it.
+fn commit(f: &mut Fixture, placement: &GangPlacement) {
+    f.txn += 1;
+    let reply = f.apply(LedgerOp::ReserveAndCommit {
+        txn_id: TxnId(f.txn),
+        members: placement.assignments.clone(),
+        network: placement.network.clone(),
+    });
+    assert_eq!(
+        reply,
+        LedgerReply::Committed {
+            txn_id: TxnId(f.txn)
+        }
+    );
+    assert_eq!(f.ledger.check_invariants(), Ok(()));
+}
+
+/// Network devices of a placement: member → devices.
+fn network_devices(placement: &GangPlacement) -> Vec<(String, Vec<String>)> {
+    placement
+        .network
+        .iter()
+        .map(|h| {
+            (
+                h.member.member.clone(),
+                h.devices.iter().map(|a| a.device.device.clone()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_network_device_goes_to_one_pod_of_a_round_on_a_node_it_reaches() {
+    let mut f = fixture(2);
+    let spec = one("true");
+    let placement = f.place(&["a", "b", "c"], &spec);
+    let placed: Vec<(&str, &str)> = placement
+        .assignments
+        .iter()
+        .map(|a| (a.member.member.as_str(), a.node.as_str()))
+        .collect();
+    assert_eq!(placed.len(), 2, "{placement:?}");
+    assert!(placed.iter().all(|(_, node)| *node != "n3"), "{placed:?}");
+    assert!(placement
+        .assignments
+        .iter()
+        .all(|a| a.pod.devices.is_empty()));
+    let mut devices: Vec<String> = network_devices(&placement)
+        .into_iter()
+        .flat_map(|(_, d)| d)
+        .collect();
+    devices.sort();
+    assert_eq!(devices, ["fabric-0", "fabric-1"]);
+    assert_eq!(placement.unplaced.len(), 1, "{placement:?}");
+    assert!(unplaced_reasons(&placement).contains(&FilterReason::CannotAllocateDevices));
+    commit(&mut f, &placement);
+    // Held now: nothing is left for a later round.
+    let later = f.place(&["d"], &spec);
+    assert!(later.assignments.is_empty(), "{later:?}");
+}
+
+#[test]
+fn a_pod_takes_devices_of_its_node_and_of_the_network_together() {
+    let mut f = fixture(1);
+    f.publish("n2", vec![gpu("gpu-0", "a100", 40, 0)], Vec::new());
+    let spec = PodSpec {
+        claims: vec![PodClaim {
+            name: "devices".into(),
+            requests: vec![
+                request(
+                    "local",
+                    exact(1, &["has(device.attributes['gpu.example.com'].model)"]),
+                ),
+                request(
+                    "fabric",
+                    exact(1, &["!has(device.attributes['gpu.example.com'].model)"]),
+                ),
+            ],
+            constraints: vec![],
+            config: vec![],
+        }],
+        ..PodSpec::default()
+    };
+    spec.validate(&crate::model::error::FieldPath::new("spec"))
+        .expect("valid spec");
+    let placement = f.place(&["a"], &spec);
+    assert_eq!(placement.assignments.len(), 1, "{placement:?}");
+    let member = &placement.assignments[0];
+    assert_eq!(member.node, "n2");
+    let local: Vec<&str> = member
+        .pod
+        .devices
+        .iter()
+        .map(|a| a.device.device.as_str())
+        .collect();
+    assert_eq!(local, ["gpu-0"]);
+    assert_eq!(
+        network_devices(&placement),
+        vec![("a".to_string(), vec!["fabric-0".to_string()])]
+    );
+    commit(&mut f, &placement);
+}
+
+#[test]
+fn a_placer_that_keeps_fits_sees_network_devices_taken_since() {
+    let mut f = fixture(1);
+    let spec = one("true");
+    let mut placer = Placer::new();
+    let first = place_with(&mut placer, &f, &["a"], &spec);
+    assert_eq!(first.assignments.len(), 1, "{first:?}");
+    commit(&mut f, &first);
+    // No node's own state changed, yet nothing fits any more.
+    let second = place_with(&mut placer, &f, &["b"], &spec);
+    assert!(second.assignments.is_empty(), "{second:?}");
+    // Released, it fits again.
+    f.release("a");
+    let third = place_with(&mut placer, &f, &["c"], &spec);
+    assert_eq!(third.assignments.len(), 1, "{third:?}");
+    commit(&mut f, &third);
+}
