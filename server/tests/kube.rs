@@ -960,6 +960,107 @@ async fn the_check_catches_a_ledger_that_frees_a_shared_claim_with_its_carrier()
     .await;
 }
 
+/// Two of `start`'s nodes that land on different shards of the test clusters' two
+/// (nodes are sharded by name there).
+fn nodes_on_two_shards(nodes: usize) -> (String, String) {
+    let name = |i: usize| format!("node-{i:03}");
+    let shard =
+        |i: usize| gangway_server::ledger::meta::shard_for(&name(i), &BTreeMap::new(), None, 2);
+    (0..nodes)
+        .flat_map(|i| (0..nodes).map(move |j| (i, j)))
+        .find(|(i, j)| shard(*i) != shard(*j))
+        .map(|(i, j)| (name(i), name(j)))
+        .expect("the nodes spread over both shards")
+}
+
+/// A network-attached pool (one ResourceSlice with a node selector naming two nodes of
+/// different shards, two devices) serves three one-device pods: two bind, on those
+/// nodes, with distinct devices whose allocation carries the slice's node selector; the
+/// third waits until one of the two is gone, then takes its device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_device_once() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    let (a, b) = nodes_on_two_shards(4);
+    let term = json!({"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
+    ]});
+    api.create(
+        &RESOURCE_SLICES,
+        json!({
+            "metadata": {"name": "fabric"},
+            "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
+                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "fabric-0"}, {"name": "fabric-1"}]}
+        }),
+    )
+    .await
+    .expect("network slice");
+    let pods: Vec<String> = (0..3).map(|i| format!("fabric-{i}")).collect();
+    for name in &pods {
+        api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
+            .await
+            .expect("pod");
+    }
+    let now = wait_for(
+        "two of the three pods bound, the third refused",
+        Duration::from_secs(60),
+        &env,
+        |v| {
+            let bound = pods.iter().filter(|p| v.node_of(p).is_some()).count();
+            bound == 2
+                && pods.iter().any(|p| {
+                    v.node_of(p).is_none() && !v.events_for(p, "FailedScheduling").is_empty()
+                })
+        },
+    )
+    .await;
+    let bound: Vec<&String> = pods.iter().filter(|p| now.node_of(p).is_some()).collect();
+    let mut devices = BTreeSet::new();
+    for pod in &bound {
+        let node = now.node_of(pod).unwrap_or_default();
+        assert!(
+            node == a || node == b,
+            "{pod} bound to {node}, which the pool does not serve"
+        );
+        let claim = now
+            .claim_of(pod)
+            .unwrap_or_else(|| panic!("{pod} has a claim"));
+        let allocation = &claim["status"]["allocation"];
+        assert_eq!(
+            allocation["nodeSelector"],
+            json!({"nodeSelectorTerms": [term]}),
+            "the slice's node selector: {claim}"
+        );
+        let result = &allocation["devices"]["results"][0];
+        assert_eq!(result["pool"], json!("fabric"), "{claim}");
+        devices.insert(result["device"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(devices.len(), 2, "each device booked once: {devices:?}");
+    let waiting = pods
+        .iter()
+        .find(|p| now.node_of(p).is_none())
+        .cloned()
+        .unwrap_or_default();
+    // Long enough for gangway to place the third pod if it thought a device free.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(view(api).await.node_of(&waiting), None, "no third device");
+    finish_deletions(api, &[bound[0].clone()]).await;
+    let now = wait_for(
+        "the third pod bound once a device is free",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of(&waiting).is_some(),
+    )
+    .await;
+    let freed = now.device_of(bound[1]).map(|(_, d)| d);
+    let taken = now.device_of(&waiting).map(|(_, d)| d);
+    assert!(
+        taken.is_some() && taken != freed,
+        "{waiting} took the freed device, not {freed:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_is_classified_as_the_real_server_answers_it() {
     use gangway_server::kube::api::{bind, BindOutcome};

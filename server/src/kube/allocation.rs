@@ -46,19 +46,33 @@ pub enum AllocationError {
     },
 }
 
+/// Which nodes the slice publishing a device serves, as the allocation's node selector
+/// needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SliceReach {
+    /// One node (`nodeName`), or the slice is not known any more: the pod's node.
+    Node,
+    /// Every node (`allNodes`).
+    AllNodes,
+    /// The nodes of one node selector term (`nodeSelector.nodeSelectorTerms[0]`).
+    Term(Value),
+}
+
 /// The source of a config in an allocation result.
 const FROM_CLASS: &str = "FromClass";
 /// The source of a config in an allocation result.
 const FROM_CLAIM: &str = "FromClaim";
 
 /// The allocation of `devices` (one pod claim's, on `node`) for the claim object
-/// `claim`, with the classes `class_of` answers and the devices as their slices
-/// publish them (`device_of`, for their binding conditions).
+/// `claim`, with the classes `class_of` answers, the devices as their slices publish
+/// them (`device_of`, for their binding conditions) and the nodes those slices serve
+/// (`reach_of`, for the node selector).
 pub fn allocation(
     node: &str,
     claim: &Value,
     class_of: &dyn Fn(&str) -> Option<Arc<Value>>,
     device_of: &dyn Fn(&DeviceId) -> Option<Value>,
+    reach_of: &dyn Fn(&DeviceId) -> SliceReach,
     devices: &[&DeviceAllocation],
 ) -> Result<Value, AllocationError> {
     let results: Vec<Value> = devices
@@ -76,12 +90,61 @@ pub fn allocation(
         })
         .collect();
     let config = configs(claim, class_of, devices)?;
-    Ok(json!({
-        "devices": {"results": results, "config": config},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+    let mut out = json!({"devices": {"results": results, "config": config}});
+    if let Some(selector) = node_selector(node, reach_of, devices) {
+        out["nodeSelector"] = selector;
+    }
+    Ok(out)
+}
+
+/// The nodes the allocated devices are reachable from, as upstream's allocator writes
+/// them: a device of one node restricts the allocation to that node; otherwise the
+/// requirements of every network-attached device's selector term, merged into one term
+/// (each requirement once); none when every device serves all nodes (the pod may run
+/// anywhere).
+fn node_selector(
+    node: &str,
+    reach_of: &dyn Fn(&DeviceId) -> SliceReach,
+    devices: &[&DeviceAllocation],
+) -> Option<Value> {
+    let mut fields: Vec<Value> = Vec::new();
+    let mut expressions: Vec<Value> = Vec::new();
+    let only_node = || {
+        json!({"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [node]}
-        ]}]},
-    }))
+        ]}]})
+    };
+    if devices.is_empty() {
+        return Some(only_node());
+    }
+    for d in devices {
+        match reach_of(&d.device) {
+            SliceReach::Node => return Some(only_node()),
+            SliceReach::AllNodes => {}
+            SliceReach::Term(term) => {
+                let add = |have: &mut Vec<Value>, field: &str| {
+                    for req in term[field].as_array().into_iter().flatten() {
+                        if !have.contains(req) {
+                            have.push(req.clone());
+                        }
+                    }
+                };
+                add(&mut fields, "matchFields");
+                add(&mut expressions, "matchExpressions");
+            }
+        }
+    }
+    if fields.is_empty() && expressions.is_empty() {
+        return None;
+    }
+    let mut term = Map::new();
+    if !expressions.is_empty() {
+        term.insert("matchExpressions".into(), Value::Array(expressions));
+    }
+    if !fields.is_empty() {
+        term.insert("matchFields".into(), Value::Array(fields));
+    }
+    Some(json!({"nodeSelectorTerms": [Value::Object(term)]}))
 }
 
 /// Whether a pod may be bound once its claim holds `allocation`: every binding
@@ -365,7 +428,14 @@ mod tests {
         let classes = classes();
         let lookup = move |name: &str| classes.get(name).cloned();
         let refs: Vec<&DeviceAllocation> = devices.iter().collect();
-        let a = allocation("node-0", claim, &lookup, &|_| None, &refs)?;
+        let a = allocation(
+            "node-0",
+            claim,
+            &lookup,
+            &|_| None,
+            &|_| SliceReach::Node,
+            &refs,
+        )?;
         Ok(a["devices"]["config"]
             .as_array()
             .cloned()
@@ -491,7 +561,15 @@ mod tests {
             {"name": "a", "exactly": {"deviceClassName": "plain"}}]}}});
         let classes = classes();
         let lookup = move |name: &str| classes.get(name).cloned();
-        let a = allocation("node-7", &claim, &lookup, &|_| None, &[&d]).expect("allocation");
+        let a = allocation(
+            "node-7",
+            &claim,
+            &lookup,
+            &|_| None,
+            &|_| SliceReach::Node,
+            &[&d],
+        )
+        .expect("allocation");
         assert_eq!(
             a["devices"]["results"][0],
             json!({"request": "a", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0",
@@ -523,7 +601,15 @@ mod tests {
             })
         };
         let (d0, d1) = (device("a", "gpu-0"), device("a", "gpu-1"));
-        let a = allocation("node-0", &claim, &lookup, &published, &[&d0, &d1]).expect("ok");
+        let a = allocation(
+            "node-0",
+            &claim,
+            &lookup,
+            &published,
+            &|_| SliceReach::Node,
+            &[&d0, &d1],
+        )
+        .expect("ok");
         let results = &a["devices"]["results"];
         assert_eq!(
             results[0]["bindingConditions"],
@@ -570,7 +656,15 @@ mod tests {
                 condition: "failed".into()
             }
         );
-        let plain = allocation("node-0", &claim, &lookup, &|_| None, &[&d1]).expect("ok");
+        let plain = allocation(
+            "node-0",
+            &claim,
+            &lookup,
+            &|_| None,
+            &|_| SliceReach::Node,
+            &[&d1],
+        )
+        .expect("ok");
         assert_eq!(binding_state(&plain, &claim), BindingState::Ready);
     }
 

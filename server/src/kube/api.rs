@@ -4,10 +4,17 @@
 //! answer classified the way callers act on it. Called by the binder and the
 //! ingest loop.
 
+use std::collections::BTreeMap;
+
 use http::{Method, Request};
 use serde_json::{json, Value};
 
 use crate::kube::objects::PodRef;
+use crate::model::error::FieldPath;
+use crate::model::node::Node;
+use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement};
+use crate::model::reach::{ReachTerm, NODE_NAME_FIELD};
+use crate::model::resources::Resources;
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]
@@ -265,7 +272,7 @@ pub async fn join_claim(
     namespace: &str,
     name: &str,
     pod: &PodRef,
-    node: &str,
+    node: (&str, &BTreeMap<String, String>),
     cached: Option<&Value>,
 ) -> Result<JoinOutcome, ApiError> {
     let path = claim_path(namespace, name);
@@ -321,24 +328,54 @@ pub async fn join_claim(
     }))
 }
 
-/// Whether an allocation's devices are reachable from `node`: no node selector, or a
-/// term naming the node by `metadata.name` (the form gangway writes).
-fn reachable_from(allocation: &Value, node: &str) -> bool {
+/// Whether an allocation's devices are reachable from `node` (name and labels): no
+/// node selector, or a term whose every requirement holds (`metadata.name` fields and
+/// label expressions; an empty term matches no node).
+fn reachable_from(allocation: &Value, (node, labels): (&str, &BTreeMap<String, String>)) -> bool {
     let Some(terms) = allocation["nodeSelector"]["nodeSelectorTerms"].as_array() else {
         return true;
     };
-    terms.iter().any(|term| {
-        term["matchFields"]
+    let requirements = |term: &Value, field: &str| -> Option<Vec<NodeSelectorRequirement>> {
+        term[field]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|f| {
-                f["key"] == "metadata.name"
-                    && f["operator"] == "In"
-                    && f["values"]
-                        .as_array()
-                        .is_some_and(|v| v.iter().any(|n| n.as_str() == Some(node)))
+            .map(|r| {
+                let operator =
+                    NodeSelectorOperator::parse(&FieldPath::new(field), r["operator"].as_str()?)
+                        .ok()?;
+                let values = r["values"]
+                    .as_array()
+                    .map(|v| {
+                        v.iter()
+                            .filter_map(|x| x.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Some(NodeSelectorRequirement {
+                    key: r["key"].as_str()?.to_string(),
+                    operator,
+                    values,
+                })
             })
+            .collect()
+    };
+    terms.iter().any(|term| {
+        let (Some(fields), Some(expressions)) = (
+            requirements(term, "matchFields"),
+            requirements(term, "matchExpressions"),
+        ) else {
+            return false;
+        };
+        let reach = ReachTerm {
+            match_expressions: expressions,
+            match_fields: fields,
+        };
+        let mut named = Node::new(node, Resources::zero());
+        named.labels = labels.clone();
+        (!reach.match_fields.is_empty() || !reach.match_expressions.is_empty())
+            && reach.match_fields.iter().all(|f| f.key == NODE_NAME_FIELD)
+            && reach.admits(&named)
     })
 }
 

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::failpoints;
-use crate::kube::allocation::{self, BindingState};
+use crate::kube::allocation::{self, BindingState, SliceReach};
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType, JoinOutcome};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
@@ -343,8 +343,9 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
         };
         let class_of = |class: &str| ctx.cache.get(Slot::DeviceClasses, "", class);
         let device_of = |id: &DeviceId| published_device(&ctx.cache, id);
+        let reach_of = |id: &DeviceId| published_reach(&ctx.cache, id);
         let allocation = match allocation::allocation(
-            &m.node, &cached, &class_of, &device_of, &devices,
+            &m.node, &cached, &class_of, &device_of, &reach_of, &devices,
         ) {
             Ok(mut allocation) => {
                 if ctx.opts.failpoints.armed(failpoints::BINDER_DROPS_CONFIGS) {
@@ -391,13 +392,18 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
         let cached = ctx
             .cache
             .get(Slot::ResourceClaims, &pod.namespace, &object_name);
+        let labels: BTreeMap<String, String> = ctx
+            .cache
+            .get(Slot::Nodes, "", &m.node)
+            .and_then(|n| serde_json::from_value(n["metadata"]["labels"].clone()).ok())
+            .unwrap_or_default();
         ctx.pacer.wait().await;
         let joined = api::join_claim(
             &ctx.client,
             &pod.namespace,
             &object_name,
             &pod,
-            &m.node,
+            (&m.node, &labels),
             cached.as_deref(),
         )
         .await?;
@@ -487,6 +493,35 @@ fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
             })
             .max_by_key(|(generation, _)| *generation)
             .map(|(_, device)| device)
+    })
+}
+
+/// The nodes the slices of `id`'s pool serve, from its newest generation (a scan of
+/// the informer's slices, as for [`published_device`]); a pool no slice publishes any
+/// more counts as the pod's node only.
+fn published_reach(cache: &Cache, id: &DeviceId) -> SliceReach {
+    cache.read(Slot::ResourceSlices, |slices| {
+        slices
+            .values()
+            .map(|slice| &slice["spec"])
+            .filter(|spec| {
+                spec["driver"].as_str() == Some(id.driver.as_str())
+                    && spec["pool"]["name"].as_str() == Some(id.pool.as_str())
+            })
+            .max_by_key(|spec| spec["pool"]["generation"].as_u64().unwrap_or(0))
+            .map(|spec| {
+                if spec["allNodes"].as_bool() == Some(true) {
+                    SliceReach::AllNodes
+                } else if let Some(term) = spec["nodeSelector"]["nodeSelectorTerms"]
+                    .as_array()
+                    .and_then(|terms| terms.first())
+                {
+                    SliceReach::Term(term.clone())
+                } else {
+                    SliceReach::Node
+                }
+            })
+            .unwrap_or(SliceReach::Node)
     })
 }
 

@@ -39,7 +39,9 @@ use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
 };
 use crate::kube::informer::{Cache, Changes, Key, Slot};
-use crate::kube::objects::{self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices, ShareRole};
+use crate::kube::objects::{
+    self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices, ShareRole, SliceScope,
+};
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::KubeOptions;
 use crate::ledger::command::LEDGER_BATCH_MAX;
@@ -49,8 +51,9 @@ use crate::ledger::meta::{
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
 use crate::model::claim::ClaimShare;
-use crate::model::device::DeviceTaint;
+use crate::model::device::{DeviceTaint, ResourcePool};
 use crate::model::pod::PodSpec;
+use crate::model::reach::PoolReach;
 use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
@@ -644,7 +647,7 @@ impl Ingest {
                 }
             };
             let name = names;
-            let (node, pool) = match objects::slice(&object) {
+            let (scope, pool) = match objects::slice(&object) {
                 Ok(Some(found)) => found,
                 Ok(None) => continue,
                 Err(e) => {
@@ -655,40 +658,84 @@ impl Ingest {
                     continue;
                 }
             };
-            let key = (node.clone(), pool.driver.clone(), pool.name.clone());
-            if self.memory.pools.get(&key) == Some(&pool.generation) {
-                continue;
+            match scope {
+                SliceScope::Node(node) => self.publish_node_pool(&name, node, pool).await,
+                SliceScope::Network(reach) => self.publish_network_pool(&name, reach, pool).await,
             }
-            if !self.memory.nodes.contains_key(&node) {
-                self.memory.pools_dirty.insert(key);
-                continue;
+        }
+    }
+
+    /// Publishes a node's pool on the node's shard, once the node is registered.
+    async fn publish_node_pool(&mut self, name: &str, node: String, pool: ResourcePool) {
+        let key = (node.clone(), pool.driver.clone(), pool.name.clone());
+        if self.memory.pools.get(&key) == Some(&pool.generation) {
+            return;
+        }
+        if !self.memory.nodes.contains_key(&node) {
+            self.memory.pools_dirty.insert(key);
+            return;
+        }
+        let Ok(Some(shard)) = shard_of(&self.groups, &node).await else {
+            self.memory.pools_dirty.insert(key);
+            return;
+        };
+        let generation = pool.generation;
+        let op = LedgerOp::PublishPool {
+            node: node.clone(),
+            driver: pool.driver,
+            pool: pool.name,
+            generation,
+            devices: pool.devices,
+            counter_sets: pool.counter_sets,
+        };
+        match apply_op(&self.groups, shard, op).await {
+            Ok(_) => {
+                self.memory.pools.insert(key, generation);
+                // Its devices may be new to the rules, or gone with their taints.
+                self.memory.rule_taints = None;
             }
-            let Ok(Some(shard)) = shard_of(&self.groups, &node).await else {
+            Err(e) => {
+                self.warn_once(
+                    &format!("slice/{name}"),
+                    &format!("ResourceSlice {name}: {}", e.message()),
+                );
                 self.memory.pools_dirty.insert(key);
-                continue;
-            };
-            let generation = pool.generation;
-            let op = LedgerOp::PublishPool {
-                node: node.clone(),
-                driver: pool.driver,
-                pool: pool.name,
-                generation,
-                devices: pool.devices,
-                counter_sets: pool.counter_sets,
-            };
-            match apply_op(&self.groups, shard, op).await {
-                Ok(_) => {
-                    self.memory.pools.insert(key, generation);
-                    // Its devices may be new to the rules, or gone with their taints.
-                    self.memory.rule_taints = None;
-                }
-                Err(e) => {
-                    self.warn_once(
-                        &format!("slice/{name}"),
-                        &format!("ResourceSlice {name}: {}", e.message()),
-                    );
-                    self.memory.pools_dirty.insert(key);
-                }
+            }
+        }
+    }
+
+    /// Publishes a network-attached pool on every shard (rule 15); it counts as
+    /// published only once every shard took it (a shard that already has this
+    /// generation answers unchanged, so a retry is harmless).
+    async fn publish_network_pool(&mut self, name: &str, reach: PoolReach, pool: ResourcePool) {
+        let key = (String::new(), pool.driver.clone(), pool.name.clone());
+        if self.memory.pools.get(&key) == Some(&pool.generation) {
+            return;
+        }
+        let op = LedgerOp::PublishNetworkPool {
+            driver: pool.driver.clone(),
+            pool: pool.name.clone(),
+            generation: pool.generation,
+            reach,
+            devices: pool.devices,
+            counter_sets: pool.counter_sets,
+        };
+        let mut failed = None;
+        for shard in 1..=self.shards {
+            if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
+                failed = Some(format!("shard {shard}: {}", e.message()));
+            }
+        }
+        match failed {
+            None => {
+                self.memory.pools.insert(key, pool.generation);
+            }
+            Some(why) => {
+                self.warn_once(
+                    &format!("slice/{name}"),
+                    &format!("ResourceSlice {name} (network-attached): {why}"),
+                );
+                self.memory.pools_dirty.insert(key);
             }
         }
     }
@@ -763,7 +810,13 @@ impl Ingest {
         if rules.is_empty() {
             return wanted;
         }
-        for ((node, driver, pool), generation) in &self.memory.pools {
+        // Network-attached pools get no rule taints yet (docs/ARCHITECTURE.md §10).
+        for ((node, driver, pool), generation) in self
+            .memory
+            .pools
+            .iter()
+            .filter(|((n, _, _), _)| !n.is_empty())
+        {
             let key = (node.clone(), driver.clone(), pool.clone());
             for slice in self.memory.pool_slices.get(&key).into_iter().flatten() {
                 let Some(object) = self.cache.get(Slot::ResourceSlices, "", slice) else {

@@ -18,7 +18,10 @@ use crate::ledger::ObservedPod;
 use crate::model::claim::CLAIM_CONSUMERS_MAX;
 use crate::model::device::{DeviceTaint, DeviceTaintEffect};
 use crate::model::names::{validate_label_value, validate_qualified_name};
-use crate::model::pod::{convert_label_selector, RawLabelSelector};
+use crate::model::pod::{
+    convert_label_selector, NodeSelectorOperator, NodeSelectorRequirement, RawLabelSelector,
+};
+use crate::model::reach::{PoolReach, ReachTerm};
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
 use crate::model::{AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, PodSummary};
@@ -146,11 +149,20 @@ pub fn node(object: &Value) -> Result<Node, ValidationError> {
     raw.validate()
 }
 
-/// A ResourceSlice of one node: its node and pool. `Ok(None)` for slices not tied
-/// to a single node (network-attached devices), which gangway does not place.
-pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, ValidationError> {
+/// Where a ResourceSlice's devices are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceScope {
+    /// On one node (`nodeName`).
+    Node(String),
+    /// Network-attached, reachable from the nodes of `allNodes` or a `nodeSelector`.
+    Network(PoolReach),
+}
+
+/// A ResourceSlice: where its devices are, and its pool. `Ok(None)` for slices that
+/// choose nodes device by device (`perDeviceNodeSelection`), which gangway does not place.
+pub fn slice(object: &Value) -> Result<Option<(SliceScope, ResourcePool)>, ValidationError> {
     let spec = &object["spec"];
-    let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+    let Some(scope) = slice_scope(spec)? else {
         return Ok(None);
     };
     let devices: Vec<Value> = spec["devices"]
@@ -189,7 +201,61 @@ pub fn slice(object: &Value) -> Result<Option<(String, ResourcePool)>, Validatio
     });
     let raw: RawResourcePool =
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
-    Ok(Some((node.to_string(), raw.validate()?)))
+    Ok(Some((scope, raw.validate()?)))
+}
+
+/// Where a slice spec's devices are; errors name the field of a bad node selector.
+fn slice_scope(spec: &Value) -> Result<Option<SliceScope>, ValidationError> {
+    if let Some(node) = spec["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        return Ok(Some(SliceScope::Node(node.to_string())));
+    }
+    if spec["allNodes"].as_bool() == Some(true) {
+        return Ok(Some(SliceScope::Network(PoolReach::AllNodes)));
+    }
+    if spec["nodeSelector"].is_null() {
+        return Ok(None);
+    }
+    let path = FieldPath::new("spec").child("nodeSelector");
+    let terms = spec["nodeSelector"]["nodeSelectorTerms"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let [term] = terms.as_slice() else {
+        return Err(path
+            .child("nodeSelectorTerms")
+            .error(format!("must have exactly one term, not {}", terms.len())));
+    };
+    let at = path.child("nodeSelectorTerms").index(0);
+    let requirements = |field: &str| -> Result<Vec<NodeSelectorRequirement>, ValidationError> {
+        term[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| {
+                let here = at.child(field).index(i);
+                Ok(NodeSelectorRequirement {
+                    key: r["key"].as_str().unwrap_or_default().to_string(),
+                    operator: NodeSelectorOperator::parse(
+                        &here.child("operator"),
+                        r["operator"].as_str().unwrap_or_default(),
+                    )?,
+                    values: r["values"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|v| v.as_str().unwrap_or_default().to_string())
+                        .collect(),
+                })
+            })
+            .collect()
+    };
+    let reach = PoolReach::Selected(ReachTerm {
+        match_expressions: requirements("matchExpressions")?,
+        match_fields: requirements("matchFields")?,
+    });
+    reach.validate(&FieldPath::new("spec"))?;
+    Ok(Some(SliceScope::Network(reach)))
 }
 
 /// A device taint in the form the model reads: `timeAdded` (which tolerationSeconds
@@ -303,13 +369,19 @@ pub enum PoolSlices {
     },
 }
 
-/// A node-local device pool: (node, driver, pool name).
+/// A device pool: (node, driver, pool name); the node is empty for a network-attached
+/// pool.
 pub type PoolKey = (String, String, String);
 
-/// The pool a ResourceSlice belongs to, if it is node-local.
+/// The pool a ResourceSlice belongs to, if it is node-local or network-attached.
 pub fn pool_key(object: &Value) -> Option<PoolKey> {
     let spec = &object["spec"];
-    let node = spec["nodeName"].as_str().filter(|n| !n.is_empty())?;
+    let network = spec["allNodes"].as_bool() == Some(true) || !spec["nodeSelector"].is_null();
+    let node = match spec["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        Some(node) => node,
+        None if network => "",
+        None => return None,
+    };
     Some((
         node.to_string(),
         spec["driver"].as_str().unwrap_or_default().to_string(),
@@ -320,10 +392,12 @@ pub fn pool_key(object: &Value) -> Option<PoolKey> {
     ))
 }
 
-/// Groups node-local slices (name, object) by (node, driver, pool), keeps each pool's
-/// newest generation, and merges its slices (a pool may span several, as
-/// `spec.pool.resourceSliceCount` says). Slices without a node are left out, and so are
-/// pools `current` says are known at their newest generation (nothing to merge).
+/// Groups slices (name, object) by pool ([`pool_key`]: node-local pools by node, driver
+/// and pool, network-attached ones by driver and pool), keeps each pool's newest
+/// generation, and merges its slices (a pool may span several, as
+/// `spec.pool.resourceSliceCount` says; the first by name gives the rest of the spec).
+/// Slices that choose nodes per device are left out, and so are pools `current` says
+/// are known at their newest generation (nothing to merge).
 pub fn node_pools(
     slices: Vec<(String, std::sync::Arc<Value>)>,
     current: impl Fn(&PoolKey, u64) -> bool,
@@ -890,7 +964,7 @@ mod tests {
 
     fn slice_of(object: &Value) -> (String, ResourcePool) {
         match slice(object) {
-            Ok(Some(found)) => found,
+            Ok(Some((SliceScope::Node(node), pool))) => (node, pool),
             other => panic!("{other:?}"),
         }
     }
@@ -920,7 +994,7 @@ mod tests {
 
     #[test]
     fn slice_becomes_the_pool_of_its_node() {
-        let (node, pool) = slice(&json!({
+        let (scope, pool) = slice(&json!({
             "metadata": {"name": "n1-gpu"},
             "spec": {"driver": "gpu.example.com", "nodeName": "n1",
                      "pool": {"name": "n1", "generation": 3, "resourceSliceCount": 1},
@@ -929,12 +1003,55 @@ mod tests {
         .expect("valid")
         .expect("node-local");
         assert_eq!(
-            (node.as_str(), pool.generation, pool.devices.len()),
-            ("n1", 3, 1)
+            (scope, pool.generation, pool.devices.len()),
+            (SliceScope::Node("n1".into()), 3, 1)
         );
-        assert!(slice(&json!({"spec": {"driver": "d", "allNodes": true, "pool": {"name": "p", "generation": 1}}}))
-            .expect("valid")
-            .is_none());
+        let (scope, _) = slice(
+            &json!({"spec": {"driver": "d", "allNodes": true, "pool": {"name": "p", "generation": 1}}}),
+        )
+        .expect("valid")
+        .expect("network-attached");
+        assert_eq!(scope, SliceScope::Network(PoolReach::AllNodes));
+        assert!(slice(
+            &json!({"spec": {"driver": "d", "perDeviceNodeSelection": true,
+                                       "pool": {"name": "p", "generation": 1}}})
+        )
+        .expect("valid")
+        .is_none());
+    }
+
+    #[test]
+    fn a_network_slice_reaches_the_nodes_of_its_one_selector_term() {
+        let selected = |selector: Value| {
+            slice(&json!({"spec": {"driver": "d", "nodeSelector": selector,
+                                   "pool": {"name": "p", "generation": 1}}}))
+        };
+        let (scope, _) = selected(json!({"nodeSelectorTerms": [{
+            "matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}],
+            "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]
+        }]}))
+        .expect("valid")
+        .expect("network-attached");
+        let SliceScope::Network(reach) = scope else {
+            panic!("{scope:?}")
+        };
+        let mut n1 = crate::model::Node::new("n1", crate::model::Resources::zero());
+        n1.labels.insert("rack".into(), "r1".into());
+        assert!(reach.admits(&n1));
+        let mut n9 = n1.clone();
+        n9.name = "n9".into();
+        assert!(!reach.admits(&n9));
+        assert_eq!(
+            selected(json!({"nodeSelectorTerms": [{}, {}]}))
+                .expect_err("two terms")
+                .to_string(),
+            "spec.nodeSelector.nodeSelectorTerms: must have exactly one term, not 2"
+        );
+        assert!(selected(json!({"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "rack", "operator": "Near", "values": ["r1"]}]}]}))
+        .expect_err("bad operator")
+        .to_string()
+        .starts_with("spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"));
     }
 
     #[test]
@@ -1128,7 +1245,7 @@ mod tests {
                 {"key": "example.com/info", "value": "x", "effect": "None"},
                 {"key": "example.com/future", "effect": "PreferNoSchedule"},
                 {"key": "example.com/ecc", "effect": "NoExecute", "timeAdded": "2026-11-26T08:00:00Z"}]}]}});
-        let (node, pool) = slice(&object).expect("valid").expect("node-local");
+        let (node, pool) = slice_of(&object);
         assert_eq!(node, "n1");
         let taints: Vec<&str> = pool.devices[0]
             .taints

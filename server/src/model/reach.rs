@@ -34,7 +34,8 @@ pub enum PoolReach {
     Selected(ReachTerm),
 }
 
-/// One node selector term: every requirement must hold.
+/// One node selector term: every requirement must hold. As the API server demands, a
+/// field requirement names exactly one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReachTerm {
@@ -109,7 +110,11 @@ impl ReachTerm {
                     .child("operator")
                     .error("must be In or NotIn for a field requirement"));
             }
-            validate_values(&at, req)?;
+            if req.values.len() != 1 {
+                return Err(at
+                    .child("values")
+                    .error("must be exactly one node name for a field requirement"));
+            }
         }
         Ok(())
     }
