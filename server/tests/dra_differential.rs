@@ -13,18 +13,24 @@
 //! capacity: 24 or 48 GiB of `mem`, requests in steps of 8, default 8), served only by a
 //! third class; some claims ask it for 8–24 GiB or the default. About one claim in four
 //! is a ResourceClaim shared by two or three pods (for gangway a Koordinator gang of
-//! them; kube-scheduler ignores the annotations). The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! them; kube-scheduler ignores the annotations). Half the worlds also have a
+//! network-attached pool: one to three GPUs in a ResourceSlice whose node selector
+//! names some of the world's nodes (by hostname), which any claim may be served from
+//! beside its node's GPUs. The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
 //! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
 //! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
-//! sides: every allocation names devices of the pod's node that exist, match the class
+//! sides: every allocation names devices of the pod's node (or of the network pool,
+//! when it reaches that node) that exist, match the class
 //! and request selectors and tolerate the taints, number what the request asks (every
 //! matching one for All), keep the NUMA constraint and the shared counter, take a share
 //! of a shared GPU (a share id, consuming what was asked) within its capacity, carry the
 //! class's config (`FromClass`, naming the requests it served) and the claim's
-//! (`FromClaim`), and are reserved for the pod; no device is allocated to two claims; a
-//! shared claim's pods are all on its node; no claim whose selectors fail at run time is
-//! allocated (the error aborts the allocation).
+//! (`FromClaim`), and are reserved for the pod; the allocation's node selector is the
+//! pod's node when a device is node-local, else the network slice's; no device is
+//! allocated to two claims; a shared claim's pods are all on nodes its selector admits;
+//! no claim whose selectors fail at run time is allocated (the error aborts the
+//! allocation).
 //! Then gangway must have left no pod unbound whose claim fits in the devices it left
 //! free (an exhaustive search over the small nodes), or whose shared claim is allocated: both place pods one at a time, in
 //! their own order, so either may end with more pods bound in a world, and the run
@@ -282,9 +288,15 @@ struct World {
     index: u64,
     seed: u64,
     nodes: Vec<Vec<Gpu>>,
+    /// A network-attached pool: its GPUs, and which nodes it reaches (by node index).
+    network: Option<(Vec<Gpu>, Vec<bool>)>,
     classes: Vec<Class>,
     pods: Vec<Claim>,
 }
+
+/// Salt of the random stream that draws a world's network pool (a stream of its own,
+/// so the rest of a world is what the same seed drew before network pools existed).
+const NETWORK_SALT: u64 = 0x5be0_cd19_137e_2179;
 
 const MODELS: [&str; 3] = ["a100", "h100", "l4"];
 /// The shared counter of a node with a partitionable GPU: its memory, split between a
@@ -297,7 +309,7 @@ const SHARE_STEP: i64 = 8;
 impl World {
     fn draw(index: u64, seed: u64) -> World {
         let mut rng = Rng(seed);
-        let nodes = (0..rng.range(2, 3))
+        let nodes: Vec<Vec<Gpu>> = (0..rng.range(2, 3))
             .map(|_| {
                 let mut gpus: Vec<Gpu> = (0..rng.range(1, 4))
                     .map(|d| Gpu {
@@ -430,13 +442,71 @@ impl World {
                 }
             })
             .collect();
+        let network = Self::draw_network(seed, nodes.len());
         World {
             index,
             seed,
             nodes,
+            network,
             classes,
             pods,
         }
+    }
+
+    /// Half the time, one to three exclusive GPUs reaching a non-empty set of the nodes.
+    fn draw_network(seed: u64, nodes: usize) -> Option<(Vec<Gpu>, Vec<bool>)> {
+        let mut rng = Rng(seed ^ NETWORK_SALT);
+        if rng.next().is_multiple_of(2) {
+            return None;
+        }
+        let gpus = (0..rng.range(1, 3))
+            .map(|d| Gpu {
+                name: format!("fabric-{d}"),
+                model: rng.pick(&MODELS),
+                mem_gib: rng.pick(&MEMS),
+                numa: (rng.next() % 2) as i64,
+                tainted: rng.next().is_multiple_of(5),
+                consumes: 0,
+                shared_mem: 0,
+            })
+            .collect();
+        let mut reach: Vec<bool> = (0..nodes).map(|_| rng.next().is_multiple_of(2)).collect();
+        if !reach.iter().any(|r| *r) {
+            let first = (rng.next() % nodes.max(1) as u64) as usize;
+            if let Some(r) = reach.get_mut(first) {
+                *r = true;
+            }
+        }
+        Some((gpus, reach))
+    }
+
+    /// The network pool's name in one copy of the world.
+    fn network_pool(&self, side: Side) -> String {
+        format!("w{}-{}-fabric", self.index, side.label())
+    }
+
+    /// The network GPUs node `n` reaches (none without a pool).
+    fn network_for(&self, n: usize) -> &[Gpu] {
+        match &self.network {
+            Some((gpus, reach)) if reach.get(n) == Some(&true) => gpus,
+            _ => &[],
+        }
+    }
+
+    /// The network slice's node selector term in one copy (`None`: no pool, or it
+    /// reaches no node).
+    fn network_term(&self, side: Side) -> Option<Value> {
+        let (_, reach) = self.network.as_ref()?;
+        let names: Vec<String> = (0..self.nodes.len())
+            .filter(|n| reach.get(*n) == Some(&true))
+            .map(|n| self.node_name(side, n))
+            .collect();
+        if names.is_empty() {
+            return None;
+        }
+        Some(json!({"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": names}
+        ]}))
     }
 
     /// A partitionable a100 (whole, or two halves on shared counters), or nothing.
@@ -490,8 +560,8 @@ impl World {
 
     fn describe(&self) -> String {
         format!(
-            "world {} (seed {:#x}):\n  nodes: {:?}\n  classes: {:?}\n  pods: {:?}",
-            self.index, self.seed, self.nodes, self.classes, self.pods
+            "world {} (seed {:#x}):\n  nodes: {:?}\n  network: {:?}\n  classes: {:?}\n  pods: {:?}",
+            self.index, self.seed, self.nodes, self.network, self.classes, self.pods
         )
     }
 }
@@ -620,27 +690,7 @@ async fn create(api: &ControlPlane, world: &World) {
             let mut node = support::objects::node(&name);
             node["metadata"]["labels"]["diff"] = json!(world.label(side));
             api.create(&NODES, node).await.expect("node");
-            let devices: Vec<Value> = gpus
-                .iter()
-                .map(|g| {
-                    let mut d = json!({"name": g.name, "attributes": {
-                        "model": {"string": g.model}, "memGiB": {"int": g.mem_gib}, "numa": {"int": g.numa}}});
-                    if g.tainted {
-                        d["taints"] = json!([{"key": TAINT, "value": "true", "effect": "NoSchedule"}]);
-                    }
-                    if g.consumes > 0 {
-                        d["consumesCounters"] = json!([{"counterSet": "pgpu",
-                            "counters": {"mem": {"value": g.consumes.to_string()}}}]);
-                    }
-                    if g.shared_mem > 0 {
-                        d["allowMultipleAllocations"] = json!(true);
-                        d["capacity"] = json!({"mem": {"value": g.shared_mem.to_string(),
-                            "requestPolicy": {"default": SHARE_STEP.to_string(),
-                                "validRange": {"min": SHARE_STEP.to_string(), "step": SHARE_STEP.to_string()}}}});
-                    }
-                    d
-                })
-                .collect();
+            let devices: Vec<Value> = gpus.iter().map(device_json).collect();
             // Counters and devices live in separate slices of the pool (resource.k8s.io/v1).
             let counted = gpus.iter().any(|g| g.consumes > 0);
             let slices = if counted { 2 } else { 1 };
@@ -667,6 +717,20 @@ async fn create(api: &ControlPlane, world: &World) {
             )
             .await
             .expect("slice");
+        }
+        if let (Some((gpus, _)), Some(term)) = (&world.network, world.network_term(side)) {
+            let name = world.network_pool(side);
+            api.create(
+                &RESOURCE_SLICES,
+                json!({
+                    "metadata": {"name": name},
+                    "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
+                             "devices": gpus.iter().map(device_json).collect::<Vec<_>>(),
+                             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}}
+                }),
+            )
+            .await
+            .expect("network slice");
         }
         for (p, claim) in world.pods.iter().enumerate() {
             if claim.sharers > 1 {
@@ -719,6 +783,26 @@ async fn create(api: &ControlPlane, world: &World) {
             }
         }
     }
+}
+
+/// A GPU as a ResourceSlice publishes it.
+fn device_json(g: &Gpu) -> Value {
+    let mut d = json!({"name": g.name, "attributes": {
+        "model": {"string": g.model}, "memGiB": {"int": g.mem_gib}, "numa": {"int": g.numa}}});
+    if g.tainted {
+        d["taints"] = json!([{"key": TAINT, "value": "true", "effect": "NoSchedule"}]);
+    }
+    if g.consumes > 0 {
+        d["consumesCounters"] = json!([{"counterSet": "pgpu",
+            "counters": {"mem": {"value": g.consumes.to_string()}}}]);
+    }
+    if g.shared_mem > 0 {
+        d["allowMultipleAllocations"] = json!(true);
+        d["capacity"] = json!({"mem": {"value": g.shared_mem.to_string(),
+            "requestPolicy": {"default": SHARE_STEP.to_string(),
+                "validRange": {"min": SHARE_STEP.to_string(), "step": SHARE_STEP.to_string()}}}});
+    }
+    d
 }
 
 /// One copy's pods and claims by name, as the API server has them.
@@ -778,14 +862,17 @@ struct Verdict {
     bound: usize,
     /// Shares of shared GPUs allocated (one per claim).
     shares: usize,
+    /// Network-attached devices allocated (admin access left out).
+    network: usize,
     problems: Vec<String>,
 }
 
 /// Checks every bound pod's allocation against the world's rules (see the header).
 fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
     let mut verdict = Verdict::default();
-    // (node, device) → the claim holding it.
+    // (pool, device) → the claim holding it (a node's pool is named after the node).
     let mut taken: BTreeMap<(String, String), String> = BTreeMap::new();
+    let fabric = world.network_pool(side);
     // (node, shared device) → what each claim holding a share of it consumes.
     let mut shares: BTreeMap<(String, String), BTreeMap<String, i64>> = BTreeMap::new();
     let consumers = world
@@ -808,6 +895,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             continue;
         };
         let gpus = &world.nodes[i];
+        let network = world.network_for(i);
         let claim_name = claim_of(pod);
         let Some(claim) = copy.claims.get(claim_name) else {
             problem(format!("claim {claim_name:?} not found"));
@@ -836,14 +924,27 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             .flat_map(|f| f["values"].as_array().into_iter().flatten())
             .filter_map(Value::as_str)
             .collect();
-        if selector_nodes != [node] {
-            problem(format!("node selector names {selector_nodes:?}"));
-        }
         let results: Vec<&Value> = allocation["devices"]["results"]
             .as_array()
             .into_iter()
             .flatten()
             .collect();
+        let node_local = results.iter().any(|r| r["pool"] != fabric.as_str());
+        if node_local && selector_nodes != [node] {
+            problem(format!("node selector names {selector_nodes:?}"));
+        }
+        if !node_local {
+            // Network devices only: the slice's selector, which must admit the node.
+            let want = world
+                .network_term(side)
+                .map(|term| json!({"nodeSelectorTerms": [term]}));
+            if Some(&allocation["nodeSelector"]) != want.as_ref() {
+                problem(format!(
+                    "node selector {} for network devices, not the slice's {want:?}",
+                    allocation["nodeSelector"]
+                ));
+            }
+        }
         let mut numas = BTreeSet::new();
         let mut numa_values = 0;
         // Request name as results write it → the class it was served from.
@@ -879,7 +980,11 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             served.push((chosen_name.to_string(), ask.class));
             let wanted = match ask.count {
                 Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
-                Count::All => gpus.iter().filter(|g| ask.accepts(world, g)).count(),
+                Count::All => gpus
+                    .iter()
+                    .chain(network)
+                    .filter(|g| ask.accepts(world, g))
+                    .count(),
             };
             if mine.len() != wanted {
                 problem(format!(
@@ -890,14 +995,22 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
             }
             for r in mine {
                 let device = r["device"].as_str().unwrap_or_default();
-                if r["driver"] != DRIVER || r["pool"] != node {
+                let pool = r["pool"].as_str().unwrap_or_default();
+                let from = if pool == node {
+                    gpus.as_slice()
+                } else if pool == fabric {
+                    network
+                } else {
+                    &[]
+                };
+                if r["driver"] != DRIVER || from.is_empty() {
                     problem(format!(
-                        "{chosen_name}: device {r} is not of the node's pool"
+                        "{chosen_name}: device {r} is not of the node's pool or a network pool reaching it"
                     ));
                     continue;
                 }
-                let Some(gpu) = gpus.iter().find(|g| g.name == device) else {
-                    problem(format!("{chosen_name}: no device {device} on the node"));
+                let Some(gpu) = from.iter().find(|g| g.name == device) else {
+                    problem(format!("{chosen_name}: no device {device} in pool {pool}"));
                     continue;
                 };
                 if !ask.accepts(world, gpu) {
@@ -916,6 +1029,9 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 if ask.admin {
                     // Watched, not taken: in use by others or not, and it stays free.
                     continue;
+                }
+                if pool == fabric {
+                    verdict.network += 1;
                 }
                 if gpu.shared_mem > 0 {
                     // Consumable capacity: a share of it, with its own id, consuming
@@ -937,7 +1053,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                     problem(format!("{chosen_name}: a share of exclusive {device}: {r}"));
                 }
                 if let Some(other) = taken.insert(
-                    (node.to_string(), device.to_string()),
+                    (pool.to_string(), device.to_string()),
                     claim_name.to_string(),
                 ) {
                     if other != claim_name {
@@ -1177,6 +1293,11 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
         .iter()
         .map(|gpus| gpus.iter().map(Gpu::room).collect())
         .collect();
+    let fabric = world.network_pool(side);
+    let mut network_room: Vec<i64> = match &world.network {
+        Some((gpus, _)) => gpus.iter().map(Gpu::room).collect(),
+        None => Vec::new(),
+    };
     for claim in copy.claims.values() {
         for r in claim["status"]["allocation"]["devices"]["results"]
             .as_array()
@@ -1187,6 +1308,16 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                 continue;
             }
             let pool = r["pool"].as_str().unwrap_or_default();
+            if pool == fabric {
+                let gpus = world
+                    .network
+                    .as_ref()
+                    .map_or(&[][..], |(g, _)| g.as_slice());
+                if let Some(d) = gpus.iter().position(|g| r["device"] == g.name.as_str()) {
+                    network_room[d] = 0;
+                }
+                continue;
+            }
             let Some(n) = (0..world.nodes.len()).find(|n| world.node_name(side, *n) == pool) else {
                 continue;
             };
@@ -1224,13 +1355,16 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                         .filter(|(g, left)| **left < g.room())
                         .map(|(g, _)| g.consumes)
                         .sum();
-                    fits(
-                        world,
-                        claim,
-                        &world.nodes[n],
-                        &room[n],
-                        COUNTER_TOTAL - spent,
-                    )
+                    // The node's GPUs, then the network GPUs it reaches (not for a
+                    // claim several pods share: gangway carries those with devices of
+                    // the carrier's node only, docs/ARCHITECTURE.md §10).
+                    let mut gpus = world.nodes[n].clone();
+                    let mut left = room[n].clone();
+                    if !world.network_for(n).is_empty() && claim.sharers <= 1 {
+                        gpus.extend(world.network_for(n).iter().cloned());
+                        left.extend(network_room.iter().copied());
+                    }
+                    fits(world, claim, &gpus, &left, COUNTER_TOTAL - spent)
                 })
         })
         .map(|(_, name, _)| name)
@@ -1291,6 +1425,9 @@ struct Totals {
     pods: usize,
     kube_shares: usize,
     gangway_shares: usize,
+    network_worlds: usize,
+    kube_network: usize,
+    gangway_network: usize,
     sharing: usize,
     kube: usize,
     gangway: usize,
@@ -1407,6 +1544,11 @@ impl World {
             }
             Part::Nodes => {
                 w.nodes.remove(i);
+                if let Some((_, reach)) = &mut w.network {
+                    if i < reach.len() {
+                        reach.remove(i);
+                    }
+                }
             }
         }
         w.index = index;
@@ -1431,14 +1573,17 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
         let world = World::draw(index, seed.wrapping_add(index));
         let outcome = run(&api, &world).await;
         eprintln!(
-            "world {index} (seed {:#x}): {} pods ({} sharing claims); kube-scheduler bound {} ({} GPU shares), gangway {} ({} GPU shares)",
+            "world {index} (seed {:#x}): {} pods ({} sharing claims, {} network GPUs); kube-scheduler bound {} ({} GPU shares, {} network GPUs), gangway {} ({} GPU shares, {} network GPUs)",
             world.seed,
             world.pod_count(),
             world.sharing_pods(),
+            world.network.as_ref().map_or(0, |(g, _)| g.len()),
             outcome.theirs.bound,
             outcome.theirs.shares,
+            outcome.theirs.network,
             outcome.mine.bound,
-            outcome.mine.shares
+            outcome.mine.shares,
+            outcome.mine.network
         );
         assert!(
             outcome.theirs.problems.is_empty(),
@@ -1474,13 +1619,16 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
         totals.pods += world.pod_count();
         totals.kube_shares += outcome.theirs.shares;
         totals.gangway_shares += outcome.mine.shares;
+        totals.network_worlds += usize::from(world.network.is_some());
+        totals.kube_network += outcome.theirs.network;
+        totals.gangway_network += outcome.mine.network;
         totals.sharing += world.sharing_pods();
         totals.kube += outcome.theirs.bound;
         totals.gangway += outcome.mine.bound;
     }
     eprintln!(
-        "{worlds} worlds from seed {seed:#x}: {} pods each side ({} sharing claims); bound by kube-scheduler {} (GPU shares {}), by gangway {} (GPU shares {}); worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
-        totals.pods, totals.sharing, totals.kube, totals.kube_shares, totals.gangway, totals.gangway_shares, totals.kube_better, totals.gangway_better
+        "{worlds} worlds from seed {seed:#x} ({} with a network pool): {} pods each side ({} sharing claims); bound by kube-scheduler {} (GPU shares {}, network GPUs {}), by gangway {} (GPU shares {}, network GPUs {}); worlds where kube-scheduler bound more {}, gangway more {}; 0 invalid allocations, 0 double-bookings, 0 placeable pods left",
+        totals.network_worlds, totals.pods, totals.sharing, totals.kube, totals.kube_shares, totals.kube_network, totals.gangway, totals.gangway_shares, totals.gangway_network, totals.kube_better, totals.gangway_better
     );
 }
 
@@ -1514,6 +1662,7 @@ fn three_pod_world() -> World {
     };
     let mut world = World::draw(0, SEED_DEFAULT);
     world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
+    world.network = None;
     let claim = |class| Claim {
         requests: vec![Request::Exactly {
             name: "gpu",
@@ -1558,6 +1707,7 @@ async fn the_validator_catches_allocations_without_their_class_config_and_shrink
 /// One node with a shared GPU and one claim asking it for the default capacity.
 fn one_share_world() -> World {
     let mut world = World::draw(1, SEED_DEFAULT);
+    world.network = None;
     world.nodes = vec![vec![Gpu {
         name: "s-0".into(),
         model: "l4",

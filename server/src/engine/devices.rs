@@ -97,12 +97,33 @@ impl ConstraintNeed {
     }
 }
 
+/// Which devices may serve a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimReach {
+    /// The node's own and those of the network-attached pools that reach it.
+    Anywhere,
+    /// The node's own only: a ResourceClaim shared with other pods, whose carrier
+    /// hands its devices over on its node (a network hold lives on every shard, where
+    /// no other shard knows the followers; docs/ARCHITECTURE.md §10).
+    NodeOnly,
+}
+
+/// Where a device of a node's table comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeviceSource {
+    /// One of the node's pools.
+    Node,
+    /// A network-attached pool that reaches the node.
+    Network,
+}
+
 /// A claim, resolved.
 #[derive(Debug, Clone)]
 struct ClaimNeed {
     name: String,
     requests: Vec<RequestNeed>,
     constraints: Vec<ConstraintNeed>,
+    reach: ClaimReach,
 }
 
 /// An extended resource a device class serves.
@@ -260,6 +281,7 @@ fn resolve_claim(
         name: claim.name.clone(),
         requests,
         constraints,
+        reach: ClaimReach::Anywhere,
     })
 }
 
@@ -366,7 +388,12 @@ impl DeviceDemand {
         let mut claims = Vec::with_capacity(spec.claims.len());
         for claim in &spec.claims {
             match resolve_claim(claim, classes, &mut used) {
-                Ok(need) => claims.push(need),
+                Ok(mut need) => {
+                    if spec.carried_shares().any(|s| s.pod_claim == claim.name) {
+                        need.reach = ClaimReach::NodeOnly;
+                    }
+                    claims.push(need);
+                }
                 Err(reason) => {
                     failure.get_or_insert(reason);
                 }
@@ -575,6 +602,7 @@ impl DeviceDemand {
                 name: &c.name,
                 requests: c.requests.iter().collect(),
                 constraints: &c.constraints,
+                reach: c.reach,
             })
             .collect();
         let served: Vec<&RequestNeed> = self.served(node).map(|e| &e.request).collect();
@@ -583,6 +611,7 @@ impl DeviceDemand {
                 name: EXTENDED_RESOURCE_CLAIM,
                 requests: served,
                 constraints: &[],
+                reach: ClaimReach::Anywhere,
             });
         }
         out
@@ -633,6 +662,7 @@ struct ClaimRef<'d> {
     name: &'d str,
     requests: Vec<&'d RequestNeed>,
     constraints: &'d [ConstraintNeed],
+    reach: ClaimReach,
 }
 
 fn record(
@@ -715,6 +745,7 @@ struct Slot<'a> {
     driver: &'a str,
     pool: &'a str,
     device: &'a Device,
+    source: DeviceSource,
     healthy: bool,
     rule_taints: &'a [DeviceTaint],
     base_holders: u32,
@@ -788,6 +819,7 @@ impl<'a> Table<'a> {
             for (pos, _) in &mut slot.counters {
                 *pos += shift;
             }
+            slot.source = DeviceSource::Network;
             slot
         }));
         self.slots.sort_by(|a, b| {
@@ -874,6 +906,7 @@ impl<'a> Table<'a> {
                     driver,
                     pool: pool_name,
                     device,
+                    source: DeviceSource::Node,
                     healthy: !lost && seek(&mut unhealthy, &id).is_none(),
                     rule_taints: seek(&mut taints, &id).map_or(&[], Vec::as_slice),
                     base_holders: use_.map_or(0, |u| u.holders),
@@ -957,7 +990,9 @@ fn compute_candidates(
             for alternative in &request.alternatives {
                 let mut list = Vec::new();
                 for (pos, slot) in table.slots.iter().enumerate() {
-                    if qualifies(slot, alternative)? {
+                    let reachable =
+                        claim.reach == ClaimReach::Anywhere || slot.source == DeviceSource::Node;
+                    if reachable && qualifies(slot, alternative)? {
                         list.push(pos);
                     }
                 }

@@ -9,7 +9,7 @@ use crate::engine::filter::FilterReason;
 use crate::engine::placement::{GangPlacement, MemberRef, Placer};
 use crate::engine::profile::Profile;
 use crate::ledger::command::{LedgerOp, LedgerReply, TxnId};
-use crate::model::claim::PodClaim;
+use crate::model::claim::{ClaimShare, PodClaim};
 use crate::model::device::Device;
 use crate::model::gang::MemberKey;
 use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement, PodSpec};
@@ -178,4 +178,25 @@ fn a_placer_that_keeps_fits_sees_network_devices_taken_since() {
     let third = place_with(&mut placer, &f, &["c"], &spec);
     assert_eq!(third.assignments.len(), 1, "{third:?}");
     commit(&mut f, &third);
+}
+
+#[test]
+fn a_shared_claim_is_carried_with_devices_of_the_node_only() {
+    let mut f = fixture(2);
+    let mut spec = one("true");
+    spec.shares = vec![ClaimShare {
+        pod_claim: "devices".into(),
+        claim: "ns/channel".into(),
+    }];
+    // Only network devices: the carrier finds none it may take.
+    let placement = f.place(&["carrier"], &spec);
+    assert!(placement.assignments.is_empty(), "{placement:?}");
+    assert!(unplaced_reasons(&placement).contains(&FilterReason::CannotAllocateDevices));
+    // A device of its own node it takes, and holds nothing on the network.
+    f.publish("n1", vec![gpu("gpu-0", "a100", 40, 0)], Vec::new());
+    let placement = f.place(&["carrier"], &spec);
+    assert_eq!(placement.assignments.len(), 1, "{placement:?}");
+    assert_eq!(placement.assignments[0].node, "n1");
+    assert!(placement.network.is_empty(), "{placement:?}");
+    commit(&mut f, &placement);
 }
