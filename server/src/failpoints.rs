@@ -94,8 +94,14 @@ pub const SHARED_CLAIMS_FREED_WITH_CARRIER: &str = "ledger-frees-shared-claims-w
 /// server takes only a UUID there, so the claim is never written and the pod never binds.
 pub const SHARE_IDS_NOT_UUIDS: &str = "binder-writes-share-ids-that-are-not-uuids";
 
+/// A tempting shortcut, switched on for checking the checks: network-attached devices
+/// that other schedulers' claims hold are not recorded on the shards, so gangway gives
+/// them out again.
+pub const OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED: &str =
+    "ingest-ignores-other-schedulers-network-claims";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -115,6 +121,7 @@ pub const ALL: [&str; 19] = [
     BINDER_IGNORES_BINDING_CONDITIONS,
     SHARED_CLAIMS_FREED_WITH_CARRIER,
     SHARE_IDS_NOT_UUIDS,
+    OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED,
 ];
 
 /// The armed crash points of a process.

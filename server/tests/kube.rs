@@ -1061,6 +1061,104 @@ async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_d
     );
 }
 
+/// A network pool with one device, which a claim of another scheduler's holds
+/// (allocated as kube-scheduler writes it), and a gangway pod wanting one device;
+/// answers the pod's name once gangway has seen the pod and the claim and refused or
+/// placed it (see the two tests below).
+async fn a_foreign_claim_holds_the_only_network_device(env: &Env) -> String {
+    let api = &env.api;
+    let (a, b) = nodes_on_two_shards(4);
+    let term = json!({"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
+    ]});
+    api.create(
+        &RESOURCE_SLICES,
+        json!({
+            "metadata": {"name": "fabric"},
+            "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
+                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "fabric-0"}]}
+        }),
+    )
+    .await
+    .expect("network slice");
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "foreign", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+    }))
+    .await
+    .expect("claim");
+    api.update(&RESOURCE_CLAIMS, Some(NS), "foreign", |claim| {
+        claim["status"]["allocation"] = json!({
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "fabric", "device": "fabric-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [term]}
+        });
+    })
+    .await
+    .expect("another scheduler's allocation");
+    // Long enough for gangway to see the claim (ingest passes run at least every 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pod = "fabric-waits".to_string();
+    api.create(&PODS, gpu_pod(&pod, json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    wait_for(
+        "gangway refused or placed the pod",
+        Duration::from_secs(60),
+        env,
+        |v| v.node_of(&pod).is_some() || !v.events_for(&pod, "FailedScheduling").is_empty(),
+    )
+    .await;
+    pod
+}
+
+/// A network device another scheduler's claim holds is not given out; once that claim
+/// is deallocated, the waiting pod binds to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_device_another_scheduler_allocated_is_not_given_out_until_freed() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    let pod = a_foreign_claim_holds_the_only_network_device(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(view(api).await.node_of(&pod), None, "the device is taken");
+    api.update(&RESOURCE_CLAIMS, Some(NS), "foreign", |claim| {
+        claim["status"] = json!({});
+    })
+    .await
+    .expect("deallocated");
+    let now = wait_for(
+        "the pod bound once the device is free",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of(&pod).is_some(),
+    )
+    .await;
+    assert_eq!(
+        now.device_of(&pod),
+        Some(("fabric".to_string(), "fabric-0".to_string()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_an_ingest_that_ignores_other_schedulers_network_claims() {
+    let env = start_armed(
+        4,
+        0,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED],
+    )
+    .await;
+    let pod = a_foreign_claim_holds_the_only_network_device(&env).await;
+    wait_for(
+        "the pod bound to the device another claim holds (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| v.device_of(&pod) == Some(("fabric".to_string(), "fabric-0".to_string())),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_is_classified_as_the_real_server_answers_it() {
     use gangway_server::kube::api::{bind, BindOutcome};

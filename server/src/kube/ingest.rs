@@ -44,7 +44,7 @@ use crate::kube::objects::{
 };
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::KubeOptions;
-use crate::ledger::command::LEDGER_BATCH_MAX;
+use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
 use crate::ledger::meta::{
     shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
@@ -130,6 +130,11 @@ struct Memory {
     pods_indexed: bool,
     /// Registered nodes whose observed pods may have changed.
     observed_dirty: BTreeSet<String>,
+    /// Other schedulers' claims on network-attached devices as last recorded on every
+    /// shard (`None`: not recorded since leading started).
+    observed_network: Option<Vec<NetworkHold>>,
+    /// Whether claims or network-attached pools changed since they were recorded.
+    observed_network_dirty: bool,
     /// Groups (keys) to look at: a pod of theirs changed, or their summary moved.
     groups_dirty: BTreeSet<String>,
     /// PodGroups (namespace, name) whose status may have changed.
@@ -240,6 +245,7 @@ impl Ingest {
         self.take_claim_changes();
         self.take_pod_group_changes();
         self.sync_observed().await;
+        self.sync_observed_network().await;
         self.check_groups().await;
         self.submit_pending().await;
         self.write_pod_group_status().await;
@@ -729,6 +735,7 @@ impl Ingest {
         match failed {
             None => {
                 self.memory.pools.insert(key, pool.generation);
+                self.memory.observed_network_dirty = true;
             }
             Some(why) => {
                 self.warn_once(
@@ -926,6 +933,7 @@ impl Ingest {
             return;
         }
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
+        let network = self.network_pools();
         let mut per_shard: BTreeMap<u32, Vec<(String, Vec<ObservedPod>)>> = BTreeMap::new();
         let mut unreadable = Vec::new();
         for node in nodes {
@@ -951,7 +959,13 @@ impl Ingest {
                     counted.clear();
                 }
                 match objects::observed_pod(&facts.object, &claims, &mut counted) {
-                    Ok(observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => list.push(observed),
+                    Ok(mut observed) if list.len() < OBSERVED_PODS_PER_NODE_MAX => {
+                        // Network-attached devices are held shard-wide, per claim.
+                        observed.pod.devices.retain(|d| {
+                            !network.contains(&(d.device.driver.clone(), d.device.pool.clone()))
+                        });
+                        list.push(observed)
+                    }
                     Ok(_) => {}
                     Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
                         unreadable.push((facts.pod.clone(), why))
@@ -977,6 +991,73 @@ impl Ingest {
                 self.record_observed(shard, chunk).await;
             }
         }
+    }
+
+    /// The network-attached pools gangway published, as (driver, pool).
+    fn network_pools(&self) -> BTreeSet<(String, String)> {
+        self.memory
+            .pools
+            .keys()
+            .filter(|(node, _, _)| node.is_empty())
+            .map(|(_, driver, pool)| (driver.clone(), pool.clone()))
+            .collect()
+    }
+
+    /// Records on every shard the network-attached devices other schedulers' claims
+    /// hold (rule 15: a shard plans with every hold of the cluster), when claims or
+    /// network pools changed: one hold per allocated claim with devices in a network
+    /// pool, unless a pod gangway placed consumes it. Written only when the list
+    /// changed; a shard that failed is tried again next pass.
+    async fn sync_observed_network(&mut self) {
+        if !std::mem::take(&mut self.memory.observed_network_dirty) {
+            return;
+        }
+        let network = self.network_pools();
+        let submitted = &self.memory.submitted;
+        let is_network = |d: &DeviceId| network.contains(&(d.driver.clone(), d.pool.clone()));
+        let ours = |uid: &str| submitted.contains_key(uid);
+        let ignored = self
+            .opts
+            .failpoints
+            .armed(failpoints::OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED);
+        let holds: Vec<NetworkHold> = if network.is_empty() || ignored {
+            Vec::new()
+        } else {
+            self.cache.read(Slot::ResourceClaims, |claims| {
+                claims
+                    .iter()
+                    .filter_map(|(key, claim)| {
+                        objects::observed_network_hold(key, claim, &is_network, &ours)
+                    })
+                    .take(OBSERVED_NETWORK_HOLDS_MAX)
+                    .collect()
+            })
+        };
+        if self.memory.observed_network.as_ref() == Some(&holds) {
+            return;
+        }
+        for shard in 1..=self.shards {
+            let op = LedgerOp::SetObservedNetworkHolds {
+                holds: holds.clone(),
+            };
+            match apply_op(&self.groups, shard, op).await {
+                Ok(LedgerReply::ObservedNetworkHoldsSet { conflicts, .. }) => {
+                    for (claim, devices) in conflicts {
+                        tracing::warn!(shard, claim = %claim, ?devices,
+                            "another scheduler's claim holds network-attached devices gangway's pods hold");
+                    }
+                }
+                Ok(other) => {
+                    tracing::warn!(shard, reply = ?other, "unexpected reply recording observed network holds")
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e.message(), "recording observed network holds failed; retrying next pass");
+                    self.memory.observed_network_dirty = true;
+                    return;
+                }
+            }
+        }
+        self.memory.observed_network = Some(holds);
     }
 
     async fn record_observed(&mut self, shard: u32, lists: &[(String, Vec<ObservedPod>)]) {
@@ -1139,6 +1220,7 @@ impl Ingest {
             Changes::Keys(keys) => self.memory.pods.nodes_using_claims(&keys),
         };
         self.memory.observed_dirty.extend(nodes);
+        self.memory.observed_network_dirty = true;
         self.memory.waiting_dirty = true;
     }
 

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::coordinator::budgets::DisruptionBudget;
 use crate::kube::api;
+use crate::ledger::command::{NetworkHold, OBSERVED_GANG};
 use crate::ledger::ObservedPod;
 use crate::model::claim::CLAIM_CONSUMERS_MAX;
 use crate::model::device::{DeviceTaint, DeviceTaintEffect};
@@ -24,7 +25,9 @@ use crate::model::pod::{
 use crate::model::reach::{PoolReach, ReachTerm};
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
-use crate::model::{AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, PodSummary};
+use crate::model::{
+    AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, MemberKey, PodSummary,
+};
 use crate::model::{
     FieldPath, Node, PodSpec, RawDeviceClass, RawNode, RawPodClaim, RawPodSpec, RawResourcePool,
     ResourcePool, Resources, ValidationError,
@@ -878,39 +881,80 @@ fn allocated_devices(
         if results.is_some_and(|r| !r.is_empty()) && !counted.insert(key) {
             continue;
         }
-        for r in results.into_iter().flatten() {
-            let (Some(driver), Some(pool), Some(device)) = (
-                r["driver"].as_str(),
-                r["pool"].as_str(),
-                r["device"].as_str(),
-            ) else {
-                continue;
-            };
-            let consumed_capacity = r["consumedCapacity"]
-                .as_object()
+        let name = entry["name"].as_str().unwrap_or_default();
+        out.extend(
+            results
                 .into_iter()
                 .flatten()
-                .filter_map(|(name, q)| {
-                    let q = DeviceQuantity::parse(q.as_str()?).ok()?;
-                    Some((name.clone(), q))
-                })
-                .collect();
-            out.push(DeviceAllocation {
-                claim: entry["name"].as_str().unwrap_or_default().to_string(),
-                request: r["request"].as_str().unwrap_or_default().to_string(),
-                device: DeviceId::new(driver, pool, device),
-                admin_access: if r["adminAccess"].as_bool() == Some(true) {
-                    AdminAccess::Enabled
-                } else {
-                    AdminAccess::Disabled
-                },
-                tolerations: Vec::new(),
-                share_id: r["shareID"].as_str().map(String::from),
-                consumed_capacity,
-            });
-        }
+                .filter_map(|r| result_allocation(name, r)),
+        );
     }
     out
+}
+
+/// One result of a claim's `status.allocation` as a device allocation of pod claim
+/// `pod_claim`, if it names a device.
+fn result_allocation(pod_claim: &str, r: &Value) -> Option<DeviceAllocation> {
+    let (Some(driver), Some(pool), Some(device)) = (
+        r["driver"].as_str(),
+        r["pool"].as_str(),
+        r["device"].as_str(),
+    ) else {
+        return None;
+    };
+    let consumed_capacity = r["consumedCapacity"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, q)| {
+            let q = DeviceQuantity::parse(q.as_str()?).ok()?;
+            Some((name.clone(), q))
+        })
+        .collect();
+    Some(DeviceAllocation {
+        claim: pod_claim.to_string(),
+        request: r["request"].as_str().unwrap_or_default().to_string(),
+        device: DeviceId::new(driver, pool, device),
+        admin_access: if r["adminAccess"].as_bool() == Some(true) {
+            AdminAccess::Enabled
+        } else {
+            AdminAccess::Disabled
+        },
+        tolerations: Vec::new(),
+        share_id: r["shareID"].as_str().map(String::from),
+        consumed_capacity,
+    })
+}
+
+/// The network-attached devices (those `is_network` says are) that an allocated
+/// ResourceClaim holds, as one observed hold keyed `namespace/~observed/name`; `None`
+/// when it holds none (admin access takes nothing) or any of `ours` (pod uids gangway
+/// placed) consumes it, since gangway holds those itself.
+pub fn observed_network_hold(
+    (namespace, name): &(String, String),
+    claim: &Value,
+    is_network: &dyn Fn(&DeviceId) -> bool,
+    ours: &dyn Fn(&str) -> bool,
+) -> Option<NetworkHold> {
+    let consumers = claim["status"]["reservedFor"].as_array();
+    if consumers
+        .into_iter()
+        .flatten()
+        .any(|c| c["uid"].as_str().is_some_and(ours))
+    {
+        return None;
+    }
+    let devices: Vec<DeviceAllocation> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| result_allocation(name, r))
+        .filter(|a| a.admin_access == AdminAccess::Disabled && is_network(&a.device))
+        .collect();
+    (!devices.is_empty()).then(|| NetworkHold {
+        member: MemberKey::new(namespace.clone(), OBSERVED_GANG, name.clone()),
+        devices,
+    })
 }
 
 #[cfg(test)]

@@ -34,6 +34,9 @@ pub const NODE_LEASE_MS_MAX: u64 = 10 * 60 * 1_000;
 pub const RESERVE_HOLD_MS_MAX: u64 = 10 * 60 * 1_000;
 /// Most observed pods one node may carry (kubelet's maxPods is at most a few hundred).
 pub const OBSERVED_PODS_PER_NODE_MAX: usize = 1_024;
+/// Most ResourceClaims of other schedulers holding network-attached devices one
+/// `SetObservedNetworkHolds` may carry.
+pub const OBSERVED_NETWORK_HOLDS_MAX: usize = 4_096;
 /// The gang part of an observed pod's key; not a DNS name, so no submitted gang can take it.
 pub const OBSERVED_GANG: &str = "~observed";
 /// The namespace of the placeholder slots that hold the victims' room during a
@@ -241,6 +244,15 @@ pub enum LedgerOp {
         devices: Vec<Device>,
         /// Shared counter sets of the pool.
         counter_sets: Vec<CounterSet>,
+    },
+    /// Replaces the network-attached devices other schedulers allocated: one hold per
+    /// ResourceClaim, keyed `namespace/~observed/claim`, the same list on every shard.
+    /// Each is counted as it fits beside gangway's holds and the ones before it; what
+    /// does not fit is recorded detached (and answered), and tried again by the next
+    /// command.
+    SetObservedNetworkHolds {
+        /// The holds.
+        holds: Vec<NetworkHold>,
     },
     /// Publishes one pool of a node's devices (a ResourceSlice generation): a newer
     /// generation replaces the pool, an older one is ignored, the same one must be identical.
@@ -768,6 +780,14 @@ pub enum LedgerReply {
         change: PoolChange,
         /// Pods whose devices are gone or now tainted out, for the caller to evict.
         evictions: Vec<DeviceEviction>,
+    },
+    /// Other schedulers' network holds are recorded.
+    ObservedNetworkHoldsSet {
+        /// Holds recorded.
+        held: u32,
+        /// Holds with devices gangway's holds (or earlier observed ones) have, which
+        /// are recorded without them.
+        conflicts: Vec<(MemberKey, Vec<DeviceId>)>,
     },
     /// Device health is recorded.
     DeviceHealthRecorded {

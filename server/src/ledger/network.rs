@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::command::{NetworkHold, RefusalCause, TxnId};
+use crate::ledger::command::{NetworkHold, RefusalCause, TxnId, OBSERVED_GANG};
 use crate::ledger::devices::{
     pairs, DeviceBatch, DeviceEviction, NodeDevices, PoolChange, PoolKey, PoolParts,
 };
@@ -165,13 +165,54 @@ impl NetworkPools {
         Some(slot)
     }
 
+    /// Replaces the holds other schedulers' claims have (`SlotState::Observed`): all are
+    /// given back, then each of `holds` is counted in order as it fits (a device
+    /// gangway's holds, or an earlier one, have is detached: recorded, not counted).
+    /// Returns the devices left out, per hold. Trying every hold again each time counts
+    /// one that was left out as soon as the device it wants is free.
+    pub fn set_observed(&mut self, holds: &[NetworkHold]) -> Vec<(MemberKey, Vec<DeviceId>)> {
+        let old: Vec<MemberKey> = self
+            .holds
+            .iter()
+            .filter(|(_, slot)| !slot.state.is_gangway())
+            .map(|(member, _)| member.clone())
+            .collect();
+        for member in &old {
+            self.take(member);
+        }
+        let mut conflicts = Vec::new();
+        for hold in holds {
+            let left_out = self.devices.observe(&hold.member, &hold.devices);
+            let pod = PodSummary {
+                devices: hold.devices.clone(),
+                ..PodSummary::default()
+            };
+            self.holds.insert(
+                hold.member.clone(),
+                PodSlot {
+                    pod,
+                    state: SlotState::Observed,
+                },
+            );
+            if !left_out.is_empty() {
+                conflicts.push((hold.member.clone(), left_out));
+            }
+        }
+        conflicts
+    }
+
     /// Checks I1 and the accounting; the error says what is wrong.
     pub fn check(&self) -> Result<(), String> {
         if let Some((member, _)) = self.holds.iter().find(|(_, s)| s.pod.devices.is_empty()) {
             return Err(format!("network hold of {member} holds no device"));
         }
-        if let Some((member, _)) = self.holds.iter().find(|(_, s)| !s.state.is_gangway()) {
-            return Err(format!("network hold of {member} is not gangway's"));
+        let misfiled = |(member, slot): &(&MemberKey, &PodSlot)| {
+            slot.state.is_gangway() == (member.gang == OBSERVED_GANG)
+        };
+        if let Some((member, _)) = self.holds.iter().find(misfiled) {
+            return Err(format!(
+                "network hold of {member} is keyed as another scheduler's it is not, or the reverse"
+            ));
         }
         self.devices
             .check(&self.holds)

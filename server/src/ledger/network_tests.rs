@@ -556,3 +556,76 @@ fn the_check_catches_holds_taken_on_the_members_shards_only() {
     let found = found.expect("asking only the members' shards double-books some device");
     assert!(found.starts_with("I1:"), "{found}");
 }
+
+fn observed(claim: &str, devices: &[usize]) -> NetworkHold {
+    NetworkHold {
+        member: MemberKey::new("ns", crate::ledger::command::OBSERVED_GANG, claim),
+        devices: devices.iter().map(|d| alloc(*d)).collect(),
+    }
+}
+
+fn set_observed(l: &mut ShardLedger, at_ms: u64, holds: Vec<NetworkHold>) -> LedgerReply {
+    apply(l, at_ms, LedgerOp::SetObservedNetworkHolds { holds })
+}
+
+#[test]
+fn devices_other_schedulers_allocated_are_not_given_out_until_they_free_them() {
+    let mut a = shard("a1");
+    let r = set_observed(&mut a, 1, vec![observed("theirs", &[0])]);
+    assert!(
+        matches!(r, LedgerReply::ObservedNetworkHoldsSet { held: 1, ref conflicts } if conflicts.is_empty()),
+        "{r:?}"
+    );
+    let r = apply(&mut a, 2, reserve(1, Vec::new(), vec![hold("m1", &[0])]));
+    assert!(matches!(r, LedgerReply::ReserveRefused { .. }), "{r:?}");
+    // Gone from the list: free again.
+    set_observed(&mut a, 3, Vec::new());
+    let r = apply(&mut a, 4, reserve(2, Vec::new(), vec![hold("m1", &[0])]));
+    assert!(matches!(r, LedgerReply::Reserved { .. }), "{r:?}");
+}
+
+#[test]
+fn an_observed_hold_of_a_device_gangway_holds_is_left_out_then_counted_once_free() {
+    let mut a = shard("a1");
+    let op = LedgerOp::ReserveAndCommit {
+        txn_id: TxnId(1),
+        members: Vec::new(),
+        network: vec![hold("m1", &[1])],
+    };
+    assert!(matches!(
+        apply(&mut a, 1, op),
+        LedgerReply::Committed { .. }
+    ));
+    let r = set_observed(&mut a, 2, vec![observed("theirs", &[1])]);
+    let LedgerReply::ObservedNetworkHoldsSet { conflicts, .. } = r else {
+        panic!("{r:?}");
+    };
+    assert_eq!(
+        conflicts,
+        vec![(observed("theirs", &[]).member, vec![alloc(1).device])]
+    );
+    // Gangway's member goes; the next list counts the other scheduler's claim.
+    let target = ReleaseTarget::Members(vec![key("m1")]);
+    apply(&mut a, 3, LedgerOp::Release { target });
+    let r = set_observed(&mut a, 4, vec![observed("theirs", &[1])]);
+    assert!(
+        matches!(r, LedgerReply::ObservedNetworkHoldsSet { ref conflicts, .. } if conflicts.is_empty()),
+        "{r:?}"
+    );
+    let r = apply(&mut a, 5, reserve(2, Vec::new(), vec![hold("m2", &[1])]));
+    assert!(matches!(r, LedgerReply::ReserveRefused { .. }), "{r:?}");
+}
+
+#[test]
+fn observed_holds_must_be_keyed_as_observed_and_name_devices() {
+    let mut a = shard("a1");
+    for bad in [
+        vec![hold("m1", &[0])],
+        vec![observed("x", &[])],
+        vec![observed("x", &[0]), observed("x", &[1])],
+    ] {
+        let r = set_observed(&mut a, 1, bad);
+        assert!(matches!(r, LedgerReply::Rejected { .. }), "{r:?}");
+    }
+    assert!(holders(&a).is_empty());
+}

@@ -50,7 +50,7 @@ use crate::ledger::command::{
     LedgerCommand, LedgerError, LedgerOp, LedgerReply, NetworkHold, NodeChange, ObservedPod,
     Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
     LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG,
-    OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
+    OBSERVED_NETWORK_HOLDS_MAX, OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
 use crate::ledger::devices::{
     AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, AGENT_GRACE_MS_DEFAULT,
@@ -577,6 +577,7 @@ impl ShardLedger {
                 },
                 reach,
             ),
+            LedgerOp::SetObservedNetworkHolds { holds } => self.set_observed_network_holds(holds),
             LedgerOp::SetDeviceHealth { node, devices } => {
                 self.set_device_health(at_ms, node, devices)
             }
@@ -655,6 +656,7 @@ impl ShardLedger {
             }
             LedgerOp::RemoveNode { .. }
             | LedgerOp::PublishNetworkPool { .. }
+            | LedgerOp::SetObservedNetworkHolds { .. }
             | LedgerOp::PutDeviceClass { .. }
             | LedgerOp::RemoveDeviceClass { .. }
             | LedgerOp::Batch { .. } => BTreeSet::new(),
@@ -1838,6 +1840,18 @@ impl ShardLedger {
         }
     }
 
+    fn set_observed_network_holds(
+        &mut self,
+        holds: &[NetworkHold],
+    ) -> Result<LedgerReply, LedgerError> {
+        validate_observed_network_holds(holds)?;
+        let conflicts = self.state.network.set_observed(holds);
+        Ok(LedgerReply::ObservedNetworkHoldsSet {
+            held: holds.len() as u32,
+            conflicts,
+        })
+    }
+
     /// The evictions of network devices' holders placed on this shard, naming their
     /// nodes (the other holders' own shards evict them).
     fn placed_here(&self, evictions: Vec<DeviceEviction>) -> Vec<DeviceEviction> {
@@ -2500,6 +2514,34 @@ fn validate_network_holds(txn_id: TxnId, network: &[NetworkHold]) -> Result<(), 
             return Err(invalid("its network hold names no device".into()));
         }
         validate_allocations(&FieldPath::new("network").child("devices"), &hold.devices)
+            .map_err(|e| invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Checks other schedulers' network holds: bounded, keyed as observed, distinct, each
+/// with valid allocations.
+fn validate_observed_network_holds(holds: &[NetworkHold]) -> Result<(), LedgerError> {
+    if holds.len() > OBSERVED_NETWORK_HOLDS_MAX {
+        return Err(LedgerError::BatchTooLarge { ops: holds.len() });
+    }
+    let mut seen = BTreeSet::new();
+    for hold in holds {
+        let invalid = |message: String| LedgerError::InvalidObservedPod {
+            node: String::new(),
+            message: format!("network hold {}: {message}", hold.member),
+        };
+        hold.member.validate().map_err(|e| invalid(e.to_string()))?;
+        if hold.member.gang != OBSERVED_GANG {
+            return Err(invalid(format!("must be keyed in gang {OBSERVED_GANG}")));
+        }
+        if !seen.insert(&hold.member) {
+            return Err(invalid("listed twice".into()));
+        }
+        if hold.devices.is_empty() {
+            return Err(invalid("names no device".into()));
+        }
+        validate_allocations(&FieldPath::new("devices"), &hold.devices)
             .map_err(|e| invalid(e.to_string()))?;
     }
     Ok(())
