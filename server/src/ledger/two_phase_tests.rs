@@ -23,15 +23,24 @@
 //! on the same node (a group holding members already plans them all as followers beside
 //! them). Also checked after every step: each shard ledger's own invariants (I1, I2, a
 //! shared claim carried by one slot on its node and followed only there) and no shared
-//! claim carried twice across shards outside doomed holds. A failing case prints its
-//! steps; proptest's regression file replays it.
+//! claim carried twice across shards outside doomed holds. Groups of keys 6 and 7 take
+//! network-attached devices (member `i` device `fabric-i` of a pool every shard keeps,
+//! so they compete): their transactions have every shard as participant, each holding
+//! all their network holds (rule 15), and meta's placements name the other shards,
+//! which releases free too. Also checked after every step: no network device is
+//! committed to two members across shards, and every network hold is accounted for as
+//! slots are; after the drain, every shard holds exactly the network devices of the
+//! live groups' placed members. A failing case prints its steps; proptest's regression
+//! file replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
 use crate::coordinator::release::{applied, decision_ops};
-use crate::ledger::command::{LedgerCommand, LedgerOp, LedgerReply, ReleaseTarget, ReserveMember};
+use crate::ledger::command::{
+    LedgerCommand, LedgerOp, LedgerReply, NetworkHold, ReleaseTarget, ReserveMember,
+};
 use crate::ledger::meta::{
     Decision, GroupRecord, GroupState, MetaCommand, MetaQuery, MetaReply, MetaState, Placement,
     Undelivered,
@@ -44,6 +53,7 @@ use crate::model::device::{Device, DeviceId};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::PodSummary;
+use crate::model::reach::PoolReach;
 use crate::model::resources::Resources;
 use crate::model::{Gang, GangGroup, GangMode};
 
@@ -102,7 +112,7 @@ enum Step {
 
 fn arb_step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0u8..6, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
+        3 => (0u8..8, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
         3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
         2 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(pick, victim, shift)| Step::Preempt { pick, victim, shift }),
         4 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
@@ -130,6 +140,8 @@ struct Running {
     per_shard: BTreeMap<u32, Vec<ReserveMember>>,
     /// A preemption's victim members on each participant (empty for a placement).
     victims: BTreeMap<u32, Vec<MemberKey>>,
+    /// The members' network-attached devices, which every participant holds.
+    network: Vec<NetworkHold>,
     votes: BTreeMap<u32, bool>,
     decided: Option<Decision>,
     told: BTreeSet<u32>,
@@ -159,6 +171,9 @@ struct Bugs {
     /// The shards free a shared claim's devices with the pod carrying them, while its
     /// followers stay (I1 broken; `ledger-frees-shared-claims-with-their-carrier`).
     shared_claims_freed_with_carrier: bool,
+    /// A release frees a member on its own shard only, leaving its network devices
+    /// held on the others (I5 broken; what a release ignoring `network_shards` does).
+    network_freed_on_home_shard_only: bool,
 }
 
 fn node_name(shard: u32, i: usize) -> String {
@@ -194,7 +209,42 @@ fn key_of(member: &MemberKey) -> Option<u8> {
 
 /// Whether the members of gang `g{key}` share a ResourceClaim.
 fn shares_a_claim(key: u8) -> bool {
-    key >= 4
+    (4..6).contains(&key)
+}
+
+/// Whether the members of gang `g{key}` take network-attached devices.
+fn takes_network_devices(key: u8) -> bool {
+    key >= 6
+}
+
+/// The network-attached pool every shard keeps.
+const FABRIC: &str = "fabric";
+/// Its devices: member `i` of a gang taking network devices wants `fabric-i`.
+const FABRIC_DEVICES: usize = 3;
+
+/// The network holds of `members`: member `i` holds `fabric-i`, for gangs that take
+/// network devices.
+fn network_holds<'a>(members: impl Iterator<Item = &'a ReserveMember>) -> Vec<NetworkHold> {
+    members
+        .filter(|m| key_of(&m.member).is_some_and(takes_network_devices))
+        .map(|m| NetworkHold {
+            member: m.member.clone(),
+            devices: vec![DeviceAllocation {
+                claim: "net".into(),
+                request: "gpu".into(),
+                // Members are named m0, m1, …: member `mi` wants `fabric-i`.
+                device: DeviceId::new(
+                    DRIVER,
+                    FABRIC,
+                    format!("fabric-{}", m.member.member.trim_start_matches('m')),
+                ),
+                admin_access: AdminAccess::Disabled,
+                tolerations: Vec::new(),
+                share_id: None,
+                consumed_capacity: BTreeMap::new(),
+            }],
+        })
+        .collect()
 }
 
 /// The driver of the GPUs every node publishes.
@@ -284,6 +334,17 @@ impl World {
                     at_ms: 0,
                 });
             }
+            let fabric = LedgerOp::PublishNetworkPool {
+                driver: DRIVER.into(),
+                pool: FABRIC.into(),
+                generation: 1,
+                reach: PoolReach::AllNodes,
+                devices: (0..FABRIC_DEVICES)
+                    .map(|d| Device::new(format!("fabric-{d}")))
+                    .collect(),
+                counter_sets: Vec::new(),
+            };
+            ledger.apply(&LedgerCommand::new(0, fabric));
             w.shards.insert(shard, ledger);
         }
         w
@@ -420,6 +481,13 @@ impl World {
         if per_shard.is_empty() {
             return;
         }
+        // Network devices are held on every shard: every shard takes part (rule 15).
+        let network = network_holds(per_shard.values().flatten());
+        if !network.is_empty() {
+            for shard in 1..=SHARDS {
+                per_shard.entry(shard).or_default();
+            }
+        }
         let at_ms = self.now_ms;
         let reply = self.meta_write(&MetaCommand::BeginTxn {
             seq: g.seq,
@@ -433,6 +501,7 @@ impl World {
                     deadline_ms: at_ms + TTL_MS,
                     per_shard,
                     victims: BTreeMap::new(),
+                    network,
                     votes: BTreeMap::new(),
                     decided: None,
                     told: BTreeSet::new(),
@@ -456,6 +525,19 @@ impl World {
         let (Some(g), Some(v)) = (Self::pick(&queued, pick), Self::pick(&placed, victim)) else {
             return;
         };
+        // A preemptor's plan sees no network pools, and a holder of network devices is
+        // no victim (every shard names its gang ineligible).
+        let network = |r: &GroupRecord| {
+            r.group.gangs.iter().any(|x| {
+                x.name
+                    .strip_prefix('g')
+                    .and_then(|k| k.parse().ok())
+                    .is_some_and(takes_network_devices)
+            })
+        };
+        if network(g) || network(v) {
+            return;
+        }
         let mut per_shard: BTreeMap<u32, Vec<ReserveMember>> = BTreeMap::new();
         let members = g.group.gangs.iter().flat_map(|gang| {
             gang.members
@@ -484,6 +566,7 @@ impl World {
                     deadline_ms: at_ms + TTL_MS,
                     per_shard,
                     victims,
+                    network: Vec::new(),
                     votes: BTreeMap::new(),
                     decided: None,
                     told: BTreeSet::new(),
@@ -515,6 +598,7 @@ impl World {
             return;
         };
         let members = members.clone();
+        let network = r.network.clone();
         let deadline_ms = r.deadline_ms;
         let op = if !r.victims.is_empty() {
             LedgerOp::ReserveDisplacing {
@@ -527,14 +611,14 @@ impl World {
             LedgerOp::ReserveAndCommit {
                 txn_id: txn,
                 members,
-                network: Vec::new(),
+                network,
             }
         } else {
             LedgerOp::Reserve {
                 txn_id: txn,
                 members,
                 deadline_ms,
-                network: Vec::new(),
+                network,
             }
         };
         let yes = matches!(
@@ -558,7 +642,9 @@ impl World {
             r.per_shard
                 .iter()
                 .flat_map(|(shard, members)| {
+                    let network = &r.network;
                     members.iter().map(move |m| {
+                        let held = network.iter().any(|h| h.member == m.member);
                         (
                             m.member.to_string(),
                             Placement {
@@ -566,7 +652,11 @@ impl World {
                                 shard: *shard,
                                 devices: Vec::new(),
                                 txn: Some(txn),
-                                network_shards: Vec::new(),
+                                network_shards: if held {
+                                    (1..=SHARDS).filter(|s| s != shard).collect()
+                                } else {
+                                    Vec::new()
+                                },
                             },
                         )
                     })
@@ -671,9 +761,16 @@ impl World {
         for (key, p) in held {
             let member = MemberKey::try_from(key.clone())
                 .unwrap_or_else(|e| panic!("placed member {key} does not parse: {e}"));
-            let entry = per_shard.entry(p.shard).or_default();
-            entry.0.extend(p.txn);
-            entry.1.push(member);
+            let others = if self.bugs.network_freed_on_home_shard_only {
+                &[][..]
+            } else {
+                p.network_shards.as_slice()
+            };
+            for shard in std::iter::once(p.shard).chain(others.iter().copied()) {
+                let entry = per_shard.entry(shard).or_default();
+                entry.0.extend(p.txn);
+                entry.1.push(member.clone());
+            }
         }
         for (shard, (txns, members)) in per_shard {
             for txn in txns {
@@ -944,7 +1041,56 @@ impl World {
                 ));
             }
         }
+        self.check_network()?;
         self.check_victims_wait()
+    }
+
+    /// Network holds: no device committed to two members across shards, and every hold
+    /// accounted for by a live group placing its member, an undecided transaction or an
+    /// undelivered decision (as slots are).
+    fn check_network(&self) -> Result<(), String> {
+        let groups = self.groups();
+        let listed: BTreeSet<String> = groups
+            .iter()
+            .filter(|g| !g.state.is_terminal())
+            .flat_map(|g| g.placements.keys().chain(g.releasing.keys()))
+            .cloned()
+            .collect();
+        let mut owner: BTreeMap<DeviceId, String> = BTreeMap::new();
+        for (shard, ledger) in &self.shards {
+            for (member, slot) in ledger.network_pools().holds() {
+                let member = member.to_string();
+                let doomed = self.doomed(*shard, &slot.state);
+                if !slot.state.is_reserved() && !doomed {
+                    for a in &slot.pod.devices {
+                        if let Some(other) = owner.insert(a.device.clone(), member.clone()) {
+                            if other != member {
+                                return Err(format!(
+                                    "{} committed to {other} and, on shard {shard}, to {member}",
+                                    a.device
+                                ));
+                            }
+                        }
+                    }
+                }
+                if listed.contains(&member) {
+                    continue;
+                }
+                let accounted = slot.state.txn_id().is_some_and(|txn| {
+                    matches!(self.meta.query(&MetaQuery::Txn { txn }),
+                        MetaReply::Txn { record: Some(t) }
+                            if t.decision.is_none() || t.unacked.contains(shard))
+                });
+                if !accounted {
+                    return Err(format!(
+                        "network hold of {member} on shard {shard} ({:?}) is held for no live group, \
+                         undecided transaction or undelivered decision",
+                        slot.state
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether `member` is a placeholder of committed preemption `txn` on `node` of
@@ -1141,6 +1287,33 @@ impl World {
             .find(|(_, _, _, st)| matches!(st, SlotState::Reserved { .. }))
         {
             return Err(format!("drained, {m} on {n} (shard {s}) is still {st:?}"));
+        }
+        // Every shard holds the network devices of exactly the live placed members
+        // that take them, committed.
+        let with_network: BTreeSet<String> = listed
+            .keys()
+            .filter(|m| {
+                MemberKey::try_from((*m).clone())
+                    .ok()
+                    .and_then(|k| key_of(&k))
+                    .is_some_and(takes_network_devices)
+            })
+            .cloned()
+            .collect();
+        for (shard, ledger) in &self.shards {
+            let holds = ledger.network_pools().holds();
+            let held: BTreeSet<String> = holds.keys().map(|m| m.to_string()).collect();
+            if held != with_network {
+                return Err(format!(
+                    "drained, shard {shard} holds network devices of {held:?}, live groups place {with_network:?}"
+                ));
+            }
+            if let Some((m, slot)) = holds.iter().find(|(_, slot)| slot.state.is_reserved()) {
+                return Err(format!(
+                    "drained, network hold of {m} on shard {shard} is still {:?}",
+                    slot.state
+                ));
+            }
         }
         match self.meta.query(&MetaQuery::Undelivered { limit: 1 }) {
             MetaReply::Undelivered { txns } if txns.is_empty() => Ok(()),
@@ -1539,6 +1712,63 @@ fn the_checks_find_shared_claims_freed_with_their_carrier() {
     });
     assert!(found.contains("shared claim"), "{found}");
     eprintln!("found, as expected: {found}");
+}
+
+#[test]
+fn the_checks_find_network_holds_a_release_leaves_on_other_shards() {
+    let found = find_in_random_interleavings(Bugs {
+        network_freed_on_home_shard_only: true,
+        ..Bugs::default()
+    });
+    assert!(found.contains("network"), "{found}");
+    eprintln!("found, as expected: {found}");
+}
+
+/// A group taking network devices is placed across both shards, every shard holding
+/// its devices; releasing one member through meta frees its device on both.
+#[test]
+fn a_network_member_released_through_meta_is_freed_on_every_shard() {
+    let mut w = World::new(Bugs::default());
+    let steps = [
+        Step::Submit {
+            key: 6,
+            members: 2,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Tell { pick: 0 },
+        Step::Tell { pick: 0 },
+    ];
+    for step in &steps {
+        w.step(step);
+        w.check_always()
+            .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
+    }
+    let holders = |w: &World| -> Vec<usize> {
+        w.shards
+            .values()
+            .map(|l| l.network_pools().holds().len())
+            .collect()
+    };
+    assert_eq!(
+        holders(&w),
+        vec![2, 2],
+        "both members' devices on both shards"
+    );
+    w.step(&Step::Give { pick: 0, how: 2 });
+    w.step(&Step::FinishReleases);
+    w.check_always()
+        .unwrap_or_else(|e| panic!("after the release: {e}"));
+    assert_eq!(
+        holders(&w),
+        vec![1, 1],
+        "the released member's device freed everywhere"
+    );
+    w.drain();
+    w.check_drained().unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Random preemption interleavings find the victims returned at the ABORT itself within a
