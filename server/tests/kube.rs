@@ -1905,6 +1905,70 @@ async fn device_taint_rules_keep_pods_off_evict_holders_and_lift_when_deleted() 
     );
 }
 
+/// A DeviceTaintRule with effect NoExecute on a device of a network-attached pool
+/// evicts the pod holding it (from whichever shard placed it), as on a node's device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_taint_rule_on_a_network_device_evicts_its_holder() {
+    let env = start_with(4, 0, 0, Setup::ChartWithTaintRules).await;
+    let api = &env.api;
+    api.create(
+        &RESOURCE_SLICES,
+        json!({
+            "metadata": {"name": "fabric"},
+            "spec": {"driver": DRIVER, "allNodes": true,
+                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "fabric-0"}]}
+        }),
+    )
+    .await
+    .expect("network slice");
+    api.create(&PODS, gpu_pod("held", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    let now = wait_for(
+        "the pod bound to the network device",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of("held").is_some() && v.device_of("held").is_some(),
+    )
+    .await;
+    assert_eq!(
+        now.device_of("held"),
+        Some(("fabric".to_string(), "fabric-0".to_string()))
+    );
+    let claim = now.claim_of("held").expect("claim");
+    assert!(
+        claim["status"]["allocation"]["nodeSelector"].is_null(),
+        "an allNodes device leaves the pod free to run anywhere: {claim}"
+    );
+    let rule = json!({
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": "fabric-ecc"},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": "fabric", "device": "fabric-0"},
+                 "taint": {"key": "example.com/fabric-ecc", "value": "true", "effect": "NoExecute"}}
+    });
+    api.call(
+        http::Method::POST,
+        "/apis/resource.k8s.io/v1beta2/devicetaintrules",
+        "application/json",
+        Some(&rule),
+    )
+    .await
+    .expect("DeviceTaintRule");
+    wait_for(
+        "the holder of the tainted network device evicted, the event naming the taint",
+        Duration::from_secs(30),
+        &env,
+        |v| {
+            v.going("held")
+                && v.events_for("held", "DeviceEviction")
+                    .iter()
+                    .any(|m| m.contains("example.com/fabric-ecc"))
+        },
+    )
+    .await;
+}
+
 // ---- preemption ---------------------------------------------------------------------------
 
 /// Makes PriorityClasses `low` (10), `high` (1000) and `highest` (2000); the API

@@ -784,13 +784,18 @@ impl Ingest {
             if held.get(key).map_or(want.is_empty(), |h| *h == want) {
                 continue;
             }
-            let Some(shard) = self.memory.shard_of.get(&key.0) else {
-                continue;
+            // A network device's taints go to each shard under its own key.
+            let (node, shard) = match network_shard(&key.0) {
+                Some(shard) => (String::new(), shard),
+                None => match self.memory.shard_of.get(&key.0) {
+                    Some(shard) => (key.0.clone(), *shard),
+                    None => continue,
+                },
             };
             per_shard
-                .entry(*shard)
+                .entry(shard)
                 .or_default()
-                .push((key.0.clone(), key.1.clone(), want));
+                .push((node, key.1.clone(), want));
         }
         self.memory.taint_rules_dirty = false;
         for (shard, writes) in per_shard {
@@ -817,13 +822,7 @@ impl Ingest {
         if rules.is_empty() {
             return wanted;
         }
-        // Network-attached pools get no rule taints yet (docs/ARCHITECTURE.md §10).
-        for ((node, driver, pool), generation) in self
-            .memory
-            .pools
-            .iter()
-            .filter(|((n, _, _), _)| !n.is_empty())
-        {
+        for ((node, driver, pool), generation) in &self.memory.pools {
             let key = (node.clone(), driver.clone(), pool.clone());
             for slice in self.memory.pool_slices.get(&key).into_iter().flatten() {
                 let Some(object) = self.cache.get(Slot::ResourceSlices, "", slice) else {
@@ -844,7 +843,15 @@ impl Ingest {
                             taints.push(taint.clone());
                         }
                     }
-                    if !taints.is_empty() {
+                    if taints.is_empty() {
+                        continue;
+                    }
+                    if node.is_empty() {
+                        // Every shard keeps a network-attached device.
+                        for shard in 1..=self.shards {
+                            wanted.insert((network_key(shard), id.clone()), taints.clone());
+                        }
+                    } else {
                         wanted.insert((node.clone(), id), taints);
                     }
                 }
@@ -866,7 +873,12 @@ impl Ingest {
             {
                 Ok(ShardAnswer::RuleTaints { taints }) => {
                     for (node, device, list) in taints {
-                        held.insert((node, device), list);
+                        let key = if node.is_empty() {
+                            network_key(shard)
+                        } else {
+                            node
+                        };
+                        held.insert((key, device), list);
                     }
                 }
                 Ok(other) => return Err(format!("shard {shard}: unexpected answer {other:?}")),
@@ -910,11 +922,16 @@ impl Ingest {
                 self.memory.rule_taints = None;
                 continue;
             }
+            let key = if node.is_empty() {
+                network_key(shard)
+            } else {
+                node.clone()
+            };
             if let Some(held) = self.memory.rule_taints.as_mut() {
                 if taints.is_empty() {
-                    held.remove(&(node.clone(), device.clone()));
+                    held.remove(&(key, device.clone()));
                 } else {
-                    held.insert((node.clone(), device.clone()), taints.clone());
+                    held.insert((key, device.clone()), taints.clone());
                 }
             }
         }
@@ -1710,4 +1727,15 @@ fn placed_members(s: &GroupSummary, chosen: impl Fn(&MemberKey) -> bool) -> Vec<
         .filter(|member| MemberKey::try_from((*member).clone()).is_ok_and(|key| chosen(&key)))
         .cloned()
         .collect()
+}
+
+/// The key under which the rule taints of a network-attached device are kept for
+/// `shard` (a node name can hold no `~`, so it names no node).
+fn network_key(shard: u32) -> String {
+    format!("~network/{shard}")
+}
+
+/// The shard a [`network_key`] names, if it is one.
+fn network_shard(key: &str) -> Option<u32> {
+    key.strip_prefix("~network/")?.parse().ok()
 }

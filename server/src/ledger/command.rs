@@ -277,7 +277,8 @@ pub enum LedgerOp {
         /// Health per device.
         devices: Vec<DeviceHealthReport>,
     },
-    /// Replaces the taints rules put on one device (on top of its driver's); empty removes them.
+    /// Replaces the taints rules put on one device (on top of its driver's); empty removes
+    /// them. An empty node names a device of a network-attached pool.
     SetDeviceTaints {
         /// The node.
         node: String,

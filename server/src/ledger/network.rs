@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::command::{NetworkHold, RefusalCause, TxnId, OBSERVED_GANG};
 use crate::ledger::devices::{
-    pairs, DeviceBatch, DeviceEviction, NodeDevices, PoolChange, PoolKey, PoolParts,
+    pairs, DeviceBatch, DeviceEviction, EvictionCause, NodeDevices, PoolChange, PoolKey, PoolParts,
 };
 use crate::ledger::usage::{PodSlot, SlotState};
-use crate::model::device::DeviceId;
+use crate::model::device::{DeviceId, DeviceTaint};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::PodSummary;
@@ -147,6 +147,42 @@ impl NetworkPools {
         };
         self.holds
             .insert(hold.member.clone(), PodSlot { pod, state });
+    }
+
+    /// Replaces the taints rules put on one device; returns the holders to evict (those
+    /// a NoExecute taint now puts out, with an empty node), or the device when no pool
+    /// here publishes it.
+    pub fn set_rule_taints(
+        &mut self,
+        device: &DeviceId,
+        taints: &[DeviceTaint],
+        at_ms: u64,
+    ) -> Result<Vec<DeviceEviction>, DeviceId> {
+        self.devices
+            .set_rule_taints("", device, taints, &self.holds, at_ms)
+    }
+
+    /// The gangway holds to evict at `at_ms` (devices gone, unhealthy or tainted
+    /// NoExecute past the toleration), with an empty node: the caller names the node of
+    /// the members it places.
+    pub fn evictions(&self, at_ms: u64) -> Vec<DeviceEviction> {
+        let detached = self.devices.detached.iter().filter_map(|(member, index)| {
+            let slot = self.holds.get(member).filter(|s| s.state.is_gangway())?;
+            let a = slot.pod.devices.get(*index as usize)?;
+            Some(DeviceEviction {
+                member: member.clone(),
+                node: String::new(),
+                device: a.device.clone(),
+                cause: EvictionCause::DeviceRemoved,
+                evict_at_ms: at_ms,
+            })
+        });
+        let bad = self
+            .devices
+            .evictions("", &self.holds, at_ms, |_| true)
+            .into_iter()
+            .filter(|e| e.evict_at_ms <= at_ms);
+        detached.chain(bad).collect()
     }
 
     /// Commits a reserved hold.

@@ -629,3 +629,90 @@ fn observed_holds_must_be_keyed_as_observed_and_name_devices() {
     }
     assert!(holders(&a).is_empty());
 }
+
+/// Shards A (with node a1) and B, with member m1 placed on a1 (a Kubernetes pod)
+/// holding network device d0 on both.
+fn placed_kube_member() -> (ShardLedger, ShardLedger) {
+    let (mut a, mut b) = (shard("a1"), shard("b1"));
+    let mut m1 = member("m1", "a1");
+    m1.pod.uid = Some("uid-m1".into());
+    let op = |members| LedgerOp::ReserveAndCommit {
+        txn_id: TxnId(1),
+        members,
+        network: vec![hold("m1", &[0])],
+    };
+    assert!(matches!(
+        apply(&mut a, 1, op(vec![m1])),
+        LedgerReply::Committed { .. }
+    ));
+    assert!(matches!(
+        apply(&mut b, 1, op(Vec::new())),
+        LedgerReply::Committed { .. }
+    ));
+    (a, b)
+}
+
+fn evictions_asked(l: &ShardLedger, at_ms: u64) -> Vec<(MemberKey, String)> {
+    let q = crate::ledger::query::ShardQuery::Evictions { at_ms, limit: 100 };
+    match crate::ledger::query::answer(l, &q, &mut crate::engine::Placer::new()) {
+        crate::ledger::query::ShardAnswer::Evictions { pods } => {
+            pods.into_iter().map(|p| (p.member, p.node)).collect()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_rule_taint_on_a_network_device_evicts_its_holder_from_its_own_shard() {
+    use crate::model::device::{DeviceTaint, DeviceTaintEffect};
+    let (mut a, mut b) = placed_kube_member();
+    let taint = LedgerOp::SetDeviceTaints {
+        node: String::new(),
+        device: alloc(0).device,
+        taints: vec![DeviceTaint {
+            key: "example.com/ecc".into(),
+            value: "true".into(),
+            effect: DeviceTaintEffect::NoExecute,
+            time_added_ms: Some(2),
+        }],
+    };
+    let evicted = |r: LedgerReply| match r {
+        LedgerReply::DeviceTaintsSet { evictions, .. } => evictions
+            .into_iter()
+            .map(|e| (e.member, e.node))
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        evicted(apply(&mut a, 2, taint.clone())),
+        vec![(key("m1"), "a1".to_string())]
+    );
+    assert_eq!(
+        evicted(apply(&mut b, 2, taint)),
+        Vec::new(),
+        "B places no pod"
+    );
+    assert_eq!(evictions_asked(&a, 3), vec![(key("m1"), "a1".to_string())]);
+    assert!(evictions_asked(&b, 3).is_empty());
+    let rules = crate::ledger::query::answer(
+        &a,
+        &crate::ledger::query::ShardQuery::RuleTaints,
+        &mut crate::engine::Placer::new(),
+    );
+    assert!(
+        format!("{rules:?}").contains("example.com/ecc"),
+        "{rules:?}"
+    );
+}
+
+#[test]
+fn a_network_device_removed_from_its_pool_evicts_its_holder() {
+    let (mut a, _) = placed_kube_member();
+    // Generation 2 keeps d1 and d2 only: m1's d0 is gone.
+    let mut op = publish(rack("r1"), 2, DEVICES);
+    if let LedgerOp::PublishNetworkPool { devices, .. } = &mut op {
+        devices.remove(0);
+    }
+    apply(&mut a, 2, op);
+    assert_eq!(evictions_asked(&a, 3), vec![(key("m1"), "a1".to_string())]);
+}

@@ -313,26 +313,39 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 })
                 .collect(),
         },
-        ShardQuery::RuleTaints => ShardAnswer::RuleTaints {
-            taints: ledger
-                .nodes()
-                .flat_map(|e| {
-                    e.usage.devices.rule_taints.iter().map(|(device, taints)| {
-                        (e.node.name.clone(), device.clone(), taints.clone())
+        ShardQuery::RuleTaints => {
+            ShardAnswer::RuleTaints {
+                taints: ledger
+                    .nodes()
+                    .flat_map(|e| {
+                        e.usage.devices.rule_taints.iter().map(|(device, taints)| {
+                            (e.node.name.clone(), device.clone(), taints.clone())
+                        })
                     })
-                })
-                .collect(),
-        },
+                    .chain(
+                        ledger.network_pools().devices().rule_taints.iter().map(
+                            |(device, taints)| (String::new(), device.clone(), taints.clone()),
+                        ),
+                    )
+                    .collect(),
+            }
+        }
         ShardQuery::Stats { at_ms } => ShardAnswer::Stats {
             stats: stats(ledger, *at_ms),
         },
-        ShardQuery::Evictions { at_ms, limit } => ShardAnswer::Evictions {
-            pods: ledger
-                .nodes()
-                .flat_map(|e| evictions_on(e, *at_ms))
-                .take(*limit as usize)
-                .collect(),
-        },
+        ShardQuery::Evictions { at_ms, limit } => {
+            // A pod with a bad device of its node and a bad network device is one line.
+            let mut seen = BTreeSet::new();
+            ShardAnswer::Evictions {
+                pods: ledger
+                    .nodes()
+                    .flat_map(|e| evictions_on(e, *at_ms))
+                    .chain(network_evictions(ledger, *at_ms))
+                    .filter(|p| seen.insert(p.member.clone()))
+                    .take(*limit as usize)
+                    .collect(),
+            }
+        }
         ShardQuery::Txn { txn } => {
             let open = ledger.open_txns().get(txn);
             let outcome = ledger.outcome(*txn);
@@ -436,6 +449,33 @@ fn waiting_on(ledger: &ShardLedger, txn: TxnId, node: &str) -> Vec<(MemberKey, S
         )
         .filter_map(|(member, slot)| slot.pod.uid.clone().map(|uid| (member.clone(), uid)))
         .collect()
+}
+
+/// The placed Kubernetes pods of this shard that must go by `at_ms` for their
+/// network-attached devices (gone, unhealthy, tainted NoExecute), one line per pod.
+fn network_evictions(ledger: &ShardLedger, at_ms: u64) -> Vec<PodEviction> {
+    let mut out: std::collections::BTreeMap<MemberKey, PodEviction> = Default::default();
+    let evictions = ledger.placed_here(ledger.network_pools().evictions(at_ms));
+    for e in evictions {
+        let Some(slot) = ledger.slot(&e.member) else {
+            continue;
+        };
+        let uid = match slot.state {
+            SlotState::Committed { .. } | SlotState::Bound { .. } => slot.pod.uid.clone(),
+            SlotState::Reserved { .. } | SlotState::Observed => None,
+        };
+        let Some(uid) = uid else {
+            continue;
+        };
+        out.entry(e.member.clone()).or_insert(PodEviction {
+            member: e.member,
+            node: e.node,
+            uid,
+            device: e.device,
+            cause: e.cause,
+        });
+    }
+    out.into_values().collect()
 }
 
 /// The placed Kubernetes pods on one node that must go by `at_ms`, one line per pod.

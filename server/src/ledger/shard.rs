@@ -1854,7 +1854,7 @@ impl ShardLedger {
 
     /// The evictions of network devices' holders placed on this shard, naming their
     /// nodes (the other holders' own shards evict them).
-    fn placed_here(&self, evictions: Vec<DeviceEviction>) -> Vec<DeviceEviction> {
+    pub fn placed_here(&self, evictions: Vec<DeviceEviction>) -> Vec<DeviceEviction> {
         evictions
             .into_iter()
             .filter_map(|mut e| {
@@ -1916,6 +1916,22 @@ impl ShardLedger {
         }
         for (i, taint) in taints.iter().enumerate() {
             validate_device_taint(&path.index(i), taint).map_err(|e| invalid(e.to_string()))?;
+        }
+        if node.is_empty() {
+            // A device of a network-attached pool, kept by every shard.
+            let evictions = self
+                .state
+                .network
+                .set_rule_taints(device, taints, at_ms)
+                .map_err(|device| LedgerError::UnknownDevice {
+                    node: String::new(),
+                    device,
+                })?;
+            return Ok(LedgerReply::DeviceTaintsSet {
+                node: String::new(),
+                device: device.clone(),
+                evictions: self.placed_here(evictions),
+            });
         }
         let entry = self.known_node(node)?;
         if entry.usage.devices.device(device).is_none() {
