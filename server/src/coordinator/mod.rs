@@ -301,8 +301,9 @@ impl Coordinator {
                     .collect();
                 match mine {
                     // Network-attached devices are held on every shard: such a group
-                    // is placed on its own, as a multi-shard transaction.
-                    Some(_) if !network.is_empty() && shards > 1 => true,
+                    // is placed on its own, as a multi-shard transaction (no other shard
+                    // plans it here).
+                    Some(_) if !network.is_empty() && shards > 1 => false,
                     Some(mut m) => {
                         assign::stamp_uids(&r.group, m.iter_mut());
                         let a = Assignment {

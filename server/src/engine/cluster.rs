@@ -408,14 +408,16 @@ impl<'a> Cluster<'a> {
         &self,
         idx: usize,
     ) -> impl Iterator<Item = &DeviceAllocation> + '_ {
-        let network = self.network;
-        self.overlay
-            .iter()
-            .filter(move |(i, _)| *i != idx && network.is_some())
-            .flat_map(|(_, overlay)| overlay.pods.iter())
-            .filter_map(|&p| self.planned.get(p))
-            .flat_map(|p| p.pod.devices.iter())
-            .filter(move |a| network.is_some_and(|n| n.has_pool_of(&a.device)))
+        // Without network pools this is empty at once (the engine's hot loop asks it).
+        self.network.into_iter().flat_map(move |network| {
+            self.overlay
+                .iter()
+                .filter(move |(i, _)| *i != idx)
+                .flat_map(|(_, overlay)| overlay.pods.iter())
+                .filter_map(|&p| self.planned.get(p))
+                .flat_map(|p| p.pod.devices.iter())
+                .filter(move |a| network.has_pool_of(&a.device))
+        })
     }
 
     /// Devices allocated to the pods planned on node `idx` in this round.

@@ -332,9 +332,41 @@ fn a_new_generation_without_a_held_device_evicts_its_holder_on_its_own_shard_onl
         evictions(&mut b).is_empty(),
         "only the member's shard evicts it"
     );
-    // The same generation with another reach is refused; a node pool may not share the name.
+    // The same generation with another reach is refused; a node's pool may not take the
+    // name of a network-attached one, nor the reverse.
     let r = apply(&mut a, 4, publish(PoolReach::AllNodes, 2, 2));
     assert!(matches!(r, LedgerReply::Rejected { .. }), "{r:?}");
+    let on_node = LedgerOp::PublishPool {
+        node: "a1".into(),
+        driver: DRIVER.into(),
+        pool: POOL.into(),
+        generation: 1,
+        devices: vec![Device::new("d9")],
+        counter_sets: Vec::new(),
+    };
+    let r = apply(&mut a, 5, on_node);
+    assert!(
+        format!("{r:?}").contains("network-attached already"),
+        "{r:?}"
+    );
+    let node_pool = LedgerOp::PublishPool {
+        node: "a1".into(),
+        driver: DRIVER.into(),
+        pool: "a1".into(),
+        generation: 1,
+        devices: vec![Device::new("d9")],
+        counter_sets: Vec::new(),
+    };
+    assert!(matches!(
+        apply(&mut a, 6, node_pool),
+        LedgerReply::PoolPublished { .. }
+    ));
+    let mut shadow = publish(PoolReach::AllNodes, 1, 1);
+    if let LedgerOp::PublishNetworkPool { pool, .. } = &mut shadow {
+        *pool = "a1".into();
+    }
+    let r = apply(&mut a, 7, shadow);
+    assert!(format!("{r:?}").contains("published by node a1"), "{r:?}");
 }
 
 #[test]

@@ -1770,6 +1770,17 @@ impl ShardLedger {
             devices,
             counter_sets,
         };
+        let key = PoolKey {
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+        };
+        if self.state.network.reach(&key).is_some() {
+            return Err(LedgerError::InvalidPool {
+                message: format!(
+                    "pool {driver}/{pool} is network-attached already; a node's pool needs its own name"
+                ),
+            });
+        }
         let outcome = self.update_known(node, |entry| {
             let usage = &mut entry.usage;
             usage.devices.publish(node, published, &usage.pods, at_ms)
