@@ -35,15 +35,6 @@ impl Assignment {
         }
     }
 
-    /// The network holds of `members`' keys.
-    pub fn network_of<'a>(&'a self, members: &'a [ReserveMember]) -> Vec<NetworkHold> {
-        self.network
-            .iter()
-            .filter(|h| members.iter().any(|m| m.member == h.member))
-            .cloned()
-            .collect()
-    }
-
     /// Members assigned, over every shard.
     pub fn members(&self) -> usize {
         self.per_shard.values().map(Vec::len).sum()

@@ -736,6 +736,8 @@ impl Ingest {
             None => {
                 self.memory.pools.insert(key, pool.generation);
                 self.memory.observed_network_dirty = true;
+                // Its devices may be new to the rules, or gone with their taints.
+                self.memory.rule_taints = None;
             }
             Some(why) => {
                 self.warn_once(

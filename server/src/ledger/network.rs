@@ -26,7 +26,6 @@ use crate::ledger::devices::{
 use crate::ledger::usage::{PodSlot, SlotState};
 use crate::model::device::{DeviceId, DeviceTaint};
 use crate::model::gang::MemberKey;
-use crate::model::node::Node;
 use crate::model::pod::PodSummary;
 use crate::model::reach::PoolReach;
 
@@ -63,11 +62,6 @@ impl NetworkPools {
     /// Every pool with the nodes it serves.
     pub fn pools(&self) -> impl Iterator<Item = (&PoolKey, &PoolReach)> {
         self.reach.iter()
-    }
-
-    /// Whether any pool serves `node`.
-    pub fn serves(&self, node: &Node) -> bool {
-        self.reach.values().any(|r| r.admits(node))
     }
 
     /// Whether `device` is a device of one of these pools.
