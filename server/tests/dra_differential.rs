@@ -109,6 +109,20 @@ struct Gpu {
 }
 
 impl Gpu {
+    /// An exclusive GPU named `name`: model, memory, NUMA node and (one in five) the
+    /// maintenance taint, drawn in that order.
+    fn draw(rng: &mut Rng, name: String) -> Gpu {
+        Gpu {
+            name,
+            model: rng.pick(&MODELS),
+            mem_gib: rng.pick(&MEMS),
+            numa: (rng.next() % 2) as i64,
+            tainted: rng.next().is_multiple_of(5),
+            consumes: 0,
+            shared_mem: 0,
+        }
+    }
+
     /// What one allocation of it for `ask` takes of its room (1 of 1 for an exclusive
     /// device; the capacity requested, or the policy's default, for a shared one).
     fn need(&self, ask: &Ask) -> i64 {
@@ -312,15 +326,7 @@ impl World {
         let nodes: Vec<Vec<Gpu>> = (0..rng.range(2, 3))
             .map(|_| {
                 let mut gpus: Vec<Gpu> = (0..rng.range(1, 4))
-                    .map(|d| Gpu {
-                        name: format!("gpu-{d}"),
-                        model: rng.pick(&MODELS),
-                        mem_gib: rng.pick(&MEMS),
-                        numa: (rng.next() % 2) as i64,
-                        tainted: rng.next().is_multiple_of(5),
-                        consumes: 0,
-                        shared_mem: 0,
-                    })
+                    .map(|d| Gpu::draw(&mut rng, format!("gpu-{d}")))
                     .collect();
                 gpus.extend(Self::partitions(rng.next().is_multiple_of(2)));
                 if rng.next().is_multiple_of(2) {
@@ -460,15 +466,7 @@ impl World {
             return None;
         }
         let gpus = (0..rng.range(1, 3))
-            .map(|d| Gpu {
-                name: format!("fabric-{d}"),
-                model: rng.pick(&MODELS),
-                mem_gib: rng.pick(&MEMS),
-                numa: (rng.next() % 2) as i64,
-                tainted: rng.next().is_multiple_of(5),
-                consumes: 0,
-                shared_mem: 0,
-            })
+            .map(|d| Gpu::draw(&mut rng, format!("fabric-{d}")))
             .collect();
         let mut reach: Vec<bool> = (0..nodes).map(|_| rng.next().is_multiple_of(2)).collect();
         if !reach.iter().any(|r| *r) {

@@ -960,6 +960,42 @@ async fn the_check_catches_a_ledger_that_frees_a_shared_claim_with_its_carrier()
     .await;
 }
 
+/// Which nodes the test's network-attached pool reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FabricReach {
+    /// Two nodes of different shards, by hostname.
+    TwoShards,
+    /// Every node (`allNodes`).
+    AllNodes,
+}
+
+/// Creates ResourceSlice `fabric`, a network-attached pool of `devices` devices
+/// (`fabric-0`, …) reaching `reach`; answers its node selector term (`Null` for all
+/// nodes).
+async fn create_fabric(api: &ControlPlane, devices: usize, reach: FabricReach) -> Value {
+    let mut spec = json!({"driver": DRIVER,
+        "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+        "devices": (0..devices).map(|i| json!({"name": format!("fabric-{i}")})).collect::<Vec<_>>()});
+    let term = if reach == FabricReach::AllNodes {
+        spec["allNodes"] = json!(true);
+        Value::Null
+    } else {
+        let (a, b) = nodes_on_two_shards(4);
+        let term = json!({"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
+        ]});
+        spec["nodeSelector"] = json!({"nodeSelectorTerms": [term]});
+        term
+    };
+    api.create(
+        &RESOURCE_SLICES,
+        json!({"metadata": {"name": "fabric"}, "spec": spec}),
+    )
+    .await
+    .expect("network slice");
+    term
+}
+
 /// Two of `start`'s nodes that land on different shards of the test clusters' two
 /// (nodes are sharded by name there).
 fn nodes_on_two_shards(nodes: usize) -> (String, String) {
@@ -981,21 +1017,8 @@ fn nodes_on_two_shards(nodes: usize) -> (String, String) {
 async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_device_once() {
     let env = start(4, 0, 0).await;
     let api = &env.api;
+    let term = create_fabric(api, 2, FabricReach::TwoShards).await;
     let (a, b) = nodes_on_two_shards(4);
-    let term = json!({"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
-    ]});
-    api.create(
-        &RESOURCE_SLICES,
-        json!({
-            "metadata": {"name": "fabric"},
-            "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
-                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "fabric-0"}, {"name": "fabric-1"}]}
-        }),
-    )
-    .await
-    .expect("network slice");
     let pods: Vec<String> = (0..3).map(|i| format!("fabric-{i}")).collect();
     for name in &pods {
         api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
@@ -1067,21 +1090,7 @@ async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_d
 /// placed it (see the two tests below).
 async fn a_foreign_claim_holds_the_only_network_device(env: &Env) -> String {
     let api = &env.api;
-    let (a, b) = nodes_on_two_shards(4);
-    let term = json!({"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
-    ]});
-    api.create(
-        &RESOURCE_SLICES,
-        json!({
-            "metadata": {"name": "fabric"},
-            "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
-                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "fabric-0"}]}
-        }),
-    )
-    .await
-    .expect("network slice");
+    let term = create_fabric(api, 1, FabricReach::TwoShards).await;
     api.create(&RESOURCE_CLAIMS, json!({
         "metadata": {"name": "foreign", "namespace": NS},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
@@ -1911,17 +1920,7 @@ async fn device_taint_rules_keep_pods_off_evict_holders_and_lift_when_deleted() 
 async fn a_device_taint_rule_on_a_network_device_evicts_its_holder() {
     let env = start_with(4, 0, 0, Setup::ChartWithTaintRules).await;
     let api = &env.api;
-    api.create(
-        &RESOURCE_SLICES,
-        json!({
-            "metadata": {"name": "fabric"},
-            "spec": {"driver": DRIVER, "allNodes": true,
-                     "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "fabric-0"}]}
-        }),
-    )
-    .await
-    .expect("network slice");
+    create_fabric(api, 1, FabricReach::AllNodes).await;
     api.create(&PODS, gpu_pod("held", json!({}), json!({}), "one-gpu"))
         .await
         .expect("pod");

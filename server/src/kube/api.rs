@@ -9,11 +9,10 @@ use std::collections::BTreeMap;
 use http::{Method, Request};
 use serde_json::{json, Value};
 
-use crate::kube::objects::PodRef;
+use crate::kube::objects::{self, PodRef};
 use crate::model::error::FieldPath;
 use crate::model::node::Node;
-use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement};
-use crate::model::reach::{ReachTerm, NODE_NAME_FIELD};
+use crate::model::reach::NODE_NAME_FIELD;
 use crate::model::resources::Resources;
 
 /// A failed API call.
@@ -335,45 +334,14 @@ fn reachable_from(allocation: &Value, (node, labels): (&str, &BTreeMap<String, S
     let Some(terms) = allocation["nodeSelector"]["nodeSelectorTerms"].as_array() else {
         return true;
     };
-    let requirements = |term: &Value, field: &str| -> Option<Vec<NodeSelectorRequirement>> {
-        term[field]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                let operator =
-                    NodeSelectorOperator::parse(&FieldPath::new(field), r["operator"].as_str()?)
-                        .ok()?;
-                let values = r["values"]
-                    .as_array()
-                    .map(|v| {
-                        v.iter()
-                            .filter_map(|x| x.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some(NodeSelectorRequirement {
-                    key: r["key"].as_str()?.to_string(),
-                    operator,
-                    values,
-                })
-            })
-            .collect()
-    };
     terms.iter().any(|term| {
-        let (Some(fields), Some(expressions)) = (
-            requirements(term, "matchFields"),
-            requirements(term, "matchExpressions"),
-        ) else {
+        let Ok(reach) = objects::selector_term(term, &FieldPath::new("nodeSelector")) else {
             return false;
-        };
-        let reach = ReachTerm {
-            match_expressions: expressions,
-            match_fields: fields,
         };
         let mut named = Node::new(node, Resources::zero());
         named.labels = labels.clone();
         (!reach.match_fields.is_empty() || !reach.match_expressions.is_empty())
+            && reach.match_expressions.iter().all(|r| !r.key.is_empty())
             && reach.match_fields.iter().all(|f| f.key == NODE_NAME_FIELD)
             && reach.admits(&named)
     })

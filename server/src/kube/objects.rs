@@ -229,6 +229,15 @@ fn slice_scope(spec: &Value) -> Result<Option<SliceScope>, ValidationError> {
             .error(format!("must have exactly one term, not {}", terms.len())));
     };
     let at = path.child("nodeSelectorTerms").index(0);
+    let reach = PoolReach::Selected(selector_term(term, &at)?);
+    reach.validate(&FieldPath::new("spec"))?;
+    Ok(Some(SliceScope::Network(reach)))
+}
+
+/// One node selector term as the API writes it (`matchExpressions`, `matchFields`),
+/// read as is: an unknown operator is an error naming the field under `at`; keys and
+/// values are checked by [`ReachTerm::validate`] where the caller wants them checked.
+pub fn selector_term(term: &Value, at: &FieldPath) -> Result<ReachTerm, ValidationError> {
     let requirements = |field: &str| -> Result<Vec<NodeSelectorRequirement>, ValidationError> {
         term[field]
             .as_array()
@@ -253,12 +262,10 @@ fn slice_scope(spec: &Value) -> Result<Option<SliceScope>, ValidationError> {
             })
             .collect()
     };
-    let reach = PoolReach::Selected(ReachTerm {
+    Ok(ReachTerm {
         match_expressions: requirements("matchExpressions")?,
         match_fields: requirements("matchFields")?,
-    });
-    reach.validate(&FieldPath::new("spec"))?;
-    Ok(Some(SliceScope::Network(reach)))
+    })
 }
 
 /// A device taint in the form the model reads: `timeAdded` (which tolerationSeconds

@@ -79,6 +79,13 @@ impl NetworkPools {
         self.holds.get(member)
     }
 
+    /// Whether `txn_id` holds anything here (reserved or committed).
+    pub fn holds_any(&self, txn_id: TxnId) -> bool {
+        self.holds
+            .values()
+            .any(|slot| slot.state.txn_id() == Some(txn_id))
+    }
+
     /// Members whose holds `txn_id` holds (reserved or committed).
     pub fn held_by(&self, txn_id: TxnId) -> Vec<MemberKey> {
         self.holds

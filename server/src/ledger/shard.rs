@@ -1307,7 +1307,7 @@ impl ShardLedger {
 
     /// Whether a transaction that is not open holds anything here (so it committed).
     fn holds_committed(&self, txn_id: TxnId) -> bool {
-        self.index.by_txn.contains_key(&txn_id) || !self.state.network.held_by(txn_id).is_empty()
+        self.index.by_txn.contains_key(&txn_id) || self.state.network.holds_any(txn_id)
     }
 
     fn refusal_cause(

@@ -160,23 +160,16 @@ fn validate_values(at: &FieldPath, req: &NodeSelectorRequirement) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::model::resources::Resources;
 
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-        Node {
-            name: name.into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            taints: Vec::new(),
-            allocatable: Resources::default(),
-            schedulability: crate::model::node::Schedulability::Schedulable,
-            readiness: crate::model::node::Readiness::Ready,
-        }
+        let mut n = Node::new(name, Resources::default());
+        n.labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        n
     }
 
     fn req(key: &str, operator: NodeSelectorOperator, values: &[&str]) -> NodeSelectorRequirement {
