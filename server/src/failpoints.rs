@@ -86,7 +86,8 @@ pub const BINDER_IGNORES_BINDING_CONDITIONS: &str = "binder-ignores-binding-cond
 
 /// A tempting design, switched on for checking the checks: when the pod carrying a shared claim's
 /// devices leaves its node, the ledger frees them although the claim's other pods
-/// still run there, so another pod can be given them.
+/// still run there, so another pod can be given them; for a claim carried with
+/// network-attached devices, any of its pods leaving frees them on every shard.
 pub const SHARED_CLAIMS_FREED_WITH_CARRIER: &str = "ledger-frees-shared-claims-with-their-carrier";
 
 /// A fixed bug, back for checking the checks: a shared device's share id is written

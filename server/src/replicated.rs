@@ -185,7 +185,12 @@ impl ShardMachine {
     /// A plan query without the gangs whose selectors are still being warmed (see
     /// `shard::warmer`), and the members left out; other queries as they are.
     fn without_cold_gangs(&self, q: ShardQuery) -> (ShardQuery, Vec<MemberKey>) {
-        let ShardQuery::Plan { members, profile } = q else {
+        let ShardQuery::Plan {
+            members,
+            profile,
+            carried,
+        } = q
+        else {
             return (q, Vec::new());
         };
         let classes = self.ledger.device_classes();
@@ -227,14 +232,24 @@ impl ShardMachine {
             }
         }
         if cold.is_empty() {
-            return (ShardQuery::Plan { members, profile }, Vec::new());
+            let plan = ShardQuery::Plan {
+                members,
+                profile,
+                carried,
+            };
+            return (plan, Vec::new());
         }
         tracing::debug!(gangs = ?cold, "gangs sit out this plan while their selectors are evaluated");
         let (left_out, members): (Vec<_>, Vec<_>) = members
             .into_iter()
             .partition(|(key, _)| cold.contains(&(key.namespace.clone(), key.gang.clone())));
         let left_out = left_out.into_iter().map(|(key, _)| key).collect();
-        (ShardQuery::Plan { members, profile }, left_out)
+        let plan = ShardQuery::Plan {
+            members,
+            profile,
+            carried,
+        };
+        (plan, left_out)
     }
 
     /// Every published device of the shard, with its driver.

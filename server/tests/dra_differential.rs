@@ -1353,16 +1353,21 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                         .filter(|(g, left)| **left < g.room())
                         .map(|(g, _)| g.consumes)
                         .sum();
-                    // The node's GPUs, then the network GPUs it reaches (not for a
-                    // claim several pods share: gangway carries those with devices of
-                    // the carrier's node only, docs/ARCHITECTURE.md §10).
+                    let counter = COUNTER_TOTAL - spent;
+                    let network = world.network_for(n);
+                    if claim.sharers > 1 {
+                        // A claim several pods share takes the node's GPUs or network
+                        // GPUs, not both (gangway's rule, docs/ARCHITECTURE.md rule 15).
+                        return fits(world, claim, &world.nodes[n], &room[n], counter)
+                            || (!network.is_empty()
+                                && fits(world, claim, network, &network_room, COUNTER_TOTAL));
+                    }
+                    // The node's GPUs, then the network GPUs it reaches.
                     let mut gpus = world.nodes[n].clone();
                     let mut left = room[n].clone();
-                    if !world.network_for(n).is_empty() && claim.sharers <= 1 {
-                        gpus.extend(world.network_for(n).iter().cloned());
-                        left.extend(network_room.iter().copied());
-                    }
-                    fits(world, claim, &gpus, &left, COUNTER_TOTAL - spent)
+                    gpus.extend(network.iter().cloned());
+                    left.extend(network_room.iter().copied());
+                    fits(world, claim, &gpus, &left, counter)
                 })
         })
         .map(|(_, name, _)| name)

@@ -1084,6 +1084,103 @@ async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_d
     );
 }
 
+/// A PodGroup of 4 pods, each half a node, naming one ResourceClaim that only the
+/// network-attached pool (one device, reaching two nodes of two shards) can serve: the
+/// pods bind to both nodes, the claim is allocated once with the network device and the
+/// slice's node selector and reserved for all 4, and a one-device pod waits until the
+/// last of the 4 is gone (the pod that allocated it goes first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    let term = create_fabric(api, 1, FabricReach::TwoShards).await;
+    let (a, b) = nodes_on_two_shards(4);
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "fabric-channel", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+    }))
+    .await
+    .expect("claim");
+    api.create(
+        &POD_GROUPS_X,
+        json!({"metadata": {"name": "spanning", "namespace": NS}, "spec": {"minMember": 4}}),
+    )
+    .await
+    .expect("pod group");
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        let name = format!("spanning-{i}");
+        let labels = json!({"scheduling.x-k8s.io/pod-group": "spanning"});
+        let mut pod = gpu_pod(&name, labels, json!({}), "unused");
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("32");
+        pod["spec"]["resourceClaims"] =
+            json!([{"name": "channel", "resourceClaimName": "fabric-channel"}]);
+        let created = api.create(&PODS, pod).await.expect("pod");
+        let uid = created["metadata"]["uid"].as_str().unwrap_or_default();
+        uids.push((uid.to_string(), name));
+    }
+    uids.sort();
+    let sharing: Vec<String> = uids.iter().map(|(_, n)| n.clone()).collect();
+    let now = wait_for(
+        "the 4 pods sharing a network claim bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&sharing),
+    )
+    .await;
+    let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
+    assert_eq!(nodes, BTreeSet::from([a, b]), "both nodes the pool reaches");
+    let claim = &now.claims["fabric-channel"];
+    let allocation = &claim["status"]["allocation"];
+    assert_eq!(
+        allocation["nodeSelector"],
+        json!({"nodeSelectorTerms": [term]}),
+        "the slice's node selector: {claim}"
+    );
+    let results = allocation["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "allocated once: {claim}");
+    assert_eq!(results[0]["pool"], json!("fabric"), "{claim}");
+    let reserved: BTreeSet<String> = claim["status"]["reservedFor"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["uid"].as_str().map(str::to_string))
+        .collect();
+    let all: BTreeSet<String> = uids.iter().map(|(u, _)| u.clone()).collect();
+    assert_eq!(reserved, all, "reserved for every pod of the gang: {claim}");
+    let after = "after-the-channel".to_string();
+    api.create(&PODS, gpu_pod(&after, json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("pod");
+    wait_for(
+        "the one-device pod waits",
+        Duration::from_secs(30),
+        &env,
+        |v| !v.events_for(&after, "FailedScheduling").is_empty(),
+    )
+    .await;
+    finish_deletions(api, &sharing[..3]).await;
+    // Long enough for gangway to place the pod if it thought the device free.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        view(api).await.node_of(&after),
+        None,
+        "the device is still {}'s",
+        sharing[3]
+    );
+    finish_deletions(api, &sharing[3..]).await;
+    wait_for(
+        "the one-device pod bound once the claim's last pod is gone",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of(&after).is_some(),
+    )
+    .await;
+}
+
 /// A network pool with one device, which a claim of another scheduler's holds
 /// (allocated as kube-scheduler writes it), and a gangway pod wanting one device;
 /// answers the pod's name once gangway has seen the pod and the claim and refused or

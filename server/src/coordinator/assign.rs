@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::engine::GangPlacement;
-use crate::ledger::command::NetworkHold;
+use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::ReserveMember;
 use crate::model::device::DeviceId;
 use crate::model::{GangGroup, MemberKey, PodSpec};
@@ -125,8 +125,19 @@ fn merge(
     let mut network = Vec::new();
     let mut taken_devices: BTreeSet<&DeviceId> = BTreeSet::new();
     for (shard, plan) in order {
-        let holds: BTreeMap<&MemberKey, &NetworkHold> =
-            plan.network.iter().map(|h| (&h.member, h)).collect();
+        let mut holds: BTreeMap<&MemberKey, Vec<&NetworkHold>> = BTreeMap::new();
+        for h in &plan.network {
+            holds.entry(&h.member).or_default().push(h);
+        }
+        let none = Vec::new();
+        let holds_of = |member: &MemberKey| holds.get(member).unwrap_or(&none);
+        // Shared claims a slot carries: on its node, or under a network hold.
+        let carries = |slot: &ReserveMember, claim: &str| {
+            slot.pod.carries(claim)
+                || holds_of(&slot.member)
+                    .iter()
+                    .any(|h| h.kind() == HoldKind::Carry(claim))
+        };
         // Carriers of shared claims first: a follower slot is taken only where the
         // claim's carrier in this plan was taken too (or the plan has none: the claim
         // is carried on the shard already), or the shard would refuse it. Passes repeat
@@ -141,15 +152,17 @@ fn merge(
                 let slot = &plan.assignments[i];
                 let orphan = slot.pod.followed().any(|f| {
                     !carried.contains(f.claim.as_str())
-                        && plan.assignments.iter().any(|o| o.pod.carries(&f.claim))
+                        && !carries(slot, &f.claim)
+                        && plan.assignments.iter().any(|o| carries(o, &f.claim))
                 });
                 if orphan {
                     left.push(i);
                     continue;
                 }
-                let hold = holds.get(&slot.member);
-                if hold.is_some_and(|h| h.devices.iter().any(|a| taken_devices.contains(&a.device)))
-                {
+                let hold = holds_of(&slot.member);
+                let taken =
+                    |h: &&&NetworkHold| h.devices.iter().any(|a| taken_devices.contains(&a.device));
+                if hold.iter().any(|h| taken(&h)) {
                     continue;
                 }
                 let Some(spec) = spec_of.get(&slot.member) else {
@@ -159,12 +172,18 @@ fn merge(
                     continue;
                 };
                 if let Some(member) = queue.pop_front() {
-                    carried.extend(slot.pod.carried().map(|s| s.claim.as_str()));
-                    if let Some(hold) = hold {
-                        taken_devices.extend(hold.devices.iter().map(|a| &a.device));
+                    carried.extend(
+                        slot.pod
+                            .shares
+                            .iter()
+                            .filter_map(|s| carries(slot, &s.claim).then_some(s.claim.as_str())),
+                    );
+                    for h in hold {
+                        taken_devices.extend(h.devices.iter().map(|a| &a.device));
                         network.push(NetworkHold {
                             member: member.clone(),
-                            devices: hold.devices.clone(),
+                            devices: h.devices.clone(),
+                            claim: h.claim.clone(),
                         });
                     }
                     mine.push((
@@ -187,7 +206,7 @@ fn merge(
             per_shard.insert(*shard, mine.into_iter().map(|(_, m)| m).collect());
         }
     }
-    network.sort_by(|a, b| a.member.cmp(&b.member));
+    network.sort_by(|a, b| (&a.member, &a.claim).cmp(&(&b.member, &b.claim)));
     (per_shard, network)
 }
 
@@ -428,6 +447,7 @@ mod tests {
         let with_device = |d: u32| {
             let mut p = plan(&[0], &[1]);
             p.network = vec![NetworkHold {
+                claim: None,
                 member: key(0),
                 devices: vec![DeviceAllocation {
                     claim: "c".into(),

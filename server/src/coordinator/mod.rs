@@ -34,7 +34,7 @@ use tracing::Instrument;
 
 use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::command::NetworkHold;
+use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
     Placement,
@@ -495,6 +495,7 @@ impl Coordinator {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
             profile: Box::new(self.profile.clone()),
+            carried: Vec::new(),
         };
         match self.groups.shard_query(shard, &query).await {
             Ok(ShardAnswer::Plan { placement }) => Some(placement),
@@ -510,11 +511,24 @@ impl Coordinator {
     }
 
     async fn plans(&self, members: &[(MemberKey, PodSpec)]) -> BTreeMap<u32, GangPlacement> {
+        let every: Vec<u32> = (1..=self.shards).collect();
+        self.plans_on(&every, members, &[]).await
+    }
+
+    /// The plans of `shards` for `members`, with `carried` (shared claims other
+    /// members carry with network devices) planned as held.
+    async fn plans_on(
+        &self,
+        shards: &[u32],
+        members: &[(MemberKey, PodSpec)],
+        carried: &[NetworkHold],
+    ) -> BTreeMap<u32, GangPlacement> {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
             profile: Box::new(self.profile.clone()),
+            carried: carried.to_vec(),
         };
-        let asks = (1..=self.shards).map(|s| {
+        let asks = shards.iter().map(|&s| {
             let query = &query;
             async move { (s, self.groups.shard_query(s, query).await) }
         });
@@ -531,6 +545,65 @@ impl Coordinator {
         plans
     }
 
+    /// A second pass for a group short because each shard planned it alone: members
+    /// that follow a shared claim another shard's member carries with network devices
+    /// could not be planned beside that carrier. The shards the first pass left unused
+    /// plan the rest with those claims held, and both passes make one assignment (one
+    /// transaction). `None` when the first pass carries no such claim or nothing is left
+    /// to try.
+    async fn beside_carriers(
+        &self,
+        r: &GroupRecord,
+        members: &[(MemberKey, PodSpec)],
+        placed_before: &BTreeSet<String>,
+        partial: &Assignment,
+        reason: &str,
+    ) -> Option<AssignOutcome> {
+        let carried: Vec<NetworkHold> = partial
+            .network
+            .iter()
+            .filter(|h| matches!(h.kind(), HoldKind::Carry(_)))
+            .cloned()
+            .collect();
+        let assigned: BTreeSet<&MemberKey> = partial
+            .per_shard
+            .values()
+            .flatten()
+            .map(|m| &m.member)
+            .collect();
+        let rest: Vec<(MemberKey, PodSpec)> = members
+            .iter()
+            .filter(|(key, _)| !assigned.contains(key))
+            .cloned()
+            .collect();
+        let others: Vec<u32> = (1..=self.shards)
+            .filter(|s| !partial.per_shard.contains_key(s))
+            .collect();
+        if carried.is_empty() || rest.is_empty() || others.is_empty() {
+            return None;
+        }
+        let plans = self.plans_on(&others, &rest, &carried).await;
+        let mut before = placed_before.clone();
+        before.extend(assigned.iter().map(|k| k.to_string()));
+        let (second, ready) = match assign(&r.group, &plans, &before) {
+            AssignOutcome::Ready(a) => (a, true),
+            AssignOutcome::Short { partial, .. } => (partial, false),
+        };
+        let mut joined = partial.clone();
+        for (shard, more) in second.per_shard {
+            joined.per_shard.entry(shard).or_default().extend(more);
+        }
+        joined.network.extend(second.network);
+        Some(if ready {
+            AssignOutcome::Ready(joined)
+        } else {
+            AssignOutcome::Short {
+                reason: reason.to_string(),
+                partial: joined,
+            }
+        })
+    }
+
     async fn place(&self, r: &GroupRecord) -> Result<(), GroupError> {
         tracing::debug!(
             group = r.seq,
@@ -542,7 +615,14 @@ impl Coordinator {
         let plans = self.plans(&members).await;
         drop(timer);
         let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();
-        let assignment = match assign(&r.group, &plans, &placed_before) {
+        let mut outcome = assign(&r.group, &plans, &placed_before);
+        if let AssignOutcome::Short { reason, partial } = &outcome {
+            let second = self.beside_carriers(r, &members, &placed_before, partial, reason);
+            if let Some(second) = second.await {
+                outcome = second;
+            }
+        }
+        let assignment = match outcome {
             AssignOutcome::Ready(a) => a,
             AssignOutcome::Short { partial, .. }
                 if r.accumulates() && !partial.per_shard.is_empty() =>
@@ -943,8 +1023,10 @@ fn placements(a: &Assignment, shards: u32) -> BTreeMap<String, Placement> {
         .iter()
         .flat_map(|(shard, members)| {
             members.iter().map(move |m: &ReserveMember| {
-                let hold = a.network.iter().find(|h| h.member == m.member);
-                let network_devices = hold.into_iter().flat_map(|h| &h.devices);
+                // Its own network devices and a shared claim's it carries or uses.
+                let holds: Vec<&NetworkHold> =
+                    a.network.iter().filter(|h| h.member == m.member).collect();
+                let network_devices = holds.iter().flat_map(|h| &h.devices);
                 (
                     m.member.to_string(),
                     Placement {
@@ -958,9 +1040,10 @@ fn placements(a: &Assignment, shards: u32) -> BTreeMap<String, Placement> {
                             .chain(network_devices)
                             .map(PlacedDevice::of)
                             .collect(),
-                        network_shards: match hold {
-                            Some(_) => (1..=shards).filter(|s| s != shard).collect(),
-                            None => Vec::new(),
+                        network_shards: if holds.is_empty() {
+                            Vec::new()
+                        } else {
+                            (1..=shards).filter(|s| s != shard).collect()
                         },
                     },
                 )

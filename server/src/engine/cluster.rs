@@ -391,9 +391,45 @@ impl<'a> Cluster<'a> {
         held.chain(planned)
     }
 
-    /// Whether a pod held or planned on node `idx` carries shared claim `claim`.
+    /// Whether a pod held or planned on node `idx` carries shared claim `claim`, or
+    /// the claim is carried (held, or planned this round) with network-attached devices
+    /// that all reach the node.
     pub fn carries(&self, idx: usize, claim: &str) -> bool {
-        self.pods(idx).any(|p| p.pod.carries(claim))
+        self.pods(idx).any(|p| p.pod.carries(claim)) || self.carries_network(idx, claim)
+    }
+
+    fn carries_network(&self, idx: usize, claim: &str) -> bool {
+        let (Some(network), Some(node)) = (self.network, self.node(idx)) else {
+            return false;
+        };
+        let reach_all = |devices: &mut dyn Iterator<Item = &DeviceAllocation>| {
+            let mut any = false;
+            for a in devices {
+                any = true;
+                let reach = network.reach(&crate::ledger::network::pool_of(&a.device));
+                if !reach.is_some_and(|r| r.admits(node)) {
+                    return false;
+                }
+            }
+            any
+        };
+        if let Some(slot) = network.claim_hold(claim) {
+            return reach_all(&mut slot.pod.devices.iter());
+        }
+        let planned = self
+            .overlay
+            .iter()
+            .flat_map(|(_, overlay)| overlay.pods.iter())
+            .filter_map(|&p| self.planned.get(p));
+        for p in planned {
+            for share in p.pod.carried().filter(|s| s.claim == claim) {
+                let mut devices = p.pod.devices.iter().filter(|d| d.claim == share.pod_claim);
+                if reach_all(&mut devices) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// The network-attached pools, if the view has any.

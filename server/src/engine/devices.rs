@@ -102,10 +102,11 @@ impl ConstraintNeed {
 enum ClaimReach {
     /// The node's own and those of the network-attached pools that reach it.
     Anywhere,
-    /// The node's own only: a ResourceClaim shared with other pods, whose carrier
-    /// hands its devices over on its node (a network hold lives on every shard, where
-    /// no other shard knows the followers; docs/ARCHITECTURE.md §10).
-    NodeOnly,
+    /// Either, but all from one source: a ResourceClaim shared with other pods is
+    /// carried on its carrier's node (its pods share that node) or, all its devices
+    /// network-attached, under the claim's network hold (its pods run wherever those
+    /// pools reach; docs/ARCHITECTURE.md rule 15), never split between the two.
+    OneSource,
 }
 
 /// Where a device of a node's table comes from.
@@ -390,7 +391,7 @@ impl DeviceDemand {
             match resolve_claim(claim, classes, &mut used) {
                 Ok(mut need) => {
                     if spec.carried_shares().any(|s| s.pod_claim == claim.name) {
-                        need.reach = ClaimReach::NodeOnly;
+                        need.reach = ClaimReach::OneSource;
                     }
                     claims.push(need);
                 }
@@ -990,9 +991,7 @@ fn compute_candidates(
             for alternative in &request.alternatives {
                 let mut list = Vec::new();
                 for (pos, slot) in table.slots.iter().enumerate() {
-                    let reachable =
-                        claim.reach == ClaimReach::Anywhere || slot.source == DeviceSource::Node;
-                    if reachable && qualifies(slot, alternative)? {
+                    if qualifies(slot, alternative)? {
                         list.push(pos);
                     }
                 }
@@ -1037,6 +1036,11 @@ struct Search<'t, 'a, 'd> {
     picks: Vec<Pick>,
     /// Chosen alternative per flattened request.
     chosen: Vec<usize>,
+    /// Per claim, the one source its devices come from (claims of
+    /// [`ClaimReach::OneSource`] only, while it is being allocated).
+    source: Vec<Option<DeviceSource>>,
+    /// Whether the table has network-attached devices.
+    has_network: bool,
     steps: u64,
 }
 
@@ -1070,6 +1074,11 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
                 .map(|c| vec![ConstraintSeen::default(); c.constraints.len()])
                 .collect(),
             picks: Vec::new(),
+            source: vec![None; claims.len()],
+            has_network: table
+                .slots
+                .iter()
+                .any(|s| s.source == DeviceSource::Network),
             steps: 0,
         }
     }
@@ -1133,6 +1142,9 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
         for n in &mut self.claim_devices {
             *n = 0;
         }
+        for source in &mut self.source {
+            *source = None;
+        }
         for claim in &mut self.seen {
             for seen in claim.iter_mut() {
                 seen.values.clear();
@@ -1161,6 +1173,31 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
 
     fn request(&mut self, r: usize) -> Result<bool, Abort> {
         let claims = self.claims;
+        let Some((claim, _)) = flat_request(claims, r) else {
+            return Ok(true);
+        };
+        let c = self.claim_of[r];
+        let first = r == 0 || self.claim_of[r - 1] != c;
+        if !(first && claim.reach == ClaimReach::OneSource) {
+            return self.alternatives(r);
+        }
+        // The node's devices first, else the network-attached ones.
+        for source in [DeviceSource::Node, DeviceSource::Network] {
+            if source == DeviceSource::Network && !self.has_network {
+                continue;
+            }
+            self.source[c] = Some(source);
+            if self.alternatives(r)? {
+                return Ok(true);
+            }
+        }
+        self.source[c] = None;
+        Ok(false)
+    }
+
+    /// Tries each alternative of request `r` in order.
+    fn alternatives(&mut self, r: usize) -> Result<bool, Abort> {
+        let claims = self.claims;
         let Some((_, need)) = flat_request(claims, r) else {
             return Ok(true);
         };
@@ -1186,9 +1223,12 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
         let Some(alternative) = need.alternatives.get(a) else {
             return Ok(false);
         };
+        let source = self.source[self.claim_of[r]];
+        let table = self.table;
+        let admits = |pos: usize| source.is_none_or(|s| table.slots[list[pos]].source == s);
         let (wanted, every) = match alternative.mode {
             AllocationMode::ExactCount(n) => (n as usize, false),
-            AllocationMode::All => (list.len(), true),
+            AllocationMode::All => ((0..list.len()).filter(|&p| admits(p)).count(), true),
         };
         if wanted == 0 {
             return Ok(false);
@@ -1196,10 +1236,20 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
         if k == wanted {
             return self.request(r + 1);
         }
-        let range = if every { k..k + 1 } else { from..list.len() };
+        let range = if every {
+            match (from..list.len()).find(|&p| admits(p)) {
+                Some(pos) => pos..pos + 1,
+                None => return Ok(false),
+            }
+        } else {
+            from..list.len()
+        };
         for pos in range {
             if !every && list.len() - pos < wanted - k {
                 break;
+            }
+            if !admits(pos) {
+                continue;
             }
             self.steps += 1;
             if self.steps > SEARCH_STEPS_MAX {

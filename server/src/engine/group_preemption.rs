@@ -174,10 +174,12 @@ fn local_units<V: LedgerView + ?Sized>(
             unit.members.push((key.clone(), node.node.name.clone()));
         }
     }
-    // Holders of network-attached devices hold them on every shard, where a preemption
+    // Holders (and users of shared claims) of network-attached devices hold them on
+    // every shard, where a preemption
     // (whose participants are its victims' and preemptor's shards) could not free them.
     if let Some(network) = view.network() {
         ineligible.extend(network.holds().keys().map(MemberKey::gang_id));
+        ineligible.extend(network.consumers().map(|(m, _)| m.gang_id()));
     }
     units.retain(|gang, _| !ineligible.contains(gang));
     (units, ineligible)

@@ -41,6 +41,7 @@ use crate::engine::search::{feasible_nodes_to_find, Scope};
 use crate::ledger::command::{NetworkHold, ReserveMember};
 use crate::ledger::network::NetworkPools;
 use crate::ledger::view::LedgerView;
+use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceClass;
 use crate::model::gang::{Gang, GangGroup, MemberKey};
 use crate::model::pod::{footprint_of, PodSpec, PodSummary};
@@ -688,22 +689,58 @@ impl Round<'_, '_> {
 }
 
 /// Moves the members' network-attached devices out of their summaries (which keep the
-/// devices of their nodes) into holds, in member order.
+/// devices of their nodes) into holds, in member order: a member's own, and a shared
+/// claim's under the claim for the member that carries it; then each member that
+/// follows a claim carried with network devices (here or held already) uses it.
 pub fn split_network_devices(
     assignments: &mut [ReserveMember],
     pools: &NetworkPools,
 ) -> Vec<NetworkHold> {
     let mut holds = Vec::new();
-    for m in assignments {
+    for m in assignments.iter_mut() {
         let (network, local): (Vec<_>, Vec<_>) = std::mem::take(&mut m.pod.devices)
             .into_iter()
             .partition(|a| pools.has_pool_of(&a.device));
         m.pod.devices = local;
-        if !network.is_empty() {
+        let mut own = Vec::new();
+        let mut shared: BTreeMap<String, Vec<DeviceAllocation>> = BTreeMap::new();
+        for a in network {
+            match m.pod.shares.iter().find(|s| s.pod_claim == a.claim) {
+                Some(share) => shared.entry(share.claim.clone()).or_default().push(a),
+                None => own.push(a),
+            }
+        }
+        if !own.is_empty() {
             holds.push(NetworkHold {
                 member: m.member.clone(),
-                devices: network,
+                devices: own,
+                claim: None,
             });
+        }
+        for (claim, devices) in shared {
+            holds.push(NetworkHold {
+                member: m.member.clone(),
+                devices,
+                claim: Some(claim),
+            });
+        }
+    }
+    let carried: BTreeSet<(MemberKey, String)> = holds
+        .iter()
+        .filter_map(|h| Some((h.member.clone(), h.claim.clone()?)))
+        .collect();
+    for m in assignments.iter() {
+        for share in m.pod.followed() {
+            let carries = carried.contains(&(m.member.clone(), share.claim.clone()));
+            let network = carried.iter().any(|(_, c)| *c == share.claim)
+                || pools.claim_hold(&share.claim).is_some();
+            if !carries && network {
+                holds.push(NetworkHold {
+                    member: m.member.clone(),
+                    devices: Vec::new(),
+                    claim: Some(share.claim.clone()),
+                });
+            }
         }
     }
     holds

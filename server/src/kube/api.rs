@@ -220,7 +220,7 @@ pub async fn write_claim(
             r.iter()
                 .any(|c| c["uid"].as_str() != Some(pod.uid.as_str()))
         });
-        let same = existing["devices"] == allocation["devices"];
+        let same = same_devices(existing, allocation);
         // An allocation reserved for no other pod is one an earlier placement made for
         // this (unbound) pod before it was released; the new placement replaces it.
         if !existing.is_null() && !same && others {
@@ -428,9 +428,29 @@ fn claim_written(claim: &Value, allocation: &Value, pod: &PodRef) -> bool {
         r.iter()
             .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()))
     });
-    !status["allocation"].is_null()
-        && status["allocation"]["devices"] == allocation["devices"]
-        && reserved
+    !status["allocation"].is_null() && same_devices(&status["allocation"], allocation) && reserved
+}
+
+/// Whether two allocations give the same devices to the same requests (with the same
+/// shares). Not a comparison of whole objects: the API server leaves out empty fields
+/// the binder writes (`config: []`), and every pod of a claim carried with network
+/// devices writes the allocation it was placed with, which must be found equal to the
+/// one stored by whichever pod bound first.
+fn same_devices(a: &Value, b: &Value) -> bool {
+    let picks = |v: &Value| {
+        let mut out: Vec<[String; 5]> = v["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                ["request", "driver", "pool", "device", "shareID"]
+                    .map(|f| r[f].as_str().unwrap_or_default().to_string())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    picks(a) == picks(b)
 }
 
 /// Merge-patches `patch` into the object at `path`.

@@ -961,6 +961,7 @@ pub fn observed_network_hold(
     (!devices.is_empty()).then(|| NetworkHold {
         member: MemberKey::new(namespace.clone(), OBSERVED_GANG, name.clone()),
         devices,
+        claim: None,
     })
 }
 

@@ -82,13 +82,60 @@ pub struct ReserveMember {
 }
 
 /// The network-attached devices one member of a reservation takes (held on every
-/// participant of the transaction, docs/ARCHITECTURE.md §5, rule 15).
+/// participant of the transaction, docs/ARCHITECTURE.md §5, rule 15), or its use of a
+/// shared claim whose devices are network-attached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkHold {
     /// The member.
     pub member: MemberKey,
-    /// Its allocations of network-attached devices.
+    /// Its allocations of network-attached devices (of `claim` when that is set; none
+    /// when the member uses a shared claim another member carries).
     pub devices: Vec<DeviceAllocation>,
+    /// The shared ResourceClaim (`namespace/name`) the devices are allocated to: held
+    /// under the claim's key for every pod that uses it, wherever it runs, until the
+    /// last one goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+/// What a [`NetworkHold`] asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldKind<'a> {
+    /// Network devices of the member's own.
+    Own,
+    /// The member allocates shared claim `claim` with network devices.
+    Carry(&'a str),
+    /// The member uses shared claim `claim`, which another member carries.
+    Use(&'a str),
+}
+
+impl NetworkHold {
+    /// What the hold asks.
+    pub fn kind(&self) -> HoldKind<'_> {
+        match (&self.claim, self.devices.is_empty()) {
+            (None, _) => HoldKind::Own,
+            (Some(claim), false) => HoldKind::Carry(claim),
+            (Some(claim), true) => HoldKind::Use(claim),
+        }
+    }
+
+    /// The key the devices are held under: the member's own, or the claim's.
+    pub fn key(&self) -> MemberKey {
+        match self.kind() {
+            HoldKind::Own => self.member.clone(),
+            HoldKind::Carry(claim) | HoldKind::Use(claim) => claim_key(claim),
+        }
+    }
+}
+
+/// The gang part of a shared claim's key among network holds: not a DNS name, so no
+/// submitted gang can take it.
+pub const CLAIM_GANG: &str = "~claim";
+
+/// The key a shared claim (`namespace/name`) is held under: `namespace/~claim/name`.
+pub fn claim_key(claim: &str) -> MemberKey {
+    let (namespace, name) = claim.split_once('/').unwrap_or(("", claim));
+    MemberKey::new(namespace, CLAIM_GANG, name)
 }
 
 /// A pod another scheduler bound to a node, as the API server shows it.
@@ -403,7 +450,8 @@ pub enum RefusalCause {
         /// The claim, `namespace/name`.
         claim: String,
     },
-    /// The member follows a shared claim that nothing carries on the node.
+    /// The member follows a shared claim that nothing carries on the node, nor with
+    /// network-attached devices that reach it.
     SharedClaimNotHere {
         /// The claim, `namespace/name`.
         claim: String,
@@ -913,11 +961,11 @@ impl fmt::Display for RefusalCause {
                 write!(f, "device {device} cannot take it: {reason}")
             }
             RefusalCause::SharedClaimCarried { claim } => {
-                write!(f, "shared claim {claim} is already allocated on the node")
+                write!(f, "shared claim {claim} is already allocated (on the node, or with network-attached devices)")
             }
             RefusalCause::SharedClaimNotHere { claim } => write!(
                 f,
-                "shared claim {claim} is not allocated on the node; its pods must share a node"
+                "shared claim {claim} is not allocated where the pod can use it (on its node, or with network-attached devices that reach it)"
             ),
             RefusalCause::SharedClaimSplit { claim } => write!(
                 f,

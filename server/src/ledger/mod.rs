@@ -29,6 +29,8 @@ mod device_tests;
 #[cfg(test)]
 mod displace_tests;
 #[cfg(test)]
+mod network_claim_tests;
+#[cfg(test)]
 mod network_tests;
 #[cfg(test)]
 mod tests;

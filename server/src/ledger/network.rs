@@ -3,7 +3,11 @@
 //! Owns [`NetworkPools`]: the pools whose ResourceSlices name no single node
 //! (`allNodes`, or a `nodeSelector`), which nodes each serves ([`PoolReach`]), their
 //! devices with health and taints, and the *holds*: per gang member, the network
-//! devices it was allocated and the transaction that holds them. Such a pool serves
+//! devices it was allocated and the transaction that holds them; per shared
+//! ResourceClaim allocated with network devices, the devices under the claim's key
+//! (`namespace/~claim/name`) and its *consumers*, the members that use it wherever they
+//! run, each with the transaction that added it. A claim hold lives while it has a
+//! consumer: its carrier may go first, and its last consumer frees it. Such a pool serves
 //! nodes of every shard, so every shard keeps a full copy of it, and a transaction
 //! that allocates one of its devices holds it on every shard (each shard is a
 //! participant of the two-phase transaction, docs/ARCHITECTURE.md §5, rule 15). Two
@@ -11,15 +15,18 @@
 //! shard refuses one of them: no device is held twice (I1), whatever shard places the
 //! pod, and a shard plans with its own copy, which counts every hold of the cluster.
 //! Invariants (checked by [`NetworkPools::check`]): the accounting is that of the
-//! holds, as a node's is of its slots; a hold is never empty. Pure; called by the shard
+//! holds, as a node's is of its slots; a hold is never empty; a claim hold has a
+//! consumer, and consumers belong to claim holds. Pure; called by the shard
 //! ledger ([`crate::ledger::shard`]) and read by the engine through
 //! [`crate::ledger::view::LedgerView::network`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::command::{NetworkHold, RefusalCause, TxnId, OBSERVED_GANG};
+use crate::ledger::command::{
+    claim_key, HoldKind, NetworkHold, RefusalCause, TxnId, CLAIM_GANG, OBSERVED_GANG,
+};
 use crate::ledger::devices::{
     pairs, DeviceBatch, DeviceEviction, EvictionCause, NodeDevices, PoolChange, PoolKey, PoolParts,
 };
@@ -38,15 +45,22 @@ pub struct NetworkPools {
     /// The pools' devices and what is held of them (kept as a node keeps its own).
     #[serde(default, skip_serializing_if = "NodeDevices::is_empty")]
     devices: NodeDevices,
-    /// Member → the network devices it holds (in `pod.devices`) and under which transaction.
+    /// Member (or shared claim's key) → the network devices it holds (in
+    /// `pod.devices`) and under which transaction.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     holds: BTreeMap<MemberKey, PodSlot>,
+    /// Shared claim's key → the members that use it, with the transaction that added each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    consumers: BTreeMap<MemberKey, BTreeMap<MemberKey, TxnId>>,
 }
 
 impl NetworkPools {
     /// Whether no pool is published and nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.reach.is_empty() && self.devices.is_empty() && self.holds.is_empty()
+        self.reach.is_empty()
+            && self.devices.is_empty()
+            && self.holds.is_empty()
+            && self.consumers.is_empty()
     }
 
     /// The pools' devices and accounting.
@@ -69,9 +83,34 @@ impl NetworkPools {
         self.reach.contains_key(&pool_of(device))
     }
 
-    /// The holds, by member.
+    /// The holds, by member (or shared claim's key).
     pub fn holds(&self) -> &BTreeMap<MemberKey, PodSlot> {
         &self.holds
+    }
+
+    /// The hold of shared claim `claim` (`namespace/name`), if it is held here.
+    pub fn claim_hold(&self, claim: &str) -> Option<&PodSlot> {
+        self.holds.get(&claim_key(claim))
+    }
+
+    /// Whether `member` uses shared claim `claim` through its network hold.
+    pub fn uses(&self, member: &MemberKey, claim: &str) -> bool {
+        self.consumers
+            .get(&claim_key(claim))
+            .is_some_and(|c| c.contains_key(member))
+    }
+
+    /// Every member that uses a shared claim held here, with the transaction that added it.
+    pub fn consumers(&self) -> impl Iterator<Item = (&MemberKey, TxnId)> + '_ {
+        self.consumers
+            .values()
+            .flat_map(|c| c.iter().map(|(m, t)| (m, *t)))
+    }
+
+    /// The transaction that made `member` a consumer of a shared claim, while it is
+    /// one (the first, if of several).
+    pub fn consumer_txn(&self, member: &MemberKey) -> Option<TxnId> {
+        self.consumers().find(|(m, _)| *m == member).map(|(_, t)| t)
     }
 
     /// The member's hold, if any.
@@ -84,13 +123,14 @@ impl NetworkPools {
         self.holds
             .values()
             .any(|slot| slot.state.txn_id() == Some(txn_id))
+            || self.consumers().any(|(_, t)| t == txn_id)
     }
 
-    /// Members whose holds `txn_id` holds (reserved or committed).
+    /// Members (not claims) whose holds `txn_id` holds (reserved or committed).
     pub fn held_by(&self, txn_id: TxnId) -> Vec<MemberKey> {
         self.holds
             .iter()
-            .filter(|(_, slot)| slot.state.txn_id() == Some(txn_id))
+            .filter(|(key, slot)| key.gang != CLAIM_GANG && slot.state.txn_id() == Some(txn_id))
             .map(|(member, _)| member.clone())
             .collect()
     }
@@ -118,36 +158,138 @@ impl NetworkPools {
         if matches!(change, PoolChange::Added | PoolChange::Replaced) {
             self.reach.insert(key, reach.clone());
         }
-        Ok((change, evictions))
+        Ok((change, self.of_consumers(evictions)))
     }
 
     /// Why each hold of a reservation cannot be taken beside the held ones and the
-    /// holds before it in the same list, if so (one refusal per refused member).
+    /// holds before it in the same list, if so. A shared claim is carried once; it is
+    /// used where it is held committed or carried by the same list (a reserved claim
+    /// belongs to another transaction, which may yet abort).
     pub fn refusals(&self, holds: &[NetworkHold], at_ms: u64) -> Vec<(MemberKey, RefusalCause)> {
         let mut batch = DeviceBatch::default();
         let mut out = Vec::new();
+        let mut carried: BTreeSet<&str> = BTreeSet::new();
         for hold in holds {
-            if self.holds.contains_key(&hold.member) {
-                out.push((hold.member.clone(), RefusalCause::NetworkDevicesHeld));
-                continue;
-            }
-            match self.devices.refusal_for(&batch, &hold.devices, Some(at_ms)) {
+            let cause = match hold.kind() {
+                HoldKind::Own if self.holds.contains_key(&hold.member) => {
+                    Some(RefusalCause::NetworkDevicesHeld)
+                }
+                HoldKind::Carry(claim)
+                    if carried.contains(claim) || self.holds.contains_key(&claim_key(claim)) =>
+                {
+                    Some(RefusalCause::SharedClaimCarried {
+                        claim: claim.to_string(),
+                    })
+                }
+                HoldKind::Use(_) => continue,
+                HoldKind::Own | HoldKind::Carry(_) => {
+                    self.devices.refusal_for(&batch, &hold.devices, Some(at_ms))
+                }
+            };
+            match cause {
                 Some(cause) => out.push((hold.member.clone(), cause)),
-                None => self.devices.count_into(&mut batch, &hold.devices),
+                None => {
+                    self.devices.count_into(&mut batch, &hold.devices);
+                    if let HoldKind::Carry(claim) = hold.kind() {
+                        carried.insert(claim);
+                    }
+                }
+            }
+        }
+        for hold in holds {
+            let HoldKind::Use(claim) = hold.kind() else {
+                continue;
+            };
+            let committed = self
+                .claim_hold(claim)
+                .is_some_and(|slot| slot.state.is_gangway() && !slot.state.is_reserved());
+            let cause = if self.uses(&hold.member, claim) {
+                Some(RefusalCause::NetworkDevicesHeld)
+            } else if !committed && !carried.contains(claim) {
+                Some(RefusalCause::SharedClaimNotHere {
+                    claim: claim.to_string(),
+                })
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                out.push((hold.member.clone(), cause));
             }
         }
         out
     }
 
-    /// Holds a member's network devices (callers check [`NetworkPools::refusals`] first).
+    /// Holds a member's network devices, or carries or uses a shared claim (callers
+    /// check [`NetworkPools::refusals`] first).
     pub fn hold(&mut self, hold: &NetworkHold, state: SlotState) {
-        self.devices.hold(&hold.devices);
-        let pod = PodSummary {
-            devices: hold.devices.clone(),
-            ..PodSummary::default()
-        };
-        self.holds
-            .insert(hold.member.clone(), PodSlot { pod, state });
+        let key = hold.key();
+        if let HoldKind::Own | HoldKind::Carry(_) = hold.kind() {
+            self.devices.hold(&hold.devices);
+            let pod = PodSummary {
+                devices: hold.devices.clone(),
+                ..PodSummary::default()
+            };
+            self.holds.insert(key.clone(), PodSlot { pod, state });
+        }
+        if let (HoldKind::Carry(_) | HoldKind::Use(_), Some(txn_id)) = (hold.kind(), state.txn_id())
+        {
+            self.consumers
+                .entry(key)
+                .or_default()
+                .insert(hold.member.clone(), txn_id);
+        }
+    }
+
+    /// `member` stops using every shared claim; a claim left without consumers is
+    /// given back. Returns whether it used any.
+    pub fn leave(&mut self, member: &MemberKey) -> bool {
+        !self.drop_consumers(|m, _| m == member).is_empty()
+    }
+
+    /// Every shared claim `member` uses is given back, whoever else uses it: the bug
+    /// behind `ledger-frees-shared-claims-with-their-carrier` for network claims (what
+    /// holding a claim's devices under its carrier's key would do). Test-only in effect:
+    /// production leaves through [`NetworkPools::leave`].
+    pub fn leave_freeing(&mut self, member: &MemberKey) -> bool {
+        let claims: Vec<MemberKey> = self
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.contains_key(member))
+            .map(|(claim, _)| claim.clone())
+            .collect();
+        for claim in &claims {
+            self.consumers.remove(claim);
+            self.take(claim);
+        }
+        !claims.is_empty()
+    }
+
+    /// The consumers `txn_id` added go; a claim left without consumers is given back.
+    /// Returns the members that went (once each).
+    pub fn leave_txn(&mut self, txn_id: TxnId) -> Vec<MemberKey> {
+        self.drop_consumers(|_, t| t == txn_id)
+    }
+
+    fn drop_consumers(&mut self, going: impl Fn(&MemberKey, TxnId) -> bool) -> Vec<MemberKey> {
+        let mut gone = BTreeSet::new();
+        let mut emptied = Vec::new();
+        for (claim, consumers) in &mut self.consumers {
+            consumers.retain(|m, t| {
+                let goes = going(m, *t);
+                if goes {
+                    gone.insert(m.clone());
+                }
+                !goes
+            });
+            if consumers.is_empty() {
+                emptied.push(claim.clone());
+            }
+        }
+        for claim in emptied {
+            self.consumers.remove(&claim);
+            self.take(&claim);
+        }
+        gone.into_iter().collect()
     }
 
     /// Replaces the taints rules put on one device; returns the holders to evict (those
@@ -159,8 +301,28 @@ impl NetworkPools {
         taints: &[DeviceTaint],
         at_ms: u64,
     ) -> Result<Vec<DeviceEviction>, DeviceId> {
-        self.devices
-            .set_rule_taints("", device, taints, &self.holds, at_ms)
+        let evictions = self
+            .devices
+            .set_rule_taints("", device, taints, &self.holds, at_ms)?;
+        Ok(self.of_consumers(evictions))
+    }
+
+    /// Evictions by hold, with a shared claim's replaced by one per consumer (every
+    /// pod using a device goes with it).
+    pub fn of_consumers(&self, evictions: Vec<DeviceEviction>) -> Vec<DeviceEviction> {
+        let mut out = Vec::with_capacity(evictions.len());
+        for e in evictions {
+            match self.consumers.get(&e.member) {
+                Some(consumers) if e.member.gang == CLAIM_GANG => {
+                    out.extend(consumers.keys().map(|m| DeviceEviction {
+                        member: m.clone(),
+                        ..e.clone()
+                    }));
+                }
+                _ => out.push(e),
+            }
+        }
+        out
     }
 
     /// The gangway holds to evict at `at_ms` (devices gone, unhealthy or tainted
@@ -183,7 +345,7 @@ impl NetworkPools {
             .evictions("", &self.holds, at_ms, |_| true)
             .into_iter()
             .filter(|e| e.evict_at_ms <= at_ms);
-        detached.chain(bad).collect()
+        self.of_consumers(detached.chain(bad).collect())
     }
 
     /// Commits a reserved hold.
@@ -242,6 +404,23 @@ impl NetworkPools {
     pub fn check(&self) -> Result<(), String> {
         if let Some((member, _)) = self.holds.iter().find(|(_, s)| s.pod.devices.is_empty()) {
             return Err(format!("network hold of {member} holds no device"));
+        }
+        let unused = |(key, slot): &(&MemberKey, &PodSlot)| {
+            key.gang == CLAIM_GANG
+                && (slot.state.is_gangway()
+                    && !self.consumers.get(*key).is_some_and(|c| !c.is_empty()))
+        };
+        if let Some((claim, _)) = self.holds.iter().find(unused) {
+            return Err(format!(
+                "I1: shared claim {claim} is held with no pod using it"
+            ));
+        }
+        if let Some(claim) = self.consumers.keys().find(|k| {
+            k.gang != CLAIM_GANG || !self.holds.get(*k).is_some_and(|s| s.state.is_gangway())
+        }) {
+            return Err(format!(
+                "{claim} has consumers but is no shared claim held here"
+            ));
         }
         let misfiled = |(member, slot): &(&MemberKey, &PodSlot)| {
             slot.state.is_gangway() == (member.gang == OBSERVED_GANG)

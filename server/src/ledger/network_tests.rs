@@ -25,11 +25,11 @@ use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement, PodSummar
 use crate::model::reach::{PoolReach, ReachTerm};
 use crate::model::resources::Resources;
 
-const DRIVER: &str = "fabric.example.com";
-const POOL: &str = "fabric";
+pub(super) const DRIVER: &str = "fabric.example.com";
+pub(super) const POOL: &str = "fabric";
 const DEVICES: usize = 3;
 
-fn node(name: &str, rack: &str) -> Node {
+pub(super) fn node(name: &str, rack: &str) -> Node {
     let mut n = Node::new(
         name,
         Resources {
@@ -43,7 +43,7 @@ fn node(name: &str, rack: &str) -> Node {
     n
 }
 
-fn rack(value: &str) -> PoolReach {
+pub(super) fn rack(value: &str) -> PoolReach {
     PoolReach::Selected(ReachTerm {
         match_expressions: vec![NodeSelectorRequirement {
             key: "rack".into(),
@@ -54,11 +54,11 @@ fn rack(value: &str) -> PoolReach {
     })
 }
 
-fn key(member: &str) -> MemberKey {
+pub(super) fn key(member: &str) -> MemberKey {
     MemberKey::new("ns", "g", member)
 }
 
-fn alloc(device: usize) -> DeviceAllocation {
+pub(super) fn alloc(device: usize) -> DeviceAllocation {
     DeviceAllocation {
         claim: "c".into(),
         request: "r".into(),
@@ -70,7 +70,7 @@ fn alloc(device: usize) -> DeviceAllocation {
     }
 }
 
-fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
+pub(super) fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
     let reply = ledger.apply(&LedgerCommand::new(at_ms, op));
     if let Err(e) = ledger.check_invariants() {
         panic!("invariant broken after {reply:?}: {e}");
@@ -78,7 +78,7 @@ fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
     reply
 }
 
-fn publish(reach: PoolReach, generation: u64, devices: usize) -> LedgerOp {
+pub(super) fn publish(reach: PoolReach, generation: u64, devices: usize) -> LedgerOp {
     LedgerOp::PublishNetworkPool {
         driver: DRIVER.into(),
         pool: POOL.into(),
@@ -90,7 +90,7 @@ fn publish(reach: PoolReach, generation: u64, devices: usize) -> LedgerOp {
 }
 
 /// A shard with node `name` in rack r1 (or r2 for names ending in `x`) and the pool.
-fn shard(name: &str) -> ShardLedger {
+pub(super) fn shard(name: &str) -> ShardLedger {
     let mut l = ShardLedger::new();
     let rack_of = if name.ends_with('x') { "r2" } else { "r1" };
     apply(
@@ -114,14 +114,15 @@ fn shard(name: &str) -> ShardLedger {
     l
 }
 
-fn hold(member: &str, devices: &[usize]) -> NetworkHold {
+pub(super) fn hold(member: &str, devices: &[usize]) -> NetworkHold {
     NetworkHold {
         member: key(member),
         devices: devices.iter().map(|d| alloc(*d)).collect(),
+        claim: None,
     }
 }
 
-fn member(member: &str, node: &str) -> ReserveMember {
+pub(super) fn member(member: &str, node: &str) -> ReserveMember {
     ReserveMember {
         member: key(member),
         node: node.into(),
@@ -129,7 +130,11 @@ fn member(member: &str, node: &str) -> ReserveMember {
     }
 }
 
-fn reserve(txn: u64, members: Vec<ReserveMember>, network: Vec<NetworkHold>) -> LedgerOp {
+pub(super) fn reserve(
+    txn: u64,
+    members: Vec<ReserveMember>,
+    network: Vec<NetworkHold>,
+) -> LedgerOp {
     LedgerOp::Reserve {
         txn_id: TxnId(txn),
         members,
@@ -138,7 +143,7 @@ fn reserve(txn: u64, members: Vec<ReserveMember>, network: Vec<NetworkHold>) -> 
     }
 }
 
-fn holders(ledger: &ShardLedger) -> BTreeMap<DeviceId, MemberKey> {
+pub(super) fn holders(ledger: &ShardLedger) -> BTreeMap<DeviceId, MemberKey> {
     ledger
         .network_pools()
         .holds()
@@ -593,6 +598,7 @@ fn observed(claim: &str, devices: &[usize]) -> NetworkHold {
     NetworkHold {
         member: MemberKey::new("ns", crate::ledger::command::OBSERVED_GANG, claim),
         devices: devices.iter().map(|d| alloc(*d)).collect(),
+        claim: None,
     }
 }
 
@@ -684,7 +690,7 @@ fn placed_kube_member() -> (ShardLedger, ShardLedger) {
     (a, b)
 }
 
-fn evictions_asked(l: &ShardLedger, at_ms: u64) -> Vec<(MemberKey, String)> {
+pub(super) fn evictions_asked(l: &ShardLedger, at_ms: u64) -> Vec<(MemberKey, String)> {
     let q = crate::ledger::query::ShardQuery::Evictions { at_ms, limit: 100 };
     match crate::ledger::query::answer(l, &q, &mut crate::engine::Placer::new()) {
         crate::ledger::query::ShardAnswer::Evictions { pods } => {

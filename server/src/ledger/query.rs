@@ -13,9 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::engine::group_preemption::{group_offer_keeping, GroupOffer, WithoutGangs};
 use crate::engine::placement::place_members;
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
+use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::devices::{with_followers, DeviceEviction, DeviceHealth, EvictionCause};
+use crate::ledger::network::NetworkPools;
 use crate::ledger::shard::{NodeEntry, ShardLedger};
 use crate::ledger::usage::SlotState;
+use crate::ledger::view::{IndexedView, LedgerView, NodeView};
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceTaint;
@@ -38,6 +41,11 @@ pub enum ShardQuery {
         members: Vec<(MemberKey, PodSpec)>,
         /// Scoring profile.
         profile: Box<Profile>,
+        /// Shared claims other shards' members carry with network-attached devices in
+        /// the same placement: planned as held, so the members here that follow them
+        /// use them where their pools reach (the coordinator's second pass, rule 15).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        carried: Vec<NetworkHold>,
     },
     /// What this shard could host of a preemptor group of `priority` now and as its
     /// cheapest lower-priority gangs leave, one per step (`engine::group_preemption`).
@@ -254,14 +262,22 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
         ShardQuery::ListNodes => ShardAnswer::Nodes {
             nodes: ledger.nodes().cloned().collect(),
         },
-        ShardQuery::Plan { members, profile } => {
+        ShardQuery::Plan {
+            members,
+            profile,
+            carried,
+        } => {
             let refs: Vec<MemberRef<'_>> = members
                 .iter()
                 .map(|(key, spec)| MemberRef { key, spec })
                 .collect();
-            ShardAnswer::Plan {
-                placement: placer.place_members(ledger, &refs, profile, &[]),
-            }
+            let placement = if carried.is_empty() {
+                placer.place_members(ledger, &refs, profile, &[])
+            } else {
+                let view = WithCarried::new(ledger, carried);
+                placer.place_members(&view, &refs, profile, &[])
+            };
+            ShardAnswer::Plan { placement }
         }
         ShardQuery::PreemptionOffer {
             group,
@@ -426,13 +442,27 @@ pub fn unbound(ledger: &ShardLedger, limit: u32, victims: Victims) -> ShardAnswe
 }
 
 /// A placed member's summary with its network-attached devices after its node's (the
-/// binder writes them all into its claims).
+/// binder writes them all into its claims), and those of each shared claim it uses
+/// under a network hold, under its own name for the claim: every pod of such a claim
+/// writes the same allocation, so whichever binds first allocates it and the others
+/// join it, and none waits on a carrier that may be gone.
 fn with_network_devices(ledger: &ShardLedger, member: &MemberKey, pod: &PodSummary) -> PodSummary {
-    let mut pod = pod.clone();
-    if let Some(hold) = ledger.network_pools().hold_of(member) {
-        pod.devices.extend(hold.pod.devices.iter().cloned());
+    let network = ledger.network_pools();
+    let mut out = pod.clone();
+    if let Some(hold) = network.hold_of(member) {
+        out.devices.extend(hold.pod.devices.iter().cloned());
     }
-    pod
+    for share in pod.followed().filter(|s| network.uses(member, &s.claim)) {
+        let Some(hold) = network.claim_hold(&share.claim) else {
+            continue;
+        };
+        out.devices
+            .extend(hold.pod.devices.iter().map(|a| DeviceAllocation {
+                claim: share.pod_claim.clone(),
+                ..a.clone()
+            }));
+    }
+    out
 }
 
 /// The Kubernetes members of committed transaction `txn` on `node` (member, uid).
@@ -562,5 +592,61 @@ fn stats(ledger: &ShardLedger, at_ms: u64) -> ShardStats {
         open_reservations: open.len() as u64,
         oldest_reserved_at_ms: open.values().map(|t| t.reserved_at_ms).min(),
         devices,
+    }
+}
+
+/// A shard's view with shared claims that other shards' members of the same placement
+/// carry with network-attached devices, held as if committed (on a copy of the shard's
+/// network pools), so that the engine plans their followers here.
+struct WithCarried<'a> {
+    ledger: &'a ShardLedger,
+    network: NetworkPools,
+}
+
+impl<'a> WithCarried<'a> {
+    fn new(ledger: &'a ShardLedger, carried: &[NetworkHold]) -> Self {
+        let mut network = ledger.network_pools().clone();
+        let carries: Vec<NetworkHold> = carried
+            .iter()
+            .filter(|h| matches!(h.kind(), HoldKind::Carry(_)))
+            .cloned()
+            .collect();
+        // Claims or devices held here already are not counted twice (the reservation
+        // settles whose they are).
+        let refused: BTreeSet<MemberKey> = network
+            .refusals(&carries, 0)
+            .into_iter()
+            .map(|(member, _)| member)
+            .collect();
+        let planned = SlotState::Committed {
+            txn_id: TxnId(0),
+            at_ms: 0,
+        };
+        for hold in carries.iter().filter(|h| !refused.contains(&h.member)) {
+            network.hold(hold, planned);
+        }
+        Self { ledger, network }
+    }
+}
+
+impl LedgerView for WithCarried<'_> {
+    fn node_views(&self) -> Vec<NodeView<'_>> {
+        self.ledger.node_views()
+    }
+
+    fn node_view(&self, name: &str) -> Option<NodeView<'_>> {
+        self.ledger.node_view(name)
+    }
+
+    fn indexed(&self) -> Option<IndexedView<'_>> {
+        self.ledger.indexed()
+    }
+
+    fn device_classes(&self) -> &std::collections::BTreeMap<String, crate::model::DeviceClass> {
+        self.ledger.device_classes()
+    }
+
+    fn network(&self) -> Option<&NetworkPools> {
+        self.ledger.network().map(|_| &self.network)
     }
 }

@@ -47,9 +47,9 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ledger::command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, NetworkHold, NodeChange, ObservedPod,
-    Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
-    LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG,
+    HoldKind, LedgerCommand, LedgerError, LedgerOp, LedgerReply, NetworkHold, NodeChange,
+    ObservedPod, Presence, Refusal, RefusalCause, ReleaseTarget, ReserveMember, TxnId, TxnOutcome,
+    CLAIM_GANG, LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG,
     OBSERVED_NETWORK_HOLDS_MAX, OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
 use crate::ledger::devices::{
@@ -679,7 +679,8 @@ impl ShardLedger {
                 debug_assert!(devices.is_ok(), "node {name}: {devices:?}");
                 // The bug switch breaks this on purpose, for the outside checks to find.
                 if self.hand_over == HandOver::ToFollower {
-                    let shares = entry.usage.check_shares();
+                    let network = &self.state.network;
+                    let shares = entry.usage.check_shares(|m, c| network.uses(m, c));
                     debug_assert!(shares.is_ok(), "node {name}: {shares:?}");
                 }
             }
@@ -886,7 +887,7 @@ impl ShardLedger {
             });
         }
         validate_reservation(at_ms, txn_id, members, network, hold)?;
-        let mut refusals = self.refusals(members, at_ms);
+        let mut refusals = self.refusals(members, network, at_ms);
         refusals.extend(self.network_refusals(members, network, at_ms));
         if !refusals.is_empty() {
             refusals.truncate(REFUSALS_KEPT_MAX);
@@ -914,7 +915,11 @@ impl ShardLedger {
                     deadline_ms,
                     reserved_at_ms: at_ms,
                     displaced: BTreeMap::new(),
-                    network: network.iter().map(|h| h.member.clone()).collect(),
+                    network: network
+                        .iter()
+                        .filter(|h| !matches!(h.kind(), HoldKind::Use(_)))
+                        .map(NetworkHold::key)
+                        .collect(),
                 };
                 self.state.open.insert(txn_id, open);
                 Ok(LedgerReply::Reserved {
@@ -935,14 +940,21 @@ impl ShardLedger {
         members: &[ReserveMember],
         network: &[NetworkHold],
     ) -> bool {
-        let same_network = network.len() == open.network.len()
-            && network.iter().all(|h| {
-                open.network.contains(&h.member)
-                    && self
-                        .state
-                        .network
-                        .hold_of(&h.member)
-                        .is_some_and(|slot| slot.pod.devices == h.devices)
+        let held = network
+            .iter()
+            .filter(|h| !matches!(h.kind(), HoldKind::Use(_)))
+            .count();
+        let same_network = held == open.network.len()
+            && network.iter().all(|h| match h.kind() {
+                HoldKind::Use(claim) => self.state.network.uses(&h.member, claim),
+                HoldKind::Own | HoldKind::Carry(_) => {
+                    open.network.contains(&h.key())
+                        && self
+                            .state
+                            .network
+                            .hold_of(&h.key())
+                            .is_some_and(|slot| slot.pod.devices == h.devices)
+                }
             });
         same_network
             && members.len() == open.members.len()
@@ -1221,8 +1233,22 @@ impl ShardLedger {
         forgotten
     }
 
-    /// Every member that cannot be held, checking the batch cumulatively per node.
-    fn refusals(&self, members: &[ReserveMember], at_ms: u64) -> Vec<Refusal> {
+    /// Every member that cannot be held, checking the batch cumulatively per node. A
+    /// shared claim a member uses through the reservation's network holds is not looked
+    /// for on its node ([`ShardLedger::network_refusals`] checks it), and the member may
+    /// not allocate it with its node's devices as well.
+    fn refusals(
+        &self,
+        members: &[ReserveMember],
+        network: &[NetworkHold],
+        at_ms: u64,
+    ) -> Vec<Refusal> {
+        let mut network_claims: BTreeMap<&MemberKey, BTreeSet<&str>> = BTreeMap::new();
+        for h in network {
+            if let HoldKind::Carry(claim) | HoldKind::Use(claim) = h.kind() {
+                network_claims.entry(&h.member).or_default().insert(claim);
+            }
+        }
         let mut batches: BTreeMap<&str, BatchLoad> = BTreeMap::new();
         for m in members.iter().filter(|m| !m.pod.shares.is_empty()) {
             batches
@@ -1234,7 +1260,23 @@ impl ShardLedger {
         let mut out = Vec::new();
         for (i, m) in members.iter().enumerate() {
             let batch = batches.get(m.node.as_str()).unwrap_or(&nothing_yet);
-            match self.refusal_cause(m, batch, at_ms) {
+            let cause = match network_claims.get(&m.member) {
+                None => self.refusal_cause(m, batch, at_ms),
+                Some(claims) => match m.pod.carried().find(|s| claims.contains(s.claim.as_str())) {
+                    Some(share) => Some(RefusalCause::SharedClaimCarried {
+                        claim: share.claim.clone(),
+                    }),
+                    None => {
+                        let mut on_node = m.clone();
+                        on_node
+                            .pod
+                            .shares
+                            .retain(|s| !claims.contains(s.claim.as_str()));
+                        self.refusal_cause(&on_node, batch, at_ms)
+                    }
+                },
+            };
+            match cause {
                 Some(cause) => out.push(Refusal {
                     member: m.member.clone(),
                     node: m.node.clone(),
@@ -1286,7 +1328,20 @@ impl ShardLedger {
             let Some(entry) = self.state.nodes.get(node) else {
                 continue;
             };
-            let unreachable = hold.devices.iter().find(|a| {
+            // A shared claim's user reaches the devices its carrier holds.
+            let devices = match hold.kind() {
+                HoldKind::Use(claim) => network
+                    .iter()
+                    .find(|h| h.kind() == HoldKind::Carry(claim))
+                    .map(|h| h.devices.as_slice())
+                    .or_else(|| {
+                        let slot = self.state.network.claim_hold(claim)?;
+                        Some(slot.pod.devices.as_slice())
+                    })
+                    .unwrap_or_default(),
+                HoldKind::Own | HoldKind::Carry(_) => &hold.devices,
+            };
+            let unreachable = devices.iter().find(|a| {
                 self.state
                     .network
                     .reach(&network::pool_of(&a.device))
@@ -1495,8 +1550,17 @@ impl ShardLedger {
         for (key, displaced) in open.displaced {
             self.put_back(&key, displaced);
         }
-        for member in open.network {
-            self.state.network.take(&member);
+        for key in open.network {
+            if key.gang == CLAIM_GANG {
+                continue;
+            }
+            self.state.network.take(&key);
+            if !members.contains(&key) {
+                members.push(key);
+            }
+        }
+        // Its shared claims' users go, and the claims it carried with them.
+        for member in self.state.network.leave_txn(txn_id) {
             if !members.contains(&member) {
                 members.push(member);
             }
@@ -1539,6 +1603,11 @@ impl ShardLedger {
                 members.push(member);
             }
         }
+        for member in self.state.network.leave_txn(txn_id) {
+            if !members.contains(&member) {
+                members.push(member);
+            }
+        }
         // Placeholders still holding evicting victims' room go with the transaction.
         let mut released: Vec<MemberKey> = members
             .into_iter()
@@ -1571,8 +1640,13 @@ impl ShardLedger {
         for key in &keys {
             let slot = self.take_member(key);
             let hold = self.state.network.take(key);
+            let used = match self.hand_over {
+                HandOver::ToFollower => self.state.network.leave(key),
+                HandOver::Freed => self.state.network.leave_freeing(key),
+            };
             match slot.or(hold) {
                 Some(_) => released.push((*key).clone()),
+                None if used => released.push((*key).clone()),
                 None => absent.push((*key).clone()),
             }
         }
@@ -1583,10 +1657,19 @@ impl ShardLedger {
     }
 
     fn reserved_txn_of(&self, key: &MemberKey) -> Option<TxnId> {
+        let using = || {
+            let open = |t: &TxnId| self.state.open.contains_key(t);
+            self.state
+                .network
+                .consumers()
+                .find(|(m, t)| *m == key && open(t))
+                .map(|(_, t)| t)
+        };
         self.slot(key)
             .or_else(|| self.state.network.hold_of(key))
             .filter(|slot| slot.state.is_reserved())
             .and_then(|slot| slot.state.txn_id())
+            .or_else(using)
     }
 
     /// Removes a member's slot wherever it is, keeping the indexes in step.
@@ -2218,7 +2301,8 @@ impl ShardLedger {
         if let Err(what) = entry.usage.devices.check(&entry.usage.pods) {
             return fail(what);
         }
-        if let Err(what) = entry.usage.check_shares() {
+        let network = &self.state.network;
+        if let Err(what) = entry.usage.check_shares(|m, c| network.uses(m, c)) {
             return fail(what);
         }
         let mut ports = BTreeSet::new();
@@ -2501,6 +2585,7 @@ fn validate_reservation(
         return Err(LedgerError::EmptyReservation { txn_id });
     }
     validate_network_holds(txn_id, network)?;
+    validate_claim_users(txn_id, members, network)?;
     if let Hold::Until(deadline_ms) = hold {
         validate_deadline(at_ms, txn_id, deadline_ms)?;
     }
@@ -2531,17 +2616,61 @@ fn validate_network_holds(txn_id: TxnId, network: &[NetworkHold]) -> Result<(), 
             message,
         };
         hold.member.validate().map_err(|e| invalid(e.to_string()))?;
-        if !seen.insert(&hold.member) {
+        if hold.member.gang == CLAIM_GANG || hold.member.gang == OBSERVED_GANG {
+            return Err(invalid(format!(
+                "gang {} is reserved for gangway's own keys",
+                hold.member.gang
+            )));
+        }
+        if !seen.insert((&hold.member, &hold.claim)) {
             return Err(LedgerError::DuplicateMember {
                 txn_id,
                 member: hold.member.clone(),
             });
         }
-        if hold.devices.is_empty() {
+        if let Some(claim) = &hold.claim {
+            if let Err(e) = validate_shares(
+                &FieldPath::new("network").child("claim"),
+                &[crate::model::claim::ClaimShare {
+                    pod_claim: "claim".into(),
+                    claim: claim.clone(),
+                }],
+            ) {
+                return Err(invalid(e.to_string()));
+            }
+        } else if hold.devices.is_empty() {
             return Err(invalid("its network hold names no device".into()));
         }
         validate_allocations(&FieldPath::new("network").child("devices"), &hold.devices)
             .map_err(|e| invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Checks that each shared claim a reservation's network holds carry or use is shared
+/// by the member's pod, for the members placed on this shard (the others' own shards
+/// check theirs).
+fn validate_claim_users(
+    txn_id: TxnId,
+    members: &[ReserveMember],
+    network: &[NetworkHold],
+) -> Result<(), LedgerError> {
+    for hold in network {
+        let (HoldKind::Carry(claim) | HoldKind::Use(claim)) = hold.kind() else {
+            continue;
+        };
+        let Some(m) = members.iter().find(|m| m.member == hold.member) else {
+            continue;
+        };
+        if !m.pod.shares.iter().any(|s| s.claim == claim) {
+            return Err(LedgerError::InvalidMember {
+                txn_id,
+                member: hold.member.clone(),
+                message: format!(
+                    "network.claim: its pod does not share ResourceClaim {claim} (pod.shares)"
+                ),
+            });
+        }
     }
     Ok(())
 }

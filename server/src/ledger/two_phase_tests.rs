@@ -30,8 +30,12 @@
 //! which releases free too. Also checked after every step: no network device is
 //! committed to two members across shards, and every network hold is accounted for as
 //! slots are; after the drain, every shard holds exactly the network devices of the
-//! live groups' placed members. A failing case prints its steps; proptest's regression
-//! file replays it.
+//! live groups' placed members. Groups of keys 8 and 9 share one ResourceClaim carried
+//! with a network device (`fabric-{key % 3}`, which keys 6 and 7 want too): the first
+//! member planned of a group holding none carries it, every other member (on any node
+//! of any shard) uses it, and every shard holds it until its last user goes; checked
+//! like the other network holds, a claim hold accounted for by any of its users. A
+//! failing case prints its steps; proptest's regression file replays it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,7 +43,7 @@ use proptest::prelude::*;
 
 use crate::coordinator::release::{applied, decision_ops};
 use crate::ledger::command::{
-    LedgerCommand, LedgerOp, LedgerReply, NetworkHold, ReleaseTarget, ReserveMember,
+    LedgerCommand, LedgerOp, LedgerReply, NetworkHold, ReleaseTarget, ReserveMember, CLAIM_GANG,
 };
 use crate::ledger::meta::{
     Decision, GroupRecord, GroupState, MetaCommand, MetaQuery, MetaReply, MetaState, Placement,
@@ -112,7 +116,7 @@ enum Step {
 
 fn arb_step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0u8..8, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
+        3 => (0u8..10, 1u8..4, any::<bool>()).prop_map(|(key, members, non_strict)| Step::Submit { key, members, non_strict }),
         3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, shift)| Step::Begin { pick, shift }),
         2 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(pick, victim, shift)| Step::Preempt { pick, victim, shift }),
         4 => any::<u8>().prop_map(|pick| Step::Reserve { pick }),
@@ -212,9 +216,21 @@ fn shares_a_claim(key: u8) -> bool {
     (4..6).contains(&key)
 }
 
-/// Whether the members of gang `g{key}` take network-attached devices.
+/// Whether the members of gang `g{key}` take network-attached devices (their own, or
+/// through their shared claim).
 fn takes_network_devices(key: u8) -> bool {
     key >= 6
+}
+
+/// Whether the members of gang `g{key}` share a ResourceClaim carried with a network
+/// device.
+fn shares_a_network_claim(key: u8) -> bool {
+    key >= 8
+}
+
+/// The ResourceClaim the members of gang `g{key}` share.
+fn claim_of(key: u8) -> String {
+    format!("default/claim-g{key}")
 }
 
 /// The network-attached pool every shard keeps.
@@ -223,28 +239,54 @@ const FABRIC: &str = "fabric";
 const FABRIC_DEVICES: usize = 3;
 
 /// The network holds of `members`: member `i` holds `fabric-i`, for gangs that take
-/// network devices.
-fn network_holds<'a>(members: impl Iterator<Item = &'a ReserveMember>) -> Vec<NetworkHold> {
-    members
-        .filter(|m| key_of(&m.member).is_some_and(takes_network_devices))
-        .map(|m| NetworkHold {
+/// network devices of their own; for gangs sharing a network claim, the first member
+/// carries it with `fabric-{key % 3}` (unless the group holds members already, which
+/// carry it) and the others use it.
+fn network_holds<'a>(
+    members: impl Iterator<Item = &'a ReserveMember>,
+    carried_before: bool,
+) -> Vec<NetworkHold> {
+    let fabric = |i: usize| DeviceAllocation {
+        claim: "net".into(),
+        request: "gpu".into(),
+        device: DeviceId::new(DRIVER, FABRIC, format!("fabric-{i}")),
+        admin_access: AdminAccess::Disabled,
+        tolerations: Vec::new(),
+        share_id: None,
+        consumed_capacity: BTreeMap::new(),
+    };
+    let mut carried = carried_before;
+    let mut holds = Vec::new();
+    for m in members {
+        let Some(key) = key_of(&m.member).filter(|k| takes_network_devices(*k)) else {
+            continue;
+        };
+        if !shares_a_network_claim(key) {
+            // Members are named m0, m1, …: member `mi` wants `fabric-i`.
+            let i = m.member.member.trim_start_matches('m').parse().unwrap_or(0);
+            holds.push(NetworkHold {
+                member: m.member.clone(),
+                devices: vec![fabric(i)],
+                claim: None,
+            });
+            continue;
+        }
+        let devices = if carried {
+            Vec::new()
+        } else {
+            carried = true;
+            vec![DeviceAllocation {
+                claim: "c".into(),
+                ..fabric(usize::from(key) % FABRIC_DEVICES)
+            }]
+        };
+        holds.push(NetworkHold {
             member: m.member.clone(),
-            devices: vec![DeviceAllocation {
-                claim: "net".into(),
-                request: "gpu".into(),
-                // Members are named m0, m1, …: member `mi` wants `fabric-i`.
-                device: DeviceId::new(
-                    DRIVER,
-                    FABRIC,
-                    format!("fabric-{}", m.member.member.trim_start_matches('m')),
-                ),
-                admin_access: AdminAccess::Disabled,
-                tolerations: Vec::new(),
-                share_id: None,
-                consumed_capacity: BTreeMap::new(),
-            }],
-        })
-        .collect()
+            devices,
+            claim: Some(claim_of(key)),
+        });
+    }
+    holds
 }
 
 /// The driver of the GPUs every node publishes.
@@ -258,9 +300,9 @@ fn pod(member: &MemberKey) -> PodSummary {
     let key = key_of(member);
     let kube = key.is_some_and(|k| k % 2 == 1);
     let shares = match key {
-        Some(k) if shares_a_claim(k) => vec![ClaimShare {
+        Some(k) if shares_a_claim(k) || shares_a_network_claim(k) => vec![ClaimShare {
             pod_claim: "c".into(),
-            claim: format!("default/claim-g{k}"),
+            claim: claim_of(k),
         }],
         _ => Vec::new(),
     };
@@ -477,12 +519,13 @@ impl World {
             .values()
             .next()
             .map(|p| (p.shard, p.node.clone()));
+        let held_before = beside.is_some();
         spread(&mut per_shard, unheld.into_iter().take(take), shift, beside);
         if per_shard.is_empty() {
             return;
         }
         // Network devices are held on every shard: every shard takes part (rule 15).
-        let network = network_holds(per_shard.values().flatten());
+        let network = network_holds(per_shard.values().flatten(), held_before);
         if !network.is_empty() {
             for shard in 1..=SHARDS {
                 per_shard.entry(shard).or_default();
@@ -1057,9 +1100,37 @@ impl World {
             .cloned()
             .collect();
         let mut owner: BTreeMap<DeviceId, String> = BTreeMap::new();
+        let accounted = |shard: u32, txn: Option<TxnId>| {
+            txn.is_some_and(|txn| {
+                matches!(self.meta.query(&MetaQuery::Txn { txn }),
+                    MetaReply::Txn { record: Some(t) }
+                        if t.decision.is_none() || t.unacked.contains(&shard))
+            })
+        };
         for (shard, ledger) in &self.shards {
-            for (member, slot) in ledger.network_pools().holds() {
-                let member = member.to_string();
+            let pools = ledger.network_pools();
+            for (member, txn) in pools.consumers() {
+                if !listed.contains(&member.to_string()) && !accounted(*shard, Some(txn)) {
+                    return Err(format!(
+                        "{member} uses a shared claim's network devices on shard {shard} ({txn}) \
+                         for no live group, undecided transaction or undelivered decision"
+                    ));
+                }
+            }
+            for (key, slot) in pools.holds() {
+                // A shared claim's hold is accounted for by its users.
+                let users: Vec<String> = if key.gang == CLAIM_GANG {
+                    pools
+                        .consumers()
+                        .filter(|(m, _)| {
+                            pools.uses(m, &format!("{}/{}", key.namespace, key.member))
+                        })
+                        .map(|(m, _)| m.to_string())
+                        .collect()
+                } else {
+                    vec![key.to_string()]
+                };
+                let member = key.to_string();
                 let doomed = self.doomed(*shard, &slot.state);
                 if !slot.state.is_reserved() && !doomed {
                     for a in &slot.pod.devices {
@@ -1073,15 +1144,10 @@ impl World {
                         }
                     }
                 }
-                if listed.contains(&member) {
+                if users.iter().any(|u| listed.contains(u)) {
                     continue;
                 }
-                let accounted = slot.state.txn_id().is_some_and(|txn| {
-                    matches!(self.meta.query(&MetaQuery::Txn { txn }),
-                        MetaReply::Txn { record: Some(t) }
-                            if t.decision.is_none() || t.unacked.contains(shard))
-                });
-                if !accounted {
+                if !accounted(*shard, slot.state.txn_id()) {
                     return Err(format!(
                         "network hold of {member} on shard {shard} ({:?}) is held for no live group, \
                          undecided transaction or undelivered decision",
@@ -1290,22 +1356,44 @@ impl World {
         }
         // Every shard holds the network devices of exactly the live placed members
         // that take them, committed.
-        let with_network: BTreeSet<String> = listed
-            .keys()
-            .filter(|m| {
-                MemberKey::try_from((*m).clone())
-                    .ok()
-                    .and_then(|k| key_of(&k))
-                    .is_some_and(takes_network_devices)
-            })
-            .cloned()
-            .collect();
+        // (A shared claim's under its key, used by exactly its live placed members.)
+        let key_of_listed = |m: &String| {
+            MemberKey::try_from(m.clone())
+                .ok()
+                .and_then(|k| key_of(&k))
+                .filter(|k| takes_network_devices(*k))
+        };
+        let mut with_network: BTreeSet<String> = BTreeSet::new();
+        let mut users: BTreeSet<String> = BTreeSet::new();
+        for m in listed.keys() {
+            match key_of_listed(m) {
+                Some(k) if shares_a_network_claim(k) => {
+                    with_network
+                        .insert(crate::ledger::command::claim_key(&claim_of(k)).to_string());
+                    users.insert(m.clone());
+                }
+                Some(_) => {
+                    with_network.insert(m.clone());
+                }
+                None => {}
+            }
+        }
         for (shard, ledger) in &self.shards {
             let holds = ledger.network_pools().holds();
             let held: BTreeSet<String> = holds.keys().map(|m| m.to_string()).collect();
             if held != with_network {
                 return Err(format!(
                     "drained, shard {shard} holds network devices of {held:?}, live groups place {with_network:?}"
+                ));
+            }
+            let using: BTreeSet<String> = ledger
+                .network_pools()
+                .consumers()
+                .map(|(m, _)| m.to_string())
+                .collect();
+            if using != users {
+                return Err(format!(
+                    "drained, shard {shard} has {using:?} using shared claims, live groups place {users:?}"
                 ));
             }
             if let Some((m, slot)) = holds.iter().find(|(_, slot)| slot.state.is_reserved()) {
@@ -1721,6 +1809,85 @@ fn the_checks_find_network_holds_a_release_leaves_on_other_shards() {
         ..Bugs::default()
     });
     assert!(found.contains("network"), "{found}");
+    eprintln!("found, as expected: {found}");
+}
+
+/// Places a Strict group of key 8 (three members sharing a claim carried with a
+/// network device) over both shards, checking after each step.
+fn placed_network_claim(bugs: Bugs) -> World {
+    let mut w = World::new(bugs);
+    let steps = [
+        Step::Submit {
+            key: 8,
+            members: 3,
+            non_strict: false,
+        },
+        Step::Begin { pick: 0, shift: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Reserve { pick: 0 },
+        Step::Decide { pick: 0 },
+        Step::Tell { pick: 0 },
+        Step::Tell { pick: 0 },
+    ];
+    for step in &steps {
+        w.step(step);
+        w.check_always()
+            .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
+    }
+    w
+}
+
+/// A shared claim carried with a network device serves members on both shards; it is
+/// held on both until the last of them is released through meta, whichever goes first.
+#[test]
+fn a_network_claim_is_held_on_every_shard_until_its_last_member_goes() {
+    let mut w = placed_network_claim(Bugs::default());
+    let state = |w: &World| -> Vec<(usize, usize)> {
+        w.shards
+            .values()
+            .map(|l| {
+                (
+                    l.network_pools().holds().len(),
+                    l.network_pools().consumers().count(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        state(&w),
+        vec![(1, 3), (1, 3)],
+        "one claim, three users, on both shards"
+    );
+    for left in [2, 1] {
+        w.step(&Step::Give { pick: 0, how: 2 });
+        w.step(&Step::FinishReleases);
+        w.check_always()
+            .unwrap_or_else(|e| panic!("after a release: {e}"));
+        assert_eq!(state(&w), vec![(1, left), (1, left)]);
+    }
+    w.step(&Step::Give { pick: 0, how: 2 });
+    w.step(&Step::FinishReleases);
+    w.check_always()
+        .unwrap_or_else(|e| panic!("after the last release: {e}"));
+    assert_eq!(state(&w), vec![(0, 0), (0, 0)], "freed with its last user");
+    w.drain();
+    w.check_drained().unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The checks find a network claim freed with the first of its members to go (its
+/// other members left using devices that are free to be given out).
+#[test]
+fn the_checks_find_a_network_claim_freed_with_one_of_its_members() {
+    let mut w = placed_network_claim(Bugs {
+        shared_claims_freed_with_carrier: true,
+        ..Bugs::default()
+    });
+    w.step(&Step::Give { pick: 0, how: 2 });
+    w.step(&Step::FinishReleases);
+    let found = w
+        .check_always()
+        .expect_err("the checks find the freed claim");
+    assert!(found.contains("shared claim"), "{found}");
     eprintln!("found, as expected: {found}");
 }
 

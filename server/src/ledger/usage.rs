@@ -372,9 +372,13 @@ impl NodeUsage {
         self.devices.adopt(&heir, offset, &moved);
     }
 
-    /// I1 for shared claims: a claim followed on this node is carried here, and no
-    /// claim is carried by two slots.
-    pub fn check_shares(&self) -> Result<(), String> {
+    /// I1 for shared claims: a claim followed on this node is carried here (or used
+    /// through a network hold: `uses_network(member, claim)`), and no claim is carried
+    /// by two slots.
+    pub fn check_shares(
+        &self,
+        uses_network: impl Fn(&MemberKey, &str) -> bool,
+    ) -> Result<(), String> {
         let mut carriers: BTreeMap<&str, Vec<&MemberKey>> = BTreeMap::new();
         for (member, slot) in &self.pods {
             for share in slot.pod.carried() {
@@ -396,11 +400,9 @@ impl NodeUsage {
             ));
         }
         for (member, slot) in &self.pods {
-            if let Some(share) = slot
-                .pod
-                .followed()
-                .find(|s| !carriers.contains_key(s.claim.as_str()))
-            {
+            if let Some(share) = slot.pod.followed().find(|s| {
+                !carriers.contains_key(s.claim.as_str()) && !uses_network(member, &s.claim)
+            }) {
                 return Err(format!(
                     "I1: {member} follows shared claim {}, which no slot on the node carries",
                     share.claim

@@ -180,23 +180,136 @@ fn a_placer_that_keeps_fits_sees_network_devices_taken_since() {
     commit(&mut f, &third);
 }
 
-#[test]
-fn a_shared_claim_is_carried_with_devices_of_the_node_only() {
-    let mut f = fixture(2);
-    let mut spec = one("true");
-    spec.shares = vec![ClaimShare {
+/// A carrier of shared claim `claim` (through pod claim "devices", one device) and
+/// followers, as the Kubernetes adapter builds them.
+fn sharing(claim: &str) -> (PodSpec, PodSpec) {
+    let share = ClaimShare {
         pod_claim: "devices".into(),
-        claim: "ns/channel".into(),
-    }];
-    // Only network devices: the carrier finds none it may take.
-    let placement = f.place(&["carrier"], &spec);
-    assert!(placement.assignments.is_empty(), "{placement:?}");
-    assert!(unplaced_reasons(&placement).contains(&FilterReason::CannotAllocateDevices));
-    // A device of its own node it takes, and holds nothing on the network.
+        claim: claim.into(),
+    };
+    let mut carrier = one("true");
+    carrier.shares = vec![share.clone()];
+    let follower = PodSpec {
+        shares: vec![share],
+        ..PodSpec::default()
+    };
+    (carrier, follower)
+}
+
+/// Places members named `carriers` with spec `carrier` and `followers` with
+/// `follower`, in one call.
+fn place_shared(
+    f: &Fixture,
+    (carrier, follower): &(PodSpec, PodSpec),
+    carriers: &[&str],
+    followers: &[&str],
+) -> GangPlacement {
+    let key = |n: &&str| MemberKey::new("ns", "g", *n);
+    let keys: Vec<(MemberKey, &PodSpec)> = carriers
+        .iter()
+        .map(|n| (key(n), carrier))
+        .chain(followers.iter().map(|n| (key(n), follower)))
+        .collect();
+    let members: Vec<MemberRef<'_>> = keys
+        .iter()
+        .map(|(key, spec)| MemberRef { key, spec })
+        .collect();
+    Placer::new().place_members(&f.ledger, &members, &Profile::default(), &[])
+}
+
+/// What each member holds on the network: (member, claim, devices).
+fn holds(placement: &GangPlacement) -> Vec<(String, Option<String>, usize)> {
+    placement
+        .network
+        .iter()
+        .map(|h| (h.member.member.clone(), h.claim.clone(), h.devices.len()))
+        .collect()
+}
+
+#[test]
+fn a_shared_claim_carried_on_the_network_serves_pods_on_every_node_its_pool_reaches() {
+    let mut f = fixture(1);
+    let shared = sharing("ns/channel");
+    let placement = place_shared(&f, &shared, &["carrier"], &["f1", "f2", "f3"]);
+    assert!(placement.is_complete(), "{placement:?}");
+    // Spread over both nodes of rack r1, never on n3, which the pool does not reach.
+    let nodes: std::collections::BTreeSet<&str> = placement
+        .assignments
+        .iter()
+        .map(|a| a.node.as_str())
+        .collect();
+    assert!(!nodes.contains("n3"), "{placement:?}");
+    assert!(placement
+        .assignments
+        .iter()
+        .all(|a| a.pod.devices.is_empty()));
+    let claim = Some("ns/channel".to_string());
+    assert_eq!(
+        holds(&placement),
+        vec![
+            ("carrier".to_string(), claim.clone(), 1),
+            ("f1".to_string(), claim.clone(), 0),
+            ("f2".to_string(), claim.clone(), 0),
+            ("f3".to_string(), claim.clone(), 0),
+        ]
+    );
+    commit(&mut f, &placement);
+    // Its one device stays held while any pod uses the claim, carrier gone or not.
+    let (other, _) = sharing("ns/other");
+    f.release("carrier");
+    f.release("f1");
+    assert!(f.place(&["x"], &other).assignments.is_empty());
+    // A later pod of the claim uses it where the pool reaches.
+    let later = place_shared(&f, &shared, &[], &["f4"]);
+    assert!(later.is_complete(), "{later:?}");
+    assert_ne!(later.assignments[0].node, "n3");
+    assert_eq!(holds(&later), vec![("f4".to_string(), claim, 0)]);
+    commit(&mut f, &later);
+    for name in ["f2", "f3", "f4"] {
+        f.release(name);
+    }
+    assert_eq!(f.ledger.network_pools().holds().len(), 0);
+    let again = f.place(&["x"], &other);
+    assert_eq!(again.assignments.len(), 1, "{again:?}");
+}
+
+#[test]
+fn a_shared_claim_takes_its_nodes_devices_first_and_never_mixes_them_with_the_networks() {
+    let mut f = fixture(2);
     f.publish("n1", vec![gpu("gpu-0", "a100", 40, 0)], Vec::new());
-    let placement = f.place(&["carrier"], &spec);
+    let shared = sharing("ns/channel");
+    // The node's device: carried on n1, its followers there too, nothing on the network.
+    let placement = place_shared(&f, &shared, &["carrier"], &["f1"]);
+    assert!(placement.is_complete(), "{placement:?}");
+    assert!(
+        placement.assignments.iter().all(|a| a.node == "n1"),
+        "{placement:?}"
+    );
+    assert!(placement.network.is_empty(), "{placement:?}");
+    commit(&mut f, &placement);
+    // Two devices, one of the node and one of the network, are never one shared
+    // claim's: with n1's GPU taken it takes both of the network's.
+    let mut two = sharing("ns/pair");
+    two.0.claims[0].requests[0] = request("gpu", exact(2, &["true"]));
+    let placement = place_shared(&f, &two, &["c2"], &["g1"]);
+    assert!(placement.is_complete(), "{placement:?}");
+    assert_eq!(
+        holds(&placement),
+        vec![
+            ("c2".to_string(), Some("ns/pair".to_string()), 2),
+            ("g1".to_string(), Some("ns/pair".to_string()), 0),
+        ]
+    );
+    commit(&mut f, &placement);
+    // An unshared claim mixes them freely.
+    f.release("carrier");
+    f.release("f1");
+    f.release("c2");
+    f.release("g1");
+    let mut mixed = one("true");
+    mixed.claims[0].requests[0] = request("gpu", exact(3, &["true"]));
+    let placement = f.place(&["m"], &mixed);
     assert_eq!(placement.assignments.len(), 1, "{placement:?}");
     assert_eq!(placement.assignments[0].node, "n1");
-    assert!(placement.network.is_empty(), "{placement:?}");
     commit(&mut f, &placement);
 }
