@@ -1455,6 +1455,9 @@ struct Run {
     theirs_left: Vec<String>,
     /// Why gangway's `left` pods wait, as its events say.
     left_why: Vec<String>,
+    /// Where each side put each pod and which devices it got (kube-scheduler's, then
+    /// gangway's), printed where kube-scheduler bound more.
+    layout: [String; 2],
 }
 
 impl Run {
@@ -1486,7 +1489,37 @@ async fn run(api: &ControlPlane, world: &World) -> Run {
         left_why: ours.why_waiting(&left),
         left,
         theirs_left: placeable_left_over(world, Side::KubeScheduler, &kube),
+        layout: [layout(world, &kube), layout(world, &ours)],
     }
+}
+
+/// One line per pod, in creation order: its node (or `-`) and its claim's devices.
+fn layout(world: &World, copy: &Placed) -> String {
+    let mut out = Vec::new();
+    for p in 0..world.pods.len() {
+        for name in world.pods[p].pod_names(p) {
+            let Some(pod) = copy.pods.get(&name) else {
+                continue;
+            };
+            let node = pod["spec"]["nodeName"].as_str().unwrap_or("-");
+            let devices: Vec<String> = copy
+                .claims
+                .get(claim_of(pod))
+                .and_then(|c| c["status"]["allocation"]["devices"]["results"].as_array())
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        "{}/{}",
+                        r["pool"].as_str().unwrap_or_default(),
+                        r["device"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect();
+            out.push(format!("    {name} -> {node} {devices:?}"));
+        }
+    }
+    out.join("\n")
 }
 
 /// Runs smaller copies of a failing world (one pod fewer, then one node fewer, keeping
@@ -1612,8 +1645,11 @@ async fn gangway_allocates_valid_devices_for_every_pod_kube_scheduler_places() {
         if outcome.theirs.bound > outcome.mine.bound {
             // Both placed pods one by one in their own order until nothing else fit.
             eprintln!(
-                "  kube-scheduler bound more here (placement order); seed {:#x}",
-                world.seed
+                "  kube-scheduler bound more here (placement order); seed {:#x}\n  {}\n  kube-scheduler:\n{}\n  gangway:\n{}",
+                world.seed,
+                world.describe(),
+                outcome.layout[0],
+                outcome.layout[1]
             );
             totals.kube_better += 1;
         } else if outcome.mine.bound > outcome.theirs.bound {

@@ -52,6 +52,9 @@ use crate::model::resources::{ResourceName, Resources};
 pub const SEARCH_STEPS_MAX: u64 = 100_000;
 /// Upstream's FirstAvailableDeviceRequestMaxSize: the score of a first choice is this.
 pub const FIRST_AVAILABLE_SCORE_BASE: u32 = 8;
+/// Network-attached devices one allocation's score tells apart (more score as this
+/// many): with network pools, a node that serves a pod with fewer of them scores higher.
+pub const NETWORK_PICKS_SCORED_MAX: u32 = 64;
 
 /// One way to satisfy a request.
 #[derive(Debug, Clone)]
@@ -519,7 +522,7 @@ impl DeviceDemand {
             match search.allocate() {
                 Ok(Some(_)) => {
                     if copies == 0 {
-                        score = search.score();
+                        score = search.score(cluster.network().is_some());
                     }
                     copies += 1;
                 }
@@ -1157,8 +1160,31 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
         }
     }
 
+    /// The firstAvailable preference of the current picks; where the cluster has
+    /// network-attached pools (`network`), then, at a lower rank, how few network
+    /// devices they take: a node that serves a pod from its own devices leaves the
+    /// network's, which many nodes can use, to pods that have nothing else (gangway's
+    /// addition to DynamicResources scoring; upstream scores firstAvailable only).
+    fn score(&self, network: bool) -> u32 {
+        let preference = self.preference();
+        if !network {
+            return preference;
+        }
+        let taken = self
+            .picks
+            .iter()
+            .filter(|p| self.table.slots[p.slot].source == DeviceSource::Network)
+            .count();
+        let taken = u32::try_from(taken).map_or(NETWORK_PICKS_SCORED_MAX, |n| {
+            n.min(NETWORK_PICKS_SCORED_MAX)
+        });
+        preference
+            .saturating_mul(NETWORK_PICKS_SCORED_MAX + 1)
+            .saturating_add(NETWORK_PICKS_SCORED_MAX - taken)
+    }
+
     /// The firstAvailable preference of the current picks.
-    fn score(&self) -> u32 {
+    fn preference(&self) -> u32 {
         let mut score = 0;
         for (r, &alternative) in self.chosen.iter().enumerate() {
             if let Some((_, request)) = flat_request(self.claims, r) {

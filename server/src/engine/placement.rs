@@ -193,7 +193,7 @@ impl Searcher<'_> {
             interpod,
             profile: self.profile,
         })
-        .with_devices(demand);
+        .with_devices(demand, cluster.network().is_some());
         // A network-attached device is one for every node: taking it on one node changes
         // what the others can do, which no node's stamp records.
         let reaches_network = demand.is_some() && cluster.network().is_some();

@@ -422,14 +422,14 @@ impl<'s> Scorer<'s> {
     }
 
     /// The same scorer, also weighing the device score of `devices` (a template's
-    /// device needs) when it has firstAvailable requests and the profile enables
-    /// DynamicResources.
-    pub fn with_devices(mut self, devices: Option<&DeviceDemand>) -> Self {
+    /// device needs) when it has firstAvailable requests, or the cluster has
+    /// network-attached pools (`network`), and the profile enables DynamicResources.
+    pub fn with_devices(mut self, devices: Option<&DeviceDemand>, network: bool) -> Self {
         self.devices = match (
             devices,
             self.input.profile.weight_of(ScorePlugin::DynamicResources),
         ) {
-            (Some(demand), Some(weight)) if demand.scores() => Some(u64::from(weight)),
+            (Some(demand), Some(weight)) if demand.scores() || network => Some(u64::from(weight)),
             _ => None,
         };
         self

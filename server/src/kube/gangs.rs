@@ -15,6 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::kube::objects::{PodProblem, PodRef};
+use crate::kube::pod_index::Arrival;
 use crate::model::gang::DEFAULT_WAIT_TIME_MS;
 use crate::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec};
 
@@ -364,6 +365,8 @@ pub struct ReadyPod {
     pub spec: PodSpec,
     /// Alone or in a gang.
     pub identity: Identity,
+    /// When it arrived.
+    pub arrival: Arrival,
 }
 
 /// One gang group to submit and the pods in it.
@@ -481,6 +484,19 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
         }
         out.push(submission(group_gangs, pods));
     }
+    // Groups go in the order their first pod arrived, as kube-scheduler's queue takes
+    // pods (a gang's seq, its place in the queue, must not depend on being a gang).
+    let arrival: BTreeMap<&str, &Arrival> = ready
+        .iter()
+        .map(|r| (r.pod.uid.as_str(), &r.arrival))
+        .collect();
+    out.sort_by_cached_key(|s| {
+        s.pods
+            .iter()
+            .filter_map(|p| arrival.get(p.uid.as_str()).copied())
+            .min()
+            .cloned()
+    });
     out
 }
 
@@ -501,6 +517,7 @@ mod tests {
             pod: pod_ref(p).expect("ref"),
             spec: PodSpec::default(),
             identity: identify(p, groups).expect("identity"),
+            arrival: Arrival::default(),
         }
     }
 
@@ -630,6 +647,53 @@ mod tests {
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].key, again[0].key);
         assert_eq!(first[0].group.gangs[0].members.len(), 2);
+    }
+
+    /// A gang whose first pod came before a lone pod is submitted (and so queued)
+    /// before it, as kube-scheduler would take the pods; not singles first.
+    #[test]
+    fn groups_are_submitted_in_the_order_their_first_pod_arrived() {
+        let ann = json!({"gang.scheduling.koordinator.sh/name": "g",
+                         "gang.scheduling.koordinator.sh/min-available": "2"});
+        let at = |p: ReadyPod, created: &str, seen: u64| ReadyPod {
+            arrival: Arrival {
+                created: created.into(),
+                seen,
+            },
+            ..p
+        };
+        let none = PodGroupIndex::new();
+        let g0 = at(
+            ready(&pod("g0", ann.clone(), json!({})), &none),
+            "2026-01-01T00:00:01Z",
+            1,
+        );
+        let g1 = at(
+            ready(&pod("g1", ann, json!({})), &none),
+            "2026-01-01T00:00:01Z",
+            3,
+        );
+        let lone = at(
+            ready(&pod("lone", json!({}), json!({})), &none),
+            "2026-01-01T00:00:01Z",
+            2,
+        );
+        let early = at(
+            ready(&pod("early", json!({}), json!({})), &none),
+            "2026-01-01T00:00:00Z",
+            9,
+        );
+        let order: Vec<String> = submissions(&[lone, g0, g1, early], &BTreeSet::new())
+            .iter()
+            .map(|s| {
+                s.pods
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect::<Vec<_>>()
+                    .join("+")
+            })
+            .collect();
+        assert_eq!(order, ["early", "g0+g1", "lone"]);
     }
 
     #[test]

@@ -1421,6 +1421,7 @@ impl Ingest {
             });
             match spec {
                 Ok(spec) => ready.push(ReadyPod {
+                    arrival: facts.arrival.clone(),
                     pod: facts.pod.clone(),
                     spec,
                     identity,

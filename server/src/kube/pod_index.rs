@@ -44,6 +44,19 @@ pub struct PodFacts {
     pub claims: Vec<String>,
     /// The object itself (shared with the informer).
     pub object: Arc<Value>,
+    /// When this replica first saw the pod (its creation time, then the order the
+    /// index first saw it in): the order kube-scheduler's queue takes pods in.
+    pub arrival: Arrival,
+}
+
+/// When a pod arrived: `metadata.creationTimestamp` (whole seconds), then the order this
+/// replica's index first saw it in (which follows the watch, so creation order).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Arrival {
+    /// `metadata.creationTimestamp` as written (RFC 3339, so it sorts as time does).
+    pub created: String,
+    /// The index's count of pods seen before this one.
+    pub seen: u64,
 }
 
 impl PodFacts {
@@ -72,7 +85,15 @@ impl PodFacts {
             .as_array()
             .is_some_and(|c| !c.is_empty());
         let claims = claim_object_names(&object);
+        let arrival = Arrival {
+            created: object["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            seen: 0,
+        };
         Some(Self {
+            arrival,
             pod,
             node,
             finished,
@@ -128,6 +149,8 @@ pub struct PodIndex {
     with_claims: BTreeSet<Key>,
     /// ResourceClaim (namespace, name) → the pods naming it.
     by_claim: HashMap<Key, BTreeSet<Key>>,
+    /// Pods seen so far (a pod's `Arrival::seen`).
+    seen: u64,
 }
 
 fn add<K: std::hash::Hash + Eq>(index: &mut HashMap<K, BTreeSet<Key>>, at: Option<K>, key: &Key) {
@@ -161,8 +184,14 @@ impl PodIndex {
         scheduler_name: &str,
         touched: &mut Touched,
     ) {
-        let new = object.and_then(|o| PodFacts::read(o, scheduler_name));
+        let mut new = object.and_then(|o| PodFacts::read(o, scheduler_name));
         let old = self.unlink(&key);
+        if let Some(new) = &mut new {
+            new.arrival.seen = match &old {
+                Some(old) if old.pod.uid == new.pod.uid => old.arrival.seen,
+                _ => self.next_seen(),
+            };
+        }
         if let Some(old) = &old {
             touched.uids.insert(old.pod.uid.clone());
             if new.as_ref().map(|n| &n.pod.uid) != Some(&old.pod.uid) {
@@ -185,9 +214,19 @@ impl PodIndex {
         scheduler_name: &str,
     ) -> Touched {
         let old = std::mem::take(self);
+        self.seen = old.seen;
+        let seen_before: HashMap<&str, u64> = old
+            .pods
+            .values()
+            .map(|f| (f.pod.uid.as_str(), f.arrival.seen))
+            .collect();
         let mut touched = Touched::default();
         for (key, object) in objects {
-            if let Some(facts) = PodFacts::read(object.clone(), scheduler_name) {
+            if let Some(mut facts) = PodFacts::read(object.clone(), scheduler_name) {
+                facts.arrival.seen = match seen_before.get(facts.pod.uid.as_str()) {
+                    Some(seen) => *seen,
+                    None => self.next_seen(),
+                };
                 Self::touch(&facts, &mut touched);
                 touched.pods.insert(key.clone());
                 self.link(key.clone(), facts);
@@ -211,6 +250,11 @@ impl PodIndex {
         if let Some(group) = facts.namespaced(&facts.pod_group) {
             touched.pod_groups.insert(group);
         }
+    }
+
+    fn next_seen(&mut self) -> u64 {
+        self.seen += 1;
+        self.seen
     }
 
     fn link(&mut self, key: Key, facts: PodFacts) {

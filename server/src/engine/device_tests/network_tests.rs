@@ -313,3 +313,22 @@ fn a_shared_claim_takes_its_nodes_devices_first_and_never_mixes_them_with_the_ne
     assert_eq!(placement.assignments[0].node, "n1");
     commit(&mut f, &placement);
 }
+
+#[test]
+fn a_node_that_serves_a_pod_from_its_own_devices_scores_above_one_that_takes_the_networks() {
+    let mut f = fixture(1);
+    f.publish("n3", vec![gpu("gpu-0", "a100", 40, 0)], Vec::new());
+    let spec = one("true");
+    // n1 and n2 would take the network's one device; n3 has a device of its own.
+    let placement = f.place(&["a"], &spec);
+    assert_eq!(placement.assignments.len(), 1, "{placement:?}");
+    assert_eq!(placement.assignments[0].node, "n3");
+    assert!(placement.network.is_empty(), "{placement:?}");
+    commit(&mut f, &placement);
+    // With n3's taken, the network's serves the next pod.
+    let next = f.place(&["b"], &spec);
+    assert_eq!(next.assignments.len(), 1, "{next:?}");
+    assert_ne!(next.assignments[0].node, "n3");
+    assert_eq!(network_devices(&next).len(), 1, "{next:?}");
+    commit(&mut f, &next);
+}
