@@ -43,7 +43,8 @@ pub enum ScorePlugin {
     TaintToleration,
     /// InterPodAffinity: preferred pod affinity and anti-affinity terms.
     InterPodAffinity,
-    /// DynamicResources: prefer nodes whose devices satisfy earlier firstAvailable choices.
+    /// DynamicResources: prefer nodes whose devices satisfy earlier firstAvailable
+    /// choices, then (with network-attached pools) nodes that take fewer network devices.
     DynamicResources,
 }
 

@@ -7,7 +7,8 @@
 //! matching preferred weights, normalized by the maximum), TaintToleration (intolerable
 //! PreferNoSchedule taints, normalized and reversed), InterPodAffinity (preferred
 //! terms, min–max normalized) and DynamicResources (the firstAvailable preference of
-//! the devices the filter allocated, normalized by the maximum). The total is the weighted sum over enabled plugins.
+//! the devices the filter allocated, then, where the cluster has network-attached pools,
+//! how few network devices they take; normalized by the maximum). The total is the weighted sum over enabled plugins.
 //! "Requested" means what the node holds plus the candidate's own footprint. Pure
 //! functions, and [`Scorer`], the same sums prepared once per pod template and read from
 //! a node's [`NodeFit`] summary; called by placement, quoting and preemption.
