@@ -310,3 +310,62 @@ fn a_tainted_claim_device_evicts_every_user_from_its_own_shard() {
     let asked = crate::ledger::network_tests::evictions_asked(&b, 3);
     assert_eq!(asked, vec![(key("m2"), "b1".to_string())]);
 }
+
+/// The coordinator's second pass: a shard told of a claim another shard's member
+/// carries (`ShardQuery::Plan.carried`) plans the claim's followers on its nodes the
+/// pool reaches, as users of it; untold, it cannot place them.
+#[test]
+fn a_shard_plans_followers_beside_a_claim_another_shard_carries_once_told() {
+    use crate::engine::{Placer, Profile};
+    use crate::ledger::command::HoldKind;
+    use crate::ledger::query::{answer, ShardAnswer, ShardQuery};
+    use crate::model::pod::PodSpec;
+    let b = shard("b1");
+    let follower = PodSpec {
+        shares: vec![ClaimShare {
+            pod_claim: "c".into(),
+            claim: CLAIM.into(),
+        }],
+        ..PodSpec::default()
+    };
+    let plan = |carried: Vec<NetworkHold>| {
+        let query = ShardQuery::Plan {
+            members: vec![(key("m2"), follower.clone()), (key("m3"), follower.clone())],
+            profile: Box::new(Profile::default()),
+            carried,
+        };
+        match answer(&b, &query, &mut Placer::new()) {
+            ShardAnswer::Plan { placement } => placement,
+            other => panic!("{other:?}"),
+        }
+    };
+    let untold = plan(Vec::new());
+    assert!(untold.assignments.is_empty(), "{untold:?}");
+    let told = plan(vec![carry("m1", &[0])]);
+    let placed: Vec<(&str, &str)> = told
+        .assignments
+        .iter()
+        .map(|m| (m.member.member.as_str(), m.node.as_str()))
+        .collect();
+    assert_eq!(placed, [("m2", "b1"), ("m3", "b1")], "{told:?}");
+    let kinds: Vec<(String, bool)> = told
+        .network
+        .iter()
+        .map(|h| (h.member.member.clone(), h.kind() == HoldKind::Use(CLAIM)))
+        .collect();
+    assert_eq!(kinds, [("m2".to_string(), true), ("m3".to_string(), true)]);
+    // The shard's own ledger is untouched: the claim is only planned as held.
+    assert!(b.network_pools().holds().is_empty());
+    // Reserving them with the carrier's hold is accepted.
+    let mut b = b;
+    let mut network = vec![carry("m1", &[0])];
+    network.extend(told.network.iter().cloned());
+    commit(&mut b, 1, told.assignments.clone(), network);
+    assert_eq!(
+        claim_state(&b),
+        (
+            vec!["d0".to_string()],
+            vec!["m1".to_string(), "m2".to_string(), "m3".to_string()]
+        )
+    );
+}
