@@ -1516,7 +1516,22 @@ fn layout(world: &World, copy: &Placed) -> String {
                     )
                 })
                 .collect();
-            out.push(format!("    {name} -> {node} {devices:?}"));
+            // Why an unbound pod waits, as its scheduler said (each reason once).
+            let mut why: Vec<&str> = Vec::new();
+            if node == "-" {
+                let said = copy
+                    .events
+                    .iter()
+                    .filter(|e| e["involvedObject"]["name"] == name.as_str())
+                    .filter(|e| e["reason"] == "FailedScheduling")
+                    .filter_map(|e| e["message"].as_str());
+                for message in said {
+                    if !why.contains(&message) {
+                        why.push(message);
+                    }
+                }
+            }
+            out.push(format!("    {name} -> {node} {devices:?} {why:?}"));
         }
     }
     out.join("\n")

@@ -102,6 +102,8 @@ enum Setup {
     Chart,
     /// `Chart`, with `resource.k8s.io/v1beta2` (DeviceTaintRules) served.
     ChartWithTaintRules,
+    /// `Admin`, with list-typed device attributes (`DRAListTypeAttributes`, alpha) on.
+    AdminWithListAttributes,
 }
 
 /// The chart's ServiceAccount (namespace, name) in these tests.
@@ -169,6 +171,9 @@ async fn start_armed(
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
     let apiserver_args = match setup {
         Setup::ChartWithTaintRules => vec!["--runtime-config=resource.k8s.io/v1beta2=true".into()],
+        Setup::AdminWithListAttributes => {
+            vec!["--feature-gates=DRAListTypeAttributes=true".into()]
+        }
         _ => Vec::new(),
     };
     let api = ControlPlane::start(Options {
@@ -182,14 +187,18 @@ async fn start_armed(
     let kubeconfig = dir.path().join("kubeconfig");
     let user = match setup {
         Setup::Chart | Setup::ChartWithTaintRules => sa.user.as_str(),
-        Setup::Admin | Setup::AdminWithoutCrds => gangway_kube_env::ADMIN_USER,
+        Setup::Admin | Setup::AdminWithoutCrds | Setup::AdminWithListAttributes => {
+            gangway_kube_env::ADMIN_USER
+        }
     };
     api.write_kubeconfig(&kubeconfig, user).expect("kubeconfig");
     for ns in [NS, "infra", CHART_SA.0] {
         api.ensure_namespace(ns).await.expect("namespace");
     }
     match setup {
-        Setup::Admin => api.install_pod_group_crds().await.expect("PodGroup CRDs"),
+        Setup::Admin | Setup::AdminWithListAttributes => {
+            api.install_pod_group_crds().await.expect("PodGroup CRDs")
+        }
         Setup::AdminWithoutCrds => {}
         Setup::Chart | Setup::ChartWithTaintRules => apply_chart(&api).await,
     }
@@ -1179,6 +1188,75 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
         |v| v.node_of(&after).is_some(),
     )
     .await;
+}
+
+/// List-typed device attributes (`DRAListTypeAttributes` on in the API server): a CPU
+/// near two PCIe roots matches the NIC on one of them (matchAttribute is a non-empty
+/// intersection), `includes` reads a list and a scalar alike, and the allocation
+/// written is the one that matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_attributes_match_by_intersection_and_are_read_with_includes() {
+    let env = start_with(1, 0, 0, Setup::AdminWithListAttributes).await;
+    let api = &env.api;
+    let updated = api
+        .update(&RESOURCE_SLICES, None, "node-000-gpus", |slice| {
+            slice["spec"]["pool"]["generation"] = json!(2);
+            slice["spec"]["devices"] = json!([
+                {"name": "cpu-0", "attributes": {"kind": {"strings": ["cpu", "smt"]}, "pcieRoots": {"strings": ["r0", "r1"]}}},
+                {"name": "cpu-1", "attributes": {"kind": {"strings": ["cpu"]}, "pcieRoots": {"strings": ["r2", "r3"]}}},
+                {"name": "nic-0", "attributes": {"kind": {"string": "nic"}, "pcieRoots": {"strings": ["r3"]}}}
+            ]);
+        })
+        .await
+        .expect("slice with list attributes");
+    assert_eq!(
+        updated["spec"]["devices"][0]["attributes"]["pcieRoots"],
+        json!({"strings": ["r0", "r1"]}),
+        "the API server keeps list attributes with the gate on: {updated}"
+    );
+    let kind = |k: &str| format!(r#"device.attributes["{DRIVER}"].kind.includes("{k}")"#);
+    api.create(&RESOURCE_CLAIMS, json!({
+        "metadata": {"name": "near", "namespace": NS},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "cpu", "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": kind("cpu")}}]}},
+                {"name": "nic", "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": kind("nic")}}]}}
+            ],
+            "constraints": [{"matchAttribute": format!("{DRIVER}/pcieRoots")}]
+        }}
+    }))
+    .await
+    .expect("claim");
+    let mut pod = gpu_pod("near", json!({}), json!({}), "unused");
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "near"}]);
+    api.create(&PODS, pod).await.expect("pod");
+    let now = wait_for(
+        "the pod with list-attribute constraints bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of("near").is_some(),
+    )
+    .await;
+    let claim = &now.claims["near"];
+    let devices: Vec<(String, String)> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["request"].as_str().unwrap_or_default().to_string(),
+                r["device"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            ("cpu".to_string(), "cpu-1".to_string()),
+            ("nic".to_string(), "nic-0".to_string())
+        ],
+        "{claim}"
+    );
 }
 
 /// A network pool with one device, which a claim of another scheduler's holds

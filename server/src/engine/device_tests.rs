@@ -371,6 +371,67 @@ fn distinct_attribute_spreads_and_combines_with_match() {
     );
 }
 
+/// List attributes (DRAListTypeAttributes): matchAttribute holds where every device's
+/// set shares one value (a CPU near two PCIe roots matches a NIC on either), and
+/// distinctAttribute where the sets are pairwise disjoint.
+#[test]
+fn list_attributes_match_by_intersection_and_stay_distinct_when_disjoint() {
+    let mut f = Fixture::new(&["n1"]);
+    let with_roots = |mut d: Device, roots: &[&str]| {
+        d.attributes.insert(
+            "pcieRoots".into(),
+            AttributeValue::Strings(roots.iter().map(|r| r.to_string()).collect()),
+        );
+        d
+    };
+    let mut nic = Device::new("nic-0");
+    nic.attributes
+        .insert("kind".into(), AttributeValue::String("nic".into()));
+    // A scalar is a set of one.
+    nic.attributes
+        .insert("pcieRoots".into(), AttributeValue::String("r2".into()));
+    f.publish(
+        "n1",
+        vec![
+            with_roots(gpu("gpu-0", "a100", 40, 0), &["r0", "r1"]),
+            with_roots(gpu("gpu-1", "a100", 40, 0), &["r1", "r2"]),
+            with_roots(gpu("gpu-2", "a100", 40, 1), &["r3"]),
+            nic,
+        ],
+        vec![],
+    );
+    let model = r#"has(device.attributes["gpu.example.com"].model)"#;
+    let is_nic = r#""kind" in device.attributes["gpu.example.com"] && device.attributes["gpu.example.com"].kind.includes("nic")"#;
+    let near = claim_spec(
+        vec![
+            request("gpu", exact(1, &[model])),
+            request("nic", exact(1, &[is_nic])),
+        ],
+        vec![DeviceConstraint {
+            requests: vec![],
+            rule: ConstraintRule::MatchAttribute("gpu.example.com/pcieRoots".into()),
+        }],
+    );
+    // gpu-0's roots miss the NIC's r2: backtracks to gpu-1.
+    assert_eq!(
+        f.commit(&["a"], &near),
+        BTreeMap::from([("a".into(), vec!["gpu:gpu-1".into(), "nic:nic-0".into()])])
+    );
+    // Two GPUs with disjoint root sets: gpu-0 and gpu-1 share r1, so gpu-0 goes with gpu-2.
+    let apart = claim_spec(
+        vec![request("gpu", exact(2, &[model]))],
+        vec![DeviceConstraint {
+            requests: vec![],
+            rule: ConstraintRule::DistinctAttribute("gpu.example.com/pcieRoots".into()),
+        }],
+    );
+    f.release("a");
+    assert_eq!(
+        f.commit(&["b"], &apart),
+        BTreeMap::from([("b".into(), vec!["gpu:gpu-0".into(), "gpu:gpu-2".into()])])
+    );
+}
+
 fn prioritized() -> PodSpec {
     let sub = |name: &str, model: &str| SubRequest {
         name: name.into(),

@@ -1345,9 +1345,17 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
             }
             let value = s.device.attribute(s.driver, constraint.attribute())?;
             let seen = &self.seen[claim][c].values;
+            // Values are sets (a scalar is a set of one, DRAListTypeAttributes): matched
+            // devices share a value, distinct ones none pairwise.
             let ok = match constraint.rule {
-                ConstraintRule::MatchAttribute(_) => seen.first().is_none_or(|v| v == value),
-                ConstraintRule::DistinctAttribute(_) => !seen.contains(value),
+                ConstraintRule::MatchAttribute(_) => {
+                    seen.is_empty()
+                        || value
+                            .items()
+                            .into_iter()
+                            .any(|item| seen.iter().all(|v| v.holds(item)))
+                }
+                ConstraintRule::DistinctAttribute(_) => !seen.iter().any(|v| v.overlaps(value)),
             };
             if !ok {
                 return None;

@@ -7,15 +7,16 @@
 //! [`COMPILED_SELECTORS_MAX`]; it is no replicated state and changes no result), and
 //! [`CompiledSelector::matches`], which evaluates a selector against one device with
 //! Kubernetes' shapes: `device.driver`, `device.allowMultipleAllocations`,
-//! `device.attributes["domain"].name` (string, int, bool or semver version; an attribute
-//! without a domain belongs to its driver's domain) and `device.capacity["domain"].name`
+//! `device.attributes["domain"].name` (string, int, bool or semver version, or a list of
+//! them; an attribute without a domain belongs to its driver's domain) and `device.capacity["domain"].name`
 //! (a quantity). As in Kubernetes, an unknown domain reads as an empty map and a missing
 //! name is a runtime error (test with `"name" in …` or `has(…)`).
 //!
 //! The quantity library (`quantity`, `isQuantity`, `isGreaterThan`, `isLessThan`,
 //! `compareTo`, `add`, `sub`, `sign`, `isInteger`, `asInteger`, `asApproximateFloat`,
 //! `==`) and the semver library (`semver`, `isSemver`, `major`, `minor`, `patch`,
-//! `isGreaterThan`, `isLessThan`, `compareTo`, `==`) follow Kubernetes: quantities are
+//! `isGreaterThan`, `isLessThan`, `compareTo`, `==`) follow Kubernetes, as does
+//! `includes` (a list attribute holds the value, a scalar one equals it): quantities are
 //! exact signed nano-units (see [`crate::model::quantity::parse_nano`]) and have no `<`;
 //! versions compare by semver precedence. The `cel` crate's strings extension is
 //! available too. Invariant: evaluation is pure (no clock, no randomness), so equal
@@ -29,7 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cel::common::ast::{operators, Expr, IdedExpr, LiteralValue};
 use cel::common::traits::{Container, Indexer, Sizer};
-use cel::common::types::{CelBool, CelDouble, CelInt, CelString, Type, MAP_TYPE};
+use cel::common::types::{CelBool, CelDouble, CelInt, CelList, CelString, Type, MAP_TYPE};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{Context, DeclarationError, Env, ExecutionError, Program, Value};
 
@@ -571,6 +572,16 @@ fn call_type(name: &str, target: Option<Ty>, args: &[Ty]) -> Result<Ty, String> 
         ("isInteger", Some(t), []) if t.fits(Ty::Quantity) => Ok(Ty::Bool),
         ("asApproximateFloat", Some(t), []) if t.fits(Ty::Quantity) => Ok(Ty::Double),
         ("major" | "minor" | "patch", Some(t), []) if t.fits(Ty::Semver) => Ok(Ty::Int),
+        // Kubernetes' `includes` (DRAListTypeAttributes): a list attribute holds the
+        // value, or a scalar one equals it.
+        ("includes", Some(t), [a])
+            if matches!(
+                t,
+                Ty::Dyn | Ty::List | Ty::String | Ty::Int | Ty::Bool | Ty::Semver
+            ) && !matches!(a, Ty::List | Ty::Map) =>
+        {
+            Ok(Ty::Bool)
+        }
         // String members (standard library and strings extension).
         ("startsWith" | "endsWith" | "contains" | "matches", Some(t), [_])
             if t.fits(Ty::String) =>
@@ -596,6 +607,7 @@ fn is_known_function(name: &str) -> bool {
             name,
             "quantity"
                 | "semver"
+                | "includes"
                 | "isQuantity"
                 | "isSemver"
                 | "size"
@@ -749,15 +761,37 @@ pub fn split_qualified<'n>(driver: &'n str, name: &'n str) -> (&'n str, &'n str)
 }
 
 fn attribute_val<'v>(value: &'v AttributeValue) -> Box<dyn Val + 'v> {
+    let list =
+        |items: Vec<Box<dyn Val + 'v>>| -> Box<dyn Val + 'v> { Box::new(CelList::from(items)) };
     match value {
         AttributeValue::Int(n) => Box::new(CelInt::from(*n)),
         AttributeValue::Bool(b) => Box::new(CelBool::from(*b)),
         AttributeValue::String(s) => Box::new(CelString::from(s.as_str())),
-        AttributeValue::Version(v) => match Semver::parse(v) {
-            Ok(version) => Box::new(SemverVal(version)),
-            // Validated pools only hold valid versions; a string keeps a bad one visible.
-            Err(_) => Box::new(CelString::from(v.as_str())),
-        },
+        AttributeValue::Version(v) => version_val(v),
+        AttributeValue::Ints(l) => list(l.iter().map(|n| int_val(*n)).collect()),
+        AttributeValue::Bools(l) => list(l.iter().map(|b| bool_val(*b)).collect()),
+        AttributeValue::Strings(l) => list(l.iter().map(|s| string_val(s)).collect()),
+        AttributeValue::Versions(l) => list(l.iter().map(|v| version_val(v)).collect()),
+    }
+}
+
+fn int_val<'v>(n: i64) -> Box<dyn Val + 'v> {
+    Box::new(CelInt::from(n))
+}
+
+fn bool_val<'v>(b: bool) -> Box<dyn Val + 'v> {
+    Box::new(CelBool::from(b))
+}
+
+fn string_val<'v>(s: &'v str) -> Box<dyn Val + 'v> {
+    Box::new(CelString::from(s))
+}
+
+fn version_val<'v>(v: &'v str) -> Box<dyn Val + 'v> {
+    match Semver::parse(v) {
+        Ok(version) => Box::new(SemverVal(version)),
+        // Validated pools only hold valid versions; a string keeps a bad one visible.
+        Err(_) => Box::new(CelString::from(v)),
     }
 }
 
@@ -1138,7 +1172,60 @@ fn register_kubernetes(env: &mut Env) -> Result<(), DeclarationError> {
         name = "minor", id = "semver_minor")?;
     cel::add_member_overload!(env, fn semver_patch: (SemverVal) -> CelInt,
         name = "patch", id = "semver_patch")?;
+    cel::add_member_overload!(env, fn list_includes_string: (CelList, CelString) -> CelBool,
+        name = "includes", id = "list_includes_string")?;
+    cel::add_member_overload!(env, fn list_includes_int: (CelList, CelInt) -> CelBool,
+        name = "includes", id = "list_includes_int")?;
+    cel::add_member_overload!(env, fn list_includes_bool: (CelList, CelBool) -> CelBool,
+        name = "includes", id = "list_includes_bool")?;
+    cel::add_member_overload!(env, fn list_includes_semver: (CelList, SemverVal) -> CelBool,
+        name = "includes", id = "list_includes_semver")?;
+    cel::add_member_overload!(env, fn string_includes: (CelString, CelString) -> CelBool,
+        name = "includes", id = "string_includes")?;
+    cel::add_member_overload!(env, fn int_includes: (CelInt, CelInt) -> CelBool,
+        name = "includes", id = "int_includes")?;
+    cel::add_member_overload!(env, fn bool_includes: (CelBool, CelBool) -> CelBool,
+        name = "includes", id = "bool_includes")?;
+    cel::add_member_overload!(env, fn semver_includes: (SemverVal, SemverVal) -> CelBool,
+        name = "includes", id = "semver_includes")?;
     Ok(())
+}
+
+/// Whether a list attribute holds `value` (an item equal to it).
+fn list_holds(list: &CelList<'_>, value: &dyn Val) -> CelBool {
+    CelBool::from(list.iter().any(|item| item.equals(value)))
+}
+
+fn list_includes_string(list: &CelList<'_>, value: &CelString<'_>) -> CelBool {
+    list_holds(list, value)
+}
+
+fn list_includes_int(list: &CelList<'_>, value: &CelInt) -> CelBool {
+    list_holds(list, value)
+}
+
+fn list_includes_bool(list: &CelList<'_>, value: &CelBool) -> CelBool {
+    list_holds(list, value)
+}
+
+fn list_includes_semver(list: &CelList<'_>, value: &SemverVal) -> CelBool {
+    list_holds(list, value)
+}
+
+fn string_includes(a: &CelString<'_>, b: &CelString<'_>) -> CelBool {
+    CelBool::from(a.equals(b))
+}
+
+fn int_includes(a: &CelInt, b: &CelInt) -> CelBool {
+    CelBool::from(a.equals(b))
+}
+
+fn bool_includes(a: &CelBool, b: &CelBool) -> CelBool {
+    CelBool::from(a.equals(b))
+}
+
+fn semver_includes(a: &SemverVal, b: &SemverVal) -> CelBool {
+    CelBool::from(a.equals(b))
 }
 
 /// Attribute and capacity maps of a device by domain, as selectors see them (for tests
@@ -1183,6 +1270,60 @@ mod tests {
     fn eval(expr: &str, device: &Device) -> Result<bool, String> {
         let selector = compile_selector(expr)?;
         selector.matches(DRIVER, device).map_err(|e| e.to_string())
+    }
+
+    /// List attributes (DRAListTypeAttributes): `includes` on lists and scalars alike
+    /// (so a selector survives a driver moving an attribute from one to the other),
+    /// CEL's `in` and size on lists, and `includes` refused at compile time where its
+    /// argument is a list or map.
+    #[test]
+    fn list_attributes_and_includes() {
+        let mut d = gpu("a100", "40Gi");
+        d.attributes.insert(
+            "models".into(),
+            AttributeValue::Strings(vec!["a100".into(), "a100-sxm".into()]),
+        );
+        d.attributes.insert(
+            "numa.example.com/nodes".into(),
+            AttributeValue::Ints(vec![0, 1]),
+        );
+        d.attributes
+            .insert("flags".into(), AttributeValue::Bools(vec![true]));
+        d.attributes.insert(
+            "firmware".into(),
+            AttributeValue::Versions(vec!["1.2.3".into(), "2.0.0".into()]),
+        );
+        let attr = |name: &str| format!(r#"device.attributes["gpu.example.com"].{name}"#);
+        let yes = [
+            format!(r#"{}.includes("a100-sxm")"#, attr("models")),
+            format!(r#"{}.includes("a100")"#, attr("model")),
+            format!(r#"device.attributes["numa.example.com"].nodes.includes(1)"#),
+            format!(r#"device.attributes["numa.example.com"].node.includes(1)"#),
+            format!("{}.includes(true)", attr("flags")),
+            format!(r#"{}.includes(semver("2.0.0"))"#, attr("firmware")),
+            format!(r#"{}.includes(semver("1.2.3"))"#, attr("driverVersion")),
+            format!(r#""a100" in {}"#, attr("models")),
+            format!("size({}) == 2", attr("models")),
+            format!(r#"{}.exists(v, v.startsWith("a100-"))"#, attr("models")),
+        ];
+        for expr in &yes {
+            assert_eq!(eval(expr, &d), Ok(true), "{expr}");
+        }
+        let no = [
+            format!(r#"{}.includes("h100")"#, attr("models")),
+            format!(r#"{}.includes("h100")"#, attr("model")),
+            format!(r#"device.attributes["numa.example.com"].nodes.includes(2)"#),
+            format!(r#"{}.includes(semver("3.0.0"))"#, attr("firmware")),
+        ];
+        for expr in &no {
+            assert_eq!(eval(expr, &d), Ok(false), "{expr}");
+        }
+        for bad in [
+            format!(r#"{}.includes(["a100"])"#, attr("models")),
+            format!(r#"{}.includes({{"a": 1}})"#, attr("models")),
+        ] {
+            assert!(compile_selector(&bad).is_err(), "{bad} compiles");
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! Kubernetes' rules; device names are unique; every device has at most
 //! [`DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX`] attributes and capacities with qualified
 //! names (`id` or `domain/id`), string and version values of at most
-//! [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes (versions are semver 2.0.0), well-formed request
+//! [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes (versions are semver 2.0.0), attribute lists
+//! (`ints`, `bools`, `strings`, `versions`: Kubernetes' `DRAListTypeAttributes`) that are
+//! not empty, at most [`DEVICE_ATTRIBUTE_VALUES_MAX`] values in all, well-formed request
 //! policies, at most [`DEVICE_TAINTS_MAX`] taints, and consumes only counters that its
 //! pool's counter sets declare. A validated class has selectors that compile to bool.
 //! Errors name the field path. Called by the ledger (PublishPool, PutDeviceClass), the
@@ -36,6 +38,9 @@ pub const POOL_DEVICES_MAX: usize = 1024;
 pub const DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX: usize = 32;
 /// Longest string or version attribute value, in bytes (Kubernetes: 64).
 pub const ATTRIBUTE_VALUE_LENGTH_MAX: usize = 64;
+/// Most attribute values per device, scalars and list items together (Kubernetes'
+/// ResourceSliceMaxAttributeValues).
+pub const DEVICE_ATTRIBUTE_VALUES_MAX: usize = 48;
 /// Longest attribute, capacity or counter identifier after its domain, in bytes (Kubernetes: 32).
 pub const ATTRIBUTE_ID_LENGTH_MAX: usize = 32;
 /// Longest driver name, in bytes (Kubernetes: 63).
@@ -162,7 +167,10 @@ impl fmt::Display for DeviceId {
     }
 }
 
-/// One attribute value (exactly one of Kubernetes' `int`, `bool`, `string`, `version`).
+/// One attribute value (exactly one of Kubernetes' `int`, `bool`, `string`, `version`,
+/// or, with `DRAListTypeAttributes`, a non-empty list: `ints`, `bools`, `strings`,
+/// `versions`). A list is a set of values, a scalar a set of one: `matchAttribute`
+/// holds where the devices' sets share a value, `distinctAttribute` where they share none.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum AttributeValue {
@@ -174,6 +182,74 @@ pub enum AttributeValue {
     String(String),
     /// A semver 2.0.0 version.
     Version(String),
+    /// Integers.
+    Ints(Vec<i64>),
+    /// Booleans.
+    Bools(Vec<bool>),
+    /// Strings of at most [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes each.
+    Strings(Vec<String>),
+    /// Semver 2.0.0 versions.
+    Versions(Vec<String>),
+}
+
+/// One value of an attribute: a scalar, or one item of a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttributeItem<'a> {
+    /// An integer.
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    String(&'a str),
+    /// A version, as written.
+    Version(&'a str),
+}
+
+impl AttributeValue {
+    /// Its values: the scalar, or the list's items.
+    pub fn items(&self) -> Vec<AttributeItem<'_>> {
+        match self {
+            Self::Int(n) => vec![AttributeItem::Int(*n)],
+            Self::Bool(b) => vec![AttributeItem::Bool(*b)],
+            Self::String(s) => vec![AttributeItem::String(s)],
+            Self::Version(v) => vec![AttributeItem::Version(v)],
+            Self::Ints(l) => l.iter().map(|n| AttributeItem::Int(*n)).collect(),
+            Self::Bools(l) => l.iter().map(|b| AttributeItem::Bool(*b)).collect(),
+            Self::Strings(l) => l.iter().map(|s| AttributeItem::String(s)).collect(),
+            Self::Versions(l) => l.iter().map(|v| AttributeItem::Version(v)).collect(),
+        }
+    }
+
+    /// How many values it holds (one for a scalar).
+    pub fn value_count(&self) -> usize {
+        match self {
+            Self::Int(_) | Self::Bool(_) | Self::String(_) | Self::Version(_) => 1,
+            Self::Ints(l) => l.len(),
+            Self::Bools(l) => l.len(),
+            Self::Strings(l) => l.len(),
+            Self::Versions(l) => l.len(),
+        }
+    }
+
+    /// Whether `item` is one of its values.
+    pub fn holds(&self, item: AttributeItem<'_>) -> bool {
+        match (self, item) {
+            (Self::Int(n), AttributeItem::Int(m)) => *n == m,
+            (Self::Bool(b), AttributeItem::Bool(c)) => *b == c,
+            (Self::String(s), AttributeItem::String(t)) => s == t,
+            (Self::Version(v), AttributeItem::Version(w)) => v == w,
+            (Self::Ints(l), AttributeItem::Int(m)) => l.contains(&m),
+            (Self::Bools(l), AttributeItem::Bool(c)) => l.contains(&c),
+            (Self::Strings(l), AttributeItem::String(t)) => l.iter().any(|s| s == t),
+            (Self::Versions(l), AttributeItem::Version(w)) => l.iter().any(|v| v == w),
+            _ => false,
+        }
+    }
+
+    /// Whether it shares a value with `other` (scalars are sets of one).
+    pub fn overlaps(&self, other: &AttributeValue) -> bool {
+        self.items().into_iter().any(|item| other.holds(item))
+    }
 }
 
 /// Which amounts a request may take of a shared device's capacity.
@@ -527,6 +603,16 @@ fn validate_device(
             },
         )?;
     }
+    let values: usize = device
+        .attributes
+        .values()
+        .map(AttributeValue::value_count)
+        .sum();
+    if values > DEVICE_ATTRIBUTE_VALUES_MAX {
+        return Err(path().child("attributes").error(format!(
+            "at most {DEVICE_ATTRIBUTE_VALUES_MAX} attribute values per device (list items count one each), got {values}"
+        )));
+    }
     for (name, capacity) in &device.capacity {
         lazily(
             || path().child("capacity").key(name),
@@ -602,14 +688,41 @@ fn validate_attribute_value(
     path: &FieldPath,
     value: &AttributeValue,
 ) -> Result<(), ValidationError> {
+    let long = |at: FieldPath, s: &str| {
+        if s.len() > ATTRIBUTE_VALUE_LENGTH_MAX {
+            Err(at.error(format!("longer than {ATTRIBUTE_VALUE_LENGTH_MAX} bytes")))
+        } else {
+            Ok(())
+        }
+    };
+    let version = |at: FieldPath, v: &str| Semver::parse(v).map(|_| ()).map_err(|e| at.error(e));
+    let list = |field: &str, len: usize| {
+        if len == 0 {
+            Err(path.child(field).error("must not be empty"))
+        } else {
+            Ok(())
+        }
+    };
     match value {
-        AttributeValue::String(s) if s.len() > ATTRIBUTE_VALUE_LENGTH_MAX => Err(path
-            .child("string")
-            .error(format!("longer than {ATTRIBUTE_VALUE_LENGTH_MAX} bytes"))),
-        AttributeValue::Version(v) => Semver::parse(v)
-            .map(|_| ())
-            .map_err(|e| path.child("version").error(e)),
-        _ => Ok(()),
+        AttributeValue::String(s) => long(path.child("string"), s),
+        AttributeValue::Version(v) => version(path.child("version"), v),
+        AttributeValue::Int(_) | AttributeValue::Bool(_) => Ok(()),
+        AttributeValue::Ints(l) => list("ints", l.len()),
+        AttributeValue::Bools(l) => list("bools", l.len()),
+        AttributeValue::Strings(l) => {
+            list("strings", l.len())?;
+            for (i, s) in l.iter().enumerate() {
+                long(path.child("strings").index(i), s)?;
+            }
+            Ok(())
+        }
+        AttributeValue::Versions(l) => {
+            list("versions", l.len())?;
+            for (i, v) in l.iter().enumerate() {
+                version(path.child("versions").index(i), v)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -1275,6 +1388,65 @@ mod tests {
         assert_eq!(
             DeviceCapacity::fixed(q("8")).consumed_by(Some(q("3"))),
             Some(q("3"))
+        );
+    }
+
+    /// List attributes as the API writes them (`strings`, `ints`, `bools`, `versions`):
+    /// decoded, kept as sets for constraints, and refused when empty, too long, not
+    /// semver, or past the per-device value budget, naming the field.
+    #[test]
+    fn list_attributes_decode_validate_and_compare_as_sets() {
+        let json = r#"{
+          "driver": "gpu.example.com",
+          "pool": {"name": "node-1", "generation": 1},
+          "devices": [{"name": "cpu-0", "attributes": {
+            "pcieRoots": {"strings": ["pci0000:00", "pci0000:40"]},
+            "numaNodes": {"ints": [0, 1]},
+            "smt": {"bools": [true]},
+            "firmware": {"versions": ["1.2.3"]},
+            "model": {"string": "epyc"}}}]
+        }"#;
+        let raw: RawResourcePool = serde_json::from_str(json).expect("decodes");
+        let pool = raw.validate().expect("valid");
+        let attrs = &pool.devices[0].attributes;
+        let roots = &attrs["pcieRoots"];
+        assert_eq!(
+            roots,
+            &AttributeValue::Strings(vec!["pci0000:00".into(), "pci0000:40".into()])
+        );
+        assert_eq!(roots.value_count(), 2);
+        let scalar = AttributeValue::String("pci0000:40".into());
+        assert!(roots.overlaps(&scalar) && scalar.overlaps(roots));
+        assert!(!roots.overlaps(&AttributeValue::String("pci0000:80".into())));
+        assert!(!attrs["numaNodes"].overlaps(&AttributeValue::Strings(vec!["0".into()])));
+        assert!(attrs["numaNodes"].holds(AttributeItem::Int(1)));
+
+        let bad = |value: AttributeValue| {
+            let mut p = pool.clone();
+            p.devices[0].attributes.insert("x".into(), value);
+            p.validate(&FieldPath::new("pool"))
+                .expect_err("invalid")
+                .to_string()
+        };
+        let empty = bad(AttributeValue::Ints(Vec::new()));
+        assert!(
+            empty.starts_with("pool.devices[0].attributes.x.ints"),
+            "{empty}"
+        );
+        let long = bad(AttributeValue::Strings(vec!["a".into(), "b".repeat(65)]));
+        assert!(
+            long.starts_with("pool.devices[0].attributes.x.strings[1]"),
+            "{long}"
+        );
+        let version = bad(AttributeValue::Versions(vec!["1.2".into()]));
+        assert!(
+            version.starts_with("pool.devices[0].attributes.x.versions[0]"),
+            "{version}"
+        );
+        let many = bad(AttributeValue::Ints((0..44).collect()));
+        assert!(
+            many.starts_with("pool.devices[0].attributes: at most 48 attribute values"),
+            "{many}"
         );
     }
 
