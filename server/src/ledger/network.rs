@@ -107,12 +107,6 @@ impl NetworkPools {
             .flat_map(|c| c.iter().map(|(m, t)| (m, *t)))
     }
 
-    /// The transaction that made `member` a consumer of a shared claim, while it is
-    /// one (the first, if of several).
-    pub fn consumer_txn(&self, member: &MemberKey) -> Option<TxnId> {
-        self.consumers().find(|(m, _)| *m == member).map(|(_, t)| t)
-    }
-
     /// The member's hold, if any.
     pub fn hold_of(&self, member: &MemberKey) -> Option<&PodSlot> {
         self.holds.get(member)
@@ -407,8 +401,8 @@ impl NetworkPools {
         }
         let unused = |(key, slot): &(&MemberKey, &PodSlot)| {
             key.gang == CLAIM_GANG
-                && (slot.state.is_gangway()
-                    && !self.consumers.get(*key).is_some_and(|c| !c.is_empty()))
+                && slot.state.is_gangway()
+                && self.consumers.get(*key).is_none_or(BTreeMap::is_empty)
         };
         if let Some((claim, _)) = self.holds.iter().find(unused) {
             return Err(format!(

@@ -1297,8 +1297,8 @@ mod tests {
         let yes = [
             format!(r#"{}.includes("a100-sxm")"#, attr("models")),
             format!(r#"{}.includes("a100")"#, attr("model")),
-            format!(r#"device.attributes["numa.example.com"].nodes.includes(1)"#),
-            format!(r#"device.attributes["numa.example.com"].node.includes(1)"#),
+            r#"device.attributes["numa.example.com"].nodes.includes(1)"#.to_string(),
+            r#"device.attributes["numa.example.com"].node.includes(1)"#.to_string(),
             format!("{}.includes(true)", attr("flags")),
             format!(r#"{}.includes(semver("2.0.0"))"#, attr("firmware")),
             format!(r#"{}.includes(semver("1.2.3"))"#, attr("driverVersion")),
@@ -1312,7 +1312,7 @@ mod tests {
         let no = [
             format!(r#"{}.includes("h100")"#, attr("models")),
             format!(r#"{}.includes("h100")"#, attr("model")),
-            format!(r#"device.attributes["numa.example.com"].nodes.includes(2)"#),
+            r#"device.attributes["numa.example.com"].nodes.includes(2)"#.to_string(),
             format!(r#"{}.includes(semver("3.0.0"))"#, attr("firmware")),
         ];
         for expr in &no {
