@@ -1181,13 +1181,21 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
         sharing[3]
     );
     finish_deletions(api, &sharing[3..]).await;
-    wait_for(
+    // gangway put upstream's finalizer on the claim, so the resourceclaim controller
+    // deallocates it once no pod is reserved (else it would stay allocated, as another
+    // scheduler's claim would, and keep the device).
+    let now = wait_for(
         "the one-device pod bound once the claim's last pod is gone",
         Duration::from_secs(60),
         &env,
         |v| v.node_of(&after).is_some(),
     )
     .await;
+    let claim = &now.claims["fabric-channel"];
+    assert!(
+        claim["status"]["allocation"].is_null() && claim["metadata"]["finalizers"].is_null(),
+        "deallocated by the controller, finalizer removed: {claim}"
+    );
 }
 
 /// List-typed device attributes (`DRAListTypeAttributes` on in the API server): a CPU

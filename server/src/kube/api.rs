@@ -229,11 +229,28 @@ pub async fn write_claim(
         if !existing.is_null() && same && reserved {
             return Ok(ClaimOutcome::Written);
         }
-        status["allocation"] = allocation.clone();
+        // The finalizer first, as upstream's scheduler sets it: the resourceclaim
+        // controller deallocates a claim that carries it once no pod is reserved any
+        // more, and only then removes it.
+        if existing.is_null() && !protected(&claim) {
+            match protect_claim(client, &path, &claim).await {
+                Ok(updated) => claim = updated,
+                Err(e) if e.code() == Some(409) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let status = &mut claim["status"];
         let mut consumers = status["reservedFor"]
             .as_array()
             .cloned()
             .unwrap_or_default();
+        let reserved = consumers
+            .iter()
+            .any(|c| c["uid"].as_str() == Some(pod.uid.as_str()));
+        status["allocation"] = allocation.clone();
         if !reserved {
             consumers.push(consumer.clone());
         }
@@ -396,6 +413,36 @@ pub async fn clear_claim(
 }
 
 /// The API path of ResourceClaim `namespace/name`.
+/// The finalizer upstream's scheduler puts on a claim it allocates; the resourceclaim
+/// controller deallocates such a claim once it is reserved for no pod, then removes it.
+pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+
+/// Whether `claim` carries [`CLAIM_FINALIZER`].
+fn protected(claim: &Value) -> bool {
+    claim["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|x| x == CLAIM_FINALIZER))
+}
+
+/// Adds [`CLAIM_FINALIZER`] to `claim` (as read from `path`, its resourceVersion the
+/// precondition); answers the claim as updated.
+async fn protect_claim(
+    client: &kube::Client,
+    path: &str,
+    claim: &Value,
+) -> Result<Value, ApiError> {
+    let mut finalizers = claim["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    finalizers.push(json!(CLAIM_FINALIZER));
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": claim["metadata"]["resourceVersion"],
+    }});
+    merge_patch(client, path, &patch).await
+}
+
 fn claim_path(namespace: &str, name: &str) -> String {
     format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
 }
