@@ -412,7 +412,6 @@ pub async fn clear_claim(
     }))
 }
 
-/// The API path of ResourceClaim `namespace/name`.
 /// The finalizer upstream's scheduler puts on a claim it allocates; the resourceclaim
 /// controller deallocates such a claim once it is reserved for no pod, then removes it.
 pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
@@ -443,6 +442,7 @@ async fn protect_claim(
     merge_patch(client, path, &patch).await
 }
 
+/// The API path of ResourceClaim `namespace/name`.
 fn claim_path(namespace: &str, name: &str) -> String {
     format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
 }
