@@ -76,6 +76,7 @@ for _group, _resources, _verbs in [
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.sigs.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("resource.k8s.io", ["resourceslices", "deviceclasses", "resourceclaims", "devicetaintrules"], ["get", "list", "watch"]),
+    ("resource.k8s.io", ["resourceclaims"], ["patch"]),
     ("resource.k8s.io", ["resourceclaims/status"], ["get", "update", "patch"]),
     ("resource.k8s.io", ["resourceclaims/binding"], ["update"]),
 ]:
