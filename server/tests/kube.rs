@@ -1472,17 +1472,31 @@ async fn a_binding_is_classified_as_the_real_server_answers_it() {
         "the newer claim kept"
     );
     assert_eq!(claim["status"]["reservedFor"][0]["uid"], owner.uid.as_str());
-    let writes: Vec<u16> = api
-        .audit()
-        .iter()
-        .filter(|e| e.resource == "resourceclaims" && e.subresource == "status" && e.name == "c")
-        .map(|e| e.code)
-        .collect();
     assert_eq!(
-        writes,
-        vec![409, 200],
-        "the stale copy's write refused, then one from a fresh read"
+        claim["metadata"]["finalizers"],
+        json!(["resource.kubernetes.io/delete-protection"]),
+        "upstream's finalizer, put before the allocation"
     );
+    let writes = |subresource: &str| -> Vec<(String, u16)> {
+        api.audit()
+            .iter()
+            .filter(|e| e.resource == "resourceclaims" && e.name == "c")
+            .filter(|e| e.subresource == subresource && e.verb != "create")
+            .map(|e| (e.verb.clone(), e.code))
+            .collect()
+    };
+    // The finalizer's patch goes first, with the copy's resourceVersion as precondition:
+    // the stale copy's is refused, one from a fresh read is taken, then the status.
+    assert_eq!(
+        writes(""),
+        [
+            ("update".to_string(), 200),
+            ("patch".to_string(), 409),
+            ("patch".to_string(), 200)
+        ],
+        "the test's own update, the stale copy's patch refused, then one from a fresh read"
+    );
+    assert_eq!(writes("status"), [("update".to_string(), 200)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
