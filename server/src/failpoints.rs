@@ -101,8 +101,13 @@ pub const SHARE_IDS_NOT_UUIDS: &str = "binder-writes-share-ids-that-are-not-uuid
 pub const OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED: &str =
     "ingest-ignores-other-schedulers-network-claims";
 
+/// A fixed bug, back for checking the checks: the ingest leaves a pool offered after
+/// its ResourceSlices are all deleted (as it once did), so gangway gives out devices
+/// whose driver is gone.
+pub const SLICELESS_POOLS_OFFERED: &str = "ingest-offers-pools-without-slices";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 21] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -123,6 +128,7 @@ pub const ALL: [&str; 20] = [
     SHARED_CLAIMS_FREED_WITH_CARRIER,
     SHARE_IDS_NOT_UUIDS,
     OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED,
+    SLICELESS_POOLS_OFFERED,
 ];
 
 /// The armed crash points of a process.

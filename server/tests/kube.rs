@@ -1351,6 +1351,121 @@ async fn the_check_catches_an_ingest_that_ignores_other_schedulers_network_claim
     .await;
 }
 
+/// On one node of three GPUs, `holder` binds to one; then the node's ResourceSlice is
+/// deleted (as the kubelet does when its driver unregisters) and `waiter` is created.
+/// Returns once gangway placed or refused the waiter.
+async fn a_slice_is_deleted_under_a_holder(env: &Env) {
+    let api = &env.api;
+    api.create(&PODS, gpu_pod("holder", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("holder");
+    wait_for("the holder bound", Duration::from_secs(60), env, |v| {
+        v.node_of("holder").is_some()
+    })
+    .await;
+    api.delete(&RESOURCE_SLICES, None, "node-000-gpus")
+        .await
+        .expect("slice deleted");
+    // Long enough for gangway to see it (ingest passes run at least every 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api.create(&PODS, gpu_pod("waiter", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("waiter");
+    wait_for(
+        "gangway refused or placed the waiter",
+        Duration::from_secs(60),
+        env,
+        |v| v.node_of("waiter").is_some() || !v.events_for("waiter", "FailedScheduling").is_empty(),
+    )
+    .await;
+}
+
+/// The holder keeps its device and its claim, and is not asked to leave.
+fn assert_holder_stays(v: &View) {
+    let holder = &v.pods["holder"];
+    assert!(
+        holder["metadata"]["deletionTimestamp"].is_null(),
+        "the holder is not evicted: {holder}"
+    );
+    assert!(
+        v.device_of("holder").is_some(),
+        "the holder keeps its claim"
+    );
+}
+
+/// A pool whose slices are deleted is withdrawn: its holder stays, nothing new is
+/// given its devices; published again (the driver back, at generation 1), its free
+/// devices are given out, the held one is not; and a pool whose slice went while
+/// every gangway process was down is withdrawn by the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_slices_are_deleted_offers_nothing_new_and_evicts_nobody() {
+    let mut env = start(1, 3, 0).await;
+    a_slice_is_deleted_under_a_holder(&env).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let v = view(&env.api).await;
+    assert_eq!(v.node_of("waiter"), None, "no device is offered");
+    assert_holder_stays(&v);
+    env.api
+        .create(&RESOURCE_SLICES, slice("node-000", 3))
+        .await
+        .expect("slice back");
+    let v = wait_for("the waiter bound", Duration::from_secs(60), &env, |v| {
+        v.node_of("waiter").is_some()
+    })
+    .await;
+    assert_ne!(v.device_of("waiter"), v.device_of("holder"));
+    assert_holder_stays(&v);
+    // The slice goes while no gangway process runs; the new leader withdraws the pool.
+    for id in [1, 2, 3] {
+        env.cluster.kill(id);
+    }
+    env.api
+        .delete(&RESOURCE_SLICES, None, "node-000-gpus")
+        .await
+        .expect("slice deleted again");
+    for id in [1, 2, 3] {
+        env.cluster.spawn(id);
+    }
+    env.cluster
+        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
+        .await;
+    env.api
+        .create(&PODS, gpu_pod("late", json!({}), json!({}), "one-gpu"))
+        .await
+        .expect("late pod");
+    wait_for(
+        "gangway refused the late pod",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of("late").is_some() || !v.events_for("late", "FailedScheduling").is_empty(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let v = view(&env.api).await;
+    assert_eq!(v.node_of("late"), None, "the third GPU is not offered");
+    assert_holder_stays(&v);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_an_ingest_that_offers_pools_without_slices() {
+    let env = start_armed(
+        1,
+        3,
+        0,
+        Setup::Admin,
+        &[gangway_server::failpoints::SLICELESS_POOLS_OFFERED],
+    )
+    .await;
+    a_slice_is_deleted_under_a_holder(&env).await;
+    wait_for(
+        "the waiter bound to a device whose slice is gone (the bug switch)",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of("waiter").is_some(),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_is_classified_as_the_real_server_answers_it() {
     use gangway_server::kube::api::{bind, BindOutcome};

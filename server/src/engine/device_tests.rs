@@ -255,6 +255,39 @@ fn exact_count_and_all() {
 }
 
 #[test]
+fn a_withdrawn_pool_is_not_planned_until_published_again() {
+    let mut f = Fixture::new(&["n1", "n2"]);
+    for node in ["n1", "n2"] {
+        f.publish(node, vec![gpu("gpu-0", "a100", 40, 0)], vec![]);
+    }
+    let any = one("true");
+    let withdraw = |node: &str| LedgerOp::WithdrawPool {
+        node: node.into(),
+        driver: DRIVER.into(),
+        pool: node.into(),
+    };
+    f.apply(withdraw("n1"));
+    assert_eq!(
+        f.place(&["a"], &any)
+            .assignments
+            .first()
+            .map(|m| m.node.clone()),
+        Some("n2".to_string())
+    );
+    f.apply(withdraw("n2"));
+    let placement = f.place(&["a"], &any);
+    assert_eq!(
+        unplaced_reasons(&placement),
+        vec![FilterReason::CannotAllocateDevices]
+    );
+    f.publish("n1", vec![gpu("gpu-0", "a100", 40, 0)], vec![]);
+    assert_eq!(
+        f.commit(&["a"], &any),
+        BTreeMap::from([("a".into(), vec!["gpu:gpu-0".into()])])
+    );
+}
+
+#[test]
 fn cel_selectors_compare_quantities() {
     let mut f = Fixture::new(&["n1"]);
     f.publish(

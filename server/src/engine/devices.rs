@@ -865,7 +865,11 @@ impl<'a> Table<'a> {
                 )
             })
             .peekable();
-        for (key, pool) in devices.pools.iter().filter(|(key, _)| keep(key)) {
+        let offered = devices
+            .pools
+            .iter()
+            .filter(|(key, pool)| pool.standing.is_offered() && keep(key));
+        for (key, pool) in offered {
             let (driver, pool_name) = (key.driver.as_str(), key.pool.as_str());
             let mut counter_pos: BTreeMap<(&str, &str), usize> = BTreeMap::new();
             for (set, values) in &pool.counter_sets {

@@ -367,7 +367,7 @@ fn evicted_members(evictions: &[DeviceEviction]) -> Vec<String> {
     members.into_iter().collect()
 }
 
-/// The ledger's generation of the report's pool (0: none) and whether it already holds
+/// The ledger's generation of the report's pool (0: none) and whether it already offers
 /// exactly these devices.
 fn published(entry: &NodeEntry, pool: &PluginPool) -> (u64, bool) {
     let key = PoolKey {
@@ -377,7 +377,8 @@ fn published(entry: &NodeEntry, pool: &PluginPool) -> (u64, bool) {
     match entry.usage.devices.pools.get(&key) {
         None => (0, false),
         Some(held) => {
-            let same = held.devices.len() == pool.devices.len()
+            let same = held.standing.is_offered()
+                && held.devices.len() == pool.devices.len()
                 && pool
                     .devices
                     .iter()

@@ -106,6 +106,13 @@ struct Memory {
     pools_dirty: BTreeSet<PoolKey>,
     /// Whether `slice_pool` was built since leading started.
     slices_indexed: bool,
+    /// Whether the pools the shards offer were read since leading started (those
+    /// without slices are withdrawn, whoever published them).
+    offered_read: bool,
+    /// Pools the shards offered when leading started and not published since.
+    offered_before: BTreeSet<PoolKey>,
+    /// Pools withdrawn since leading started (their devices may still be held).
+    withdrawn: BTreeSet<PoolKey>,
     /// Pod uid → key of the group it was submitted in.
     submitted: HashMap<String, String>,
     /// Group key → its pods.
@@ -624,7 +631,9 @@ impl Ingest {
     /// registered; a pool whose node is not registered yet, or whose write failed,
     /// stays marked.
     async fn sync_slices(&mut self) {
+        self.read_offered_pools().await;
         let dirty = std::mem::take(&mut self.memory.pools_dirty);
+        self.withdraw_pools(&dirty).await;
         let mut slices = Vec::new();
         for pool in &dirty {
             for name in self.memory.pool_slices.get(pool).into_iter().flatten() {
@@ -671,6 +680,98 @@ impl Ingest {
         }
     }
 
+    /// Once per leadership, reads the pools the shards offer; those no slice names are
+    /// marked, to be withdrawn (their slices went while no leader watched). A failed
+    /// read is tried again next pass.
+    async fn read_offered_pools(&mut self) {
+        if self.memory.offered_read {
+            return;
+        }
+        let mut offered = BTreeSet::new();
+        for shard in 1..=self.shards {
+            match self
+                .groups
+                .shard_query(shard, &ShardQuery::OfferedPools)
+                .await
+            {
+                Ok(ShardAnswer::OfferedPools { pools }) => offered.extend(pools),
+                Ok(other) => {
+                    tracing::warn!(shard, answer = ?other, "unexpected answer listing pools");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "listing pools failed; next pass");
+                    return;
+                }
+            }
+        }
+        let memory = &mut self.memory;
+        memory.offered_read = true;
+        for key in offered {
+            if !memory.pool_slices.contains_key(&key) {
+                memory.pools_dirty.insert(key.clone());
+                memory.offered_before.insert(key);
+            }
+        }
+    }
+
+    /// Withdraws the marked pools that no slice names any more and that are offered
+    /// (`LedgerOp::WithdrawPool`: nobody is evicted; a driver restart deletes and
+    /// republishes its slices); a failed write leaves the pool marked.
+    async fn withdraw_pools(&mut self, dirty: &BTreeSet<PoolKey>) {
+        if self
+            .opts
+            .failpoints
+            .armed(failpoints::SLICELESS_POOLS_OFFERED)
+        {
+            return;
+        }
+        let gone: Vec<PoolKey> = dirty
+            .iter()
+            .filter(|key| !self.memory.pool_slices.contains_key(*key))
+            .filter(|key| {
+                self.memory.pools.contains_key(*key) || self.memory.offered_before.contains(*key)
+            })
+            .cloned()
+            .collect();
+        for key in gone {
+            let (node, driver, pool) = key.clone();
+            let shards = if node.is_empty() {
+                (1..=self.shards).collect()
+            } else {
+                match shard_of(&self.groups, &node).await {
+                    Ok(Some(shard)) => vec![shard],
+                    // The node is gone, and its pools with it.
+                    Ok(None) => Vec::new(),
+                    Err(_) => {
+                        self.memory.pools_dirty.insert(key);
+                        continue;
+                    }
+                }
+            };
+            let op = LedgerOp::WithdrawPool { node, driver, pool };
+            let mut failed = None;
+            for shard in shards {
+                if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
+                    failed = Some(format!("shard {shard}: {}", e.message()));
+                }
+            }
+            let memory = &mut self.memory;
+            match failed {
+                None => {
+                    memory.pools.remove(&key);
+                    memory.offered_before.remove(&key);
+                    memory.withdrawn.insert(key);
+                    memory.rule_taints = None;
+                }
+                Some(why) => {
+                    tracing::warn!(pool = ?key, error = %why, "withdrawing a pool failed; next pass");
+                    memory.pools_dirty.insert(key);
+                }
+            }
+        }
+    }
+
     /// Publishes a node's pool on the node's shard, once the node is registered.
     async fn publish_node_pool(&mut self, name: &str, node: String, pool: ResourcePool) {
         let key = (node.clone(), pool.driver.clone(), pool.name.clone());
@@ -696,6 +797,8 @@ impl Ingest {
         };
         match apply_op(&self.groups, shard, op).await {
             Ok(_) => {
+                self.memory.withdrawn.remove(&key);
+                self.memory.offered_before.remove(&key);
                 self.memory.pools.insert(key, generation);
                 // Its devices may be new to the rules, or gone with their taints.
                 self.memory.rule_taints = None;
@@ -734,6 +837,8 @@ impl Ingest {
         }
         match failed {
             None => {
+                self.memory.withdrawn.remove(&key);
+                self.memory.offered_before.remove(&key);
                 self.memory.pools.insert(key, pool.generation);
                 self.memory.observed_network_dirty = true;
                 // Its devices may be new to the rules, or gone with their taints.
@@ -1012,11 +1117,13 @@ impl Ingest {
         }
     }
 
-    /// The network-attached pools gangway published, as (driver, pool).
+    /// The network-attached pools gangway published (withdrawn ones too: their devices
+    /// may still be held), as (driver, pool).
     fn network_pools(&self) -> BTreeSet<(String, String)> {
-        self.memory
-            .pools
-            .keys()
+        let memory = &self.memory;
+        (memory.pools.keys())
+            .chain(&memory.withdrawn)
+            .chain(&memory.offered_before)
             .filter(|(node, _, _)| node.is_empty())
             .map(|(_, driver, pool)| (driver.clone(), pool.clone()))
             .collect()
@@ -1395,8 +1502,13 @@ impl Ingest {
     }
 
     /// Submits the pending pods of ours not yet submitted, when something that decides
-    /// them changed (a pod, a PodGroup, a claim, a submission given up).
+    /// them changed (a pod, a PodGroup, a claim, a submission given up). Not before the
+    /// pools the shards offer were compared with the slices: a pool whose slices went
+    /// while no leader watched must not be given out meanwhile.
     async fn submit_pending(&mut self) {
+        if !self.memory.offered_read {
+            return;
+        }
         if !std::mem::take(&mut self.memory.waiting_dirty) || self.memory.waiting.is_empty() {
             return;
         }

@@ -11,7 +11,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::devices::{AgentLink, DeviceEviction, DeviceHealthReport, PoolChange};
+use crate::ledger::devices::{
+    AgentLink, DeviceEviction, DeviceHealthReport, PoolChange, PoolWithdrawal,
+};
 use crate::ledger::usage::ObservedConflicts;
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::{
@@ -316,6 +318,18 @@ pub enum LedgerOp {
         devices: Vec<Device>,
         /// Shared counter sets of the pool.
         counter_sets: Vec<CounterSet>,
+    },
+    /// Withdraws a pool whose slices are all gone: no new allocation takes its devices,
+    /// while their holders keep them (a driver restart deletes and republishes its
+    /// slices, so this evicts nobody); the next publication, of any generation, offers
+    /// the pool again. An empty node names a network-attached pool (sent to every shard).
+    WithdrawPool {
+        /// The node (empty: a network-attached pool).
+        node: String,
+        /// Driver.
+        driver: String,
+        /// Pool name.
+        pool: String,
     },
     /// Records device health, as a device plugin's ListAndWatch reports it.
     SetDeviceHealth {
@@ -814,6 +828,17 @@ pub enum LedgerReply {
         txn_id: TxnId,
         /// How it ended.
         outcome: TxnOutcome,
+    },
+    /// A pool was withdrawn (or found withdrawn, or never published here).
+    PoolWithdrawn {
+        /// Node name (empty for a network-attached pool).
+        node: String,
+        /// Driver.
+        driver: String,
+        /// Pool.
+        pool: String,
+        /// What the withdrawal found.
+        outcome: PoolWithdrawal,
     },
     /// A pool was published (or ignored as stale, or found unchanged).
     PoolPublished {

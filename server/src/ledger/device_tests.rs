@@ -12,7 +12,8 @@ use crate::ledger::command::{
     RefusalCause, ReleaseTarget, ReserveMember, TxnId,
 };
 use crate::ledger::devices::{
-    AgentLink, DeviceHealth, DeviceHealthReport, EvictionCause, PoolChange, AGENT_GRACE_MS_DEFAULT,
+    AgentLink, DeviceHealth, DeviceHealthReport, EvictionCause, PoolChange, PoolWithdrawal,
+    AGENT_GRACE_MS_DEFAULT,
 };
 use crate::ledger::shard::ShardLedger;
 use crate::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
@@ -890,6 +891,8 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
             .prop_map(|(node, since_ms, grace_ms)| LedgerOp::AgentDisconnected { node, since_ms, grace_ms }),
         1 => node_name().prop_map(|node| LedgerOp::AgentConnected { node }),
         1 => Just(LedgerOp::Tick),
+        1 => (node_name(), 0usize..POOLS.len())
+            .prop_map(|(node, p)| withdraw(&node, POOLS[p])),
     ]
 }
 
@@ -946,6 +949,25 @@ proptest! {
     }
 
     #[test]
+    fn withdrawn_pools_give_out_nothing_and_take_nothing_back(commands in arb_commands()) {
+        let mut ledger = ShardLedger::new();
+        for cmd in &commands {
+            let withdrawn = withdrawn_devices(&ledger, &cmd.op);
+            let held_before = holdings(&ledger);
+            let reply = ledger.apply(cmd);
+            // (A retried transaction answers as before and holds nothing new.)
+            let took = holdings(&ledger) != held_before;
+            if took && matches!(reply, LedgerReply::Reserved { .. } | LedgerReply::Committed { .. }) {
+                prop_assert!(withdrawn.is_empty(), "{:?} took {:?} of a withdrawn pool", cmd, withdrawn);
+            }
+            if let LedgerOp::WithdrawPool { .. } = cmd.op {
+                prop_assert!(matches!(reply, LedgerReply::PoolWithdrawn { .. }), "{:?}", reply);
+                prop_assert_eq!(holdings(&ledger), held_before, "a withdrawal changed holdings");
+            }
+        }
+    }
+
+    #[test]
     fn device_commands_are_deterministic_and_round_trip(commands in arb_commands()) {
         let mut a = ShardLedger::new();
         let mut b = ShardLedger::new();
@@ -963,6 +985,133 @@ proptest! {
         }
         prop_assert_eq!(restored.snapshot(), a.snapshot());
     }
+}
+
+fn withdraw(node: &str, pool: &str) -> LedgerOp {
+    LedgerOp::WithdrawPool {
+        node: node.into(),
+        driver: DRIVER.into(),
+        pool: pool.into(),
+    }
+}
+
+/// Devices a reservation in `op` names whose pools are withdrawn on their member's node.
+fn withdrawn_devices(l: &ShardLedger, op: &LedgerOp) -> Vec<DeviceId> {
+    let members = match op {
+        LedgerOp::Reserve { members, .. } | LedgerOp::ReserveAndCommit { members, .. } => members,
+        _ => return Vec::new(),
+    };
+    members
+        .iter()
+        .flat_map(|m| {
+            let devices = l.node(&m.node).map(|e| &e.usage.devices);
+            m.pod.devices.iter().filter_map(move |a| {
+                let pool = devices?.pools.get(&crate::ledger::devices::PoolKey {
+                    driver: a.device.driver.clone(),
+                    pool: a.device.pool.clone(),
+                })?;
+                (!pool.standing.is_offered()).then(|| a.device.clone())
+            })
+        })
+        .collect()
+}
+
+/// Every node's device holdings and the members placed on it.
+fn holdings(l: &ShardLedger) -> Vec<(String, String, Vec<MemberKey>)> {
+    l.nodes()
+        .map(|e| {
+            (
+                e.node.name.clone(),
+                format!("{:?}", e.usage.devices.held),
+                e.usage.pods.keys().cloned().collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_withdrawn_pool_offers_nothing_keeps_its_holders_and_returns_at_any_generation() {
+    let mut l = ledger_with_gpus(2);
+    apply(&mut l, 1, publish("n1", "p", 5, gpus(2), vec![]));
+    let reply = apply(
+        &mut l,
+        2,
+        commit_now(1, vec![rm("a", "n1", vec![alloc("p", "gpu-0")])]),
+    );
+    assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
+    let reply = apply(&mut l, 3, withdraw("n1", "p"));
+    assert_eq!(
+        reply,
+        LedgerReply::PoolWithdrawn {
+            node: "n1".into(),
+            driver: DRIVER.into(),
+            pool: "p".into(),
+            outcome: PoolWithdrawal::Withdrawn,
+        }
+    );
+    assert_eq!(l.check_invariants(), Ok(()));
+    assert!(
+        l.node("n1")
+            .is_some_and(|e| e.usage.pods.contains_key(&key("a"))),
+        "the holder stays"
+    );
+    assert!(eviction_list(&l, 3).is_empty(), "nobody is evicted");
+    let reply = apply(
+        &mut l,
+        4,
+        commit_now(2, vec![rm("b", "n1", vec![alloc("p", "gpu-1")])]),
+    );
+    assert_eq!(refused_for(&reply), Some(&DeviceRefusal::NotPublished));
+    let again = apply(&mut l, 5, withdraw("n1", "p"));
+    assert!(matches!(
+        again,
+        LedgerReply::PoolWithdrawn {
+            outcome: PoolWithdrawal::AlreadyWithdrawn,
+            ..
+        }
+    ));
+    for (node, pool) in [("n1", "other"), ("nowhere", "p")] {
+        let reply = apply(&mut l, 5, withdraw(node, pool));
+        assert!(
+            matches!(
+                reply,
+                LedgerReply::PoolWithdrawn {
+                    outcome: PoolWithdrawal::Absent,
+                    ..
+                }
+            ),
+            "{node}/{pool}: {reply:?}"
+        );
+    }
+    // A restarted driver counts from 1 again; the held device stays held.
+    let reply = apply(&mut l, 6, publish("n1", "p", 1, gpus(2), vec![]));
+    assert!(
+        matches!(
+            reply,
+            LedgerReply::PoolPublished {
+                change: PoolChange::Replaced,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    assert!(evictions(&reply).is_empty());
+    let reply = apply(
+        &mut l,
+        7,
+        commit_now(3, vec![rm("c", "n1", vec![alloc("p", "gpu-0")])]),
+    );
+    assert!(
+        matches!(reply, LedgerReply::ReserveRefused { .. }),
+        "gpu-0 is still a's: {reply:?}"
+    );
+    let reply = apply(
+        &mut l,
+        8,
+        commit_now(4, vec![rm("c", "n1", vec![alloc("p", "gpu-1")])]),
+    );
+    assert!(matches!(reply, LedgerReply::Committed { .. }), "{reply:?}");
+    assert_eq!(l.check_invariants(), Ok(()));
 }
 
 fn eviction_list(l: &ShardLedger, at_ms: u64) -> Vec<(String, String, EvictionCause)> {

@@ -94,6 +94,40 @@ pub struct PublishedPool {
     /// Counter sets by name: counter → total.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_sets: BTreeMap<String, BTreeMap<String, DeviceQuantity>>,
+    /// Whether its devices are offered to new allocations.
+    #[serde(default, skip_serializing_if = "PoolStanding::is_offered")]
+    pub standing: PoolStanding,
+}
+
+/// Whether a pool's devices may be given out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolStanding {
+    /// Its slices are published: its devices are offered.
+    #[default]
+    Offered,
+    /// Its slices are gone (the driver unregistered, or deleted them): no new allocation
+    /// takes its devices, while the holders keep theirs and stay counted, since a driver
+    /// restart deletes and republishes the same devices. The next publication of any
+    /// generation replaces it.
+    Withdrawn,
+}
+
+impl PoolStanding {
+    /// Whether the pool's devices are offered.
+    pub fn is_offered(&self) -> bool {
+        *self == Self::Offered
+    }
+}
+
+/// What a withdrawal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolWithdrawal {
+    /// The pool was offered and is withdrawn now.
+    Withdrawn,
+    /// It was withdrawn already.
+    AlreadyWithdrawn,
+    /// No such pool was ever published here.
+    Absent,
 }
 
 impl PublishedPool {
@@ -109,6 +143,7 @@ impl PublishedPool {
                 .iter()
                 .map(|CounterSet { name, counters }| (name.clone(), counters.clone()))
                 .collect(),
+            standing: PoolStanding::Offered,
         }
     }
 }
@@ -376,6 +411,19 @@ impl NodeDevices {
             .get(&id.device)
     }
 
+    /// The device named by `id`, if published in a pool that offers it (see
+    /// [`PoolStanding::Withdrawn`]).
+    pub fn offered(&self, id: &DeviceId) -> Option<&Device> {
+        let pool = self.pools.get(&PoolKey {
+            driver: id.driver.clone(),
+            pool: id.pool.clone(),
+        })?;
+        if !pool.standing.is_offered() {
+            return None;
+        }
+        pool.devices.get(&id.device)
+    }
+
     /// The device's health at `at_ms` (`None`: ignore a pending agent expiry).
     pub fn health(&self, id: &DeviceId, at_ms: Option<u64>) -> DeviceHealth {
         if self.unhealthy.contains(id) || self.agent.expired_at(at_ms) {
@@ -456,7 +504,7 @@ impl NodeDevices {
                 reason,
             })
         };
-        let Some(device) = self.device(&a.device) else {
+        let Some(device) = self.offered(&a.device) else {
             return refuse(DeviceRefusal::NotPublished);
         };
         if self.health(&a.device, at_ms) == DeviceHealth::Unhealthy {
@@ -717,6 +765,9 @@ impl NodeDevices {
             pool: pool.name.to_string(),
         };
         let change = match self.pools.get(&key) {
+            // A withdrawn pool comes back whatever its generation: a restarted driver
+            // may count again from the start.
+            Some(old) if !old.standing.is_offered() => PoolChange::Replaced,
             Some(old) if pool.generation < old.generation => {
                 return Ok((
                     PoolChange::Stale {
@@ -771,6 +822,20 @@ impl NodeDevices {
         evictions.sort();
         evictions.dedup();
         Ok((change, evictions))
+    }
+
+    /// Withdraws a pool whose slices are gone: its devices are no longer offered, and
+    /// nothing else changes (holders keep them; see [`PoolStanding::Withdrawn`]).
+    pub fn withdraw(&mut self, key: &PoolKey) -> PoolWithdrawal {
+        let Some(pool) = self.pools.get_mut(key) else {
+            return PoolWithdrawal::Absent;
+        };
+        if !pool.standing.is_offered() {
+            return PoolWithdrawal::AlreadyWithdrawn;
+        }
+        pool.standing = PoolStanding::Withdrawn;
+        self.touch();
+        PoolWithdrawal::Withdrawn
     }
 
     /// Records a health report; returns the holders of devices now unhealthy, or the

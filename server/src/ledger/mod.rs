@@ -44,7 +44,7 @@ pub use command::{
 };
 pub use devices::{
     AgentLink, DeviceEviction, DeviceHealth, DeviceHealthReport, EvictionCause, NodeDevices,
-    PoolChange, AGENT_GRACE_MS_DEFAULT,
+    PoolChange, PoolStanding, PoolWithdrawal, AGENT_GRACE_MS_DEFAULT,
 };
 pub use shard::{
     FinishedTxn, InvariantViolation, LeaseState, NodeEntry, NodeLease, OpenTxn, ShardLedger,

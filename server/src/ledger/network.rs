@@ -29,6 +29,7 @@ use crate::ledger::command::{
 };
 use crate::ledger::devices::{
     pairs, DeviceBatch, DeviceEviction, EvictionCause, NodeDevices, PoolChange, PoolKey, PoolParts,
+    PoolWithdrawal,
 };
 use crate::ledger::usage::{PodSlot, SlotState};
 use crate::model::device::{DeviceId, DeviceTaint};
@@ -144,7 +145,9 @@ impl NetworkPools {
             driver: pool.driver.to_string(),
             pool: pool.name.to_string(),
         };
-        let current = self.devices.pools.get(&key).map(|p| p.generation);
+        let current = (self.devices.pools.get(&key))
+            .filter(|p| p.standing.is_offered())
+            .map(|p| p.generation);
         if current == Some(pool.generation) && self.reach.get(&key) != Some(reach) {
             return Err(pool.generation);
         }
@@ -153,6 +156,11 @@ impl NetworkPools {
             self.reach.insert(key, reach.clone());
         }
         Ok((change, self.of_consumers(evictions)))
+    }
+
+    /// Withdraws a pool whose slices are gone (it keeps its reach and holds).
+    pub fn withdraw(&mut self, key: &PoolKey) -> PoolWithdrawal {
+        self.devices.withdraw(key)
     }
 
     /// Why each hold of a reservation cannot be taken beside the held ones and the

@@ -214,6 +214,68 @@ fn a_network_device_is_held_on_every_shard_and_refused_to_a_second_member() {
 }
 
 #[test]
+fn a_withdrawn_network_pool_keeps_its_holds_and_comes_back_with_a_new_reach() {
+    let mut a = shard("a1");
+    let r = apply(
+        &mut a,
+        1,
+        reserve(1, vec![member("m1", "a1")], vec![hold("m1", &[0])]),
+    );
+    assert!(matches!(r, LedgerReply::Reserved { .. }), "{r:?}");
+    let withdraw = LedgerOp::WithdrawPool {
+        node: String::new(),
+        driver: DRIVER.into(),
+        pool: POOL.into(),
+    };
+    let r = apply(&mut a, 2, withdraw);
+    assert!(
+        matches!(
+            r,
+            LedgerReply::PoolWithdrawn {
+                outcome: crate::ledger::PoolWithdrawal::Withdrawn,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // The open reservation commits; a new one for a free device is refused.
+    let r = apply(&mut a, 3, LedgerOp::Commit { txn_id: TxnId(1) });
+    assert!(matches!(r, LedgerReply::Committed { .. }), "{r:?}");
+    assert_eq!(holders(&a).len(), 1);
+    let r = apply(
+        &mut a,
+        4,
+        reserve(2, vec![member("m2", "a1")], vec![hold("m2", &[1])]),
+    );
+    let LedgerReply::ReserveRefused { refusals, .. } = r else {
+        panic!("{r:?}");
+    };
+    assert!(
+        matches!(
+            refusals[0].cause,
+            RefusalCause::DeviceUnavailable {
+                reason: DeviceRefusal::NotPublished,
+                ..
+            }
+        ),
+        "{refusals:?}"
+    );
+    // Back at the same generation with another reach (not a reuse: it was withdrawn).
+    let r = apply(&mut a, 5, publish(rack("r2"), 1, DEVICES));
+    assert!(
+        matches!(
+            r,
+            LedgerReply::PoolPublished {
+                change: PoolChange::Replaced,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(holders(&a).len(), 1, "the holder keeps d0");
+}
+
+#[test]
 fn a_pool_that_does_not_serve_the_node_is_refused_there() {
     let mut a = shard("ax");
     let r = apply(

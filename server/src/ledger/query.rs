@@ -109,6 +109,9 @@ pub enum ShardQuery {
     /// The taints rules put on devices (`LedgerOp::SetDeviceTaints`), by node and
     /// device: what a new writer of rules starts from.
     RuleTaints,
+    /// The pools this shard offers, by node (empty for network-attached ones): what a
+    /// new ingest leader compares with the ResourceSlices to withdraw the ones gone.
+    OfferedPools,
 }
 
 /// A Kubernetes victim of a committed preemption, as the evictor needs it.
@@ -244,6 +247,11 @@ pub enum ShardAnswer {
         /// (node, device, its rule taints), only devices that have some.
         taints: Vec<(String, DeviceId, Vec<DeviceTaint>)>,
     },
+    /// Offered pools.
+    OfferedPools {
+        /// (node, driver, pool), the node empty for a network-attached pool.
+        pools: Vec<(String, String, String)>,
+    },
     /// The query could not be decoded.
     Malformed {
         /// Why.
@@ -328,6 +336,9 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                     waiting: waiting_on(ledger, v.txn_id, &v.node),
                 })
                 .collect(),
+        },
+        ShardQuery::OfferedPools => ShardAnswer::OfferedPools {
+            pools: offered_pools(ledger),
         },
         ShardQuery::RuleTaints => {
             ShardAnswer::RuleTaints {
@@ -558,13 +569,30 @@ fn evictions_on(entry: &NodeEntry, at_ms: u64) -> Vec<PodEviction> {
     out.into_values().collect()
 }
 
+/// (node, driver, pool) of every offered pool, network-attached ones with an empty node.
+fn offered_pools(ledger: &ShardLedger) -> Vec<(String, String, String)> {
+    let offered = |node: &str, devices: &crate::ledger::NodeDevices| {
+        let node = node.to_string();
+        (devices.pools.iter())
+            .filter(|(_, pool)| pool.standing.is_offered())
+            .map(move |(key, _)| (node.clone(), key.driver.clone(), key.pool.clone()))
+            .collect::<Vec<_>>()
+    };
+    ledger
+        .nodes()
+        .flat_map(|e| offered(&e.node.name, &e.usage.devices))
+        .chain(offered("", ledger.network_pools().devices()))
+        .collect()
+}
+
 fn stats(ledger: &ShardLedger, at_ms: u64) -> ShardStats {
     let open = ledger.open_txns();
     let mut devices = Vec::new();
     for entry in ledger.nodes() {
         let usage = &entry.usage.devices;
         let mut per_driver: std::collections::BTreeMap<&str, DeviceCounts> = Default::default();
-        for (key, pool) in &usage.pools {
+        let offered = usage.pools.iter().filter(|(_, p)| p.standing.is_offered());
+        for (key, pool) in offered {
             for name in pool.devices.keys() {
                 let id = DeviceId::new(&key.driver, &key.pool, name);
                 let counts =

@@ -53,7 +53,8 @@ use crate::ledger::command::{
     OBSERVED_NETWORK_HOLDS_MAX, OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
 use crate::ledger::devices::{
-    AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, AGENT_GRACE_MS_DEFAULT,
+    AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, PoolWithdrawal,
+    AGENT_GRACE_MS_DEFAULT,
 };
 use crate::ledger::displace;
 use crate::ledger::network::{self, NetworkPools};
@@ -577,6 +578,9 @@ impl ShardLedger {
                 },
                 reach,
             ),
+            LedgerOp::WithdrawPool { node, driver, pool } => {
+                Ok(self.withdraw_pool(node, driver, pool))
+            }
             LedgerOp::SetObservedNetworkHolds { holds } => self.set_observed_network_holds(holds),
             LedgerOp::SetDeviceHealth { node, devices } => {
                 self.set_device_health(at_ms, node, devices)
@@ -644,7 +648,9 @@ impl ShardLedger {
                 .iter()
                 .filter_map(|k| self.state.evicting.get(k).map(|v| v.node.clone()))
                 .collect(),
+            LedgerOp::WithdrawPool { node, .. } if node.is_empty() => BTreeSet::new(),
             LedgerOp::PublishPool { node, .. }
+            | LedgerOp::WithdrawPool { node, .. }
             | LedgerOp::SetDeviceHealth { node, .. }
             | LedgerOp::SetDeviceTaints { node, .. }
             | LedgerOp::AgentDisconnected { node, .. }
@@ -1931,6 +1937,28 @@ impl ShardLedger {
                 pool: pool.name.to_string(),
                 generation,
             }),
+        }
+    }
+
+    /// Withdraws a node's pool, or (empty node) a network-attached one.
+    fn withdraw_pool(&mut self, node: &str, driver: &str, pool: &str) -> LedgerReply {
+        let key = PoolKey {
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+        };
+        // A node that is gone took its pools with it.
+        let outcome = if node.is_empty() {
+            self.state.network.withdraw(&key)
+        } else {
+            (self.state.nodes)
+                .update(node, |entry| entry.usage.devices.withdraw(&key))
+                .unwrap_or(PoolWithdrawal::Absent)
+        };
+        LedgerReply::PoolWithdrawn {
+            node: node.to_string(),
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            outcome,
         }
     }
 
