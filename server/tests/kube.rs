@@ -833,40 +833,39 @@ async fn the_check_catches_foreign_sharers_each_counting_the_claim() {
     .await;
 }
 
-/// A PodGroup of 4 pods naming one ResourceClaim (one GPU) on 3 nodes of 2 GPUs: the
-/// pods bind to one node, the claim is allocated once and reserved for all 4, and its
-/// GPU is counted once (5 one-GPU pods bind beside it, a 6th waits). Then every pod of
-/// the claim but the last (by uid, so the pod that allocated it goes) is deleted.
-/// Answers the 4 pods, the 6th one-GPU pod and the pod still holding the claim.
-async fn a_gang_shares_a_claim_and_loses_its_carrier(env: &Env) -> (Vec<String>, String, String) {
+/// Creates claim `claim` (one device of the test class) and PodGroup `group` of 4 pods
+/// naming it, each asking `cpu` CPUs; waits until the 4 are bound, and checks that the
+/// claim was allocated once and is reserved for every pod. Returns the pods in uid
+/// order (the first allocated the claim) and the view then.
+async fn four_pods_share_a_claim(
+    env: &Env,
+    claim: &str,
+    group: &str,
+    cpu: &str,
+) -> (Vec<String>, View) {
     let api = &env.api;
     api.create(&RESOURCE_CLAIMS, json!({
-        "metadata": {"name": "gang-channel", "namespace": NS},
+        "metadata": {"name": claim, "namespace": NS},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
     }))
     .await
     .expect("claim");
     api.create(
         &POD_GROUPS_X,
-        json!({"metadata": {"name": "sharing", "namespace": NS}, "spec": {"minMember": 4}}),
+        json!({"metadata": {"name": group, "namespace": NS}, "spec": {"minMember": 4}}),
     )
     .await
     .expect("pod group");
     let mut uids = Vec::new();
     for i in 0..4 {
-        let name = format!("sharing-{i}");
-        let labels = json!({"scheduling.x-k8s.io/pod-group": "sharing"});
+        let name = format!("{group}-{i}");
+        let labels = json!({"scheduling.x-k8s.io/pod-group": group});
         let mut pod = gpu_pod(&name, labels, json!({}), "unused");
-        pod["spec"]["resourceClaims"] =
-            json!([{"name": "channel", "resourceClaimName": "gang-channel"}]);
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(cpu);
+        pod["spec"]["resourceClaims"] = json!([{"name": "channel", "resourceClaimName": claim}]);
         let created = api.create(&PODS, pod).await.expect("pod");
-        uids.push((
-            created["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            name,
-        ));
+        let uid = created["metadata"]["uid"].as_str().unwrap_or_default();
+        uids.push((uid.to_string(), name));
     }
     uids.sort();
     let sharing: Vec<String> = uids.iter().map(|(_, n)| n.clone()).collect();
@@ -877,24 +876,40 @@ async fn a_gang_shares_a_claim_and_loses_its_carrier(env: &Env) -> (Vec<String>,
         |v| v.bound(&sharing),
     )
     .await;
-    let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
-    assert_eq!(nodes.len(), 1, "one node for the claim's pods: {nodes:?}");
-    let node = nodes.into_iter().next().unwrap_or_default();
-    let claim = &now.claims["gang-channel"];
-    let results = claim["status"]["allocation"]["devices"]["results"]
+    let object = &now.claims[claim];
+    let results = object["status"]["allocation"]["devices"]["results"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    assert_eq!(results.len(), 1, "allocated once: {claim}");
-    assert_eq!(results[0]["pool"], json!(node), "{claim}");
-    let reserved: BTreeSet<String> = claim["status"]["reservedFor"]
+    assert_eq!(results.len(), 1, "allocated once: {object}");
+    let reserved: BTreeSet<String> = object["status"]["reservedFor"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|c| c["uid"].as_str().map(str::to_string))
         .collect();
-    let all: BTreeSet<String> = uids.iter().map(|(u, _)| u.clone()).collect();
-    assert_eq!(reserved, all, "reserved for every pod of the gang: {claim}");
+    let all: BTreeSet<String> = uids.into_iter().map(|(u, _)| u).collect();
+    assert_eq!(
+        reserved, all,
+        "reserved for every pod of the gang: {object}"
+    );
+    (sharing, now)
+}
+
+/// A PodGroup of 4 pods naming one ResourceClaim (one GPU) on 3 nodes of 2 GPUs: the
+/// pods bind to one node, the claim is allocated once and reserved for all 4, and its
+/// GPU is counted once (5 one-GPU pods bind beside it, a 6th waits). Then every pod of
+/// the claim but the last (by uid, so the pod that allocated it goes) is deleted.
+/// Answers the 4 pods, the 6th one-GPU pod and the pod still holding the claim.
+async fn a_gang_shares_a_claim_and_loses_its_carrier(env: &Env) -> (Vec<String>, String, String) {
+    let api = &env.api;
+    let (sharing, now) = four_pods_share_a_claim(env, "gang-channel", "sharing", "1").await;
+    let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
+    assert_eq!(nodes.len(), 1, "one node for the claim's pods: {nodes:?}");
+    let node = nodes.into_iter().next().unwrap_or_default();
+    let claim = &now.claims["gang-channel"];
+    let results = &claim["status"]["allocation"]["devices"]["results"];
+    assert_eq!(results[0]["pool"], json!(node), "{claim}");
 
     // 6 GPUs, one held by the claim: 5 one-GPU pods bind, a 6th waits.
     let singles: Vec<String> = (0..6).map(|i| format!("single-{i}")).collect();
@@ -1104,39 +1119,7 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
     let api = &env.api;
     let term = create_fabric(api, 1, FabricReach::TwoShards).await;
     let (a, b) = nodes_on_two_shards(4);
-    api.create(&RESOURCE_CLAIMS, json!({
-        "metadata": {"name": "fabric-channel", "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
-    }))
-    .await
-    .expect("claim");
-    api.create(
-        &POD_GROUPS_X,
-        json!({"metadata": {"name": "spanning", "namespace": NS}, "spec": {"minMember": 4}}),
-    )
-    .await
-    .expect("pod group");
-    let mut uids = Vec::new();
-    for i in 0..4 {
-        let name = format!("spanning-{i}");
-        let labels = json!({"scheduling.x-k8s.io/pod-group": "spanning"});
-        let mut pod = gpu_pod(&name, labels, json!({}), "unused");
-        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("32");
-        pod["spec"]["resourceClaims"] =
-            json!([{"name": "channel", "resourceClaimName": "fabric-channel"}]);
-        let created = api.create(&PODS, pod).await.expect("pod");
-        let uid = created["metadata"]["uid"].as_str().unwrap_or_default();
-        uids.push((uid.to_string(), name));
-    }
-    uids.sort();
-    let sharing: Vec<String> = uids.iter().map(|(_, n)| n.clone()).collect();
-    let now = wait_for(
-        "the 4 pods sharing a network claim bound",
-        Duration::from_secs(60),
-        &env,
-        |v| v.bound(&sharing),
-    )
-    .await;
+    let (sharing, now) = four_pods_share_a_claim(&env, "fabric-channel", "spanning", "32").await;
     let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
     assert_eq!(nodes, BTreeSet::from([a, b]), "both nodes the pool reaches");
     let claim = &now.claims["fabric-channel"];
@@ -1146,20 +1129,11 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
         json!({"nodeSelectorTerms": [term]}),
         "the slice's node selector: {claim}"
     );
-    let results = allocation["devices"]["results"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(results.len(), 1, "allocated once: {claim}");
-    assert_eq!(results[0]["pool"], json!("fabric"), "{claim}");
-    let reserved: BTreeSet<String> = claim["status"]["reservedFor"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["uid"].as_str().map(str::to_string))
-        .collect();
-    let all: BTreeSet<String> = uids.iter().map(|(u, _)| u.clone()).collect();
-    assert_eq!(reserved, all, "reserved for every pod of the gang: {claim}");
+    assert_eq!(
+        allocation["devices"]["results"][0]["pool"],
+        json!("fabric"),
+        "{claim}"
+    );
     let after = "after-the-channel".to_string();
     api.create(&PODS, gpu_pod(&after, json!({}), json!({}), "one-gpu"))
         .await
@@ -1196,6 +1170,77 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
         claim["status"]["allocation"].is_null() && claim["metadata"]["finalizers"].is_null(),
         "deallocated by the controller, finalizer removed: {claim}"
     );
+}
+
+/// A ResourceSlice that chooses nodes per device (`perDeviceNodeSelection`): a device
+/// named for one node is allocated only to a pod placed there (the allocation's node
+/// selector names that node), a device for every node goes anywhere (no selector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_device_of_a_per_device_slice_is_allocated_only_where_it_reaches() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    let (_, pinned_node) = nodes_on_two_shards(4);
+    let created = api
+        .create(
+            &RESOURCE_SLICES,
+            json!({
+                "metadata": {"name": "per-device"},
+                "spec": {"driver": DRIVER, "perDeviceNodeSelection": true,
+                         "pool": {"name": "per-device", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [
+                             {"name": "pinned", "nodeName": pinned_node,
+                              "attributes": {"kind": {"string": "pinned"}}},
+                             {"name": "anywhere", "allNodes": true,
+                              "attributes": {"kind": {"string": "anywhere"}}}
+                         ]}
+            }),
+        )
+        .await
+        .expect("per-device slice");
+    assert_eq!(
+        created["spec"]["perDeviceNodeSelection"],
+        json!(true),
+        "the API server keeps perDeviceNodeSelection: {created}"
+    );
+    for kind in ["pinned", "anywhere"] {
+        api.create(
+            &DEVICE_CLASSES,
+            json!({
+                "metadata": {"name": kind},
+                "spec": {"selectors": [{"cel": {"expression":
+                    format!("device.attributes[\"{DRIVER}\"].kind == \"{kind}\"")}}]}
+            }),
+        )
+        .await
+        .expect("class");
+        api.create(&RESOURCE_CLAIM_TEMPLATES, template(kind, kind))
+            .await
+            .expect("template");
+        api.create(&PODS, gpu_pod(kind, json!({}), json!({}), kind))
+            .await
+            .expect("pod");
+    }
+    let now = wait_for("both pods bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&["pinned", "anywhere"])
+    })
+    .await;
+    assert_eq!(now.node_of("pinned"), Some(pinned_node.clone()));
+    assert_eq!(
+        now.device_of("pinned"),
+        Some(("per-device".to_string(), "pinned".to_string()))
+    );
+    let pinned = &now.claim_of("pinned").expect("claim")["status"]["allocation"];
+    assert_eq!(
+        pinned["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
+        json!([pinned_node]),
+        "{pinned}"
+    );
+    assert_eq!(
+        now.device_of("anywhere"),
+        Some(("per-device".to_string(), "anywhere".to_string()))
+    );
+    let anywhere = &now.claim_of("anywhere").expect("claim")["status"]["allocation"];
+    assert!(anywhere["nodeSelector"].is_null(), "{anywhere}");
 }
 
 /// List-typed device attributes (`DRAListTypeAttributes` on in the API server): a CPU

@@ -406,8 +406,7 @@ impl<'a> Cluster<'a> {
             let mut any = false;
             for a in devices {
                 any = true;
-                let reach = network.reach(&crate::ledger::network::pool_of(&a.device));
-                if !reach.is_some_and(|r| r.admits(node)) {
+                if !network.reaches(&a.device, node) {
                     return false;
                 }
             }

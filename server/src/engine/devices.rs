@@ -46,6 +46,7 @@ use crate::model::device::{
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{PodSpec, PodSummary};
+use crate::model::reach::PoolReach;
 use crate::model::resources::{ResourceName, Resources};
 
 /// Most search steps (devices tried) one allocation may take before the node is given up.
@@ -798,7 +799,7 @@ impl<'a> Table<'a> {
         devices: &'a NodeDevices,
         network: Option<&'a NetworkPools>,
     ) -> (Self, Stamps) {
-        let mut table = Self::of(devices, |_| true);
+        let mut table = Self::of(devices, |_, _| true);
         let mut stamps = Stamps {
             node: devices.definition_stamp(),
             network: 0,
@@ -806,8 +807,21 @@ impl<'a> Table<'a> {
         };
         if let Some(network) = network {
             stamps.network = network.devices().definition_stamp();
-            stamps.reached = network.pools().map(|(_, r)| r.admits(node)).collect();
-            let reached = |key: &PoolKey| network.reach(key).is_some_and(|r| r.admits(node));
+            for (key, reach) in network.pools() {
+                match reach {
+                    PoolReach::PerDevice => stamps.reached.extend(
+                        (network.devices().pools.get(key).into_iter())
+                            .flat_map(|pool| pool.devices.values())
+                            .map(|d| reach.admits_device(d, node)),
+                    ),
+                    _ => stamps.reached.push(reach.admits(node)),
+                }
+            }
+            let reached = |key: &PoolKey, device: &Device| {
+                network
+                    .reach(key)
+                    .is_some_and(|r| r.admits_device(device, node))
+            };
             if stamps.reached.iter().any(|r| *r) {
                 table.append(Self::of(network.devices(), reached));
             }
@@ -834,7 +848,7 @@ impl<'a> Table<'a> {
     /// The table of the pools of `devices` that `keep` keeps; the health, taint,
     /// holding and counter maps (all in (driver, pool, …) order, as the pools are) are
     /// read in one merged pass.
-    fn of(devices: &'a NodeDevices, keep: impl Fn(&PoolKey) -> bool) -> Self {
+    fn of(devices: &'a NodeDevices, keep: impl Fn(&PoolKey, &Device) -> bool) -> Self {
         let mut slots = Vec::new();
         let mut counters = Vec::new();
         let lost = matches!(devices.agent, AgentLink::Lost { .. });
@@ -865,10 +879,7 @@ impl<'a> Table<'a> {
                 )
             })
             .peekable();
-        let offered = devices
-            .pools
-            .iter()
-            .filter(|(key, pool)| pool.standing.is_offered() && keep(key));
+        let offered = (devices.pools.iter()).filter(|(_, pool)| pool.standing.is_offered());
         for (key, pool) in offered {
             let (driver, pool_name) = (key.driver.as_str(), key.pool.as_str());
             let mut counter_pos: BTreeMap<(&str, &str), usize> = BTreeMap::new();
@@ -886,7 +897,7 @@ impl<'a> Table<'a> {
                     });
                 }
             }
-            for (name, device) in &pool.devices {
+            for (name, device) in pool.devices.iter().filter(|(_, d)| keep(key, d)) {
                 let id = (driver, pool_name, name.as_str());
                 let use_ = seek(&mut held, &id);
                 let base_consumed = device

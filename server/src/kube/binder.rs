@@ -496,11 +496,12 @@ fn published_device(cache: &Cache, id: &DeviceId) -> Option<Value> {
     })
 }
 
-/// The nodes the slices of `id`'s pool serve, from its newest generation (a scan of
-/// the informer's slices, as for [`published_device`]); a pool no slice publishes any
-/// more counts as the pod's node only.
+/// The nodes `id` is reachable from as the slices of its pool say, from its newest
+/// generation (a scan of the informer's slices, as for [`published_device`]): the
+/// slice's, or, where the slice chooses nodes per device, the device's own; a pool no
+/// slice publishes any more counts as the pod's node only.
 fn published_reach(cache: &Cache, id: &DeviceId) -> SliceReach {
-    cache.read(Slot::ResourceSlices, |slices| {
+    let newest = cache.read(Slot::ResourceSlices, |slices| {
         slices
             .values()
             .map(|slice| &slice["spec"])
@@ -509,20 +510,33 @@ fn published_reach(cache: &Cache, id: &DeviceId) -> SliceReach {
                     && spec["pool"]["name"].as_str() == Some(id.pool.as_str())
             })
             .max_by_key(|spec| spec["pool"]["generation"].as_u64().unwrap_or(0))
-            .map(|spec| {
-                if spec["allNodes"].as_bool() == Some(true) {
-                    SliceReach::AllNodes
-                } else if let Some(term) = spec["nodeSelector"]["nodeSelectorTerms"]
-                    .as_array()
-                    .and_then(|terms| terms.first())
-                {
-                    SliceReach::Term(term.clone())
-                } else {
-                    SliceReach::Node
-                }
-            })
-            .unwrap_or(SliceReach::Node)
-    })
+            .cloned()
+    });
+    let Some(spec) = newest else {
+        return SliceReach::Node;
+    };
+    if spec["perDeviceNodeSelection"].as_bool() != Some(true) {
+        return reach_of(&spec);
+    }
+    match published_device(cache, id) {
+        Some(device) => reach_of(&device),
+        None => SliceReach::Node,
+    }
+}
+
+/// The reach a slice spec (or, with `perDeviceNodeSelection`, a device) states:
+/// `allNodes`, a node selector's first term, else one node.
+fn reach_of(object: &Value) -> SliceReach {
+    if object["allNodes"].as_bool() == Some(true) {
+        SliceReach::AllNodes
+    } else if let Some(term) = object["nodeSelector"]["nodeSelectorTerms"]
+        .as_array()
+        .and_then(|terms| terms.first())
+    {
+        SliceReach::Term(term.clone())
+    } else {
+        SliceReach::Node
+    }
 }
 
 /// The bug behind `SHARE_IDS_NOT_UUIDS`: each share id written as the names of its

@@ -22,7 +22,7 @@ use crate::model::names::{validate_label_value, validate_qualified_name};
 use crate::model::pod::{
     convert_label_selector, NodeSelectorOperator, NodeSelectorRequirement, RawLabelSelector,
 };
-use crate::model::reach::{PoolReach, ReachTerm};
+use crate::model::reach::{PoolReach, ReachTerm, NODE_NAME_FIELD};
 use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
 use crate::model::DeviceClass;
 use crate::model::{
@@ -161,12 +161,17 @@ pub enum SliceScope {
     Network(PoolReach),
 }
 
-/// A ResourceSlice: where its devices are, and its pool. `Ok(None)` for slices that
-/// choose nodes device by device (`perDeviceNodeSelection`), which gangway does not place.
+/// A ResourceSlice: where its devices are, and its pool. A slice that chooses nodes
+/// device by device (`perDeviceNodeSelection`) is network-attached, each device with
+/// its own reach. `Ok(None)` for a slice that says nothing of where its devices are.
 pub fn slice(object: &Value) -> Result<Option<(SliceScope, ResourcePool)>, ValidationError> {
     let spec = &object["spec"];
     let Some(scope) = slice_scope(spec)? else {
         return Ok(None);
+    };
+    let reaches = match scope {
+        SliceScope::Network(PoolReach::PerDevice) => Some(device_reaches(spec)?),
+        _ => None,
     };
     let devices: Vec<Value> = spec["devices"]
         .as_array()
@@ -204,7 +209,47 @@ pub fn slice(object: &Value) -> Result<Option<(SliceScope, ResourcePool)>, Valid
     });
     let raw: RawResourcePool =
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
-    Ok(Some((scope, raw.validate()?)))
+    let mut pool = raw.validate()?;
+    for (device, reach) in pool.devices.iter_mut().zip(reaches.into_iter().flatten()) {
+        device.reach = Some(reach);
+    }
+    Ok(Some((scope, pool)))
+}
+
+/// Each device's own reach in a slice with `perDeviceNodeSelection`: exactly one of
+/// `nodeName` (that node), `nodeSelector` (one term) or `allNodes: true`; errors name
+/// the device's field.
+fn device_reaches(spec: &Value) -> Result<Vec<PoolReach>, ValidationError> {
+    let devices = spec["devices"].as_array().cloned().unwrap_or_default();
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let at = FieldPath::new("spec").child("devices").index(i);
+            let node = d["nodeName"].as_str().filter(|n| !n.is_empty());
+            let all = d["allNodes"].as_bool() == Some(true);
+            let selector = !d["nodeSelector"].is_null();
+            let reach = match (node, selector, all) {
+                (Some(node), false, false) => PoolReach::Selected(ReachTerm {
+                    match_expressions: Vec::new(),
+                    match_fields: vec![NodeSelectorRequirement {
+                        key: NODE_NAME_FIELD.to_string(),
+                        operator: NodeSelectorOperator::In,
+                        values: vec![node.to_string()],
+                    }],
+                }),
+                (None, true, false) => selector_reach(&d["nodeSelector"], &at.child("nodeSelector"))?,
+                (None, false, true) => PoolReach::AllNodes,
+                _ => {
+                    return Err(at.error(
+                        "must set exactly one of nodeName, nodeSelector and allNodes (perDeviceNodeSelection)",
+                    ))
+                }
+            };
+            reach.validate(&at)?;
+            Ok(reach)
+        })
+        .collect()
 }
 
 /// Where a slice spec's devices are; errors name the field of a bad node selector.
@@ -215,11 +260,22 @@ fn slice_scope(spec: &Value) -> Result<Option<SliceScope>, ValidationError> {
     if spec["allNodes"].as_bool() == Some(true) {
         return Ok(Some(SliceScope::Network(PoolReach::AllNodes)));
     }
+    if spec["perDeviceNodeSelection"].as_bool() == Some(true) {
+        return Ok(Some(SliceScope::Network(PoolReach::PerDevice)));
+    }
     if spec["nodeSelector"].is_null() {
         return Ok(None);
     }
     let path = FieldPath::new("spec").child("nodeSelector");
-    let terms = spec["nodeSelector"]["nodeSelectorTerms"]
+    let reach = selector_reach(&spec["nodeSelector"], &path)?;
+    reach.validate(&FieldPath::new("spec"))?;
+    Ok(Some(SliceScope::Network(reach)))
+}
+
+/// A node selector of exactly one term (as `resource.k8s.io/v1` demands of slices and
+/// their devices), read as a reach; `path` names the `nodeSelector`.
+fn selector_reach(selector: &Value, path: &FieldPath) -> Result<PoolReach, ValidationError> {
+    let terms = selector["nodeSelectorTerms"]
         .as_array()
         .cloned()
         .unwrap_or_default();
@@ -229,9 +285,7 @@ fn slice_scope(spec: &Value) -> Result<Option<SliceScope>, ValidationError> {
             .error(format!("must have exactly one term, not {}", terms.len())));
     };
     let at = path.child("nodeSelectorTerms").index(0);
-    let reach = PoolReach::Selected(selector_term(term, &at)?);
-    reach.validate(&FieldPath::new("spec"))?;
-    Ok(Some(SliceScope::Network(reach)))
+    Ok(PoolReach::Selected(selector_term(term, &at)?))
 }
 
 /// One node selector term as the API writes it (`matchExpressions`, `matchFields`),
@@ -386,7 +440,9 @@ pub type PoolKey = (String, String, String);
 /// The pool a ResourceSlice belongs to, if it is node-local or network-attached.
 pub fn pool_key(object: &Value) -> Option<PoolKey> {
     let spec = &object["spec"];
-    let network = spec["allNodes"].as_bool() == Some(true) || !spec["nodeSelector"].is_null();
+    let network = spec["allNodes"].as_bool() == Some(true)
+        || !spec["nodeSelector"].is_null()
+        || spec["perDeviceNodeSelection"].as_bool() == Some(true);
     let node = match spec["nodeName"].as_str().filter(|n| !n.is_empty()) {
         Some(node) => node,
         None if network => "",
@@ -406,8 +462,8 @@ pub fn pool_key(object: &Value) -> Option<PoolKey> {
 /// and pool, network-attached ones by driver and pool), keeps each pool's newest
 /// generation, and merges its slices (a pool may span several, as
 /// `spec.pool.resourceSliceCount` says; the first by name gives the rest of the spec).
-/// Slices that choose nodes per device are left out, and so are pools `current` says
-/// are known at their newest generation (nothing to merge).
+/// Pools `current` says are known at their newest generation are left out (nothing to
+/// merge).
 pub fn node_pools(
     slices: Vec<(String, std::sync::Arc<Value>)>,
     current: impl Fn(&PoolKey, u64) -> bool,
@@ -1064,12 +1120,64 @@ mod tests {
         .expect("valid")
         .expect("network-attached");
         assert_eq!(scope, SliceScope::Network(PoolReach::AllNodes));
-        assert!(slice(
-            &json!({"spec": {"driver": "d", "perDeviceNodeSelection": true,
-                                       "pool": {"name": "p", "generation": 1}}})
-        )
+        assert!(
+            slice(&json!({"spec": {"driver": "d", "pool": {"name": "p", "generation": 1}}}))
+                .expect("valid")
+                .is_none(),
+            "a slice that says nothing of its nodes"
+        );
+    }
+
+    #[test]
+    fn a_slice_choosing_nodes_per_device_gives_each_device_its_reach() {
+        let per_device = |devices: Value| {
+            slice(
+                &json!({"spec": {"driver": "d", "perDeviceNodeSelection": true,
+                                   "pool": {"name": "p", "generation": 1}, "devices": devices}}),
+            )
+        };
+        let (scope, pool) = per_device(json!([
+            {"name": "on-n1", "nodeName": "n1"},
+            {"name": "rack-1", "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "rack", "operator": "In", "values": ["r1"]}]}]}},
+            {"name": "anywhere", "allNodes": true}
+        ]))
         .expect("valid")
-        .is_none());
+        .expect("network-attached");
+        assert_eq!(scope, SliceScope::Network(PoolReach::PerDevice));
+        assert_eq!(
+            pool_key(
+                &json!({"spec": {"driver": "d", "perDeviceNodeSelection": true,
+            "pool": {"name": "p"}}})
+            ),
+            Some((String::new(), "d".into(), "p".into()))
+        );
+        let mut n1 = crate::model::Node::new("n1", crate::model::Resources::zero());
+        n1.labels.insert("rack".into(), "r2".into());
+        let mut n2 = crate::model::Node::new("n2", crate::model::Resources::zero());
+        n2.labels.insert("rack".into(), "r1".into());
+        let reached = |node: &crate::model::Node| -> Vec<&str> {
+            (pool.devices.iter())
+                .filter(|d| PoolReach::PerDevice.admits_device(d, node))
+                .map(|d| d.name.as_str())
+                .collect()
+        };
+        assert_eq!(reached(&n1), vec!["on-n1", "anywhere"]);
+        assert_eq!(reached(&n2), vec!["rack-1", "anywhere"]);
+        for (devices, field) in [
+            (json!([{"name": "none"}]), "spec.devices[0]"),
+            (
+                json!([{"name": "ok", "allNodes": true}, {"name": "two", "nodeName": "n1", "allNodes": true}]),
+                "spec.devices[1]",
+            ),
+            (
+                json!([{"name": "bad", "nodeSelector": {"nodeSelectorTerms": []}}]),
+                "spec.devices[0].nodeSelector.nodeSelectorTerms",
+            ),
+        ] {
+            let e = per_device(devices).expect_err("invalid").to_string();
+            assert!(e.starts_with(&format!("{field}:")), "{e}");
+        }
     }
 
     #[test]

@@ -34,6 +34,7 @@ use crate::ledger::devices::{
 use crate::ledger::usage::{PodSlot, SlotState};
 use crate::model::device::{DeviceId, DeviceTaint};
 use crate::model::gang::MemberKey;
+use crate::model::node::Node;
 use crate::model::pod::PodSummary;
 use crate::model::reach::PoolReach;
 
@@ -72,6 +73,24 @@ impl NetworkPools {
     /// Which nodes a pool serves (none: not a network pool of this shard).
     pub fn reach(&self, pool: &PoolKey) -> Option<&PoolReach> {
         self.reach.get(pool)
+    }
+
+    /// Whether `device` is published here and reachable from `node` (its pool's reach,
+    /// or its own where the pool lets each device say).
+    pub fn reaches(&self, device: &DeviceId, node: &Node) -> bool {
+        self.reach_of(device, node) == Some(true)
+    }
+
+    /// Whether `device` is published here and not reachable from `node`.
+    pub fn out_of_reach(&self, device: &DeviceId, node: &Node) -> bool {
+        self.reach_of(device, node) == Some(false)
+    }
+
+    /// Whether a published `device` is reachable from `node` (`None`: not published).
+    fn reach_of(&self, device: &DeviceId, node: &Node) -> Option<bool> {
+        let reach = self.reach.get(&pool_of(device))?;
+        let published = self.devices.device(device)?;
+        Some(reach.admits_device(published, node))
     }
 
     /// Every pool with the nodes it serves.

@@ -15,7 +15,6 @@ use crate::ledger::network_tests::{
 use crate::ledger::shard::ShardLedger;
 use crate::model::claim::ClaimShare;
 use crate::model::device::DeviceId;
-use crate::model::gang::MemberKey;
 
 const CLAIM: &str = "ns/channel";
 
@@ -280,25 +279,9 @@ fn release_by_transaction_frees_the_claim_only_with_its_last_user() {
 
 #[test]
 fn a_tainted_claim_device_evicts_every_user_from_its_own_shard() {
-    use crate::model::device::{DeviceTaint, DeviceTaintEffect};
+    use crate::ledger::network_tests::{ecc_no_execute_on_d0, evicted};
     let (mut a, mut b) = carried_across_shards();
-    let taint = LedgerOp::SetDeviceTaints {
-        node: String::new(),
-        device: alloc(0).device,
-        taints: vec![DeviceTaint {
-            key: "example.com/ecc".into(),
-            value: "true".into(),
-            effect: DeviceTaintEffect::NoExecute,
-            time_added_ms: Some(2),
-        }],
-    };
-    let evicted = |r: LedgerReply| match r {
-        LedgerReply::DeviceTaintsSet { evictions, .. } => evictions
-            .into_iter()
-            .map(|e| (e.member, e.node))
-            .collect::<Vec<(MemberKey, String)>>(),
-        other => panic!("{other:?}"),
-    };
+    let taint = ecc_no_execute_on_d0();
     assert_eq!(
         evicted(apply(&mut a, 2, taint.clone())),
         vec![(key("m1"), "a1".to_string())]

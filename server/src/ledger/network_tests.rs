@@ -762,11 +762,10 @@ pub(super) fn evictions_asked(l: &ShardLedger, at_ms: u64) -> Vec<(MemberKey, St
     }
 }
 
-#[test]
-fn a_rule_taint_on_a_network_device_evicts_its_holder_from_its_own_shard() {
+/// A rule's NoExecute taint on the network device d0.
+pub(super) fn ecc_no_execute_on_d0() -> LedgerOp {
     use crate::model::device::{DeviceTaint, DeviceTaintEffect};
-    let (mut a, mut b) = placed_kube_member();
-    let taint = LedgerOp::SetDeviceTaints {
+    LedgerOp::SetDeviceTaints {
         node: String::new(),
         device: alloc(0).device,
         taints: vec![DeviceTaint {
@@ -775,14 +774,23 @@ fn a_rule_taint_on_a_network_device_evicts_its_holder_from_its_own_shard() {
             effect: DeviceTaintEffect::NoExecute,
             time_added_ms: Some(2),
         }],
-    };
-    let evicted = |r: LedgerReply| match r {
-        LedgerReply::DeviceTaintsSet { evictions, .. } => evictions
-            .into_iter()
-            .map(|e| (e.member, e.node))
-            .collect::<Vec<_>>(),
+    }
+}
+
+/// The (member, node) evictions a `SetDeviceTaints` reply asks for.
+pub(super) fn evicted(reply: LedgerReply) -> Vec<(MemberKey, String)> {
+    match reply {
+        LedgerReply::DeviceTaintsSet { evictions, .. } => {
+            evictions.into_iter().map(|e| (e.member, e.node)).collect()
+        }
         other => panic!("{other:?}"),
-    };
+    }
+}
+
+#[test]
+fn a_rule_taint_on_a_network_device_evicts_its_holder_from_its_own_shard() {
+    let (mut a, mut b) = placed_kube_member();
+    let taint = ecc_no_execute_on_d0();
     assert_eq!(
         evicted(apply(&mut a, 2, taint.clone())),
         vec![(key("m1"), "a1".to_string())]

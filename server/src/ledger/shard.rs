@@ -57,13 +57,13 @@ use crate::ledger::devices::{
     AGENT_GRACE_MS_DEFAULT,
 };
 use crate::ledger::displace;
-use crate::ledger::network::{self, NetworkPools};
+use crate::ledger::network::NetworkPools;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::claim::{validate_allocations, validate_shares};
 use crate::model::device::{
-    validate_device_taint, validate_pool, CounterSet, Device, DeviceClass, DeviceId, DeviceTaint,
-    DEVICE_TAINTS_MAX,
+    validate_device_reach, validate_device_taint, validate_pool, CounterSet, Device, DeviceClass,
+    DeviceId, DeviceTaint, DEVICE_TAINTS_MAX,
 };
 use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
@@ -1347,12 +1347,9 @@ impl ShardLedger {
                     .unwrap_or_default(),
                 HoldKind::Own | HoldKind::Carry(_) => &hold.devices,
             };
-            let unreachable = devices.iter().find(|a| {
-                self.state
-                    .network
-                    .reach(&network::pool_of(&a.device))
-                    .is_some_and(|reach| !reach.admits(&entry.node))
-            });
+            let network = &self.state.network;
+            let unreachable =
+                (devices.iter()).find(|a| network.out_of_reach(&a.device, &entry.node));
             if let Some(a) = unreachable {
                 out.push(Refusal {
                     member: hold.member.clone(),
@@ -1847,11 +1844,11 @@ impl ShardLedger {
         devices: &[Device],
         counter_sets: &[CounterSet],
     ) -> Result<LedgerReply, LedgerError> {
-        validate_pool(&FieldPath::root(), driver, pool, devices, counter_sets).map_err(|e| {
-            LedgerError::InvalidPool {
+        validate_pool(&FieldPath::root(), driver, pool, devices, counter_sets)
+            .and_then(|()| validate_device_reach(&FieldPath::root(), None, devices))
+            .map_err(|e| LedgerError::InvalidPool {
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         let published = PoolParts {
             driver,
             name: pool,
@@ -1909,6 +1906,7 @@ impl ShardLedger {
         .map_err(|e| invalid(e.to_string()))?;
         reach
             .validate(&FieldPath::root())
+            .and_then(|()| validate_device_reach(&FieldPath::root(), Some(reach), pool.devices))
             .map_err(|e| invalid(e.to_string()))?;
         let on_a_node = self.state.nodes.iter().find(|entry| {
             entry.usage.devices.pools.contains_key(&PoolKey {

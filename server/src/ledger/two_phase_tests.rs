@@ -1812,14 +1812,14 @@ fn the_checks_find_network_holds_a_release_leaves_on_other_shards() {
     eprintln!("found, as expected: {found}");
 }
 
-/// Places a Strict group of key 8 (three members sharing a claim carried with a
-/// network device) over both shards, checking after each step.
-fn placed_network_claim(bugs: Bugs) -> World {
+/// A world in which the group of `key` with `members` members is placed on both shards
+/// (begun, reserved on both, decided and told), checked after every step.
+fn placed(key: u8, members: u8, bugs: Bugs) -> World {
     let mut w = World::new(bugs);
     let steps = [
         Step::Submit {
-            key: 8,
-            members: 3,
+            key,
+            members,
             non_strict: false,
         },
         Step::Begin { pick: 0, shift: 0 },
@@ -1835,6 +1835,12 @@ fn placed_network_claim(bugs: Bugs) -> World {
             .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
     }
     w
+}
+
+/// Group 8 (three members sharing a claim carried with a network device) placed over
+/// both shards.
+fn placed_network_claim(bugs: Bugs) -> World {
+    placed(8, 3, bugs)
 }
 
 /// A shared claim carried with a network device serves members on both shards; it is
@@ -1895,25 +1901,7 @@ fn the_checks_find_a_network_claim_freed_with_one_of_its_members() {
 /// its devices; releasing one member through meta frees its device on both.
 #[test]
 fn a_network_member_released_through_meta_is_freed_on_every_shard() {
-    let mut w = World::new(Bugs::default());
-    let steps = [
-        Step::Submit {
-            key: 6,
-            members: 2,
-            non_strict: false,
-        },
-        Step::Begin { pick: 0, shift: 0 },
-        Step::Reserve { pick: 0 },
-        Step::Reserve { pick: 0 },
-        Step::Decide { pick: 0 },
-        Step::Tell { pick: 0 },
-        Step::Tell { pick: 0 },
-    ];
-    for step in &steps {
-        w.step(step);
-        w.check_always()
-            .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
-    }
+    let mut w = placed(6, 2, Bugs::default());
     let holders = |w: &World| -> Vec<usize> {
         w.shards
             .values()

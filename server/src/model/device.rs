@@ -30,6 +30,7 @@ use crate::model::names::{
     DNS1123_LABEL_MAX,
 };
 use crate::model::quantity::{parse_nano, QuantityError, QuantityErrorKind};
+use crate::model::reach::PoolReach;
 use crate::model::semver::Semver;
 
 /// Most devices in one published pool (a pool may span several 128-device ResourceSlices).
@@ -433,6 +434,10 @@ pub struct Device {
     /// Whether claims may share it.
     #[serde(default, skip_serializing_if = "is_exclusive")]
     pub sharing: AllocationSharing,
+    /// The nodes it is reachable from, in a network-attached pool whose devices each
+    /// say (`perDeviceNodeSelection`); `None` everywhere else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reach: Option<PoolReach>,
 }
 
 fn is_exclusive(sharing: &AllocationSharing) -> bool {
@@ -449,6 +454,7 @@ impl Device {
             consumes_counters: Vec::new(),
             taints: Vec::new(),
             sharing: AllocationSharing::Exclusive,
+            reach: None,
         }
     }
 
@@ -498,6 +504,32 @@ impl ResourcePool {
             &self.counter_sets,
         )
     }
+}
+
+/// Checks that the devices of a pool serving `reach` say where they are reachable
+/// exactly when the pool lets each device say (`perDeviceNodeSelection`); errors
+/// name the device (under `path`, the pool's spec). A node's pool has no reach.
+pub fn validate_device_reach(
+    path: &FieldPath,
+    reach: Option<&PoolReach>,
+    devices: &[Device],
+) -> Result<(), ValidationError> {
+    let per_device = reach == Some(&PoolReach::PerDevice);
+    for (i, device) in devices.iter().enumerate() {
+        let at = || path.child("devices").index(i);
+        match (per_device, &device.reach) {
+            (true, None) => {
+                return Err(at().error(
+                    "must set one of nodeName, nodeSelector or allNodes (perDeviceNodeSelection)",
+                ))
+            }
+            (false, Some(_)) => return Err(at().error(
+                "nodeName, nodeSelector and allNodes are for slices with perDeviceNodeSelection",
+            )),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// [`ResourcePool::validate`] on a pool's parts.
@@ -588,6 +620,13 @@ fn validate_device(
         || path().child("name"),
         |p| validate_dns_label(p, &device.name),
     )?;
+    match &device.reach {
+        None => {}
+        Some(PoolReach::PerDevice) => {
+            return Err(path().error("a device's own reach is nodeName, nodeSelector or allNodes"))
+        }
+        Some(reach) => reach.validate(&path())?,
+    }
     let named = device.attributes.len() + device.capacity.len();
     if named > DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX {
         return Err(path().error(format!(
@@ -1205,6 +1244,7 @@ fn convert_device(path: &FieldPath, raw: &RawDevice) -> Result<Device, Validatio
         } else {
             AllocationSharing::Exclusive
         },
+        reach: None,
     })
 }
 

@@ -3,8 +3,9 @@
 //! Owns [`PoolReach`]: a ResourceSlice's `allNodes: true`, or its `nodeSelector` (one
 //! term, as `resource.k8s.io/v1` validation demands: label requirements and
 //! `metadata.name` field requirements, all ANDed), and its validation (errors name the
-//! field). Node-local pools (`nodeName`) are not described here: their devices live on
-//! their node. Invariant: a validated selector has at least one requirement, so it never
+//! field), or each device's own (`perDeviceNodeSelection`: the device's `nodeName`,
+//! `nodeSelector` or `allNodes`, kept on the device). Node-local pools (`nodeName`) are
+//! not described here: their devices live on their node. Invariant: a validated selector has at least one requirement, so it never
 //! silently serves every node. Pure; called by the ledger (which nodes a pool admits,
 //! checked at reservation), the engine (which pools a node sees) and the Kubernetes
 //! adapter (slices in, an allocation's node selector out).
@@ -12,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::selectors::requirement_matches;
+use crate::model::device::Device;
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::validate_qualified_name;
 use crate::model::node::Node;
@@ -32,6 +34,9 @@ pub enum PoolReach {
     AllNodes,
     /// The nodes one node selector term admits.
     Selected(ReachTerm),
+    /// Each device says (`perDeviceNodeSelection`: every device carries its own
+    /// `nodeName`, `nodeSelector` or `allNodes`, kept as the device's reach).
+    PerDevice,
 }
 
 /// One node selector term: every requirement must hold. As the API server demands, a
@@ -48,18 +53,29 @@ pub struct ReachTerm {
 }
 
 impl PoolReach {
-    /// Whether the pool's devices are reachable from `node`.
+    /// Whether the pool's devices are reachable from `node`; for a pool whose devices
+    /// each say, whether some may be (ask [`PoolReach::admits_device`] per device).
     pub fn admits(&self, node: &Node) -> bool {
         match self {
-            Self::AllNodes => true,
+            Self::AllNodes | Self::PerDevice => true,
             Self::Selected(term) => term.admits(node),
+        }
+    }
+
+    /// Whether `device` of a pool with this reach is reachable from `node`: its own
+    /// reach where its pool lets each device say, else the pool's.
+    pub fn admits_device(&self, device: &Device, node: &Node) -> bool {
+        match (self, &device.reach) {
+            (Self::PerDevice, Some(own)) => own.admits(node),
+            (Self::PerDevice, None) => false,
+            (pool, _) => pool.admits(node),
         }
     }
 
     /// Checks the selector; errors name the field under `path` (the slice's `spec`).
     pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
         match self {
-            Self::AllNodes => Ok(()),
+            Self::AllNodes | Self::PerDevice => Ok(()),
             Self::Selected(term) => term.validate(&path.child("nodeSelector")),
         }
     }

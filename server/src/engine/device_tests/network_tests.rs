@@ -332,3 +332,122 @@ fn a_node_that_serves_a_pod_from_its_own_devices_scores_above_one_that_takes_the
     assert_eq!(network_devices(&next).len(), 1, "{next:?}");
     commit(&mut f, &next);
 }
+
+/// A pool whose slices choose nodes per device (`perDeviceNodeSelection`): one device
+/// on n1 by name, one reaching rack r2, one reaching every node.
+fn per_device_fixture() -> Fixture {
+    let mut f = fixture(0);
+    let reach = |reach: PoolReach, name: &str| Device {
+        reach: Some(reach),
+        ..Device::new(name)
+    };
+    let reply = f.apply(LedgerOp::PublishNetworkPool {
+        driver: DRIVER.into(),
+        pool: "per-device".into(),
+        generation: 1,
+        reach: PoolReach::PerDevice,
+        devices: vec![
+            reach(
+                PoolReach::Selected(ReachTerm {
+                    match_expressions: Vec::new(),
+                    match_fields: vec![NodeSelectorRequirement {
+                        key: "metadata.name".into(),
+                        operator: NodeSelectorOperator::In,
+                        values: vec!["n1".into()],
+                    }],
+                }),
+                "on-n1",
+            ),
+            reach(
+                PoolReach::Selected(ReachTerm {
+                    match_expressions: vec![NodeSelectorRequirement {
+                        key: "rack".into(),
+                        operator: NodeSelectorOperator::In,
+                        values: vec!["r2".into()],
+                    }],
+                    match_fields: Vec::new(),
+                }),
+                "rack-r2",
+            ),
+            reach(PoolReach::AllNodes, "anywhere"),
+        ],
+        counter_sets: Vec::new(),
+    });
+    assert!(
+        matches!(reply, LedgerReply::PoolPublished { .. }),
+        "{reply:?}"
+    );
+    f
+}
+
+#[test]
+fn each_device_of_a_per_device_pool_serves_only_the_nodes_it_names() {
+    let mut f = per_device_fixture();
+    // Two devices at once: only n1 (on-n1, anywhere) and n3 (rack-r2, anywhere) have two.
+    let two = super::claim_spec(vec![request("gpu", exact(2, &["true"]))], vec![]);
+    let placement = f.place(&["a"], &two);
+    let node = placement.assignments.first().map(|a| a.node.clone());
+    let mut devices: Vec<String> = network_devices(&placement)
+        .into_iter()
+        .flat_map(|(_, d)| d)
+        .collect();
+    devices.sort();
+    match node.as_deref() {
+        Some("n1") => assert_eq!(devices, ["anywhere", "on-n1"]),
+        Some("n3") => assert_eq!(devices, ["anywhere", "rack-r2"]),
+        other => panic!("placed on {other:?}: {placement:?}"),
+    }
+    commit(&mut f, &placement);
+    // The ledger refuses a device where it does not reach, whatever the plan says.
+    let on_n2 = crate::ledger::command::NetworkHold {
+        member: MemberKey::new("ns", "g", "b"),
+        devices: vec![crate::model::claim::DeviceAllocation {
+            claim: "c".into(),
+            request: "gpu".into(),
+            device: crate::model::device::DeviceId::new(DRIVER, "per-device", "on-n1"),
+            admin_access: crate::model::claim::AdminAccess::Disabled,
+            tolerations: Vec::new(),
+            share_id: None,
+            consumed_capacity: Default::default(),
+        }],
+        claim: None,
+    };
+    let reply = f.apply(LedgerOp::ReserveAndCommit {
+        txn_id: TxnId(99),
+        members: vec![crate::ledger::command::ReserveMember {
+            member: MemberKey::new("ns", "g", "b"),
+            node: "n2".into(),
+            pod: Default::default(),
+        }],
+        network: vec![on_n2],
+    });
+    assert!(
+        format!("{reply:?}").contains("DeviceUnreachable"),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn a_per_device_pool_needs_every_device_to_say_where_it_is() {
+    let mut f = fixture(0);
+    for (reach, devices) in [
+        (PoolReach::PerDevice, vec![Device::new("silent")]),
+        (
+            PoolReach::AllNodes,
+            vec![Device {
+                reach: Some(PoolReach::AllNodes),
+                ..Device::new("says")
+            }],
+        ),
+    ] {
+        let reply = f.apply(LedgerOp::PublishNetworkPool {
+            driver: DRIVER.into(),
+            pool: "bad".into(),
+            generation: 1,
+            reach,
+            devices,
+            counter_sets: Vec::new(),
+        });
+        assert!(format!("{reply:?}").contains("devices[0]: "), "{reply:?}");
+    }
+}
