@@ -15,8 +15,10 @@
 //! is a ResourceClaim shared by two or three pods (for gangway a Koordinator gang of
 //! them; kube-scheduler ignores the annotations). Half the worlds also have a
 //! network-attached pool: one to three GPUs in a ResourceSlice whose node selector
-//! names some of the world's nodes (by hostname), which any claim may be served from
-//! beside its node's GPUs. The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! names some of the world's nodes (by hostname), or, in half of those, a slice that
+//! chooses nodes per device (`perDeviceNodeSelection`: each GPU names one node, a
+//! hostname selector, or its copy's nodes by label), which any claim may be served from beside its
+//! node's GPUs. The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
 //! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
 //! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
@@ -27,7 +29,8 @@
 //! of a shared GPU (a share id, consuming what was asked) within its capacity, carry the
 //! class's config (`FromClass`, naming the requests it served) and the claim's
 //! (`FromClaim`), and are reserved for the pod; the allocation's node selector is the
-//! pod's node when a device is node-local, else the network slice's; no device is
+//! pod's node when a device is node-local, else the network slice's (per device: one
+//! that admits exactly the nodes every allocated device reaches); no device is
 //! allocated to two claims; a shared claim's pods are all on nodes its selector admits;
 //! no claim whose selectors fail at run time is allocated (the error aborts the
 //! allocation).
@@ -64,6 +67,9 @@ const WORLDS_DEFAULT: u64 = 3;
 const SEED_DEFAULT: u64 = 0x6a09_e667;
 /// A side has settled when it bound no pod for this long, in ms.
 const SETTLE_MS: u64 = 5_000;
+/// How long a world's nodes and slices stand before its claims and pods are created,
+/// in ms (longer than the ingest's idle pass gap, `INGEST_IDLE_PASS_MS`).
+const INVENTORY_SETTLE_MS: u64 = 2_500;
 /// Longest a world may take to settle, in ms.
 const WORLD_TIMEOUT_MS: u64 = 90_000;
 /// How often the test looks at the API server, in ms.
@@ -304,6 +310,10 @@ struct World {
     nodes: Vec<Vec<Gpu>>,
     /// A network-attached pool: its GPUs, and which nodes it reaches (by node index).
     network: Option<(Vec<Gpu>, Vec<bool>)>,
+    /// Half the time the network pool's slice chooses nodes per device
+    /// (`perDeviceNodeSelection`): per GPU, which nodes it reaches (the pool's own reach
+    /// is then their union).
+    per_device: Option<Vec<Vec<bool>>>,
     classes: Vec<Class>,
     pods: Vec<Claim>,
 }
@@ -311,6 +321,9 @@ struct World {
 /// Salt of the random stream that draws a world's network pool (a stream of its own,
 /// so the rest of a world is what the same seed drew before network pools existed).
 const NETWORK_SALT: u64 = 0x5be0_cd19_137e_2179;
+/// Salt of the random stream that decides whether the network pool chooses nodes per
+/// device, and which (again a stream of its own).
+const PER_DEVICE_SALT: u64 = 0x1f83_d9ab_fb41_bd6b;
 
 const MODELS: [&str; 3] = ["a100", "h100", "l4"];
 /// The shared counter of a node with a partitionable GPU: its memory, split between a
@@ -448,15 +461,50 @@ impl World {
                 }
             })
             .collect();
-        let network = Self::draw_network(seed, nodes.len());
+        let mut network = Self::draw_network(seed, nodes.len());
+        let per_device = network
+            .as_ref()
+            .and_then(|(gpus, _)| Self::draw_per_device(seed, gpus.len(), nodes.len()));
+        if let (Some((_, reach)), Some(per)) = (&mut network, &per_device) {
+            *reach = (0..nodes.len())
+                .map(|n| per.iter().any(|d| d.get(n) == Some(&true)))
+                .collect();
+        }
         World {
             index,
             seed,
             nodes,
             network,
+            per_device,
             classes,
             pods,
         }
+    }
+
+    /// Half the time, each network GPU's own reach: one node (by name), a non-empty set
+    /// of nodes (a hostname selector), or every node.
+    fn draw_per_device(seed: u64, gpus: usize, nodes: usize) -> Option<Vec<Vec<bool>>> {
+        let mut rng = Rng(seed ^ PER_DEVICE_SALT);
+        if nodes == 0 || rng.next().is_multiple_of(2) {
+            return None;
+        }
+        let per = (0..gpus)
+            .map(|_| match rng.next() % 3 {
+                0 => {
+                    let only = (rng.next() % nodes as u64) as usize;
+                    (0..nodes).map(|n| n == only).collect()
+                }
+                1 => {
+                    let mut reach: Vec<bool> =
+                        (0..nodes).map(|_| rng.next().is_multiple_of(2)).collect();
+                    let first = (rng.next() % nodes as u64) as usize;
+                    reach[first] = true;
+                    reach
+                }
+                _ => vec![true; nodes],
+            })
+            .collect();
+        Some(per)
     }
 
     /// Half the time, one to three exclusive GPUs reaching a non-empty set of the nodes.
@@ -483,12 +531,59 @@ impl World {
         format!("w{}-{}-fabric", self.index, side.label())
     }
 
-    /// The network GPUs node `n` reaches (none without a pool).
-    fn network_for(&self, n: usize) -> &[Gpu] {
-        match &self.network {
-            Some((gpus, reach)) if reach.get(n) == Some(&true) => gpus,
-            _ => &[],
+    /// Whether network GPU `d` reaches node `n`.
+    fn reaches(&self, d: usize, n: usize) -> bool {
+        match (&self.network, &self.per_device) {
+            (Some(_), Some(per)) => per.get(d).and_then(|r| r.get(n)) == Some(&true),
+            (Some((_, reach)), None) => reach.get(n) == Some(&true),
+            (None, _) => false,
         }
+    }
+
+    /// The positions, in the network pool, of the GPUs node `n` reaches.
+    fn network_reached(&self, n: usize) -> Vec<usize> {
+        let count = self.network.as_ref().map_or(0, |(gpus, _)| gpus.len());
+        (0..count).filter(|d| self.reaches(*d, n)).collect()
+    }
+
+    /// The network GPUs node `n` reaches (none without a pool).
+    fn network_for(&self, n: usize) -> Vec<Gpu> {
+        let Some((gpus, _)) = &self.network else {
+            return Vec::new();
+        };
+        self.network_reached(n)
+            .into_iter()
+            .map(|d| gpus[d].clone())
+            .collect()
+    }
+
+    /// Network GPU `d` as its slice publishes it: with `perDeviceNodeSelection`, with its
+    /// own reach (a node no copy has when it reaches none, as after shrinking).
+    fn network_device_json(&self, side: Side, d: usize, gpu: &Gpu) -> Value {
+        let mut out = device_json(gpu);
+        let Some(per) = &self.per_device else {
+            return out;
+        };
+        let names: Vec<String> = (0..self.nodes.len())
+            .filter(|n| per.get(d).and_then(|r| r.get(*n)) == Some(&true))
+            .map(|n| self.node_name(side, n))
+            .collect();
+        if names.len() == self.nodes.len() && !names.is_empty() {
+            // Every node of this copy, by its label: `allNodes` would reach the other
+            // copy's nodes too (kube.rs tests `allNodes` on its own).
+            out["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "diff", "operator": "In", "values": [self.label(side)]}
+            ]}]});
+        } else if names.len() == 1 {
+            out["nodeName"] = json!(names[0]);
+        } else if names.is_empty() {
+            out["nodeName"] = json!(format!("w{}-{}-gone", self.index, side.label()));
+        } else {
+            out["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": names}
+            ]}]});
+        }
+        out
     }
 
     /// The network slice's node selector term in one copy (`None`: no pool, or it
@@ -558,8 +653,8 @@ impl World {
 
     fn describe(&self) -> String {
         format!(
-            "world {} (seed {:#x}):\n  nodes: {:?}\n  network: {:?}\n  classes: {:?}\n  pods: {:?}",
-            self.index, self.seed, self.nodes, self.network, self.classes, self.pods
+            "world {} (seed {:#x}):\n  nodes: {:?}\n  network: {:?}\n  per-device reach: {:?}\n  classes: {:?}\n  pods: {:?}",
+            self.index, self.seed, self.nodes, self.network, self.per_device, self.classes, self.pods
         )
     }
 }
@@ -718,18 +813,30 @@ async fn create(api: &ControlPlane, world: &World) {
         }
         if let (Some((gpus, _)), Some(term)) = (&world.network, world.network_term(side)) {
             let name = world.network_pool(side);
+            let devices: Vec<Value> = (gpus.iter().enumerate())
+                .map(|(d, g)| world.network_device_json(side, d, g))
+                .collect();
+            let mut spec = json!({"driver": DRIVER, "devices": devices,
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}});
+            if world.per_device.is_some() {
+                spec["perDeviceNodeSelection"] = json!(true);
+            } else {
+                spec["nodeSelector"] = json!({"nodeSelectorTerms": [term]});
+            }
             api.create(
                 &RESOURCE_SLICES,
-                json!({
-                    "metadata": {"name": name},
-                    "spec": {"driver": DRIVER, "nodeSelector": {"nodeSelectorTerms": [term]},
-                             "devices": gpus.iter().map(device_json).collect::<Vec<_>>(),
-                             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}}
-                }),
+                json!({"metadata": {"name": name}, "spec": spec}),
             )
             .await
             .expect("network slice");
         }
+    }
+    // Devices are published long before pods arrive in a real cluster; here both
+    // schedulers get the time to see them, so the two runs compare allocations, not
+    // which scheduler's informers saw the slices first.
+    tokio::time::sleep(Duration::from_millis(INVENTORY_SETTLE_MS)).await;
+    for side in [Side::KubeScheduler, Side::Gangway] {
+        let ns = world.namespace(side);
         for (p, claim) in world.pods.iter().enumerate() {
             if claim.sharers > 1 {
                 api.create(
@@ -781,6 +888,39 @@ async fn create(api: &ControlPlane, world: &World) {
             }
         }
     }
+}
+
+/// Whether an allocation's node selector admits the node `name` labelled `diff: copy`
+/// (the labels the selectors here name: its hostname and its copy): no selector admits
+/// every node; otherwise some term whose every requirement holds.
+fn selector_admits(selector: &Value, name: &str, copy: &str) -> bool {
+    let Some(terms) = selector["nodeSelectorTerms"].as_array() else {
+        return selector.is_null();
+    };
+    let holds = |r: &Value, value: Option<&str>| {
+        let listed = (r["values"].as_array().into_iter().flatten())
+            .any(|v| value.is_some_and(|value| v == value));
+        match r["operator"].as_str() {
+            Some("In") => listed,
+            Some("NotIn") => !listed,
+            _ => false,
+        }
+    };
+    let label = |key: &Value| match key.as_str() {
+        Some("kubernetes.io/hostname") => Some(name),
+        Some("diff") => Some(copy),
+        _ => None,
+    };
+    terms.iter().any(|t| {
+        let fields: Vec<&Value> = t["matchFields"].as_array().into_iter().flatten().collect();
+        let labels: Vec<&Value> =
+            (t["matchExpressions"].as_array().into_iter().flatten()).collect();
+        !(fields.is_empty() && labels.is_empty())
+            && fields
+                .iter()
+                .all(|r| r["key"] == "metadata.name" && holds(r, Some(name)))
+            && labels.iter().all(|r| holds(r, label(&r["key"])))
+    })
 }
 
 /// A GPU as a ResourceSlice publishes it.
@@ -931,7 +1071,32 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
         if node_local && selector_nodes != [node] {
             problem(format!("node selector names {selector_nodes:?}"));
         }
-        if !node_local {
+        if !node_local && world.per_device.is_some() {
+            // Network devices that each say where they reach: the selector admits
+            // exactly the nodes (of this copy) every allocated device reaches.
+            let allocated: Vec<usize> = results
+                .iter()
+                .filter_map(|r| {
+                    let (gpus, _) = world.network.as_ref()?;
+                    gpus.iter().position(|g| r["device"] == g.name.as_str())
+                })
+                .collect();
+            let admitted: Vec<usize> = (0..world.nodes.len())
+                .filter(|n| {
+                    let name = world.node_name(side, *n);
+                    selector_admits(&allocation["nodeSelector"], &name, &world.label(side))
+                })
+                .collect();
+            let reached: Vec<usize> = (0..world.nodes.len())
+                .filter(|n| allocated.iter().all(|d| world.reaches(*d, *n)))
+                .collect();
+            if admitted != reached {
+                problem(format!(
+                    "node selector {} admits nodes {admitted:?}; the devices reach {reached:?}",
+                    allocation["nodeSelector"]
+                ));
+            }
+        } else if !node_local {
             // Network devices only: the slice's selector, which must admit the node.
             let want = world
                 .network_term(side)
@@ -980,7 +1145,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 Count::Exact(n) => usize::try_from(n).unwrap_or(usize::MAX),
                 Count::All => gpus
                     .iter()
-                    .chain(network)
+                    .chain(&network)
                     .filter(|g| ask.accepts(world, g))
                     .count(),
             };
@@ -997,7 +1162,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 let from = if pool == node {
                     gpus.as_slice()
                 } else if pool == fabric {
-                    network
+                    network.as_slice()
                 } else {
                     &[]
                 };
@@ -1355,18 +1520,21 @@ fn placeable_left_over(world: &World, side: Side, copy: &Placed) -> Vec<String> 
                         .sum();
                     let counter = COUNTER_TOTAL - spent;
                     let network = world.network_for(n);
+                    let network_left: Vec<i64> = (world.network_reached(n).into_iter())
+                        .map(|d| network_room[d])
+                        .collect();
                     if claim.sharers > 1 {
                         // A claim several pods share takes the node's GPUs or network
                         // GPUs, not both (gangway's rule, docs/ARCHITECTURE.md rule 15).
                         return fits(world, claim, &world.nodes[n], &room[n], counter)
                             || (!network.is_empty()
-                                && fits(world, claim, network, &network_room, COUNTER_TOTAL));
+                                && fits(world, claim, &network, &network_left, COUNTER_TOTAL));
                     }
                     // The node's GPUs, then the network GPUs it reaches.
                     let mut gpus = world.nodes[n].clone();
                     let mut left = room[n].clone();
                     gpus.extend(network.iter().cloned());
-                    left.extend(network_room.iter().copied());
+                    left.extend(network_left);
                     fits(world, claim, &gpus, &left, counter)
                 })
         })
@@ -1600,6 +1768,11 @@ impl World {
                         reach.remove(i);
                     }
                 }
+                for reach in w.per_device.iter_mut().flatten() {
+                    if i < reach.len() {
+                        reach.remove(i);
+                    }
+                }
             }
         }
         w.index = index;
@@ -1717,6 +1890,7 @@ fn three_pod_world() -> World {
     let mut world = World::draw(0, SEED_DEFAULT);
     world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
     world.network = None;
+    world.per_device = None;
     let claim = |class| Claim {
         requests: vec![Request::Exactly {
             name: "gpu",
@@ -1762,6 +1936,7 @@ async fn the_validator_catches_allocations_without_their_class_config_and_shrink
 fn one_share_world() -> World {
     let mut world = World::draw(1, SEED_DEFAULT);
     world.network = None;
+    world.per_device = None;
     world.nodes = vec![vec![Gpu {
         name: "s-0".into(),
         model: "l4",
