@@ -908,6 +908,7 @@ mod tests {
             name: "gpu-0".into(),
             unhealthy: false,
             held_by: vec!["x".into(), "y".into()],
+            withdrawn: false,
         });
         fin.nodes[0].pod_slots[0].state = "Reserved".into();
         let v = check(&h, &fin);

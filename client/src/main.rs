@@ -99,7 +99,7 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// List registered nodes (devices as held/healthy/total).
+    /// List registered nodes (devices as held/usable/total; usable: healthy and offered).
     Nodes {
         /// Only this shard.
         #[arg(long)]
@@ -393,6 +393,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                                     json!({
                                         "driver": d.driver, "pool": d.pool, "name": d.name,
                                         "unhealthy": d.unhealthy, "heldBy": d.held_by,
+                                        "withdrawn": d.withdrawn,
                                     })
                                 })
                                 .collect();
@@ -438,12 +439,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// `held/healthy/total` devices, `-` when the node has none.
+/// `held/usable/total` devices (usable: healthy, in a pool still offered), `-` when the
+/// node has none.
 fn device_summary(n: &gangway_proto::v1::NodeInfo) -> String {
     if n.devices.is_empty() {
         return "-".to_string();
     }
-    let healthy = n.devices.iter().filter(|d| !d.unhealthy).count();
+    let healthy = (n.devices.iter())
+        .filter(|d| !d.unhealthy && !d.withdrawn)
+        .count();
     let held = n.devices.iter().filter(|d| !d.held_by.is_empty()).count();
     format!("{held}/{healthy}/{}", n.devices.len())
 }

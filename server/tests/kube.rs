@@ -1425,6 +1425,21 @@ async fn a_slice_is_deleted_under_a_holder(env: &Env) {
     .await;
 }
 
+/// How many of node-000's devices the Inventory API shows withdrawn.
+async fn withdrawn_devices(env: &Env) -> usize {
+    let node = env
+        .cluster
+        .inventory(1)
+        .await
+        .get_node(gangway_proto::v1::GetNodeRequest {
+            name: "node-000".into(),
+        })
+        .await
+        .expect("node-000")
+        .into_inner();
+    node.devices.iter().filter(|d| d.withdrawn).count()
+}
+
 /// The holder keeps its device and its claim, and is not asked to leave.
 fn assert_holder_stays(v: &View) {
     let holder = &v.pods["holder"];
@@ -1450,6 +1465,11 @@ async fn a_pool_whose_slices_are_deleted_offers_nothing_new_and_evicts_nobody() 
     let v = view(&env.api).await;
     assert_eq!(v.node_of("waiter"), None, "no device is offered");
     assert_holder_stays(&v);
+    assert_eq!(
+        withdrawn_devices(&env).await,
+        3,
+        "the Inventory API shows it"
+    );
     env.api
         .create(&RESOURCE_SLICES, slice("node-000", 3))
         .await
@@ -1460,6 +1480,7 @@ async fn a_pool_whose_slices_are_deleted_offers_nothing_new_and_evicts_nobody() 
     .await;
     assert_ne!(v.device_of("waiter"), v.device_of("holder"));
     assert_holder_stays(&v);
+    assert_eq!(withdrawn_devices(&env).await, 0);
     // The slice goes while no gangway process runs; the new leader withdraws the pool.
     for id in [1, 2, 3] {
         env.cluster.kill(id);

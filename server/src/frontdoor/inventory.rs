@@ -237,6 +237,7 @@ fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
                 name: name.clone(),
                 unhealthy: devices.health(&id, None) == DeviceHealth::Unhealthy,
                 held_by: holders.remove(&id).unwrap_or_default(),
+                withdrawn: !pool.standing.is_offered(),
             });
         }
     }
