@@ -10,6 +10,9 @@ use crate::types::{GroupId, NodeId};
 pub const LEADER_ID_HEADER: &str = "x-gangway-leader-id";
 /// Metadata key carrying the leader's address on a not-leader error.
 pub const LEADER_ADDR_HEADER: &str = "x-gangway-leader-addr";
+/// Metadata key marking an UNAVAILABLE answer from a replica whose group stopped while
+/// it had the request (it may or may not have been applied): not retried by routing.
+pub const GROUP_STOPPED_HEADER: &str = "x-gangway-group-stopped";
 
 /// What went wrong in the multi-raft host.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +142,17 @@ impl HostError {
             HostError::Membership { .. } | HostError::WrongCluster(_) => {
                 tonic::Status::failed_precondition(msg)
             }
-            HostError::Storage(_) | HostError::Fatal { .. } => tonic::Status::internal(msg),
+            HostError::Storage(_) => tonic::Status::internal(msg),
+            // The replica's group stopped (its disk failed, say) while it had the
+            // request: another replica will lead, and the request may or may not have
+            // been applied, as when a connection breaks mid-call.
+            HostError::Fatal { group, .. } => {
+                let mut status = tonic::Status::unavailable(msg);
+                status
+                    .metadata_mut()
+                    .insert(GROUP_STOPPED_HEADER, MetadataValue::from(*group));
+                status
+            }
             HostError::Peer { code, .. } => tonic::Status::new(*code, msg),
         }
     }
@@ -165,6 +178,12 @@ impl HostError {
                 group,
                 node,
                 leader: Some((id, leader_addr)),
+            };
+        }
+        if md.get(GROUP_STOPPED_HEADER).is_some() {
+            return HostError::Fatal {
+                group,
+                detail: format!("on replica {node} at {addr}: {}", status.message()),
             };
         }
         // A status with a source was made by this side's transport, not sent by the peer.
@@ -193,6 +212,18 @@ mod tests {
         assert_eq!(made_here.code(), tonic::Code::Unknown);
         let e = HostError::from_peer_status(0, 1, "127.0.0.1:7001", &made_here);
         assert!(matches!(e, HostError::ConnectionLost { .. }), "{e:?}");
+        assert!(!e.is_retryable(), "the request may have been applied");
+        assert_eq!(e.to_status().code(), tonic::Code::Unavailable);
+
+        // A replica whose group stopped with the request: UNAVAILABLE, not retried.
+        let stopped = HostError::Fatal {
+            group: 3,
+            detail: "storage I/O failed".into(),
+        }
+        .to_status();
+        assert_eq!(stopped.code(), tonic::Code::Unavailable);
+        let e = HostError::from_peer_status(3, 1, "127.0.0.1:7001", &stopped);
+        assert!(matches!(e, HostError::Fatal { group: 3, .. }), "{e:?}");
         assert!(!e.is_retryable(), "the request may have been applied");
         assert_eq!(e.to_status().code(), tonic::Code::Unavailable);
 

@@ -75,6 +75,33 @@ fn fill(dir: &Path, leave_kb: u64) -> PathBuf {
     path
 }
 
+/// Most attempts at one registration while a replica is failing.
+const REGISTER_ATTEMPTS_MAX: u32 = 20;
+
+/// Registers `spec`, again after an UNAVAILABLE answer (the replica that had the write
+/// stopped mid-call: the write may or may not have been applied, and registering the
+/// same node again is answered as unchanged), as a client does; other errors end it.
+async fn register_retrying(
+    inv: &mut gangway_proto::v1::inventory_client::InventoryClient<tonic::transport::Channel>,
+    spec: gangway_proto::v1::NodeSpec,
+) -> Result<(), tonic::Status> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let request = RegisterNodeRequest {
+            node: Some(spec.clone()),
+            update: false,
+        };
+        match inv.register_node(request).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == tonic::Code::Unavailable && attempt < REGISTER_ATTEMPTS_MAX => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
     let mut c = Cluster::prepare(3, 1, Vec::new(), Vec::new());
@@ -105,12 +132,9 @@ async fn a_full_disk_stops_the_replica_and_freed_space_brings_it_back() {
         for i in 0..40 {
             spec.labels.insert(format!("pad-{i}"), "y".repeat(60));
         }
-        inv.register_node(RegisterNodeRequest {
-            node: Some(spec),
-            update: false,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("register {name} with one replica's disk full: {e}"));
+        register_retrying(&mut inv, spec)
+            .await
+            .unwrap_or_else(|e| panic!("register {name} with one replica's disk full: {e}"));
         acked.push(name);
     };
     let log = c.log(3);
