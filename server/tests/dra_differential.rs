@@ -18,7 +18,10 @@
 //! names some of the world's nodes (by hostname), or, in half of those, a slice that
 //! chooses nodes per device (`perDeviceNodeSelection`: each GPU names one node, a
 //! hostname selector, or its copy's nodes by label), which any claim may be served from beside its
-//! node's GPUs. The world is created twice, on two sets of nodes (labels keep the copies apart):
+//! node's GPUs. In half the worlds the GPUs' `numa` attribute is a list
+//! (`DRAListTypeAttributes`, gated on for both schedulers), some GPUs near two NUMA
+//! nodes: matchAttribute then holds where the devices' lists share a value, and
+//! distinctAttribute where no two do. The world is created twice, on two sets of nodes (labels keep the copies apart):
 //! once for kube-scheduler v1.36 (`default-scheduler` pods), once for gangway (three
 //! `gangway serve` processes). Once neither has bound a pod for `SETTLE_MS`, a validator
 //! written from the `resource.k8s.io/v1` rules (not from either allocator) checks both
@@ -67,6 +70,9 @@ const WORLDS_DEFAULT: u64 = 3;
 const SEED_DEFAULT: u64 = 0x6a09_e667;
 /// A side has settled when it bound no pod for this long, in ms.
 const SETTLE_MS: u64 = 5_000;
+/// The feature gate list-typed device attributes need (alpha in 1.36), on both the API
+/// server and kube-scheduler.
+const LIST_ATTRIBUTES_GATE: &str = "--feature-gates=DRAListTypeAttributes=true";
 /// How long a world's nodes and slices stand before its claims and pods are created,
 /// in ms (longer than the ingest's idle pass gap, `INGEST_IDLE_PASS_MS`).
 const INVENTORY_SETTLE_MS: u64 = 2_500;
@@ -112,6 +118,9 @@ struct Gpu {
     /// Consumable capacity: 0 for an exclusive device; else it allows several
     /// allocations and has this much `mem` to share (in steps of `SHARE_STEP`).
     shared_mem: i64,
+    /// In a world with list attributes, a second NUMA node the GPU is near (its `numa`
+    /// attribute is then the list of both).
+    near: Option<i64>,
 }
 
 impl Gpu {
@@ -126,7 +135,13 @@ impl Gpu {
             tainted: rng.next().is_multiple_of(5),
             consumes: 0,
             shared_mem: 0,
+            near: None,
         }
+    }
+
+    /// The NUMA nodes it is near: its own, and in a list world perhaps a second.
+    fn numas(&self) -> BTreeSet<i64> {
+        std::iter::once(self.numa).chain(self.near).collect()
     }
 
     /// What one allocation of it for `ask` takes of its room (1 of 1 for an exclusive
@@ -302,6 +317,28 @@ enum NumaRule {
     Distinct,
 }
 
+impl NumaRule {
+    /// Whether devices near these NUMA nodes (a set per device; a scalar attribute is a
+    /// set of one) keep the rule: matchAttribute when every device shares a value with
+    /// the others (the sets intersect), distinctAttribute when no two share one.
+    fn holds(&self, sets: &[BTreeSet<i64>]) -> bool {
+        match self {
+            NumaRule::Any => true,
+            NumaRule::Same => sets
+                .iter()
+                .skip(1)
+                .fold(sets.first().cloned(), |common, set| {
+                    common.map(|c| c.intersection(set).copied().collect())
+                })
+                .is_none_or(|common| !common.is_empty()),
+            NumaRule::Distinct => {
+                let all: BTreeSet<i64> = sets.iter().flatten().copied().collect();
+                all.len() == sets.iter().map(BTreeSet::len).sum::<usize>()
+            }
+        }
+    }
+}
+
 /// Everything a world holds.
 #[derive(Debug, Clone)]
 struct World {
@@ -314,6 +351,9 @@ struct World {
     /// (`perDeviceNodeSelection`): per GPU, which nodes it reaches (the pool's own reach
     /// is then their union).
     per_device: Option<Vec<Vec<bool>>>,
+    /// Half the time the GPUs' `numa` attribute is a list (`DRAListTypeAttributes`):
+    /// some GPUs are near two NUMA nodes.
+    lists: bool,
     classes: Vec<Class>,
     pods: Vec<Claim>,
 }
@@ -324,6 +364,9 @@ const NETWORK_SALT: u64 = 0x5be0_cd19_137e_2179;
 /// Salt of the random stream that decides whether the network pool chooses nodes per
 /// device, and which (again a stream of its own).
 const PER_DEVICE_SALT: u64 = 0x1f83_d9ab_fb41_bd6b;
+/// Salt of the random stream that decides whether a world's NUMA attributes are lists,
+/// and which GPUs are near two nodes (again a stream of its own).
+const LIST_SALT: u64 = 0x5be0_cd19_1f83_d9ab;
 
 const MODELS: [&str; 3] = ["a100", "h100", "l4"];
 /// The shared counter of a node with a partitionable GPU: its memory, split between a
@@ -353,6 +396,7 @@ impl World {
                         tainted: false,
                         consumes: 0,
                         shared_mem,
+                        near: None,
                     });
                 }
                 gpus
@@ -470,15 +514,38 @@ impl World {
                 .map(|n| per.iter().any(|d| d.get(n) == Some(&true)))
                 .collect();
         }
+        let mut nodes = nodes;
+        let lists = Self::draw_lists(seed, &mut nodes, &mut network);
         World {
             index,
             seed,
             nodes,
             network,
             per_device,
+            lists,
             classes,
             pods,
         }
+    }
+
+    /// Half the time, NUMA attributes as lists: one exclusive GPU in three (of the nodes
+    /// and the network pool) is near the other NUMA node too.
+    fn draw_lists(
+        seed: u64,
+        nodes: &mut [Vec<Gpu>],
+        network: &mut Option<(Vec<Gpu>, Vec<bool>)>,
+    ) -> bool {
+        let mut rng = Rng(seed ^ LIST_SALT);
+        if rng.next().is_multiple_of(2) {
+            return false;
+        }
+        let network = network.iter_mut().flat_map(|(gpus, _)| gpus.iter_mut());
+        for gpu in nodes.iter_mut().flatten().chain(network) {
+            if gpu.shared_mem == 0 && gpu.consumes == 0 && rng.next().is_multiple_of(3) {
+                gpu.near = Some(1 - gpu.numa);
+            }
+        }
+        true
     }
 
     /// Half the time, each network GPU's own reach: one node (by name), a non-empty set
@@ -560,7 +627,7 @@ impl World {
     /// Network GPU `d` as its slice publishes it: with `perDeviceNodeSelection`, with its
     /// own reach (a node no copy has when it reaches none, as after shrinking).
     fn network_device_json(&self, side: Side, d: usize, gpu: &Gpu) -> Value {
-        let mut out = device_json(gpu);
+        let mut out = device_json(gpu, self.lists);
         let Some(per) = &self.per_device else {
             return out;
         };
@@ -621,6 +688,7 @@ impl World {
             tainted: false,
             consumes: share,
             shared_mem: 0,
+            near: None,
         })
         .collect()
     }
@@ -653,8 +721,8 @@ impl World {
 
     fn describe(&self) -> String {
         format!(
-            "world {} (seed {:#x}):\n  nodes: {:?}\n  network: {:?}\n  per-device reach: {:?}\n  classes: {:?}\n  pods: {:?}",
-            self.index, self.seed, self.nodes, self.network, self.per_device, self.classes, self.pods
+            "world {} (seed {:#x}):\n  nodes: {:?}\n  network: {:?}\n  per-device reach: {:?}\n  list attributes: {}\n  classes: {:?}\n  pods: {:?}",
+            self.index, self.seed, self.nodes, self.network, self.per_device, self.lists, self.classes, self.pods
         )
     }
 }
@@ -783,7 +851,7 @@ async fn create(api: &ControlPlane, world: &World) {
             let mut node = support::objects::node(&name);
             node["metadata"]["labels"]["diff"] = json!(world.label(side));
             api.create(&NODES, node).await.expect("node");
-            let devices: Vec<Value> = gpus.iter().map(device_json).collect();
+            let devices: Vec<Value> = gpus.iter().map(|g| device_json(g, world.lists)).collect();
             // Counters and devices live in separate slices of the pool (resource.k8s.io/v1).
             let counted = gpus.iter().any(|g| g.consumes > 0);
             let slices = if counted { 2 } else { 1 };
@@ -923,10 +991,15 @@ fn selector_admits(selector: &Value, name: &str, copy: &str) -> bool {
     })
 }
 
-/// A GPU as a ResourceSlice publishes it.
-fn device_json(g: &Gpu) -> Value {
+/// A GPU as a ResourceSlice publishes it (its `numa` a list in a list world).
+fn device_json(g: &Gpu, lists: bool) -> Value {
+    let numa = if lists {
+        json!({"ints": g.numas()})
+    } else {
+        json!({"int": g.numa})
+    };
     let mut d = json!({"name": g.name, "attributes": {
-        "model": {"string": g.model}, "memGiB": {"int": g.mem_gib}, "numa": {"int": g.numa}}});
+        "model": {"string": g.model}, "memGiB": {"int": g.mem_gib}, "numa": numa}});
     if g.tainted {
         d["taints"] = json!([{"key": TAINT, "value": "true", "effect": "NoSchedule"}]);
     }
@@ -1108,8 +1181,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 ));
             }
         }
-        let mut numas = BTreeSet::new();
-        let mut numa_values = 0;
+        let mut numas: Vec<BTreeSet<i64>> = Vec::new();
         // Request name as results write it → the class it was served from.
         let mut served: Vec<(String, usize)> = Vec::new();
         for request in &claim_def.requests {
@@ -1181,8 +1253,7 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                         "{chosen_name}: {device} ({gpu:?}) does not serve {ask:?}"
                     ));
                 }
-                numas.insert(gpu.numa);
-                numa_values += 1;
+                numas.push(gpu.numas());
                 if ask.admin != (r["adminAccess"] == true) {
                     problem(format!(
                         "{chosen_name}: adminAccess in the result {}",
@@ -1240,13 +1311,8 @@ fn validate(world: &World, side: Side, copy: &Placed) -> Verdict {
                 ));
             }
         }
-        if claim_def.numa == NumaRule::Same && numas.len() > 1 {
-            problem(format!("matchAttribute numa broken: {numas:?}"));
-        }
-        if claim_def.numa == NumaRule::Distinct && numas.len() != numa_values {
-            problem(format!(
-                "distinctAttribute numa broken: {numa_values} devices on {numas:?}"
-            ));
+        if !claim_def.numa.holds(&numas) {
+            problem(format!("{:?} numa broken: {numas:?}", claim_def.numa));
         }
         let from_claim = allocation["devices"]["config"]
             .as_array()
@@ -1360,7 +1426,7 @@ fn fits(world: &World, claim: &Claim, gpus: &[Gpu], room: &[i64], budget: i64) -
         room,
         asks: &asks,
     };
-    search.from(0, &mut used, &BTreeSet::new(), budget)
+    search.from(0, &mut used, &[], budget)
 }
 
 /// The fixed inputs of one feasibility search.
@@ -1375,12 +1441,12 @@ struct Search<'a> {
 
 impl Search<'_> {
     /// Whether requests `request..` can be served beside the `used` devices, whose NUMA
-    /// nodes are `numas`, with `budget` of the counter left.
+    /// nodes are `numas` (one set per device), with `budget` of the counter left.
     fn from(
         &self,
         request: usize,
         used: &mut Vec<bool>,
-        numas: &BTreeSet<i64>,
+        numas: &[BTreeSet<i64>],
         budget: i64,
     ) -> bool {
         let Some(choices) = self.asks.get(request) else {
@@ -1421,15 +1487,9 @@ impl Search<'_> {
                 if spent > budget {
                     continue;
                 }
-                let values: Vec<i64> = picked.iter().map(|&i| gpus[i].numa).collect();
-                let mut all = numas.clone();
-                all.extend(values.iter().copied());
-                let fine = match self.claim.numa {
-                    NumaRule::Any => true,
-                    NumaRule::Same => all.len() <= 1,
-                    NumaRule::Distinct => all.len() == numas.len() + values.len(),
-                };
-                if !fine {
+                let mut all = numas.to_vec();
+                all.extend(picked.iter().map(|&i| gpus[i].numas()));
+                if !self.claim.numa.holds(&all) {
                     continue;
                 }
                 for &i in &picked {
@@ -1573,10 +1633,15 @@ async fn settle(api: &ControlPlane, world: &World) -> (Placed, Placed) {
 /// A control plane running kube-scheduler, and three gangway processes (with these bug
 /// switches armed) scheduling through it.
 async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir) {
-    let mut api = ControlPlane::start(Options::default())
-        .await
-        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
-    api.start_kube_scheduler().expect("kube-scheduler starts");
+    // List-typed attributes are alpha in 1.36: both sides need the gate.
+    let mut api = ControlPlane::start(Options {
+        apiserver_args: vec![LIST_ATTRIBUTES_GATE.to_string()],
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    api.start_kube_scheduler_with(&[LIST_ATTRIBUTES_GATE])
+        .expect("kube-scheduler starts");
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig, ADMIN_USER)
@@ -1886,11 +1951,13 @@ fn three_pod_world() -> World {
         tainted: false,
         consumes: 0,
         shared_mem: 0,
+        near: None,
     };
     let mut world = World::draw(0, SEED_DEFAULT);
     world.nodes = vec![vec![gpu(0), gpu(1)], vec![gpu(0), gpu(1)]];
     world.network = None;
     world.per_device = None;
+    world.lists = false;
     let claim = |class| Claim {
         requests: vec![Request::Exactly {
             name: "gpu",
@@ -1937,6 +2004,7 @@ fn one_share_world() -> World {
     let mut world = World::draw(1, SEED_DEFAULT);
     world.network = None;
     world.per_device = None;
+    world.lists = false;
     world.nodes = vec![vec![Gpu {
         name: "s-0".into(),
         model: "l4",
@@ -1945,6 +2013,7 @@ fn one_share_world() -> World {
         tainted: false,
         consumes: 0,
         shared_mem: 48,
+        near: None,
     }]];
     world.pods = vec![Claim {
         requests: vec![Request::Exactly {

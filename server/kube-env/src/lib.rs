@@ -293,12 +293,18 @@ impl ControlPlane {
     /// no serving port); it stops with the control plane. For side-by-side runs: it
     /// schedules the pods whose `schedulerName` is `default-scheduler`.
     pub fn start_kube_scheduler(&mut self) -> Result<(), EnvError> {
+        self.start_kube_scheduler_with(&[])
+    }
+
+    /// [`ControlPlane::start_kube_scheduler`] with extra flags (feature gates, say).
+    pub fn start_kube_scheduler_with(&mut self, extra: &[&str]) -> Result<(), EnvError> {
         let kubeconfig = self.dir.path().join("scheduler.kubeconfig");
         self.write_kubeconfig(&kubeconfig, ADMIN_USER)?;
         let config = self.dir.path().join("kube-scheduler.yaml");
         write(&config, &kube_scheduler_config(&kubeconfig))?;
         let mut args = vec![format!("--config={}", config.display())];
         args.extend(KUBE_SCHEDULER_FLAGS.iter().map(|f| f.to_string()));
+        args.extend(extra.iter().map(|f| f.to_string()));
         let scheduler = spawn("kube-scheduler", &self.assets, self.dir.path(), &args)?;
         self.processes.push(scheduler);
         Ok(())
