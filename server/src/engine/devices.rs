@@ -879,7 +879,11 @@ impl<'a> Table<'a> {
                 )
             })
             .peekable();
-        let offered = (devices.pools.iter()).filter(|(_, pool)| pool.standing.is_offered());
+        // A pool none of whose devices is kept (a network pool that does not reach the
+        // node) adds neither counters nor devices.
+        let offered = (devices.pools.iter()).filter(|(key, pool)| {
+            pool.standing.is_offered() && pool.devices.values().any(|d| keep(key, d))
+        });
         for (key, pool) in offered {
             let (driver, pool_name) = (key.driver.as_str(), key.pool.as_str());
             let mut counter_pos: BTreeMap<(&str, &str), usize> = BTreeMap::new();

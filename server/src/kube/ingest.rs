@@ -688,22 +688,18 @@ impl Ingest {
             return;
         }
         let mut offered = BTreeSet::new();
-        for shard in 1..=self.shards {
-            match self
-                .groups
-                .shard_query(shard, &ShardQuery::OfferedPools)
-                .await
-            {
-                Ok(ShardAnswer::OfferedPools { pools }) => offered.extend(pools),
-                Ok(other) => {
-                    tracing::warn!(shard, answer = ?other, "unexpected answer listing pools");
-                    return;
+        let read = self
+            .ask_every_shard(&ShardQuery::OfferedPools, |_, answer| match answer {
+                ShardAnswer::OfferedPools { pools } => {
+                    offered.extend(pools);
+                    Ok(())
                 }
-                Err(e) => {
-                    tracing::debug!(shard, error = %e, "listing pools failed; next pass");
-                    return;
-                }
-            }
+                other => Err(other),
+            })
+            .await;
+        if let Err(e) = read {
+            tracing::debug!(error = %e, "listing pools failed; next pass");
+            return;
         }
         let memory = &mut self.memory;
         memory.offered_read = true;
@@ -972,27 +968,39 @@ impl Ingest {
         &self,
     ) -> Result<HashMap<(String, DeviceId), Vec<DeviceTaint>>, String> {
         let mut held = HashMap::new();
-        for shard in 1..=self.shards {
-            match self
-                .groups
-                .shard_query(shard, &ShardQuery::RuleTaints)
-                .await
-            {
-                Ok(ShardAnswer::RuleTaints { taints }) => {
-                    for (node, device, list) in taints {
-                        let key = if node.is_empty() {
-                            network_key(shard)
-                        } else {
-                            node
-                        };
-                        held.insert((key, device), list);
-                    }
+        self.ask_every_shard(&ShardQuery::RuleTaints, |shard, answer| match answer {
+            ShardAnswer::RuleTaints { taints } => {
+                for (node, device, list) in taints {
+                    let key = if node.is_empty() {
+                        network_key(shard)
+                    } else {
+                        node
+                    };
+                    held.insert((key, device), list);
                 }
-                Ok(other) => return Err(format!("shard {shard}: unexpected answer {other:?}")),
-                Err(e) => return Err(format!("shard {shard}: {e}")),
+                Ok(())
             }
-        }
+            other => Err(other),
+        })
+        .await?;
         Ok(held)
+    }
+
+    /// Asks every shard `query` (linearizably) and hands each answer, with its shard, to
+    /// `take`, which gives back an answer of the wrong kind; stops at the first shard
+    /// that fails or answers wrongly, naming it.
+    async fn ask_every_shard(
+        &self,
+        query: &ShardQuery,
+        mut take: impl FnMut(u32, ShardAnswer) -> Result<(), ShardAnswer>,
+    ) -> Result<(), String> {
+        for shard in 1..=self.shards {
+            let answer = (self.groups.shard_query(shard, query).await)
+                .map_err(|e| format!("shard {shard}: {e}"))?;
+            take(shard, answer)
+                .map_err(|other| format!("shard {shard}: unexpected answer {other:?}"))?;
+        }
+        Ok(())
     }
 
     /// Writes one batch of rule taints to `shard`; a refused or failed write makes the
