@@ -214,6 +214,7 @@ impl Workload {
             priority: 0,
         };
         let request = SubmitGangGroupRequest {
+            queue: String::new(),
             idempotency_key: key.clone(),
             name: key.clone(),
             gangs: vec![GangSpec {

@@ -6,6 +6,7 @@
 //! ```yaml
 //! name: train-llm
 //! idempotencyKey: train-llm-001      # optional; the same key never makes a second group
+//! queue: team-a                      # optional; the queue charged (it must exist)
 //! gangs:
 //!   - name: workers
 //!     namespace: team-a
@@ -46,6 +47,8 @@ struct GroupFile {
     name: String,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
     gangs: Vec<GangFile>,
 }
 
@@ -130,6 +133,7 @@ pub fn from_yaml(text: &str) -> Result<SubmitGangGroupRequest, SpecError> {
         idempotency_key: file.idempotency_key.unwrap_or_default(),
         name: file.name,
         gangs,
+        queue: file.queue.unwrap_or_default(),
     })
 }
 
@@ -153,6 +157,12 @@ impl GangGroupBuilder {
     /// Sets the idempotency key (retries with the same key never make a second group).
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.request.idempotency_key = key.into();
+        self
+    }
+
+    /// Charges the group to `queue` (which must exist).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.request.queue = queue.into();
         self
     }
 

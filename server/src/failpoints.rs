@@ -106,8 +106,13 @@ pub const OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED: &str =
 /// whose driver is gone.
 pub const SLICELESS_POOLS_OFFERED: &str = "ingest-offers-pools-without-slices";
 
+/// A tempting shortcut, switched on for checking the checks: the meta group charges a
+/// group's queue without asking whether it has room, as a scheduler whose quota check
+/// ran before (and apart from) the decision would, so queues pass their max (I8).
+pub const META_ADMITS_OVER_QUOTA: &str = "meta-admits-over-quota";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 21] = [
+pub const ALL: [&str; 22] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -129,6 +134,7 @@ pub const ALL: [&str; 21] = [
     SHARE_IDS_NOT_UUIDS,
     OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED,
     SLICELESS_POOLS_OFFERED,
+    META_ADMITS_OVER_QUOTA,
 ];
 
 /// The armed crash points of a process.

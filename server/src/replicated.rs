@@ -142,6 +142,8 @@ fn admit_shard(command: &[u8]) -> Result<(), String> {
 
 impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        self.state
+            .set_quota_unchecked(self.failpoints.armed(failpoints::META_ADMITS_OVER_QUOTA));
         let answer = match decode(command) {
             Ok(cmd) => reply(&self.state.apply(&cmd), meta_rejected),
             Err(e) => reply(

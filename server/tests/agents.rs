@@ -55,6 +55,7 @@ fn report(node: &str, devices: &[(&str, DeviceHealth)]) -> DeviceListReport {
 
 fn gpu_gang(key: &str, members: u32) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
+        queue: String::new(),
         idempotency_key: key.into(),
         name: key.into(),
         gangs: vec![GangSpec {
@@ -279,6 +280,7 @@ async fn a_lapsed_heartbeat_lease_makes_the_node_not_ready() {
     })
     .await;
     let cpu_gang = SubmitGangGroupRequest {
+        queue: String::new(),
         gangs: vec![GangSpec {
             members: vec![MemberSpec {
                 name: "w".into(),

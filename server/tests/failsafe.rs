@@ -222,6 +222,7 @@ async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
     // A group no node can take stays queued, so its watch stream stays open.
     let queued = scheduler
         .submit_gang_group(SubmitGangGroupRequest {
+            queue: String::new(),
             idempotency_key: "stuck".into(),
             name: "stuck".into(),
             gangs: vec![GangSpec {
@@ -575,6 +576,7 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
     let mut scheduler = SchedulerClient::new(channel.clone());
     let mut inventory = InventoryClient::new(channel.clone());
     let submit = |name: &str, pod_json: &str| SubmitGangGroupRequest {
+        queue: String::new(),
         idempotency_key: String::new(),
         name: name.into(),
         gangs: vec![GangSpec {

@@ -250,6 +250,7 @@ mod tests {
             ..Gang::with_members("ns", "g", members, min, GangMode::Strict)
         };
         GangGroup {
+            queue: String::new(),
             id: "x".into(),
             gangs: vec![gang],
         }

@@ -216,12 +216,14 @@ impl Coordinator {
             _ => Activity::Busy,
         };
         let now = now_ms();
+        let no_room = self.quota_refusals(&records)?;
         let ready: Vec<&GroupRecord> = records
             .iter()
             .filter(|r| {
                 r.state == GroupState::Queued
                     && r.not_before_ms <= now
                     && r.deadline_ms.is_none_or(|d| d > now)
+                    && !no_room.contains_key(&r.seq)
             })
             .collect();
         let batched = self.place_batch(&ready).await;
@@ -229,6 +231,9 @@ impl Coordinator {
             let seq = record.seq;
             let result = match record.state {
                 GroupState::Queued if batched.contains(&seq) => Ok(()),
+                GroupState::Queued if no_room.contains_key(&seq) => {
+                    self.wait_for_room(record, &no_room[&seq]).await
+                }
                 GroupState::Queued => self.queued(record).await,
                 GroupState::Placing { txn } => self.recover(txn).await,
                 GroupState::Releasing { .. } => self.release(record).await,
@@ -240,6 +245,53 @@ impl Coordinator {
             }
         }
         Ok(activity)
+    }
+
+    /// The queued groups among `records` whose queues have no room for them now, with
+    /// why (a local read: meta checks again when the transaction begins, I8).
+    fn quota_refusals(
+        &self,
+        records: &[GroupRecord],
+    ) -> Result<BTreeMap<GroupSeq, String>, GroupError> {
+        let seqs: Vec<GroupSeq> = records
+            .iter()
+            .filter(|r| r.state == GroupState::Queued && !r.group.queue.is_empty())
+            .map(|r| r.seq)
+            .collect();
+        if seqs.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        match self
+            .groups
+            .meta_query_local(&MetaQuery::QuotaRefusals { seqs })?
+        {
+            MetaReply::QuotaRefusals { refusals } => Ok(refusals.into_iter().collect()),
+            _ => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// A group whose queue has no room: it times out at its deadline, else says why it
+    /// waits (once) and is looked at again next round, with no backoff.
+    async fn wait_for_room(&self, r: &GroupRecord, why: &str) -> Result<(), GroupError> {
+        let now = now_ms();
+        if r.deadline_ms.is_some_and(|d| d <= now) {
+            self.groups
+                .meta(&MetaCommand::Expire {
+                    seq: r.seq,
+                    at_ms: now,
+                })
+                .await?;
+            return Ok(());
+        }
+        if r.reason != why {
+            self.groups
+                .meta(&MetaCommand::NoteWaiting {
+                    seq: r.seq,
+                    reason: why.to_string(),
+                })
+                .await?;
+        }
+        Ok(())
     }
 
     /// Places, in one pass, every ready group that one shard can hold whole.

@@ -352,6 +352,7 @@ fn host_ports_allow_one_member_per_node() {
 fn groups_place_all_their_gangs_together() {
     let f = Fixture::new(&[node("a", "z", 4000), node("b", "z", 4000)]);
     let group = GangGroup {
+        queue: String::new(),
         id: "grp".into(),
         gangs: vec![
             gang("x", &vec![cpu_spec(1000); 3]),
@@ -362,6 +363,7 @@ fn groups_place_all_their_gangs_together() {
     assert!(placement.is_complete());
     assert_eq!(placement.assignments.len(), 8);
     let group = GangGroup {
+        queue: String::new(),
         id: "grp".into(),
         gangs: vec![
             gang("x", &vec![cpu_spec(1000); 3]),

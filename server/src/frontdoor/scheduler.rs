@@ -167,9 +167,13 @@ pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, St
         ));
     }
     let id = req.name.clone();
-    RawGangGroup { id, gangs }
-        .validate()
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+    RawGangGroup {
+        id,
+        gangs,
+        queue: req.queue.clone(),
+    }
+    .validate()
+    .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 fn raw_gang(at: &str, g: &GangSpec, total: &mut usize) -> Result<RawGang, Status> {
@@ -275,6 +279,7 @@ pub fn status_of(r: &GroupSummary) -> GangGroupStatus {
         submitted_at_ms: r.submitted_at_ms,
         gangs: r.gangs.clone(),
         members: r.members,
+        queue: r.queue.clone(),
     }
 }
 

@@ -388,6 +388,7 @@ fn submission(gangs: Vec<Gang>, pods: Vec<PodRef>) -> Submission {
     Submission {
         key: format!("kube:{hex}"),
         group: GangGroup {
+            queue: String::new(),
             id: format!("kube-{hex}"),
             gangs,
         },

@@ -437,6 +437,7 @@ impl World {
                 non_strict,
             } => {
                 let group = GangGroup {
+                    queue: String::new(),
                     id: format!("k{key}"),
                     gangs: vec![gang(key, members, non_strict)],
                 };

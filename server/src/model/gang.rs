@@ -250,12 +250,19 @@ pub struct GangGroup {
     pub id: String,
     /// The gangs.
     pub gangs: Vec<Gang>,
+    /// The queue charged for its members (empty: none; the group is limited by no
+    /// quota).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue: String,
 }
 
 impl GangGroup {
     /// Checks the group and every gang in it.
     pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
         validate_dns_subdomain(&path.child("id"), &self.id)?;
+        if !self.queue.is_empty() {
+            validate_dns_label(&path.child("queue"), &self.queue)?;
+        }
         let gangs = path.child("gangs");
         if self.gangs.is_empty() {
             return Err(gangs.error("a gang group needs at least one gang"));
@@ -382,6 +389,9 @@ pub struct RawGangGroup {
     /// Gangs.
     #[serde(default)]
     pub gangs: Vec<RawGang>,
+    /// The queue charged for its members (empty: none).
+    #[serde(default)]
+    pub queue: String,
 }
 
 impl RawGangGroup {
@@ -395,6 +405,7 @@ impl RawGangGroup {
             .map(|(i, g)| g.validate_at(&root.child("gangs").index(i)))
             .collect::<Result<Vec<_>, ValidationError>>()?;
         let group = GangGroup {
+            queue: self.queue.clone(),
             id: self.id.clone(),
             gangs,
         };

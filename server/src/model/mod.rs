@@ -19,6 +19,7 @@ pub mod names;
 pub mod node;
 pub mod pod;
 pub mod quantity;
+pub mod queue;
 pub mod reach;
 pub mod resources;
 pub mod semver;
@@ -42,4 +43,5 @@ pub use pod::{
     TolerationOperator, WeightedPodAffinityTerm,
 };
 pub use quantity::{Quantity, QuantityError};
+pub use queue::{Limits, QueueSpec};
 pub use resources::{ResourceName, Resources};

@@ -57,6 +57,7 @@ pub fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) ->
 
 pub fn submission(key: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
+        queue: String::new(),
         idempotency_key: key.into(),
         name: key.into(),
         gangs,

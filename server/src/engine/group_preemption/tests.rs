@@ -98,6 +98,7 @@ fn preemptor(name: &str, members: usize, priority: i32) -> GangGroup {
         ..PodSpec::default()
     };
     GangGroup {
+        queue: String::new(),
         id: name.into(),
         gangs: vec![Gang {
             name: name.into(),

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::ledger::TxnId;
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceId;
-use crate::model::{GangGroup, GangMode};
+use crate::model::pod::footprint_of;
+use crate::model::{GangGroup, GangMode, Resources};
 
 /// Sequence number the meta group gives each accepted gang group.
 pub type GroupSeq = u64;
@@ -184,6 +185,9 @@ pub struct GroupSummary {
     /// Members whose release meta has recorded and the shards have not confirmed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub releasing: BTreeMap<String, Placement>,
+    /// The queue it is charged to (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue: String,
 }
 
 impl GroupSummary {
@@ -208,6 +212,7 @@ impl GroupSummary {
                 .map(|g| format!("{}/{}", g.namespace, g.name))
                 .collect(),
             members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
+            queue: r.group.queue.clone(),
         }
     }
 }
@@ -246,6 +251,10 @@ pub struct GroupRecord {
     /// confirmed yet (ReleaseMembers' first phase); they still hold capacity.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub releasing: BTreeMap<String, Placement>,
+    /// What its queue is charged for it now ([`GroupRecord::charge_due`]); zero without
+    /// a queue.
+    #[serde(default, skip_serializing_if = "Resources::is_zero")]
+    pub charge: Resources,
 }
 
 impl GroupRecord {
@@ -275,6 +284,26 @@ impl GroupRecord {
     /// Whether the group holds nothing on any shard as far as meta knows.
     pub fn holds_nothing(&self) -> bool {
         self.placements.is_empty() && self.releasing.is_empty()
+    }
+
+    /// What its queue must be charged in its current state: nothing without a queue or
+    /// once ended; every member's footprint while a transaction places it (members it
+    /// holds and members being reserved alike); otherwise the footprints of the members
+    /// it holds (placed or being released).
+    pub fn charge_due(&self) -> Resources {
+        if self.group.queue.is_empty() || self.state.is_terminal() {
+            return Resources::zero();
+        }
+        let placing = matches!(self.state, GroupState::Placing { .. });
+        let mut due = Resources::zero();
+        for gang in &self.group.gangs {
+            for m in &gang.members {
+                if placing || self.holds(&gang.member_key(m).to_string()) {
+                    due = due.saturating_add(&footprint_of(&m.spec.requests));
+                }
+            }
+        }
+        due
     }
 
     /// Whether `member` is placed or being released (it holds a slot on its shard).

@@ -15,6 +15,7 @@
 
 pub mod decisions;
 pub mod groups;
+pub mod queues;
 pub mod shard_map;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,10 +27,11 @@ pub use groups::{
     GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, SubmittedPods,
     Terminal,
 };
+pub use queues::{QueueStatus, Queues};
 pub use shard_map::shard_for;
 
 use crate::ledger::TxnId;
-use crate::model::GangGroup;
+use crate::model::{GangGroup, QueueSpec, Resources};
 
 /// Terminal groups kept (with their idempotency keys); older ones are forgotten.
 pub const FINISHED_GROUPS_MAX: usize = 10_000;
@@ -186,6 +188,24 @@ pub enum MetaCommand {
         /// The commands.
         commands: Vec<MetaCommand>,
     },
+    /// Records why a queued group waits without counting an attempt (its queue has no
+    /// room: it is tried again as soon as there is, with no backoff).
+    NoteWaiting {
+        /// The group.
+        seq: GroupSeq,
+        /// Why, for people.
+        reason: String,
+    },
+    /// Creates or changes a queue ([`Queues::put`]).
+    PutQueue {
+        /// The queue.
+        queue: QueueSpec,
+    },
+    /// Deletes a queue with no children and no live group ([`Queues::delete`]).
+    DeleteQueue {
+        /// Its name.
+        name: String,
+    },
 }
 
 /// The meta group's answer.
@@ -287,6 +307,16 @@ pub enum MetaReply {
         /// One per command.
         replies: Vec<MetaReply>,
     },
+    /// Queues with their usage, in name order.
+    Queues {
+        /// Their states.
+        queues: Vec<QueueStatus>,
+    },
+    /// Why queued groups cannot be charged to their queues now ([`MetaQuery::QuotaRefusals`]).
+    QuotaRefusals {
+        /// (group, why), in the order asked; groups that fit are left out.
+        refusals: Vec<(GroupSeq, String)>,
+    },
     /// Refused; the state is unchanged.
     Rejected {
         /// Why, naming the field.
@@ -309,6 +339,8 @@ pub enum RejectionKind {
     /// It conflicts with what is stored: a key used with another body, or a gang a
     /// live group declares.
     Conflict,
+    /// The group's queue (or an ancestor) has no room for it now (I8): it waits.
+    NoRoom,
 }
 
 impl RejectionKind {
@@ -392,6 +424,14 @@ pub enum MetaQuery {
         /// At most this many.
         limit: u32,
     },
+    /// Every queue with its usage and group counts, in name order.
+    Queues,
+    /// For each of these queued groups whose queue has no room for it now, why: the
+    /// coordinator leaves them out of a round instead of planning them in vain.
+    QuotaRefusals {
+        /// The groups.
+        seqs: Vec<GroupSeq>,
+    },
 }
 
 /// The meta group's replicated state.
@@ -418,6 +458,12 @@ pub struct MetaState {
     /// that some of them are gone.
     #[serde(default)]
     forgotten: u64,
+    /// The queues, with what their groups are charged (I8).
+    #[serde(default, skip_serializing_if = "Queues::is_empty")]
+    queues: Queues,
+    /// Bug switch `meta-admits-over-quota` only: charges without asking the queue.
+    #[serde(skip)]
+    quota_unchecked: bool,
 }
 
 fn rejected(reason: impl Into<String>) -> MetaReply {
@@ -477,8 +523,115 @@ impl MetaState {
         }
     }
 
-    /// Applies one command.
+    /// Applies one command, then brings the charges of the groups it touched up to date.
     pub fn apply(&mut self, cmd: &MetaCommand) -> MetaReply {
+        let touched = self.touched_by(cmd);
+        let reply = self.apply_one(cmd);
+        for seq in touched {
+            self.recharge(seq);
+        }
+        reply
+    }
+
+    /// The groups whose charge `cmd` may change (read before it applies, while its
+    /// transaction is still on record).
+    fn touched_by(&self, cmd: &MetaCommand) -> Vec<GroupSeq> {
+        let of_txn = |txn: &TxnId| -> Vec<GroupSeq> {
+            self.txns
+                .get(txn)
+                .map(|t| {
+                    t.group
+                        .into_iter()
+                        .chain(t.victims.iter().copied())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        match cmd {
+            MetaCommand::BeginTxn { seq, .. }
+            | MetaCommand::Requeue { seq, .. }
+            | MetaCommand::Expire { seq, .. }
+            | MetaCommand::Cancel { seq, .. }
+            | MetaCommand::Release { seq, .. }
+            | MetaCommand::ReleaseMembers { seq, .. }
+            | MetaCommand::MembersReleased { seq, .. }
+            | MetaCommand::ReleaseDone { seq, .. } => vec![*seq],
+            MetaCommand::BeginPreemption { seq, victims, .. } => std::iter::once(*seq)
+                .chain(victims.iter().copied())
+                .collect(),
+            MetaCommand::Decide { txn, .. }
+            | MetaCommand::AbortIfUndecided { txn, .. }
+            | MetaCommand::Delivered { txn, .. } => of_txn(txn),
+            MetaCommand::AssignNode { .. }
+            | MetaCommand::Submit { .. }
+            | MetaCommand::Batch { .. }
+            | MetaCommand::NoteWaiting { .. }
+            | MetaCommand::PutQueue { .. }
+            | MetaCommand::DeleteQueue { .. } => Vec::new(),
+        }
+    }
+
+    /// Sets group `seq`'s charge to what its state is due, moving the difference on
+    /// its queue's chain.
+    fn recharge(&mut self, seq: GroupSeq) {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return;
+        };
+        let due = g.charge_due();
+        if due == g.charge {
+            return;
+        }
+        let old = std::mem::replace(&mut g.charge, due.clone());
+        let queue = g.group.queue.clone();
+        self.queues.refund(&queue, &old);
+        self.queues.charge(&queue, &due);
+    }
+
+    /// Bug switch `meta-admits-over-quota` (and the tests' checker) only: charges
+    /// groups without asking their queues, as a scheduler with no quota check would.
+    pub fn set_quota_unchecked(&mut self, unchecked: bool) {
+        self.quota_unchecked = unchecked;
+    }
+
+    /// Why queue accounting is inconsistent, if it is: a group's charge differs from
+    /// what its state is due, a queue's usage from the sum of its subtree's charges, or
+    /// some usage passes its queue's `max` (I8). The tests' checker calls it after
+    /// every command.
+    pub fn quota_violation(&self) -> Option<String> {
+        for g in self.groups.values() {
+            if g.charge != g.charge_due() {
+                return Some(format!(
+                    "group {} is charged {:?} but due {:?}",
+                    g.seq,
+                    g.charge,
+                    g.charge_due()
+                ));
+            }
+        }
+        let fresh = self.queues.recomputed(
+            self.groups
+                .values()
+                .filter(|g| !g.charge.is_zero())
+                .map(|g| (g.group.queue.as_str(), &g.charge)),
+        );
+        if &fresh != self.queues.all_usage() {
+            return Some(format!(
+                "kept usage {:?} differs from the groups' charges {fresh:?}",
+                self.queues.all_usage()
+            ));
+        }
+        self.queues.specs().find_map(|q| {
+            let used = self.queues.usage(&q.name);
+            q.max.first_exceeded(&used).map(|(resource, used, max)| {
+                format!(
+                    "I8: queue {} uses {resource} {used} above its max {max}",
+                    q.name
+                )
+            })
+        })
+    }
+
+    fn apply_one(&mut self, cmd: &MetaCommand) -> MetaReply {
         match cmd {
             MetaCommand::AssignNode { node, shard, .. } => self.assign_node(node, *shard),
             MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
@@ -520,7 +673,125 @@ impl MetaState {
             }
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
             MetaCommand::Batch { commands } => self.batch(commands),
+            MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
+            MetaCommand::PutQueue { queue } => match self.queues.put(queue) {
+                Ok(()) => MetaReply::Queues {
+                    queues: self.queue_statuses(Some(&queue.name)),
+                },
+                Err(reason) => rejected(reason),
+            },
+            MetaCommand::DeleteQueue { name } => {
+                let live = self.live_groups_of(name);
+                match self.queues.delete(name, live) {
+                    Ok(()) => MetaReply::Queues { queues: Vec::new() },
+                    Err(reason) if self.queues.spec(name).is_none() => MetaReply::Rejected {
+                        reason,
+                        kind: RejectionKind::NotFound,
+                    },
+                    Err(reason) => conflict(reason),
+                }
+            }
         }
+    }
+
+    fn note_waiting(&mut self, seq: GroupSeq, reason: &str) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return missing(seq);
+        };
+        if g.state != GroupState::Queued {
+            return rejected(format!(
+                "gang group {seq} is {}, not Queued",
+                g.state.name()
+            ));
+        }
+        if g.reason != reason {
+            g.reason = reason.to_string();
+            g.bump(&mut self.last_version);
+        }
+        MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        }
+    }
+
+    /// How many groups of queue `name` have not ended.
+    fn live_groups_of(&self, name: &str) -> u64 {
+        self.groups
+            .values()
+            .filter(|g| g.group.queue == name && !g.state.is_terminal())
+            .count() as u64
+    }
+
+    /// The status of one queue (`only`) or of all, in name order.
+    fn queue_statuses(&self, only: Option<&str>) -> Vec<QueueStatus> {
+        let mut counts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for g in self.groups.values().filter(|g| !g.group.queue.is_empty()) {
+            let entry = counts.entry(g.group.queue.as_str()).or_default();
+            match g.state {
+                GroupState::Queued if g.holds_nothing() => entry.0 += 1,
+                GroupState::Done { .. } => {}
+                _ => entry.1 += 1,
+            }
+        }
+        self.queues
+            .specs()
+            .filter(|q| only.is_none_or(|n| n == q.name))
+            .map(|q| {
+                let (queued, admitted) = counts.get(q.name.as_str()).copied().unwrap_or_default();
+                QueueStatus {
+                    spec: q.clone(),
+                    usage: self.queues.usage(&q.name),
+                    queued,
+                    admitted,
+                }
+            })
+            .collect()
+    }
+
+    /// The pending groups in queue order, `limit` of them that the coordinator can act
+    /// on, plus at most `limit` queued groups whose queues have no room (listed so their
+    /// reason and deadline are kept): a full queue's backlog never hides the groups of
+    /// other queues behind it.
+    fn pending_past_full_queues(&self, limit: usize) -> Vec<GroupRecord> {
+        let mut records: Vec<&GroupRecord> =
+            self.groups.values().filter(|r| r.is_pending()).collect();
+        records.sort_by_key(|r| r.order_key());
+        let (mut actionable, mut waiting) = (0usize, 0usize);
+        let mut out = Vec::new();
+        for r in records {
+            if actionable >= limit {
+                break;
+            }
+            let no_room = r.state == GroupState::Queued
+                && !r.group.queue.is_empty()
+                && self.quota_refusal(r.seq).is_some();
+            if no_room {
+                if waiting >= limit {
+                    continue;
+                }
+                waiting += 1;
+            } else {
+                actionable += 1;
+            }
+            out.push(r.clone());
+        }
+        out
+    }
+
+    /// Why group `seq`'s queue cannot take the charge of placing it now, if it cannot.
+    fn quota_refusal(&self, seq: GroupSeq) -> Option<String> {
+        if self.quota_unchecked {
+            return None;
+        }
+        let g = self.groups.get(&seq)?;
+        if g.group.queue.is_empty() {
+            return None;
+        }
+        let placing = GroupRecord {
+            state: GroupState::Placing { txn: TxnId(0) },
+            ..g.clone()
+        };
+        let more = placing.charge_due().saturating_sub(&g.charge);
+        self.queues.refusal(&g.group.queue, &more)
     }
 
     fn batch(&mut self, commands: &[MetaCommand]) -> MetaReply {
@@ -592,6 +863,9 @@ impl MetaState {
                     .map(GroupSummary::of)
                     .collect(),
             },
+            MetaQuery::Pending { limit } if !self.queues.is_empty() => MetaReply::Groups {
+                records: self.pending_past_full_queues(*limit as usize),
+            },
             MetaQuery::Pending { limit } => {
                 // Ordered by reference and cut before cloning: the queue may hold
                 // thousands of groups while a round takes a few hundred.
@@ -645,6 +919,15 @@ impl MetaState {
                     .take(*limit as usize)
                     .collect(),
             },
+            MetaQuery::Queues => MetaReply::Queues {
+                queues: self.queue_statuses(None),
+            },
+            MetaQuery::QuotaRefusals { seqs } => MetaReply::QuotaRefusals {
+                refusals: seqs
+                    .iter()
+                    .filter_map(|seq| Some((*seq, self.quota_refusal(*seq)?)))
+                    .collect(),
+            },
             MetaQuery::StateCounts => {
                 let mut counts: BTreeMap<String, u64> = GroupState::NAMES
                     .iter()
@@ -690,6 +973,12 @@ impl MetaState {
         if let Err(e) = group.validate(&crate::model::FieldPath::root()) {
             return rejected(e.to_string());
         }
+        if !group.queue.is_empty() && self.queues.spec(&group.queue).is_none() {
+            return rejected(format!(
+                "queue: no queue {}; create it first (gangctl queues put)",
+                short(&group.queue)
+            ));
+        }
         for (i, gang) in group.gangs.iter().enumerate() {
             let name = gang_name(gang);
             if let Some(owner) = self.live_owner(&name) {
@@ -728,6 +1017,7 @@ impl MetaState {
             priority,
             txn: None,
             releasing: BTreeMap::new(),
+            charge: Resources::zero(),
         };
         record.bump(&mut self.last_version);
         self.groups.insert(seq, record);
@@ -786,6 +1076,16 @@ impl MetaState {
                 self.shards
             ));
         }
+        // I8: the queue is charged here, in the entry that lets reservations begin.
+        if let Some(why) = self.quota_refusal(seq) {
+            return MetaReply::Rejected {
+                reason: why,
+                kind: RejectionKind::NoRoom,
+            };
+        }
+        let Some(record) = self.groups.get_mut(&seq) else {
+            return rejected(format!("seq: no gang group {seq}"));
+        };
         // Never reuse an id that already has a record (e.g. a tombstone).
         while self.txns.contains_key(&TxnId(self.next_txn)) {
             self.next_txn += 1;
@@ -1347,6 +1647,11 @@ impl MetaState {
         let excess = terminal.len() - FINISHED_GROUPS_MAX * 9 / 10;
         for seq in terminal.into_iter().take(excess) {
             if let Some(g) = self.groups.remove(&seq) {
+                assert!(
+                    g.charge.is_zero(),
+                    "ended group {seq} forgotten while charged {:?}",
+                    g.charge
+                );
                 self.keys.remove(&g.key);
                 self.forgotten += 1;
             }
@@ -1427,6 +1732,7 @@ fn gang_name(gang: &crate::model::Gang) -> String {
 /// gangs' `creation_order` is the group's seq, set at admission).
 fn same_body(stored: &GangGroup, offered: &GangGroup) -> bool {
     stored.id == offered.id
+        && stored.queue == offered.queue
         && stored.gangs.len() == offered.gangs.len()
         && stored.gangs.iter().zip(&offered.gangs).all(|(a, b)| {
             let mut b = b.clone();
@@ -1480,5 +1786,7 @@ fn apply_decision(
 
 #[cfg(test)]
 mod preemption_tests;
+#[cfg(test)]
+mod queue_tests;
 #[cfg(test)]
 mod tests;

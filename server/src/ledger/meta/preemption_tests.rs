@@ -21,6 +21,7 @@ fn gang(name: &str, members: u32, priority: i32) -> Gang {
 
 fn submit(m: &mut MetaState, name: &str, members: u32, priority: i32) -> GroupSeq {
     let group = GangGroup {
+        queue: String::new(),
         id: name.into(),
         gangs: vec![gang(name, members, priority)],
     };
@@ -246,6 +247,7 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
     let kube_seq = match m.apply(&MetaCommand::Submit {
         key: "kube".into(),
         group: GangGroup {
+            queue: String::new(),
             id: "kube".into(),
             gangs: vec![kube],
         },
@@ -320,6 +322,7 @@ fn a_preemptor_with_a_never_member_does_not_preempt() {
     let MetaReply::Submitted { seq, .. } = m.apply(&MetaCommand::Submit {
         key: "never".into(),
         group: GangGroup {
+            queue: String::new(),
             id: "never".into(),
             gangs: vec![never],
         },

@@ -19,6 +19,7 @@ fn gang(name: &str, members: u32, min: u32, wait_ms: u64, priority: i32) -> Gang
 
 fn group(id: &str, gangs: Vec<Gang>) -> GangGroup {
     GangGroup {
+        queue: String::new(),
         id: id.into(),
         gangs,
     }

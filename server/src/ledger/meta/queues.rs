@@ -1,0 +1,350 @@
+//! The queues the meta group keeps, and what each one's groups are charged.
+//!
+//! Owns [`Queues`]: every [`QueueSpec`] by name and each queue's usage, the sum of the
+//! charges of the groups in its subtree (its own groups and its descendants'). A group
+//! is charged when it holds, or is being given, capacity (docs/ARCHITECTURE.md, queues);
+//! the charge goes to its queue and every ancestor. Invariant I8: no queue's usage
+//! passes its `max` — [`Queues::refusal`] is asked before every charge that grows, and a
+//! queue's `max` cannot be lowered below its usage. Pure and deterministic; called by
+//! [`super::MetaState`] only.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::queue::{Amount, QUEUES_MAX, QUEUE_DEPTH_MAX};
+use crate::model::{FieldPath, QueueSpec, Resources};
+
+/// A queue as the API shows it: its spec and what it uses now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// The queue.
+    pub spec: QueueSpec,
+    /// What its subtree's groups are charged.
+    pub usage: Resources,
+    /// Its own groups waiting to be placed.
+    pub queued: u64,
+    /// Its own groups holding capacity (placing, placed, or releasing).
+    pub admitted: u64,
+}
+
+/// Every queue, with its subtree's usage.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queues {
+    specs: BTreeMap<String, QueueSpec>,
+    /// Name → the charges of its subtree's groups; an entry for every queue.
+    usage: BTreeMap<String, Resources>,
+}
+
+impl Queues {
+    /// Whether no queue is defined.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// One queue's spec.
+    pub fn spec(&self, name: &str) -> Option<&QueueSpec> {
+        self.specs.get(name)
+    }
+
+    /// Every queue's spec, in name order.
+    pub fn specs(&self) -> impl Iterator<Item = &QueueSpec> {
+        self.specs.values()
+    }
+
+    /// One queue's subtree usage (zero for an unknown queue).
+    pub fn usage(&self, name: &str) -> Resources {
+        self.usage.get(name).cloned().unwrap_or_default()
+    }
+
+    /// `name` and its ancestors, nearest first (stops at an unknown name).
+    fn chain<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a QueueSpec> + 'a {
+        let mut next = Some(name);
+        let mut steps = 0usize;
+        std::iter::from_fn(move || {
+            let spec = self.specs.get(next?)?;
+            steps += 1;
+            // The tree is checked acyclic at every change: a longer chain is corruption.
+            assert!(steps <= QUEUES_MAX, "queue {name}'s ancestors form a cycle");
+            next = (!spec.parent.is_empty()).then_some(spec.parent.as_str());
+            Some(spec)
+        })
+    }
+
+    /// Why charging `more` to queue `name` would pass some `max` on its chain, naming
+    /// the queue and resource; `None` when it fits.
+    pub fn refusal(&self, name: &str, more: &Resources) -> Option<String> {
+        if more.is_zero() {
+            return None;
+        }
+        self.chain(name).find_map(|q| {
+            let after = self.usage(&q.name).saturating_add(more);
+            q.max.first_exceeded(&after).map(|(resource, used, max)| {
+                let asked = more.get(&resource);
+                let held = used.saturating_sub(asked);
+                let whose = if q.name == name {
+                    format!("queue {name}")
+                } else {
+                    format!("queue {name}'s ancestor {}", q.name)
+                };
+                format!(
+                    "{whose} has no room: {resource} {} asked, {} used of max {}",
+                    Amount(&resource, asked),
+                    Amount(&resource, held),
+                    Amount(&resource, max)
+                )
+            })
+        })
+    }
+
+    /// Adds `amount` to queue `name`'s chain. The caller asked [`Self::refusal`] first.
+    pub fn charge(&mut self, name: &str, amount: &Resources) {
+        let names: Vec<String> = self.chain(name).map(|q| q.name.clone()).collect();
+        for n in names {
+            let usage = self.usage.entry(n).or_default();
+            *usage = usage.saturating_add(amount);
+        }
+    }
+
+    /// Takes `amount` off queue `name`'s chain.
+    ///
+    /// # Panics
+    /// When some queue on the chain uses less than `amount`: the charges are corrupt.
+    pub fn refund(&mut self, name: &str, amount: &Resources) {
+        let names: Vec<String> = self.chain(name).map(|q| q.name.clone()).collect();
+        for n in names {
+            let usage = self.usage.entry(n.clone()).or_default();
+            *usage = usage
+                .checked_sub(amount)
+                .unwrap_or_else(|| panic!("queue {n} refunded {amount:?} but uses only {usage:?}"));
+        }
+    }
+
+    /// Creates or changes a queue. Refused, naming the field: a bad spec, an unknown
+    /// parent, a cycle, a tree too deep or too large, a `max` (its own, or a new
+    /// ancestor's) below what the subtree uses now.
+    pub fn put(&mut self, spec: &QueueSpec) -> Result<(), String> {
+        let path = FieldPath::new("queue");
+        spec.validate(&path).map_err(|e| e.to_string())?;
+        let old = self.specs.get(&spec.name).cloned();
+        if old.is_none() && self.specs.len() >= QUEUES_MAX {
+            return Err(format!(
+                "queue: {QUEUES_MAX} queues exist, the most allowed"
+            ));
+        }
+        if !spec.parent.is_empty() {
+            if !self.specs.contains_key(&spec.parent) {
+                return Err(format!(
+                    "queue.parent: no queue {}; create it first",
+                    spec.parent
+                ));
+            }
+            let above: Vec<&str> = self.chain(&spec.parent).map(|q| q.name.as_str()).collect();
+            if above.contains(&spec.name.as_str()) {
+                return Err(format!(
+                    "queue.parent: {} is below {} already; a queue cannot sit under its own descendant",
+                    spec.parent, spec.name
+                ));
+            }
+            if above.len() + 1 + self.height(&spec.name) > QUEUE_DEPTH_MAX {
+                return Err(format!(
+                    "queue.parent: the tree would be deeper than {QUEUE_DEPTH_MAX} levels"
+                ));
+            }
+        }
+        let used = self.usage(&spec.name);
+        if let Some((resource, used, max)) = spec.max.first_exceeded(&used) {
+            return Err(format!(
+                "queue.max.{resource}: {} is below what the queue's groups use now ({}); release some first",
+                Amount(&resource, max),
+                Amount(&resource, used)
+            ));
+        }
+        let moved = old.as_ref().is_some_and(|o| o.parent != spec.parent);
+        let old_parent = old.map(|o| o.parent).unwrap_or_default();
+        if moved {
+            // Off the old chain first: the new one may share ancestors with it.
+            if !old_parent.is_empty() {
+                self.refund(&old_parent, &used);
+            }
+            if !spec.parent.is_empty() {
+                if let Some(why) = self.refusal(&spec.parent, &used) {
+                    if !old_parent.is_empty() {
+                        self.charge(&old_parent, &used);
+                    }
+                    return Err(format!("queue.parent: its groups do not fit there: {why}"));
+                }
+            }
+        }
+        self.specs.insert(spec.name.clone(), spec.clone());
+        self.usage.entry(spec.name.clone()).or_default();
+        if moved && !spec.parent.is_empty() {
+            self.charge(&spec.parent.clone(), &used);
+        }
+        Ok(())
+    }
+
+    /// Levels below `name` (0 for a leaf).
+    fn height(&self, name: &str) -> usize {
+        self.specs
+            .values()
+            .filter(|q| q.parent == name)
+            .map(|q| 1 + self.height(&q.name))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Deletes a queue with no children and nothing charged. `live` is how many groups
+    /// not yet ended name it (they must end first).
+    pub fn delete(&mut self, name: &str, live: u64) -> Result<(), String> {
+        if !self.specs.contains_key(name) {
+            return Err(format!("name: no queue {name}"));
+        }
+        if let Some(child) = self.specs.values().find(|q| q.parent == name) {
+            return Err(format!(
+                "name: queue {name} has child queue {}; delete or move its children first",
+                child.name
+            ));
+        }
+        if live > 0 {
+            return Err(format!(
+                "name: {live} gang groups of queue {name} have not ended; cancel or release them first"
+            ));
+        }
+        if !self.usage(name).is_zero() {
+            // No live group, yet a charge: corruption, not a user error.
+            panic!(
+                "queue {name} has no live group but uses {:?}",
+                self.usage(name)
+            );
+        }
+        self.specs.remove(name);
+        self.usage.remove(name);
+        Ok(())
+    }
+
+    /// The usage every queue would have with `charges` (queue → own groups' charges),
+    /// recomputed from scratch: what the kept usage must equal.
+    pub fn recomputed<'a>(
+        &self,
+        charges: impl Iterator<Item = (&'a str, &'a Resources)>,
+    ) -> BTreeMap<String, Resources> {
+        let mut fresh = Self {
+            specs: self.specs.clone(),
+            usage: self
+                .specs
+                .keys()
+                .map(|n| (n.clone(), Resources::zero()))
+                .collect(),
+        };
+        for (queue, charge) in charges {
+            fresh.charge(queue, charge);
+        }
+        fresh.usage
+    }
+
+    /// The kept usage of every queue.
+    pub fn all_usage(&self) -> &BTreeMap<String, Resources> {
+        &self.usage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::queue::Limits;
+    use crate::model::ResourceName;
+
+    fn cpu(cores: u64) -> Resources {
+        let mut r = Resources::zero();
+        r.set(&ResourceName::Cpu, cores * 1_000);
+        r
+    }
+
+    fn queue(name: &str, parent: &str, max_cores: Option<u64>) -> QueueSpec {
+        let mut max = Limits::none();
+        if let Some(c) = max_cores {
+            max.set(&ResourceName::Cpu, c * 1_000);
+        }
+        QueueSpec {
+            name: name.into(),
+            parent: parent.into(),
+            weight: 1,
+            min: Limits::none(),
+            max,
+        }
+    }
+
+    #[test]
+    fn a_charge_counts_for_every_ancestor_and_any_max_on_the_chain_refuses() {
+        let mut q = Queues::default();
+        q.put(&queue("org", "", Some(10))).expect("org");
+        q.put(&queue("a", "org", Some(8))).expect("a");
+        q.put(&queue("b", "org", None)).expect("b");
+        assert_eq!(q.refusal("a", &cpu(8)), None);
+        q.charge("a", &cpu(6));
+        assert_eq!(q.usage("org"), cpu(6));
+        let own = q.refusal("a", &cpu(3)).expect("a's max");
+        assert!(
+            own.starts_with("queue a has no room: cpu 3 asked, 6 used of max 8"),
+            "{own}"
+        );
+        let up = q.refusal("b", &cpu(5)).expect("org's max");
+        assert!(
+            up.starts_with("queue b's ancestor org has no room: cpu 5 asked, 6 used of max 10"),
+            "{up}"
+        );
+        assert_eq!(q.refusal("b", &cpu(4)), None, "b borrows up to org's max");
+        q.refund("a", &cpu(6));
+        assert_eq!(q.usage("org"), Resources::zero());
+    }
+
+    #[test]
+    fn a_tree_stays_a_tree_and_max_never_drops_below_usage() {
+        let mut q = Queues::default();
+        q.put(&queue("org", "", None)).expect("org");
+        q.put(&queue("a", "org", None)).expect("a");
+        let cycle = q.put(&queue("org", "a", None)).expect_err("cycle");
+        assert!(cycle.starts_with("queue.parent:"), "{cycle}");
+        let orphan = q
+            .put(&queue("c", "nowhere", None))
+            .expect_err("unknown parent");
+        assert!(orphan.contains("no queue nowhere"), "{orphan}");
+        q.charge("a", &cpu(5));
+        let low = q.put(&queue("a", "org", Some(4))).expect_err("below usage");
+        assert!(low.starts_with("queue.max.cpu: 4 is below"), "{low}");
+        q.put(&queue("small", "", Some(2))).expect("small");
+        let squeeze = q.put(&queue("a", "small", None)).expect_err("does not fit");
+        assert!(
+            squeeze.contains("ancestor") || squeeze.contains("queue small"),
+            "{squeeze}"
+        );
+        q.put(&queue("big", "", Some(5))).expect("big");
+        q.put(&queue("a", "big", None))
+            .expect("moves with its usage");
+        assert_eq!(q.usage("org"), Resources::zero());
+        assert_eq!(q.usage("big"), cpu(5));
+        let busy = q.delete("a", 1).expect_err("live group");
+        assert!(busy.contains("1 gang groups"), "{busy}");
+        let parent = q.delete("big", 0).expect_err("has a child");
+        assert!(parent.contains("child queue a"), "{parent}");
+    }
+
+    #[test]
+    fn the_tree_depth_is_bounded() {
+        let mut q = Queues::default();
+        q.put(&queue("q0", "", None)).expect("top");
+        for i in 1..QUEUE_DEPTH_MAX {
+            q.put(&queue(&format!("q{i}"), &format!("q{}", i - 1), None))
+                .expect("within depth");
+        }
+        let deep = q
+            .put(&queue(
+                "too-deep",
+                &format!("q{}", QUEUE_DEPTH_MAX - 1),
+                None,
+            ))
+            .expect_err("too deep");
+        assert!(deep.contains("deeper than"), "{deep}");
+    }
+}

@@ -1,0 +1,299 @@
+//! Queues: the tree of teams a cluster is shared by, each with a guaranteed (`min`) and
+//! a ceiling (`max`) amount per resource.
+//!
+//! Owns [`QueueSpec`] (one queue as configured), [`Limits`] (an amount per named
+//! resource; a resource a `max` does not name is unlimited, one a `min` does not name is
+//! not guaranteed) and their validation. A queue's usage is charged against its own
+//! `max` and every ancestor's, so a child may go past its `min` (borrow) as long as no
+//! ancestor's `max` is passed. Plain data, so the meta group can log and snapshot it.
+//! Called by the meta group (which keeps the queues and their usage), the front door's
+//! admin API and the Kubernetes adapter (ElasticQuota objects).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::error::{FieldPath, ValidationError};
+use crate::model::names::validate_dns_label;
+use crate::model::quantity::{parse_milli, parse_units, parse_whole_units};
+use crate::model::resources::{ResourceName, Resources};
+
+/// The weight a queue gets when none is given.
+pub const QUEUE_WEIGHT_DEFAULT: u32 = 1;
+/// The largest weight a queue may have.
+pub const QUEUE_WEIGHT_MAX: u32 = 1_000;
+/// The most queues a cluster may define.
+pub const QUEUES_MAX: usize = 1_000;
+/// The deepest a queue may sit below the top (a top-level queue has depth 1).
+pub const QUEUE_DEPTH_MAX: usize = 8;
+/// The most resources one `min` or `max` may name.
+pub const LIMIT_RESOURCES_MAX: usize = 32;
+
+/// An amount per named resource (`cpu` in millicores, `memory` and
+/// `ephemeral-storage` in bytes, `pods` and extended resources in units).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Limits(BTreeMap<String, u64>);
+
+impl Limits {
+    /// No resource named.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether no resource is named.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The amount named for `resource`, if any.
+    pub fn get(&self, resource: &ResourceName) -> Option<u64> {
+        self.0.get(&resource.to_string()).copied()
+    }
+
+    /// Names `amount` for `resource`.
+    pub fn set(&mut self, resource: &ResourceName, amount: u64) {
+        self.0.insert(resource.to_string(), amount);
+    }
+
+    /// The named resources with their amounts, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (ResourceName, u64)> + '_ {
+        self.0
+            .iter()
+            .map(|(name, amount)| (ResourceName::from_name(name), *amount))
+    }
+
+    /// The named amounts as a resource vector (unnamed resources zero).
+    pub fn as_resources(&self) -> Resources {
+        let mut out = Resources::zero();
+        for (name, amount) in self.iter() {
+            out.set(&name, amount);
+        }
+        out
+    }
+
+    /// Reads Kubernetes quantities (`{"cpu": "10", "memory": "64Gi", "nvidia.com/gpu": "8"}`),
+    /// naming the entry at fault.
+    pub fn from_quantities(
+        path: &FieldPath,
+        list: &BTreeMap<String, String>,
+    ) -> Result<Self, ValidationError> {
+        if list.len() > LIMIT_RESOURCES_MAX {
+            return Err(path.error(format!(
+                "{} resources named, at most {LIMIT_RESOURCES_MAX}",
+                list.len()
+            )));
+        }
+        let mut out = Self::none();
+        for (name, text) in list {
+            let entry = path.key(name);
+            let resource = ResourceName::parse(&entry, name)?;
+            let amount = match resource {
+                ResourceName::Cpu => parse_milli(text),
+                ResourceName::Memory | ResourceName::EphemeralStorage => parse_units(text),
+                ResourceName::Pods | ResourceName::Extended(_) => parse_whole_units(text),
+            }
+            .map_err(|e| entry.error(e.to_string()))?;
+            out.set(&resource, amount);
+        }
+        Ok(out)
+    }
+
+    /// The first resource this `max` names that `usage` passes, with both amounts.
+    pub fn first_exceeded(&self, usage: &Resources) -> Option<(ResourceName, u64, u64)> {
+        self.iter()
+            .map(|(name, max)| (usage.get(&name), name, max))
+            .find(|(used, _, max)| used > max)
+            .map(|(used, name, max)| (name, used, max))
+    }
+
+    fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        if self.0.len() > LIMIT_RESOURCES_MAX {
+            return Err(path.error(format!(
+                "{} resources named, at most {LIMIT_RESOURCES_MAX}",
+                self.0.len()
+            )));
+        }
+        for name in self.0.keys() {
+            ResourceName::parse(&path.key(name), name)?;
+        }
+        Ok(())
+    }
+}
+
+/// One resource amount as people read it: `cpu` in cores, sizes in bytes.
+pub struct Amount<'a>(pub &'a ResourceName, pub u64);
+
+impl fmt::Display for Amount<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            ResourceName::Cpu if self.1 % 1_000 == 0 => write!(f, "{}", self.1 / 1_000),
+            ResourceName::Cpu => write!(f, "{}m", self.1),
+            _ => write!(f, "{}", self.1),
+        }
+    }
+}
+
+/// A queue as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSpec {
+    /// Its name: a DNS label, unique in the cluster.
+    pub name: String,
+    /// Its parent queue (empty: a top-level queue).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub parent: String,
+    /// Its share of what its siblings compete for (1..=`QUEUE_WEIGHT_MAX`).
+    pub weight: u32,
+    /// What it is guaranteed (a resource not named: nothing).
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub min: Limits,
+    /// What it may use at most, borrowing included (a resource not named: no limit).
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub max: Limits,
+}
+
+impl QueueSpec {
+    /// Checks the queue on its own: its names, its weight, and `min` within `max`.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        validate_dns_label(&path.child("name"), &self.name)?;
+        if !self.parent.is_empty() {
+            validate_dns_label(&path.child("parent"), &self.parent)?;
+            if self.parent == self.name {
+                return Err(path
+                    .child("parent")
+                    .error("a queue cannot be its own parent"));
+            }
+        }
+        if self.weight == 0 || self.weight > QUEUE_WEIGHT_MAX {
+            return Err(path
+                .child("weight")
+                .error(format!("{} is not in 1..={QUEUE_WEIGHT_MAX}", self.weight)));
+        }
+        self.min.validate(&path.child("min"))?;
+        self.max.validate(&path.child("max"))?;
+        for (name, min) in self.min.iter() {
+            if let Some(max) = self.max.get(&name) {
+                if min > max {
+                    return Err(path.child("min").key(&name.to_string()).error(format!(
+                        "{} is above max {}",
+                        Amount(&name, min),
+                        Amount(&name, max)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn spec(name: &str, min: &[(&str, &str)], max: &[(&str, &str)]) -> QueueSpec {
+        QueueSpec {
+            name: name.into(),
+            parent: String::new(),
+            weight: 1,
+            min: Limits::from_quantities(&FieldPath::new("min"), &quantities(min))
+                .expect("valid min"),
+            max: Limits::from_quantities(&FieldPath::new("max"), &quantities(max))
+                .expect("valid max"),
+        }
+    }
+
+    #[test]
+    fn quantities_are_read_in_base_units() {
+        let limits = Limits::from_quantities(
+            &FieldPath::new("max"),
+            &quantities(&[("cpu", "1500m"), ("memory", "1Gi"), ("nvidia.com/gpu", "8")]),
+        )
+        .expect("valid");
+        assert_eq!(limits.get(&ResourceName::Cpu), Some(1_500));
+        assert_eq!(limits.get(&ResourceName::Memory), Some(1 << 30));
+        assert_eq!(
+            limits.get(&ResourceName::Extended("nvidia.com/gpu".into())),
+            Some(8)
+        );
+        assert_eq!(limits.get(&ResourceName::Pods), None, "unnamed: no limit");
+    }
+
+    #[test]
+    fn bad_quantities_and_names_are_refused_naming_the_entry() {
+        let err = Limits::from_quantities(&FieldPath::new("max"), &quantities(&[("gpu", "1")]))
+            .expect_err("an unqualified extended name");
+        assert!(err.to_string().contains("max.gpu"), "{err}");
+        let err = Limits::from_quantities(&FieldPath::new("min"), &quantities(&[("cpu", "lots")]))
+            .expect_err("not a quantity");
+        assert!(err.to_string().contains("min.cpu"), "{err}");
+    }
+
+    #[test]
+    fn a_queue_is_checked_field_by_field() {
+        let ok = spec("team-a", &[("cpu", "4")], &[("cpu", "8")]);
+        assert_eq!(ok.validate(&FieldPath::new("queue")), Ok(()));
+        let above = spec("team-a", &[("cpu", "9")], &[("cpu", "8")]);
+        let err = above
+            .validate(&FieldPath::new("queue"))
+            .expect_err("min above max");
+        assert!(
+            err.to_string().contains("queue.min.cpu") && err.to_string().contains("above max 8"),
+            "{err}"
+        );
+        let zero = QueueSpec {
+            weight: 0,
+            ..ok.clone()
+        };
+        assert!(zero
+            .validate(&FieldPath::new("queue"))
+            .expect_err("weight 0")
+            .to_string()
+            .contains("queue.weight"));
+        let own = QueueSpec {
+            parent: "team-a".into(),
+            ..ok.clone()
+        };
+        assert!(own
+            .validate(&FieldPath::new("queue"))
+            .expect_err("own parent")
+            .to_string()
+            .contains("queue.parent"));
+        let bad_name = QueueSpec {
+            name: "Team_A".into(),
+            ..ok
+        };
+        assert!(bad_name
+            .validate(&FieldPath::new("queue"))
+            .expect_err("not a DNS label")
+            .to_string()
+            .contains("queue.name"));
+    }
+
+    #[test]
+    fn the_first_resource_past_max_is_named_with_both_amounts() {
+        let q = spec("a", &[], &[("cpu", "2"), ("pods", "3")]);
+        let mut usage = Resources::zero();
+        usage.set(&ResourceName::Cpu, 2_000);
+        usage.set(&ResourceName::Pods, 3);
+        assert_eq!(q.max.first_exceeded(&usage), None, "at max is within");
+        usage.set(&ResourceName::Pods, 4);
+        assert_eq!(
+            q.max.first_exceeded(&usage),
+            Some((ResourceName::Pods, 4, 3))
+        );
+        usage.set(&ResourceName::Memory, u64::MAX);
+        assert_eq!(
+            q.max.first_exceeded(&usage),
+            Some((ResourceName::Pods, 4, 3)),
+            "memory is not limited"
+        );
+    }
+}
