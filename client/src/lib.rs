@@ -8,6 +8,7 @@ pub mod loopback;
 pub mod spec;
 
 use gangway_proto::admin::admin_client::AdminClient;
+use gangway_proto::admin::queues_client::QueuesClient;
 use gangway_proto::admin::{
     AddLearnerRequest, BalanceReply, BalanceRequest, ChangeMembershipRequest, CompactRequest,
     StatusReply, StatusRequest, TransferLeaderRequest,
@@ -582,6 +583,39 @@ impl Client {
             .await?
             .into_inner()
             .groups)
+    }
+
+    /// Creates or changes a queue; its status as stored.
+    pub async fn put_queue(
+        &self,
+        queue: gangway_proto::admin::QueueSpec,
+    ) -> Result<gangway_proto::admin::QueueStatus, ClientError> {
+        let req = gangway_proto::admin::PutQueueRequest { queue: Some(queue) };
+        Ok(QueuesClient::new(self.transport())
+            .put_queue(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Deletes a queue with no children and no gang group that has not ended.
+    pub async fn delete_queue(&self, name: &str) -> Result<(), ClientError> {
+        let req = gangway_proto::admin::DeleteQueueRequest {
+            name: name.to_string(),
+        };
+        QueuesClient::new(self.transport())
+            .delete_queue(req)
+            .await?;
+        Ok(())
+    }
+
+    /// Every queue with its usage and group counts, in name order.
+    pub async fn queues(&self) -> Result<Vec<gangway_proto::admin::QueueStatus>, ClientError> {
+        let req = gangway_proto::admin::ListQueuesRequest {};
+        Ok(QueuesClient::new(self.transport())
+            .list_queues(req)
+            .await?
+            .into_inner()
+            .queues)
     }
 
     /// Every shard with its leader, voters and node count.

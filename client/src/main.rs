@@ -105,6 +105,52 @@ enum Command {
         #[arg(long)]
         shard: Option<u32>,
     },
+    /// Queues with their usage against min and max (`queues put` / `queues delete` change them).
+    Queues {
+        #[command(subcommand)]
+        command: Option<QueuesCommand>,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueuesCommand {
+    /// Create or change a queue.
+    Put {
+        /// Its name (a DNS label).
+        name: String,
+        /// Its parent queue (none: a top-level queue).
+        #[arg(long, default_value = "")]
+        parent: String,
+        /// Its share among siblings, 1..=1000.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// Guaranteed amounts, e.g. `cpu=16,memory=64Gi,nvidia.com/gpu=4`.
+        #[arg(long, default_value = "", value_parser = parse_amounts)]
+        min: Amounts,
+        /// Ceilings, borrowing included, in the same form (a resource not named: no limit).
+        #[arg(long, default_value = "", value_parser = parse_amounts)]
+        max: Amounts,
+    },
+    /// Delete a queue with no children and no gang group that has not ended.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// `name=quantity` pairs from the command line.
+#[derive(Clone, Debug, Default)]
+struct Amounts(std::collections::HashMap<String, String>);
+
+fn parse_amounts(text: &str) -> Result<Amounts, String> {
+    let mut out = std::collections::HashMap::new();
+    for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let Some((name, amount)) = pair.split_once('=') else {
+            return Err(format!("{pair:?} is not NAME=QUANTITY (e.g. cpu=16)"));
+        };
+        out.insert(name.trim().to_string(), amount.trim().to_string());
+    }
+    Ok(Amounts(out))
 }
 
 #[derive(Subcommand)]
@@ -378,6 +424,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             println!("compacted on {}", client.addr());
             Ok(())
         }
+        Command::Queues { command } => Ok(queues(&client, command, cli.output).await?),
         Command::Nodes { shard } => {
             let nodes = client.list_nodes(shard).await?;
             match cli.output {
@@ -436,6 +483,98 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
+    }
+}
+
+async fn queues(
+    client: &Client,
+    command: Option<QueuesCommand>,
+    output: Output,
+) -> Result<(), ClientError> {
+    match command {
+        Some(QueuesCommand::Put {
+            name,
+            parent,
+            weight,
+            min,
+            max,
+        }) => {
+            let spec = gangway_client::admin_api::QueueSpec {
+                name,
+                parent,
+                weight,
+                min: min.0,
+                max: max.0,
+            };
+            let status = client.put_queue(spec).await?;
+            print_queues(&[status], output);
+        }
+        Some(QueuesCommand::Delete { name }) => {
+            client.delete_queue(&name).await?;
+            println!("queue {name} deleted");
+        }
+        None => print_queues(&client.queues().await?, output),
+    }
+    Ok(())
+}
+
+/// Queues as a table (usage/max per resource named in min, max or usage; `-`: no
+/// limit) or as JSON.
+fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Output) {
+    if let Output::Json = output {
+        let list: Vec<_> = queues
+            .iter()
+            .map(|q| {
+                let spec = q.spec.clone().unwrap_or_default();
+                json!({
+                    "name": spec.name, "parent": spec.parent, "weight": spec.weight,
+                    "min": spec.min, "max": spec.max, "usage": q.usage,
+                    "queued": q.queued, "admitted": q.admitted,
+                })
+            })
+            .collect();
+        println!("{}", json!(list));
+        return;
+    }
+    println!(
+        "{:<20} {:<20} {:<6} {:<7} {:<8} USAGE/MAX (MIN)",
+        "NAME", "PARENT", "WEIGHT", "QUEUED", "ADMITTED"
+    );
+    for q in queues {
+        let spec = q.spec.clone().unwrap_or_default();
+        let mut names: Vec<&String> = spec
+            .min
+            .keys()
+            .chain(spec.max.keys())
+            .chain(q.usage.keys())
+            .collect();
+        names.sort();
+        names.dedup();
+        let cells: Vec<String> = names
+            .iter()
+            .map(|n| {
+                let used = q.usage.get(*n).map_or("0", String::as_str);
+                let max = spec.max.get(*n).map_or("-", String::as_str);
+                match spec.min.get(*n) {
+                    Some(min) => format!("{n}={used}/{max} ({min})"),
+                    None => format!("{n}={used}/{max}"),
+                }
+            })
+            .collect();
+        let parent = if spec.parent.is_empty() {
+            "-"
+        } else {
+            spec.parent.as_str()
+        };
+        println!(
+            "{:<20} {:<20} {:<6} {:<7} {:<8} {}",
+            spec.name,
+            parent,
+            spec.weight,
+            q.queued,
+            q.admitted,
+            cells.join(" ")
+        );
     }
 }
 

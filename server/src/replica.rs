@@ -23,6 +23,7 @@ use crate::coordinator::Coordinator;
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::frontdoor::inventory::InventoryService;
+use crate::frontdoor::queues::QueuesService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
@@ -124,6 +125,10 @@ impl Replica {
             .add_service(InterceptedService::new(host.admin_service(), check.clone()))
             .add_service(InterceptedService::new(
                 InventoryService::new(groups.clone(), shards, opts.topology_label),
+                check.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                QueuesService::new(groups.clone()),
                 check.clone(),
             ))
             .add_service(InterceptedService::new(

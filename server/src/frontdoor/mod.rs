@@ -3,4 +3,5 @@
 
 pub mod devices;
 pub mod inventory;
+pub mod queues;
 pub mod scheduler;

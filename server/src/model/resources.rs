@@ -193,7 +193,7 @@ impl Resources {
     }
 
     /// The dimensions in which this vector is non-zero, in a fixed order, with amounts.
-    fn nonzero(&self) -> impl Iterator<Item = (ResourceName, u64)> + '_ {
+    pub fn nonzero(&self) -> impl Iterator<Item = (ResourceName, u64)> + '_ {
         let fixed = [
             (ResourceName::Cpu, self.cpu_milli),
             (ResourceName::Memory, self.memory_bytes),

@@ -974,10 +974,13 @@ impl MetaState {
             return rejected(e.to_string());
         }
         if !group.queue.is_empty() && self.queues.spec(&group.queue).is_none() {
-            return rejected(format!(
-                "queue: no queue {}; create it first (gangctl queues put)",
-                short(&group.queue)
-            ));
+            return MetaReply::Rejected {
+                reason: format!(
+                    "queue: no queue {}; create it first (gangctl queues put)",
+                    short(&group.queue)
+                ),
+                kind: RejectionKind::NotFound,
+            };
         }
         for (i, gang) in group.gangs.iter().enumerate() {
             let name = gang_name(gang);

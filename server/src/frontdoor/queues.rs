@@ -1,0 +1,209 @@
+//! The Queues admin service: create, change, delete and list queues.
+//!
+//! Owns the conversion between the API's queues (Kubernetes quantities keyed by
+//! resource name) and the model's [`QueueSpec`]; input is validated here (errors name
+//! the field) and again by the meta group, which keeps the queues and their usage and
+//! answers every read linearizably. Served by every replica; called by `gangctl queues`
+//! and by batch frameworks.
+
+use std::collections::BTreeMap;
+
+use gangway_proto::admin::queues_server::{Queues, QueuesServer};
+use gangway_proto::admin::{
+    DeleteQueueReply, DeleteQueueRequest, ListQueuesReply, ListQueuesRequest, PutQueueRequest,
+    QueueSpec as ApiQueueSpec, QueueStatus as ApiQueueStatus,
+};
+use tonic::{Request, Response, Status};
+
+use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, QueueStatus, RejectionKind};
+use crate::model::queue::{Amount, Limits, QUEUE_WEIGHT_DEFAULT};
+use crate::model::{FieldPath, QueueSpec, Resources};
+use crate::replicated::Groups;
+
+/// The Queues gRPC service over one replica's groups.
+pub struct QueuesService {
+    groups: Groups,
+}
+
+impl QueuesService {
+    /// A service over `groups`.
+    pub fn new(groups: Groups) -> QueuesServer<Self> {
+        QueuesServer::new(Self { groups })
+    }
+
+    async fn meta(&self, cmd: MetaCommand) -> Result<MetaReply, Status> {
+        self.groups.meta(&cmd).await.map_err(|e| e.to_status())
+    }
+}
+
+/// Reads an API queue into the model's, naming the field at fault.
+pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
+    let invalid = |e: crate::model::ValidationError| Status::invalid_argument(e.to_string());
+    let spec = QueueSpec {
+        name: api.name.clone(),
+        parent: api.parent.clone(),
+        weight: if api.weight == 0 {
+            QUEUE_WEIGHT_DEFAULT
+        } else {
+            api.weight
+        },
+        min: limits(&FieldPath::new("queue.min"), &api.min).map_err(invalid)?,
+        max: limits(&FieldPath::new("queue.max"), &api.max).map_err(invalid)?,
+    };
+    spec.validate(&FieldPath::new("queue")).map_err(invalid)?;
+    Ok(spec)
+}
+
+fn limits(
+    path: &FieldPath,
+    map: &std::collections::HashMap<String, String>,
+) -> Result<Limits, crate::model::ValidationError> {
+    let sorted: BTreeMap<String, String> =
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    Limits::from_quantities(path, &sorted)
+}
+
+fn quantities_of_limits(limits: &Limits) -> std::collections::HashMap<String, String> {
+    limits
+        .iter()
+        .map(|(name, amount)| (name.to_string(), Amount(&name, amount).to_string()))
+        .collect()
+}
+
+fn quantities_of(usage: &Resources) -> std::collections::HashMap<String, String> {
+    usage
+        .nonzero()
+        .map(|(name, amount)| (name.to_string(), Amount(&name, amount).to_string()))
+        .collect()
+}
+
+/// The API view of a queue's status.
+pub fn status_of(q: &QueueStatus) -> ApiQueueStatus {
+    ApiQueueStatus {
+        spec: Some(ApiQueueSpec {
+            name: q.spec.name.clone(),
+            parent: q.spec.parent.clone(),
+            weight: q.spec.weight,
+            min: quantities_of_limits(&q.spec.min),
+            max: quantities_of_limits(&q.spec.max),
+        }),
+        usage: quantities_of(&q.usage),
+        queued: q.queued,
+        admitted: q.admitted,
+    }
+}
+
+fn refusal(reason: String, kind: RejectionKind) -> Status {
+    match kind {
+        RejectionKind::NotFound => Status::not_found(reason),
+        RejectionKind::Conflict => Status::failed_precondition(reason),
+        RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
+    }
+}
+
+#[tonic::async_trait]
+impl Queues for QueuesService {
+    async fn put_queue(
+        &self,
+        request: Request<PutQueueRequest>,
+    ) -> Result<Response<ApiQueueStatus>, Status> {
+        let Some(api) = request.into_inner().queue else {
+            return Err(Status::invalid_argument("queue: required"));
+        };
+        let queue = queue_spec(&api)?;
+        match self.meta(MetaCommand::PutQueue { queue }).await? {
+            MetaReply::Queues { queues } => match queues.first() {
+                Some(q) => Ok(Response::new(status_of(q))),
+                None => Err(Status::internal("the queue was stored but not read back")),
+            },
+            MetaReply::Rejected { reason, kind } => Err(refusal(reason, kind)),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    async fn delete_queue(
+        &self,
+        request: Request<DeleteQueueRequest>,
+    ) -> Result<Response<DeleteQueueReply>, Status> {
+        let name = request.into_inner().name;
+        if name.is_empty() {
+            return Err(Status::invalid_argument("name: required"));
+        }
+        match self.meta(MetaCommand::DeleteQueue { name }).await? {
+            MetaReply::Queues { .. } => Ok(Response::new(DeleteQueueReply {})),
+            MetaReply::Rejected { reason, kind } => Err(refusal(reason, kind)),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    async fn list_queues(
+        &self,
+        _request: Request<ListQueuesRequest>,
+    ) -> Result<Response<ListQueuesReply>, Status> {
+        match self
+            .groups
+            .meta_query(&MetaQuery::Queues)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Queues { queues } => Ok(Response::new(ListQueuesReply {
+                queues: queues.iter().map(status_of).collect(),
+            })),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(name: &str, max: &[(&str, &str)]) -> ApiQueueSpec {
+        ApiQueueSpec {
+            name: name.into(),
+            max: max
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn api_queues_are_read_with_defaults_and_errors_name_the_field() {
+        let spec =
+            queue_spec(&api("team-a", &[("cpu", "8"), ("nvidia.com/gpu", "4")])).expect("valid");
+        assert_eq!(spec.weight, QUEUE_WEIGHT_DEFAULT);
+        assert_eq!(spec.max.get(&crate::model::ResourceName::Cpu), Some(8_000));
+        let bad = queue_spec(&api("team-a", &[("cpu", "eight")])).expect_err("bad quantity");
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(
+            bad.message().starts_with("queue.max.cpu"),
+            "{}",
+            bad.message()
+        );
+        let name = queue_spec(&api("", &[])).expect_err("no name");
+        assert!(
+            name.message().starts_with("queue.name"),
+            "{}",
+            name.message()
+        );
+    }
+
+    #[test]
+    fn statuses_print_cpu_in_cores_and_leave_zero_usage_out() {
+        let spec = queue_spec(&api("team-a", &[("cpu", "1500m")])).expect("valid");
+        let mut usage = Resources::zero();
+        usage.cpu_milli = 2_000;
+        let shown = status_of(&QueueStatus {
+            spec,
+            usage,
+            queued: 1,
+            admitted: 2,
+        });
+        assert_eq!(shown.usage.get("cpu").map(String::as_str), Some("2"));
+        assert_eq!(shown.usage.len(), 1);
+        let max = shown.spec.map(|s| s.max).unwrap_or_default();
+        assert_eq!(max.get("cpu").map(String::as_str), Some("1500m"));
+    }
+}

@@ -1,0 +1,239 @@
+//! Queues with real `gangway serve` processes: groups are charged to their queue and
+//! every ancestor, a full queue keeps its groups waiting (saying why, without backoff)
+//! while other queues' groups are placed, a burst of concurrent submissions never
+//! takes a queue past its max (I8), and the usage survives the loss of the meta
+//! leader. Errors carry precise codes and name the field.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use gangway_client::admin_api::{QueueSpec, QueueStatus};
+use gangway_client::{Client, ClientError};
+use gangway_proto::v1::SubmitGangGroupRequest;
+use support::gangs::{fleet, gang, held, submission, wait_state};
+use support::{client, Cluster};
+
+fn amounts(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn queue(name: &str, parent: &str, max: &[(&str, &str)]) -> QueueSpec {
+    QueueSpec {
+        name: name.into(),
+        parent: parent.into(),
+        weight: 1,
+        min: HashMap::new(),
+        max: amounts(max),
+    }
+}
+
+fn into(queue: &str, key: &str, members: u32, cpu: &str) -> SubmitGangGroupRequest {
+    SubmitGangGroupRequest {
+        queue: queue.into(),
+        ..submission(key, vec![gang(key, members, members, cpu, 0)])
+    }
+}
+
+fn code(e: ClientError) -> (tonic::Code, String) {
+    match e {
+        ClientError::Rpc(s) => (s.code(), s.message().to_string()),
+        other => panic!("not a gRPC error: {other}"),
+    }
+}
+
+async fn usage(c: &Client) -> HashMap<String, QueueStatus> {
+    c.queues()
+        .await
+        .expect("list queues")
+        .into_iter()
+        .filter_map(|q| Some((q.spec.clone()?.name, q)))
+        .collect()
+}
+
+fn cpu_used(q: &HashMap<String, QueueStatus>, name: &str) -> String {
+    q.get(name)
+        .and_then(|s| s.usage.get("cpu").cloned())
+        .unwrap_or_else(|| "0".into())
+}
+
+/// Waits until group `id` is Queued with a reason starting `why`.
+async fn waiting(c: &Client, id: u64, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c.get(id).await.expect("get");
+        if s.state == "Queued" && s.reason.starts_with(why) {
+            assert_eq!(s.attempts, 0, "waiting for room is not a failed attempt");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {id} never waited with {why:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Submits ten one-cpu groups to `queue` at once; how many are Placed once a
+/// second passes with no change (at most 10 s).
+async fn burst_into(cl: &Client, queue: &str) -> usize {
+    let burst = (0..10).map(|i| {
+        let cl = cl.clone();
+        async move { cl.submit(into(queue, &format!("{queue}{i}"), 1, "1")).await }
+    });
+    let ids: Vec<u64> = futures::future::join_all(burst)
+        .await
+        .into_iter()
+        .map(|r| r.expect("burst submit").id)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut last, mut steady_since) = (usize::MAX, Instant::now());
+    loop {
+        let mut placed = 0;
+        for id in &ids {
+            if cl.get(*id).await.expect("get").state == "Placed" {
+                placed += 1;
+            }
+        }
+        if placed != last {
+            (last, steady_since) = (placed, Instant::now());
+        }
+        if steady_since.elapsed() > Duration::from_secs(1) || Instant::now() > deadline {
+            return placed;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_bound_their_groups_across_shards_and_failover() {
+    let mut c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 2, 2, "8").await;
+
+    // Bad input: each refusal names the field, with a precise code.
+    let (code_of, msg) = code(
+        cl.submit(into("nowhere", "lost", 1, "1"))
+            .await
+            .expect_err("unknown queue"),
+    );
+    assert_eq!(code_of, tonic::Code::NotFound, "{msg}");
+    assert!(msg.starts_with("queue: no queue nowhere"), "{msg}");
+    let mut bad = queue("a", "", &[("cpu", "2")]);
+    bad.min = amounts(&[("cpu", "4")]);
+    let (code_of, msg) = code(cl.put_queue(bad).await.expect_err("min above max"));
+    assert_eq!(code_of, tonic::Code::InvalidArgument, "{msg}");
+    assert!(msg.starts_with("queue.min.cpu"), "{msg}");
+
+    cl.put_queue(queue("org", "", &[("cpu", "12")]))
+        .await
+        .expect("org");
+    cl.put_queue(queue("a", "org", &[("cpu", "8")]))
+        .await
+        .expect("a");
+    cl.put_queue(queue("b", "org", &[])).await.expect("b");
+    cl.put_queue(queue("c", "", &[("cpu", "3")]))
+        .await
+        .expect("c");
+
+    // Queue a up to its max, then one more waits, saying why, holding nothing.
+    let a1 = cl.submit(into("a", "a1", 2, "2")).await.expect("a1");
+    let a2 = cl.submit(into("a", "a2", 2, "2")).await.expect("a2");
+    wait_state(&cl, a1.id, "Placed", Duration::from_secs(10)).await;
+    wait_state(&cl, a2.id, "Placed", Duration::from_secs(10)).await;
+    let a3 = cl.submit(into("a", "a3", 1, "2")).await.expect("a3");
+    waiting(
+        &cl,
+        a3.id,
+        "queue a has no room: cpu 2 asked, 8 used of max 8",
+    )
+    .await;
+    assert_eq!(a3.queue, "a");
+
+    // A sibling borrows what org has left, and no more.
+    let b1 = cl.submit(into("b", "b1", 2, "2")).await.expect("b1");
+    wait_state(&cl, b1.id, "Placed", Duration::from_secs(10)).await;
+    let b2 = cl.submit(into("b", "b2", 1, "1")).await.expect("b2");
+    waiting(&cl, b2.id, "queue b's ancestor org has no room").await;
+    let q = usage(&cl).await;
+    assert_eq!(cpu_used(&q, "org"), "12");
+    assert_eq!(cpu_used(&q, "a"), "8");
+    assert_eq!(q.get("a").map(|s| (s.queued, s.admitted)), Some((1, 2)));
+
+    // A burst of concurrent submissions into queue c (3 cpu): at most 3 placed.
+    let placed = burst_into(&cl, "c").await;
+    assert_eq!(
+        placed, 3,
+        "queue c holds 3 one-cpu groups, no more, no fewer"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(cpu_used(&usage(&cl).await, "c"), "3");
+    let on_ledgers: u32 = held(&cl).await.values().sum();
+    assert_eq!(
+        on_ledgers,
+        2 + 2 + 2 + 3,
+        "the ledgers hold exactly the admitted pods"
+    );
+
+    // The meta leader dies: the usage is replicated, and the next leader keeps the bound.
+    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
+    c.kill(meta_leader);
+    let alive: Vec<u64> = [1, 2, 3]
+        .into_iter()
+        .filter(|i| *i != meta_leader)
+        .collect();
+    let cl = client(&c, alive[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let q = loop {
+        match cl.queues().await {
+            Ok(_) => break usage(&cl).await,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no meta leader after failover: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(cpu_used(&q, "org"), "12");
+    assert_eq!(cpu_used(&q, "c"), "3");
+
+    // Room comes back with a release, and the waiting group is placed without backoff.
+    cl.release(a1.id).await.expect("release a1");
+    wait_state(&cl, a3.id, "Placed", Duration::from_secs(15)).await;
+    wait_state(&cl, b2.id, "Placed", Duration::from_secs(15)).await;
+    let q = usage(&cl).await;
+    assert_eq!(cpu_used(&q, "a"), "6");
+    assert_eq!(cpu_used(&q, "b"), "5");
+    assert_eq!(cpu_used(&q, "org"), "11");
+
+    // A queue in use cannot be deleted; an unknown one is not found.
+    let (code_of, msg) = code(cl.delete_queue("c").await.expect_err("in use"));
+    assert_eq!(code_of, tonic::Code::FailedPrecondition, "{msg}");
+    let (code_of, _) = code(cl.delete_queue("zzz").await.expect_err("unknown"));
+    assert_eq!(code_of, tonic::Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_meta_group_that_charges_without_asking() {
+    let mut args = Vec::new();
+    let env = support::arm_failpoints(&mut args, &["meta-admits-over-quota"]);
+    let c = Cluster::start_with(1, 1, args, env);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 1, 2, "8").await;
+    cl.put_queue(queue("c", "", &[("cpu", "3")]))
+        .await
+        .expect("c");
+    let placed = burst_into(&cl, "c").await;
+    assert!(
+        placed > 3,
+        "with the switch on, queue c takes {placed} one-cpu groups"
+    );
+}
