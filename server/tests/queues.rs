@@ -237,3 +237,76 @@ async fn the_check_catches_a_meta_group_that_charges_without_asking() {
         "with the switch on, queue c takes {placed} one-cpu groups"
     );
 }
+
+fn guaranteed(name: &str, min_cpu: &str, max_cpu: &str) -> QueueSpec {
+    QueueSpec {
+        min: amounts(&[("cpu", min_cpu)]),
+        ..queue(name, "", &[("cpu", max_cpu)])
+    }
+}
+
+/// Two queues with half the cluster guaranteed each: A borrows all of B's half while
+/// B is idle; B's gangs then reclaim exactly what they need, whole gangs, the youngest
+/// of A's first, and nothing of A's own half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_reclaims_its_guarantee_from_a_borrower_whole_gangs_youngest_first() {
+    let c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 2, 2, "4").await; // 16 cpu over four nodes on two shards
+    cl.put_queue(guaranteed("a", "8", "16")).await.expect("a");
+    cl.put_queue(guaranteed("b", "8", "16")).await.expect("b");
+
+    let mut a = Vec::new();
+    for i in 0..4 {
+        let s = cl
+            .submit(into("a", &format!("a{i}"), 2, "2"))
+            .await
+            .expect("a");
+        wait_state(&cl, s.id, "Placed", Duration::from_secs(10)).await;
+        a.push(s.id);
+    }
+    assert_eq!(
+        cpu_used(&usage(&cl).await, "a"),
+        "16",
+        "a borrowed b's idle half"
+    );
+
+    let b0 = cl.submit(into("b", "b0", 2, "2")).await.expect("b0");
+    wait_state(&cl, b0.id, "Placed", Duration::from_secs(15)).await;
+    let b1 = cl.submit(into("b", "b1", 2, "2")).await.expect("b1");
+    wait_state(&cl, b1.id, "Placed", Duration::from_secs(15)).await;
+    for (i, id) in a.iter().enumerate() {
+        let s = cl.get(*id).await.expect("get a");
+        let expected = if i < 2 { "Placed" } else { "Preempted" };
+        assert_eq!(
+            s.state, expected,
+            "a{i}: the youngest go, a's min stays: {s:?}"
+        );
+    }
+    let q = usage(&cl).await;
+    assert_eq!(
+        (cpu_used(&q, "a"), cpu_used(&q, "b")),
+        ("8".into(), "8".into())
+    );
+
+    // Past its min, b borrows nothing back by force: it waits, and a keeps its half.
+    let b2 = cl.submit(into("b", "b2", 1, "2")).await.expect("b2");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let s = cl.get(b2.id).await.expect("get b2");
+    assert_eq!(s.state, "Queued", "{s:?}");
+    assert!(
+        s.reason
+            .contains("no reclaim: queue b: cpu would be 10 of min 8"),
+        "{}",
+        s.reason
+    );
+    for id in &a[..2] {
+        assert_eq!(cl.get(*id).await.expect("get a").state, "Placed");
+    }
+    let on_ledgers: u32 = held(&cl).await.values().sum();
+    assert_eq!(
+        on_ledgers, 8,
+        "whole gangs went: a0, a1, b0 and b1 hold two pods each"
+    );
+}

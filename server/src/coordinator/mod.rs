@@ -107,6 +107,18 @@ enum PreemptionChance {
     Try,
 }
 
+/// Whether a group that did not fit reclaims its queue's guarantee.
+enum Reclaim {
+    /// It has no queue with a `min`, may not preempt, or nothing is reclaimable.
+    None,
+    /// Its queue may not reclaim for it, and why (it would pass its `min`).
+    Refused(String),
+    /// It may, but the round's preemption attempts are spent.
+    Deferred,
+    /// It tries now, from these groups (youngest first).
+    Try(Vec<GroupSeq>),
+}
+
 /// What a reservation attempt on one participant came to.
 enum Vote {
     Yes,
@@ -490,6 +502,32 @@ impl Coordinator {
         })
     }
 
+    /// Whether `r` tries to reclaim its queue's guarantee, and from which groups (a
+    /// local read; meta checks again): when its queue is below its `min` with room for
+    /// it there, some group of another queue is above theirs, and the round has a
+    /// preemption attempt left.
+    fn reclaim_chance(&self, r: &GroupRecord) -> Result<Reclaim, GroupError> {
+        if r.group.queue.is_empty() || !preempt::may_preempt(r) {
+            return Ok(Reclaim::None);
+        }
+        let victims = match self
+            .groups
+            .meta_query_local(&MetaQuery::Reclaimable { seq: r.seq })?
+        {
+            MetaReply::Reclaimable { victims } if !victims.is_empty() => victims,
+            MetaReply::Rejected { reason, .. } => return Ok(Reclaim::Refused(reason)),
+            _ => return Ok(Reclaim::None),
+        };
+        let taken = self
+            .preemptions_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        Ok(match taken {
+            true => Reclaim::Try(victims),
+            false => Reclaim::Deferred,
+        })
+    }
+
     /// Applies `commands` as one meta entry; one reply per command.
     async fn meta_batch(&self, commands: Vec<MetaCommand>) -> Result<Vec<MetaReply>, GroupError> {
         let n = commands.len();
@@ -688,14 +726,32 @@ impl Coordinator {
                     PreemptionChance::Deferred => format!(
                         "{reason}; preemption deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
                     ),
-                    PreemptionChance::Try => match self.preempt(r).await? {
-                        preempt::Preemption::Ran => return Ok(()),
-                        preempt::Preemption::NotBegun(why) => {
-                            let ms = tried.elapsed().as_millis() as u64;
-                            tracing::debug!(group = r.seq, %why, ms, "no preemption");
-                            format!("{reason}; no preemption: {why}")
+                    PreemptionChance::Try => {
+                        match self.preempt(r, &preempt::Grounds::Priority).await? {
+                            preempt::Preemption::Ran => return Ok(()),
+                            preempt::Preemption::NotBegun(why) => {
+                                let ms = tried.elapsed().as_millis() as u64;
+                                tracing::debug!(group = r.seq, %why, ms, "no preemption");
+                                format!("{reason}; no preemption: {why}")
+                            }
                         }
-                    },
+                    }
+                };
+                let reason = match self.reclaim_chance(r)? {
+                    Reclaim::None => reason,
+                    Reclaim::Refused(why) => format!("{reason}; no reclaim: {why}"),
+                    Reclaim::Deferred => format!(
+                        "{reason}; reclaim deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
+                    ),
+                    Reclaim::Try(victims) => {
+                        match self.preempt(r, &preempt::Grounds::Reclaim(victims)).await? {
+                            preempt::Preemption::Ran => return Ok(()),
+                            preempt::Preemption::NotBegun(why) => {
+                                tracing::debug!(group = r.seq, %why, "no reclaim");
+                                format!("{reason}; no reclaim: {why}")
+                            }
+                        }
+                    }
                 };
                 self.groups
                     .meta(&MetaCommand::Requeue {

@@ -73,20 +73,70 @@ pub(super) fn may_preempt(r: &GroupRecord) -> bool {
             .any(|g| g.members.iter().any(|m| m.spec.preemption_policy.never()))
 }
 
-/// Whether the group owning a victim gang may be displaced by `preemptor` of
-/// `priority`; the same rules meta checks at `BeginPreemption`.
-fn displaceable(owner: &GroupRecord, preemptor: GroupSeq, priority: i32) -> bool {
-    owner.seq != preemptor
-        && owner.state == GroupState::Placed
-        && owner.releasing.is_empty()
-        && owner.highest_priority() < priority
+/// On what grounds a preemption displaces placed groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Grounds {
+    /// The preemptor's priority is above every victim's.
+    Priority,
+    /// The preemptor's queue takes back its `min` from these groups of queues above
+    /// theirs, youngest first ([`crate::ledger::meta::MetaState::reclaimable`]); the
+    /// choice prefers the youngest.
+    Reclaim(Vec<GroupSeq>),
+}
+
+impl Grounds {
+    /// The priority shards offer below: every gang, for a reclaim (the coordinator and
+    /// meta keep to the reclaimable groups).
+    fn offer_priority(&self, r: &GroupRecord) -> i32 {
+        match self {
+            Self::Priority => r.highest_priority(),
+            Self::Reclaim(_) => i32::MAX,
+        }
+    }
+
+    /// Whether the group owning a victim gang may be displaced by `preemptor`; the
+    /// same rules meta checks at `BeginPreemption`.
+    fn displaceable(&self, owner: &GroupRecord, preemptor: &GroupRecord) -> bool {
+        let placed = owner.seq != preemptor.seq
+            && owner.state == GroupState::Placed
+            && owner.releasing.is_empty();
+        placed
+            && match self {
+                Self::Priority => owner.highest_priority() < preemptor.highest_priority(),
+                Self::Reclaim(groups) => groups.contains(&owner.seq),
+            }
+    }
+
+    /// The priority victim choice weighs a unit at: its own, or for a reclaim its rank
+    /// from the youngest (0), so the choice takes the youngest it can.
+    fn weight(&self, owner: &GroupRecord) -> i32 {
+        match self {
+            Self::Priority => owner.highest_priority(),
+            Self::Reclaim(groups) => groups
+                .iter()
+                .position(|g| *g == owner.seq)
+                .map_or(i32::MAX, |i| i32::try_from(i).unwrap_or(i32::MAX)),
+        }
+    }
+
+    /// The preemptor's priority as victim choice compares it with the units' weights.
+    fn bar(&self, r: &GroupRecord) -> i32 {
+        match self {
+            Self::Priority => r.highest_priority(),
+            Self::Reclaim(groups) => i32::try_from(groups.len()).unwrap_or(i32::MAX),
+        }
+    }
 }
 
 impl Coordinator {
-    /// Tries to place `r` by preemption; see the module header.
-    pub(super) async fn preempt(&self, r: &GroupRecord) -> Result<Preemption, GroupError> {
+    /// Tries to place `r` by preemption on `grounds`; see the module header.
+    pub(super) async fn preempt(
+        &self,
+        r: &GroupRecord,
+        grounds: &Grounds,
+    ) -> Result<Preemption, GroupError> {
         let started = Instant::now();
-        let priority = r.highest_priority();
+        let priority = grounds.offer_priority(r);
         let mut keep: BTreeSet<GangId> = BTreeSet::new();
         let mut round = 0;
         let (units, shard_offers, owners, ineligible) = loop {
@@ -98,24 +148,26 @@ impl Coordinator {
                 .flat_map(|o| o.ineligible.iter().cloned())
                 .collect();
             if units.is_empty() {
-                return Ok(Preemption::NotBegun(
-                    "no lower-priority gang could make room".into(),
-                ));
+                return Ok(Preemption::NotBegun(match grounds {
+                    Grounds::Priority => "no lower-priority gang could make room".into(),
+                    Grounds::Reclaim(_) => "no group its queue may reclaim could make room".into(),
+                }));
             }
             let owners = self.owners_of(units.keys()).await?;
             let before = units.len();
-            units.retain(|gang, _| {
-                owners
-                    .get(gang)
-                    .is_some_and(|o| displaceable(o, r.seq, priority))
-            });
+            units.retain(|gang, _| owners.get(gang).is_some_and(|o| grounds.displaceable(o, r)));
+            for (gang, unit) in units.iter_mut() {
+                if let Some(o) = owners.get(gang) {
+                    unit.priority = grounds.weight(o);
+                }
+            }
             if units.len() == before || round == OFFER_ROUNDS_MAX {
                 break (units, shard_offers, owners, ineligible);
             }
             keep.extend(
                 owners
                     .iter()
-                    .filter(|(_, o)| !displaceable(o, r.seq, priority))
+                    .filter(|(_, o)| !grounds.displaceable(o, r))
                     .map(|(g, _)| g.clone()),
             );
             keep.extend(shard_offers_units(&offers).filter(|g| !owners.contains_key(g)));
@@ -144,12 +196,12 @@ impl Coordinator {
             })
             .map(|(gang, unit)| (gang.clone(), unit.clone()))
             .collect();
+        let bar = grounds.bar(r);
         let choice = match spared.len() == units.len() {
             true => None,
-            false => choose_victims(&spared, &shard_offers, &need, priority),
+            false => choose_victims(&spared, &shard_offers, &need, bar),
         };
-        let Some(choice) =
-            choice.or_else(|| choose_victims(&units, &shard_offers, &need, priority))
+        let Some(choice) = choice.or_else(|| choose_victims(&units, &shard_offers, &need, bar))
         else {
             return Ok(no_plan(
                 "evicting every lower-priority gang that may go would not make room",
@@ -198,6 +250,7 @@ impl Coordinator {
             victims: victims.keys().copied().collect(),
             participants: participants.clone(),
             at_ms: now_ms(),
+            reclaim: matches!(grounds, Grounds::Reclaim(_)),
         };
         let txn = match self.groups.meta(&begin).await? {
             MetaReply::TxnBegun { txn } => txn,
@@ -211,6 +264,7 @@ impl Coordinator {
             %txn,
             victims = ?victims.keys().collect::<Vec<_>>(),
             shards = participants.len(),
+            reclaim = matches!(grounds, Grounds::Reclaim(_)),
             "preempting"
         );
         if !breaks.is_empty() {
@@ -228,6 +282,10 @@ impl Coordinator {
                     .record(started.elapsed().as_secs_f64());
                 metrics::counter!("gangway_preemption_budget_violations_total")
                     .increment(breaks.len() as u64);
+                if let Grounds::Reclaim(_) = grounds {
+                    metrics::counter!("gangway_queue_reclaims_total", "queue" => r.group.queue.clone())
+                        .increment(1);
+                }
                 "committed"
             }
             Decision::Abort => "aborted",

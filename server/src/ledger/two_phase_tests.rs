@@ -602,6 +602,7 @@ impl World {
             victims: vec![v.seq],
             participants: per_shard.keys().copied().collect(),
             at_ms,
+            reclaim: false,
         });
         if let MetaReply::TxnBegun { txn } = reply {
             self.running.insert(

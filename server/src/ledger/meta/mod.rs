@@ -87,6 +87,10 @@ pub enum MetaCommand {
         participants: Vec<u32>,
         /// Proposer's clock.
         at_ms: u64,
+        /// On what grounds: a higher priority (false), or the preemptor's queue taking
+        /// back its guarantee from queues above theirs (true, [`MetaQuery::Reclaimable`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reclaim: bool,
     },
     /// Records the coordinator's decision (the commit point of 2PC).
     Decide {
@@ -312,6 +316,11 @@ pub enum MetaReply {
         /// Their states.
         queues: Vec<QueueStatus>,
     },
+    /// What a group may reclaim, youngest first ([`MetaQuery::Reclaimable`]).
+    Reclaimable {
+        /// Placed groups of other queues above their min.
+        victims: Vec<GroupSeq>,
+    },
     /// Why queued groups cannot be charged to their queues now ([`MetaQuery::QuotaRefusals`]).
     QuotaRefusals {
         /// (group, why), in the order asked; groups that fit are left out.
@@ -426,6 +435,11 @@ pub enum MetaQuery {
     },
     /// Every queue with its usage and group counts, in name order.
     Queues,
+    /// What queued group `seq` may reclaim ([`MetaState::reclaimable`]).
+    Reclaimable {
+        /// The group.
+        seq: GroupSeq,
+    },
     /// For each of these queued groups whose queue has no room for it now, why: the
     /// coordinator leaves them out of a round instead of planning them in vain.
     QuotaRefusals {
@@ -645,7 +659,8 @@ impl MetaState {
                 victims,
                 participants,
                 at_ms,
-            } => self.begin_preemption(*seq, victims, participants, *at_ms),
+                reclaim,
+            } => self.begin_preemption(*seq, victims, participants, *at_ms, *reclaim),
             MetaCommand::Decide {
                 txn,
                 decision,
@@ -775,6 +790,76 @@ impl MetaState {
             out.push(r.clone());
         }
         out
+    }
+
+    /// What queued group `seq` may reclaim: placed groups of other queues, youngest
+    /// first, each taken only while its queue keeps at least its `min` of every resource
+    /// the min names (what the queue borrowed, and nothing of its guarantee). Refused
+    /// unless `seq` is a queued group of a queue whose `min` covers it: its queue's usage
+    /// plus its charge stays within `min` on every resource `min` names (a queue without
+    /// a `min` reclaims nothing).
+    pub fn reclaimable(&self, seq: GroupSeq) -> Result<Vec<GroupSeq>, String> {
+        let g = self
+            .groups
+            .get(&seq)
+            .ok_or_else(|| format!("seq: no gang group {seq}"))?;
+        if g.state != GroupState::Queued || !g.holds_nothing() {
+            return Err(format!(
+                "seq: gang group {seq} is {} and holds {} members; only a queued group that holds nothing reclaims",
+                g.state.name(),
+                g.placements.len() + g.releasing.len()
+            ));
+        }
+        let queue = self
+            .queues
+            .spec(&g.group.queue)
+            .ok_or_else(|| format!("seq: gang group {seq} has no queue to reclaim for"))?;
+        if queue.min.is_empty() {
+            return Ok(Vec::new());
+        }
+        let placing = GroupRecord {
+            state: GroupState::Placing { txn: TxnId(0) },
+            ..g.clone()
+        };
+        let after = self
+            .queues
+            .usage(&queue.name)
+            .saturating_add(&placing.charge_due());
+        if let Some((resource, used, min)) = queue.min.first_exceeded(&after) {
+            return Err(format!(
+                "queue {}: {resource} would be {} of min {}; reclaim takes back only what min guarantees",
+                queue.name,
+                crate::model::queue::Amount(&resource, used),
+                crate::model::queue::Amount(&resource, min)
+            ));
+        }
+        let mut taken: BTreeMap<&str, Resources> = BTreeMap::new();
+        let mut out = Vec::new();
+        for v in self.groups.values().rev() {
+            let other = !v.group.queue.is_empty() && v.group.queue != queue.name;
+            if !other || v.state != GroupState::Placed || !v.releasing.is_empty() {
+                continue;
+            }
+            let Some(vq) = self.queues.spec(&v.group.queue) else {
+                continue;
+            };
+            let gone = taken
+                .get(vq.name.as_str())
+                .cloned()
+                .unwrap_or_default()
+                .saturating_add(&v.charge);
+            let left = self.queues.usage(&vq.name).saturating_sub(&gone);
+            // A guarantee is kept when the queue stays at its min, or loses none of it.
+            let keeps_min = vq
+                .min
+                .iter()
+                .all(|(r, min)| gone.get(&r) == 0 || left.get(&r) >= min);
+            if keeps_min {
+                taken.insert(vq.name.as_str(), gone);
+                out.push(v.seq);
+            }
+        }
+        Ok(out)
     }
 
     /// Why group `seq`'s queue cannot take the charge of placing it now, if it cannot.
@@ -921,6 +1006,10 @@ impl MetaState {
             },
             MetaQuery::Queues => MetaReply::Queues {
                 queues: self.queue_statuses(None),
+            },
+            MetaQuery::Reclaimable { seq } => match self.reclaimable(*seq) {
+                Ok(victims) => MetaReply::Reclaimable { victims },
+                Err(reason) => rejected(reason),
             },
             MetaQuery::QuotaRefusals { seqs } => MetaReply::QuotaRefusals {
                 refusals: seqs
@@ -1125,8 +1214,9 @@ impl MetaState {
         victims: &[GroupSeq],
         participants: &[u32],
         at_ms: u64,
+        reclaim: bool,
     ) -> MetaReply {
-        if let Err(reason) = self.preemption_refusal(seq, victims, participants) {
+        if let Err(reason) = self.preemption_refusal(seq, victims, participants, reclaim) {
             return rejected(reason);
         }
         let reply = self.begin_txn(seq, participants, at_ms);
@@ -1153,6 +1243,7 @@ impl MetaState {
         seq: GroupSeq,
         victims: &[GroupSeq],
         participants: &[u32],
+        reclaim: bool,
     ) -> Result<(), String> {
         let Some(preemptor) = self.groups.get(&seq) else {
             return Err(format!("seq: no gang group {seq}"));
@@ -1179,6 +1270,10 @@ impl MetaState {
             return Err("victims: a preemption names at least one victim group".into());
         }
         let priority = preemptor.highest_priority();
+        let reclaimable: BTreeSet<GroupSeq> = match reclaim {
+            true => self.reclaimable(seq)?.into_iter().collect(),
+            false => BTreeSet::new(),
+        };
         let mut seen = BTreeSet::new();
         for (i, v) in victims.iter().enumerate() {
             if !seen.insert(*v) {
@@ -1201,7 +1296,13 @@ impl MetaState {
                     }
                 ));
             }
-            if victim.highest_priority() >= priority {
+            if reclaim && !reclaimable.contains(v) {
+                return Err(format!(
+                    "victims[{i}]: gang group {v} is not among what queue {} may reclaim (groups of other queues above their min, youngest first, none taking its queue below min)",
+                    preemptor.group.queue
+                ));
+            }
+            if !reclaim && victim.highest_priority() >= priority {
                 return Err(format!(
                     "victims[{i}]: gang group {v} has priority {}, not below the preemptor's {priority}",
                     victim.highest_priority()

@@ -79,6 +79,7 @@ fn preempt(m: &mut MetaState, seq: GroupSeq, victims: Vec<GroupSeq>) -> MetaRepl
         victims,
         participants: vec![1, 2],
         at_ms: 4,
+        reclaim: false,
     })
 }
 
@@ -295,6 +296,7 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
             victims: victims.clone(),
             participants,
             at_ms: 4,
+            reclaim: false,
         });
         assert!(
             matches!(&reply, MetaReply::Rejected { reason, .. } if reason.contains(words)),
@@ -309,6 +311,7 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
         victims: vec![kube_seq],
         participants: vec![1, 2],
         at_ms: 4,
+        reclaim: false,
     });
     assert!(matches!(reply, MetaReply::TxnBegun { .. }), "{reply:?}");
 }

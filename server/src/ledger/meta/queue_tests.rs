@@ -550,3 +550,101 @@ fn the_check_finds_a_meta_group_that_charges_without_asking() {
     }
     panic!("2,000 random sequences with the bug switch on passed the I8 check");
 }
+
+fn guaranteed(name: &str, min_cores: u64, max_cores: u64) -> QueueSpec {
+    QueueSpec {
+        min: limits(Some(min_cores), None),
+        ..queue(name, "", Some(max_cores))
+    }
+}
+
+fn placed_group(m: &mut MetaState, queue: &str, name: &str, members: u32) -> GroupSeq {
+    let seq = submit(m, group_in(queue, name, members, members));
+    let txn = txn_of(begin(m, seq));
+    let all: Vec<u32> = (0..members).collect();
+    decide(m, txn, Decision::Commit, placed(name, &all));
+    seq
+}
+
+#[test]
+fn a_queue_below_its_min_reclaims_the_youngest_borrowed_groups_and_nothing_of_a_guarantee() {
+    let mut m = MetaState::new(1);
+    put(&mut m, guaranteed("a", 4, 8));
+    put(&mut m, guaranteed("b", 4, 8));
+    let a1 = placed_group(&mut m, "a", "a1", 2);
+    let a2 = placed_group(&mut m, "a", "a2", 2);
+    let a3 = placed_group(&mut m, "a", "a3", 2);
+    let a4 = placed_group(&mut m, "a", "a4", 2);
+    assert_eq!(cores(&m, "a"), 8, "a borrowed 4 above its min");
+    let b1 = submit(&mut m, group_in("b", "b1", 2, 2));
+    assert_eq!(
+        m.reclaimable(b1),
+        Ok(vec![a4, a3]),
+        "youngest first, stopping at a's min (a2 and a1 are its guarantee)"
+    );
+    let too_big = submit(&mut m, group_in("b", "b-big", 5, 5));
+    let why = m.reclaimable(too_big).expect_err("past b's min");
+    assert!(why.contains("would be 5 of min 4"), "{why}");
+    let own = submit(&mut m, group_in("a", "a5", 1, 1));
+    assert_eq!(
+        m.reclaimable(own).map(|v| v.is_empty()),
+        Err("queue a: cpu would be 9 of min 4; reclaim takes back only what min guarantees".into())
+    );
+
+    let inside = m.apply(&MetaCommand::BeginPreemption {
+        seq: b1,
+        victims: vec![a2],
+        participants: vec![1],
+        at_ms: 0,
+        reclaim: true,
+    });
+    assert!(
+        matches!(&inside, MetaReply::Rejected { reason, .. } if reason.starts_with("victims[0]: gang group 2 is not among what queue b may reclaim")),
+        "{inside:?}"
+    );
+    let txn = txn_of(m.apply(&MetaCommand::BeginPreemption {
+        seq: b1,
+        victims: vec![a4],
+        participants: vec![1],
+        at_ms: 0,
+        reclaim: true,
+    }));
+    assert_eq!(cores(&m, "b"), 2);
+    assert_eq!(cores(&m, "a"), 8, "a victim is charged until the decision");
+    decide(&mut m, txn, Decision::Commit, placed("b1", &[0, 1]));
+    assert_eq!(cores(&m, "a"), 6);
+    assert_eq!(
+        m.record(a4).map(|r| r.state),
+        Some(GroupState::Done {
+            how: Terminal::Preempted
+        })
+    );
+    assert!(m.record(a1).is_some_and(|r| r.state == GroupState::Placed));
+    assert!(m.record(a3).is_some_and(|r| r.state == GroupState::Placed));
+    consistent(&m);
+}
+
+#[test]
+fn without_reclaim_grounds_priority_rules_still_apply() {
+    let mut m = MetaState::new(1);
+    put(&mut m, guaranteed("a", 0, 8));
+    put(&mut m, guaranteed("b", 4, 8));
+    let a1 = placed_group(&mut m, "a", "a1", 2);
+    let b1 = submit(&mut m, group_in("b", "b1", 2, 2));
+    assert_eq!(
+        m.reclaimable(b1),
+        Ok(vec![a1]),
+        "a has no min: all it holds is borrowed"
+    );
+    let by_priority = m.apply(&MetaCommand::BeginPreemption {
+        seq: b1,
+        victims: vec![a1],
+        participants: vec![1],
+        at_ms: 0,
+        reclaim: false,
+    });
+    assert!(
+        matches!(&by_priority, MetaReply::Rejected { reason, .. } if reason.contains("not below the preemptor's")),
+        "{by_priority:?}"
+    );
+}
