@@ -306,6 +306,23 @@ impl GroupRecord {
         due
     }
 
+    /// What a transaction placing it would add to its queue's charge: the footprints of
+    /// the members it does not hold (nothing without a queue).
+    pub fn charge_to_place(&self) -> Resources {
+        if self.group.queue.is_empty() {
+            return Resources::zero();
+        }
+        let mut more = Resources::zero();
+        for gang in &self.group.gangs {
+            for m in &gang.members {
+                if !self.holds(&gang.member_key(m).to_string()) {
+                    more = more.saturating_add(&footprint_of(&m.spec.requests));
+                }
+            }
+        }
+        more
+    }
+
     /// Whether `member` is placed or being released (it holds a slot on its shard).
     pub fn holds(&self, member: &str) -> bool {
         self.placements.contains_key(member) || self.releasing.contains_key(member)

@@ -767,12 +767,22 @@ impl MetaState {
     /// reason and deadline are kept): a full queue's backlog never hides the groups of
     /// other queues behind it.
     fn pending_past_full_queues(&self, limit: usize) -> Vec<GroupRecord> {
-        let mut records: Vec<&GroupRecord> =
-            self.groups.values().filter(|r| r.is_pending()).collect();
-        records.sort_by_key(|r| r.order_key());
+        let (mut queued, mut rest): (Vec<&GroupRecord>, Vec<&GroupRecord>) = self
+            .groups
+            .values()
+            .filter(|r| r.is_pending())
+            .partition(|r| r.state == GroupState::Queued);
+        rest.sort_by_key(|r| r.order_key());
+        queued.sort_by_key(|r| r.order_key());
+        let fair = self.queues.fair_order(
+            queued
+                .into_iter()
+                .map(|r| (r.group.queue.clone(), r.charge_to_place(), r))
+                .collect(),
+        );
         let (mut actionable, mut waiting) = (0usize, 0usize);
         let mut out = Vec::new();
-        for r in records {
+        for r in rest.into_iter().chain(fair) {
             if actionable >= limit {
                 break;
             }
@@ -817,14 +827,10 @@ impl MetaState {
         if queue.min.is_empty() {
             return Ok(Vec::new());
         }
-        let placing = GroupRecord {
-            state: GroupState::Placing { txn: TxnId(0) },
-            ..g.clone()
-        };
         let after = self
             .queues
             .usage(&queue.name)
-            .saturating_add(&placing.charge_due());
+            .saturating_add(&g.charge_to_place());
         if let Some((resource, used, min)) = queue.min.first_exceeded(&after) {
             return Err(format!(
                 "queue {}: {resource} would be {} of min {}; reclaim takes back only what min guarantees",
@@ -871,12 +877,7 @@ impl MetaState {
         if g.group.queue.is_empty() {
             return None;
         }
-        let placing = GroupRecord {
-            state: GroupState::Placing { txn: TxnId(0) },
-            ..g.clone()
-        };
-        let more = placing.charge_due().saturating_sub(&g.charge);
-        self.queues.refusal(&g.group.queue, &more)
+        self.queues.refusal(&g.group.queue, &g.charge_to_place())
     }
 
     fn batch(&mut self, commands: &[MetaCommand]) -> MetaReply {

@@ -648,3 +648,24 @@ fn without_reclaim_grounds_priority_rules_still_apply() {
         "{by_priority:?}"
     );
 }
+
+#[test]
+fn a_round_takes_queued_groups_in_fair_order_across_queues() {
+    let mut m = MetaState::new(1);
+    put(&mut m, guaranteed("x", 4, 8));
+    put(&mut m, guaranteed("y", 4, 8));
+    placed_group(&mut m, "x", "x0", 3);
+    let x1 = submit(&mut m, group_in("x", "x1", 1, 1));
+    let x2 = submit(&mut m, group_in("x", "x2", 1, 1));
+    let y1 = submit(&mut m, group_in("y", "y1", 1, 1));
+    let y2 = submit(&mut m, group_in("y", "y2", 1, 1));
+    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending { limit: 10 }) else {
+        panic!("pending");
+    };
+    let order: Vec<GroupSeq> = records.iter().map(|r| r.seq).collect();
+    assert_eq!(
+        order,
+        vec![y1, y2, x1, x2],
+        "y (share 0, then 1/4) before x (3/4), though x's groups came first"
+    );
+}

@@ -249,11 +249,98 @@ impl Queues {
     }
 }
 
+/// A queue's dominant share, for ordering ([`Queues::fair_order`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share(pub f64);
+
+impl Eq for Share {}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The dominant share of a queue using `usage`: the largest fraction of its basis it
+/// uses over the resources of the basis, divided by its weight. The basis is its `min`
+/// (the resources it names with an amount above zero), else its `max`, else its usage
+/// is measured in pods held (so a queue with neither orders after the queues below
+/// their guarantee).
+pub fn share(spec: &QueueSpec, usage: &Resources) -> Share {
+    let basis = |limits: &crate::model::queue::Limits| -> Option<f64> {
+        limits
+            .iter()
+            .filter(|(_, amount)| *amount > 0)
+            .map(|(r, amount)| usage.get(&r) as f64 / amount as f64)
+            .reduce(f64::max)
+    };
+    let dominant = basis(&spec.min)
+        .or_else(|| basis(&spec.max))
+        .unwrap_or(usage.pods as f64);
+    Share(dominant / f64::from(spec.weight.max(1)))
+}
+
+impl Queues {
+    /// Queued groups in the order a round takes them: groups without a queue first, as
+    /// given; then dominant-resource fairness across queues — each next group is the
+    /// head of the queue whose [`share`] (its usage plus what the groups already taken
+    /// from it would be charged) is lowest, ties by queue name. Within a queue, the
+    /// order given (priority, then creation). `groups` are (queue, charge to place,
+    /// item) in within-queue order.
+    pub fn fair_order<T>(&self, groups: Vec<(String, Resources, T)>) -> Vec<T> {
+        use std::cmp::Reverse;
+        use std::collections::{BinaryHeap, VecDeque};
+        let mut out = Vec::with_capacity(groups.len());
+        let mut lines: BTreeMap<String, VecDeque<(Resources, T)>> = BTreeMap::new();
+        for (queue, charge, item) in groups {
+            if queue.is_empty() || !self.specs.contains_key(&queue) {
+                out.push(item);
+            } else {
+                lines.entry(queue).or_default().push_back((charge, item));
+            }
+        }
+        let mut usage: BTreeMap<String, Resources> =
+            lines.keys().map(|q| (q.clone(), self.usage(q))).collect();
+        let mut heap: BinaryHeap<Reverse<(Share, String)>> = lines
+            .keys()
+            .filter_map(|q| {
+                Some(Reverse((
+                    share(self.specs.get(q)?, usage.get(q)?),
+                    q.clone(),
+                )))
+            })
+            .collect();
+        while let Some(Reverse((_, q))) = heap.pop() {
+            let (Some(line), Some(spec), Some(used)) =
+                (lines.get_mut(&q), self.specs.get(&q), usage.get_mut(&q))
+            else {
+                continue;
+            };
+            let Some((charge, item)) = line.pop_front() else {
+                continue;
+            };
+            out.push(item);
+            *used = used.saturating_add(&charge);
+            if !line.is_empty() {
+                heap.push(Reverse((share(spec, used), q)));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::queue::Limits;
     use crate::model::ResourceName;
+    use proptest::prelude::*;
 
     fn cpu(cores: u64) -> Resources {
         let mut r = Resources::zero();
@@ -328,6 +415,110 @@ mod tests {
         assert!(busy.contains("1 gang groups"), "{busy}");
         let parent = q.delete("big", 0).expect_err("has a child");
         assert!(parent.contains("child queue a"), "{parent}");
+    }
+
+    /// The fair order as its definition reads, recomputing every share at each pick.
+    fn reference_order(q: &Queues, groups: &[(String, Resources, u32)]) -> Vec<u32> {
+        let mut out: Vec<u32> = groups
+            .iter()
+            .filter(|(queue, _, _)| queue.is_empty() || q.spec(queue).is_none())
+            .map(|(_, _, id)| *id)
+            .collect();
+        let mut taken = vec![false; groups.len()];
+        for (i, (queue, _, _)) in groups.iter().enumerate() {
+            taken[i] = queue.is_empty() || q.spec(queue).is_none();
+        }
+        loop {
+            let mut best: Option<(Share, String, usize)> = None;
+            for spec in q.specs() {
+                let Some(head) = (0..groups.len()).find(|&i| !taken[i] && groups[i].0 == spec.name)
+                else {
+                    continue;
+                };
+                let mut used = q.usage(&spec.name);
+                for (i, (queue, charge, _)) in groups.iter().enumerate() {
+                    if taken[i] && *queue == spec.name {
+                        used = used.saturating_add(charge);
+                    }
+                }
+                let s = share(spec, &used);
+                let better = best
+                    .as_ref()
+                    .is_none_or(|(bs, bn, _)| (s, &spec.name) < (*bs, bn));
+                if better {
+                    best = Some((s, spec.name.clone(), head));
+                }
+            }
+            let Some((_, _, head)) = best else {
+                return out;
+            };
+            taken[head] = true;
+            out.push(groups[head].2);
+        }
+    }
+
+    fn arb_queues() -> impl Strategy<Value = (Vec<(u32, u64, u64)>, Vec<(u8, u64, u64)>)> {
+        (
+            prop::collection::vec((1u32..4, 0u64..6, 0u64..4), 1..5),
+            prop::collection::vec((0u8..6, 1u64..4, 0u64..3), 0..30),
+        )
+    }
+
+    proptest::proptest! {
+        /// The fair order matches its definition over random queues (weights, mins,
+        /// usage) and groups (charges), groups without a queue included.
+        #[test]
+        fn the_fair_order_matches_the_reference((qs, gs) in arb_queues()) {
+            let mut q = Queues::default();
+            for (i, (weight, min, used)) in qs.iter().enumerate() {
+                let mut spec = queue(&format!("q{i}"), "", None);
+                spec.weight = *weight;
+                if *min > 0 {
+                    spec.min.set(&ResourceName::Cpu, min * 1_000);
+                }
+                q.put(&spec).expect("queue");
+                let mut usage = cpu(*used);
+                usage.pods = *used;
+                q.charge(&spec.name, &usage);
+            }
+            let groups: Vec<(String, Resources, u32)> = gs
+                .iter()
+                .enumerate()
+                .map(|(i, (qi, cores, pods))| {
+                    let name = if usize::from(*qi) < qs.len() { format!("q{qi}") } else { String::new() };
+                    let mut charge = cpu(*cores);
+                    charge.pods = *pods;
+                    (name, charge, i as u32)
+                })
+                .collect();
+            let fast = q.fair_order(groups.clone());
+            proptest::prop_assert_eq!(fast, reference_order(&q, &groups));
+        }
+    }
+
+    #[test]
+    fn a_queue_over_its_share_never_starves_one_below() {
+        let mut q = Queues::default();
+        let mut heavy = queue("heavy", "", None);
+        heavy.min.set(&ResourceName::Cpu, 4_000);
+        let mut light = queue("light", "", None);
+        light.min.set(&ResourceName::Cpu, 4_000);
+        light.weight = 2;
+        q.put(&heavy).expect("heavy");
+        q.put(&light).expect("light");
+        q.charge("heavy", &cpu(6));
+        let groups: Vec<(String, Resources, &str)> = vec![
+            ("heavy".into(), cpu(1), "h1"),
+            ("heavy".into(), cpu(1), "h2"),
+            ("light".into(), cpu(2), "l1"),
+            ("light".into(), cpu(2), "l2"),
+            ("".into(), cpu(9), "free"),
+        ];
+        assert_eq!(
+            q.fair_order(groups),
+            vec!["free", "l1", "l2", "h1", "h2"],
+            "light (weight 2) stays below heavy's share 6/4 after taking 4 cores: 4/4/2"
+        );
     }
 
     #[test]
