@@ -309,4 +309,25 @@ async fn a_queue_reclaims_its_guarantee_from_a_borrower_whole_gangs_youngest_fir
         on_ledgers, 8,
         "whole gangs went: a0, a1, b0 and b1 hold two pods each"
     );
+
+    // The meta leader reports the queues (docs/METRICS.md).
+    let leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let expected = [
+        r#"gangway_queue_usage{queue="a",resource="cpu"} 8000"#,
+        r#"gangway_queue_min{queue="b",resource="cpu"} 8000"#,
+        r#"gangway_queue_max{queue="b",resource="pods"} -1"#,
+        r#"gangway_queue_share{queue="a"} 1"#,
+        r#"gangway_queue_gang_groups{queue="b",state="queued"} 1"#,
+        r#"gangway_queue_reclaims_total{queue="b"} 2"#,
+    ];
+    loop {
+        let (_, body) = support::http_get(&c.procs[&leader].http, "/metrics").await;
+        let missing: Vec<&&str> = expected.iter().filter(|e| !body.contains(**e)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "missing {missing:?} in\n{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

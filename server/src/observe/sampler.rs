@@ -2,7 +2,8 @@
 //! groups this replica leads into gauges: gang groups by state (meta leader),
 //! open reservations and the oldest one's age, and devices by node, driver and
 //! state (shard leaders). A replica that stops leading a group sets that group's
-//! gauges to zero, so a sum over replicas counts each group once. It also
+//! gauges to zero, so a sum over replicas counts each group once. The meta leader also
+//! reports every queue's usage, min, max, share and gang groups. It also
 //! registers every labelled counter at zero, so rates exist before the first
 //! event. docs/METRICS.md is the catalogue. Owned by `Replica`.
 
@@ -13,8 +14,10 @@ use tokio::sync::watch;
 
 use crate::coordinator::metrics as placement;
 use crate::kube::evictor;
-use crate::ledger::meta::{GroupState, MetaQuery, MetaReply};
+use crate::ledger::meta::queues::share;
+use crate::ledger::meta::{GroupState, MetaQuery, MetaReply, QueueStatus};
 use crate::ledger::query::{ShardAnswer, ShardQuery, ShardStats};
+use crate::model::ResourceName;
 use crate::replicated::{now_ms, Groups};
 
 /// Period between samples, in ms.
@@ -33,6 +36,7 @@ pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
     evictor::register_metrics();
     let mut leading_meta = false;
     let mut reported: BTreeMap<u32, DeviceSeries> = BTreeMap::new();
+    let mut queue_series = QueueSeries::new();
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -48,10 +52,17 @@ pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
                 }
                 leading_meta = true;
             }
+            if let Ok(MetaReply::Queues { queues }) = groups.meta_query_local(&MetaQuery::Queues) {
+                let now = report_queues(&queues);
+                zero_queues(queue_series.difference(&now));
+                queue_series = now;
+            }
         } else if leading_meta {
             for state in GroupState::NAMES {
                 metrics::gauge!("gangway_gang_groups", "state" => state).set(0.0);
             }
+            zero_queues(queue_series.iter());
+            queue_series.clear();
             leading_meta = false;
         }
         for shard in 1..=shards {
@@ -68,6 +79,62 @@ pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
             } else if let Some(before) = reported.remove(&shard) {
                 zero_devices(shard, before.iter());
                 report_shard(shard, &ShardStats::default(), 0);
+            }
+        }
+    }
+}
+
+/// The (queue, resource) series the queue gauges were last set for (resource empty:
+/// the per-queue gauges).
+type QueueSeries = BTreeSet<(String, String)>;
+
+/// Sets every queue's gauges; returns the series it set.
+fn report_queues(queues: &[QueueStatus]) -> QueueSeries {
+    let mut series = QueueSeries::new();
+    for q in queues {
+        let name = q.spec.name.clone();
+        let mut resources: BTreeSet<ResourceName> = q.usage.nonzero().map(|(r, _)| r).collect();
+        resources.extend(q.spec.min.iter().map(|(r, _)| r));
+        resources.extend(q.spec.max.iter().map(|(r, _)| r));
+        for r in resources {
+            let label = r.to_string();
+            let used = q.usage.get(&r) as f64;
+            metrics::gauge!("gangway_queue_usage", "queue" => name.clone(), "resource" => label.clone()).set(used);
+            let min = q.spec.min.get(&r).unwrap_or(0) as f64;
+            metrics::gauge!("gangway_queue_min", "queue" => name.clone(), "resource" => label.clone()).set(min);
+            // No limit reads as -1, so a dashboard can tell it from a max of zero.
+            let max = q.spec.max.get(&r).map_or(-1.0, |m| m as f64);
+            metrics::gauge!("gangway_queue_max", "queue" => name.clone(), "resource" => label.clone()).set(max);
+            series.insert((name.clone(), label));
+        }
+        metrics::gauge!("gangway_queue_share", "queue" => name.clone())
+            .set(share(&q.spec, &q.usage).0);
+        metrics::gauge!("gangway_queue_gang_groups", "queue" => name.clone(), "state" => "queued")
+            .set(q.queued as f64);
+        metrics::gauge!("gangway_queue_gang_groups", "queue" => name.clone(), "state" => "admitted")
+            .set(q.admitted as f64);
+        series.insert((name, String::new()));
+    }
+    series
+}
+
+/// Sets the gauges of queues gone (or no longer this replica's to report) to zero.
+fn zero_queues<'a>(series: impl Iterator<Item = &'a (String, String)>) {
+    for (queue, resource) in series {
+        if resource.is_empty() {
+            metrics::gauge!("gangway_queue_share", "queue" => queue.clone()).set(0.0);
+            for state in ["queued", "admitted"] {
+                metrics::gauge!("gangway_queue_gang_groups", "queue" => queue.clone(), "state" => state)
+                    .set(0.0);
+            }
+        } else {
+            for gauge in [
+                "gangway_queue_usage",
+                "gangway_queue_min",
+                "gangway_queue_max",
+            ] {
+                metrics::gauge!(gauge, "queue" => queue.clone(), "resource" => resource.clone())
+                    .set(0.0);
             }
         }
     }
