@@ -73,6 +73,7 @@ for _group, _resources, _verbs in [
     ("policy", ["poddisruptionbudgets"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.sigs.k8s.io", ["podgroups"], ["get", "list", "watch"]),
+    ("scheduling.x-k8s.io", ["elasticquotas"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.sigs.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("resource.k8s.io", ["resourceslices", "deviceclasses", "resourceclaims", "devicetaintrules"], ["get", "list", "watch"]),
@@ -462,6 +463,11 @@ def check_optional(objs: dict) -> str:
     check(version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}, "CRD version")
     props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     check({"minMember", "scheduleTimeoutSeconds"} <= set(props), "CRD spec fields")
+    eq = objs[("CustomResourceDefinition", "elasticquotas.scheduling.x-k8s.io")]
+    eq_version = eq["spec"]["versions"][0]
+    check(eq_version["name"] == "v1alpha1", "ElasticQuota CRD version")
+    eq_props = eq_version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    check({"min", "max"} <= set(eq_props), "ElasticQuota CRD spec fields")
     monitor = objs[("ServiceMonitor", RELEASE)]["spec"]
     metrics_svc = objs[("Service", f"{RELEASE}-metrics")]
     labels = metrics_svc["metadata"]["labels"]
@@ -554,8 +560,8 @@ def main() -> int:
             override = yaml.safe_load(values_file.read_text()) or {}
             case = values_file.name[: -len("-values.yaml")]
             valid_case(case, f"ci/{values_file.name}", override)
-        valid_case("optional", "podGroupCRD, serviceMonitor and dashboards enabled",
-                   {"podGroupCRD": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
+        valid_case("optional", "podGroupCRD, elasticQuotaCRD, serviceMonitor and dashboards enabled",
+                   {"podGroupCRD": {"enabled": True}, "elasticQuotaCRD": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
                     "dashboards": {"enabled": True}}, check_optional)
 
         refused_case("replicaCount=4 refused", {"replicaCount": 4}, "replicaCount must be odd")

@@ -505,6 +505,7 @@ async fn queues(
                 weight,
                 min: min.0,
                 max: max.0,
+                managed_by: String::new(),
             };
             let status = client.put_queue(spec).await?;
             print_queues(&[status], output);
@@ -529,7 +530,7 @@ fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Outpu
                 json!({
                     "name": spec.name, "parent": spec.parent, "weight": spec.weight,
                     "min": spec.min, "max": spec.max, "usage": q.usage,
-                    "queued": q.queued, "admitted": q.admitted,
+                    "queued": q.queued, "admitted": q.admitted, "managedBy": spec.managed_by,
                 })
             })
             .collect();

@@ -125,11 +125,14 @@ fn chart_object(template: &str) -> Value {
     serde_saphyr::from_str(&plain).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// Applies the chart's PodGroup CRD, ClusterRole and ClusterRoleBinding.
+/// Applies the chart's PodGroup and ElasticQuota CRDs, ClusterRole and ClusterRoleBinding.
 async fn apply_chart(api: &ControlPlane) {
     api.install_crd(chart_object("podgroup-crd.yaml"))
         .await
         .expect("the chart's CRD is accepted");
+    api.install_crd(chart_object("elasticquota-crd.yaml"))
+        .await
+        .expect("the chart's ElasticQuota CRD is accepted");
     let mut role = chart_object("clusterrole.yaml");
     role["metadata"] = json!({"name": "gangway"});
     api.call(
@@ -2709,4 +2712,189 @@ async fn every_metric_in_the_catalogue_is_served_after_a_short_workload() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// scheduler-plugins' ElasticQuotas (the chart's CRD).
+const ELASTIC_QUOTAS: gangway_kube_double::store::Kind = gangway_kube_double::store::Kind {
+    group: "scheduling.x-k8s.io",
+    version: "v1alpha1",
+    plural: "elasticquotas",
+    kind: "ElasticQuota",
+    namespaced: true,
+    status_subresource: true,
+};
+
+/// The pods of `namespace` by name.
+async fn pods_in(api: &ControlPlane, namespace: &str) -> BTreeMap<String, Value> {
+    by_name(api.list(&PODS, Some(namespace)).await.unwrap_or_default())
+}
+
+/// Waits until `done` holds for the pods of both teams' namespaces.
+async fn wait_for_teams(
+    what: &str,
+    api: &ControlPlane,
+    done: impl Fn(&BTreeMap<String, Value>) -> bool,
+) -> BTreeMap<String, Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut pods = pods_in(api, "team-a").await;
+        pods.extend(pods_in(api, "team-b").await);
+        if done(&pods) {
+            return pods;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within 60 s: {pods:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+fn bound_in(pods: &BTreeMap<String, Value>, name: &str) -> bool {
+    pods.get(name).is_some_and(|p| {
+        p["spec"]["nodeName"].is_string() && p["metadata"]["deletionTimestamp"].is_null()
+    })
+}
+
+fn going_in(pods: &BTreeMap<String, Value>, name: &str) -> bool {
+    pods.get(name)
+        .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+}
+
+/// Two namespaces with ElasticQuotas guaranteeing each half the cluster (2 nodes of 64
+/// CPUs): team-a borrows all of team-b's half while it is idle; team-b's pods then take
+/// back exactly their min, the youngest of team-a's pods first, whole, and never
+/// anything inside team-a's min. The queues are kept from the objects, and the admin
+/// API cannot change them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elastic_quotas_are_queues_and_a_namespace_reclaims_its_min_from_a_borrower() {
+    let env = start_with(2, 0, 0, Setup::Chart).await;
+    let api = &env.api;
+    for ns in ["team-a", "team-b"] {
+        api.ensure_namespace(ns).await.expect("namespace");
+        api.create(
+            &ELASTIC_QUOTAS,
+            json!({
+                "metadata": {"name": "quota", "namespace": ns},
+                "spec": {"min": {"cpu": "64"}, "max": {"cpu": 128}}
+            }),
+        )
+        .await
+        .expect("ElasticQuota");
+    }
+    let client = support::client(&env.cluster, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let queues = client.queues().await.unwrap_or_default();
+        let kept: Vec<String> = queues
+            .iter()
+            .filter_map(|q| q.spec.as_ref())
+            .map(|s| format!("{} by {}", s.name, s.managed_by))
+            .collect();
+        if kept
+            == [
+                "team-a by ElasticQuota team-a/quota",
+                "team-b by ElasticQuota team-b/quota",
+            ]
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queues not kept from the ElasticQuotas: {kept:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    let refused = client
+        .put_queue(gangway_client::admin_api::QueueSpec {
+            name: "team-a".into(),
+            weight: 1,
+            ..Default::default()
+        })
+        .await
+        .expect_err("kept by its ElasticQuota");
+    assert!(
+        refused
+            .to_string()
+            .contains("kept by ElasticQuota team-a/quota"),
+        "{refused}"
+    );
+
+    // team-a fills the cluster, one 32-CPU pod after another.
+    for i in 0..4 {
+        api.create(
+            &PODS,
+            support::objects::pod_with_cpu("team-a", &format!("a-{i}"), "32", json!({})),
+        )
+        .await
+        .expect("pod");
+        let name = format!("a-{i}");
+        wait_for_teams("team-a's pod bound", api, |p| bound_in(p, &name)).await;
+    }
+    // Each of team-b's first two pods takes back one of team-a's, the youngest first.
+    for (i, victim) in [(0, "a-3"), (1, "a-2")] {
+        let b = format!("b-{i}");
+        api.create(
+            &PODS,
+            support::objects::pod_with_cpu("team-b", &b, "32", json!({})),
+        )
+        .await
+        .expect("pod");
+        let now = wait_for_teams("a borrower evicted", api, |p| going_in(p, victim)).await;
+        for keep in ["a-0", "a-1"] {
+            assert!(
+                bound_in(&now, keep),
+                "{keep} is inside team-a's min: {now:#?}"
+            );
+        }
+        match api.delete(&PODS, Some("team-a"), victim).await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(404) => {}
+            Err(e) => panic!("finishing the deletion of {victim}: {e}"),
+        }
+        wait_for_teams("team-b's pod bound", api, |p| bound_in(p, &b)).await;
+    }
+    // Past its min, team-b waits, and team-a keeps its half.
+    api.create(
+        &PODS,
+        support::objects::pod_with_cpu("team-b", "b-2", "32", json!({})),
+    )
+    .await
+    .expect("pod");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = api.list(&EVENTS, Some("team-b")).await.unwrap_or_default();
+        let said = events.iter().any(|e| {
+            e["involvedObject"]["name"] == "b-2"
+                && e["message"].as_str().is_some_and(|m| {
+                    m.contains("no reclaim: queue team-b: cpu would be 96 of min 64")
+                })
+        });
+        if said {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b-2 never said why it waits: {events:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    let mut now = pods_in(api, "team-a").await;
+    now.extend(pods_in(api, "team-b").await);
+    assert!(bound_in(&now, "a-0") && bound_in(&now, "a-1"), "{now:#?}");
+    assert!(!now["b-2"]["spec"]["nodeName"].is_string());
+    let usage: BTreeMap<String, String> = client
+        .queues()
+        .await
+        .expect("queues")
+        .into_iter()
+        .filter_map(|q| Some((q.spec?.name, q.usage.get("cpu")?.clone())))
+        .collect();
+    assert_eq!(
+        usage,
+        BTreeMap::from([
+            ("team-a".into(), "64".into()),
+            ("team-b".into(), "64".into())
+        ])
+    );
 }

@@ -29,6 +29,7 @@ fn queue(name: &str, parent: &str, max: &[(&str, &str)]) -> QueueSpec {
         weight: 1,
         min: HashMap::new(),
         max: amounts(max),
+        managed_by: String::new(),
     }
 }
 

@@ -49,6 +49,7 @@ pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
         },
         min: limits(&FieldPath::new("queue.min"), &api.min).map_err(invalid)?,
         max: limits(&FieldPath::new("queue.max"), &api.max).map_err(invalid)?,
+        managed_by: String::new(),
     };
     spec.validate(&FieldPath::new("queue")).map_err(invalid)?;
     Ok(spec)
@@ -86,6 +87,7 @@ pub fn status_of(q: &QueueStatus) -> ApiQueueStatus {
             weight: q.spec.weight,
             min: quantities_of_limits(&q.spec.min),
             max: quantities_of_limits(&q.spec.max),
+            managed_by: q.spec.managed_by.clone(),
         }),
         usage: quantities_of(&q.usage),
         queued: q.queued,
@@ -129,7 +131,11 @@ impl Queues for QueuesService {
         if name.is_empty() {
             return Err(Status::invalid_argument("name: required"));
         }
-        match self.meta(MetaCommand::DeleteQueue { name }).await? {
+        let cmd = MetaCommand::DeleteQueue {
+            name,
+            managed_by: String::new(),
+        };
+        match self.meta(cmd).await? {
             MetaReply::Queues { .. } => Ok(Response::new(DeleteQueueReply {})),
             MetaReply::Rejected { reason, kind } => Err(refusal(reason, kind)),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),

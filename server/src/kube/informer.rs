@@ -36,11 +36,14 @@ pub enum Slot {
     /// DRA DeviceTaintRules (`resource.k8s.io/v1beta2`, served only where the cluster
     /// turned that API version on).
     DeviceTaintRules,
+    /// scheduler-plugins' ElasticQuotas (scheduling.x-k8s.io), kept as queues.
+    ElasticQuotas,
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 9] = [
+pub const SLOTS: [Slot; 10] = [
     Slot::Nodes,
+    Slot::ElasticQuotas,
     Slot::PodDisruptionBudgets,
     Slot::DeviceClasses,
     Slot::DeviceTaintRules,
@@ -79,6 +82,12 @@ impl Slot {
                 "DeviceTaintRule",
                 "devicetaintrules",
             ),
+            Slot::ElasticQuotas => (
+                "scheduling.x-k8s.io",
+                "v1alpha1",
+                "ElasticQuota",
+                "elasticquotas",
+            ),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
@@ -93,6 +102,7 @@ impl Slot {
                 | Slot::PodGroupsSigs
                 | Slot::PodDisruptionBudgets
                 | Slot::DeviceTaintRules
+                | Slot::ElasticQuotas
         )
     }
 }

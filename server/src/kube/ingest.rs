@@ -43,6 +43,7 @@ use crate::kube::objects::{
     self, ClaimIndex, PodProblem, PodRef, PoolKey, PoolSlices, ShareRole, SliceScope,
 };
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
+use crate::kube::queues;
 use crate::kube::KubeOptions;
 use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
 use crate::ledger::meta::{
@@ -54,7 +55,7 @@ use crate::model::claim::ClaimShare;
 use crate::model::device::{DeviceTaint, ResourcePool};
 use crate::model::pod::PodSpec;
 use crate::model::reach::PoolReach;
-use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node};
+use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node, QueueSpec};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
 
 /// Longest gap between passes, in ms, when neither the informers nor the meta group
@@ -91,6 +92,9 @@ const CHANGE_SLOTS: [Slot; 7] = [
 #[derive(Default)]
 struct Memory {
     leading: bool,
+    /// Queues the ElasticQuotas keep, as last synced (pods of their namespaces are
+    /// charged to them).
+    kept_queues: BTreeSet<String>,
     nodes: HashMap<String, Node>,
     /// Node → its shard, as registered.
     shard_of: HashMap<String, u32>,
@@ -247,6 +251,7 @@ impl Ingest {
         self.take_slice_changes();
         self.sync_slices().await;
         self.sync_taint_rules().await;
+        self.sync_queues().await;
         self.refresh_summaries()?;
         self.take_pod_changes();
         self.take_claim_changes();
@@ -1509,6 +1514,62 @@ impl Ingest {
         true
     }
 
+    /// Keeps a queue for every ElasticQuota (named after its namespace) and deletes the
+    /// queues of ElasticQuotas gone; a queue with live groups is deleted once they end.
+    /// Compared with meta's queues every pass (a local read), so a write only follows a
+    /// change.
+    async fn sync_queues(&mut self) {
+        let objects: Vec<Arc<Value>> = self
+            .cache
+            .read(Slot::ElasticQuotas, |o| o.values().cloned().collect());
+        let (wanted, problems) = queues::queues_of(objects.iter().map(|o| o.as_ref()));
+        for (subject, message) in problems {
+            self.warn_once(&subject, &message);
+        }
+        let current: Vec<QueueSpec> = match self.groups.meta_query_local(&MetaQuery::Queues) {
+            Ok(MetaReply::Queues { queues }) => queues.into_iter().map(|q| q.spec).collect(),
+            _ => return,
+        };
+        let kept_before: BTreeMap<&str, &QueueSpec> = current
+            .iter()
+            .filter(|q| q.managed_by.starts_with("ElasticQuota "))
+            .map(|q| (q.name.as_str(), q))
+            .collect();
+        let mut writes = Vec::new();
+        for (name, spec) in &wanted {
+            if kept_before.get(name.as_str()) != Some(&spec) {
+                writes.push(MetaCommand::PutQueue {
+                    queue: spec.clone(),
+                });
+            }
+        }
+        for (name, spec) in &kept_before {
+            if !wanted.contains_key(*name) {
+                writes.push(MetaCommand::DeleteQueue {
+                    name: name.to_string(),
+                    managed_by: spec.managed_by.clone(),
+                });
+            }
+        }
+        self.memory.kept_queues = wanted.keys().cloned().collect();
+        for cmd in writes {
+            let subject = match &cmd {
+                MetaCommand::PutQueue { queue } => queue.managed_by.clone(),
+                MetaCommand::DeleteQueue { managed_by, .. } => managed_by.clone(),
+                _ => String::new(),
+            };
+            match self.groups.meta(&cmd).await {
+                Ok(MetaReply::Rejected { reason, .. }) => {
+                    self.warn_once(&subject, &format!("{subject}: {reason}"));
+                }
+                Ok(_) => {
+                    self.memory.reported.remove(&subject);
+                }
+                Err(e) => tracing::warn!(error = %e, "syncing queues failed; retrying next pass"),
+            }
+        }
+    }
+
     /// Submits the pending pods of ours not yet submitted, when something that decides
     /// them changed (a pod, a PodGroup, a claim, a submission given up). Not before the
     /// pools the shards offer were compared with the slices: a pool whose slices went
@@ -1524,10 +1585,15 @@ impl Ingest {
         let claims: ClaimIndex = self.cache.read(Slot::ResourceClaims, |o| o.clone());
         let mut ready = Vec::new();
         let mut problems = Vec::new();
+        let mut queue_of: HashMap<String, String> = HashMap::new();
         for key in &self.memory.waiting {
             let Some(facts) = self.memory.pods.get(key) else {
                 continue;
             };
+            queue_of.insert(
+                facts.pod.uid.clone(),
+                queues::queue_of_pod(&facts.object, &self.memory.kept_queues),
+            );
             let identity = match gangs::identify(&facts.object, &pod_groups) {
                 Ok(i) => i,
                 Err(p) => {
@@ -1556,7 +1622,13 @@ impl Ingest {
                 self.failed_scheduling(&pod, &why).await;
             }
         }
-        let submissions = gangs::submissions(&ready, &satisfied);
+        let mut submissions = gangs::submissions(&ready, &satisfied);
+        for s in &mut submissions {
+            // A group is charged to one queue: its first pod's.
+            if let Some(q) = s.pods.first().and_then(|p| queue_of.get(&p.uid)) {
+                s.group.queue = q.clone();
+            }
+        }
         for chunk in submissions.chunks(SUBMIT_BATCH_MAX) {
             if !self.submit(chunk).await {
                 // Looked at again next pass.

@@ -5,7 +5,8 @@
 //! (`binder`, each shard leader) write claim allocations and pod bindings back;
 //! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad
 //! and the victims of committed preemptions.
-//! `objects` and `gangs` are the pure conversions both use, `allocation` the claim
+//! `objects` and `gangs` are the pure conversions both use, `queues` the queues
+//! ElasticQuotas keep and the queue of a pod, `allocation` the claim
 //! allocations the binder writes; `api` the REST writes.
 //! Started by `gangway serve --kubeconfig` (or `--in-cluster`); every task it
 //! starts stops with the shutdown signal it is given.
@@ -19,6 +20,7 @@ pub mod informer;
 pub mod ingest;
 pub mod objects;
 pub mod pod_index;
+pub mod queues;
 
 use std::path::PathBuf;
 use std::sync::Arc;

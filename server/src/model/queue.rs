@@ -151,6 +151,10 @@ pub struct QueueSpec {
     /// What it may use at most, borrowing included (a resource not named: no limit).
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub max: Limits,
+    /// What keeps it: empty for the admin API, `ElasticQuota namespace/name` for a queue
+    /// the Kubernetes ingest keeps from that object. Only its keeper changes or deletes it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub managed_by: String,
 }
 
 impl QueueSpec {
@@ -207,6 +211,7 @@ mod tests {
                 .expect("valid min"),
             max: Limits::from_quantities(&FieldPath::new("max"), &quantities(max))
                 .expect("valid max"),
+            managed_by: String::new(),
         }
     }
 

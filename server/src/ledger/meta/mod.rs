@@ -209,6 +209,9 @@ pub enum MetaCommand {
     DeleteQueue {
         /// Its name.
         name: String,
+        /// Who asks: the queue's keeper ([`QueueSpec::managed_by`]; empty: the admin API).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        managed_by: String,
     },
 }
 
@@ -689,13 +692,23 @@ impl MetaState {
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
             MetaCommand::Batch { commands } => self.batch(commands),
             MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
+            MetaCommand::PutQueue { queue }
+                if self.kept_by_another(&queue.name, &queue.managed_by) =>
+            {
+                conflict(self.keeper_refusal(&queue.name))
+            }
+            MetaCommand::DeleteQueue { name, managed_by }
+                if self.kept_by_another(name, managed_by) =>
+            {
+                conflict(self.keeper_refusal(name))
+            }
             MetaCommand::PutQueue { queue } => match self.queues.put(queue) {
                 Ok(()) => MetaReply::Queues {
                     queues: self.queue_statuses(Some(&queue.name)),
                 },
                 Err(reason) => rejected(reason),
             },
-            MetaCommand::DeleteQueue { name } => {
+            MetaCommand::DeleteQueue { name, .. } => {
                 let live = self.live_groups_of(name);
                 match self.queues.delete(name, live) {
                     Ok(()) => MetaReply::Queues { queues: Vec::new() },
@@ -725,6 +738,22 @@ impl MetaState {
         }
         MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
+        }
+    }
+
+    /// Whether queue `name` exists and is kept by someone other than `by`.
+    fn kept_by_another(&self, name: &str, by: &str) -> bool {
+        self.queues.spec(name).is_some_and(|q| q.managed_by != by)
+    }
+
+    fn keeper_refusal(&self, name: &str) -> String {
+        match self.queues.spec(name).map(|q| q.managed_by.as_str()) {
+            Some("") | None => format!(
+                "queue.name: queue {name} was made through the admin API; delete it there before an ElasticQuota can keep it"
+            ),
+            Some(by) => format!(
+                "queue.name: queue {name} is kept by {by}; change or delete that object instead"
+            ),
         }
     }
 

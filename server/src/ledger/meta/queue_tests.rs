@@ -31,6 +31,7 @@ fn queue(name: &str, parent: &str, max_cores: Option<u64>) -> QueueSpec {
         weight: 1,
         min: Limits::none(),
         max: limits(max_cores, None),
+        managed_by: String::new(),
     }
 }
 
@@ -304,6 +305,7 @@ fn queues_in_use_are_neither_deleted_nor_shrunk_below_their_usage() {
     let seq = submit(&mut m, group_in("team", "a", 2, 2));
     let reply = m.apply(&MetaCommand::DeleteQueue {
         name: "team".into(),
+        managed_by: String::new(),
     });
     assert!(
         matches!(&reply, MetaReply::Rejected { kind: RejectionKind::Conflict, reason } if reason.contains("1 gang groups")),
@@ -319,6 +321,7 @@ fn queues_in_use_are_neither_deleted_nor_shrunk_below_their_usage() {
     );
     let unknown = m.apply(&MetaCommand::DeleteQueue {
         name: "other".into(),
+        managed_by: String::new(),
     });
     assert!(
         matches!(
@@ -334,7 +337,8 @@ fn queues_in_use_are_neither_deleted_nor_shrunk_below_their_usage() {
     m.apply(&MetaCommand::ReleaseDone { seq, at_ms: 0 });
     assert_eq!(
         m.apply(&MetaCommand::DeleteQueue {
-            name: "team".into()
+            name: "team".into(),
+            managed_by: String::new(),
         }),
         MetaReply::Queues { queues: Vec::new() }
     );
@@ -667,5 +671,58 @@ fn a_round_takes_queued_groups_in_fair_order_across_queues() {
         order,
         vec![y1, y2, x1, x2],
         "y (share 0, then 1/4) before x (3/4), though x's groups came first"
+    );
+}
+
+#[test]
+fn only_a_queues_keeper_changes_or_deletes_it() {
+    let mut m = MetaState::new(1);
+    let kept = QueueSpec {
+        managed_by: "ElasticQuota team/quota".into(),
+        ..queue("team", "", Some(4))
+    };
+    put(&mut m, kept.clone());
+    let by_api = m.apply(&MetaCommand::PutQueue {
+        queue: queue("team", "", Some(8)),
+    });
+    assert!(
+        matches!(&by_api, MetaReply::Rejected { kind: RejectionKind::Conflict, reason } if reason.contains("kept by ElasticQuota team/quota")),
+        "{by_api:?}"
+    );
+    let delete = m.apply(&MetaCommand::DeleteQueue {
+        name: "team".into(),
+        managed_by: String::new(),
+    });
+    assert!(matches!(
+        delete,
+        MetaReply::Rejected {
+            kind: RejectionKind::Conflict,
+            ..
+        }
+    ));
+    put(&mut m, queue("api", "", None));
+    let take_over = m.apply(&MetaCommand::PutQueue {
+        queue: QueueSpec {
+            managed_by: "ElasticQuota api/q".into(),
+            ..queue("api", "", None)
+        },
+    });
+    assert!(
+        matches!(&take_over, MetaReply::Rejected { reason, .. } if reason.contains("made through the admin API")),
+        "{take_over:?}"
+    );
+    put(
+        &mut m,
+        QueueSpec {
+            max: limits(Some(6), None),
+            ..kept.clone()
+        },
+    );
+    assert_eq!(
+        m.apply(&MetaCommand::DeleteQueue {
+            name: "team".into(),
+            managed_by: kept.managed_by.clone(),
+        }),
+        MetaReply::Queues { queues: Vec::new() }
     );
 }

@@ -359,6 +359,7 @@ mod tests {
             weight: 1,
             min: Limits::none(),
             max,
+            managed_by: String::new(),
         }
     }
 
