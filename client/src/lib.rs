@@ -32,6 +32,9 @@ pub use gangway_proto::{admin as admin_api, v1 as api};
 pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
 /// Time allowed for one request.
 pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// Largest reply the client reads, in bytes: a list of 10,000 gang groups is a few MB,
+/// past tonic's 4 MB default.
+pub const REPLY_BYTES_MAX: usize = 64 << 20;
 
 /// A client-side failure.
 #[derive(Debug, thiserror::Error)]
@@ -461,7 +464,7 @@ impl Client {
     }
 
     fn scheduler(&self) -> SchedulerClient<Transport> {
-        SchedulerClient::new(self.transport())
+        SchedulerClient::new(self.transport()).max_decoding_message_size(REPLY_BYTES_MAX)
     }
 
     /// Submits a gang group; the same idempotency key always yields the same group.

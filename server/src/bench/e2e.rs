@@ -55,6 +55,11 @@ pub struct E2eBenchArgs {
     /// Submissions in flight at once while a size is submitted all at once.
     #[arg(long, default_value_t = 64)]
     pub submit_concurrency: usize,
+    /// Queue counts to measure, comma-separated (a fresh cluster each; 0: no queues).
+    /// Gangs go round-robin to the queues, each guaranteed its share of the cpu, with
+    /// a max of the whole cluster's cpu (checked at every admission, never reached).
+    #[arg(long, default_value = "0")]
+    pub queues: String,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -321,13 +326,44 @@ async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One gang group of one gang named like the group (a gang belongs to one live group).
-fn gang_request(name: String, size: usize) -> gangway_proto::v1::SubmitGangGroupRequest {
+/// One gang group of one gang named like the group (a gang belongs to one live group),
+/// charged to `queue` (empty: none).
+fn gang_request(
+    name: String,
+    size: usize,
+    queue: String,
+) -> gangway_proto::v1::SubmitGangGroupRequest {
     let pod = json!({"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}});
     GangGroupBuilder::new(name.clone())
         .idempotency_key(name.clone())
+        .queue(queue)
         .gang(GangBuilder::new("bench", name, size as u32).members("w", size as u32, pod))
         .build()
+}
+
+/// The queue gang `g` of a run with `queues` queues goes to (empty with none).
+fn queue_of(g: usize, queues: usize) -> String {
+    match queues {
+        0 => String::new(),
+        n => format!("q{}", g % n),
+    }
+}
+
+/// Makes `count` queues sharing `nodes` nodes' cpu (64 each): each guaranteed its
+/// share, each with the whole cluster's cpu as max.
+async fn make_queues(client: &Client, count: usize, nodes: usize) -> anyhow::Result<()> {
+    let total = nodes * 64;
+    for i in 0..count {
+        let spec = gangway_proto::admin::QueueSpec {
+            name: format!("q{i}"),
+            weight: 1,
+            min: [("cpu".to_string(), (total / count).to_string())].into(),
+            max: [("cpu".to_string(), total.to_string())].into(),
+            ..Default::default()
+        };
+        client.put_queue(spec).await?;
+    }
+    Ok(())
 }
 
 /// Waits until no gang group is active (releases done), so the next phase starts clean.
@@ -350,13 +386,17 @@ async fn run_alone(
     size: usize,
     samples: usize,
     run: usize,
+    queues: usize,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let mut latencies_ms = Vec::with_capacity(samples);
     let mut submits_ms = Vec::with_capacity(samples);
     for g in 0..samples {
         let name = format!("alone-s{shards}-g{size}-r{run}-{g}");
         let at = Instant::now();
-        let id = client.submit(gang_request(name, size)).await?.id;
+        let id = client
+            .submit(gang_request(name, size, queue_of(g, queues)))
+            .await?
+            .id;
         submits_ms.push(at.elapsed().as_millis() as u64);
         let deadline = at + Duration::from_secs(SIZE_TIMEOUT_S);
         loop {
@@ -382,6 +422,7 @@ async fn run_alone(
 
 struct SizeResult {
     shards: usize,
+    queues: usize,
     gang: usize,
     gangs: usize,
     seconds: f64,
@@ -403,6 +444,7 @@ async fn run_size(
     size: usize,
     args: &E2eBenchArgs,
     run: usize,
+    queues: usize,
 ) -> anyhow::Result<SizeResult> {
     let (pods, alone, concurrency) = (
         args.pods_per_size,
@@ -419,7 +461,11 @@ async fn run_size(
         let client = client.clone();
         submits.push(tokio::spawn(async move {
             let _permit = permit;
-            let req = gang_request(format!("s{shards}-g{size}-r{run}-{g}"), size);
+            let req = gang_request(
+                format!("s{shards}-g{size}-r{run}-{g}"),
+                size,
+                queue_of(g, queues),
+            );
             let at = Instant::now();
             client.submit(req).await.map(|s| (s.id, at))
         }));
@@ -457,10 +503,11 @@ async fn run_size(
     }
     wait_released(client).await?;
     latencies_ms.sort_unstable();
-    let (alone_ms, alone_submit_ms) = run_alone(client, shards, size, alone, run).await?;
+    let (alone_ms, alone_submit_ms) = run_alone(client, shards, size, alone, run, queues).await?;
     let alone_phases = phase_breakdown(&phases_after, &phase_totals(http).await);
     Ok(SizeResult {
         shards,
+        queues,
         gang: size,
         gangs,
         seconds,
@@ -475,6 +522,13 @@ async fn run_size(
 /// Runs the benchmark and prints a markdown table.
 pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     let shard_counts = parse_list("--shards", &args.shards)?;
+    let queue_counts = parse_list("--queues", &args.queues)?;
+    if queue_counts
+        .iter()
+        .any(|q| *q > crate::model::queue::QUEUES_MAX)
+    {
+        bail!("--queues: at most {}", crate::model::queue::QUEUES_MAX);
+    }
     let sizes = parse_list("--gang-sizes", &args.gang_sizes)?;
     if args.nodes == 0 || args.nodes > E2E_NODES_MAX {
         bail!("--nodes: {} is not in 1..={E2E_NODES_MAX}", args.nodes);
@@ -489,9 +543,14 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         );
     }
     let mut rows = Vec::new();
-    for &shards in &shard_counts {
-        let dir =
-            std::env::temp_dir().join(format!("gangway-bench-e2e-{}-{shards}", std::process::id()));
+    for (&shards, &queues) in shard_counts
+        .iter()
+        .flat_map(|s| queue_counts.iter().map(move |q| (s, q)))
+    {
+        let dir = std::env::temp_dir().join(format!(
+            "gangway-bench-e2e-{}-{shards}-{queues}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir)?;
         let procs = spawn_cluster(shards, &dir)?;
         let client = wait_ready(&procs.grpc).await?;
@@ -502,18 +561,20 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             args.nodes,
             t.elapsed().as_secs_f64()
         );
+        make_queues(&client, queues, args.nodes).await?;
         for (run, &size) in sizes.iter().enumerate() {
-            rows.push(run_size(&client, &procs.http, shards, size, &args, run).await?);
+            rows.push(run_size(&client, &procs.http, shards, size, &args, run, queues).await?);
         }
         drop(procs);
     }
-    println!("| shards | gang size | gangs | pods placed | seconds | pods/s | p50 submit→placed | p99 submit→placed |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shards | queues | gang size | gangs | pods placed | seconds | pods/s | p50 submit→placed | p99 submit→placed |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let pods = r.gangs * r.gang;
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.0} | {} ms | {} ms |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.0} | {} ms | {} ms |",
             r.shards,
+            r.queues,
             r.gang,
             r.gangs,
             pods,
@@ -526,12 +587,13 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     println!();
     println!("One gang at a time (each submitted after the previous one was placed):");
     println!();
-    println!("| shards | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shards | queues | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows.iter().filter(|r| !r.alone_ms.is_empty()) {
         println!(
-            "| {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
+            "| {} | {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
             r.shards,
+            r.queues,
             r.gang,
             r.alone_ms.len(),
             percentile(&r.alone_submit_ms, 50.0),
@@ -544,12 +606,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     println!("Coordinator phases (mean per call):");
     for r in &rows {
         println!(
-            "- shards {}, gangs of {}, all at once: {}",
-            r.shards, r.gang, r.phases
+            "- shards {}, queues {}, gangs of {}, all at once: {}",
+            r.shards, r.queues, r.gang, r.phases
         );
         println!(
-            "- shards {}, gangs of {}, one at a time: {}",
-            r.shards, r.gang, r.alone_phases
+            "- shards {}, queues {}, gangs of {}, one at a time: {}",
+            r.shards, r.queues, r.gang, r.alone_phases
         );
     }
     Ok(())

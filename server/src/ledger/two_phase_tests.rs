@@ -203,6 +203,24 @@ fn gang(key: u8, members: u8, non_strict: bool) -> Gang {
     gang
 }
 
+/// The queue groups of even keys are charged to.
+const TEAM_QUEUE: &str = "team";
+/// The most pods `TEAM_QUEUE` may hold: fewer than its groups ask together.
+const TEAM_PODS_MAX: u64 = 4;
+
+fn team_queue() -> crate::model::QueueSpec {
+    let mut max = crate::model::queue::Limits::none();
+    max.set(&crate::model::ResourceName::Pods, TEAM_PODS_MAX);
+    crate::model::QueueSpec {
+        name: TEAM_QUEUE.into(),
+        parent: String::new(),
+        weight: 1,
+        min: crate::model::queue::Limits::none(),
+        max,
+        managed_by: String::new(),
+    }
+}
+
 /// The key of a member's gang.
 fn key_of(member: &MemberKey) -> Option<u8> {
     member
@@ -342,6 +360,11 @@ impl World {
             running: BTreeMap::new(),
             bugs,
         };
+        // Groups of even keys are charged to queue `team`, which holds at most
+        // `TEAM_PODS_MAX` pods (I8 is checked after every step).
+        w.meta_write(&MetaCommand::PutQueue {
+            queue: team_queue(),
+        });
         for shard in 1..=SHARDS {
             let mut ledger = ShardLedger::new();
             if bugs.shared_claims_freed_with_carrier {
@@ -437,7 +460,11 @@ impl World {
                 non_strict,
             } => {
                 let group = GangGroup {
-                    queue: String::new(),
+                    queue: if key % 2 == 0 {
+                        TEAM_QUEUE.into()
+                    } else {
+                        String::new()
+                    },
                     id: format!("k{key}"),
                     gangs: vec![gang(key, members, non_strict)],
                 };
@@ -1009,6 +1036,9 @@ impl World {
 
     /// The rules that hold between any two steps.
     fn check_always(&self) -> Result<(), String> {
+        if let Some(why) = self.meta.quota_violation() {
+            return Err(why);
+        }
         let mut carriers: BTreeMap<String, (u32, String)> = BTreeMap::new();
         for (shard, ledger) in &self.shards {
             ledger
