@@ -14,8 +14,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::claim::{AdminAccess, AllocationMode, ExactRequest, RequestSpec};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::validate_dns_label;
+use crate::model::pod::{footprint_of, PodSpec};
 use crate::model::quantity::{parse_milli, parse_units, parse_whole_units};
 use crate::model::resources::{ResourceName, Resources};
 
@@ -133,6 +135,49 @@ impl fmt::Display for Amount<'_> {
             _ => write!(f, "{}", self.1),
         }
     }
+}
+
+/// The resource a queue counts a device class's devices under (the name Kubernetes
+/// ResourceQuota uses for DRA devices).
+pub fn device_class_resource(class: &str) -> ResourceName {
+    ResourceName::Extended(format!("{class}.deviceclass.resource.k8s.io/devices"))
+}
+
+/// What one pod is charged to its queue: its requests, one pod, and the devices its
+/// claims ask of each device class — an exact count as asked; `All` as one (at least
+/// one device; how many is known only once allocated); a firstAvailable request the
+/// most any of its choices asks of the class; admin access nothing (it takes no device).
+/// Claims the pod follows (shared, carried by another pod) are charged to their carrier.
+pub fn queue_footprint(spec: &PodSpec) -> Resources {
+    let mut out = footprint_of(&spec.requests);
+    let mut devices: BTreeMap<&str, u64> = BTreeMap::new();
+    for claim in &spec.claims {
+        for request in &claim.requests {
+            let mut most: BTreeMap<&str, u64> = BTreeMap::new();
+            let asks: Vec<&ExactRequest> = match &request.spec {
+                RequestSpec::Exactly(exact) => vec![exact],
+                RequestSpec::FirstAvailable(subs) => subs.iter().map(|s| &s.exact).collect(),
+            };
+            for exact in asks {
+                let count = match (&exact.admin_access, &exact.allocation_mode) {
+                    (AdminAccess::Enabled, _) => 0,
+                    (_, AllocationMode::ExactCount(n)) => u64::from(*n),
+                    (_, AllocationMode::All) => 1,
+                };
+                let entry = most.entry(exact.device_class_name.as_str()).or_default();
+                *entry = (*entry).max(count);
+            }
+            for (class, count) in most {
+                *devices.entry(class).or_default() += count;
+            }
+        }
+    }
+    for (class, count) in devices.into_iter().filter(|(_, c)| *c > 0) {
+        let name = device_class_resource(class);
+        let total = out.get(&name).saturating_add(count);
+        out.set(&name, total);
+    }
+    out
 }
 
 /// A queue as configured.
@@ -280,6 +325,94 @@ mod tests {
             .expect_err("not a DNS label")
             .to_string()
             .contains("queue.name"));
+    }
+
+    #[test]
+    fn a_pods_devices_are_charged_by_class() {
+        use crate::model::claim::{DeviceRequest, PodClaim, SubRequest};
+        let exact = |class: &str, mode: AllocationMode, admin: AdminAccess| ExactRequest {
+            allocation_mode: mode,
+            admin_access: admin,
+            ..ExactRequest::one_of(class)
+        };
+        let request = |name: &str, spec: RequestSpec| DeviceRequest {
+            name: name.into(),
+            spec,
+        };
+        let claim = PodClaim {
+            name: "devices".into(),
+            requests: vec![
+                request(
+                    "two",
+                    RequestSpec::Exactly(exact(
+                        "gpu",
+                        AllocationMode::ExactCount(2),
+                        AdminAccess::Disabled,
+                    )),
+                ),
+                request(
+                    "nics",
+                    RequestSpec::Exactly(exact("nic", AllocationMode::All, AdminAccess::Disabled)),
+                ),
+                request(
+                    "watch",
+                    RequestSpec::Exactly(exact(
+                        "gpu",
+                        AllocationMode::ExactCount(4),
+                        AdminAccess::Enabled,
+                    )),
+                ),
+                request(
+                    "choice",
+                    RequestSpec::FirstAvailable(vec![
+                        SubRequest {
+                            name: "big".into(),
+                            exact: exact(
+                                "gpu",
+                                AllocationMode::ExactCount(3),
+                                AdminAccess::Disabled,
+                            ),
+                        },
+                        SubRequest {
+                            name: "small".into(),
+                            exact: exact(
+                                "gpu",
+                                AllocationMode::ExactCount(1),
+                                AdminAccess::Disabled,
+                            ),
+                        },
+                    ]),
+                ),
+            ],
+            constraints: Vec::new(),
+            config: Vec::new(),
+        };
+        let mut spec = PodSpec {
+            claims: vec![claim],
+            ..PodSpec::default()
+        };
+        spec.requests.cpu_milli = 500;
+        let charged = queue_footprint(&spec);
+        assert_eq!(
+            charged.get(&device_class_resource("gpu")),
+            2 + 3,
+            "exact 2, choice at most 3, admin 0"
+        );
+        assert_eq!(
+            charged.get(&device_class_resource("nic")),
+            1,
+            "All: at least one"
+        );
+        assert_eq!((charged.cpu_milli, charged.pods), (500, 1));
+        let limits = Limits::from_quantities(
+            &FieldPath::new("max"),
+            &quantities(&[("gpu.deviceclass.resource.k8s.io/devices", "4")]),
+        )
+        .expect("a device class is a resource a queue can limit");
+        assert_eq!(
+            limits.first_exceeded(&charged),
+            Some((device_class_resource("gpu"), 5, 4))
+        );
     }
 
     #[test]

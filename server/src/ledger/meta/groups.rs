@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::ledger::TxnId;
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceId;
-use crate::model::pod::footprint_of;
+use crate::model::queue::queue_footprint;
 use crate::model::{GangGroup, GangMode, Resources};
 
 /// Sequence number the meta group gives each accepted gang group.
@@ -287,7 +287,8 @@ impl GroupRecord {
     }
 
     /// What its queue must be charged in its current state: nothing without a queue or
-    /// once ended; every member's footprint while a transaction places it (members it
+    /// once ended; every member's footprint ([`queue_footprint`]: requests, one pod,
+    /// devices by class) while a transaction places it (members it
     /// holds and members being reserved alike); otherwise the footprints of the members
     /// it holds (placed or being released).
     pub fn charge_due(&self) -> Resources {
@@ -299,7 +300,7 @@ impl GroupRecord {
         for gang in &self.group.gangs {
             for m in &gang.members {
                 if placing || self.holds(&gang.member_key(m).to_string()) {
-                    due = due.saturating_add(&footprint_of(&m.spec.requests));
+                    due = due.saturating_add(&queue_footprint(&m.spec));
                 }
             }
         }
@@ -316,7 +317,7 @@ impl GroupRecord {
         for gang in &self.group.gangs {
             for m in &gang.members {
                 if !self.holds(&gang.member_key(m).to_string()) {
-                    more = more.saturating_add(&footprint_of(&m.spec.requests));
+                    more = more.saturating_add(&queue_footprint(&m.spec));
                 }
             }
         }
