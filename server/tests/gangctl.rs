@@ -258,3 +258,47 @@ async fn cluster_add_then_remove_under_load_loses_no_acknowledged_submission() {
         "a submission waited {slowest:?} while the membership changed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_are_put_listed_and_deleted_and_bad_amounts_are_named() {
+    let c = Cluster::start(1, 1);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    let server = c.procs[&1].grpc.clone();
+    let out = run(
+        &server,
+        &[
+            "queues",
+            "put",
+            "team-a",
+            "--min",
+            "cpu=4",
+            "--max",
+            "cpu=8,memory=16Gi",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let table = text(&out);
+    assert!(
+        table.contains("team-a") && table.contains("cpu=0/8 (4)"),
+        "{table}"
+    );
+    let bad = run(&server, &["queues", "put", "team-b", "--max", "cpu"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(text(&bad).contains("not NAME=QUANTITY"), "{}", text(&bad));
+    let refused = run(&server, &["queues", "put", "team-b", "--max", "cpu=lots"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("queue.max.cpu"),
+        "{}",
+        text(&refused)
+    );
+    let listed = run(&server, &["-o", "json", "queues"]);
+    let list: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("queues as JSON");
+    assert_eq!(list[0]["name"], "team-a");
+    assert_eq!(list[0]["max"]["memory"], (16u64 << 30).to_string());
+    let gone = run(&server, &["queues", "delete", "team-a"]);
+    assert!(gone.status.success(), "{}", text(&gone));
+    let again = run(&server, &["queues", "delete", "team-a"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(text(&again).contains("no queue team-a"), "{}", text(&again));
+}
