@@ -285,14 +285,7 @@ impl Coordinator {
     /// A group whose queue has no room: it times out at its deadline, else says why it
     /// waits (once) and is looked at again next round, with no backoff.
     async fn wait_for_room(&self, r: &GroupRecord, why: &str) -> Result<(), GroupError> {
-        let now = now_ms();
-        if r.deadline_ms.is_some_and(|d| d <= now) {
-            self.groups
-                .meta(&MetaCommand::Expire {
-                    seq: r.seq,
-                    at_ms: now,
-                })
-                .await?;
+        if self.expire_if_due(r).await? {
             return Ok(());
         }
         if r.reason != why {
@@ -540,18 +533,26 @@ impl Coordinator {
         }
     }
 
-    async fn queued(&self, r: &GroupRecord) -> Result<(), GroupError> {
+    /// Times `r` out when its waitTime has passed; whether it did.
+    async fn expire_if_due(&self, r: &GroupRecord) -> Result<bool, GroupError> {
         let now = now_ms();
-        if r.deadline_ms.is_some_and(|d| d <= now) {
-            self.groups
-                .meta(&MetaCommand::Expire {
-                    seq: r.seq,
-                    at_ms: now,
-                })
-                .await?;
+        if r.deadline_ms.is_none_or(|d| d > now) {
+            return Ok(false);
+        }
+        self.groups
+            .meta(&MetaCommand::Expire {
+                seq: r.seq,
+                at_ms: now,
+            })
+            .await?;
+        Ok(true)
+    }
+
+    async fn queued(&self, r: &GroupRecord) -> Result<(), GroupError> {
+        if self.expire_if_due(r).await? {
             return Ok(());
         }
-        if r.not_before_ms > now {
+        if r.not_before_ms > now_ms() {
             return Ok(());
         }
         self.place(r).await

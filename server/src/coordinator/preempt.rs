@@ -8,7 +8,11 @@
 //! (the preemptor's shards and the victims') reserves with `ReserveDisplacing`, and
 //! the decision settles preemptor and victims together. Victims whose eviction would
 //! break a PodDisruptionBudget (`budgets.rs`) are spared when a choice without them
-//! makes room; otherwise the preemption breaks it and says so.
+//! makes room; otherwise the preemption breaks it and says so. A *reclaim* (a queue
+//! below its `min` taking back what other queues borrowed, docs/ARCHITECTURE.md 5a)
+//! runs the same way on other grounds ([`Grounds::Reclaim`]): shards offer every gang,
+//! only the reclaimable groups meta listed may go, the youngest weigh least, and meta
+//! checks the same rule at `BeginPreemption { reclaim: true }`.
 //!
 //! Invariants: victims are whole groups; nothing is written unless the plan places the
 //! whole group; victims end Preempted only through a COMMIT, which only follows a yes
@@ -203,9 +207,14 @@ impl Coordinator {
         };
         let Some(choice) = choice.or_else(|| choose_victims(&units, &shard_offers, &need, bar))
         else {
-            return Ok(no_plan(
-                "evicting every lower-priority gang that may go would not make room",
-            ));
+            return Ok(no_plan(match grounds {
+                Grounds::Priority => {
+                    "evicting every lower-priority gang that may go would not make room"
+                }
+                Grounds::Reclaim(_) => {
+                    "evicting every group its queue may reclaim would not make room"
+                }
+            }));
         };
         if choice.evict.is_empty() {
             return Ok(no_plan("it fits without evicting anything now"));
