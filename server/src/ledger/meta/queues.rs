@@ -341,10 +341,6 @@ struct FairTree<'a> {
     children: BTreeMap<&'a str, Vec<&'a str>>,
     subtree: BTreeMap<String, Resources>,
     own: BTreeMap<String, Resources>,
-    /// The shares of `subtree` and `own`, kept up to date as groups are taken (a walk
-    /// compares every sibling's).
-    subtree_share: BTreeMap<String, Share>,
-    own_share: BTreeMap<String, Share>,
     waiting_below: BTreeMap<String, usize>,
     waiting_own: BTreeMap<String, usize>,
 }
@@ -376,23 +372,11 @@ impl<'a> FairTree<'a> {
                 (name.clone(), queues.usage(name).saturating_sub(&below))
             })
             .collect();
-        let shares_of = |usage: &BTreeMap<String, Resources>| -> BTreeMap<String, Share> {
-            usage
-                .iter()
-                .filter_map(|(name, used)| {
-                    Some((name.clone(), share(queues.specs.get(name)?, used)))
-                })
-                .collect()
-        };
-        let subtree_share = shares_of(&subtree);
-        let own_share = shares_of(&own);
         let mut tree = Self {
             queues,
             children,
             subtree,
             own,
-            subtree_share,
-            own_share,
             waiting_below: BTreeMap::new(),
             waiting_own: BTreeMap::new(),
         };
@@ -411,13 +395,16 @@ impl<'a> FairTree<'a> {
         loop {
             let mut best: Option<(Share, &str, bool)> = None;
             if !at.is_empty() && self.waiting_own.get(at).copied().unwrap_or(0) > 0 {
-                best = Some((*self.own_share.get(at)?, at, true));
+                let spec = self.queues.specs.get(at)?;
+                let s = share(spec, self.own.get(at)?);
+                best = Some((s, at, true));
             }
             for child in self.children.get(at).into_iter().flatten() {
                 if self.waiting_below.get(*child).copied().unwrap_or(0) == 0 {
                     continue;
                 }
-                let s = *self.subtree_share.get(*child)?;
+                let spec = self.queues.specs.get(*child)?;
+                let s = share(spec, self.subtree.get(*child)?);
                 if best
                     .as_ref()
                     .is_none_or(|(bs, bn, _)| (s, *child) < (*bs, *bn))
@@ -434,9 +421,8 @@ impl<'a> FairTree<'a> {
 
     /// Records that `queue`'s line gave a group that would be charged `charge`.
     fn took(&mut self, queue: &str, charge: &Resources) {
-        if let (Some(own), Some(spec)) = (self.own.get_mut(queue), self.queues.specs.get(queue)) {
+        if let Some(own) = self.own.get_mut(queue) {
             *own = own.saturating_add(charge);
-            self.own_share.insert(queue.to_string(), share(spec, own));
         }
         if let Some(n) = self.waiting_own.get_mut(queue) {
             *n = n.saturating_sub(1);
@@ -444,7 +430,6 @@ impl<'a> FairTree<'a> {
         for q in self.queues.chain(queue) {
             if let Some(used) = self.subtree.get_mut(&q.name) {
                 *used = used.saturating_add(charge);
-                self.subtree_share.insert(q.name.clone(), share(q, used));
             }
             if let Some(n) = self.waiting_below.get_mut(&q.name) {
                 *n = n.saturating_sub(1);
