@@ -809,10 +809,18 @@ async fn plain_gang_overtakes_a_slow_selector(failpoints: &str) -> bool {
     .expect("plain gang placed within 120 s")
     .expect("watch plain");
     assert_eq!(plain.state, "Placed", "{plain:?}");
-    // Still waiting for its plan: Queued. Placing means its plan is done and its
-    // reservation under way, which may commit after the plain gang's own.
+    // Still waiting for its plan: Queued, never tried or told its selector is still
+    // being evaluated. Placing means its plan is done and its reservation under way,
+    // which may commit after the plain gang's own. Queued after an attempt that failed
+    // for another reason (a plan read that timed out while the selector ran inline) is
+    // not the warmer at work, so it does not count as overtaking.
     let slow_now = client.get(slow.id).await.expect("get slow");
-    let overtook = slow_now.state == "Queued";
+    let overtook = slow_now.state == "Queued"
+        && (slow_now.attempts == 0 || slow_now.reason.contains("still being evaluated"));
+    eprintln!(
+        "plain placed; slow: state {} attempts {} reason {:?}",
+        slow_now.state, slow_now.attempts, slow_now.reason
+    );
     let slow = tokio::time::timeout(
         Duration::from_secs(300),
         client.watch_until(slow.id, placed),

@@ -286,52 +286,154 @@ pub fn share(spec: &QueueSpec, usage: &Resources) -> Share {
     Share(dominant / f64::from(spec.weight.max(1)))
 }
 
+/// What a queue of the fair order's tree picks among: a child queue's subtree, or its
+/// own groups. Ties of share go to the child's name, a queue's own groups after its
+/// children (the derived order).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Slot {
+    Child(String),
+    Own,
+}
+
+/// One queue (or the root, named "") during a fair order: its slots by share, its own
+/// groups not yet taken, and its usage counting the groups taken so far.
+struct OrderNode<T> {
+    slots: std::collections::BinaryHeap<std::cmp::Reverse<(Share, Slot)>>,
+    own: std::collections::VecDeque<(Resources, T)>,
+    subtree: Resources,
+    own_usage: Resources,
+}
+
+impl<T> OrderNode<T> {
+    fn new() -> Self {
+        Self {
+            slots: std::collections::BinaryHeap::new(),
+            own: std::collections::VecDeque::new(),
+            subtree: Resources::zero(),
+            own_usage: Resources::zero(),
+        }
+    }
+}
+
 impl Queues {
     /// Queued groups in the order a round takes them: groups without a queue first, as
-    /// given; then dominant-resource fairness across queues — each next group is the
-    /// head of the queue whose [`share`] (its usage plus what the groups already taken
-    /// from it would be charged) is lowest, ties by queue name. Within a queue, the
-    /// order given (priority, then creation). `groups` are (queue, charge to place,
-    /// item) in within-queue order.
+    /// given; then hierarchical dominant-resource fairness — each next group is found by
+    /// walking down from the top, at every queue taking the slot with the lowest
+    /// [`share`]: a child queue by its subtree's usage, or the queue's own groups (one
+    /// more slot) by what they alone use, usage counting what the groups already taken
+    /// would be charged. Within a queue, the order given (priority, then creation).
+    /// `groups` are (queue, charge to place, item) in within-queue order. Each pick pops
+    /// and pushes one slot per level: O(depth × log siblings).
     pub fn fair_order<T>(&self, groups: Vec<(String, Resources, T)>) -> Vec<T> {
         use std::cmp::Reverse;
-        use std::collections::{BinaryHeap, VecDeque};
         let mut out = Vec::with_capacity(groups.len());
-        let mut lines: BTreeMap<String, VecDeque<(Resources, T)>> = BTreeMap::new();
+        let mut nodes: BTreeMap<String, OrderNode<T>> = BTreeMap::new();
         for (queue, charge, item) in groups {
             if queue.is_empty() || !self.specs.contains_key(&queue) {
                 out.push(item);
             } else {
-                lines.entry(queue).or_default().push_back((charge, item));
+                nodes
+                    .entry(queue)
+                    .or_insert_with(OrderNode::new)
+                    .own
+                    .push_back((charge, item));
             }
         }
-        let mut usage: BTreeMap<String, Resources> =
-            lines.keys().map(|q| (q.clone(), self.usage(q))).collect();
-        let mut heap: BinaryHeap<Reverse<(Share, String)>> = lines
-            .keys()
-            .filter_map(|q| {
-                Some(Reverse((
-                    share(self.specs.get(q)?, usage.get(q)?),
-                    q.clone(),
-                )))
-            })
-            .collect();
-        while let Some(Reverse((_, q))) = heap.pop() {
-            let (Some(line), Some(spec), Some(used)) =
-                (lines.get_mut(&q), self.specs.get(&q), usage.get_mut(&q))
-            else {
-                continue;
-            };
-            let Some((charge, item)) = line.pop_front() else {
-                continue;
-            };
-            out.push(item);
-            *used = used.saturating_add(&charge);
-            if !line.is_empty() {
-                heap.push(Reverse((share(spec, used), q)));
+        let lines: Vec<String> = nodes.keys().cloned().collect();
+        for q in &lines {
+            for above in self.chain(q).skip(1) {
+                nodes
+                    .entry(above.name.clone())
+                    .or_insert_with(OrderNode::new);
             }
+        }
+        let mut children_usage: BTreeMap<&str, Resources> = BTreeMap::new();
+        for spec in self.specs.values() {
+            if nodes.contains_key(&spec.parent) {
+                let sum = children_usage.entry(spec.parent.as_str()).or_default();
+                *sum = sum.saturating_add(&self.usage(&spec.name));
+            }
+        }
+        let mut pushes = Vec::new();
+        for (name, node) in nodes.iter_mut() {
+            let Some(spec) = self.specs.get(name) else {
+                continue;
+            };
+            node.subtree = self.usage(name);
+            node.own_usage = node.subtree.saturating_sub(
+                &children_usage
+                    .get(name.as_str())
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            if !node.own.is_empty() {
+                node.slots
+                    .push(Reverse((share(spec, &node.own_usage), Slot::Own)));
+            }
+            pushes.push((
+                spec.parent.clone(),
+                share(spec, &node.subtree),
+                Slot::Child(name.clone()),
+            ));
+        }
+        let mut root = OrderNode::new();
+        for (parent, s, slot) in pushes {
+            let at = if parent.is_empty() {
+                &mut root
+            } else {
+                nodes.entry(parent).or_insert_with(OrderNode::new)
+            };
+            at.slots.push(Reverse((s, slot)));
+        }
+        nodes.insert(String::new(), root);
+        while let Some(item) = self.take_fairest(&mut nodes) {
+            out.push(item);
         }
         out
+    }
+
+    /// The next group of a fair order: down from the root along the lowest slots, then
+    /// the taken group's charge added along the path and each slot pushed back while it
+    /// still has groups. `None` once every group is taken.
+    fn take_fairest<T>(&self, nodes: &mut BTreeMap<String, OrderNode<T>>) -> Option<T> {
+        use std::cmp::Reverse;
+        let mut path: Vec<(String, Slot)> = Vec::new();
+        let mut at = String::new();
+        let (charge, item) = loop {
+            let node = nodes.get_mut(&at)?;
+            let Reverse((_, slot)) = node.slots.pop()?;
+            path.push((at.clone(), slot.clone()));
+            match slot {
+                Slot::Own => break node.own.pop_front()?,
+                Slot::Child(c) => at = c,
+            }
+        };
+        if let Some(node) = nodes.get_mut(&at) {
+            node.own_usage = node.own_usage.saturating_add(&charge);
+        }
+        for (_, slot) in &path {
+            if let Slot::Child(c) = slot {
+                if let Some(node) = nodes.get_mut(c) {
+                    node.subtree = node.subtree.saturating_add(&charge);
+                }
+            }
+        }
+        for (parent, slot) in path.into_iter().rev() {
+            let again = match &slot {
+                Slot::Own => nodes.get(&parent).and_then(|n| {
+                    let spec = self.specs.get(&parent)?;
+                    (!n.own.is_empty()).then(|| share(spec, &n.own_usage))
+                }),
+                Slot::Child(c) => nodes.get(c).and_then(|n| {
+                    let spec = self.specs.get(c)?;
+                    (!n.slots.is_empty()).then(|| share(spec, &n.subtree))
+                }),
+            };
+            if let (Some(s), Some(node)) = (again, nodes.get_mut(&parent)) {
+                node.slots.push(Reverse((s, slot)));
+            }
+        }
+        Some(item)
     }
 }
 
@@ -418,39 +520,71 @@ mod tests {
         assert!(parent.contains("child queue a"), "{parent}");
     }
 
-    /// The fair order as its definition reads, recomputing every share at each pick.
+    /// The fair order as its definition reads, recomputing every share at each pick: from
+    /// the top, the lowest of the children with a group left in their subtree (by the
+    /// subtree's usage) and the queue's own groups (by their own usage), ties to the
+    /// child's name and own groups last.
     fn reference_order(q: &Queues, groups: &[(String, Resources, u32)]) -> Vec<u32> {
+        let known = |queue: &str| !queue.is_empty() && q.spec(queue).is_some();
         let mut out: Vec<u32> = groups
             .iter()
-            .filter(|(queue, _, _)| queue.is_empty() || q.spec(queue).is_none())
+            .filter(|(queue, _, _)| !known(queue))
             .map(|(_, _, id)| *id)
             .collect();
-        let mut taken = vec![false; groups.len()];
-        for (i, (queue, _, _)) in groups.iter().enumerate() {
-            taken[i] = queue.is_empty() || q.spec(queue).is_none();
-        }
+        let mut taken: Vec<bool> = groups.iter().map(|(queue, _, _)| !known(queue)).collect();
+        let below = |queue: &str, top: &str| q.chain(queue).any(|s| s.name == top);
+        let own_usage = |name: &str| {
+            let children = q
+                .specs()
+                .filter(|s| s.parent == name)
+                .fold(Resources::zero(), |acc, s| {
+                    acc.saturating_add(&q.usage(&s.name))
+                });
+            q.usage(name).saturating_sub(&children)
+        };
         loop {
-            let mut best: Option<(Share, String, usize)> = None;
-            for spec in q.specs() {
-                let Some(head) = (0..groups.len()).find(|&i| !taken[i] && groups[i].0 == spec.name)
-                else {
-                    continue;
-                };
-                let mut used = q.usage(&spec.name);
-                for (i, (queue, charge, _)) in groups.iter().enumerate() {
-                    if taken[i] && *queue == spec.name {
-                        used = used.saturating_add(charge);
+            let mut at = String::new();
+            let head = loop {
+                let mut best: Option<(Share, Slot)> = None;
+                for spec in q.specs().filter(|s| s.parent == at) {
+                    if !(0..groups.len()).any(|i| !taken[i] && below(&groups[i].0, &spec.name)) {
+                        continue;
+                    }
+                    let mut used = q.usage(&spec.name);
+                    for (i, (queue, charge, _)) in groups.iter().enumerate() {
+                        if taken[i] && known(queue) && below(queue, &spec.name) {
+                            used = used.saturating_add(charge);
+                        }
+                    }
+                    let cand = (share(spec, &used), Slot::Child(spec.name.clone()));
+                    if best.as_ref().is_none_or(|b| cand < *b) {
+                        best = Some(cand);
                     }
                 }
-                let s = share(spec, &used);
-                let better = best
-                    .as_ref()
-                    .is_none_or(|(bs, bn, _)| (s, &spec.name) < (*bs, bn));
-                if better {
-                    best = Some((s, spec.name.clone(), head));
+                if let Some(spec) = q.spec(&at) {
+                    let own_head = (0..groups.len()).find(|&i| !taken[i] && groups[i].0 == at);
+                    if own_head.is_some() {
+                        let mut used = own_usage(&at);
+                        for (i, (queue, charge, _)) in groups.iter().enumerate() {
+                            if taken[i] && *queue == at {
+                                used = used.saturating_add(charge);
+                            }
+                        }
+                        let cand = (share(spec, &used), Slot::Own);
+                        if best.as_ref().is_none_or(|b| cand < *b) {
+                            best = Some(cand);
+                        }
+                    }
                 }
-            }
-            let Some((_, _, head)) = best else {
+                match best {
+                    None => break None,
+                    Some((_, Slot::Own)) => {
+                        break (0..groups.len()).find(|&i| !taken[i] && groups[i].0 == at)
+                    }
+                    Some((_, Slot::Child(c))) => at = c,
+                }
+            };
+            let Some(head) = head else {
                 return out;
             };
             taken[head] = true;
@@ -458,21 +592,25 @@ mod tests {
         }
     }
 
-    fn arb_queues() -> impl Strategy<Value = (Vec<(u32, u64, u64)>, Vec<(u8, u64, u64)>)> {
+    /// Queues (weight, min cores, cores used, parent pick) and groups (queue, cores,
+    /// pods). Queue i's parent is queue `pick % (i + 1)`, or none when that is i itself.
+    fn arb_queues() -> impl Strategy<Value = (Vec<(u32, u64, u64, u8)>, Vec<(u8, u64, u64)>)> {
         (
-            prop::collection::vec((1u32..4, 0u64..6, 0u64..4), 1..5),
-            prop::collection::vec((0u8..6, 1u64..4, 0u64..3), 0..30),
+            prop::collection::vec((1u32..4, 0u64..6, 0u64..4, 0u8..8), 1..7),
+            prop::collection::vec((0u8..8, 1u64..4, 0u64..3), 0..30),
         )
     }
 
     proptest::proptest! {
-        /// The fair order matches its definition over random queues (weights, mins,
-        /// usage) and groups (charges), groups without a queue included.
+        /// The fair order matches its definition over random trees of queues (weights,
+        /// mins, usage) and groups (charges), groups without a queue included.
         #[test]
         fn the_fair_order_matches_the_reference((qs, gs) in arb_queues()) {
             let mut q = Queues::default();
-            for (i, (weight, min, used)) in qs.iter().enumerate() {
-                let mut spec = queue(&format!("q{i}"), "", None);
+            for (i, (weight, min, used, pick)) in qs.iter().enumerate() {
+                let parent = usize::from(*pick) % (i + 1);
+                let parent = if parent == i { String::new() } else { format!("q{parent}") };
+                let mut spec = queue(&format!("q{i}"), &parent, None);
                 spec.weight = *weight;
                 if *min > 0 {
                     spec.min.set(&ResourceName::Cpu, min * 1_000);
@@ -495,6 +633,36 @@ mod tests {
             let fast = q.fair_order(groups.clone());
             proptest::prop_assert_eq!(fast, reference_order(&q, &groups));
         }
+    }
+
+    #[test]
+    fn siblings_share_fairly_inside_their_parent_before_the_parent_competes() {
+        // org (weight 1) holds a and b; solo (weight 1) is alone. org's subtree already
+        // uses 4 of its min 8; solo uses 2 of 8. a and b each use 2 of their min 4.
+        let mut q = Queues::default();
+        let with_min = |name: &str, parent: &str, cores: u64| {
+            let mut s = queue(name, parent, None);
+            s.min.set(&ResourceName::Cpu, cores * 1_000);
+            s
+        };
+        q.put(&with_min("org", "", 8)).expect("org");
+        q.put(&with_min("solo", "", 8)).expect("solo");
+        q.put(&with_min("a", "org", 4)).expect("a");
+        q.put(&with_min("b", "org", 4)).expect("b");
+        q.charge("a", &cpu(2));
+        q.charge("b", &cpu(2));
+        q.charge("solo", &cpu(2));
+        let groups: Vec<(String, Resources, &str)> = vec![
+            ("a".into(), cpu(2), "a1"),
+            ("a".into(), cpu(2), "a2"),
+            ("b".into(), cpu(2), "b1"),
+            ("solo".into(), cpu(2), "s1"),
+            ("solo".into(), cpu(2), "s2"),
+        ];
+        // solo 2/8 < org 4/8: s1 (solo 4/8 ties org, name order: org). Inside org a and
+        // b tie at 2/4: a1 (org 6/8, a 4/4). solo 4/8 < 6/8: s2 (6/8, ties, org first).
+        // Inside org, b 2/4 < a 4/4: b1. Then a2.
+        assert_eq!(q.fair_order(groups), vec!["s1", "a1", "s2", "b1", "a2"]);
     }
 
     #[test]
