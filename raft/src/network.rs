@@ -65,7 +65,11 @@ pub(crate) fn transport_client(
     pool: &PeerPool,
     channel: Channel,
 ) -> RaftTransportClient<InterceptedService<Channel, PeerCredentials>> {
+    // Forwarded reads answer with whole lists (every gang group, every node): the
+    // tonic default of 4 MiB refused them once a cluster grew.
     RaftTransportClient::with_interceptor(channel, PeerCredentials::of(&pool.security))
+        .max_decoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)
 }
 
 /// Adds `authorization: Bearer <token>` and the peer secret to every request (each
@@ -219,8 +223,8 @@ impl PeerLink {
                 ch.clone(),
                 self.credentials.clone(),
             )
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .max_encoding_message_size(64 * 1024 * 1024)),
+            .max_decoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)),
             Err(e) => Err(Unreachable::new(&LinkError(e.clone()))),
         }
     }

@@ -164,6 +164,18 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
             assert_eq!(out.reply, format!("v{i}").into_bytes());
         }
     }
+    // A reply past tonic's default 4 MiB comes back through a follower too (the
+    // forwarding client once kept that default and refused it).
+    let big = "x".repeat(6 << 20);
+    replicas[0]
+        .host
+        .write(1, format!("big={big}").into_bytes())
+        .await
+        .expect("write 6 MiB");
+    for r in &replicas {
+        let out = r.host.read(1, b"big".to_vec()).await.expect("read 6 MiB");
+        assert_eq!(out.reply.len(), big.len());
+    }
     // Identical state on every replica once all applied the same log.
     wait_until("equal state hashes", 10, || {
         let hashes: Vec<_> = replicas.iter().map(|r| r.host.status(true)).collect();
