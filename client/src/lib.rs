@@ -613,12 +613,16 @@ impl Client {
 
     /// Every queue with its usage and group counts, in name order.
     pub async fn queues(&self) -> Result<Vec<gangway_proto::admin::QueueStatus>, ClientError> {
+        Ok(self.queue_list().await?.queues)
+    }
+
+    /// Every queue with its usage, and the cluster capacity top-level queues lend in.
+    pub async fn queue_list(&self) -> Result<gangway_proto::admin::ListQueuesReply, ClientError> {
         let req = gangway_proto::admin::ListQueuesRequest {};
         Ok(QueuesClient::new(self.transport())
             .list_queues(req)
             .await?
-            .into_inner()
-            .queues)
+            .into_inner())
     }
 
     /// Every shard with its leader, voters and node count.

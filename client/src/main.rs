@@ -130,6 +130,10 @@ enum QueuesCommand {
         /// Ceilings, borrowing included, in the same form (a resource not named: no limit).
         #[arg(long, default_value = "", value_parser = parse_amounts)]
         max: Amounts,
+        /// Lending limits: how much of each `min` others may borrow while the queue is
+        /// idle, in the same form (a resource not named: all of it).
+        #[arg(long, default_value = "", value_parser = parse_amounts)]
+        lend: Amounts,
     },
     /// Delete a queue with no children and no gang group that has not ended.
     Delete {
@@ -498,6 +502,7 @@ async fn queues(
             weight,
             min,
             max,
+            lend,
         }) => {
             let spec = gangway_client::admin_api::QueueSpec {
                 name,
@@ -505,23 +510,32 @@ async fn queues(
                 weight,
                 min: min.0,
                 max: max.0,
+                lend: lend.0,
                 managed_by: String::new(),
             };
             let status = client.put_queue(spec).await?;
-            print_queues(&[status], output);
+            print_queues(&[status], &Default::default(), output);
         }
         Some(QueuesCommand::Delete { name }) => {
             client.delete_queue(&name).await?;
             println!("queue {name} deleted");
         }
-        None => print_queues(&client.queues().await?, output),
+        None => {
+            let list = client.queue_list().await?;
+            print_queues(&list.queues, &list.capacity, output)
+        }
     }
     Ok(())
 }
 
 /// Queues as a table (usage/max per resource named in min, max or usage; `-`: no
-/// limit) or as JSON.
-fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Output) {
+/// limit; the min, and what of it the queue lends when it names a limit), then the
+/// cluster's capacity when recorded; or as JSON.
+fn print_queues(
+    queues: &[gangway_client::admin_api::QueueStatus],
+    capacity: &std::collections::HashMap<String, String>,
+    output: Output,
+) {
     if let Output::Json = output {
         let list: Vec<_> = queues
             .iter()
@@ -529,7 +543,7 @@ fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Outpu
                 let spec = q.spec.clone().unwrap_or_default();
                 json!({
                     "name": spec.name, "parent": spec.parent, "weight": spec.weight,
-                    "min": spec.min, "max": spec.max, "usage": q.usage,
+                    "min": spec.min, "max": spec.max, "lend": spec.lend, "usage": q.usage,
                     "queued": q.queued, "admitted": q.admitted, "managedBy": spec.managed_by,
                 })
             })
@@ -556,9 +570,10 @@ fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Outpu
             .map(|n| {
                 let used = q.usage.get(*n).map_or("0", String::as_str);
                 let max = spec.max.get(*n).map_or("-", String::as_str);
-                match spec.min.get(*n) {
-                    Some(min) => format!("{n}={used}/{max} ({min})"),
-                    None => format!("{n}={used}/{max}"),
+                match (spec.min.get(*n), spec.lend.get(*n)) {
+                    (Some(min), Some(lend)) => format!("{n}={used}/{max} ({min}, lends {lend})"),
+                    (Some(min), None) => format!("{n}={used}/{max} ({min})"),
+                    (None, _) => format!("{n}={used}/{max}"),
                 }
             })
             .collect();
@@ -576,6 +591,11 @@ fn print_queues(queues: &[gangway_client::admin_api::QueueStatus], output: Outpu
             q.admitted,
             cells.join(" ")
         );
+    }
+    if !capacity.is_empty() {
+        let mut cells: Vec<String> = capacity.iter().map(|(n, a)| format!("{n}={a}")).collect();
+        cells.sort();
+        println!("cluster capacity: {}", cells.join(" "));
     }
 }
 

@@ -29,6 +29,7 @@ fn queue(name: &str, parent: &str, max: &[(&str, &str)]) -> QueueSpec {
         weight: 1,
         min: HashMap::new(),
         max: amounts(max),
+        lend: HashMap::new(),
         managed_by: String::new(),
     }
 }
@@ -331,4 +332,91 @@ async fn a_queue_reclaims_its_guarantee_from_a_borrower_whole_gangs_youngest_fir
         assert!(Instant::now() < deadline, "missing {missing:?} in\n{body}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A lending limit keeps part of an idle queue's guarantee free of borrowers: with A
+/// (min 8, lending 4) idle, B borrows only A's lendable 4 and then waits, saying why;
+/// A's first gang is placed at once, evicting nothing; A's next, still within its
+/// min, reclaims what B borrowed (the youngest of B's gangs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lending_limit_keeps_part_of_an_idle_guarantee_free_of_borrowers() {
+    let c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 2, 2, "4").await; // 16 cpu over four nodes on two shards
+    let mut a = guaranteed("a", "8", "16");
+    a.lend = amounts(&[("cpu", "4")]);
+    let put = cl.put_queue(a).await.expect("a");
+    assert_eq!(
+        put.spec.expect("spec").lend.get("cpu").map(String::as_str),
+        Some("4")
+    );
+    cl.put_queue(guaranteed("b", "8", "16")).await.expect("b");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = cl.queue_list().await.expect("list queues");
+        if list.capacity.get("cpu").map(String::as_str) == Some("16") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster's capacity was not recorded: {:?}",
+            list.capacity
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let too_much = QueueSpec {
+        lend: amounts(&[("cpu", "9")]),
+        ..guaranteed("c", "8", "16")
+    };
+    let (code_of, message) = code(cl.put_queue(too_much).await.expect_err("lend above min"));
+    assert_eq!(code_of, tonic::Code::InvalidArgument);
+    assert!(
+        message.starts_with("queue.lend.cpu: 9 is above min 8"),
+        "{message}"
+    );
+
+    let mut b = Vec::new();
+    for i in 0..3 {
+        let s = cl
+            .submit(into("b", &format!("b{i}"), 2, "2"))
+            .await
+            .expect("b");
+        wait_state(&cl, s.id, "Placed", Duration::from_secs(10)).await;
+        b.push(s.id);
+    }
+    let b3 = cl.submit(into("b", "b3", 2, "2")).await.expect("b3");
+    waiting(
+        &cl,
+        b3.id,
+        "queue b would borrow cpu that lending limits keep: 4 asked, 12 used of the cluster's 16, 4 kept free (4 for a)",
+    )
+    .await;
+
+    let a0 = cl.submit(into("a", "a0", 2, "2")).await.expect("a0");
+    wait_state(&cl, a0.id, "Placed", Duration::from_secs(10)).await;
+    for id in &b {
+        let s = cl.get(*id).await.expect("get b");
+        assert_eq!(s.state, "Placed", "a's kept half needed no reclaim: {s:?}");
+    }
+
+    let a1 = cl.submit(into("a", "a1", 2, "2")).await.expect("a1");
+    wait_state(&cl, a1.id, "Placed", Duration::from_secs(15)).await;
+    let states: Vec<String> = futures::future::join_all(b.iter().map(|id| cl.get(*id)))
+        .await
+        .into_iter()
+        .map(|s| s.expect("get b").state)
+        .collect();
+    assert_eq!(
+        states,
+        ["Placed", "Placed", "Preempted"],
+        "within its min, a took back what b borrowed of its lendable part"
+    );
+    let q = usage(&cl).await;
+    assert_eq!(
+        (cpu_used(&q, "a"), cpu_used(&q, "b")),
+        ("8".into(), "8".into())
+    );
+    let on_ledgers: u32 = held(&cl).await.values().sum();
+    assert_eq!(on_ledgers, 8, "a0, a1, b0 and b1 hold two pods each");
 }

@@ -23,7 +23,7 @@ pub mod release;
 pub mod victims;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +47,11 @@ use assign::{assign, AssignOutcome, Assignment};
 use budgets::DisruptionBudgets;
 use metrics::{transaction_ended, Phase, PhaseTimer};
 
+/// Period between the coordinator's reads of the shards' capacity (recorded in meta
+/// when it changed: the pool top-level queues lend in), in ms.
+pub const CAPACITY_REFRESH_MS: u64 = 5_000;
+/// Longest a round waits for a shard's capacity, in ms (the round goes on without it).
+pub const CAPACITY_READ_TIMEOUT_MS: u64 = 250;
 /// Longest pause between the coordinator's rounds, in ms.
 pub const COORDINATOR_TICK_MS: u64 = 20;
 /// Period of rounds, in ms, while the last round found nothing to do (no group
@@ -94,6 +99,8 @@ pub struct Coordinator {
     preemptions_left: AtomicU32,
     /// The PodDisruptionBudgets victims are chosen by (filled by the Kubernetes ingest).
     budgets: Arc<DisruptionBudgets>,
+    /// When the shards' capacity was last read (ms; 0: never).
+    capacity_read_at_ms: AtomicU64,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -142,6 +149,7 @@ impl Coordinator {
             rounds: AtomicU32::new(0),
             preemptions_left: AtomicU32::new(0),
             budgets,
+            capacity_read_at_ms: AtomicU64::new(0),
         }
     }
 
@@ -206,6 +214,9 @@ impl Coordinator {
         self.preemptions_left
             .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
+        if let Err(e) = self.refresh_capacity().await {
+            tracing::debug!(error = %e, "cluster capacity not recorded this round");
+        }
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
             limit: GROUPS_PER_ROUND_MAX as u32,
@@ -257,6 +268,44 @@ impl Coordinator {
             }
         }
         Ok(activity)
+    }
+
+    /// Every [`CAPACITY_REFRESH_MS`], sums the shards' allocatable resources and records
+    /// the total in meta if it changed. A shard that cannot answer within
+    /// [`CAPACITY_READ_TIMEOUT_MS`] leaves the old record.
+    async fn refresh_capacity(&self) -> Result<(), GroupError> {
+        let now = now_ms();
+        let last = self.capacity_read_at_ms.load(Ordering::Relaxed);
+        if last != 0 && now < last.saturating_add(CAPACITY_REFRESH_MS) {
+            return Ok(());
+        }
+        self.capacity_read_at_ms.store(now, Ordering::Relaxed);
+        let reads = (1..=self.shards).map(|shard| async move {
+            let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
+            match tokio::time::timeout(Duration::from_millis(CAPACITY_READ_TIMEOUT_MS), read).await
+            {
+                Ok(Ok(ShardAnswer::Capacity { allocatable })) => Some(allocatable),
+                _ => None,
+            }
+        });
+        let mut total = crate::model::Resources::zero();
+        for read in join_all(reads).await {
+            // A shard that cannot answer now (an election, say) leaves the old record.
+            let Some(allocatable) = read else {
+                return Ok(());
+            };
+            total = total.saturating_add(&allocatable);
+        }
+        let recorded = match self.groups.meta_query_local(&MetaQuery::Capacity)? {
+            MetaReply::Capacity { capacity } => capacity,
+            _ => None,
+        };
+        if recorded.as_ref() != Some(&total) {
+            self.groups
+                .meta(&MetaCommand::NoteCapacity { capacity: total })
+                .await?;
+        }
+        Ok(())
     }
 
     /// The queued groups among `records` whose queues have no room for them now, with

@@ -49,6 +49,7 @@ pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
         },
         min: limits(&FieldPath::new("queue.min"), &api.min).map_err(invalid)?,
         max: limits(&FieldPath::new("queue.max"), &api.max).map_err(invalid)?,
+        lend: limits(&FieldPath::new("queue.lend"), &api.lend).map_err(invalid)?,
         managed_by: String::new(),
     };
     spec.validate(&FieldPath::new("queue")).map_err(invalid)?;
@@ -87,6 +88,7 @@ pub fn status_of(q: &QueueStatus) -> ApiQueueStatus {
             weight: q.spec.weight,
             min: quantities_of_limits(&q.spec.min),
             max: quantities_of_limits(&q.spec.max),
+            lend: quantities_of_limits(&q.spec.lend),
             managed_by: q.spec.managed_by.clone(),
         }),
         usage: quantities_of(&q.usage),
@@ -152,9 +154,18 @@ impl Queues for QueuesService {
             .await
             .map_err(|e| e.to_status())?
         {
-            MetaReply::Queues { queues } => Ok(Response::new(ListQueuesReply {
-                queues: queues.iter().map(status_of).collect(),
-            })),
+            MetaReply::Queues { queues } => {
+                let capacity = match self.groups.meta_query(&MetaQuery::Capacity).await {
+                    Ok(MetaReply::Capacity {
+                        capacity: Some(capacity),
+                    }) => quantities_of(&capacity),
+                    _ => Default::default(),
+                };
+                Ok(Response::new(ListQueuesReply {
+                    queues: queues.iter().map(status_of).collect(),
+                    capacity,
+                }))
+            }
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
     }

@@ -49,6 +49,7 @@ pub fn queue_of_elastic_quota(object: &Value) -> Result<QueueSpec, String> {
         weight: QUEUE_WEIGHT_DEFAULT,
         min: read("min")?,
         max: read("max")?,
+        lend: crate::model::queue::Limits::none(),
         managed_by: format!("ElasticQuota {namespace}/{name}"),
     };
     spec.validate(&FieldPath::new("queue"))

@@ -22,7 +22,7 @@ use crate::ledger::view::{IndexedView, LedgerView, NodeView};
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceTaint;
-use crate::model::{DeviceId, GangGroup, GangId, MemberKey, PodSpec, PodSummary};
+use crate::model::{DeviceId, GangGroup, GangId, MemberKey, PodSpec, PodSummary, Resources};
 
 /// A read-only question to a shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +112,9 @@ pub enum ShardQuery {
     /// The pools this shard offers, by node (empty for network-attached ones): what a
     /// new ingest leader compares with the ResourceSlices to withdraw the ones gone.
     OfferedPools,
+    /// The sum of every node's allocatable resources (cordoned and not ready ones too):
+    /// the shard's part of the cluster capacity queues lend in.
+    Capacity,
 }
 
 /// A Kubernetes victim of a committed preemption, as the evictor needs it.
@@ -190,6 +193,11 @@ pub struct UnboundMember {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardAnswer {
+    /// The shard's capacity ([`ShardQuery::Capacity`]).
+    Capacity {
+        /// Summed allocatable.
+        allocatable: Resources,
+    },
     /// The nodes asked for (empty: no such node).
     Nodes {
         /// Node and usage, in name order.
@@ -269,6 +277,11 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
         },
         ShardQuery::ListNodes => ShardAnswer::Nodes {
             nodes: ledger.nodes().cloned().collect(),
+        },
+        ShardQuery::Capacity => ShardAnswer::Capacity {
+            allocatable: ledger.nodes().fold(Resources::zero(), |sum, e| {
+                sum.saturating_add(&e.node.allocatable)
+            }),
         },
         ShardQuery::Plan {
             members,

@@ -217,6 +217,7 @@ fn team_queue() -> crate::model::QueueSpec {
         weight: 1,
         min: crate::model::queue::Limits::none(),
         max,
+        lend: crate::model::queue::Limits::none(),
         managed_by: String::new(),
     }
 }

@@ -196,6 +196,10 @@ pub struct QueueSpec {
     /// What it may use at most, borrowing included (a resource not named: no limit).
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub max: Limits,
+    /// How much of its `min` other queues may borrow while it is idle, per resource (a
+    /// resource not named: all of it). The rest of its `min` is kept free for it alone.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub lend: Limits,
     /// What keeps it: empty for the admin API, `ElasticQuota namespace/name` for a queue
     /// the Kubernetes ingest keeps from that object. Only its keeper changes or deletes it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -232,7 +236,35 @@ impl QueueSpec {
                 }
             }
         }
+        self.lend.validate(&path.child("lend"))?;
+        for (name, lend) in self.lend.iter() {
+            let entry = path.child("lend").key(&name.to_string());
+            match self.min.get(&name) {
+                None => {
+                    return Err(entry.error(format!(
+                        "min names no {name}; a queue lends only what it is guaranteed"
+                    )))
+                }
+                Some(min) if lend > min => {
+                    return Err(entry.error(format!(
+                        "{} is above min {}",
+                        Amount(&name, lend),
+                        Amount(&name, min)
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
         Ok(())
+    }
+
+    /// What of `resource` it keeps for itself alone: its `min` less what it lends (zero
+    /// when it names no lending limit for it).
+    pub fn unlendable(&self, resource: &ResourceName) -> u64 {
+        match (self.min.get(resource), self.lend.get(resource)) {
+            (Some(min), Some(lend)) => min.saturating_sub(lend),
+            _ => 0,
+        }
     }
 }
 
@@ -256,8 +288,42 @@ mod tests {
                 .expect("valid min"),
             max: Limits::from_quantities(&FieldPath::new("max"), &quantities(max))
                 .expect("valid max"),
+            lend: Limits::none(),
             managed_by: String::new(),
         }
+    }
+
+    #[test]
+    fn a_queue_lends_at_most_its_min_of_what_min_names() {
+        let mut ok = spec("team-a", &[("cpu", "8")], &[]);
+        ok.lend = Limits::from_quantities(&FieldPath::new("lend"), &quantities(&[("cpu", "3")]))
+            .expect("valid lend");
+        assert_eq!(ok.validate(&FieldPath::new("queue")), Ok(()));
+        assert_eq!(ok.unlendable(&ResourceName::Cpu), 5_000);
+        assert_eq!(
+            ok.unlendable(&ResourceName::Memory),
+            0,
+            "no min: nothing kept"
+        );
+        let mut above = ok.clone();
+        above.lend.set(&ResourceName::Cpu, 9_000);
+        let err = above
+            .validate(&FieldPath::new("queue"))
+            .expect_err("lend above min");
+        assert!(
+            err.to_string().contains("queue.lend.cpu") && err.to_string().contains("above min 8"),
+            "{err}"
+        );
+        let mut unnamed = ok;
+        unnamed.lend.set(&ResourceName::Memory, 1);
+        let err = unnamed
+            .validate(&FieldPath::new("queue"))
+            .expect_err("lend of a resource min does not name");
+        assert!(
+            err.to_string().contains("queue.lend.memory")
+                && err.to_string().contains("min names no memory"),
+            "{err}"
+        );
     }
 
     #[test]

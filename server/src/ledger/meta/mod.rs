@@ -213,6 +213,12 @@ pub enum MetaCommand {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         managed_by: String,
     },
+    /// Records the cluster's allocatable resources, the pool top-level queues lend in
+    /// (the coordinator sums the shards' and writes it when it changes).
+    NoteCapacity {
+        /// The sum over every shard's nodes.
+        capacity: Resources,
+    },
 }
 
 /// The meta group's answer.
@@ -328,6 +334,11 @@ pub enum MetaReply {
     QuotaRefusals {
         /// (group, why), in the order asked; groups that fit are left out.
         refusals: Vec<(GroupSeq, String)>,
+    },
+    /// The cluster's allocatable resources as recorded ([`MetaQuery::Capacity`]).
+    Capacity {
+        /// `None` until the coordinator first recorded it.
+        capacity: Option<Resources>,
     },
     /// Refused; the state is unchanged.
     Rejected {
@@ -449,6 +460,8 @@ pub enum MetaQuery {
         /// The groups.
         seqs: Vec<GroupSeq>,
     },
+    /// The cluster's allocatable resources as recorded (`MetaCommand::NoteCapacity`).
+    Capacity,
 }
 
 /// The meta group's replicated state.
@@ -584,7 +597,8 @@ impl MetaState {
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
             | MetaCommand::PutQueue { .. }
-            | MetaCommand::DeleteQueue { .. } => Vec::new(),
+            | MetaCommand::DeleteQueue { .. }
+            | MetaCommand::NoteCapacity { .. } => Vec::new(),
         }
     }
 
@@ -692,6 +706,12 @@ impl MetaState {
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
             MetaCommand::Batch { commands } => self.batch(commands),
             MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
+            MetaCommand::NoteCapacity { capacity } => {
+                self.queues.set_capacity(capacity.clone());
+                MetaReply::Capacity {
+                    capacity: Some(capacity.clone()),
+                }
+            }
             MetaCommand::PutQueue { queue }
                 if self.kept_by_another(&queue.name, &queue.managed_by) =>
             {
@@ -1046,6 +1066,9 @@ impl MetaState {
                     .iter()
                     .filter_map(|seq| Some((*seq, self.quota_refusal(*seq)?)))
                     .collect(),
+            },
+            MetaQuery::Capacity => MetaReply::Capacity {
+                capacity: self.queues.capacity().cloned(),
             },
             MetaQuery::StateCounts => {
                 let mut counts: BTreeMap<String, u64> = GroupState::NAMES

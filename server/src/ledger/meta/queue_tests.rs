@@ -31,6 +31,7 @@ fn queue(name: &str, parent: &str, max_cores: Option<u64>) -> QueueSpec {
         weight: 1,
         min: Limits::none(),
         max: limits(max_cores, None),
+        lend: crate::model::queue::Limits::none(),
         managed_by: String::new(),
     }
 }
@@ -725,4 +726,49 @@ fn only_a_queues_keeper_changes_or_deletes_it() {
         }),
         MetaReply::Queues { queues: Vec::new() }
     );
+}
+
+#[test]
+fn the_recorded_capacity_bounds_borrowing_past_a_lending_limit_and_survives_a_snapshot() {
+    let mut m = MetaState::new(1);
+    let mut lender = guaranteed("lender", 4, 8);
+    lender.lend = limits(Some(1), None);
+    put(&mut m, lender);
+    put(&mut m, queue("borrower", "", None));
+    assert_eq!(
+        m.query(&MetaQuery::Capacity),
+        MetaReply::Capacity { capacity: None }
+    );
+    let mut six = Resources::zero();
+    six.cpu_milli = 6_000;
+    assert_eq!(
+        m.apply(&MetaCommand::NoteCapacity {
+            capacity: six.clone()
+        }),
+        MetaReply::Capacity {
+            capacity: Some(six.clone())
+        }
+    );
+    // 6 cores, 3 of them kept for the lender: the borrower gets 3.
+    let first = submit(&mut m, group_in("borrower", "first", 3, 3));
+    txn_of(begin(&mut m, first));
+    let second = submit(&mut m, group_in("borrower", "second", 1, 1));
+    let refused = begin(&mut m, second);
+    assert!(
+        matches!(&refused, MetaReply::Rejected { kind: RejectionKind::NoRoom, reason }
+            if reason.contains("lending limits keep") && reason.contains("3 kept free (3 for lender)")),
+        "{refused:?}"
+    );
+    let copy: MetaState =
+        serde_json::from_slice(&serde_json::to_vec(&m).expect("snapshot")).expect("restore");
+    assert_eq!(copy, m);
+    assert_eq!(
+        copy.query(&MetaQuery::Capacity),
+        MetaReply::Capacity {
+            capacity: Some(six)
+        }
+    );
+    let within = submit(&mut m, group_in("lender", "own", 3, 3));
+    txn_of(begin(&mut m, within));
+    consistent(&m);
 }

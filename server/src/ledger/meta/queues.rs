@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::queue::{Amount, QUEUES_MAX, QUEUE_DEPTH_MAX};
-use crate::model::{FieldPath, QueueSpec, Resources};
+use crate::model::{FieldPath, QueueSpec, ResourceName, Resources};
 
 /// A queue as the API shows it: its spec and what it uses now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,10 @@ pub struct Queues {
     specs: BTreeMap<String, QueueSpec>,
     /// Name → the charges of its subtree's groups; an entry for every queue.
     usage: BTreeMap<String, Resources>,
+    /// The cluster's allocatable resources as the coordinator last recorded them: the
+    /// pool top-level queues share when lending limits apply. `None` until recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capacity: Option<Resources>,
 }
 
 impl Queues {
@@ -71,12 +75,28 @@ impl Queues {
         })
     }
 
-    /// Why charging `more` to queue `name` would pass some `max` on its chain, naming
-    /// the queue and resource; `None` when it fits.
+    /// Records the cluster's allocatable resources (`MetaCommand::NoteCapacity`).
+    pub fn set_capacity(&mut self, capacity: Resources) {
+        self.capacity = Some(capacity);
+    }
+
+    /// The cluster's allocatable resources as last recorded.
+    pub fn capacity(&self) -> Option<&Resources> {
+        self.capacity.as_ref()
+    }
+
+    /// Why charging `more` to queue `name` would pass some `max` on its chain, or make
+    /// it borrow what lending limits keep ([`Self::lending_refusal`]), naming the queue
+    /// and resource; `None` when it fits.
     pub fn refusal(&self, name: &str, more: &Resources) -> Option<String> {
         if more.is_zero() {
             return None;
         }
+        self.max_refusal(name, more)
+            .or_else(|| self.lending_refusal(name, more))
+    }
+
+    fn max_refusal(&self, name: &str, more: &Resources) -> Option<String> {
         self.chain(name).find_map(|q| {
             let after = self.usage(&q.name).saturating_add(more);
             q.max.first_exceeded(&after).map(|(resource, used, max)| {
@@ -95,6 +115,139 @@ impl Queues {
                 )
             })
         })
+    }
+
+    /// The resources some queue names a lending limit for, in name order.
+    fn lent_resources(&self) -> Vec<ResourceName> {
+        let mut out: Vec<ResourceName> = self
+            .specs
+            .values()
+            .flat_map(|q| q.lend.iter().map(|(r, _)| r))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The pool the children of `parent` ("" for the top) share of `resource`: the
+    /// parent's `max`, or for top-level queues the cluster's recorded capacity.
+    fn pool(&self, parent: &str, resource: &ResourceName) -> Option<u64> {
+        if parent.is_empty() {
+            self.capacity.as_ref().map(|c| c.get(resource))
+        } else {
+            self.specs.get(parent)?.max.get(resource)
+        }
+    }
+
+    /// What the children of `parent` ("" for the top) use of `resource`.
+    fn pool_usage(&self, parent: &str, resource: &ResourceName) -> u64 {
+        if parent.is_empty() {
+            self.specs
+                .values()
+                .filter(|q| q.parent.is_empty())
+                .map(|q| self.usage(&q.name).get(resource))
+                .sum()
+        } else {
+            self.usage(parent).get(resource)
+        }
+    }
+
+    /// What of `resource` must stay free for queue `name`'s subtree to claim its
+    /// unlendable guarantees, were `more` added to every queue in `grown`:
+    /// kept(q) = max(unlendable(q) − usage(q), Σ kept(children of q)).
+    fn kept(
+        &self,
+        name: &str,
+        resource: &ResourceName,
+        grown: &[&str],
+        more: u64,
+        children: &BTreeMap<&str, Vec<&str>>,
+    ) -> u64 {
+        let Some(spec) = self.specs.get(name) else {
+            return 0;
+        };
+        let mut used = self.usage(name).get(resource);
+        if grown.contains(&name) {
+            used = used.saturating_add(more);
+        }
+        let own = spec.unlendable(resource).saturating_sub(used);
+        let below: u64 = children
+            .get(name)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| self.kept(c, resource, grown, more, children))
+                    .sum()
+            })
+            .unwrap_or(0);
+        own.max(below)
+    }
+
+    /// Why charging `more` to queue `name` would borrow what lending limits keep. At
+    /// every level of its chain where the queue on the chain (`c`, under parent `p`)
+    /// would pass its `min` of a resource — it borrows there — and `p`'s pool is known
+    /// ([`Self::pool`]), what `p`'s children use, plus `more`, plus what every child of
+    /// `p` must keep free afterwards ([`Self::kept`]), must fit the pool. A queue
+    /// within its `min` is never refused here: if the room is gone, reclaim returns it.
+    pub fn lending_refusal(&self, name: &str, more: &Resources) -> Option<String> {
+        let lent = self.lent_resources();
+        if lent.is_empty() {
+            return None;
+        }
+        let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for q in self.specs.values() {
+            children
+                .entry(q.parent.as_str())
+                .or_default()
+                .push(q.name.as_str());
+        }
+        let grown: Vec<&str> = self.chain(name).map(|q| q.name.as_str()).collect();
+        for c in self.chain(name) {
+            for resource in &lent {
+                let asked = more.get(resource);
+                let used_by_c = self.usage(&c.name).get(resource);
+                let guaranteed = c.min.get(resource).unwrap_or(0);
+                if asked == 0 || used_by_c.saturating_add(asked) <= guaranteed {
+                    continue;
+                }
+                let Some(pool) = self.pool(&c.parent, resource) else {
+                    continue;
+                };
+                let siblings = children.get(c.parent.as_str()).cloned().unwrap_or_default();
+                let kept: Vec<(&str, u64)> = siblings
+                    .iter()
+                    .map(|s| (*s, self.kept(s, resource, &grown, asked, &children)))
+                    .filter(|(_, k)| *k > 0)
+                    .collect();
+                let kept_sum: u64 = kept.iter().map(|(_, k)| k).sum();
+                let used = self.pool_usage(&c.parent, resource);
+                // Nothing kept: the shards alone judge whether the cluster has room.
+                if kept_sum == 0 || used.saturating_add(asked).saturating_add(kept_sum) <= pool {
+                    continue;
+                }
+                let whose = if c.parent.is_empty() {
+                    format!("the cluster's {}", Amount(resource, pool))
+                } else {
+                    format!("queue {}'s max {}", c.parent, Amount(resource, pool))
+                };
+                let keepers: Vec<String> = kept
+                    .iter()
+                    .map(|(s, k)| format!("{} for {s}", Amount(resource, *k)))
+                    .collect();
+                let borrower = if c.name == name {
+                    format!("queue {name}")
+                } else {
+                    format!("queue {name}'s ancestor {}", c.name)
+                };
+                return Some(format!(
+                    "{borrower} would borrow {resource} that lending limits keep: {} asked, {} used of {whose}, {} kept free ({})",
+                    Amount(resource, asked),
+                    Amount(resource, used),
+                    Amount(resource, kept_sum),
+                    keepers.join(", ")
+                ));
+            }
+        }
+        None
     }
 
     /// Adds `amount` to queue `name`'s chain. The caller asked [`Self::refusal`] first.
@@ -230,6 +383,7 @@ impl Queues {
         charges: impl Iterator<Item = (&'a str, &'a Resources)>,
     ) -> BTreeMap<String, Resources> {
         let mut fresh = Self {
+            capacity: self.capacity.clone(),
             specs: self.specs.clone(),
             usage: self
                 .specs
@@ -461,6 +615,7 @@ mod tests {
             weight: 1,
             min: Limits::none(),
             max,
+            lend: crate::model::queue::Limits::none(),
             managed_by: String::new(),
         }
     }
@@ -688,6 +843,163 @@ mod tests {
             vec!["free", "l1", "l2", "h1", "h2"],
             "light (weight 2) stays below heavy's share 6/4 after taking 4 cores: 4/4/2"
         );
+    }
+
+    fn lender(name: &str, parent: &str, min_cores: u64, lend_cores: Option<u64>) -> QueueSpec {
+        let mut q = queue(name, parent, None);
+        q.min.set(&ResourceName::Cpu, min_cores * 1_000);
+        if let Some(l) = lend_cores {
+            q.lend.set(&ResourceName::Cpu, l * 1_000);
+        }
+        q
+    }
+
+    #[test]
+    fn a_borrower_never_takes_what_a_lending_limit_keeps() {
+        let mut q = Queues::default();
+        q.put(&lender("a", "", 8, Some(4))).expect("a");
+        q.put(&lender("b", "", 8, None)).expect("b");
+        assert_eq!(
+            q.refusal("b", &cpu(100)),
+            None,
+            "no capacity recorded: the top level has no pool"
+        );
+        q.set_capacity(cpu(16));
+        q.charge("b", &cpu(12));
+        let why = q.refusal("b", &cpu(1)).expect("a keeps 4 of its min 8");
+        assert_eq!(
+            why,
+            "queue b would borrow cpu that lending limits keep: 1 asked, 12 used of the cluster's 16, 4 kept free (4 for a)"
+        );
+        assert_eq!(q.refusal("a", &cpu(4)), None, "a claims what it kept");
+        assert_eq!(
+            q.refusal("a", &cpu(8)),
+            None,
+            "within its min a is never refused here: reclaim returns what b borrowed"
+        );
+        q.charge("a", &cpu(2));
+        assert!(q.refusal("b", &cpu(1)).is_some(), "2 still kept for a");
+        q.charge("a", &cpu(2));
+        q.refund("b", &cpu(1));
+        assert_eq!(q.refusal("b", &cpu(1)), None, "a's kept part is in use");
+    }
+
+    #[test]
+    fn a_parents_max_is_the_pool_its_children_lend_in() {
+        let mut q = Queues::default();
+        q.put(&queue("org", "", Some(10))).expect("org");
+        q.put(&lender("x", "org", 5, Some(0))).expect("x");
+        q.put(&queue("y", "org", None)).expect("y");
+        q.charge("y", &cpu(5));
+        let why = q.refusal("y", &cpu(1)).expect("x keeps all of its min");
+        assert!(
+            why.contains("5 used of queue org's max 10, 5 kept free (5 for x)"),
+            "{why}"
+        );
+        assert_eq!(q.refusal("x", &cpu(5)), None);
+    }
+
+    #[test]
+    fn a_guarantee_kept_deeper_in_the_tree_counts_at_every_level() {
+        // p (no min) holds a (min 8, lends nothing) and b (min 8); top-level t borrows.
+        let mut q = Queues::default();
+        q.put(&queue("p", "", None)).expect("p");
+        q.put(&lender("a", "p", 8, Some(0))).expect("a");
+        q.put(&lender("b", "p", 8, None)).expect("b");
+        q.put(&queue("t", "", None)).expect("t");
+        q.set_capacity(cpu(16));
+        assert_eq!(q.refusal("t", &cpu(8)), None);
+        q.charge("t", &cpu(8));
+        assert!(q.refusal("t", &cpu(1)).is_some(), "8 kept for a, inside p");
+        let why = q
+            .refusal("b", &cpu(1))
+            .expect("b is within its min, p is not");
+        assert!(
+            why.starts_with("queue b's ancestor p would borrow cpu"),
+            "{why}"
+        );
+        assert_eq!(q.refusal("a", &cpu(8)), None);
+    }
+
+    /// Flat queues on a cluster of `capacity` cores, each (min, lend or none) with the
+    /// mins fitting the cluster, and operations (queue, cores, charge or refund).
+    fn arb_lenders() -> impl Strategy<Value = (u64, Vec<(u64, Option<u64>)>, Vec<(u8, u64, bool)>)>
+    {
+        (8u64..24)
+            .prop_flat_map(|capacity| {
+                (
+                    Just(capacity),
+                    prop::collection::vec((0u64..8, prop::option::of(0u64..8)), 1..5),
+                    prop::collection::vec((0u8..5, 1u64..6, prop::bool::weighted(0.7)), 1..40),
+                )
+            })
+            .prop_filter("mins fit the cluster", |(capacity, qs, _)| {
+                qs.iter().map(|(min, _)| min).sum::<u64>() <= *capacity
+            })
+    }
+
+    proptest::proptest! {
+        /// Lending limits against their definition over flat queues on a cluster: an
+        /// admission that takes a queue past its `min` (borrowing) is refused exactly
+        /// when some unlendable part is unclaimed afterwards and what all use, plus it,
+        /// plus those parts would pass the capacity; one within `min` never is. After every
+        /// borrowing admission (made only where the cluster has room, as the shards
+        /// check), the unlendable parts not yet claimed are all free: borrowers never
+        /// hold them (I8's second half; a queue within its min that finds them taken by
+        /// another's within-min claim reclaims from the borrowers).
+        #[test]
+        fn borrowers_never_hold_what_lending_limits_keep((capacity, qs, ops) in arb_lenders()) {
+            let mut q = Queues::default();
+            for (i, (min, lend)) in qs.iter().enumerate() {
+                let lend = lend.map(|l| l.min(*min));
+                let spec = if *min > 0 {
+                    lender(&format!("q{i}"), "", *min, lend)
+                } else {
+                    queue(&format!("q{i}"), "", None)
+                };
+                q.put(&spec).expect("queue");
+            }
+            q.set_capacity(cpu(capacity));
+            let cpu_of = |q: &Queues, name: &str| q.usage(name).get(&ResourceName::Cpu);
+            let total = |q: &Queues| -> u64 { q.specs().map(|s| cpu_of(q, &s.name)).sum() };
+            let unclaimed = |q: &Queues, grown: &str, more: u64| -> u64 {
+                q.specs()
+                    .map(|s| {
+                        let used = cpu_of(q, &s.name) + if s.name == grown { more } else { 0 };
+                        s.unlendable(&ResourceName::Cpu).saturating_sub(used)
+                    })
+                    .sum()
+            };
+            for (step, (qi, cores, charge)) in ops.into_iter().enumerate() {
+                let name = format!("q{}", usize::from(qi) % qs.len());
+                let asked = cores * 1_000;
+                if !charge {
+                    let mut back = Resources::zero();
+                    back.set(&ResourceName::Cpu, asked.min(cpu_of(&q, &name)));
+                    q.refund(&name, &back);
+                    continue;
+                }
+                let min = q.spec(&name).and_then(|s| s.min.get(&ResourceName::Cpu)).unwrap_or(0);
+                let borrows = cpu_of(&q, &name) + asked > min;
+                let kept_after = unclaimed(&q, &name, asked);
+                let expected_ok =
+                    !borrows || kept_after == 0 || total(&q) + asked + kept_after <= capacity * 1_000;
+                let refusal = q.refusal(&name, &cpu(cores));
+                proptest::prop_assert_eq!(
+                    refusal.is_none(), expected_ok,
+                    "step {}: {} asks {} cores: {:?}", step, name, cores, refusal
+                );
+                if refusal.is_none() && total(&q) + asked <= capacity * 1_000 {
+                    q.charge(&name, &cpu(cores));
+                    if borrows {
+                        proptest::prop_assert!(
+                            total(&q) + unclaimed(&q, "", 0) <= capacity * 1_000,
+                            "step {}: a borrower holds what lending limits keep", step
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
