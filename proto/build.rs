@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/gangway/admin/v1/admin.proto",
         "proto/gangway/v1/inventory.proto",
         "proto/gangway/v1/scheduler.proto",
+        "proto/deviceplugin/v1beta1/api.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

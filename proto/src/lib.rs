@@ -1,6 +1,7 @@
 //! gangway's wire types: generated tonic/prost code for the public API
-//! (`gangway.v1`), cluster administration (`gangway.admin.v1`) and the
-//! internal Raft transport (`gangway.raft.v1`). Generated at build time from
+//! (`gangway.v1`), cluster administration (`gangway.admin.v1`), the
+//! internal Raft transport (`gangway.raft.v1`) and the kubelet's device plugin
+//! API (`v1beta1`, for gangway-agent). Generated at build time from
 //! `proto/`; only `codec` is written by hand.
 
 pub mod codec;
@@ -13,6 +14,12 @@ pub mod v1 {
 /// Cluster administration served by every replica.
 pub mod admin {
     tonic::include_proto!("gangway.admin.v1");
+}
+
+/// The kubelet's device plugin API (`v1beta1`), which gangway-agent serves to and
+/// calls on Kubernetes device plugins.
+pub mod deviceplugin {
+    tonic::include_proto!("v1beta1");
 }
 
 /// Internal Raft transport between replicas.

@@ -4,6 +4,7 @@
 //! `serve` and `dev` are the process entry points, `observe` the HTTP
 //! endpoints and metrics, `bench` the benchmarks.
 
+pub mod agent;
 pub mod bench;
 pub mod bootstrap;
 pub mod config;

@@ -1,8 +1,10 @@
 //! The `gangway` binary: `serve` (one replica of a cluster), `dev` (the whole
-//! system in one process) and `bench` (benchmarks). Errors end the process
+//! system in one process), `agent` (a node agent for device plugins) and `bench`
+//! (benchmarks). Errors end the process
 //! with a one-line message and exit code 1.
 
 use clap::{Parser, Subcommand};
+use gangway_server::agent::{self, AgentArgs};
 use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::failover::FailoverBenchArgs;
@@ -33,6 +35,8 @@ enum Command {
     Serve(ServeArgs),
     /// Run the whole system in one process with a simulated fleet.
     Dev(DevArgs),
+    /// Run a node agent that Kubernetes device plugins register with (nodes without kubelets).
+    Agent(AgentArgs),
     /// Run a benchmark and print its figures.
     Bench {
         #[command(subcommand)]
@@ -67,6 +71,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let prometheus = observe::install_metrics()?;
             dev::run(args, Some(prometheus)).await
         }
+        Command::Agent(args) => agent::run(args, serve::shutdown_signal()).await,
         Command::Bench {
             which: Bench::Raft(args),
         } => bench::raft::run(args).await,

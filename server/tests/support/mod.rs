@@ -19,6 +19,7 @@ use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::{ListNodesRequest, NodeSpec, RegisterNodeRequest};
 use tonic::transport::{Channel, Endpoint};
 
+pub mod device_plugin;
 pub mod gangs;
 
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -823,11 +823,13 @@ impl MetaState {
             .partition(|r| r.state == GroupState::Queued);
         rest.sort_by_key(|r| r.order_key());
         queued.sort_by_key(|r| r.order_key());
+        // Lazy: only the groups this read takes are charged and ordered.
         let fair = self.queues.fair_order(
             queued
                 .into_iter()
-                .map(|r| (r.group.queue.clone(), r.charge_to_place(), r))
+                .map(|r| (r.group.queue.clone(), r))
                 .collect(),
+            |r| r.charge_to_place(),
         );
         let (mut actionable, mut waiting) = (0usize, 0usize);
         let mut out = Vec::new();

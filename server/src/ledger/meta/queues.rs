@@ -453,7 +453,7 @@ enum Slot {
 /// groups not yet taken, and its usage counting the groups taken so far.
 struct OrderNode<T> {
     slots: std::collections::BinaryHeap<std::cmp::Reverse<(Share, Slot)>>,
-    own: std::collections::VecDeque<(Resources, T)>,
+    own: std::collections::VecDeque<T>,
     subtree: Resources,
     own_usage: Resources,
 }
@@ -469,28 +469,52 @@ impl<T> OrderNode<T> {
     }
 }
 
+/// Queued groups in fair order ([`Queues::fair_order`]), computed as they are taken:
+/// a reader that stops early pays only for the groups it took.
+pub struct FairOrder<'a, T, F> {
+    queues: &'a Queues,
+    unqueued: std::vec::IntoIter<T>,
+    nodes: BTreeMap<String, OrderNode<T>>,
+    charge: F,
+}
+
+impl<T, F: Fn(&T) -> Resources> Iterator for FairOrder<'_, T, F> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        if let Some(item) = self.unqueued.next() {
+            return Some(item);
+        }
+        self.take_fairest()
+    }
+}
+
 impl Queues {
     /// Queued groups in the order a round takes them: groups without a queue first, as
     /// given; then hierarchical dominant-resource fairness — each next group is found by
     /// walking down from the top, at every queue taking the slot with the lowest
     /// [`share`]: a child queue by its subtree's usage, or the queue's own groups (one
     /// more slot) by what they alone use, usage counting what the groups already taken
-    /// would be charged. Within a queue, the order given (priority, then creation).
-    /// `groups` are (queue, charge to place, item) in within-queue order. Each pick pops
-    /// and pushes one slot per level: O(depth × log siblings).
-    pub fn fair_order<T>(&self, groups: Vec<(String, Resources, T)>) -> Vec<T> {
+    /// would be charged (`charge`, asked once per group taken). Within a queue, the
+    /// order given (priority, then creation). `groups` are (queue, item) in within-queue
+    /// order. Each pick pops and pushes one slot per level: O(depth × log siblings).
+    pub fn fair_order<T, F: Fn(&T) -> Resources>(
+        &self,
+        groups: Vec<(String, T)>,
+        charge: F,
+    ) -> FairOrder<'_, T, F> {
         use std::cmp::Reverse;
-        let mut out = Vec::with_capacity(groups.len());
+        let mut unqueued = Vec::new();
         let mut nodes: BTreeMap<String, OrderNode<T>> = BTreeMap::new();
-        for (queue, charge, item) in groups {
+        for (queue, item) in groups {
             if queue.is_empty() || !self.specs.contains_key(&queue) {
-                out.push(item);
+                unqueued.push(item);
             } else {
                 nodes
                     .entry(queue)
                     .or_insert_with(OrderNode::new)
                     .own
-                    .push_back((charge, item));
+                    .push_back(item);
             }
         }
         let lines: Vec<String> = nodes.keys().cloned().collect();
@@ -540,20 +564,26 @@ impl Queues {
             at.slots.push(Reverse((s, slot)));
         }
         nodes.insert(String::new(), root);
-        while let Some(item) = self.take_fairest(&mut nodes) {
-            out.push(item);
+        FairOrder {
+            queues: self,
+            unqueued: unqueued.into_iter(),
+            nodes,
+            charge,
         }
-        out
     }
+}
 
-    /// The next group of a fair order: down from the root along the lowest slots, then
-    /// the taken group's charge added along the path and each slot pushed back while it
-    /// still has groups. `None` once every group is taken.
-    fn take_fairest<T>(&self, nodes: &mut BTreeMap<String, OrderNode<T>>) -> Option<T> {
+impl<T, F: Fn(&T) -> Resources> FairOrder<'_, T, F> {
+    /// The next group: down from the root along the lowest slots, then the taken
+    /// group's charge added along the path and each slot pushed back while it still
+    /// has groups. `None` once every group is taken.
+    fn take_fairest(&mut self) -> Option<T> {
         use std::cmp::Reverse;
+        let nodes = &mut self.nodes;
+        let specs = &self.queues.specs;
         let mut path: Vec<(String, Slot)> = Vec::new();
         let mut at = String::new();
-        let (charge, item) = loop {
+        let item = loop {
             let node = nodes.get_mut(&at)?;
             let Reverse((_, slot)) = node.slots.pop()?;
             path.push((at.clone(), slot.clone()));
@@ -562,6 +592,7 @@ impl Queues {
                 Slot::Child(c) => at = c,
             }
         };
+        let charge = (self.charge)(&item);
         if let Some(node) = nodes.get_mut(&at) {
             node.own_usage = node.own_usage.saturating_add(&charge);
         }
@@ -575,11 +606,11 @@ impl Queues {
         for (parent, slot) in path.into_iter().rev() {
             let again = match &slot {
                 Slot::Own => nodes.get(&parent).and_then(|n| {
-                    let spec = self.specs.get(&parent)?;
+                    let spec = specs.get(&parent)?;
                     (!n.own.is_empty()).then(|| share(spec, &n.own_usage))
                 }),
                 Slot::Child(c) => nodes.get(c).and_then(|n| {
-                    let spec = self.specs.get(c)?;
+                    let spec = specs.get(c)?;
                     (!n.slots.is_empty()).then(|| share(spec, &n.subtree))
                 }),
             };
@@ -673,6 +704,19 @@ mod tests {
         assert!(busy.contains("1 gang groups"), "{busy}");
         let parent = q.delete("big", 0).expect_err("has a child");
         assert!(parent.contains("child queue a"), "{parent}");
+    }
+
+    /// The fair order of (queue, charge, item) groups, taken whole.
+    fn ordered<T>(q: &Queues, groups: Vec<(String, Resources, T)>) -> Vec<T> {
+        q.fair_order(
+            groups
+                .into_iter()
+                .map(|(queue, c, item)| (queue, (c, item)))
+                .collect(),
+            |(c, _)| c.clone(),
+        )
+        .map(|(_, item)| item)
+        .collect()
     }
 
     /// The fair order as its definition reads, recomputing every share at each pick: from
@@ -785,7 +829,7 @@ mod tests {
                     (name, charge, i as u32)
                 })
                 .collect();
-            let fast = q.fair_order(groups.clone());
+            let fast = ordered(&q, groups.clone());
             proptest::prop_assert_eq!(fast, reference_order(&q, &groups));
         }
     }
@@ -817,7 +861,7 @@ mod tests {
         // solo 2/8 < org 4/8: s1 (solo 4/8 ties org, name order: org). Inside org a and
         // b tie at 2/4: a1 (org 6/8, a 4/4). solo 4/8 < 6/8: s2 (6/8, ties, org first).
         // Inside org, b 2/4 < a 4/4: b1. Then a2.
-        assert_eq!(q.fair_order(groups), vec!["s1", "a1", "s2", "b1", "a2"]);
+        assert_eq!(ordered(&q, groups), vec!["s1", "a1", "s2", "b1", "a2"]);
     }
 
     #[test]
@@ -839,7 +883,7 @@ mod tests {
             ("".into(), cpu(9), "free"),
         ];
         assert_eq!(
-            q.fair_order(groups),
+            ordered(&q, groups),
             vec!["free", "l1", "l2", "h1", "h2"],
             "light (weight 2) stays below heavy's share 6/4 after taking 4 cores: 4/4/2"
         );

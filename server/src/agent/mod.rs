@@ -1,0 +1,341 @@
+//! `gangway agent`: a node agent for fleets without kubelets, which existing
+//! Kubernetes device plugins plug into unchanged.
+//!
+//! It registers its node through the Inventory API (labels, taints, and allocatable
+//! from flags or, for cpu and memory, from the host), renews the node lease with
+//! heartbeats, and serves the device plugin API's `Registration` service on a Unix
+//! socket (the kubelet's path by default). A plugin that registers is checked as the
+//! kubelet checks it (`registration`), its `GetDevicePluginOptions` is called before
+//! `Register` returns, and its `ListAndWatch` is forwarded to gangway as the node's
+//! device stream for that resource (`plugins`). Dependencies arrive through
+//! [`run`]; every task stops with its shutdown. Called by the `gangway` binary.
+
+pub mod plugins;
+pub mod registration;
+mod unix;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use gangway_client::Client;
+use gangway_proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use gangway_proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use gangway_proto::deviceplugin::{Empty, RegisterRequest};
+use gangway_proto::v1::{NodeSpec, Taint};
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use plugins::{Plugins, Upstream};
+
+/// The kubelet's device plugin directory, where plugins look for `kubelet.sock`.
+pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The registration socket's file name in that directory.
+pub const REGISTRATION_SOCKET: &str = "kubelet.sock";
+/// Heartbeats per lease: a lease of 40 s is renewed every 10 s.
+pub const HEARTBEATS_PER_LEASE: u64 = 4;
+/// Shortest pause between heartbeats, in ms.
+pub const HEARTBEAT_MIN_MS: u64 = 250;
+/// Time the agent waits for gangway at start before it gives up, in ms.
+pub const START_TIMEOUT_MS: u64 = 60_000;
+/// Pause between attempts to reach gangway at start or after a failure, in ms.
+pub const RECONNECT_PAUSE_MS: u64 = 500;
+
+/// `gangway agent` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// gangway replicas' gRPC addresses, comma-separated (any of them; the agent moves
+    /// to the next that answers when one fails).
+    #[arg(long = "server", required = true, value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Allocatable cpu (a Kubernetes quantity; default: this host's CPU count).
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Allocatable memory (a Kubernetes quantity; default: this host's MemTotal).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Allocatable pods.
+    #[arg(long, default_value = "110")]
+    pub pods: String,
+    /// A node label, `key=value` (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// A node taint, `key=value:Effect` or `key:Effect` (repeatable).
+    #[arg(long = "taint")]
+    pub taints: Vec<String>,
+    /// The device plugin directory: the agent serves `kubelet.sock` there and finds
+    /// each plugin's socket there.
+    #[arg(long, default_value = DEVICE_PLUGIN_DIR)]
+    pub device_plugin_dir: PathBuf,
+    /// How long the node lease lasts without a heartbeat, in ms (1,000 to 600,000).
+    #[arg(long, default_value_t = 40_000)]
+    pub lease_ms: u64,
+}
+
+/// Runs the agent until `shutdown` resolves.
+pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let node = node_spec(&args)?;
+    let name = node.name.clone();
+    let socket = args.device_plugin_dir.join(REGISTRATION_SOCKET);
+    let listener = unix::listen(&socket).with_context(|| {
+        format!(
+            "cannot listen on {} (--device-plugin-dir)",
+            socket.display()
+        )
+    })?;
+    let client = connect_at_start(&args.servers).await?;
+    client
+        .update_node(node.clone())
+        .await
+        .with_context(|| format!("gangway refused node {name}"))?;
+    println!(
+        "gangway agent: node {name} registered with gangway at {}",
+        client.addr()
+    );
+    println!("  device plugins register at {}", socket.display());
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let upstream = Upstream {
+        servers: args.servers.clone(),
+        node: name.clone(),
+    };
+    let plugins = Plugins::new(upstream, stop_rx.clone());
+    let service = RegistrationService {
+        dir: args.device_plugin_dir.clone(),
+        plugins: plugins.clone(),
+    };
+    let mut server_stop = stop_rx.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = server_stop.changed().await;
+            }),
+    );
+    let heartbeats = tokio::spawn(heartbeat(
+        args.servers.clone(),
+        node,
+        args.lease_ms,
+        stop_rx.clone(),
+    ));
+    shutdown.await;
+    println!("gangway agent: shutting down");
+    let _ = stop_tx.send(true);
+    plugins.stop_all();
+    let _ = heartbeats.await;
+    if let Ok(Err(e)) = server.await {
+        tracing::warn!(error = %e, "the registration service ended with an error");
+    }
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// The first replica that answers, trying for [`START_TIMEOUT_MS`].
+async fn connect_at_start(servers: &[String]) -> anyhow::Result<Client> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(START_TIMEOUT_MS);
+    loop {
+        match Client::connect(servers).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(e).with_context(|| {
+                    format!("no gangway replica answered within {START_TIMEOUT_MS} ms (--server)")
+                })
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "gangway not reachable yet");
+                tokio::time::sleep(Duration::from_millis(RECONNECT_PAUSE_MS)).await;
+            }
+        }
+    }
+}
+
+/// Renews the node lease every lease / [`HEARTBEATS_PER_LEASE`]; after a failure it
+/// reconnects (to the next replica that answers) and registers the node again, so a
+/// cluster that lost it (a new data dir) learns it back.
+async fn heartbeat(
+    servers: Vec<String>,
+    node: NodeSpec,
+    lease_ms: u64,
+    mut stop: watch::Receiver<bool>,
+) {
+    let period = Duration::from_millis((lease_ms / HEARTBEATS_PER_LEASE).max(HEARTBEAT_MIN_MS));
+    let mut client: Option<Client> = None;
+    loop {
+        if client.is_none() {
+            client = Client::connect(&servers).await.ok();
+        }
+        if let Some(c) = &client {
+            match c.heartbeat(&node.name, true, lease_ms).await {
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed; reconnecting");
+                    if c.update_node(node.clone()).await.is_err() {
+                        client = None;
+                    }
+                }
+            }
+        }
+        let pause = if client.is_some() {
+            period
+        } else {
+            Duration::from_millis(RECONNECT_PAUSE_MS)
+        };
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// The node as flags and the host describe it. Device plugin resources are not listed:
+/// their devices serve them.
+fn node_spec(args: &AgentArgs) -> anyhow::Result<NodeSpec> {
+    let name = match &args.node {
+        Some(n) => n.clone(),
+        None => host_name().context("no --node given and the host name is unknown")?,
+    };
+    let cpu = match &args.cpu {
+        Some(c) => c.clone(),
+        None => std::thread::available_parallelism()
+            .map(|n| n.get().to_string())
+            .context("no --cpu given and the host's CPU count is unknown")?,
+    };
+    let memory = match &args.memory {
+        Some(m) => m.clone(),
+        None => host_memory().context("no --memory given and /proc/meminfo has no MemTotal")?,
+    };
+    let mut labels = BTreeMap::new();
+    for pair in &args.labels {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--label {pair:?}: expected key=value"))?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let taints = args
+        .taints
+        .iter()
+        .map(|t| parse_taint(t))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(NodeSpec {
+        name,
+        labels: labels.into_iter().collect(),
+        taints,
+        allocatable: [
+            ("cpu".to_string(), cpu),
+            ("memory".to_string(), memory),
+            ("pods".to_string(), args.pods.clone()),
+        ]
+        .into_iter()
+        .collect(),
+        unschedulable: false,
+        not_ready: false,
+    })
+}
+
+/// `key=value:Effect` or `key:Effect`.
+fn parse_taint(text: &str) -> anyhow::Result<Taint> {
+    let (kv, effect) = text
+        .rsplit_once(':')
+        .with_context(|| format!("--taint {text:?}: expected key=value:Effect"))?;
+    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+    Ok(Taint {
+        key: key.to_string(),
+        value: value.to_string(),
+        effect: effect.to_string(),
+    })
+}
+
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim().to_lowercase();
+    (!name.is_empty()).then_some(name)
+}
+
+/// MemTotal from /proc/meminfo, as a quantity in bytes.
+fn host_memory() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((kib * 1024).to_string())
+}
+
+/// The device plugin API's `Registration`, as the kubelet serves it.
+struct RegistrationService {
+    dir: PathBuf,
+    plugins: Plugins,
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let r = request.into_inner();
+        registration::check(&r.version, &r.resource_name, &r.endpoint)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let path = self.dir.join(&r.endpoint);
+        let channel = unix::connect(&path).await.map_err(|e| {
+            Status::unavailable(format!(
+                "cannot reach the plugin at {}: {e}; serve before registering",
+                path.display()
+            ))
+        })?;
+        let mut plugin = DevicePluginClient::new(channel);
+        let options = plugin
+            .get_device_plugin_options(Empty {})
+            .await
+            .map_err(|e| {
+                Status::unavailable(format!("GetDevicePluginOptions failed: {}", e.message()))
+            })?
+            .into_inner();
+        self.plugins
+            .start(&r.resource_name, &r.endpoint, plugin, options);
+        Ok(Response::new(Empty {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> AgentArgs {
+        AgentArgs {
+            servers: vec!["127.0.0.1:1".into()],
+            node: Some("n1".into()),
+            cpu: Some("8".into()),
+            memory: None,
+            pods: "110".into(),
+            labels: vec!["zone=a".into()],
+            taints: vec!["gpu=true:NoSchedule".into(), "spot:PreferNoSchedule".into()],
+            device_plugin_dir: PathBuf::from(DEVICE_PLUGIN_DIR),
+            lease_ms: 40_000,
+        }
+    }
+
+    #[test]
+    fn the_node_comes_from_flags_and_the_host() {
+        let spec = node_spec(&args()).expect("spec");
+        assert_eq!(spec.allocatable.get("cpu").map(String::as_str), Some("8"));
+        let memory: u64 = spec.allocatable["memory"].parse().expect("bytes");
+        assert!(memory > 0, "MemTotal read from the host");
+        assert_eq!(spec.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(
+            (
+                spec.taints[1].key.as_str(),
+                spec.taints[1].value.as_str(),
+                spec.taints[1].effect.as_str()
+            ),
+            ("spot", "", "PreferNoSchedule")
+        );
+        let bad = AgentArgs {
+            labels: vec!["novalue".into()],
+            ..args()
+        };
+        let err = node_spec(&bad).expect_err("bad label");
+        assert!(err.to_string().contains("--label \"novalue\""), "{err}");
+    }
+}
