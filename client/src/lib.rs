@@ -455,6 +455,24 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// Reports what a node's device plugin answered for a member's devices (a node
+    /// agent calls it); the member's placement status shows it.
+    pub async fn report_allocation(
+        &self,
+        node: &str,
+        member: &str,
+        allocation: gangway_proto::v1::NodeAllocation,
+    ) -> Result<(), ClientError> {
+        InventoryClient::new(self.transport())
+            .report_allocation(gangway_proto::v1::ReportAllocationRequest {
+                node: node.to_string(),
+                member: member.to_string(),
+                allocation: Some(allocation),
+            })
+            .await?;
+        Ok(())
+    }
+
     fn transport(&self) -> Transport {
         self.with_token(self.channel.clone())
     }

@@ -71,7 +71,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let prometheus = observe::install_metrics()?;
             dev::run(args, Some(prometheus)).await
         }
-        Command::Agent(args) => agent::run(args, serve::shutdown_signal()).await,
+        Command::Agent(args) => {
+            let prometheus = observe::install_metrics()?;
+            agent::run(args, Some(prometheus), serve::shutdown_signal()).await
+        }
         Command::Bench {
             which: Bench::Raft(args),
         } => bench::raft::run(args).await,

@@ -23,10 +23,13 @@ const NODE: &str = "plugin-node";
 struct Agent {
     child: Child,
     log: std::path::PathBuf,
+    /// Its metrics address.
+    http: String,
 }
 
 impl Agent {
     fn start(c: &Cluster, dir: &Path) -> Agent {
+        let http = format!("127.0.0.1:{}", support::free_port());
         let servers: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
         let log = dir.join("agent.log");
         let out = std::fs::File::create(&log).expect("agent log");
@@ -36,13 +39,13 @@ impl Agent {
             .args(["--cpu", "8", "--memory", "32Gi", "--label", "zone=z1"])
             .arg("--device-plugin-dir")
             .arg(dir)
-            .args(["--lease-ms", "4000"])
+            .args(["--lease-ms", "4000", "--http", &http])
             .env("RUST_LOG", "info")
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
             .expect("start gangway agent");
-        Agent { child, log }
+        Agent { child, log, http }
     }
 
     fn log(&self) -> String {
@@ -127,13 +130,44 @@ fn gpu_gang(key: &str) -> SubmitGangGroupRequest {
     }
 }
 
+/// The member key of a one-member group's placement.
+fn member_of(s: &gangway_proto::v1::GangGroupStatus) -> String {
+    let p = &s.placements[0];
+    format!("{}/{}/{}", p.namespace, p.gang, p.member)
+}
+
+/// Waits until group `id` is placed and its placement shows the plugin's allocation.
+async fn allocated(cl: &Client, id: u64) -> gangway_proto::v1::GangGroupStatus {
+    wait_for(
+        "placed with the plugin's allocation",
+        Duration::from_secs(20),
+        async || {
+            cl.get(id)
+                .await
+                .ok()
+                .filter(|s| s.state == "Placed" && !s.placements[0].allocations.is_empty())
+        },
+    )
+    .await
+}
+
+/// The members the agent's checkpoint holds.
+fn checkpointed(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("gangway_agent_checkpoint")).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    json["entries"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_plugin_feeds_gangway_through_the_agent() {
     let c = Cluster::start(3, 1);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
     let cl = client(&c, 1).await;
     let dir = tempfile::tempdir().expect("plugin dir");
-    let mut agent = Agent::start(&c, dir.path());
+    let agent = Agent::start(&c, dir.path());
 
     // The agent registers the node from its flags.
     let info = wait_for("node registered", Duration::from_secs(20), async || {
@@ -143,10 +177,12 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
     let spec = info.node.clone().expect("spec");
     assert_eq!(spec.allocatable.get("cpu").map(String::as_str), Some("8"));
     assert_eq!(spec.labels.get("zone").map(String::as_str), Some("z1"));
-    assert!(
-        info.lease_until_ms > 0,
-        "heartbeats renew the lease: {info:?}"
-    );
+    wait_for(
+        "heartbeats renew the lease",
+        Duration::from_secs(10),
+        async || node(&cl).await.filter(|i| i.lease_until_ms > 0),
+    )
+    .await;
 
     // Registrations the kubelet would refuse are refused, naming the field.
     let bad = register(dir.path(), "bad.sock", "gpu")
@@ -188,14 +224,33 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         ]
     );
 
-    // A gang takes one healthy device; the device failing under it evicts it.
-    let g = cl.submit(gpu_gang("one")).await.expect("submit");
-    let placed = wait_for("placed", Duration::from_secs(20), async || {
-        cl.get(g.id).await.ok().filter(|s| s.state == "Placed")
-    })
-    .await;
-    let device = placed.placements[0].devices[0].device.clone();
+    // A gang takes one healthy device: Allocate is called with exactly that device,
+    // and its answer reaches the placement status and the checkpoint.
+    let one = cl.submit(gpu_gang("one")).await.expect("submit");
+    let one = allocated(&cl, one.id).await;
+    let device = one.placements[0].devices[0].device.clone();
     let id = device.to_uppercase();
+    let a = &one.placements[0].allocations[0];
+    assert_eq!(
+        (a.resource.as_str(), a.device_ids.clone()),
+        (RESOURCE, vec![id.clone()])
+    );
+    assert_eq!(a.envs.get("TEST_DEVICES"), Some(&id), "{a:?}");
+    assert_eq!(
+        *plugin.allocations.lock().expect("lock"),
+        [vec![id.clone()]]
+    );
+    assert_eq!(checkpointed(dir.path()), [member_of(&one)]);
+    let (code, body) = support::http_get(&agent.http, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(&format!(
+            "gangway_agent_allocations_total{{resource=\"{RESOURCE}\"}} 1"
+        )),
+        "{body}"
+    );
+
+    // The device fails under its pod: the holder is named for eviction.
     let mut list: Vec<(&str, bool)> = vec![
         ("DEV-0", true),
         ("DEV-1", true),
@@ -218,8 +273,7 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         },
     )
     .await;
-    let p = &placed.placements[0];
-    let holder = format!("{}/{}/{}", p.namespace, p.gang, p.member);
+    let holder = member_of(&one);
     wait_for(
         "the holder named for eviction",
         Duration::from_secs(10),
@@ -229,9 +283,16 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         },
     )
     .await;
+    let (_, body) = support::http_get(&agent.http, "/metrics").await;
+    assert!(
+        body.contains(&format!(
+            "gangway_agent_evictions_total{{resource=\"{RESOURCE}\"}} 1"
+        )),
+        "{body}"
+    );
 
-    // The plugin restarts: it registers again, the agent replaces the link, and the
-    // devices stay published; nothing placed is lost.
+    // The plugin restarts: it registers again, the agent replaces the link, the
+    // devices stay published, and nothing placed is allocated again or lost.
     plugin.stop().await;
     let plugin = TestPlugin::start(
         dir.path(),
@@ -251,23 +312,239 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         async || {
             node(&cl).await.filter(|i| {
                 i.agent == "Connected"
-                    && health(i).iter().all(|(_, bad)| !bad)
                     && i.devices.len() == 4
+                    && health(i).iter().all(|(_, bad)| !bad)
             })
         },
     )
     .await;
-    let again = cl.submit(gpu_gang("two")).await.expect("submit");
+    let two = cl.submit(gpu_gang("two")).await.expect("submit");
+    let two = allocated(&cl, two.id).await;
+    let two_id = two.placements[0].allocations[0].device_ids.clone();
+    assert_eq!(
+        *plugin.allocations.lock().expect("lock"),
+        [two_id.clone()],
+        "the restarted plugin allocates only the new member"
+    );
+
+    // The agent restarts (SIGKILL): its checkpoint keeps both allocations, so the
+    // plugin, registering again with the new agent, allocates nothing twice.
+    drop(agent);
+    let mut agent = Agent::start(&c, dir.path());
+    register(dir.path(), "vendor.sock", RESOURCE)
+        .await
+        .expect("the plugin registers with the restarted agent");
+    let three = cl.submit(gpu_gang("three")).await.expect("submit");
+    let three = allocated(&cl, three.id).await;
+    let three_id = three.placements[0].allocations[0].device_ids.clone();
+    assert_eq!(
+        *plugin.allocations.lock().expect("lock"),
+        [two_id, three_id]
+    );
+    let mut members = checkpointed(dir.path());
+    members.sort();
+    let mut expected = vec![member_of(&one), member_of(&two), member_of(&three)];
+    expected.sort();
+    assert_eq!(members, expected);
+
+    // A released member's devices are freed on the node and leave the checkpoint.
+    cl.release(one.id).await.expect("release");
     wait_for(
-        "placed after the restart",
+        "the released member's allocation collected",
         Duration::from_secs(20),
-        async || cl.get(again.id).await.ok().filter(|s| s.state == "Placed"),
+        async || (!checkpointed(dir.path()).contains(&member_of(&one))).then_some(()),
     )
     .await;
+    let info = node(&cl).await.expect("node");
+    assert!(
+        info.devices
+            .iter()
+            .filter(|d| d.name == device)
+            .all(|d| d.held_by.is_empty()),
+        "{info:?}"
+    );
+
+    // A report for a member not placed on the node is refused, naming why.
+    let wrong = cl
+        .report_allocation(
+            "other-node",
+            &member_of(&two),
+            gangway_proto::v1::NodeAllocation {
+                resource: RESOURCE.into(),
+                device_ids: vec!["DEV-0".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("placed elsewhere");
+    assert!(wrong.to_string().contains("is placed on node"), "{wrong}");
 
     // SIGTERM: the agent stops, removing its registration socket.
     let status = agent.terminate();
     assert!(status.success(), "{status:?}\n{}", agent.log());
     assert!(!dir.path().join("kubelet.sock").exists(), "{}", agent.log());
     plugin.stop().await;
+}
+
+/// A group of `members` members, each asking one device of the plugins' resource.
+fn gpu_gang_of(key: &str, members: u32) -> SubmitGangGroupRequest {
+    let mut g = gpu_gang(key);
+    g.gangs[0].min_member = members;
+    g.gangs[0].total_number = members;
+    g.gangs[0].members[0].count = members;
+    g
+}
+
+/// Three replicas and four agents, each with its own plugin of two devices: gangs
+/// are placed and released while one plugin restarts, and then while the replica the
+/// agents reached first is killed. Every placed member's devices
+/// are allocated by its node's plugin with exactly the devices gangway chose and
+/// reported in its status; each node's checkpoint holds exactly its placed members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_agents_allocate_what_gangway_places_while_a_plugin_restarts() {
+    let mut c = Cluster::start(3, 2);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 2).await;
+    let servers: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
+    let mut dirs = Vec::new();
+    let mut agents = Vec::new();
+    let mut plugins = Vec::new();
+    for i in 0..4 {
+        let dir = tempfile::tempdir().expect("dir");
+        let name = format!("node-{i}");
+        let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
+        let err = log.try_clone().expect("log");
+        let child = Command::new(support::gangway_bin())
+            .args(["agent", "--server", &servers.join(","), "--node", &name])
+            .args(["--cpu", "4", "--memory", "16Gi", "--lease-ms", "4000"])
+            .arg("--device-plugin-dir")
+            .arg(dir.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start agent");
+        agents.push(Agent {
+            child,
+            log: dir.path().join("agent.log"),
+            http: String::new(),
+        });
+        let plugin = TestPlugin::start(
+            dir.path(),
+            "vendor.sock",
+            RESOURCE,
+            &[(&format!("N{i}-A"), true), (&format!("N{i}-B"), true)],
+        )
+        .await;
+        plugins.push(plugin);
+        dirs.push(dir);
+    }
+    wait_for(
+        "eight devices on four nodes",
+        Duration::from_secs(30),
+        async || {
+            let nodes = cl.list_nodes(None).await.ok()?;
+            let devices: usize = nodes.iter().map(|n| n.devices.len()).sum();
+            (devices == 8 && nodes.iter().all(|n| n.agent == "Connected")).then_some(())
+        },
+    )
+    .await;
+
+    let mut live: Vec<u64> = Vec::new();
+    let mut every_allocation: Vec<(String, Vec<String>)> = Vec::new();
+    for round in 0..6u32 {
+        if round == 4 {
+            // The replica the agents reach first dies: they move to the next.
+            c.kill(1);
+            c.wait_ready(&[2, 3], Duration::from_secs(30)).await;
+        }
+        if round == 2 {
+            // Node 1's plugin restarts while groups are placed and come and go.
+            let old = plugins.remove(1);
+            old.stop().await;
+            plugins.insert(
+                1,
+                TestPlugin::start(
+                    dirs[1].path(),
+                    "vendor.sock",
+                    RESOURCE,
+                    &[("N1-A", true), ("N1-B", true)],
+                )
+                .await,
+            );
+        }
+        let g = cl
+            .submit(gpu_gang_of(&format!("g{round}"), 2))
+            .await
+            .expect("submit");
+        let s = wait_for(
+            "both members allocated",
+            Duration::from_secs(30),
+            async || {
+                cl.get(g.id).await.ok().filter(|s| {
+                    s.state == "Placed"
+                        && s.placements.len() == 2
+                        && s.placements.iter().all(|p| !p.allocations.is_empty())
+                })
+            },
+        )
+        .await;
+        for p in &s.placements {
+            let chosen: Vec<String> = p.devices.iter().map(|d| d.device.to_uppercase()).collect();
+            assert_eq!(p.allocations[0].device_ids, chosen, "{p:?}");
+            every_allocation.push((p.node.clone(), chosen));
+        }
+        live.push(g.id);
+        if live.len() > 2 {
+            let gone = live.remove(0);
+            cl.release(gone).await.expect("release");
+        }
+    }
+    // Each node's checkpoint holds exactly the members placed there now.
+    wait_for(
+        "checkpoints match the placements",
+        Duration::from_secs(20),
+        async || {
+            let mut expected: Vec<Vec<String>> = vec![Vec::new(); 4];
+            for id in &live {
+                let s = cl.get(*id).await.ok()?;
+                for p in &s.placements {
+                    let i: usize = p.node.strip_prefix("node-")?.parse().ok()?;
+                    expected[i].push(format!("{}/{}/{}", p.namespace, p.gang, p.member));
+                }
+            }
+            for e in &mut expected {
+                e.sort();
+            }
+            let actual: Vec<Vec<String>> = dirs
+                .iter()
+                .map(|d| {
+                    let mut m = checkpointed(d.path());
+                    m.sort();
+                    m
+                })
+                .collect();
+            (actual == expected).then_some(())
+        },
+    )
+    .await;
+    // Every Allocate a plugin (still running) saw was for devices of its own node
+    // that gangway chose.
+    for (i, plugin) in plugins.iter().enumerate() {
+        let node = format!("node-{i}");
+        for ids in plugin.allocations.lock().expect("lock").iter() {
+            assert!(
+                every_allocation
+                    .iter()
+                    .any(|(n, chosen)| *n == node && chosen == ids),
+                "node {node}'s plugin allocated {ids:?}, which gangway did not choose there"
+            );
+        }
+    }
+    for a in &mut agents {
+        assert!(a.terminate().success(), "{}", a.log());
+    }
+    for p in plugins {
+        p.stop().await;
+    }
 }

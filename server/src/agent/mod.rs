@@ -7,9 +7,12 @@
 //! socket (the kubelet's path by default). A plugin that registers is checked as the
 //! kubelet checks it (`registration`), its `GetDevicePluginOptions` is called before
 //! `Register` returns, and its `ListAndWatch` is forwarded to gangway as the node's
-//! device stream for that resource (`plugins`). Dependencies arrive through
+//! device stream for that resource (`plugins`). Devices gangway gives a member here
+//! are allocated through the plugin, checkpointed on disk and reported back to the
+//! member's placement status (`allocations`). Dependencies arrive through
 //! [`run`]; every task stops with its shutdown. Called by the `gangway` binary.
 
+pub mod allocations;
 pub mod plugins;
 pub mod registration;
 mod unix;
@@ -76,11 +79,28 @@ pub struct AgentArgs {
     /// How long the node lease lasts without a heartbeat, in ms (1,000 to 600,000).
     #[arg(long, default_value_t = 40_000)]
     pub lease_ms: u64,
+    /// Serve Prometheus metrics on `GET /metrics` (and `GET /healthz`) at this address;
+    /// none when left out.
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
 }
 
-/// Runs the agent until `shutdown` resolves.
-pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// Runs the agent until `shutdown` resolves; `prometheus` renders `/metrics` when
+/// `--http` is given.
+pub async fn run(
+    args: AgentArgs,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let node = node_spec(&args)?;
+    let http = match args.http {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--http)"))?,
+        ),
+        None => None,
+    };
     let name = node.name.clone();
     let socket = args.device_plugin_dir.join(REGISTRATION_SOCKET);
     let listener = unix::listen(&socket).with_context(|| {
@@ -89,6 +109,8 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow:
             socket.display()
         )
     })?;
+    let checkpoint_path = args.device_plugin_dir.join(allocations::CHECKPOINT_FILE);
+    let checkpoint = allocations::Checkpoint::load(&checkpoint_path)?;
     let client = connect_at_start(&args.servers).await?;
     client
         .update_node(node.clone())
@@ -99,6 +121,9 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow:
         client.addr()
     );
     println!("  device plugins register at {}", socket.display());
+    if let Some(l) = &http {
+        println!("  metrics at http://{}/metrics", l.local_addr()?);
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream {
@@ -118,6 +143,24 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow:
                 let _ = server_stop.changed().await;
             }),
     );
+    let allocator = tokio::spawn(allocations::run(
+        args.servers.clone(),
+        name.clone(),
+        plugins.clone(),
+        checkpoint_path,
+        checkpoint,
+        stop_rx.clone(),
+    ));
+    let metrics_server = http.map(|listener| {
+        let state = crate::observe::http::HttpState {
+            hosts: Vec::new(),
+            prometheus: prometheus.clone(),
+        };
+        let mut stop = stop_rx.clone();
+        tokio::spawn(crate::observe::http::serve(listener, state, async move {
+            let _ = stop.changed().await;
+        }))
+    });
     let heartbeats = tokio::spawn(heartbeat(
         args.servers.clone(),
         node,
@@ -129,6 +172,10 @@ pub async fn run(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow:
     let _ = stop_tx.send(true);
     plugins.stop_all();
     let _ = heartbeats.await;
+    let _ = allocator.await;
+    if let Some(server) = metrics_server {
+        let _ = server.await;
+    }
     if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "the registration service ended with an error");
     }
@@ -313,6 +360,7 @@ mod tests {
             taints: vec!["gpu=true:NoSchedule".into(), "spot:PreferNoSchedule".into()],
             device_plugin_dir: PathBuf::from(DEVICE_PLUGIN_DIR),
             lease_ms: 40_000,
+            http: None,
         }
     }
 

@@ -26,6 +26,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
+use crate::frontdoor::devices::device_name;
+
 /// Time gangway has to acknowledge a device report, in ms.
 pub const ACK_TIMEOUT_MS: u64 = 10_000;
 /// Attempts to deliver one device report before the link waits for the next change.
@@ -48,10 +50,27 @@ pub struct Upstream {
     pub node: String,
 }
 
-/// One registered plugin's task.
+/// Device name in gangway → the plugin's device id, as last listed.
+pub type DeviceIds = Arc<Mutex<BTreeMap<String, String>>>;
+
+/// One registered plugin's task, and what allocation needs of it.
 struct PluginLink {
     endpoint: String,
     task: JoinHandle<()>,
+    client: DevicePluginClient<Channel>,
+    options: DevicePluginOptions,
+    ids: DeviceIds,
+}
+
+/// What the allocation loop needs of a registered plugin.
+#[derive(Clone)]
+pub struct PluginHandle {
+    /// A client of its socket.
+    pub client: DevicePluginClient<Channel>,
+    /// What it offers.
+    pub options: DevicePluginOptions,
+    /// Its devices' ids by gangway device name.
+    pub ids: DeviceIds,
 }
 
 /// The registered plugins by resource name.
@@ -87,9 +106,19 @@ impl Plugins {
             pre_start = options.pre_start_required,
             "device plugin registered"
         );
+        // Registered at zero, so rates exist before the first event.
+        for name in [
+            "gangway_agent_evictions_total",
+            "gangway_agent_allocations_total",
+            "gangway_agent_allocation_failures_total",
+        ] {
+            metrics::counter!(name, "resource" => resource.to_string()).increment(0);
+        }
+        let ids = DeviceIds::default();
         let task = tokio::spawn(watch_plugin(
             resource.to_string(),
-            plugin,
+            plugin.clone(),
+            ids.clone(),
             self.upstream.clone(),
             self.stop.clone(),
         ));
@@ -98,6 +127,9 @@ impl Plugins {
             PluginLink {
                 endpoint: endpoint.to_string(),
                 task,
+                client: plugin,
+                options,
+                ids,
             },
         );
         if let Some(old) = old {
@@ -117,6 +149,18 @@ impl Plugins {
             .filter(|(_, l)| !l.task.is_finished())
             .map(|(r, l)| (r.clone(), l.endpoint.clone()))
             .collect()
+    }
+
+    /// The plugin registered for `resource`, while its link runs.
+    pub fn handle(&self, resource: &str) -> Option<PluginHandle> {
+        self.lock()
+            .get(resource)
+            .filter(|l| !l.task.is_finished())
+            .map(|l| PluginHandle {
+                client: l.client.clone(),
+                options: l.options.clone(),
+                ids: l.ids.clone(),
+            })
     }
 
     /// Stops every link (the agent's shutdown).
@@ -213,6 +257,7 @@ fn refused(status: &tonic::Status) -> bool {
 async fn watch_plugin(
     resource: String,
     mut plugin: DevicePluginClient<Channel>,
+    ids: DeviceIds,
     upstream: Upstream,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -230,6 +275,13 @@ async fn watch_plugin(
             _ = stop.changed() => return,
             answer = lists.message() => match answer {
                 Ok(Some(answer)) => {
+                    if let Ok(mut known) = ids.lock() {
+                        *known = answer
+                            .devices
+                            .iter()
+                            .map(|d| (device_name(&d.id), d.id.clone()))
+                            .collect();
+                    }
                     let report = report_of(&upstream.node, &resource, &answer);
                     deliver(&resource, &report, &upstream, &mut stream).await;
                     last = Some(report);

@@ -1094,6 +1094,7 @@ impl Coordinator {
                     devices: devices.remove(&m).unwrap_or_default(),
                     txn: Some(txn),
                     network_shards: Vec::new(),
+                    allocations: Vec::new(),
                 };
                 (m.to_string(), placement)
             })
@@ -1203,6 +1204,7 @@ fn placements(a: &Assignment, shards: u32) -> BTreeMap<String, Placement> {
                         } else {
                             (1..=shards).filter(|s| s != shard).collect()
                         },
+                        allocations: Vec::new(),
                     },
                 )
             })

@@ -7,9 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
 use gangway_proto::v1::{
-    DeviceInfo, DeviceListAck, DeviceListReport, GetNodeRequest, HeartbeatReply, HeartbeatRequest,
-    ListNodesReply, ListNodesRequest, NodeInfo, NodePod, NodeSpec, RegisterNodeReply,
-    RegisterNodeRequest, Taint,
+    AllocationDevice as ApiAllocationDevice, AllocationMount as ApiAllocationMount, DeviceInfo,
+    DeviceListAck, DeviceListReport, GetNodeRequest, HeartbeatReply, HeartbeatRequest,
+    ListNodesReply, ListNodesRequest, NodeAllocation as ApiNodeAllocation, NodeInfo, NodePod,
+    NodeSpec, RegisterNodeReply, RegisterNodeRequest, ReportAllocationReply,
+    ReportAllocationRequest, Taint,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -17,12 +19,13 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::ledger::devices::{AgentLink, DeviceHealth};
-use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply};
+use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply, RejectionKind};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
 use crate::model::device::DeviceId;
 use crate::model::node::RawTaint;
+use crate::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
 use crate::model::resources::RawQuantity;
 use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
@@ -310,9 +313,110 @@ pub async fn apply_op(groups: &Groups, shard: u32, op: LedgerOp) -> Result<Ledge
     }
 }
 
+/// The model's allocation from the API's.
+pub fn allocation_from_api(a: &ApiNodeAllocation) -> NodeAllocation {
+    NodeAllocation {
+        resource: a.resource.clone(),
+        device_ids: a.device_ids.clone(),
+        envs: a.envs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        mounts: a
+            .mounts
+            .iter()
+            .map(|m| AllocationMount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: a
+            .devices
+            .iter()
+            .map(|d| AllocationDevice {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
+        annotations: a
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        cdi_devices: a.cdi_devices.clone(),
+    }
+}
+
+/// The API's allocation from the model's.
+pub fn allocation_to_api(a: &NodeAllocation) -> ApiNodeAllocation {
+    ApiNodeAllocation {
+        resource: a.resource.clone(),
+        device_ids: a.device_ids.clone(),
+        envs: a.envs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        mounts: a
+            .mounts
+            .iter()
+            .map(|m| ApiAllocationMount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: a
+            .devices
+            .iter()
+            .map(|d| ApiAllocationDevice {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
+        annotations: a
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        cdi_devices: a.cdi_devices.clone(),
+    }
+}
+
 #[tonic::async_trait]
 impl Inventory for InventoryService {
     type ListAndWatchDevicesStream = ReceiverStream<Result<DeviceListAck, Status>>;
+
+    async fn report_allocation(
+        &self,
+        request: Request<ReportAllocationRequest>,
+    ) -> Result<Response<ReportAllocationReply>, Status> {
+        let r = request.into_inner();
+        if r.node.is_empty() {
+            return Err(Status::invalid_argument("node: must not be empty"));
+        }
+        if r.member.is_empty() {
+            return Err(Status::invalid_argument("member: must not be empty"));
+        }
+        let allocation = r
+            .allocation
+            .as_ref()
+            .map(allocation_from_api)
+            .ok_or_else(|| Status::invalid_argument("allocation: missing"))?;
+        allocation
+            .validate(&crate::model::FieldPath::new("allocation"))
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let cmd = MetaCommand::NoteNodeAllocation {
+            member: r.member,
+            node: r.node,
+            allocation,
+        };
+        match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::Group { .. } => Ok(Response::new(ReportAllocationReply {})),
+            MetaReply::Rejected { reason, kind } => Err(match kind {
+                RejectionKind::NotFound => Status::not_found(reason),
+                RejectionKind::Conflict => Status::failed_precondition(reason),
+                RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
+            }),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
 
     async fn heartbeat(
         &self,

@@ -264,6 +264,11 @@ pub fn status_of(r: &GroupSummary) -> GangGroupStatus {
                         device: d.device.device.clone(),
                     })
                     .collect(),
+                allocations: p
+                    .allocations
+                    .iter()
+                    .map(crate::frontdoor::inventory::allocation_to_api)
+                    .collect(),
             })
         })
         .collect();

@@ -730,6 +730,7 @@ impl World {
                                 } else {
                                     Vec::new()
                                 },
+                                allocations: Vec::new(),
                             },
                         )
                     })
@@ -1313,6 +1314,7 @@ impl World {
                     devices: Vec::new(),
                     txn: Some(txn),
                     network_shards: Vec::new(),
+                    allocations: Vec::new(),
                 };
                 (member, placement)
             })

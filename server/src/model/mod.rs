@@ -17,6 +17,7 @@ pub mod error;
 pub mod gang;
 pub mod names;
 pub mod node;
+pub mod node_allocation;
 pub mod pod;
 pub mod quantity;
 pub mod queue;

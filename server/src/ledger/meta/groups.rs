@@ -128,6 +128,10 @@ pub struct Placement {
     /// transaction (a release frees them there too; rule 15).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network_shards: Vec<u32>,
+    /// What the node's device plugins answered for the member's devices, one per
+    /// resource, as its node agent reported them (`MetaCommand::NoteNodeAllocation`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocations: Vec<crate::model::node_allocation::NodeAllocation>,
 }
 
 /// One device allocated to a placed member.

@@ -213,6 +213,16 @@ pub enum MetaCommand {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         managed_by: String,
     },
+    /// Records what a node's device plugin answered for a placed member's devices (its
+    /// node agent reports it); replaces the member's allocation for that resource.
+    NoteNodeAllocation {
+        /// The member, `namespace/gang/member`.
+        member: String,
+        /// The node reporting; the member must be placed there.
+        node: String,
+        /// The plugin's answer.
+        allocation: crate::model::node_allocation::NodeAllocation,
+    },
     /// Records the cluster's allocatable resources, the pool top-level queues lend in
     /// (the coordinator sums the shards' and writes it when it changes).
     NoteCapacity {
@@ -598,7 +608,8 @@ impl MetaState {
             | MetaCommand::NoteWaiting { .. }
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
-            | MetaCommand::NoteCapacity { .. } => Vec::new(),
+            | MetaCommand::NoteCapacity { .. }
+            | MetaCommand::NoteNodeAllocation { .. } => Vec::new(),
         }
     }
 
@@ -706,6 +717,11 @@ impl MetaState {
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
             MetaCommand::Batch { commands } => self.batch(commands),
             MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
+            MetaCommand::NoteNodeAllocation {
+                member,
+                node,
+                allocation,
+            } => self.note_node_allocation(member, node, allocation),
             MetaCommand::NoteCapacity { capacity } => {
                 self.queues.set_capacity(capacity.clone());
                 MetaReply::Capacity {
@@ -754,6 +770,74 @@ impl MetaState {
         }
         if g.reason != reason {
             g.reason = reason.to_string();
+            g.bump(&mut self.last_version);
+        }
+        MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        }
+    }
+
+    fn note_node_allocation(
+        &mut self,
+        member: &str,
+        node: &str,
+        allocation: &crate::model::node_allocation::NodeAllocation,
+    ) -> MetaReply {
+        use crate::model::node_allocation::ALLOCATIONS_PER_MEMBER_MAX;
+        if let Err(e) = allocation.validate(&crate::model::FieldPath::new("allocation")) {
+            return rejected(e.to_string());
+        }
+        let not_found = |why: String| MetaReply::Rejected {
+            reason: why,
+            kind: RejectionKind::NotFound,
+        };
+        let Some((gang, _)) = member.rsplit_once('/') else {
+            return rejected(format!("member: {member:?} is not namespace/gang/member"));
+        };
+        let Some(seq) = self.gang_owners.get(gang).copied() else {
+            return not_found(format!("member: no gang group holds gang {gang}"));
+        };
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return not_found(format!("member: no gang group holds gang {gang}"));
+        };
+        if let GroupState::Done { how } = g.state {
+            return conflict(format!(
+                "member: gang group {seq} of {member} has ended ({})",
+                GroupState::Done { how }.name()
+            ));
+        }
+        let Some(p) = g.placements.get_mut(member) else {
+            return not_found(format!("member: {member} is not placed"));
+        };
+        if p.node != node {
+            return conflict(format!(
+                "node: member {member} is placed on node {}, not {node}",
+                p.node
+            ));
+        }
+        let kept = p.allocations.len();
+        let changed = match p
+            .allocations
+            .iter_mut()
+            .find(|a| a.resource == allocation.resource)
+        {
+            Some(same) if same == allocation => false,
+            Some(other) => {
+                *other = allocation.clone();
+                true
+            }
+            None if kept >= ALLOCATIONS_PER_MEMBER_MAX => {
+                return rejected(format!(
+                    "allocation.resource: member {member} has allocations for {ALLOCATIONS_PER_MEMBER_MAX} resources, the most kept"
+                ))
+            }
+            None => {
+                p.allocations.push(allocation.clone());
+                p.allocations.sort_by(|a, b| a.resource.cmp(&b.resource));
+                true
+            }
+        };
+        if changed {
             g.bump(&mut self.last_version);
         }
         MetaReply::Group {

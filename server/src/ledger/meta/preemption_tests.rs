@@ -45,6 +45,7 @@ fn placements(name: &str, members: u32) -> BTreeMap<String, Placement> {
                 devices: Vec::new(),
                 txn: None,
                 network_shards: Vec::new(),
+                allocations: Vec::new(),
             };
             (format!("default/{name}/m{i}"), p)
         })
@@ -276,6 +277,7 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
                 devices: Vec::new(),
                 txn: None,
                 network_shards: Vec::new(),
+                allocations: Vec::new(),
             },
         )]),
     );

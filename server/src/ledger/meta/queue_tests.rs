@@ -93,6 +93,7 @@ fn placed(name: &str, members: &[u32]) -> BTreeMap<String, Placement> {
                     devices: Vec::new(),
                     txn: None,
                     network_shards: Vec::new(),
+                    allocations: Vec::new(),
                 },
             )
         })

@@ -56,6 +56,7 @@ fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Deci
             devices: Vec::new(),
             txn: None,
             network_shards: Vec::new(),
+            allocations: Vec::new(),
         },
     )]);
     match m.apply(&MetaCommand::Decide {
@@ -282,6 +283,7 @@ fn non_strict_members_accumulate_until_min_member() {
                 devices: Vec::new(),
                 txn: None,
                 network_shards: Vec::new(),
+                allocations: Vec::new(),
             },
         )]);
         m.apply(&MetaCommand::Decide {
@@ -313,6 +315,7 @@ fn non_strict_members_accumulate_until_min_member() {
             devices: Vec::new(),
             txn: None,
             network_shards: Vec::new(),
+            allocations: Vec::new(),
         },
     )]);
     m.apply(&MetaCommand::Decide {
@@ -1029,4 +1032,82 @@ fn submitted_pods_are_read_a_page_at_a_time_without_specs() {
     let expected: Vec<(GroupSeq, bool)> =
         with_uids.iter().map(|s| (*s, *s == with_uids[0])).collect();
     assert_eq!(read, expected);
+}
+
+#[test]
+fn a_node_agents_allocation_lands_on_its_members_placement_and_goes_with_it() {
+    use crate::model::node_allocation::NodeAllocation;
+    let mut m = MetaState::new(2);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let txn = begin(&mut m, seq, 0);
+    assert_eq!(decide(&mut m, txn, Decision::Commit, 0), Decision::Commit);
+    let allocation = |device: &str| NodeAllocation {
+        resource: "vendor.example/gpu".into(),
+        device_ids: vec![device.into()],
+        envs: [("VISIBLE".to_string(), device.to_string())].into(),
+        ..Default::default()
+    };
+    let note = |m: &mut MetaState, member: &str, node: &str, a: NodeAllocation| {
+        m.apply(&MetaCommand::NoteNodeAllocation {
+            member: member.into(),
+            node: node.into(),
+            allocation: a,
+        })
+    };
+    let version = state(&m, seq).version;
+    assert!(matches!(
+        note(&mut m, "default/a/m0", "n1", allocation("D0")),
+        MetaReply::Group { .. }
+    ));
+    let placed = state(&m, seq);
+    assert_eq!(
+        placed.placements["default/a/m0"].allocations,
+        [allocation("D0")]
+    );
+    assert!(placed.version > version, "watchers see the report");
+    // The same report again changes nothing; another for the resource replaces it.
+    note(&mut m, "default/a/m0", "n1", allocation("D0"));
+    assert_eq!(state(&m, seq).version, placed.version);
+    note(&mut m, "default/a/m0", "n1", allocation("D1"));
+    assert_eq!(
+        state(&m, seq).placements["default/a/m0"].allocations,
+        [allocation("D1")]
+    );
+    let elsewhere = note(&mut m, "default/a/m0", "n2", allocation("D0"));
+    assert!(
+        matches!(&elsewhere, MetaReply::Rejected { kind: RejectionKind::Conflict, reason } if reason.contains("placed on node n1, not n2")),
+        "{elsewhere:?}"
+    );
+    let unknown = note(&mut m, "default/zz/m0", "n1", allocation("D0"));
+    assert!(
+        matches!(
+            &unknown,
+            MetaReply::Rejected {
+                kind: RejectionKind::NotFound,
+                ..
+            }
+        ),
+        "{unknown:?}"
+    );
+    let empty = note(
+        &mut m,
+        "default/a/m0",
+        "n1",
+        NodeAllocation {
+            device_ids: Vec::new(),
+            ..allocation("D0")
+        },
+    );
+    assert!(
+        matches!(&empty, MetaReply::Rejected { reason, .. } if reason.starts_with("allocation.device_ids")),
+        "{empty:?}"
+    );
+    // Once the group has ended, no report lands on it.
+    m.apply(&MetaCommand::Release { seq, at_ms: 0 });
+    m.apply(&MetaCommand::ReleaseDone { seq, at_ms: 0 });
+    let after = note(&mut m, "default/a/m0", "n1", allocation("D0"));
+    assert!(
+        matches!(&after, MetaReply::Rejected { kind: RejectionKind::Conflict, reason } if reason.contains("has ended (Released)")),
+        "{after:?}"
+    );
 }

@@ -1,0 +1,423 @@
+//! Allocation on the node: when gangway places a member here with a device plugin's
+//! devices, the agent asks that plugin to allocate exactly those devices and reports
+//! its answer back, where the member's placement status shows it.
+//!
+//! How the agent learns placements: every [`ALLOCATION_POLL_MS`] it reads its own node
+//! (`GetNode`: one node, bounded) and groups the devices of each registered resource by
+//! the members holding them. A (member, resource) it has not allocated yet gets
+//! `GetPreferredAllocation` where the plugin offers it (logged when its preference
+//! differs: gangway's choice stands), then `Allocate` with gangway's device ids; the
+//! answer is written to the checkpoint (a JSON file in the device plugin directory,
+//! replaced atomically, like the kubelet's `kubelet_internal_checkpoint`) before it is
+//! reported (`ReportAllocation`). An entry whose member no longer holds the devices is
+//! removed (garbage collection), so a released member's devices are free on the node.
+//! Because the checkpoint survives restarts of the agent and the plugin, neither
+//! allocates a placed member twice. Called by the agent; stops with its shutdown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gangway_client::Client;
+use gangway_proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+    ContainerPreferredAllocationRequest, PreferredAllocationRequest,
+};
+use gangway_proto::v1::NodeInfo;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::plugins::{PluginHandle, Plugins};
+use crate::frontdoor::devices::driver_for;
+use crate::frontdoor::inventory::allocation_to_api;
+use crate::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
+
+/// Period between the agent's reads of its node's placements, in ms.
+pub const ALLOCATION_POLL_MS: u64 = 500;
+/// Time a plugin has to answer `Allocate` or `GetPreferredAllocation`, in ms.
+pub const ALLOCATE_TIMEOUT_MS: u64 = 30_000;
+/// The checkpoint's file name in the device plugin directory.
+pub const CHECKPOINT_FILE: &str = "gangway_agent_checkpoint";
+/// The checkpoint format this agent writes.
+const CHECKPOINT_VERSION: u32 = 1;
+
+/// Why the checkpoint cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// It cannot be read or written.
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// It does not parse, or is of another version.
+    #[error("checkpoint {path}: {detail}; move it away to start without it (allocations are then made again)")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// One allocation the node holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// What the plugin answered.
+    pub allocation: NodeAllocation,
+    /// Whether gangway has it.
+    pub reported: bool,
+}
+
+/// The allocations on this node, by member and resource, kept on disk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    version: u32,
+    /// member → resource → entry.
+    pub entries: BTreeMap<String, BTreeMap<String, Entry>>,
+}
+
+impl Checkpoint {
+    /// Reads the checkpoint at `path`; none there is an empty one.
+    pub fn load(path: &Path) -> Result<Self, CheckpointError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Self {
+                    version: CHECKPOINT_VERSION,
+                    entries: BTreeMap::new(),
+                })
+            }
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let cp: Self = serde_json::from_str(&text).map_err(|e| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        if cp.version != CHECKPOINT_VERSION {
+            return Err(CheckpointError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "version {} (this agent reads {CHECKPOINT_VERSION})",
+                    cp.version
+                ),
+            });
+        }
+        Ok(cp)
+    }
+
+    /// Writes it to `path` whole: a temporary file, synced, then renamed over the old.
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
+        use std::io::Write;
+        let io = |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let tmp = path.with_extension("tmp");
+        let text = serde_json::to_vec_pretty(self).map_err(|e| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        file.write_all(&text).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+}
+
+/// (member, resource) → the plugin's device ids gangway gave the member, sorted.
+pub type Held = BTreeMap<(String, String), Vec<String>>;
+
+/// What members hold of each registered resource on this node, by the plugin's ids.
+pub fn held(info: &NodeInfo, plugins: &Plugins) -> Held {
+    let mut out = Held::new();
+    for (resource, _) in plugins.registered() {
+        let (Some(driver), Some(plugin)) = (driver_for(&resource), plugins.handle(&resource))
+        else {
+            continue;
+        };
+        let ids = plugin.ids.lock().map(|m| m.clone()).unwrap_or_default();
+        for d in info.devices.iter().filter(|d| d.driver == driver) {
+            let Some(id) = ids.get(&d.name) else {
+                continue;
+            };
+            for member in &d.held_by {
+                out.entry((member.clone(), resource.clone()))
+                    .or_default()
+                    .push(id.clone());
+            }
+        }
+    }
+    for ids in out.values_mut() {
+        ids.sort();
+    }
+    out
+}
+
+/// Whether `member` still holds a device of `resource` on the node.
+fn still_holds(info: &NodeInfo, member: &str, resource: &str) -> bool {
+    let Some(driver) = driver_for(resource) else {
+        return false;
+    };
+    info.devices
+        .iter()
+        .any(|d| d.driver == driver && d.held_by.iter().any(|m| m == member))
+}
+
+/// The model's allocation from a plugin's answer for `ids`.
+pub fn allocation_of(
+    resource: &str,
+    ids: &[String],
+    answer: &ContainerAllocateResponse,
+) -> NodeAllocation {
+    NodeAllocation {
+        resource: resource.to_string(),
+        device_ids: ids.to_vec(),
+        envs: answer
+            .envs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        mounts: answer
+            .mounts
+            .iter()
+            .map(|m| AllocationMount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: answer
+            .devices
+            .iter()
+            .map(|d| AllocationDevice {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
+        annotations: answer
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        cdi_devices: answer.cdi_devices.iter().map(|c| c.name.clone()).collect(),
+    }
+}
+
+/// Asks `plugin` to allocate `ids` (its preference first, where offered).
+async fn allocate(
+    plugin: &PluginHandle,
+    resource: &str,
+    member: &str,
+    ids: &[String],
+) -> Result<NodeAllocation, String> {
+    let mut client = plugin.client.clone();
+    let limit = Duration::from_millis(ALLOCATE_TIMEOUT_MS);
+    if plugin.options.get_preferred_allocation_available {
+        let ask = PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: ids.to_vec(),
+                must_include_device_i_ds: ids.to_vec(),
+                allocation_size: i32::try_from(ids.len()).unwrap_or(i32::MAX),
+            }],
+        };
+        match tokio::time::timeout(limit, client.get_preferred_allocation(ask)).await {
+            Ok(Ok(r)) => {
+                let mut preferred: Vec<String> = r
+                    .into_inner()
+                    .container_responses
+                    .first()
+                    .map(|c| c.device_i_ds.clone())
+                    .unwrap_or_default();
+                preferred.sort();
+                if preferred != ids {
+                    tracing::info!(resource, member, ?preferred, chosen = ?ids, "the plugin prefers other devices; gangway's choice stands");
+                }
+            }
+            Ok(Err(e)) => tracing::debug!(resource, error = %e, "GetPreferredAllocation failed"),
+            Err(_) => tracing::debug!(resource, "GetPreferredAllocation timed out"),
+        }
+    }
+    let ask = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    };
+    let answer = tokio::time::timeout(limit, client.allocate(ask))
+        .await
+        .map_err(|_| format!("Allocate took longer than {ALLOCATE_TIMEOUT_MS} ms"))?
+        .map_err(|e| format!("Allocate failed: {}", e.message()))?
+        .into_inner();
+    let first = answer
+        .container_responses
+        .first()
+        .ok_or("Allocate answered no container response")?;
+    Ok(allocation_of(resource, ids, first))
+}
+
+/// The allocation loop, until `stop` fires.
+pub async fn run(
+    servers: Vec<String>,
+    node: String,
+    plugins: Plugins,
+    path: PathBuf,
+    mut checkpoint: Checkpoint,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut client: Option<Client> = None;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(Duration::from_millis(ALLOCATION_POLL_MS)) => {}
+        }
+        if client.is_none() {
+            client = Client::connect(&servers).await.ok();
+        }
+        let Some(c) = &client else {
+            continue;
+        };
+        let info = match c.get_node(&node).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the node's placements; reconnecting");
+                client = None;
+                continue;
+            }
+        };
+        let before = checkpoint.clone();
+        collect_garbage(&mut checkpoint, &info);
+        let now_held = held(&info, &plugins);
+        for ((member, resource), ids) in &now_held {
+            let known = checkpoint
+                .entries
+                .get(member)
+                .and_then(|r| r.get(resource))
+                .filter(|e| &e.allocation.device_ids == ids);
+            if known.is_some() {
+                continue;
+            }
+            let Some(plugin) = plugins.handle(resource) else {
+                continue;
+            };
+            match allocate(&plugin, resource, member, ids).await {
+                Ok(allocation) => {
+                    metrics::counter!("gangway_agent_allocations_total", "resource" => resource.clone())
+                        .increment(1);
+                    tracing::info!(resource, member, ?ids, "allocated");
+                    checkpoint
+                        .entries
+                        .entry(member.clone())
+                        .or_default()
+                        .insert(
+                            resource.clone(),
+                            Entry {
+                                allocation,
+                                reported: false,
+                            },
+                        );
+                    // On disk before gangway hears of it: a restart never allocates twice.
+                    if let Err(e) = checkpoint.save(&path) {
+                        tracing::error!(error = %e, "cannot write the checkpoint");
+                    }
+                }
+                Err(why) => {
+                    metrics::counter!("gangway_agent_allocation_failures_total", "resource" => resource.clone())
+                        .increment(1);
+                    tracing::warn!(resource, member, why, "allocation failed; trying again");
+                }
+            }
+        }
+        report_pending(c, &node, &mut checkpoint).await;
+        if checkpoint != before {
+            if let Err(e) = checkpoint.save(&path) {
+                tracing::error!(error = %e, "cannot write the checkpoint");
+            }
+        }
+    }
+}
+
+/// Drops the entries of members that no longer hold their devices here.
+fn collect_garbage(checkpoint: &mut Checkpoint, info: &NodeInfo) {
+    let mut gone: BTreeSet<(String, String)> = BTreeSet::new();
+    for (member, resources) in &checkpoint.entries {
+        for resource in resources.keys() {
+            if !still_holds(info, member, resource) {
+                gone.insert((member.clone(), resource.clone()));
+            }
+        }
+    }
+    for (member, resource) in gone {
+        tracing::info!(member, resource, "released: allocation removed");
+        if let Some(r) = checkpoint.entries.get_mut(&member) {
+            r.remove(&resource);
+            if r.is_empty() {
+                checkpoint.entries.remove(&member);
+            }
+        }
+    }
+}
+
+/// Reports every allocation gangway does not have yet. One that names a member no
+/// longer placed here is dropped from the report list (the next garbage collection
+/// removes it); one that fails for another reason is tried again next poll.
+async fn report_pending(client: &Client, node: &str, checkpoint: &mut Checkpoint) {
+    for (member, resources) in checkpoint.entries.iter_mut() {
+        for entry in resources.values_mut().filter(|e| !e.reported) {
+            let api = allocation_to_api(&entry.allocation);
+            match client.report_allocation(node, member, api).await {
+                Ok(()) => entry.reported = true,
+                Err(gangway_client::ClientError::Rpc(s))
+                    if matches!(
+                        s.code(),
+                        tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                    ) =>
+                {
+                    tracing::info!(
+                        member,
+                        why = s.message(),
+                        "not reported: the member is no longer placed here"
+                    );
+                    entry.reported = true;
+                }
+                Err(e) => tracing::debug!(member, error = %e, "allocation not reported yet"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checkpoint_survives_a_round_trip_and_refuses_what_it_cannot_read() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join(CHECKPOINT_FILE);
+        let mut cp = Checkpoint::load(&path).expect("none yet");
+        assert!(cp.entries.is_empty());
+        cp.entries.entry("ml/g/w-0".into()).or_default().insert(
+            "vendor.example/gpu".into(),
+            Entry {
+                allocation: NodeAllocation {
+                    resource: "vendor.example/gpu".into(),
+                    device_ids: vec!["DEV-1".into()],
+                    ..Default::default()
+                },
+                reported: true,
+            },
+        );
+        cp.save(&path).expect("save");
+        assert_eq!(Checkpoint::load(&path).expect("load"), cp);
+        std::fs::write(&path, "{not json").expect("write");
+        let err = Checkpoint::load(&path).expect_err("corrupt");
+        assert!(err.to_string().contains("move it away"), "{err}");
+    }
+}

@@ -1,0 +1,158 @@
+//! What a node's device plugin answered when its devices were given to a member: the
+//! container pieces (environment, mounts, device nodes, annotations, CDI devices) a
+//! batch framework needs to run the member there. gangway-agent reports one per
+//! member and device-plugin resource; the meta group keeps it with the member's
+//! placement, and the group's status shows it. Plain data with bounds, so a plugin's
+//! answer cannot grow the replicated state without limit. Called by the front door
+//! (validation), the meta group and the agent.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::error::{FieldPath, ValidationError};
+
+/// Most entries in each of an allocation's lists and maps.
+pub const ALLOCATION_ENTRIES_MAX: usize = 256;
+/// Longest string in an allocation.
+pub const ALLOCATION_TEXT_MAX: usize = 4_096;
+/// Most device-plugin resources one member reports allocations for.
+pub const ALLOCATIONS_PER_MEMBER_MAX: usize = 16;
+
+/// A bind mount a plugin asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationMount {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// Mounted read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A device node a plugin asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationDevice {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// cgroup permissions (`r`, `w`, `m`).
+    #[serde(default)]
+    pub permissions: String,
+}
+
+/// One device-plugin resource's allocation for one member on its node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocation {
+    /// The extended resource (`vendor.example/gpu`).
+    pub resource: String,
+    /// The plugin's ids of the devices allocated (those gangway chose).
+    pub device_ids: Vec<String>,
+    /// Environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub envs: BTreeMap<String, String>,
+    /// Bind mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<AllocationMount>,
+    /// Device nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<AllocationDevice>,
+    /// Container annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Fully qualified CDI device names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdi_devices: Vec<String>,
+}
+
+impl NodeAllocation {
+    /// Checks every bound, naming the field at fault.
+    pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
+        if self.resource.is_empty() {
+            return Err(path.child("resource").error("required"));
+        }
+        text(&path.child("resource"), &self.resource)?;
+        count(&path.child("device_ids"), self.device_ids.len())?;
+        if self.device_ids.is_empty() {
+            return Err(path.child("device_ids").error("at least one device"));
+        }
+        for id in &self.device_ids {
+            text(&path.child("device_ids"), id)?;
+        }
+        count(&path.child("envs"), self.envs.len())?;
+        count(&path.child("annotations"), self.annotations.len())?;
+        for (field, map) in [("envs", &self.envs), ("annotations", &self.annotations)] {
+            for (k, v) in map {
+                text(&path.child(field).key(k), k)?;
+                text(&path.child(field).key(k), v)?;
+            }
+        }
+        count(&path.child("mounts"), self.mounts.len())?;
+        for m in &self.mounts {
+            text(&path.child("mounts"), &m.container_path)?;
+            text(&path.child("mounts"), &m.host_path)?;
+        }
+        count(&path.child("devices"), self.devices.len())?;
+        for d in &self.devices {
+            text(&path.child("devices"), &d.container_path)?;
+            text(&path.child("devices"), &d.host_path)?;
+            text(&path.child("devices"), &d.permissions)?;
+        }
+        count(&path.child("cdi_devices"), self.cdi_devices.len())?;
+        for c in &self.cdi_devices {
+            text(&path.child("cdi_devices"), c)?;
+        }
+        Ok(())
+    }
+}
+
+fn count(path: &FieldPath, n: usize) -> Result<(), ValidationError> {
+    if n > ALLOCATION_ENTRIES_MAX {
+        return Err(path.error(format!("{n} entries, at most {ALLOCATION_ENTRIES_MAX}")));
+    }
+    Ok(())
+}
+
+fn text(path: &FieldPath, s: &str) -> Result<(), ValidationError> {
+    if s.len() > ALLOCATION_TEXT_MAX {
+        return Err(path.error(format!("{} bytes, at most {ALLOCATION_TEXT_MAX}", s.len())));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_bounded_and_errors_name_the_field() {
+        let ok = NodeAllocation {
+            resource: "vendor.example/gpu".into(),
+            device_ids: vec!["DEV-0".into()],
+            envs: [("VISIBLE".to_string(), "DEV-0".to_string())].into(),
+            ..Default::default()
+        };
+        assert_eq!(ok.validate(&FieldPath::new("allocation")), Ok(()));
+        let none = NodeAllocation {
+            device_ids: Vec::new(),
+            ..ok.clone()
+        };
+        let err = none
+            .validate(&FieldPath::new("allocation"))
+            .expect_err("no device");
+        assert!(
+            err.to_string().starts_with("allocation.device_ids"),
+            "{err}"
+        );
+        let long = NodeAllocation {
+            envs: [("BIG".to_string(), "x".repeat(ALLOCATION_TEXT_MAX + 1))].into(),
+            ..ok
+        };
+        let err = long
+            .validate(&FieldPath::new("allocation"))
+            .expect_err("too long");
+        assert!(err.to_string().starts_with("allocation.envs.BIG"), "{err}");
+    }
+}
