@@ -282,6 +282,26 @@ async fn queues_are_put_listed_and_deleted_and_bad_amounts_are_named() {
         table.contains("team-a") && table.contains("cpu=0/8 (4)"),
         "{table}"
     );
+    let lends = run(
+        &server,
+        &[
+            "queues", "put", "lender", "--min", "cpu=4", "--lend", "cpu=1",
+        ],
+    );
+    assert!(lends.status.success(), "{}", text(&lends));
+    assert!(
+        text(&lends).contains("cpu=0/- (4, lends 1)"),
+        "{}",
+        text(&lends)
+    );
+    let over = run(
+        &server,
+        &[
+            "queues", "put", "lender", "--min", "cpu=4", "--lend", "cpu=5",
+        ],
+    );
+    assert_eq!(over.status.code(), Some(1), "{}", text(&over));
+    assert!(text(&over).contains("queue.lend.cpu"), "{}", text(&over));
     let bad = run(&server, &["queues", "put", "team-b", "--max", "cpu"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     assert!(text(&bad).contains("not NAME=QUANTITY"), "{}", text(&bad));
@@ -294,8 +314,10 @@ async fn queues_are_put_listed_and_deleted_and_bad_amounts_are_named() {
     );
     let listed = run(&server, &["-o", "json", "queues"]);
     let list: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("queues as JSON");
-    assert_eq!(list[0]["name"], "team-a");
-    assert_eq!(list[0]["max"]["memory"], (16u64 << 30).to_string());
+    assert_eq!(list[0]["name"], "lender");
+    assert_eq!(list[0]["lend"]["cpu"], "1");
+    assert_eq!(list[1]["name"], "team-a");
+    assert_eq!(list[1]["max"]["memory"], (16u64 << 30).to_string());
     let gone = run(&server, &["queues", "delete", "team-a"]);
     assert!(gone.status.success(), "{}", text(&gone));
     let again = run(&server, &["queues", "delete", "team-a"]);
