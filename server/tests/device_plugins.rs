@@ -208,20 +208,34 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         ],
     )
     .await;
-    let info = wait_for("devices reported", Duration::from_secs(20), async || {
-        node(&cl)
-            .await
-            .filter(|i| i.devices.len() == 4 && i.agent == "Connected")
-    })
+    let expected = [
+        ("dev-0".to_string(), false),
+        ("dev-1".to_string(), false),
+        ("dev-2".to_string(), false),
+        ("dev-3".to_string(), true),
+    ];
+    wait_for(
+        "devices reported with their health",
+        Duration::from_secs(20),
+        async || {
+            node(&cl)
+                .await
+                .filter(|i| i.agent == "Connected" && health(i) == expected)
+        },
+    )
     .await;
-    assert_eq!(
-        health(&info),
-        [
-            ("dev-0".to_string(), false),
-            ("dev-1".to_string(), false),
-            ("dev-2".to_string(), false),
-            ("dev-3".to_string(), true)
-        ]
+    let listed = Command::new(support::gangctl_bin())
+        .args(["-s", &c.procs[&1].grpc, "nodes"])
+        .output()
+        .expect("run gangctl nodes");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(NODE))
+        .unwrap_or_else(|| panic!("{NODE} not in gangctl nodes:\n{table}"));
+    assert!(
+        row.contains("0/3/4"),
+        "held/usable/total devices in gangctl nodes: {row}"
     );
 
     // A gang takes one healthy device: Allocate is called with exactly that device,
@@ -279,7 +293,9 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         Duration::from_secs(10),
         async || {
             let log = agent.log();
-            (log.contains("evicted") && log.contains(&holder)).then_some(())
+            log.lines()
+                .any(|l| l.contains("evicted") && l.contains(&holder))
+                .then_some(())
         },
     )
     .await;
@@ -547,4 +563,75 @@ async fn four_agents_allocate_what_gangway_places_while_a_plugin_restarts() {
     for p in plugins {
         p.stop().await;
     }
+}
+
+/// With bearer tokens on, the agent sends its token (`--token`, or `GANGWAY_TOKEN`) on
+/// every call; a wrong one stops it at start with gangway's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_sends_its_token_and_a_wrong_one_stops_it_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "agent-token\n").expect("tokens");
+    let c = Cluster::start_with(
+        3,
+        1,
+        vec!["--auth-tokens-file".into(), tokens.display().to_string()],
+        Vec::new(),
+    );
+    let servers: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
+    let agent = |token: &str, plugins: &Path| {
+        Command::new(support::gangway_bin())
+            .args([
+                "agent",
+                "--server",
+                &servers.join(","),
+                "--node",
+                "secure-node",
+            ])
+            .args(["--cpu", "2", "--memory", "4Gi"])
+            .arg("--device-plugin-dir")
+            .arg(plugins)
+            .env("GANGWAY_TOKEN", token)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent")
+    };
+    let wrong_dir = dir.path().join("wrong");
+    let wrong = agent("not-the-token", &wrong_dir);
+    let out = tokio::task::spawn_blocking(move || wrong.wait_with_output())
+        .await
+        .expect("join")
+        .expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("gangway refused node secure-node"), "{err}");
+
+    let good_dir = dir.path().join("good");
+    let mut good = Agent {
+        child: agent("agent-token", &good_dir),
+        log: good_dir.join("none"),
+        http: String::new(),
+    };
+    let cl = gangway_client::Client::connect_with(
+        &servers,
+        gangway_client::Credentials {
+            tls: None,
+            token: Some("agent-token".into()),
+        },
+    )
+    .await
+    .expect("connect");
+    wait_for(
+        "the node registered with the token",
+        Duration::from_secs(30),
+        async || {
+            cl.get_node("secure-node")
+                .await
+                .ok()
+                .filter(|i| i.lease_until_ms > 0)
+        },
+    )
+    .await;
+    assert!(good.terminate().success());
 }

@@ -17,22 +17,9 @@ use gangway_proto::v1::NodeSpec;
 use serde_json::json;
 use support::{client, free_port, Cluster};
 
-/// The gangctl binary beside the gangway binary, built if this test run did not build it.
+/// The gangctl binary (`support::gangctl_bin`).
 fn gangctl() -> PathBuf {
-    let dir = PathBuf::from(support::gangway_bin())
-        .parent()
-        .expect("bin dir")
-        .to_path_buf();
-    let path = dir.join("gangctl");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "gangway-client", "--bin", "gangctl"])
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building gangctl failed");
-    }
-    path
+    support::gangctl_bin()
 }
 
 fn run(server: &str, args: &[&str]) -> Output {

@@ -4,13 +4,17 @@
 //!
 //! How the agent learns placements: every [`ALLOCATION_POLL_MS`] it reads its own node
 //! (`GetNode`: one node, bounded) and groups the devices of each registered resource by
-//! the members holding them. A (member, resource) it has not allocated yet gets
+//! the members holding them, taking only members whose slot is committed (a reservation
+//! still being decided may abort) and whose every device the plugin lists. A (member,
+//! resource) it has not allocated for that placement (its transaction) yet gets
 //! `GetPreferredAllocation` where the plugin offers it (logged when its preference
 //! differs: gangway's choice stands), then `Allocate` with gangway's device ids; the
 //! answer is written to the checkpoint (a JSON file in the device plugin directory,
 //! replaced atomically, like the kubelet's `kubelet_internal_checkpoint`) before it is
-//! reported (`ReportAllocation`). An entry whose member no longer holds the devices is
-//! removed (garbage collection), so a released member's devices are free on the node.
+//! reported (`ReportAllocation`); nothing is reported while the checkpoint cannot be
+//! written. `PreStartContainer` follows `Allocate` where the plugin requires it (the
+//! agent starts no containers; this is the last moment it knows of). An entry whose
+//! member's placement is gone from the node is removed (garbage collection).
 //! Because the checkpoint survives restarts of the agent and the plugin, neither
 //! allocates a placed member twice. Called by the agent; stops with its shutdown.
 
@@ -21,7 +25,7 @@ use std::time::Duration;
 use gangway_client::Client;
 use gangway_proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-    ContainerPreferredAllocationRequest, PreferredAllocationRequest,
+    ContainerPreferredAllocationRequest, PreStartContainerRequest, PreferredAllocationRequest,
 };
 use gangway_proto::v1::NodeInfo;
 use serde::{Deserialize, Serialize};
@@ -65,6 +69,10 @@ pub enum CheckpointError {
 /// One allocation the node holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The transaction that placed the member here (a new placement of the same member
+    /// is allocated again).
+    #[serde(default)]
+    pub txn: String,
     /// What the plugin answered.
     pub allocation: NodeAllocation,
     /// Whether gangway has it.
@@ -128,16 +136,40 @@ impl Checkpoint {
         let mut file = std::fs::File::create(&tmp).map_err(io)?;
         file.write_all(&text).map_err(io)?;
         file.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        std::fs::rename(&tmp, path).map_err(io)?;
+        // The rename itself survives a power loss once the directory is synced.
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io)?;
+        }
+        Ok(())
     }
 }
 
-/// (member, resource) → the plugin's device ids gangway gave the member, sorted.
-pub type Held = BTreeMap<(String, String), Vec<String>>;
+/// (member, resource) → (the transaction that placed it, the plugin's device ids
+/// gangway gave it, sorted).
+pub type Held = BTreeMap<(String, String), (String, Vec<String>)>;
 
-/// What members hold of each registered resource on this node, by the plugin's ids.
+/// Slot states of a placement gangway has decided (not a reservation that may abort).
+const COMMITTED_STATES: [&str; 2] = ["Committed", "Bound"];
+
+/// Committed members on this node → the transaction that placed them.
+fn committed(info: &NodeInfo) -> BTreeMap<&str, &str> {
+    info.pod_slots
+        .iter()
+        .filter(|p| COMMITTED_STATES.contains(&p.state.as_str()))
+        .map(|p| (p.member.as_str(), p.txn.as_str()))
+        .collect()
+}
+
+/// What committed members hold of each registered resource on this node, by the
+/// plugin's ids. A member holding a device the plugin does not list now is left out
+/// until it does (allocating a part would allocate it twice).
 pub fn held(info: &NodeInfo, plugins: &Plugins) -> Held {
+    let placed = committed(info);
     let mut out = Held::new();
+    let mut partial: BTreeSet<(String, String)> = BTreeSet::new();
     for (resource, _) in plugins.registered() {
         let (Some(driver), Some(plugin)) = (driver_for(&resource), plugins.handle(&resource))
         else {
@@ -145,30 +177,31 @@ pub fn held(info: &NodeInfo, plugins: &Plugins) -> Held {
         };
         let ids = plugin.ids.lock().map(|m| m.clone()).unwrap_or_default();
         for d in info.devices.iter().filter(|d| d.driver == driver) {
-            let Some(id) = ids.get(&d.name) else {
-                continue;
-            };
             for member in &d.held_by {
-                out.entry((member.clone(), resource.clone()))
-                    .or_default()
-                    .push(id.clone());
+                let Some(txn) = placed.get(member.as_str()) else {
+                    continue;
+                };
+                let key = (member.clone(), resource.clone());
+                match ids.get(&d.name) {
+                    Some(id) => out
+                        .entry(key)
+                        .or_insert_with(|| (txn.to_string(), Vec::new()))
+                        .1
+                        .push(id.clone()),
+                    None => {
+                        partial.insert(key);
+                    }
+                }
             }
         }
     }
-    for ids in out.values_mut() {
+    for key in partial {
+        out.remove(&key);
+    }
+    for (_, ids) in out.values_mut() {
         ids.sort();
     }
     out
-}
-
-/// Whether `member` still holds a device of `resource` on the node.
-fn still_holds(info: &NodeInfo, member: &str, resource: &str) -> bool {
-    let Some(driver) = driver_for(resource) else {
-        return false;
-    };
-    info.devices
-        .iter()
-        .any(|d| d.driver == driver && d.held_by.iter().any(|m| m == member))
 }
 
 /// The model's allocation from a plugin's answer for `ids`.
@@ -212,7 +245,8 @@ pub fn allocation_of(
     }
 }
 
-/// Asks `plugin` to allocate `ids` (its preference first, where offered).
+/// Asks `plugin` to allocate `ids` (its preference first, where offered; then
+/// `PreStartContainer` where required).
 async fn allocate(
     plugin: &PluginHandle,
     resource: &str,
@@ -260,12 +294,22 @@ async fn allocate(
         .container_responses
         .first()
         .ok_or("Allocate answered no container response")?;
-    Ok(allocation_of(resource, ids, first))
+    let allocation = allocation_of(resource, ids, first);
+    if plugin.options.pre_start_required {
+        let ask = PreStartContainerRequest {
+            devices_ids: ids.to_vec(),
+        };
+        tokio::time::timeout(limit, client.pre_start_container(ask))
+            .await
+            .map_err(|_| format!("PreStartContainer took longer than {ALLOCATE_TIMEOUT_MS} ms"))?
+            .map_err(|e| format!("PreStartContainer failed: {}", e.message()))?;
+    }
+    Ok(allocation)
 }
 
 /// The allocation loop, until `stop` fires.
 pub async fn run(
-    servers: Vec<String>,
+    gangway: super::Gangway,
     node: String,
     plugins: Plugins,
     path: PathBuf,
@@ -279,7 +323,7 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(ALLOCATION_POLL_MS)) => {}
         }
         if client.is_none() {
-            client = Client::connect(&servers).await.ok();
+            client = gangway.connect().await.ok();
         }
         let Some(c) = &client else {
             continue;
@@ -294,38 +338,36 @@ pub async fn run(
         };
         let before = checkpoint.clone();
         collect_garbage(&mut checkpoint, &info);
-        let now_held = held(&info, &plugins);
-        for ((member, resource), ids) in &now_held {
+        let mut saved = true;
+        for ((member, resource), (txn, ids)) in held(&info, &plugins) {
             let known = checkpoint
                 .entries
-                .get(member)
-                .and_then(|r| r.get(resource))
-                .filter(|e| &e.allocation.device_ids == ids);
+                .get(&member)
+                .and_then(|r| r.get(&resource))
+                .filter(|e| e.txn == txn && e.allocation.device_ids == ids);
             if known.is_some() {
                 continue;
             }
-            let Some(plugin) = plugins.handle(resource) else {
+            let Some(plugin) = plugins.handle(&resource) else {
                 continue;
             };
-            match allocate(&plugin, resource, member, ids).await {
+            match allocate(&plugin, &resource, &member, &ids).await {
                 Ok(allocation) => {
                     metrics::counter!("gangway_agent_allocations_total", "resource" => resource.clone())
                         .increment(1);
                     tracing::info!(resource, member, ?ids, "allocated");
-                    checkpoint
-                        .entries
-                        .entry(member.clone())
-                        .or_default()
-                        .insert(
-                            resource.clone(),
-                            Entry {
-                                allocation,
-                                reported: false,
-                            },
-                        );
+                    checkpoint.entries.entry(member).or_default().insert(
+                        resource,
+                        Entry {
+                            txn,
+                            allocation,
+                            reported: false,
+                        },
+                    );
                     // On disk before gangway hears of it: a restart never allocates twice.
                     if let Err(e) = checkpoint.save(&path) {
-                        tracing::error!(error = %e, "cannot write the checkpoint");
+                        tracing::error!(error = %e, "cannot write the checkpoint; nothing is reported until it can be");
+                        saved = false;
                     }
                 }
                 Err(why) => {
@@ -335,22 +377,31 @@ pub async fn run(
                 }
             }
         }
-        report_pending(c, &node, &mut checkpoint).await;
         if checkpoint != before {
             if let Err(e) = checkpoint.save(&path) {
-                tracing::error!(error = %e, "cannot write the checkpoint");
+                tracing::error!(error = %e, "cannot write the checkpoint; nothing is reported until it can be");
+                saved = false;
+            }
+        }
+        if saved {
+            report_pending(c, &node, &mut checkpoint).await;
+            // Only the reported flags changed; losing them costs a second report.
+            if let Err(e) = checkpoint.save(&path) {
+                tracing::warn!(error = %e, "cannot write the checkpoint");
             }
         }
     }
 }
 
-/// Drops the entries of members that no longer hold their devices here.
+/// Drops the entries whose placement is gone from the node: the member is no longer
+/// committed here, or under another transaction (allocated again below).
 fn collect_garbage(checkpoint: &mut Checkpoint, info: &NodeInfo) {
-    let mut gone: BTreeSet<(String, String)> = BTreeSet::new();
+    let placed = committed(info);
+    let mut gone: Vec<(String, String)> = Vec::new();
     for (member, resources) in &checkpoint.entries {
-        for resource in resources.keys() {
-            if !still_holds(info, member, resource) {
-                gone.insert((member.clone(), resource.clone()));
+        for (resource, entry) in resources {
+            if placed.get(member.as_str()) != Some(&entry.txn.as_str()) {
+                gone.push((member.clone(), resource.clone()));
             }
         }
     }
@@ -365,28 +416,21 @@ fn collect_garbage(checkpoint: &mut Checkpoint, info: &NodeInfo) {
     }
 }
 
-/// Reports every allocation gangway does not have yet. One that names a member no
-/// longer placed here is dropped from the report list (the next garbage collection
-/// removes it); one that fails for another reason is tried again next poll.
+/// Reports every allocation gangway does not have yet. One gangway cannot take (too
+/// large) is logged and not sent again; one refused because the member's group ended
+/// or moved waits for the garbage collection; others are tried again next poll.
 async fn report_pending(client: &Client, node: &str, checkpoint: &mut Checkpoint) {
+    use crate::model::FieldPath;
     for (member, resources) in checkpoint.entries.iter_mut() {
         for entry in resources.values_mut().filter(|e| !e.reported) {
+            if let Err(e) = entry.allocation.validate(&FieldPath::new("allocation")) {
+                tracing::error!(member, error = %e, "the plugin's answer is too large for gangway; not reported");
+                entry.reported = true;
+                continue;
+            }
             let api = allocation_to_api(&entry.allocation);
             match client.report_allocation(node, member, api).await {
                 Ok(()) => entry.reported = true,
-                Err(gangway_client::ClientError::Rpc(s))
-                    if matches!(
-                        s.code(),
-                        tonic::Code::NotFound | tonic::Code::FailedPrecondition
-                    ) =>
-                {
-                    tracing::info!(
-                        member,
-                        why = s.message(),
-                        "not reported: the member is no longer placed here"
-                    );
-                    entry.reported = true;
-                }
                 Err(e) => tracing::debug!(member, error = %e, "allocation not reported yet"),
             }
         }
@@ -406,6 +450,7 @@ mod tests {
         cp.entries.entry("ml/g/w-0".into()).or_default().insert(
             "vendor.example/gpu".into(),
             Entry {
+                txn: "txn-7".into(),
                 allocation: NodeAllocation {
                     resource: "vendor.example/gpu".into(),
                     device_ids: vec!["DEV-1".into()],

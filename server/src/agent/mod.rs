@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use gangway_client::Client;
+use gangway_client::{Client, Credentials};
 use gangway_proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use gangway_proto::deviceplugin::registration_server::{Registration, RegistrationServer};
 use gangway_proto::deviceplugin::{Empty, RegisterRequest};
@@ -83,6 +83,34 @@ pub struct AgentArgs {
     /// none when left out.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// PEM CA that signed the replicas' certificates (replicas run with --tls-*).
+    #[arg(long, env = "GANGWAY_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS), with --tls-key.
+    #[arg(long, env = "GANGWAY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long, env = "GANGWAY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Bearer token (replicas run with --auth-tokens-file); prefer the environment variable.
+    #[arg(long, env = "GANGWAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Where gangway is, and how the agent proves who it is.
+#[derive(Clone)]
+pub struct Gangway {
+    /// Replicas' gRPC addresses; the first that answers is used.
+    pub servers: Vec<String>,
+    /// TLS identity and token, as `gangctl` sends them.
+    pub credentials: Credentials,
+}
+
+impl Gangway {
+    /// A client of the first replica that answers.
+    pub async fn connect(&self) -> Result<Client, gangway_client::ClientError> {
+        Client::connect_with(&self.servers, self.credentials.clone()).await
+    }
 }
 
 /// Runs the agent until `shutdown` resolves; `prometheus` renders `/metrics` when
@@ -111,26 +139,23 @@ pub async fn run(
     })?;
     let checkpoint_path = args.device_plugin_dir.join(allocations::CHECKPOINT_FILE);
     let checkpoint = allocations::Checkpoint::load(&checkpoint_path)?;
-    let client = connect_at_start(&args.servers).await?;
-    client
-        .update_node(node.clone())
-        .await
-        .with_context(|| format!("gangway refused node {name}"))?;
-    println!(
-        "gangway agent: node {name} registered with gangway at {}",
-        client.addr()
-    );
-    println!("  device plugins register at {}", socket.display());
-    if let Some(l) = &http {
-        println!("  metrics at http://{}/metrics", l.local_addr()?);
-    }
-
+    let credentials = Credentials::from_files(
+        args.tls_ca.as_deref(),
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        args.token.clone(),
+    )?;
+    let gangway = Gangway {
+        servers: args.servers.clone(),
+        credentials,
+    };
+    // Plugins may register as soon as the socket exists: serve it first.
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream {
-        servers: args.servers.clone(),
+        gangway: gangway.clone(),
         node: name.clone(),
     };
-    let plugins = Plugins::new(upstream, stop_rx.clone());
+    let (plugins, upstream_task) = Plugins::new(upstream, stop_rx.clone());
     let service = RegistrationService {
         dir: args.device_plugin_dir.clone(),
         plugins: plugins.clone(),
@@ -143,8 +168,27 @@ pub async fn run(
                 let _ = server_stop.changed().await;
             }),
     );
+    let client = match register_at_start(&gangway, &node).await {
+        Ok(client) => client,
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            plugins.stop_all();
+            let _ = server.await;
+            let _ = upstream_task.await;
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    println!(
+        "gangway agent: node {name} registered with gangway at {}",
+        client.addr()
+    );
+    println!("  device plugins register at {}", socket.display());
+    if let Some(l) = &http {
+        println!("  metrics at http://{}/metrics", l.local_addr()?);
+    }
     let allocator = tokio::spawn(allocations::run(
-        args.servers.clone(),
+        gangway.clone(),
         name.clone(),
         plugins.clone(),
         checkpoint_path,
@@ -162,7 +206,7 @@ pub async fn run(
         }))
     });
     let heartbeats = tokio::spawn(heartbeat(
-        args.servers.clone(),
+        gangway.clone(),
         node,
         args.lease_ms,
         stop_rx.clone(),
@@ -173,6 +217,7 @@ pub async fn run(
     plugins.stop_all();
     let _ = heartbeats.await;
     let _ = allocator.await;
+    let _ = upstream_task.await;
     if let Some(server) = metrics_server {
         let _ = server.await;
     }
@@ -183,30 +228,55 @@ pub async fn run(
     Ok(())
 }
 
-/// The first replica that answers, trying for [`START_TIMEOUT_MS`].
-async fn connect_at_start(servers: &[String]) -> anyhow::Result<Client> {
+/// Registers the node with the first replica that answers, trying for
+/// [`START_TIMEOUT_MS`] while gangway is unreachable or has no leader; a refusal (a bad
+/// token, a bad node spec) ends the agent at once, with gangway's reason.
+async fn register_at_start(gangway: &Gangway, node: &NodeSpec) -> anyhow::Result<Client> {
+    use gangway_client::ClientError;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(START_TIMEOUT_MS);
     loop {
-        match Client::connect(servers).await {
-            Ok(c) => return Ok(c),
-            Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(e).with_context(|| {
-                    format!("no gangway replica answered within {START_TIMEOUT_MS} ms (--server)")
-                })
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "gangway not reachable yet");
-                tokio::time::sleep(Duration::from_millis(RECONNECT_PAUSE_MS)).await;
-            }
+        let error = match gangway.connect().await {
+            Ok(client) => match client.update_node(node.clone()).await {
+                Ok(_) => return Ok(client),
+                Err(ClientError::Rpc(status)) if !transient(status.code()) => {
+                    return Err(anyhow::anyhow!(
+                        "gangway refused node {}: {}: {}",
+                        node.name,
+                        status.code(),
+                        status.message()
+                    ))
+                }
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(error).with_context(|| {
+                format!(
+                    "no gangway replica took node {} within {START_TIMEOUT_MS} ms (--server)",
+                    node.name
+                )
+            });
         }
+        tracing::debug!(error = %error, "gangway not reachable yet");
+        tokio::time::sleep(Duration::from_millis(RECONNECT_PAUSE_MS)).await;
     }
+}
+
+/// Whether a call failing with `code` may succeed if tried again (no leader yet, a
+/// replica going away).
+fn transient(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Aborted
+    )
 }
 
 /// Renews the node lease every lease / [`HEARTBEATS_PER_LEASE`]; after a failure it
 /// reconnects (to the next replica that answers) and registers the node again, so a
 /// cluster that lost it (a new data dir) learns it back.
 async fn heartbeat(
-    servers: Vec<String>,
+    gangway: Gangway,
     node: NodeSpec,
     lease_ms: u64,
     mut stop: watch::Receiver<bool>,
@@ -215,7 +285,7 @@ async fn heartbeat(
     let mut client: Option<Client> = None;
     loop {
         if client.is_none() {
-            client = Client::connect(&servers).await.ok();
+            client = gangway.connect().await.ok();
         }
         if let Some(c) = &client {
             match c.heartbeat(&node.name, true, lease_ms).await {
@@ -332,13 +402,21 @@ impl Registration for RegistrationService {
             ))
         })?;
         let mut plugin = DevicePluginClient::new(channel);
-        let options = plugin
-            .get_device_plugin_options(Empty {})
-            .await
-            .map_err(|e| {
-                Status::unavailable(format!("GetDevicePluginOptions failed: {}", e.message()))
-            })?
-            .into_inner();
+        let options = tokio::time::timeout(
+            Duration::from_millis(plugins::PLUGIN_CALL_TIMEOUT_MS),
+            plugin.get_device_plugin_options(Empty {}),
+        )
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "GetDevicePluginOptions did not answer within {} ms",
+                plugins::PLUGIN_CALL_TIMEOUT_MS
+            ))
+        })?
+        .map_err(|e| {
+            Status::unavailable(format!("GetDevicePluginOptions failed: {}", e.message()))
+        })?
+        .into_inner();
         self.plugins
             .start(&r.resource_name, &r.endpoint, plugin, options);
         Ok(Response::new(Empty {}))
@@ -361,6 +439,10 @@ mod tests {
             device_plugin_dir: PathBuf::from(DEVICE_PLUGIN_DIR),
             lease_ms: 40_000,
             http: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            token: None,
         }
     }
 

@@ -8,8 +8,9 @@
 //! node must not also list the resource as allocatable). Invariants: a stream speaks
 //! for one node; the pool is republished (generation + 1) only when the device list
 //! changes, health is recorded on every report, and the agent link is marked connected
-//! when the stream opens and disconnected when it ends (the ledger's grace period then
-//! applies). Called by the Inventory service; each stream's task ends with the stream
+//! when the stream opens (and again by any report that finds it disconnected: a stream
+//! that ended late may have marked it so) and disconnected when it ends (the ledger's
+//! grace period then applies). Called by the Inventory service; each stream's task ends with the stream
 //! (the agent closing it, or the server's shutdown closing the connection).
 
 use std::collections::BTreeSet;
@@ -256,7 +257,20 @@ async fn apply_report(
 ) -> Result<DeviceListAck, Status> {
     let pool = validate_report(report)?;
     let shard = match &state.node {
-        Some((node, shard)) if *node == pool.node => *shard,
+        Some((node, shard)) if *node == pool.node => {
+            // A stream that ended late may have marked the node disconnected after this
+            // one connected (the link is per node): every report restores it.
+            let entry = node_entry(groups, *shard, node).await?;
+            if !entry.usage.devices.agent.is_connected() {
+                apply_op(
+                    groups,
+                    *shard,
+                    LedgerOp::AgentConnected { node: node.clone() },
+                )
+                .await?;
+            }
+            *shard
+        }
         Some((node, _)) => {
             return Err(Status::invalid_argument(format!(
                 "node: this stream reports for \"{node}\"; \"{}\" needs a stream of its own",

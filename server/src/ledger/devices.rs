@@ -68,7 +68,8 @@ pub enum AgentLink {
 }
 
 impl AgentLink {
-    fn is_connected(&self) -> bool {
+    /// Whether the agent is reporting.
+    pub fn is_connected(&self) -> bool {
         *self == Self::Connected
     }
 

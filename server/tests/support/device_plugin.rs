@@ -29,6 +29,7 @@ pub struct TestPlugin {
     devices: watch::Sender<DeviceList>,
     /// The device ids of every `Allocate` container request, in call order.
     pub allocations: Arc<Mutex<Vec<Vec<String>>>>,
+    stopping: watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
     socket: PathBuf,
@@ -85,9 +86,11 @@ impl TestPlugin {
         let listener = UnixListener::bind(&socket).expect("bind the plugin's socket");
         let (devices_tx, _) = watch::channel(list(devices));
         let allocations: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+        let (stopping_tx, stopping) = watch::channel(false);
         let service = Plugin {
             devices: devices_tx.clone(),
             allocations: allocations.clone(),
+            stopping,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -104,6 +107,7 @@ impl TestPlugin {
         TestPlugin {
             devices: devices_tx,
             allocations,
+            stopping: stopping_tx,
             stop: Some(stop),
             task,
             socket,
@@ -117,11 +121,11 @@ impl TestPlugin {
 
     /// Stops serving (its ListAndWatch streams end) and removes its socket.
     pub async fn stop(mut self) {
+        // Open ListAndWatch streams hold the server: end them first.
+        self.stopping.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        // Open ListAndWatch streams hold the server; ending the list ends them.
-        drop(self.devices);
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.task).await;
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
@@ -138,6 +142,8 @@ fn list(devices: &[(&str, bool)]) -> DeviceList {
 struct Plugin {
     devices: watch::Sender<DeviceList>,
     allocations: Arc<Mutex<Vec<Vec<String>>>>,
+    /// Fires when the plugin stops: its ListAndWatch streams end.
+    stopping: watch::Receiver<bool>,
 }
 
 #[tonic::async_trait]
@@ -157,8 +163,12 @@ impl DevicePlugin for Plugin {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut changes = self.devices.subscribe();
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             loop {
+                if *stopping.borrow() {
+                    return;
+                }
                 let now = changes.borrow_and_update().clone();
                 let answer = ListAndWatchResponse {
                     devices: now
@@ -170,8 +180,12 @@ impl DevicePlugin for Plugin {
                         })
                         .collect(),
                 };
-                if tx.send(Ok(answer)).await.is_err() || changes.changed().await.is_err() {
+                if tx.send(Ok(answer)).await.is_err() {
                     return;
+                }
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = stopping.changed() => return,
                 }
             }
         });

@@ -56,6 +56,24 @@ pub fn gangway_bin() -> &'static str {
     env!("CARGO_BIN_EXE_gangway")
 }
 
+/// The gangctl binary beside the gangway binary, built if this test run did not build it.
+pub fn gangctl_bin() -> PathBuf {
+    let dir = PathBuf::from(gangway_bin())
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    let path = dir.join("gangctl");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "gangway-client", "--bin", "gangctl"])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building gangctl failed");
+    }
+    path
+}
+
 /// Where a cluster dir keeps the replicas' peer secret.
 pub fn peer_secret_path(dir: &std::path::Path) -> PathBuf {
     dir.join("peer-secret")

@@ -8,7 +8,7 @@
 //! queue's `max` cannot be lowered below its usage. Pure and deterministic; called by
 //! [`super::MetaState`] only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -133,13 +133,19 @@ impl Queues {
     /// parent's `max`, or for top-level queues the cluster's recorded capacity.
     fn pool(&self, parent: &str, resource: &ResourceName) -> Option<u64> {
         if parent.is_empty() {
-            self.capacity.as_ref().map(|c| c.get(resource))
+            // A resource the nodes' allocatable does not list (devices a plugin or a DRA
+            // driver serves) has no recorded capacity: unknown, not zero.
+            self.capacity
+                .as_ref()
+                .map(|c| c.get(resource))
+                .filter(|amount| *amount > 0)
         } else {
             self.specs.get(parent)?.max.get(resource)
         }
     }
 
-    /// What the children of `parent` ("" for the top) use of `resource`.
+    /// What `parent` holds of `resource` (its own groups and its children's; for the
+    /// top, what every top-level queue holds).
     fn pool_usage(&self, parent: &str, resource: &ResourceName) -> u64 {
         if parent.is_empty() {
             self.specs
@@ -182,12 +188,13 @@ impl Queues {
         own.max(below)
     }
 
-    /// Why charging `more` to queue `name` would borrow what lending limits keep. At
-    /// every level of its chain where the queue on the chain (`c`, under parent `p`)
-    /// would pass its `min` of a resource — it borrows there — and `p`'s pool is known
-    /// ([`Self::pool`]), what `p`'s children use, plus `more`, plus what every child of
-    /// `p` must keep free afterwards ([`Self::kept`]), must fit the pool. A queue
-    /// within its `min` is never refused here: if the room is gone, reclaim returns it.
+    /// Why charging `more` to queue `name` would borrow what lending limits keep. From
+    /// the lowest level of its chain where the queue on the chain (`c`, under parent
+    /// `p`) would pass its `min` of a resource — it borrows there — up to the top, at
+    /// every level where `p`'s pool is known ([`Self::pool`]), what `p` holds, plus
+    /// `more`, plus what every child of `p` must keep free afterwards ([`Self::kept`]),
+    /// must fit the pool. An admission within the `min` of every queue on its chain is
+    /// never refused here: if the room is gone, reclaim returns it.
     pub fn lending_refusal(&self, name: &str, more: &Resources) -> Option<String> {
         let lent = self.lent_resources();
         if lent.is_empty() {
@@ -201,12 +208,21 @@ impl Queues {
                 .push(q.name.as_str());
         }
         let grown: Vec<&str> = self.chain(name).map(|q| q.name.as_str()).collect();
+        // Resources some queue below on the chain borrows: every level above is checked
+        // for them, within its own min or not (the borrowed room is someone's there).
+        let mut borrowed: BTreeSet<&ResourceName> = BTreeSet::new();
         for c in self.chain(name) {
             for resource in &lent {
                 let asked = more.get(resource);
                 let used_by_c = self.usage(&c.name).get(resource);
                 let guaranteed = c.min.get(resource).unwrap_or(0);
-                if asked == 0 || used_by_c.saturating_add(asked) <= guaranteed {
+                if asked == 0 {
+                    continue;
+                }
+                if used_by_c.saturating_add(asked) > guaranteed {
+                    borrowed.insert(resource);
+                }
+                if !borrowed.contains(resource) {
                     continue;
                 }
                 let Some(pool) = self.pool(&c.parent, resource) else {
@@ -963,6 +979,47 @@ mod tests {
             "{why}"
         );
         assert_eq!(q.refusal("a", &cpu(8)), None);
+    }
+
+    #[test]
+    fn a_borrower_under_a_parent_without_max_is_checked_where_the_parent_lends() {
+        // org (min 16, no max) holds x (min 8, lends nothing) and y; 16 cores.
+        let mut q = Queues::default();
+        q.put(&lender("org", "", 16, None)).expect("org");
+        q.put(&lender("x", "org", 8, Some(0))).expect("x");
+        q.put(&queue("y", "org", None)).expect("y");
+        q.set_capacity(cpu(16));
+        assert_eq!(
+            q.refusal("y", &cpu(8)),
+            None,
+            "y borrows what org does not keep"
+        );
+        let why = q.refusal("y", &cpu(9)).expect("x keeps 8 inside org");
+        assert!(why.contains("8 kept free (8 for org)"), "{why}");
+        assert_eq!(
+            q.refusal("x", &cpu(8)),
+            None,
+            "x within every min on its chain"
+        );
+    }
+
+    #[test]
+    fn a_device_the_nodes_do_not_list_has_no_pool_at_the_top() {
+        let gpu = ResourceName::Extended("vendor.example/gpu".into());
+        let mut q = Queues::default();
+        let mut a = queue("a", "", None);
+        a.min.set(&gpu, 4);
+        a.lend.set(&gpu, 0);
+        q.put(&a).expect("a");
+        q.put(&queue("b", "", None)).expect("b");
+        q.set_capacity(cpu(16));
+        let mut two = Resources::zero();
+        two.set(&gpu, 2);
+        assert_eq!(
+            q.refusal("b", &two),
+            None,
+            "unknown capacity: the shards judge"
+        );
     }
 
     /// Flat queues on a cluster of `capacity` cores, each (min, lend or none) with the
