@@ -394,6 +394,22 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         .await
         .expect_err("placed elsewhere");
     assert!(wrong.to_string().contains("is placed on node"), "{wrong}");
+    let stranger = cl
+        .report_allocation(
+            NODE,
+            &member_of(&two),
+            gangway_proto::v1::NodeAllocation {
+                resource: RESOURCE.into(),
+                device_ids: vec!["NOT-ITS-DEVICE".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("devices gangway did not give it");
+    assert!(
+        stranger.to_string().contains("NOT-ITS-DEVICE is not among"),
+        "{stranger}"
+    );
 
     // SIGTERM: the agent stops, removing its registration socket.
     let status = agent.terminate();

@@ -23,7 +23,7 @@ pub mod release;
 pub mod victims;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,8 +99,8 @@ pub struct Coordinator {
     preemptions_left: AtomicU32,
     /// The PodDisruptionBudgets victims are chosen by (filled by the Kubernetes ingest).
     budgets: Arc<DisruptionBudgets>,
-    /// When the shards' capacity was last read (ms; 0: never).
-    capacity_read_at_ms: AtomicU64,
+    /// When the shards' capacity was last read (a monotonic clock; None: never).
+    capacity_read_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -149,7 +149,7 @@ impl Coordinator {
             rounds: AtomicU32::new(0),
             preemptions_left: AtomicU32::new(0),
             budgets,
-            capacity_read_at_ms: AtomicU64::new(0),
+            capacity_read_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -274,12 +274,20 @@ impl Coordinator {
     /// the total in meta if it changed. A shard that cannot answer within
     /// [`CAPACITY_READ_TIMEOUT_MS`] leaves the old record.
     async fn refresh_capacity(&self) -> Result<(), GroupError> {
-        let now = now_ms();
-        let last = self.capacity_read_at_ms.load(Ordering::Relaxed);
-        if last != 0 && now < last.saturating_add(CAPACITY_REFRESH_MS) {
-            return Ok(());
+        {
+            let now = std::time::Instant::now();
+            let mut last = self
+                .capacity_read_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let due = last.is_none_or(|at| {
+                now.duration_since(at) >= Duration::from_millis(CAPACITY_REFRESH_MS)
+            });
+            if !due {
+                return Ok(());
+            }
+            *last = Some(now);
         }
-        self.capacity_read_at_ms.store(now, Ordering::Relaxed);
         let reads = (1..=self.shards).map(|shard| async move {
             let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
             match tokio::time::timeout(Duration::from_millis(CAPACITY_READ_TIMEOUT_MS), read).await

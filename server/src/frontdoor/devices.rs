@@ -90,24 +90,7 @@ impl PluginPool {
     }
 }
 
-/// The driver name serving `vendor.example/gpu`: `gpu.vendor.example`.
-pub fn driver_for(resource: &str) -> Option<String> {
-    let (domain, name) = resource.split_once('/')?;
-    Some(format!("{}.{domain}", name.to_ascii_lowercase()))
-}
-
-/// A device name for a plugin id: lowercase, every character outside `[a-z0-9-]` as
-/// `-`, and no leading or trailing `-`.
-pub fn device_name(id: &str) -> String {
-    let mapped: String = id
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9') => c,
-            _ => '-',
-        })
-        .collect();
-    mapped.trim_matches('-').to_string()
-}
+pub use crate::model::node_allocation::{device_name, driver_for};
 
 /// Checks a report and translates it; every error names the field.
 pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> {

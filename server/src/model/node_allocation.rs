@@ -18,6 +18,29 @@ pub const ALLOCATION_ENTRIES_MAX: usize = 256;
 pub const ALLOCATION_TEXT_MAX: usize = 4_096;
 /// Most device-plugin resources one member reports allocations for.
 pub const ALLOCATIONS_PER_MEMBER_MAX: usize = 16;
+/// Most bytes of text in one allocation, all fields together: what one member's
+/// allocations may add to the replicated state and to every read of its group.
+pub const ALLOCATION_BYTES_MAX: usize = 64 * 1024;
+
+/// The driver name serving a device-plugin resource: `vendor.example/gpu` is served by
+/// `gpu.vendor.example` (the device stream's pool and device class).
+pub fn driver_for(resource: &str) -> Option<String> {
+    let (domain, name) = resource.split_once('/')?;
+    Some(format!("{}.{domain}", name.to_ascii_lowercase()))
+}
+
+/// The device name gangway gives a plugin's device id: lowercase, every character
+/// outside `[a-z0-9-]` as `-`, and no leading or trailing `-`.
+pub fn device_name(id: &str) -> String {
+    let mapped: String = id
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    mapped.trim_matches('-').to_string()
+}
 
 /// A bind mount a plugin asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,7 +127,34 @@ impl NodeAllocation {
         for c in &self.cdi_devices {
             text(&path.child("cdi_devices"), c)?;
         }
+        let bytes = self.bytes();
+        if bytes > ALLOCATION_BYTES_MAX {
+            return Err(path.error(format!(
+                "{bytes} bytes of text, at most {ALLOCATION_BYTES_MAX}"
+            )));
+        }
         Ok(())
+    }
+
+    /// Bytes of text over every field.
+    pub fn bytes(&self) -> usize {
+        let map =
+            |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        self.resource.len()
+            + self.device_ids.iter().map(String::len).sum::<usize>()
+            + map(&self.envs)
+            + map(&self.annotations)
+            + self
+                .mounts
+                .iter()
+                .map(|m| m.container_path.len() + m.host_path.len())
+                .sum::<usize>()
+            + self
+                .devices
+                .iter()
+                .map(|d| d.container_path.len() + d.host_path.len() + d.permissions.len())
+                .sum::<usize>()
+            + self.cdi_devices.iter().map(String::len).sum::<usize>()
     }
 }
 
@@ -154,5 +204,23 @@ mod tests {
             .validate(&FieldPath::new("allocation"))
             .expect_err("too long");
         assert!(err.to_string().starts_with("allocation.envs.BIG"), "{err}");
+        let many = NodeAllocation {
+            envs: (0..200)
+                .map(|i| (format!("K{i}"), "x".repeat(1_000)))
+                .collect(),
+            ..long
+        };
+        let err = many
+            .validate(&FieldPath::new("allocation"))
+            .expect_err("too much in all");
+        assert!(
+            err.to_string().contains("bytes of text, at most 65536"),
+            "{err}"
+        );
+        assert_eq!(
+            driver_for("vendor.example/GPU").as_deref(),
+            Some("gpu.vendor.example")
+        );
+        assert_eq!(device_name("GPU-0000:3b:00.0"), "gpu-0000-3b-00-0");
     }
 }

@@ -815,6 +815,23 @@ impl MetaState {
                 p.node
             ));
         }
+        // The devices must be those gangway gave the member (a placement recovered
+        // after a failover lists none here: the shard keeps them).
+        if !p.devices.is_empty() {
+            use crate::model::node_allocation::{device_name, driver_for};
+            let driver = driver_for(&allocation.resource).unwrap_or_default();
+            if let Some(stranger) = allocation.device_ids.iter().find(|id| {
+                let name = device_name(id);
+                !p.devices
+                    .iter()
+                    .any(|d| d.device.driver == driver && d.device.device == name)
+            }) {
+                return conflict(format!(
+                    "allocation.device_ids: {stranger} is not among the {} devices gangway placed {member} on",
+                    allocation.resource
+                ));
+            }
+        }
         let kept = p.allocations.len();
         let changed = match p
             .allocations
