@@ -5,14 +5,14 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gangway_client::Client;
 use gangway_proto::v1::{
     DeviceHealth, DeviceListAck, DeviceListReport, GangGroupStatus, GangSpec, MemberSpec, NodeInfo,
     NodeSpec, PluginDevice, SubmitGangGroupRequest,
 };
-use support::{client, Cluster};
+use support::{client, wait_for, Cluster};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -106,21 +106,6 @@ impl Agent {
 
 async fn node_info(c: &Client, name: &str) -> NodeInfo {
     c.get_node(name).await.expect("get node")
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn placed(c: &Client, id: u64) -> GangGroupStatus {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gangway_client::Client;
 use gangway_proto::v1::{GangSpec, MemberSpec, NodeInfo, SubmitGangGroupRequest};
 use support::device_plugin::{register, TestPlugin};
-use support::{client, Cluster};
+use support::{client, wait_for, Cluster};
 
 const RESOURCE: &str = "vendor.example/gpu";
 const NODE: &str = "plugin-node";
@@ -28,15 +28,22 @@ struct Agent {
 }
 
 impl Agent {
+    /// The agent of node [`NODE`] (8 cpu, label zone=z1) with its plugins in `dir`.
     fn start(c: &Cluster, dir: &Path) -> Agent {
+        Self::start_node(c, dir, NODE, "8")
+    }
+
+    /// The agent of node `node` with `cpu` cores, its plugins and log in `dir`, its
+    /// metrics on a free port.
+    fn start_node(c: &Cluster, dir: &Path, node: &str, cpu: &str) -> Agent {
         let http = format!("127.0.0.1:{}", support::free_port());
         let servers: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
         let log = dir.join("agent.log");
         let out = std::fs::File::create(&log).expect("agent log");
         let err = out.try_clone().expect("agent log");
         let child = Command::new(support::gangway_bin())
-            .args(["agent", "--server", &servers.join(","), "--node", NODE])
-            .args(["--cpu", "8", "--memory", "32Gi", "--label", "zone=z1"])
+            .args(["agent", "--server", &servers.join(","), "--node", node])
+            .args(["--cpu", cpu, "--memory", "32Gi", "--label", "zone=z1"])
             .arg("--device-plugin-dir")
             .arg(dir)
             .args(["--lease-ms", "4000", "--http", &http])
@@ -75,21 +82,6 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -437,30 +429,12 @@ async fn four_agents_allocate_what_gangway_places_while_a_plugin_restarts() {
     let mut c = Cluster::start(3, 2);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
     let cl = client(&c, 2).await;
-    let servers: Vec<String> = c.procs.values().map(|p| p.grpc.clone()).collect();
     let mut dirs = Vec::new();
     let mut agents = Vec::new();
     let mut plugins = Vec::new();
     for i in 0..4 {
         let dir = tempfile::tempdir().expect("dir");
-        let name = format!("node-{i}");
-        let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
-        let err = log.try_clone().expect("log");
-        let child = Command::new(support::gangway_bin())
-            .args(["agent", "--server", &servers.join(","), "--node", &name])
-            .args(["--cpu", "4", "--memory", "16Gi", "--lease-ms", "4000"])
-            .arg("--device-plugin-dir")
-            .arg(dir.path())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("start agent");
-        agents.push(Agent {
-            child,
-            log: dir.path().join("agent.log"),
-            http: String::new(),
-        });
+        agents.push(Agent::start_node(&c, dir.path(), &format!("node-{i}"), "4"));
         let plugin = TestPlugin::start(
             dir.path(),
             "vendor.sock",

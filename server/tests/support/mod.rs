@@ -56,6 +56,22 @@ pub fn gangway_bin() -> &'static str {
     env!("CARGO_BIN_EXE_gangway")
 }
 
+/// Polls `probe` every 100 ms until it answers `Some`, failing the test after `timeout`.
+pub async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The gangctl binary beside the gangway binary, built if this test run did not build it.
 pub fn gangctl_bin() -> PathBuf {
     let dir = PathBuf::from(gangway_bin())
