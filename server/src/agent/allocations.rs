@@ -317,6 +317,9 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut client: Option<Client> = None;
+    // An entry in memory that the disk does not have yet: nothing is reported until the
+    // checkpoint is written (a restart must find every allocation gangway knows of).
+    let mut unsaved = false;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -338,7 +341,6 @@ pub async fn run(
         };
         let before = checkpoint.clone();
         collect_garbage(&mut checkpoint, &info);
-        let mut saved = true;
         for ((member, resource), (txn, ids)) in held(&info, &plugins) {
             let known = checkpoint
                 .entries
@@ -365,10 +367,8 @@ pub async fn run(
                         },
                     );
                     // On disk before gangway hears of it: a restart never allocates twice.
-                    if let Err(e) = checkpoint.save(&path) {
-                        tracing::error!(error = %e, "cannot write the checkpoint; nothing is reported until it can be");
-                        saved = false;
-                    }
+                    unsaved = true;
+                    save(&checkpoint, &path, &mut unsaved);
                 }
                 Err(why) => {
                     metrics::counter!("gangway_agent_allocation_failures_total", "resource" => resource.clone())
@@ -377,19 +377,30 @@ pub async fn run(
                 }
             }
         }
-        if checkpoint != before {
-            if let Err(e) = checkpoint.save(&path) {
-                tracing::error!(error = %e, "cannot write the checkpoint; nothing is reported until it can be");
-                saved = false;
-            }
+        if checkpoint != before || unsaved {
+            unsaved = true;
+            save(&checkpoint, &path, &mut unsaved);
         }
-        if saved {
+        if !unsaved {
+            let reported = checkpoint.clone();
             report_pending(c, &node, &mut checkpoint).await;
-            // Only the reported flags changed; losing them costs a second report.
-            if let Err(e) = checkpoint.save(&path) {
-                tracing::warn!(error = %e, "cannot write the checkpoint");
+            if checkpoint != reported {
+                // Only reported flags changed: losing them costs a second report.
+                let mut ignored = true;
+                save(&checkpoint, &path, &mut ignored);
             }
         }
+    }
+}
+
+/// Writes the checkpoint; `unsaved` stays set while the write fails.
+fn save(checkpoint: &Checkpoint, path: &Path, unsaved: &mut bool) {
+    match checkpoint.save(path) {
+        Ok(()) => *unsaved = false,
+        Err(e) => tracing::error!(
+            error = %e,
+            "cannot write the checkpoint; nothing is reported until it can be"
+        ),
     }
 }
 
@@ -440,6 +451,24 @@ async fn report_pending(client: &Client, node: &str, checkpoint: &mut Checkpoint
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_that_cannot_be_written_stays_unsaved_until_it_is() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut unsaved = true;
+        save(
+            &Checkpoint::default(),
+            &dir.path().join("missing-dir").join(CHECKPOINT_FILE),
+            &mut unsaved,
+        );
+        assert!(unsaved, "the write failed: nothing may be reported");
+        save(
+            &Checkpoint::default(),
+            &dir.path().join(CHECKPOINT_FILE),
+            &mut unsaved,
+        );
+        assert!(!unsaved);
+    }
 
     #[test]
     fn the_checkpoint_survives_a_round_trip_and_refuses_what_it_cannot_read() {
