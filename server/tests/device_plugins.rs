@@ -625,3 +625,43 @@ async fn the_agent_sends_its_token_and_a_wrong_one_stops_it_at_start() {
     .await;
     assert!(good.terminate().success());
 }
+
+/// An agent that cannot reach gangway yet still stops at once on SIGTERM, removing its
+/// registration socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_waiting_for_gangway_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("dir");
+    let nowhere = format!("127.0.0.1:{}", support::free_port());
+    let mut agent = Agent {
+        child: Command::new(support::gangway_bin())
+            .args(["agent", "--server", &nowhere, "--node", "lonely"])
+            .args(["--cpu", "1", "--memory", "1Gi"])
+            .arg("--device-plugin-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent"),
+        log: dir.path().join("none"),
+        http: String::new(),
+    };
+    let socket = dir.path().join("kubelet.sock");
+    wait_for(
+        "the registration socket",
+        Duration::from_secs(10),
+        async || socket.exists().then_some(()),
+    )
+    .await;
+    let status = agent.terminate();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let mut err = String::new();
+    if let Some(mut pipe) = agent.child.stderr.take() {
+        use std::io::Read;
+        let _ = pipe.read_to_string(&mut err);
+    }
+    assert!(
+        err.contains("stopped before gangway took node lonely"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "the socket was left behind");
+}

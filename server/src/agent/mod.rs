@@ -168,7 +168,14 @@ pub async fn run(
                 let _ = server_stop.changed().await;
             }),
     );
-    let client = match register_at_start(&gangway, &node).await {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let started = tokio::select! {
+        started = register_at_start(&gangway, &node) => started,
+        _ = &mut shutdown => Err(anyhow::anyhow!(
+            "stopped before gangway took node {name}"
+        )),
+    };
+    let client = match started {
         Ok(client) => client,
         Err(e) => {
             let _ = stop_tx.send(true);
