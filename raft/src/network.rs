@@ -378,12 +378,14 @@ impl RaftNetwork<TypeConfig> for PeerLink {
 
 /// Splits a snapshot into chunks; the first carries the envelope and header.
 fn snapshot_chunks(envelope: Envelope, header: Vec<u8>, data: Vec<u8>) -> Vec<SnapshotChunk> {
+    let total_bytes = data.len() as u64;
     let mut chunks: Vec<SnapshotChunk> = data
         .chunks(SNAPSHOT_CHUNK_BYTES)
         .map(|c| SnapshotChunk {
             envelope: None,
             header: Vec::new(),
             data: c.to_vec(),
+            total_bytes: 0,
         })
         .collect();
     if chunks.is_empty() {
@@ -391,5 +393,6 @@ fn snapshot_chunks(envelope: Envelope, header: Vec<u8>, data: Vec<u8>) -> Vec<Sn
     }
     chunks[0].envelope = Some(envelope);
     chunks[0].header = header;
+    chunks[0].total_bytes = total_bytes;
     chunks
 }

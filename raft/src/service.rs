@@ -133,6 +133,15 @@ impl RaftTransport for TransportService {
             }
             data.extend_from_slice(&chunk.data);
         }
+        // A stream the sender gave up on may end without an error here: install only
+        // a snapshot that arrived whole.
+        if first.total_bytes > 0 && data.len() as u64 != first.total_bytes {
+            return Err(Status::data_loss(format!(
+                "snapshot stream ended after {} of {} bytes; not installed",
+                data.len(),
+                first.total_bytes
+            )));
+        }
         let snapshot = Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
