@@ -15,7 +15,7 @@
 pub mod allocations;
 pub mod plugins;
 pub mod registration;
-mod unix;
+pub mod unix;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -14,11 +14,9 @@ use gangway_proto::deviceplugin::{
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
 };
-use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
-use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Request, Response, Status};
 
 /// (device id, healthy).
@@ -35,23 +33,12 @@ pub struct TestPlugin {
     socket: PathBuf,
 }
 
-/// A channel to the gRPC server on the Unix socket at `path`.
-pub async fn unix_channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        }))
-        .await
-}
-
 /// Registers `endpoint` for `resource` with the `kubelet.sock` in `dir`, retrying for
 /// up to 20 s while nothing serves it yet; the server's answer otherwise.
 pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), Status> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let channel = loop {
-        match unix_channel(&dir.join("kubelet.sock")).await {
+        match gangway_server::agent::unix::connect(&dir.join("kubelet.sock")).await {
             Ok(c) => break c,
             Err(e) => {
                 assert!(
