@@ -26,6 +26,9 @@ use crate::datadir::{self, Identity};
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
+use crate::observe::ui::read::Source;
+use crate::observe::ui::UiDeps;
+use crate::replicated::Groups;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
@@ -37,6 +40,8 @@ pub const DEV_NODES_MAX: u32 = 100_000;
 /// Time the dev cluster may take to elect every leader.
 pub const DEV_READY_TIMEOUT_MS: u64 = 20_000;
 const DEV_CLUSTER_ID: &str = "dev";
+/// The label the simulated nodes' zones go under (their shard and fleet-grid domain).
+const DEV_TOPOLOGY_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Flags of `gangway dev`.
 #[derive(Debug, clap::Args)]
@@ -122,7 +127,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         },
     )?;
 
-    println!("gangway dev: HTTP http://{http_addr} (/healthz /readyz /metrics)");
+    println!("gangway dev: HTTP http://{http_addr} (/ui /healthz /readyz /metrics)");
     let list: Vec<String> = grpc_addrs
         .iter()
         .enumerate()
@@ -182,7 +187,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         let mut opts = ReplicaOptions {
             host: host_config(DEV_CLUSTER_ID, id, &members[&id], args.shards, timing),
             shards: args.shards,
-            topology_label: Some("topology.kubernetes.io/zone".into()),
+            topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
             profile: Profile::default(),
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
@@ -206,9 +211,20 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
     println!("gangway dev: every group has a leader");
 
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let hosts: Vec<_> = replicas.iter().map(|r| r.host.clone()).collect();
     let http_state = HttpState {
-        hosts: replicas.iter().map(|r| r.host.clone()).collect(),
+        hosts: hosts.clone(),
         prometheus,
+        ui: Some(UiDeps {
+            source: Source {
+                groups: Groups::new(hosts[0].clone()),
+                hosts: hosts.clone(),
+                shards: args.shards,
+                topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
+                peer_credentials: Default::default(),
+            },
+            tokens: None,
+        }),
     };
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
         let _ = http_stopped.await;
@@ -220,7 +236,6 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         args.nodes
     );
 
-    let hosts: Vec<_> = replicas.iter().map(|r| r.host.clone()).collect();
     let any_stopped = async {
         let watches = hosts
             .iter()

@@ -379,7 +379,8 @@ impl Tokens {
         self.first.clone()
     }
 
-    fn accepts(&self, token: &str) -> bool {
+    /// Whether `token` is one of the accepted ones.
+    pub fn accepts(&self, token: &str) -> bool {
         self.digests
             .read()
             .is_ok_and(|d| d.contains(&digest(token)))

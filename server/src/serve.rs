@@ -19,6 +19,8 @@ use crate::datadir::{self, Identity};
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
+use crate::observe::ui::read::Source;
+use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::replicated::Groups;
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
@@ -65,6 +67,11 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         },
         token: server_security.tokens.as_ref().map(|t| t.own_shared()),
         peer_secret: Some(server_security.peer_secret.own_shared()),
+    };
+    let ui_tokens = server_security.tokens.clone();
+    let ui_credentials = gangway_client::Credentials {
+        tls: peer_security.tls.clone(),
+        token: ui_tokens.as_ref().map(|t| t.own()),
     };
     datadir::open(&cfg.data, &identity)?;
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
@@ -167,6 +174,16 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let http_state = HttpState {
         hosts: vec![replica.host.clone()],
         prometheus,
+        ui: Some(UiDeps {
+            source: Source {
+                groups: Groups::new(replica.host.clone()),
+                hosts: vec![replica.host.clone()],
+                shards: cfg.shards,
+                topology_label: cfg.topology_label.clone(),
+                peer_credentials: ui_credentials,
+            },
+            tokens: ui_tokens,
+        }),
     };
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
         let _ = http_stopped.await;

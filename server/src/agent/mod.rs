@@ -206,6 +206,7 @@ pub async fn run(
         let state = crate::observe::http::HttpState {
             hosts: Vec::new(),
             prometheus: prometheus.clone(),
+            ui: None,
         };
         let mut stop = stop_rx.clone();
         tokio::spawn(crate::observe::http::serve(listener, state, async move {

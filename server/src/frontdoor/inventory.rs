@@ -173,7 +173,8 @@ fn node_spec(node: &Node) -> NodeSpec {
     }
 }
 
-fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
+/// The API view of a node entry of shard `shard`.
+pub fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
     let lease_until_ms = entry
         .lease
         .filter(|l| l.state == LeaseState::Live)

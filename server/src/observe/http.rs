@@ -1,6 +1,7 @@
 //! The HTTP endpoints of a process: `/healthz` (the process serves),
 //! `/readyz` (every hosted replica runs every group, and knows its leader) and
-//! `/metrics` (Prometheus text).
+//! `/metrics` (Prometheus text), and the web view under `/ui` (`observe::ui`) when
+//! the process gives it a replica to read.
 
 use std::future::Future;
 
@@ -12,6 +13,9 @@ use gangway_raft::RaftHost;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+use crate::observe::ui::events::{self, Hub};
+use crate::observe::ui::{self, UiDeps};
+
 /// What the endpoints look at.
 #[derive(Clone)]
 pub struct HttpState {
@@ -19,6 +23,8 @@ pub struct HttpState {
     pub hosts: Vec<RaftHost>,
     /// The Prometheus recorder's handle, if one is installed.
     pub prometheus: Option<PrometheusHandle>,
+    /// What the web view reads; `None` serves no `/ui`.
+    pub ui: Option<UiDeps>,
 }
 
 async fn healthz() -> &'static str {
@@ -77,14 +83,24 @@ pub async fn serve(
     state: HttpState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new()
+    let hub = Hub::default();
+    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
+    let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state);
+        .with_state(state.clone());
+    let watcher = state.ui.map(|deps| {
+        let host = deps.source.groups.host().clone();
+        app = app.clone().merge(ui::router(deps, hub.clone()));
+        tokio::spawn(events::watch(host, hub.clone(), watch_stopped))
+    });
     let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
     let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
+        // Open event streams would hold graceful shutdown until the drain bound.
+        let _ = stop_watch.send(true);
+        hub.close();
         let _ = draining.send(());
     });
     let drain_bound = async {
@@ -94,8 +110,13 @@ pub async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    tokio::select! {
+    let served = tokio::select! {
         served = graceful => served,
         _ = drain_bound => Ok(()),
+    };
+    if let Some(task) = watcher {
+        task.abort();
+        let _ = task.await;
     }
+    served
 }

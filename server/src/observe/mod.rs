@@ -4,6 +4,7 @@
 
 pub mod http;
 pub mod sampler;
+pub mod ui;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 

@@ -325,6 +325,11 @@ pub enum MetaReply {
         /// In id order.
         txns: Vec<Undelivered>,
     },
+    /// Transaction records ([`MetaQuery::RecentTxns`]), newest first.
+    Txns {
+        /// The records.
+        txns: Vec<TxnRecord>,
+    },
     /// The replies to a batch, in its order.
     Batch {
         /// One per command.
@@ -472,6 +477,12 @@ pub enum MetaQuery {
     },
     /// The cluster's allocatable resources as recorded (`MetaCommand::NoteCapacity`).
     Capacity,
+    /// The newest transactions of the decision log (open and decided), newest first:
+    /// what the web view lists as recent decisions.
+    RecentTxns {
+        /// At most this many.
+        limit: u32,
+    },
 }
 
 /// The meta group's replicated state.
@@ -1172,6 +1183,15 @@ impl MetaState {
             },
             MetaQuery::Capacity => MetaReply::Capacity {
                 capacity: self.queues.capacity().cloned(),
+            },
+            MetaQuery::RecentTxns { limit } => MetaReply::Txns {
+                txns: self
+                    .txns
+                    .values()
+                    .rev()
+                    .take(*limit as usize)
+                    .cloned()
+                    .collect(),
             },
             MetaQuery::StateCounts => {
                 let mut counts: BTreeMap<String, u64> = GroupState::NAMES

@@ -1,0 +1,31 @@
+// gangway web view: the page side. htmx fetches panels again on their server-sent
+// events; this script only opens a node's detail on click, shows whether the event
+// stream is live, and records when panels change (window.gangwayUpdates: the browser
+// test and `gangway bench ui` read it).
+window.gangwayUpdates = [];
+
+document.addEventListener("click", function (e) {
+  var cell = e.target.closest("[data-n]");
+  if (!cell) return;
+  e.preventDefault();
+  var name = cell.getAttribute("data-n");
+  if (!document.getElementById("node")) {
+    window.location = "/ui/fleet?name=" + encodeURIComponent(name);
+    return;
+  }
+  document.querySelectorAll(".cell.sel").forEach(function (c) { c.classList.remove("sel"); });
+  cell.classList.add("sel");
+  htmx.ajax("GET", "/ui/panel/node?name=" + encodeURIComponent(name), { target: "#node", swap: "innerHTML" });
+});
+
+function setLive(text, cls) {
+  var live = document.getElementById("live");
+  if (live) { live.textContent = text; live.className = cls; }
+}
+
+document.addEventListener("htmx:sseOpen", function () { setLive("live", "ok"); });
+document.addEventListener("htmx:sseError", function () { setLive("reconnecting", "warn"); });
+document.addEventListener("htmx:afterSwap", function (e) {
+  window.gangwayUpdates.push({ target: e.detail.target.id, at: Date.now() });
+  if (window.gangwayUpdates.length > 1000) window.gangwayUpdates.shift();
+});
