@@ -28,8 +28,8 @@ use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::observe::ui::read::Source;
 use crate::observe::ui::UiDeps;
-use crate::replicated::Groups;
 use crate::replica::{host_config, Replica, ReplicaOptions};
+use crate::replicated::Groups;
 use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
 

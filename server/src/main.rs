@@ -11,6 +11,7 @@ use gangway_server::bench::failover::FailoverBenchArgs;
 use gangway_server::bench::preemption::PreemptionBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::bench::selectors::SelectorBenchArgs;
+use gangway_server::bench::ui::UiBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
 use gangway_server::dev::DevArgs;
 use gangway_server::{bench, dev, observe, serve};
@@ -58,6 +59,8 @@ enum Bench {
     Preemption(PreemptionBenchArgs),
     /// Placement latency of plain gangs while a gang with a slow CEL selector waits.
     Selectors(SelectorBenchArgs),
+    /// The web view in a headless Chromium: time to first render of each page and update latency.
+    Ui(UiBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -93,6 +96,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Selectors(args),
         } => bench::selectors::run(args).await,
+        Command::Bench {
+            which: Bench::Ui(args),
+        } => bench::ui::run(args).await,
     }
 }
 

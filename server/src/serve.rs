@@ -179,7 +179,11 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                 groups: Groups::new(replica.host.clone()),
                 hosts: vec![replica.host.clone()],
                 shards: cfg.shards,
-                topology_label: cfg.topology_label.clone(),
+                topology_label: Some(
+                    cfg.topology_label
+                        .clone()
+                        .unwrap_or_else(|| crate::observe::ui::read::ZONE_LABEL.into()),
+                ),
                 peer_credentials: ui_credentials,
             },
             tokens: ui_tokens,

@@ -17,7 +17,7 @@ use rcgen::{
     KeyPair,
 };
 use serde_json::json;
-use support::Cluster;
+use support::{http_call, Cluster};
 
 /// A CA and the certificates it signed, as PEM files in `dir`.
 struct Pki {
@@ -177,6 +177,8 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    web_view_asks_for_a_token(&cluster, "s3cret-operator-token").await;
+
     // Strangers.
     let no_cert = attempt(
         &cluster,
@@ -268,5 +270,80 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
     assert!(
         stderr.contains("not cluster \"another-cluster\""),
         "the refusal names both clusters: {stderr}"
+    );
+}
+
+/// The web view under tokens: nothing without one, the same pages with a Bearer
+/// token or the sign-in cookie, and the cluster panel reads every peer over mutual TLS.
+async fn web_view_asks_for_a_token(cluster: &Cluster, token: &str) {
+    let http = cluster.procs[&1].http.clone();
+    let (code, _, body) = http_call(&http, "GET", "/ui/gangs", &[], "").await;
+    assert_eq!(code, 401, "no token: {body}");
+    assert!(
+        body.contains("requires a token"),
+        "the sign-in page: {body}"
+    );
+    assert!(
+        !body.contains("secure"),
+        "no gang shown without a token: {body}"
+    );
+    let (code, _, _) = http_call(&http, "GET", "/ui/events", &[], "").await;
+    assert_eq!(code, 401, "no event stream without a token");
+    let (code, _, _) = http_call(
+        &http,
+        "GET",
+        "/ui/panel/fleet",
+        &[("Authorization", "Bearer wrong")],
+        "",
+    )
+    .await;
+    assert_eq!(code, 401, "a wrong token");
+
+    let bearer = format!("Bearer {token}");
+    let (code, _, body) = http_call(&http, "GET", "/ui", &[("Authorization", &bearer)], "").await;
+    assert_eq!(code, 200, "{body}");
+    for id in 1..=3 {
+        assert!(
+            body.contains(&format!("<tr data-replica=\"{id}\"><td>{id}")),
+            "replica {id} listed: {body}"
+        );
+    }
+    assert_eq!(
+        body.matches("<td class=\"ok\">up</td>").count(),
+        3,
+        "every peer's status read over mutual TLS: {body}"
+    );
+
+    let (code, _, body) = http_call(
+        &http,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        "token=not-it",
+    )
+    .await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("token not accepted"), "{body}");
+    let (code, head, _) = http_call(
+        &http,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        &format!("token={token}"),
+    )
+    .await;
+    assert_eq!(code, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("a cookie is set: {head}"))
+        .to_string();
+    assert!(head.contains("HttpOnly"), "{head}");
+    let (code, _, body) = http_call(&http, "GET", "/ui/gangs", &[("Cookie", &cookie)], "").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("data-name=\"secure\""),
+        "the placed gang shows: {body}"
     );
 }

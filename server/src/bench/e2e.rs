@@ -286,7 +286,7 @@ pub(super) async fn wait_ready(addrs: &[String]) -> anyhow::Result<Client> {
     }
 }
 
-async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
+pub(super) async fn register_nodes(client: &Client, count: usize) -> anyhow::Result<()> {
     let permits = Arc::new(Semaphore::new(REGISTER_CONCURRENCY));
     let mut tasks = Vec::new();
     for i in 0..count {

@@ -7,6 +7,8 @@ pub mod failover;
 pub mod preemption;
 pub mod raft;
 pub mod selectors;
+pub mod ui;
+pub mod webdriver;
 
 /// The p-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {

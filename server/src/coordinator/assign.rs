@@ -9,11 +9,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::engine::GangPlacement;
+use crate::engine::{Diagnosis, GangPlacement, Unplaced};
 use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::ReserveMember;
 use crate::model::device::DeviceId;
-use crate::model::{GangGroup, MemberKey, PodSpec};
+use crate::model::{Gang, GangGroup, MemberKey, PodSpec};
 
 /// Which members each participant shard reserves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub fn assign(
             .filter(|k| placed.contains(k) || placed_before.contains(&k.to_string()))
             .count() as u32;
         if count < gang.min_member {
-            let why = first_diagnosis(plans);
+            let why = template_diagnoses(gang, plans);
             let reason = format!(
                 "gang {}/{}: {count} of minMember {} members fit{why}",
                 gang.namespace, gang.name, gang.min_member
@@ -227,21 +227,61 @@ pub fn stamp_uids<'a>(group: &GangGroup, members: impl IntoIterator<Item = &'a m
     }
 }
 
-fn first_diagnosis(plans: &BTreeMap<u32, GangPlacement>) -> String {
-    plans
-        .iter()
-        .find_map(|(shard, p)| {
-            p.unplaced
-                .first()
-                .map(|u| format!("; shard {shard}: {}", u.diagnosis))
-        })
-        .unwrap_or_default()
+/// Why the members of `gang` that found no node found none, per template (members
+/// with one spec, named by the first one's name without its `-N` suffix), adding up
+/// what the nodes of every shard that left one of them unplaced said: one
+/// "; TEMPLATE (N members): 0/M nodes are available: …" part per template.
+fn template_diagnoses(gang: &Gang, plans: &BTreeMap<u32, GangPlacement>) -> String {
+    let mut templates: Vec<(&PodSpec, Vec<MemberKey>)> = Vec::new();
+    for m in &gang.members {
+        let key = gang.member_key(m);
+        match templates.iter_mut().find(|(spec, _)| **spec == m.spec) {
+            Some((_, keys)) => keys.push(key),
+            None => templates.push((&m.spec, vec![key])),
+        }
+    }
+    let mut out = String::new();
+    for (_, keys) in &templates {
+        let mut merged = Diagnosis::default();
+        let mut unplaced = 0usize;
+        for plan in plans.values() {
+            let mine: Vec<&Unplaced> = plan
+                .unplaced
+                .iter()
+                .filter(|u| keys.contains(&u.member))
+                .collect();
+            unplaced = unplaced.max(mine.len());
+            if let Some(first) = mine.first() {
+                merged.nodes += first.diagnosis.nodes;
+                for (reason, count) in &first.diagnosis.reasons {
+                    merged.record_many(reason.clone(), *count);
+                }
+            }
+        }
+        if unplaced == 0 {
+            continue;
+        }
+        let label = template_label(&keys[0].member);
+        let members = if keys.len() == 1 { "member" } else { "members" };
+        out.push_str(&format!(
+            "; {label} ({} {members}, {unplaced} without a node): {merged}",
+            keys.len()
+        ));
+    }
+    out
+}
+
+/// A template's name: its first member's name without a trailing `-N`.
+fn template_label(member: &str) -> &str {
+    match member.rsplit_once('-') {
+        Some((stem, n)) if !stem.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => stem,
+        _ => member,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Diagnosis, Unplaced};
     use crate::model::{Gang, GangMode, PodSummary};
 
     fn group(members: u32, min: u32) -> GangGroup {
@@ -546,5 +586,76 @@ mod tests {
         assert!(
             matches!(assign(&group(3, 3), &plans, &BTreeSet::new()), AssignOutcome::Short { reason, .. } if reason.contains("2 of minMember 3"))
         );
+    }
+
+    #[test]
+    fn a_short_gang_says_why_per_template_over_every_shard() {
+        use crate::engine::FilterReason;
+        use crate::model::resources::ResourceName;
+        let mut g = group(3, 3);
+        let gang = &mut g.gangs[0];
+        gang.members[0].name = "worker-0".into();
+        gang.members[1].name = "worker-1".into();
+        gang.members[2].name = "ps".into();
+        gang.members[2]
+            .spec
+            .node_selector
+            .insert("zone".into(), "a".into());
+        let keys: Vec<MemberKey> = gang.members.iter().map(|m| gang.member_key(m)).collect();
+        let diagnosis = |nodes: u64, reason: FilterReason| {
+            let mut d = Diagnosis {
+                nodes,
+                ..Diagnosis::default()
+            };
+            d.record_many(reason, nodes);
+            d
+        };
+        let gpu = || FilterReason::Insufficient(ResourceName::from_name("nvidia.com/gpu"));
+        let shard_plan = |nodes: u64, ps_placed: bool| GangPlacement {
+            assignments: if ps_placed {
+                vec![ReserveMember {
+                    member: keys[2].clone(),
+                    node: "n1".into(),
+                    pod: PodSummary::default(),
+                }]
+            } else {
+                Vec::new()
+            },
+            unplaced: keys[..2]
+                .iter()
+                .map(|k| Unplaced {
+                    member: k.clone(),
+                    diagnosis: diagnosis(nodes, gpu()),
+                })
+                .chain((!ps_placed).then(|| Unplaced {
+                    member: keys[2].clone(),
+                    diagnosis: diagnosis(nodes, FilterReason::NodeAffinityMismatch),
+                }))
+                .collect(),
+            domain: None,
+            network: Vec::new(),
+        };
+        let plans = BTreeMap::from([(1, shard_plan(100, true)), (2, shard_plan(60, false))]);
+        let AssignOutcome::Short { reason, .. } = assign(&g, &plans, &BTreeSet::new()) else {
+            panic!("the gang cannot reach minMember");
+        };
+        let parts: Vec<&str> = reason.split("; ").collect();
+        assert_eq!(
+            parts[0], "gang ns/g: 1 of minMember 3 members fit",
+            "{reason}"
+        );
+        assert!(
+            parts[1].starts_with(
+                "worker (2 members, 2 without a node): 0/160 nodes are available: 160 Insufficient"
+            ),
+            "{reason}"
+        );
+        assert!(
+            parts[2].starts_with("ps (1 member, 1 without a node): 0/60 nodes are available: 60 "),
+            "{reason}"
+        );
+        assert_eq!(template_label("worker-12"), "worker");
+        assert_eq!(template_label("ps"), "ps");
+        assert_eq!(template_label("a-b"), "a-b");
     }
 }

@@ -5,11 +5,14 @@
 //!
 //! Bounds: at most [`UI_CLIENTS_MAX`] browsers at once; each has a queue of
 //! [`UI_CLIENT_EVENTS_MAX`] events, and a browser whose queue is full (it stopped
-//! reading) is dropped, not buffered for; a panel is announced at most once per
-//! [`UI_EVENT_COALESCE_MS`]. Owned by `observe::http::serve`, which stops it with the
+//! reading) is dropped, not buffered for. A panel is announced at most once per its
+//! [`Panel::min_interval_ms`]: shards apply a tick every second and, in a real fleet,
+//! node heartbeats all the time, so the fleet (the largest panel) follows them at most
+//! once a second, and the cluster panel's indices every two; a change of leader or
+//! term is announced within [`UI_EVENT_COALESCE_MS`]. Owned by `observe::http::serve`, which stops it with the
 //! server; the SSE handler in `ui` subscribes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +27,11 @@ pub const UI_CLIENT_EVENTS_MAX: usize = 16;
 pub const UI_POLL_MS: u64 = 100;
 /// Shortest time between two announcements of one panel, in ms.
 pub const UI_EVENT_COALESCE_MS: u64 = 250;
+/// Shortest time between two announcements of the fleet, in ms.
+pub const UI_FLEET_INTERVAL_MS: u64 = 1_000;
+/// Shortest time between two announcements of the cluster panel for applies alone
+/// (commit indices and lag; leaders and terms go at once), in ms.
+pub const UI_CLUSTER_INTERVAL_MS: u64 = 2_000;
 
 /// A panel of the web view whose content may have changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -41,6 +49,23 @@ pub enum Panel {
 }
 
 impl Panel {
+    const ALL: [Panel; 5] = [
+        Panel::Cluster,
+        Panel::Fleet,
+        Panel::Gangs,
+        Panel::Queues,
+        Panel::Txns,
+    ];
+
+    /// Shortest time between two announcements of the panel for applies, in ms.
+    pub fn min_interval_ms(self) -> u64 {
+        match self {
+            Panel::Fleet => UI_FLEET_INTERVAL_MS,
+            Panel::Cluster => UI_CLUSTER_INTERVAL_MS,
+            Panel::Gangs | Panel::Queues | Panel::Txns => UI_EVENT_COALESCE_MS,
+        }
+    }
+
     /// The SSE event name (`sse:<name>` in the page's triggers).
     pub fn name(self) -> &'static str {
         match self {
@@ -154,9 +179,12 @@ pub async fn watch(host: RaftHost, hub: Hub, mut stop: tokio::sync::watch::Recei
         })
         .collect();
     let mut pending = BTreeSet::new();
+    let mut leadership_changed = false;
     let mut tick = tokio::time::interval(Duration::from_millis(UI_POLL_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sent = tokio::time::Instant::now();
+    let started = tokio::time::Instant::now();
+    let mut last_sent: BTreeMap<Panel, tokio::time::Instant> =
+        Panel::ALL.into_iter().map(|p| (p, started)).collect();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -180,27 +208,42 @@ pub async fn watch(host: RaftHost, hub: Hub, mut stop: tokio::sync::watch::Recei
                 w.leader = leader;
                 w.term = term;
                 pending.insert(Panel::Cluster);
+                leadership_changed = true;
             }
         }
-        if pending.is_empty()
-            || last_sent.elapsed() < Duration::from_millis(UI_EVENT_COALESCE_MS)
-        {
-            continue;
-        }
-        for panel in std::mem::take(&mut pending) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<Panel> = pending
+            .iter()
+            .copied()
+            .filter(|p| {
+                let interval = if *p == Panel::Cluster && leadership_changed {
+                    UI_EVENT_COALESCE_MS
+                } else {
+                    p.min_interval_ms()
+                };
+                now.duration_since(last_sent[p]) >= Duration::from_millis(interval)
+            })
+            .collect();
+        for panel in due {
+            pending.remove(&panel);
+            if panel == Panel::Cluster {
+                leadership_changed = false;
+            }
+            last_sent.insert(panel, now);
             hub.publish(panel);
         }
-        last_sent = tokio::time::Instant::now();
     }
     hub.close();
 }
 
 /// The panels an apply on `group` may change.
 fn panels_on_apply(group: u64) -> &'static [Panel] {
+    // A transaction begins and is decided in meta (an expired reservation is aborted
+    // there too), so the transactions panel follows meta applies only.
     if group == META_GROUP {
         &[Panel::Gangs, Panel::Queues, Panel::Txns, Panel::Cluster]
     } else {
-        &[Panel::Fleet, Panel::Txns, Panel::Cluster]
+        &[Panel::Fleet, Panel::Cluster]
     }
 }
 
@@ -217,7 +260,11 @@ mod tests {
             assert_eq!(hub.publish(Panel::Gangs), 0);
             assert_eq!(reader.recv().await, Some(Panel::Gangs));
         }
-        assert_eq!(hub.publish(Panel::Fleet), 1, "the stalled browser is dropped");
+        assert_eq!(
+            hub.publish(Panel::Fleet),
+            1,
+            "the stalled browser is dropped"
+        );
         assert_eq!(reader.recv().await, Some(Panel::Fleet));
         assert_eq!(hub.subscribers(), 1);
         for _ in 0..UI_CLIENT_EVENTS_MAX {
@@ -234,7 +281,9 @@ mod tests {
             .collect();
         assert_eq!(hub.subscribe().err(), Some(SubscribeError::Full));
         drop(held.pop());
-        let mut late = hub.subscribe().expect("a slot freed by a browser that left");
+        let mut late = hub
+            .subscribe()
+            .expect("a slot freed by a browser that left");
         hub.close();
         assert_eq!(late.recv().await, None);
         assert_eq!(held[0].recv().await, None);

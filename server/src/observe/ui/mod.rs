@@ -121,7 +121,11 @@ async fn require_token(State(state): State<UiState>, request: Request, next: Nex
             if page {
                 (StatusCode::UNAUTHORIZED, error.unwrap_or("sign in first")).into_response()
             } else {
-                (StatusCode::UNAUTHORIZED, Html(render::login(error).into_string())).into_response()
+                (
+                    StatusCode::UNAUTHORIZED,
+                    Html(render::login(error).into_string()),
+                )
+                    .into_response()
             }
         }
     }
@@ -360,9 +364,9 @@ async fn events_stream(State(state): State<UiState>) -> Response {
 fn panel_events(
     rx: tokio::sync::mpsc::Receiver<Panel>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let hello = futures::stream::once(async { Ok(Event::default().event("hello").data("")) });
+    // A browser drops an event whose data is empty: each carries its panel's name.
+    let hello = futures::stream::once(async { Ok(Event::default().event("hello").data("hello")) });
     let changes = tokio_stream::wrappers::ReceiverStream::new(rx)
-        .map(|panel| Ok(Event::default().event(panel.name()).data("")));
+        .map(|panel| Ok(Event::default().event(panel.name()).data(panel.name())));
     futures::StreamExt::chain(hello, changes)
 }
-

@@ -21,6 +21,8 @@ use crate::replicated::{GroupError, Groups};
 
 /// Time a member's status may take before the cluster panel calls it unreachable, in ms.
 pub const UI_PEER_STATUS_TIMEOUT_MS: u64 = 500;
+/// The well-known zone label: the fleet grid's domains when no topology label is set.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Recent decisions the transactions panel lists.
 pub const UI_RECENT_TXNS_MAX: u32 = 50;
 /// Undelivered decisions the transactions panel lists.
@@ -56,7 +58,8 @@ pub struct Source {
     pub hosts: Vec<RaftHost>,
     /// Number of shard groups.
     pub shards: u32,
-    /// The node label that names a node's topology domain (the fleet grid's rows).
+    /// The node label that names a node's topology domain (the fleet grid's rows):
+    /// the shard topology label, else [`ZONE_LABEL`].
     pub topology_label: Option<String>,
     /// What this replica presents to the other members' Admin service.
     pub peer_credentials: Credentials,
@@ -208,11 +211,11 @@ impl Source {
             other => return Err(unexpected(what, &other)),
         };
         let capacity = match self.meta(what, &MetaQuery::Capacity).await? {
-            MetaReply::Capacity {
-                capacity: Some(c),
-            } => crate::frontdoor::inventory::quantities(&c)
-                .into_iter()
-                .collect(),
+            MetaReply::Capacity { capacity: Some(c) } => {
+                crate::frontdoor::inventory::quantities(&c)
+                    .into_iter()
+                    .collect()
+            }
             _ => BTreeMap::new(),
         };
         Ok(QueuesView { queues, capacity })
@@ -308,12 +311,9 @@ impl Source {
                 .map_err(|e| e.to_string())?;
             client.status(false).await.map_err(|e| e.to_string())
         };
-        match tokio::time::timeout(Duration::from_millis(UI_PEER_STATUS_TIMEOUT_MS), call).await
-        {
+        match tokio::time::timeout(Duration::from_millis(UI_PEER_STATUS_TIMEOUT_MS), call).await {
             Ok(answer) => answer,
-            Err(_) => Err(format!(
-                "no answer within {UI_PEER_STATUS_TIMEOUT_MS} ms"
-            )),
+            Err(_) => Err(format!("no answer within {UI_PEER_STATUS_TIMEOUT_MS} ms")),
         }
     }
 }

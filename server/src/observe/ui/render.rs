@@ -153,7 +153,8 @@ pub fn cluster(view: &ClusterView) -> Markup {
                                 .map(|g| group_name(g.group_id)).collect();
                             @if missing.is_empty() { td.ok { "ready" } }
                             @else { td.warn { "no leader known for " (missing.join(", ")) } }
-                            td { (s.groups.iter().filter(|g| g.role == "leader").count()) " groups" }
+                            @let leads = s.groups.iter().filter(|g| g.role == "leader").count();
+                            td { (leads) @if leads == 1 { " group" } @else { " groups" } }
                         }
                         Err(e) => { td.bad colspan="3" { "unreachable: " (e) } }
                     }
@@ -220,10 +221,10 @@ fn lag_text(leader: &GroupStatus, member: u64) -> String {
         Some(0) => "nothing yet".into(),
         Some(next) => {
             let lag = (leader.last_log_index + 1).saturating_sub(*next);
-            if lag == 0 {
-                "0".into()
-            } else {
-                format!("{lag} entries")
+            match lag {
+                0 => "0".into(),
+                1 => "1 entry".into(),
+                _ => format!("{lag} entries"),
             }
         }
         None if leader.voters.contains(&member) => "unknown".into(),
@@ -248,7 +249,11 @@ pub fn device_counts(node: &NodeInfo) -> DeviceCounts {
     if !node.devices.is_empty() {
         return DeviceCounts {
             total: node.devices.len() as u64,
-            held: node.devices.iter().filter(|d| !d.held_by.is_empty()).count() as u64,
+            held: node
+                .devices
+                .iter()
+                .filter(|d| !d.held_by.is_empty())
+                .count() as u64,
             unhealthy: node.devices.iter().filter(|d| d.unhealthy).count() as u64,
         };
     }
@@ -495,7 +500,11 @@ fn is_holding(state: &str) -> bool {
 pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Markup {
     let namespaces: BTreeSet<&str> = groups
         .iter()
-        .flat_map(|g| g.gangs.iter().filter_map(|n| n.split_once('/').map(|(ns, _)| ns)))
+        .flat_map(|g| {
+            g.gangs
+                .iter()
+                .filter_map(|n| n.split_once('/').map(|(ns, _)| ns))
+        })
         .collect();
     let queues: BTreeSet<&str> = groups
         .iter()
@@ -531,7 +540,7 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
             tr { th { "#" } th { "group" } th { "gangs" } th { "members" } th { "queue" } th { "state" }
                  th { "attempts" } th { "waiting for" } th { "why it waits" } }
             @for (i, g) in waiting.iter().take(UI_ROWS_MAX).enumerate() {
-                tr data-group=(g.id) data-state=(g.state) {
+                tr data-group=(g.id) data-name=(g.name) data-state=(g.state) {
                     td { (i + 1) } td { (g.id) " " b { (g.name) } } td { (g.gangs.join(", ")) }
                     td { (g.members) } td { (g.queue) } td { (g.state) } td { (g.attempts) }
                     td { (ago(now_ms, g.submitted_at_ms)) }
@@ -544,7 +553,7 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
         table #placed {
             tr { th { "group" } th { "gangs" } th { "queue" } th { "state" } th { "members → nodes → devices" } }
             @for g in holding.iter().take(UI_ROWS_MAX) {
-                tr data-group=(g.id) data-state=(g.state) {
+                tr data-group=(g.id) data-name=(g.name) data-state=(g.state) {
                     td { (g.id) " " b { (g.name) } } td { (g.gangs.join(", ")) } td { (g.queue) } td { (g.state) }
                     td { (placements(g)) }
                 }
@@ -555,7 +564,7 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
         table #ended {
             tr { th { "group" } th { "gangs" } th { "how" } th { "why" } }
             @for g in ended.iter().take(UI_ROWS_MAX) {
-                tr data-group=(g.id) data-state=(g.state) {
+                tr data-group=(g.id) data-name=(g.name) data-state=(g.state) {
                     td { (g.id) " " b { (g.name) } } td { (g.gangs.join(", ")) }
                     td class=(ended_class(&g.state)) { (g.state) } td { (g.reason) }
                 }
@@ -644,7 +653,10 @@ pub fn fair_shares(
         let s = spec_of(q);
         children.entry(s.parent.clone()).or_default().push(s);
     }
-    let top: BTreeMap<String, f64> = capacity.iter().map(|(r, q)| (r.clone(), amount(q))).collect();
+    let top: BTreeMap<String, f64> = capacity
+        .iter()
+        .map(|(r, q)| (r.clone(), amount(q)))
+        .collect();
     let mut out = HashMap::new();
     let mut stack: Vec<(String, BTreeMap<String, f64>)> = vec![(String::new(), top)];
     while let Some((parent, pool)) = stack.pop() {
@@ -908,7 +920,10 @@ mod tests {
         let html = gangs(&[g], &GangFilter::default(), 0).into_string();
         assert!(!html.contains("<script>alert"), "{html}");
         assert!(html.contains("&lt;script&gt;"), "{html}");
-        assert!(html.contains("<li>member template ns/w/worker: no node has 3 &lt;gpu&gt; free</li>"), "{html}");
+        assert!(
+            html.contains("<li>member template ns/w/worker: no node has 3 &lt;gpu&gt; free</li>"),
+            "{html}"
+        );
     }
 
     #[test]
