@@ -30,10 +30,10 @@ gangs:
           $selector
 YAML
 }
-for i in $(seq 1 40); do gang "llm-pretrain-$i" prod team-llm 16 8 "" Strict; done
-for i in $(seq 1 30); do gang "vision-sweep-$i" research team-vision 4 2 zone-b Strict; done
-for i in $(seq 1 20); do gang "rl-rollout-$i" research team-rl 8 1 zone-a NonStrict; done
-for i in $(seq 1 12); do gang "etl-$i" batch data-eng 4 4 "" Strict; done
+for i in $(seq 1 14); do gang "llm-pretrain-$i" prod team-llm 16 8 "" Strict; done
+for i in $(seq 1 30); do gang "vision-sweep-$i" research team-vision 4 3 zone-b Strict; done
+for i in $(seq 1 24); do gang "rl-rollout-$i" research team-rl 8 1 zone-a NonStrict; done
+for i in $(seq 1 16); do gang "etl-$i" batch data-eng 2 5 zone-c Strict; done
 gang "giant-moe-1" prod team-llm 64 8 zone-a Strict
 gang "wide-node-1" research team-vision 2 9 "" Strict
 for i in $(seq 1 6); do gang "vision-late-$i" research team-vision 16 8 zone-b Strict; done

@@ -2,8 +2,9 @@
 //! `chromium-driver`; `.ci/run` installs them) against three `gangway serve`
 //! processes: every page renders, a submitted gang shows while it waits with the
 //! reason in words, then with its members → nodes once placed, a node opens with its
-//! pods on click, and when the meta leader is SIGKILLed the page open on another
-//! replica shows new leaders for its groups within 2 s. Screenshots of each page are
+//! pods on click, every tab loads promptly however often it is opened, and when the
+//! meta leader is SIGKILLed the page open on another replica shows new leaders for its
+//! groups within 2 s. Screenshots of each page are
 //! saved under `$CARGO_TARGET_TMPDIR/ui-screenshots` (not compared).
 
 mod support;
@@ -183,6 +184,19 @@ async fn fleet_and_other_pages(browser: &Browser, base: &str, node: &str) {
     )
     .await;
     shot(browser, "fleet").await;
+
+    // Clicking through every tab twice: a page left behind must not keep its event
+    // stream open (the browser allows six connections per host; the seventh page would
+    // wait about a minute for one).
+    for round in 0..2 {
+        for page in ["", "fleet", "gangs", "queues", "txns"] {
+            let url = format!("{base}/ui/{page}");
+            tokio::time::timeout(Duration::from_secs(10), browser.goto(&url))
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: /ui/{page} did not load within 10 s"))
+                .expect("open page");
+        }
+    }
 
     for (page, marker) in [
         ("queues", "#queues"),

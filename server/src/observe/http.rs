@@ -92,6 +92,7 @@ pub async fn serve(
         .with_state(state.clone());
     let watcher = state.ui.map(|deps| {
         let host = deps.source.groups.host().clone();
+        metrics::counter!("gangway_ui_clients_dropped_total").increment(0);
         app = app.clone().merge(ui::router(deps, hub.clone()));
         tokio::spawn(events::watch(host, hub.clone(), watch_stopped))
     });

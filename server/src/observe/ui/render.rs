@@ -496,7 +496,8 @@ fn is_holding(state: &str) -> bool {
 }
 
 /// The gangs panel: a filter, then waiting groups in queue order with why they wait,
-/// placed groups with members → nodes → devices, and ended ones, newest first.
+/// placed groups (newest first) with members → nodes → devices, and ended ones, newest
+/// first.
 pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Markup {
     let namespaces: BTreeSet<&str> = groups
         .iter()
@@ -513,7 +514,9 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
         .collect();
     let kept: Vec<&GangGroupStatus> = groups.iter().filter(|g| filter.keeps(g)).collect();
     let waiting: Vec<&&GangGroupStatus> = kept.iter().filter(|g| is_waiting(&g.state)).collect();
-    let holding: Vec<&&GangGroupStatus> = kept.iter().filter(|g| is_holding(&g.state)).collect();
+    let mut holding: Vec<&&GangGroupStatus> =
+        kept.iter().filter(|g| is_holding(&g.state)).collect();
+    holding.reverse();
     let mut ended: Vec<&&GangGroupStatus> = kept
         .iter()
         .filter(|g| !is_waiting(&g.state) && !is_holding(&g.state))
@@ -549,7 +552,7 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
             }
         }
         (more(waiting.len()))
-        h2 { "Placed" }
+        h2 { "Placed, newest first" }
         table #placed {
             tr { th { "group" } th { "gangs" } th { "queue" } th { "state" } th { "members → nodes → devices" } }
             @for g in holding.iter().take(UI_ROWS_MAX) {
@@ -560,7 +563,7 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
             }
         }
         (more(holding.len()))
-        h2 { "Ended" }
+        h2 { "Ended, newest first" }
         table #ended {
             tr { th { "group" } th { "gangs" } th { "how" } th { "why" } }
             @for g in ended.iter().take(UI_ROWS_MAX) {

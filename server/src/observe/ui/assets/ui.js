@@ -4,6 +4,25 @@
 // test and `gangway bench ui` read it).
 window.gangwayUpdates = [];
 
+// A page left for another may be kept alive by the browser (back/forward cache) with its
+// event stream open; six such streams take every connection the browser allows one host,
+// and the next page waits for one. The stream closes when the page is hidden, and opens
+// again if it is shown from that cache.
+var gangwaySources = [];
+var gangwayCreate = htmx.createEventSource;
+htmx.createEventSource = function (url) {
+  var source = gangwayCreate(url);
+  gangwaySources.push(source);
+  return source;
+};
+window.addEventListener("pagehide", function () {
+  gangwaySources.forEach(function (s) { s.close(); });
+  gangwaySources = [];
+});
+window.addEventListener("pageshow", function (e) {
+  if (e.persisted) window.location.reload();
+});
+
 document.addEventListener("click", function (e) {
   var cell = e.target.closest("[data-n]");
   if (!cell) return;
