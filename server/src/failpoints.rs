@@ -111,8 +111,13 @@ pub const SLICELESS_POOLS_OFFERED: &str = "ingest-offers-pools-without-slices";
 /// ran before (and apart from) the decision would, so queues pass their max (I8).
 pub const META_ADMITS_OVER_QUOTA: &str = "meta-admits-over-quota";
 
+/// A fixed liveness bug, back for checking its test: the coordinator's window of
+/// pending groups keeps queued groups that wait out their backoff, so enough groups that
+/// fit nowhere at the head of the queue keep every group behind them from being read.
+pub const PENDING_KEEPS_BACKED_OFF: &str = "pending-keeps-backed-off-groups";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 23] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -135,6 +140,7 @@ pub const ALL: [&str; 22] = [
     OTHER_SCHEDULERS_NETWORK_CLAIMS_IGNORED,
     SLICELESS_POOLS_OFFERED,
     META_ADMITS_OVER_QUOTA,
+    PENDING_KEEPS_BACKED_OFF,
 ];
 
 /// The armed crash points of a process.

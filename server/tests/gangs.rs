@@ -345,3 +345,60 @@ async fn coordinator_killed_between_reserve_and_decide() {
 async fn coordinator_killed_between_decide_and_commit() {
     coordinator_crash("coordinator-after-decide").await;
 }
+
+/// A full window of groups that fit nowhere (the coordinator reads 256 pending groups a
+/// round) ahead of one that fits, on one replica; answers whether that one was placed
+/// within `within`.
+async fn placed_behind_a_window_of_groups_that_fit_nowhere(
+    failpoints: &[&str],
+    within: Duration,
+) -> bool {
+    let mut args = Vec::new();
+    let env = support::arm_failpoints(&mut args, failpoints);
+    let c = Cluster::start_with(1, 1, args, env);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 1, 1, "4").await;
+    let submits = (0..260).map(|i| {
+        let cl = cl.clone();
+        async move {
+            let key = format!("huge-{i:03}");
+            cl.submit(submission(&key, vec![gang(&key, 1, 1, "64", 0)]))
+                .await
+                .expect("submit a group that fits nowhere")
+        }
+    });
+    futures::future::join_all(submits).await;
+    let fits = cl
+        .submit(submission("fits", vec![gang("fits", 1, 1, "1", 0)]))
+        .await
+        .expect("submit");
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cl.get(fits.id).await.expect("get").state == "Placed" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_that_fit_nowhere_do_not_stop_the_groups_behind_them() {
+    assert!(
+        placed_behind_a_window_of_groups_that_fit_nowhere(&[], Duration::from_secs(30)).await,
+        "the group that fits was placed while 260 that fit nowhere wait ahead of it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_a_window_held_by_groups_in_backoff() {
+    assert!(
+        !placed_behind_a_window_of_groups_that_fit_nowhere(
+            &["pending-keeps-backed-off-groups"],
+            Duration::from_secs(10)
+        )
+        .await,
+        "with the switch on, 256 groups waiting out their backoff hold the window"
+    );
+}

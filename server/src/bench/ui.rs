@@ -32,11 +32,9 @@ pub const UI_BENCH_GROUPS_MAX: usize = 50_000;
 /// Submissions in flight at once.
 const SUBMIT_CONCURRENCY: usize = 64;
 /// Time the submitted groups get to settle (placed or waiting), in ms.
-const SETTLE_TIMEOUT_MS: u64 = 120_000;
+const SETTLE_TIMEOUT_MS: u64 = 300_000;
 /// Time one update may take to reach the page, in ms.
 const UPDATE_TIMEOUT_MS: u64 = 30_000;
-/// One group in this many cannot fit anywhere (9 GPUs on 8-GPU nodes) and waits.
-const WAITING_EVERY: usize = 10;
 
 /// Flags of `gangway bench ui`.
 #[derive(Debug, Clone, Args)]
@@ -47,9 +45,13 @@ pub struct UiBenchArgs {
     /// Nodes to register (64 cpu, 8 GPUs each, in 8 zones).
     #[arg(long, default_value_t = 10_000)]
     pub nodes: usize,
-    /// Gang groups to submit (gangs of 4 with a GPU each; one in ten cannot fit and waits).
+    /// Gang groups to submit (gangs of 4 with a GPU each).
     #[arg(long, default_value_t = 5_000)]
     pub groups: usize,
+    /// One group in this many asks 9 GPUs of 8-GPU nodes: it cannot fit, and waits with
+    /// its reason (0: none waits).
+    #[arg(long, default_value_t = 10)]
+    pub waiting_every: usize,
     /// Fresh loads of each page, and updates timed.
     #[arg(long, default_value_t = 5)]
     pub samples: usize,
@@ -92,7 +94,12 @@ fn group_request(
         .build()
 }
 
-async fn submit_groups(client: &Client, count: usize) -> anyhow::Result<()> {
+/// Whether group `g` is one that cannot fit.
+fn waits(g: usize, every: usize) -> bool {
+    every > 0 && g % every == every - 1
+}
+
+async fn submit_groups(client: &Client, count: usize, every: usize) -> anyhow::Result<()> {
     let permits = Arc::new(Semaphore::new(SUBMIT_CONCURRENCY));
     let mut tasks = Vec::new();
     for g in 0..count {
@@ -100,9 +107,12 @@ async fn submit_groups(client: &Client, count: usize) -> anyhow::Result<()> {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
-            let waits = g % WAITING_EVERY == WAITING_EVERY - 1;
             client
-                .submit(group_request("bench-ui", format!("bench-{g:05}"), waits))
+                .submit(group_request(
+                    "bench-ui",
+                    format!("bench-{g:05}"),
+                    waits(g, every),
+                ))
                 .await
         }));
     }
@@ -112,8 +122,8 @@ async fn submit_groups(client: &Client, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_settled(client: &Client, count: usize) -> anyhow::Result<()> {
-    let waiting = count / WAITING_EVERY;
+async fn wait_settled(client: &Client, count: usize, every: usize) -> anyhow::Result<()> {
+    let waiting = (0..count).filter(|g| waits(*g, every)).count();
     let deadline = Instant::now() + Duration::from_millis(SETTLE_TIMEOUT_MS);
     loop {
         let groups = client.list_groups(false).await?;
@@ -293,8 +303,8 @@ pub async fn run(args: UiBenchArgs) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    submit_groups(&client, args.groups).await?;
-    wait_settled(&client, args.groups).await?;
+    submit_groups(&client, args.groups, args.waiting_every).await?;
+    wait_settled(&client, args.groups, args.waiting_every).await?;
     eprintln!(
         "{} groups submitted and settled in {:.1} s",
         args.groups,
@@ -349,7 +359,9 @@ pub async fn run(args: UiBenchArgs) -> anyhow::Result<()> {
         args.nodes,
         args.shards,
         args.groups,
-        args.groups / WAITING_EVERY,
+        (0..args.groups)
+            .filter(|g| waits(*g, args.waiting_every))
+            .count(),
         args.samples
     );
     println!();

@@ -343,6 +343,19 @@ impl GroupRecord {
         }
     }
 
+    /// Whether the coordinator may act on it at `at_ms` (always when `None`): every
+    /// group but a queued one still waiting out its backoff before its deadline.
+    pub fn is_due(&self, at_ms: Option<u64>) -> bool {
+        match at_ms {
+            None => true,
+            Some(now) => {
+                self.state != GroupState::Queued
+                    || self.not_before_ms <= now
+                    || self.deadline_ms.is_some_and(|d| d <= now)
+            }
+        }
+    }
+
     /// The priority preemption compares: the highest of its gangs' and its pods'.
     pub fn highest_priority(&self) -> i32 {
         let pods = self

@@ -454,6 +454,12 @@ pub enum MetaQuery {
     Pending {
         /// At most this many.
         limit: u32,
+        /// When set, queued groups still waiting out their backoff at this time (and
+        /// not past their deadline) are left out: a group that fits nowhere must not
+        /// hold a place in the window while it waits, or enough of them at the head of
+        /// the queue stop every group behind them from being read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        due_at_ms: Option<u64>,
     },
     /// How many groups the log holds in each state (the queue-depth metric).
     StateCounts,
@@ -927,11 +933,11 @@ impl MetaState {
     /// on, plus at most `limit` queued groups whose queues have no room (listed so their
     /// reason and deadline are kept): a full queue's backlog never hides the groups of
     /// other queues behind it.
-    fn pending_past_full_queues(&self, limit: usize) -> Vec<GroupRecord> {
+    fn pending_past_full_queues(&self, limit: usize, due_at_ms: Option<u64>) -> Vec<GroupRecord> {
         let (mut queued, mut rest): (Vec<&GroupRecord>, Vec<&GroupRecord>) = self
             .groups
             .values()
-            .filter(|r| r.is_pending())
+            .filter(|r| r.is_pending() && r.is_due(due_at_ms))
             .partition(|r| r.state == GroupState::Queued);
         rest.sort_by_key(|r| r.order_key());
         queued.sort_by_key(|r| r.order_key());
@@ -1112,14 +1118,19 @@ impl MetaState {
                     .map(GroupSummary::of)
                     .collect(),
             },
-            MetaQuery::Pending { limit } if !self.queues.is_empty() => MetaReply::Groups {
-                records: self.pending_past_full_queues(*limit as usize),
-            },
-            MetaQuery::Pending { limit } => {
+            MetaQuery::Pending { limit, due_at_ms } if !self.queues.is_empty() => {
+                MetaReply::Groups {
+                    records: self.pending_past_full_queues(*limit as usize, *due_at_ms),
+                }
+            }
+            MetaQuery::Pending { limit, due_at_ms } => {
                 // Ordered by reference and cut before cloning: the queue may hold
                 // thousands of groups while a round takes a few hundred.
-                let mut records: Vec<&GroupRecord> =
-                    self.groups.values().filter(|r| r.is_pending()).collect();
+                let mut records: Vec<&GroupRecord> = self
+                    .groups
+                    .values()
+                    .filter(|r| r.is_pending() && r.is_due(*due_at_ms))
+                    .collect();
                 let limit = (*limit as usize).min(records.len());
                 if limit < records.len() {
                     records.select_nth_unstable_by_key(limit, |r| r.order_key());

@@ -120,7 +120,10 @@ fn commit_places_the_preemptor_and_ends_every_victim_preempted() {
     let txn = begun(preempt(&mut m, high, vec![low, low2]));
     assert_eq!(state_of(&m, low), GroupState::Preempting { txn, by: high });
     assert_eq!(state_of(&m, high), GroupState::Placing { txn });
-    let pending = m.query(&MetaQuery::Pending { limit: 10 });
+    let pending = m.query(&MetaQuery::Pending {
+        limit: 10,
+        due_at_ms: None,
+    });
     let MetaReply::Groups { records } = pending else {
         panic!("{pending:?}");
     };

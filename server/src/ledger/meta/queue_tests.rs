@@ -358,7 +358,10 @@ fn a_full_queue_does_not_hide_other_queues_groups_from_a_round() {
         submit(&mut m, group_in("full", &format!("w{i}"), 1, 1));
     }
     let free = submit(&mut m, group_in("free", "f", 1, 1));
-    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending { limit: 2 }) else {
+    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending {
+        limit: 2,
+        due_at_ms: None,
+    }) else {
         panic!("pending");
     };
     let seqs: Vec<GroupSeq> = records.iter().map(|r| r.seq).collect();
@@ -665,7 +668,10 @@ fn a_round_takes_queued_groups_in_fair_order_across_queues() {
     let x2 = submit(&mut m, group_in("x", "x2", 1, 1));
     let y1 = submit(&mut m, group_in("y", "y1", 1, 1));
     let y2 = submit(&mut m, group_in("y", "y2", 1, 1));
-    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending { limit: 10 }) else {
+    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending {
+        limit: 10,
+        due_at_ms: None,
+    }) else {
         panic!("pending");
     };
     let order: Vec<GroupSeq> = records.iter().map(|r| r.seq).collect();

@@ -342,7 +342,10 @@ fn pending_work_leaves_out_placed_groups() {
     let txn = begin(&mut m, placed, 1);
     decide(&mut m, txn, Decision::Commit, 2);
     let queued = submit(&mut m, "b", group("b", vec![gang("b", 1, 1, 0, 0)]), 3);
-    match m.query(&MetaQuery::Pending { limit: 1 }) {
+    match m.query(&MetaQuery::Pending {
+        limit: 1,
+        due_at_ms: None,
+    }) {
         MetaReply::Groups { records } => {
             assert_eq!(
                 records.iter().map(|r| r.seq).collect::<Vec<_>>(),
@@ -352,6 +355,44 @@ fn pending_work_leaves_out_placed_groups() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn groups_waiting_out_their_backoff_leave_the_window_to_those_behind() {
+    let mut m = MetaState::new(2);
+    let stuck = submit(&mut m, "a", group("a", vec![gang("a", 1, 1, 0, 0)]), 0);
+    let deadline = submit(&mut m, "d", group("d", vec![gang("d", 1, 1, 5, 0)]), 1);
+    let behind = submit(&mut m, "b", group("b", vec![gang("b", 1, 1, 0, 0)]), 2);
+    for seq in [stuck, deadline] {
+        m.apply(&MetaCommand::Requeue {
+            seq,
+            reason: "fits nowhere".into(),
+            at_ms: 3,
+            attempts: Some(0),
+        });
+        assert!(state(&m, seq).not_before_ms > 10, "backed off");
+    }
+    let window =
+        |m: &MetaState, limit, due_at_ms| match m.query(&MetaQuery::Pending { limit, due_at_ms }) {
+            MetaReply::Groups { records } => records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(
+        window(&m, 1, None),
+        vec![stuck],
+        "without a time: queue order"
+    );
+    assert_eq!(
+        window(&m, 1, Some(4)),
+        vec![behind],
+        "a group waiting out its backoff does not hold the window"
+    );
+    let expired = state(&m, deadline).deadline_ms.expect("a waitTime");
+    assert_eq!(
+        window(&m, 2, Some(expired)),
+        vec![deadline, behind],
+        "one past its deadline is read, to be timed out"
+    );
 }
 
 #[test]
@@ -385,7 +426,10 @@ fn members_are_released_one_by_one_until_the_group_ends() {
         GroupState::Placed,
         "placed until the shard confirms"
     );
-    let pending = match m.query(&MetaQuery::Pending { limit: 10 }) {
+    let pending = match m.query(&MetaQuery::Pending {
+        limit: 10,
+        due_at_ms: None,
+    }) {
         MetaReply::Groups { records } => records.len(),
         other => panic!("{other:?}"),
     };

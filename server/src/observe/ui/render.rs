@@ -85,7 +85,7 @@ pub fn page(page: Page, replica: u64, panels: Markup) -> Markup {
                         }
                     }
                     span.replica { "replica " (replica) }
-                    span #live title="live updates" { "connecting" }
+                    span #live title="live updates" {}
                 }
                 main { (panels) }
             }
@@ -746,16 +746,16 @@ pub fn queues(view: &QueuesView) -> Markup {
                             div.qres {
                                 code { (r) } " "
                                 span.bar title={ (r) " used " (q.usage.get(r).map_or("0", String::as_str)) } {
-                                    span.fill style={ "width:" (format!("{:.1}", used / scale * 100.0)) "%" } {}
+                                    span.fill style={ "width:" (format!("{:.1}", (used / scale * 100.0).min(100.0))) "%" } {}
                                     @if let Some(m) = s.min.get(r) {
                                         span.min style={ "left:" (format!("{:.1}", (amount(m) / scale * 100.0).min(100.0))) "%" } {}
                                     }
                                 }
-                                " " (q.usage.get(r).map_or("0", String::as_str))
-                                " · min " (s.min.get(r).map_or("–", String::as_str))
-                                @if let Some(l) = s.lend.get(r) { " (lends " (l) ")" }
-                                " · max " (s.max.get(r).map_or("–", String::as_str))
-                                " · fair " (f.map_or("–".to_string(), short))
+                                " " (show(r, used))
+                                " · min " (s.min.get(r).map_or("–".to_string(), |v| show(r, amount(v))))
+                                @if let Some(l) = s.lend.get(r) { " (lends " (show(r, amount(l))) ")" }
+                                " · max " (s.max.get(r).map_or("–".to_string(), |v| show(r, amount(v))))
+                                " · fair " (f.map_or("–".to_string(), |v| show(r, v)))
                             }
                         }
                     }
@@ -765,13 +765,32 @@ pub fn queues(view: &QueuesView) -> Markup {
     }
 }
 
-fn short(v: f64) -> String {
-    if v >= 1e9 {
-        format!("{:.1}G", v / 1e9)
-    } else if v >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if (v - v.round()).abs() < 0.01 {
+/// An amount of `resource` for people: bytes in binary units, counts and cores plainly.
+fn show(resource: &str, v: f64) -> String {
+    let bytes = ["memory", "storage", "hugepages"]
+        .iter()
+        .any(|k| resource.contains(k));
+    if bytes {
+        const UNITS: [(&str, f64); 4] = [
+            ("Ti", 1_099_511_627_776.0),
+            ("Gi", 1_073_741_824.0),
+            ("Mi", 1_048_576.0),
+            ("Ki", 1_024.0),
+        ];
+        for (unit, size) in UNITS {
+            if v >= size {
+                return format!("{}{unit}", plain(v / size));
+            }
+        }
+    }
+    plain(v)
+}
+
+fn plain(v: f64) -> String {
+    if (v - v.round()).abs() < 0.05 {
         format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
     } else {
         format!("{v:.2}")
     }
@@ -976,6 +995,15 @@ mod tests {
         assert_eq!(fair["b"]["cpu"], 10.0);
         assert_eq!(fair["a1"]["cpu"], 37.5);
         assert_eq!(fair["a2"]["cpu"], 37.5);
+    }
+
+    #[test]
+    fn amounts_are_shown_in_units_people_read() {
+        assert_eq!(show("memory", 412_316_860_416.0), "384Gi");
+        assert_eq!(show("memory", 1_649_267_441_664.0), "1.5Ti");
+        assert_eq!(show("cpu", 96.0), "96");
+        assert_eq!(show("cpu", 0.5), "0.50");
+        assert_eq!(show("nvidia.com/gpu", 1200.0), "1200");
     }
 
     #[test]
