@@ -793,6 +793,9 @@ fn plain(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
     }
 }
 
@@ -1002,7 +1005,8 @@ mod tests {
         assert_eq!(show("memory", 412_316_860_416.0), "384Gi");
         assert_eq!(show("memory", 1_649_267_441_664.0), "1.5Ti");
         assert_eq!(show("cpu", 96.0), "96");
-        assert_eq!(show("cpu", 0.5), "0.50");
+        assert_eq!(show("cpu", 0.5), "0.5");
+        assert_eq!(show("cpu", 0.25), "0.25");
         assert_eq!(show("nvidia.com/gpu", 1200.0), "1200");
     }
 
