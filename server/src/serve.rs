@@ -69,10 +69,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         peer_secret: Some(server_security.peer_secret.own_shared()),
     };
     let ui_tokens = server_security.tokens.clone();
-    let ui_credentials = gangway_client::Credentials {
-        tls: peer_security.tls.clone(),
-        token: ui_tokens.as_ref().map(|t| t.own()),
-    };
+    let ui_peer_tls = peer_security.tls.clone();
     datadir::open(&cfg.data, &identity)?;
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
         .with_context(|| format!("cannot open the store in {} (--data)", cfg.data.display()))?;
@@ -184,7 +181,8 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                         .clone()
                         .unwrap_or_else(|| crate::observe::ui::read::ZONE_LABEL.into()),
                 ),
-                peer_credentials: ui_credentials,
+                peer_tls: ui_peer_tls,
+                peer_tokens: ui_tokens.clone(),
             },
             tokens: ui_tokens,
         }),

@@ -339,6 +339,9 @@ async fn read_answer(stream: &mut tokio::net::TcpStream) -> Result<Vec<u8>, Stri
     loop {
         if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            if head.contains("transfer-encoding: chunked") {
+                return Err("a chunked answer (this client reads Content-Length only)".into());
+            }
             let length = head
                 .lines()
                 .find_map(|l| l.strip_prefix("content-length:"))

@@ -220,7 +220,10 @@ impl Coordinator {
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {
             limit: GROUPS_PER_ROUND_MAX as u32,
-            due_at_ms: (!self.failpoints.armed(failpoints::PENDING_KEEPS_BACKED_OFF)).then(now_ms),
+            // Groups that come due before an idle tick stay in the window, so a round
+            // that finds only them is busy and the next comes at the busy pace.
+            due_at_ms: (!self.failpoints.armed(failpoints::PENDING_KEEPS_BACKED_OFF))
+                .then(|| now_ms() + COORDINATOR_IDLE_TICK_MS),
         };
         // The first round as leader reads linearizably (the log may hold entries this
         // replica has not applied yet); later ones read the leader's own applied state.

@@ -6,18 +6,21 @@
 //! handlers; the views are plain data that `render` turns into HTML.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gangway_client::{Client, Credentials};
 use gangway_proto::admin::{QueueStatus as ApiQueueStatus, StatusReply};
 use gangway_proto::v1::{GangGroupStatus, NodeInfo};
 use gangway_raft::RaftHost;
+use tonic::transport::ClientTlsConfig;
 
 use crate::frontdoor::inventory::node_info;
 use crate::frontdoor::scheduler::status_of;
 use crate::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::replicated::{GroupError, Groups};
+use crate::security::Tokens;
 
 /// Time a member's status may take before the cluster panel calls it unreachable, in ms.
 pub const UI_PEER_STATUS_TIMEOUT_MS: u64 = 500;
@@ -61,8 +64,11 @@ pub struct Source {
     /// The node label that names a node's topology domain (the fleet grid's rows):
     /// the shard topology label, else [`ZONE_LABEL`].
     pub topology_label: Option<String>,
-    /// What this replica presents to the other members' Admin service.
-    pub peer_credentials: Credentials,
+    /// The TLS identity this replica presents to the other members' Admin service.
+    pub peer_tls: Option<ClientTlsConfig>,
+    /// The tokens whose first this replica sends them (read at each call, so a rotated
+    /// file is followed).
+    pub peer_tokens: Option<Arc<Tokens>>,
 }
 
 /// One member of the cluster as its own status tells.
@@ -306,7 +312,11 @@ impl Source {
 
     async fn peer_status(&self, addr: &str) -> Result<StatusReply, String> {
         let call = async {
-            let client = Client::connect_with(&[addr.to_string()], self.peer_credentials.clone())
+            let credentials = Credentials {
+                tls: self.peer_tls.clone(),
+                token: self.peer_tokens.as_ref().map(|t| t.own()),
+            };
+            let client = Client::connect_with(&[addr.to_string()], credentials)
                 .await
                 .map_err(|e| e.to_string())?;
             client.status(false).await.map_err(|e| e.to_string())
@@ -319,8 +329,7 @@ impl Source {
 }
 
 fn unexpected(what: &str, answer: &impl std::fmt::Debug) -> ReadError {
-    let mut answer = format!("{answer:?}");
-    answer.truncate(200);
+    let answer: String = format!("{answer:?}").chars().take(200).collect();
     ReadError::Unexpected {
         what: what.to_string(),
         answer,

@@ -514,14 +514,16 @@ pub fn gangs(groups: &[GangGroupStatus], filter: &GangFilter, now_ms: u64) -> Ma
         .collect();
     let kept: Vec<&GangGroupStatus> = groups.iter().filter(|g| filter.keeps(g)).collect();
     let waiting: Vec<&&GangGroupStatus> = kept.iter().filter(|g| is_waiting(&g.state)).collect();
+    // The read is in queue order (priority first); these two lists go by submission,
+    // newest first.
     let mut holding: Vec<&&GangGroupStatus> =
         kept.iter().filter(|g| is_holding(&g.state)).collect();
-    holding.reverse();
+    holding.sort_by_key(|g| std::cmp::Reverse(g.id));
     let mut ended: Vec<&&GangGroupStatus> = kept
         .iter()
         .filter(|g| !is_waiting(&g.state) && !is_holding(&g.state))
         .collect();
-    ended.reverse();
+    ended.sort_by_key(|g| std::cmp::Reverse(g.id));
     html! {
         form #gang-filter hx-get="/ui/panel/gangs" hx-target="#p-gangs" hx-trigger="change" {
             label { "namespace "

@@ -12,6 +12,7 @@ var gangwaySources = [];
 var gangwayCreate = htmx.createEventSource;
 htmx.createEventSource = function (url) {
   var source = gangwayCreate(url);
+  gangwaySources = gangwaySources.filter(function (s) { return s.readyState !== 2; });
   gangwaySources.push(source);
   return source;
 };
