@@ -32,7 +32,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::replicated::now_ms;
 use crate::security::Tokens;
-use events::{Hub, Panel, SubscribeError};
+use events::{Hub, Panel};
 use read::Source;
 use render::{GangFilter, Page};
 
@@ -254,25 +254,25 @@ async fn txns_markup(state: &UiState) -> Markup {
     }
 }
 
+/// Panel `panel` with its first content, refreshed from `/ui/panel/NAME` on its event.
+fn live(panel: Panel, include: Option<&str>, body: Markup) -> Markup {
+    let name = panel.name();
+    render::live(
+        &format!("p-{name}"),
+        name,
+        &format!("/ui/panel/{name}"),
+        include,
+        body,
+    )
+}
+
 async fn cluster_page(State(state): State<UiState>) -> Response {
-    let body = render::live(
-        "p-cluster",
-        Panel::Cluster.name(),
-        "/ui/panel/cluster",
-        None,
-        cluster_markup(&state).await,
-    );
+    let body = live(Panel::Cluster, None, cluster_markup(&state).await);
     html(render::page(Page::Cluster, this_replica(&state), body))
 }
 
 async fn fleet_page(State(state): State<UiState>, Query(q): Query<NodeQuery>) -> Response {
-    let fleet = render::live(
-        "p-fleet",
-        Panel::Fleet.name(),
-        "/ui/panel/fleet",
-        None,
-        fleet_markup(&state).await,
-    );
+    let fleet = live(Panel::Fleet, None, fleet_markup(&state).await);
     let node = if q.name.is_empty() {
         maud::html! { p.hint { "click a node for its pods, devices, agent link and lease" } }
     } else {
@@ -288,10 +288,8 @@ async fn fleet_page(State(state): State<UiState>, Query(q): Query<NodeQuery>) ->
 }
 
 async fn gangs_page(State(state): State<UiState>, Query(filter): Query<GangFilter>) -> Response {
-    let body = render::live(
-        "p-gangs",
-        Panel::Gangs.name(),
-        "/ui/panel/gangs",
+    let body = live(
+        Panel::Gangs,
         Some("#gang-filter"),
         gangs_markup(&state, &filter).await,
     );
@@ -299,24 +297,12 @@ async fn gangs_page(State(state): State<UiState>, Query(filter): Query<GangFilte
 }
 
 async fn queues_page(State(state): State<UiState>) -> Response {
-    let body = render::live(
-        "p-queues",
-        Panel::Queues.name(),
-        "/ui/panel/queues",
-        None,
-        queues_markup(&state).await,
-    );
+    let body = live(Panel::Queues, None, queues_markup(&state).await);
     html(render::page(Page::Queues, this_replica(&state), body))
 }
 
 async fn txns_page(State(state): State<UiState>) -> Response {
-    let body = render::live(
-        "p-txns",
-        Panel::Txns.name(),
-        "/ui/panel/txns",
-        None,
-        txns_markup(&state).await,
-    );
+    let body = live(Panel::Txns, None, txns_markup(&state).await);
     html(render::page(Page::Txns, this_replica(&state), body))
 }
 
@@ -352,12 +338,7 @@ async fn events_stream(State(state): State<UiState>) -> Response {
         Ok(rx) => Sse::new(panel_events(rx))
             .keep_alive(KeepAlive::default())
             .into_response(),
-        Err(e @ SubscribeError::Full) => {
-            (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
-        }
-        Err(e @ SubscribeError::Closed) => {
-            (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
-        }
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 

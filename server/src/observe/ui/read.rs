@@ -131,6 +131,13 @@ pub struct TxnsView {
 }
 
 impl Source {
+    /// `q` asked of every shard at once, with each shard's answer.
+    async fn each_shard(&self, q: &ShardQuery) -> Vec<(u32, Result<ShardAnswer, GroupError>)> {
+        let reads = (1..=self.shards)
+            .map(|shard| async move { (shard, self.groups.shard_query(shard, q).await) });
+        futures::future::join_all(reads).await
+    }
+
     async fn meta(&self, what: &str, q: &MetaQuery) -> Result<MetaReply, ReadError> {
         self.groups
             .meta_query(q)
@@ -155,19 +162,13 @@ impl Source {
 
     /// Every node of every shard; a shard that cannot be read is named, not fatal.
     pub async fn fleet(&self) -> FleetView {
-        let reads = (1..=self.shards).map(|shard| async move {
-            (
-                shard,
-                self.groups.shard_query(shard, &ShardQuery::ListNodes).await,
-            )
-        });
         let mut view = FleetView {
             nodes: Vec::new(),
             unreadable: Vec::new(),
             topology_label: self.topology_label.clone(),
             shards: self.shards,
         };
-        for (shard, answer) in futures::future::join_all(reads).await {
+        for (shard, answer) in self.each_shard(&ShardQuery::ListNodes).await {
             match answer {
                 Ok(ShardAnswer::Nodes { nodes }) => {
                     view.nodes.extend(nodes.iter().map(|e| node_info(e, shard)))
@@ -261,15 +262,9 @@ impl Source {
             }
             _ => HashMap::new(),
         };
-        let reads = (1..=self.shards).map(|shard| async move {
-            (
-                shard,
-                self.groups.shard_query(shard, &ShardQuery::OpenTxns).await,
-            )
-        });
         let mut open = Vec::new();
         let mut unreadable = Vec::new();
-        for (shard, answer) in futures::future::join_all(reads).await {
+        for (shard, answer) in self.each_shard(&ShardQuery::OpenTxns).await {
             match answer {
                 Ok(ShardAnswer::OpenTxns { txns }) => open.extend(
                     txns.into_iter()
