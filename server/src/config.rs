@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use gangway_raft::{NodeId, RaftTiming};
 use serde::Deserialize;
 
+use crate::wire::WireFormat;
+
 /// Most shards a cluster may have.
 pub const SHARDS_MAX: u32 = 256;
 /// Default number of shards.
@@ -89,6 +91,11 @@ pub struct ServeArgs {
     /// sled page cache bound in MiB [default: 64].
     #[arg(long)]
     pub sled_cache_mb: Option<u64>,
+    /// Format this replica writes commands, replies and snapshots in; it reads both.
+    /// `json` only while upgrading a cluster from a release that reads nothing else
+    /// (docs/ARCHITECTURE.md §3, "Encoding") [default: binary].
+    #[arg(long, value_enum)]
+    pub wire_format: Option<WireFormat>,
     /// Raft heartbeat period in ms [default: 100].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -164,6 +171,7 @@ struct FileConfig {
     initial_cluster_state: Option<InitialClusterState>,
     topology_label: Option<String>,
     sled_cache_mb: Option<u64>,
+    wire_format: Option<WireFormat>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -220,6 +228,8 @@ pub struct ServeConfig {
     pub topology_label: Option<String>,
     /// sled cache bound in bytes.
     pub sled_cache_bytes: u64,
+    /// The format this replica writes.
+    pub wire: WireFormat,
     /// Raft timing.
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.
@@ -480,6 +490,7 @@ impl ServeConfig {
             ));
         }
         let peer_routes = parse_peer_routes(&args.test_peer_routes, args.test_failpoints)?;
+        let wire = args.wire_format.or(file.wire_format).unwrap_or_default();
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
             heartbeat_ms: args
@@ -544,6 +555,7 @@ impl ServeConfig {
             peer_secret_file,
             test_failpoints: args.test_failpoints,
             peer_routes,
+            wire,
         })
     }
 
@@ -667,5 +679,33 @@ mod tests {
         })
         .expect_err("unknown key");
         assert!(err.to_string().contains("shardz"), "{err}");
+    }
+
+    #[test]
+    fn wire_format_defaults_to_binary_and_a_bad_one_names_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gangway.toml");
+        assert_eq!(
+            ServeConfig::resolve(args(1, &[])).expect("valid").wire,
+            WireFormat::Binary
+        );
+        std::fs::write(&path, "id = 1\nwire-format = \"json\"\n").expect("write");
+        let file = |path: &PathBuf| ServeArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            ServeConfig::resolve(file(&path)).expect("valid").wire,
+            WireFormat::Json
+        );
+        let flag = ServeConfig::resolve(ServeArgs {
+            wire_format: Some(WireFormat::Binary),
+            ..file(&path)
+        })
+        .expect("valid");
+        assert_eq!(flag.wire, WireFormat::Binary, "the flag wins");
+        std::fs::write(&path, "id = 1\nwire-format = \"xml\"\n").expect("write");
+        let err = ServeConfig::resolve(file(&path)).expect_err("unknown format");
+        assert!(err.to_string().contains("wire-format"), "{err}");
     }
 }

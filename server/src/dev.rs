@@ -29,9 +29,9 @@ use crate::observe::http::{self, HttpState};
 use crate::observe::ui::read::Source;
 use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
-use crate::replicated::Groups;
 use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
+use crate::wire::WireFormat;
 
 /// Replicas `gangway dev` runs.
 pub const DEV_REPLICAS: u64 = 3;
@@ -58,6 +58,9 @@ pub struct DevArgs {
     /// HTTP address [default: the recorded one, else 127.0.0.1 on a free port].
     #[arg(long)]
     pub http: Option<SocketAddr>,
+    /// Format the replicas write commands, replies and snapshots in (they read both).
+    #[arg(long, value_enum, default_value_t = WireFormat::Binary)]
+    pub wire_format: WireFormat,
 }
 
 /// Ports of a persistent dev cluster.
@@ -189,6 +192,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             shards: args.shards,
             topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
             profile: Profile::default(),
+            wire: args.wire_format,
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),
@@ -217,7 +221,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         prometheus,
         ui: Some(UiDeps {
             source: Source {
-                groups: Groups::new(hosts[0].clone()),
+                groups: replicas[0].groups(),
                 hosts: hosts.clone(),
                 shards: args.shards,
                 topology_label: Some(DEV_TOPOLOGY_LABEL.into()),

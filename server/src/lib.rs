@@ -23,3 +23,4 @@ pub mod replicated;
 pub mod security;
 pub mod serve;
 pub mod shard;
+pub mod wire;

@@ -12,6 +12,7 @@ use gangway_server::bench::preemption::PreemptionBenchArgs;
 use gangway_server::bench::raft::RaftBenchArgs;
 use gangway_server::bench::selectors::SelectorBenchArgs;
 use gangway_server::bench::ui::UiBenchArgs;
+use gangway_server::bench::wire::WireBenchArgs;
 use gangway_server::config::{ServeArgs, ServeConfig};
 use gangway_server::dev::DevArgs;
 use gangway_server::{bench, dev, observe, serve};
@@ -51,6 +52,8 @@ enum Bench {
     Raft(RaftBenchArgs),
     /// Placement engine and shard ledger throughput on one core, and memory per node.
     Engine(EngineBenchArgs),
+    /// The replicated encoding on one core: commands and snapshots in binary and JSON.
+    Wire(WireBenchArgs),
     /// End to end: three real processes, nodes through the Inventory API, gangs through the client.
     E2e(E2eBenchArgs),
     /// Placement stopped by a meta leader kill, with many gang groups placed.
@@ -84,6 +87,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Engine(args),
         } => bench::engine::run_bench(args),
+        Command::Bench {
+            which: Bench::Wire(args),
+        } => bench::wire::run_bench(args),
         Command::Bench {
             which: Bench::E2e(args),
         } => bench::e2e::run(args).await,

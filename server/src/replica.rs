@@ -29,6 +29,7 @@ use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
 use crate::shard::resolver;
 use crate::shard::warmer::SelectorWarmer;
+use crate::wire::WireFormat;
 
 /// Period of the check for groups that stopped on their own.
 pub const STOPPED_GROUP_CHECK_MS: u64 = 200;
@@ -56,6 +57,8 @@ pub struct ReplicaOptions {
     pub topology_label: Option<String>,
     /// Scoring profile of the placement engine.
     pub profile: Profile,
+    /// The format this replica writes commands, replies and snapshots in (it reads both).
+    pub wire: WireFormat,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
@@ -69,6 +72,8 @@ pub struct ReplicaOptions {
 pub struct Replica {
     /// Its Raft host.
     pub host: RaftHost,
+    /// The format this replica writes.
+    wire: WireFormat,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     stop: oneshot::Sender<()>,
     services: Vec<JoinHandle<()>>,
@@ -98,9 +103,10 @@ impl Replica {
             })?
         };
         let machine_warmer = warmer.clone();
-        let factory = move |g| machine_for(g, shards, &machine_failpoints, &machine_warmer);
+        let wire = opts.wire;
+        let factory = move |g| machine_for(g, shards, wire, &machine_failpoints, &machine_warmer);
         let host = RaftHost::start(opts.host, store, &factory).await?;
-        let groups = Groups::new(host.clone());
+        let groups = Groups::new(host.clone(), wire);
         // Every service wants the client certificate (with TLS); the client services a
         // bearer token (with tokens), which peers send too; the Raft transport the peer
         // secret, which clients do not have.
@@ -136,6 +142,7 @@ impl Replica {
                 check,
             ));
         let mut replica = Self::serve(host, router, listener, opts.security.tls.clone(), warmer);
+        replica.wire = wire;
         let secrets = opts
             .security
             .tokens
@@ -172,6 +179,11 @@ impl Replica {
             .services
             .push(tokio::spawn(resolver::run(groups, shards, stop)));
         Ok(replica)
+    }
+
+    /// Typed access to the groups through this replica, in its write format.
+    pub fn groups(&self) -> Groups {
+        Groups::new(self.host.clone(), self.wire)
     }
 
     /// Starts a bare host with custom state machines (no front door), for benchmarks.
@@ -222,6 +234,7 @@ impl Replica {
         };
         Self {
             host,
+            wire: WireFormat::default(),
             server,
             stop,
             services: Vec::new(),

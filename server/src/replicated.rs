@@ -1,6 +1,6 @@
 //! Glue between gangway's ledgers and gangway-raft: each Raft group's
-//! `StateMachine` decodes commands and queries (JSON), applies them to its
-//! ledger, and encodes the reply. A malformed command gets a `Malformed` /
+//! `StateMachine` decodes commands and queries (either format of `wire`), applies
+//! them to its ledger, and encodes the reply in the replica's write format. A malformed command gets a `Malformed` /
 //! `Rejected` reply and changes nothing. Group 0 is the meta group, 1..=S are
 //! shards.
 
@@ -21,25 +21,32 @@ use crate::ledger::usage::HandOver;
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 use crate::model::{Device, MemberKey, PodSpec};
 use crate::shard::warmer::SelectorWarmer;
+use crate::wire::{self, WireError, WireFormat};
 
-/// Encodes a command, query or reply for the Raft log.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(value)
+/// Encodes a command, query or reply in the default (binary) format.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    WireFormat::Binary.encode(value)
 }
 
 /// Encodes a state machine's reply; if the reply cannot be encoded, the
 /// error reply `on_error` builds is sent instead, so the caller learns why.
-fn reply<T: Serialize>(value: &T, on_error: impl FnOnce(String) -> T) -> Vec<u8> {
-    match encode(value) {
+fn reply<T: Serialize>(
+    format: WireFormat,
+    value: &T,
+    on_error: impl FnOnce(String) -> T,
+) -> Vec<u8> {
+    match format.encode(value) {
         Ok(bytes) => bytes,
-        Err(e) => encode(&on_error(format!("reply could not be encoded: {e}"))).unwrap_or_default(),
+        Err(e) => format
+            .encode(&on_error(format!("reply could not be encoded: {e}")))
+            .unwrap_or_default(),
     }
 }
 
 /// Encodes a state for a snapshot. The states hold only data with string or
 /// integer map keys, so a failure means the state itself is corrupt.
-fn snapshot_bytes<T: Serialize>(what: &str, state: &T) -> Vec<u8> {
-    match encode(state) {
+fn snapshot_bytes<T: Serialize>(format: WireFormat, what: &str, state: &T) -> Vec<u8> {
+    match format.encode(state) {
         Ok(bytes) => bytes,
         Err(e) => panic!("{what} state cannot be encoded, it is corrupt: {e}"),
     }
@@ -60,9 +67,9 @@ fn answer_malformed(reason: String) -> ShardAnswer {
     ShardAnswer::Malformed { reason }
 }
 
-/// Decodes a reply or query.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice(bytes)
+/// Decodes a command, query or reply written in either format.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    wire::decode(bytes)
 }
 
 /// A shard's answer to one command: the ledger's reply, or why the command
@@ -82,6 +89,8 @@ pub enum ShardOutcome {
 /// The meta group's state machine.
 pub struct MetaMachine {
     state: MetaState,
+    /// Not state: the format replies and snapshots are written in.
+    format: WireFormat,
     /// Not state: test bug switches (none in production). Every replica of a test
     /// cluster is armed alike, so applies stay deterministic.
     failpoints: Failpoints,
@@ -90,6 +99,8 @@ pub struct MetaMachine {
 /// A shard group's state machine: the shard ledger, and the placer its plans use.
 pub struct ShardMachine {
     ledger: ShardLedger,
+    /// Not state: the format replies and snapshots are written in.
+    format: WireFormat,
     /// Not state: what the engine keeps between plans on this replica.
     placer: std::sync::Mutex<Placer>,
     /// Not state: test crash points (none in production). Crashing changes no state.
@@ -99,21 +110,25 @@ pub struct ShardMachine {
     warmer: SelectorWarmer,
 }
 
-/// Builds the state machine of `group` in a cluster of `shards` shards.
+/// Builds the state machine of `group` in a cluster of `shards` shards, writing
+/// replies and snapshots in `format`.
 pub fn machine_for(
     group: GroupId,
     shards: u32,
+    format: WireFormat,
     failpoints: &Failpoints,
     warmer: &SelectorWarmer,
 ) -> Box<dyn StateMachine> {
     if group == META_GROUP {
         Box::new(MetaMachine {
             state: MetaState::new(shards),
+            format,
             failpoints: failpoints.clone(),
         })
     } else {
         Box::new(ShardMachine {
             ledger: ShardLedger::new(),
+            format,
             placer: std::sync::Mutex::new(Placer::new()),
             failpoints: failpoints.clone(),
             warmer: warmer.clone(),
@@ -122,7 +137,7 @@ pub fn machine_for(
 }
 
 fn restore<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, RestoreError> {
-    serde_json::from_slice(snapshot).map_err(|e| RestoreError(e.to_string()))
+    wire::decode(snapshot).map_err(|e| RestoreError(e.to_string()))
 }
 
 /// Meta admits what decodes as a meta command.
@@ -145,8 +160,9 @@ impl StateMachine for MetaMachine {
         self.state
             .set_quota_unchecked(self.failpoints.armed(failpoints::META_ADMITS_OVER_QUOTA));
         let answer = match decode(command) {
-            Ok(cmd) => reply(&self.state.apply(&cmd), meta_rejected),
+            Ok(cmd) => reply(self.format, &self.state.apply(&cmd), meta_rejected),
             Err(e) => reply(
+                self.format,
                 &meta_rejected(format!("malformed meta command: {e}")),
                 meta_rejected,
             ),
@@ -163,7 +179,7 @@ impl StateMachine for MetaMachine {
         answer
     }
     fn snapshot(&self) -> Vec<u8> {
-        snapshot_bytes("meta", &self.state)
+        snapshot_bytes(self.format, "meta", &self.state)
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.state = restore(snapshot)?;
@@ -174,8 +190,9 @@ impl StateMachine for MetaMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(q) => reply(&self.state.query(&q), meta_rejected),
+            Ok(q) => reply(self.format, &self.state.query(&q), meta_rejected),
             Err(e) => reply(
+                self.format,
                 &meta_rejected(format!("malformed meta query: {e}")),
                 meta_rejected,
             ),
@@ -278,16 +295,17 @@ impl StateMachine for ShardMachine {
                 if matches!(cmd.op, LedgerOp::Reserve { .. }) {
                     self.failpoints.hit(failpoints::PARTICIPANT_AFTER_RESERVE);
                 }
-                reply(&outcome, shard_malformed)
+                reply(self.format, &outcome, shard_malformed)
             }
             Err(e) => reply(
+                self.format,
                 &shard_malformed(format!("malformed shard command: {e}")),
                 shard_malformed,
             ),
         }
     }
     fn snapshot(&self) -> Vec<u8> {
-        self.ledger.snapshot()
+        self.ledger.snapshot_as(self.format)
     }
     fn admission(&self) -> Option<Admission> {
         Some(std::sync::Arc::new(admit_shard))
@@ -302,7 +320,7 @@ impl StateMachine for ShardMachine {
                 if self.failpoints.armed(failpoints::BIND_BEFORE_VICTIMS_LEAVE) =>
             {
                 let answered = unbound(&self.ledger, limit, Victims::Ignore);
-                reply(&answered, answer_malformed)
+                reply(self.format, &answered, answer_malformed)
             }
             Ok(q) => {
                 let (q, cold) = self.without_cold_gangs(q);
@@ -324,9 +342,13 @@ impl StateMachine for ShardMachine {
                             },
                         }));
                 }
-                reply(&answered, answer_malformed)
+                reply(self.format, &answered, answer_malformed)
             }
-            Err(e) => reply(&answer_malformed(e.to_string()), answer_malformed),
+            Err(e) => reply(
+                self.format,
+                &answer_malformed(e.to_string()),
+                answer_malformed,
+            ),
         }
     }
 }
@@ -391,12 +413,14 @@ pub fn now_ms() -> u64 {
 #[derive(Clone)]
 pub struct Groups {
     host: RaftHost,
+    /// The format commands and queries are written in.
+    format: WireFormat,
 }
 
 impl Groups {
-    /// Wraps `host`.
-    pub fn new(host: RaftHost) -> Self {
-        Self { host }
+    /// Wraps `host`; commands and queries are written in `format`.
+    pub fn new(host: RaftHost, format: WireFormat) -> Self {
+        Self { host, format }
     }
 
     /// The underlying host.
@@ -404,8 +428,8 @@ impl Groups {
         &self.host
     }
 
-    fn encode<T: Serialize>(group: GroupId, value: &T) -> Result<Vec<u8>, GroupError> {
-        encode(value).map_err(|e| GroupError::Encode {
+    fn encode<T: Serialize>(&self, group: GroupId, value: &T) -> Result<Vec<u8>, GroupError> {
+        self.format.encode(value).map_err(|e| GroupError::Encode {
             group,
             reason: e.to_string(),
         })
@@ -422,7 +446,7 @@ impl Groups {
     pub async fn meta(&self, cmd: &MetaCommand) -> Result<MetaReply, GroupError> {
         let out = self
             .host
-            .write(META_GROUP, Self::encode(META_GROUP, cmd)?)
+            .write(META_GROUP, self.encode(META_GROUP, cmd)?)
             .await?;
         Self::decode(META_GROUP, &out.reply)
     }
@@ -431,7 +455,7 @@ impl Groups {
     pub async fn meta_query(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
         let out = self
             .host
-            .read(META_GROUP, Self::encode(META_GROUP, q)?)
+            .read(META_GROUP, self.encode(META_GROUP, q)?)
             .await?;
         Self::decode(META_GROUP, &out.reply)
     }
@@ -440,7 +464,7 @@ impl Groups {
     pub fn meta_query_local(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
         let out = self
             .host
-            .read_local(META_GROUP, &Self::encode(META_GROUP, q)?)?;
+            .read_local(META_GROUP, &self.encode(META_GROUP, q)?)?;
         Self::decode(META_GROUP, &out.reply)
     }
 
@@ -451,21 +475,21 @@ impl Groups {
             at_ms: now_ms(),
             op,
         };
-        let out = self.host.write(group, Self::encode(group, &cmd)?).await?;
+        let out = self.host.write(group, self.encode(group, &cmd)?).await?;
         Self::decode(group, &out.reply)
     }
 
     /// Reads shard `shard` linearizably.
     pub async fn shard_query(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        let out = self.host.read(group, Self::encode(group, q)?).await?;
+        let out = self.host.read(group, self.encode(group, q)?).await?;
         Self::decode(group, &out.reply)
     }
 
     /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's own state).
     pub fn shard_query_local(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        let out = self.host.read_local(group, &Self::encode(group, q)?)?;
+        let out = self.host.read_local(group, &self.encode(group, q)?)?;
         Self::decode(group, &out.reply)
     }
 }
@@ -476,36 +500,107 @@ mod tests {
     use crate::ledger::{LedgerCommand, LedgerOp};
     use crate::model::{Node, Resources};
 
+    fn shard_machine(format: WireFormat) -> Box<dyn StateMachine> {
+        machine_for(
+            1,
+            4,
+            format,
+            &Failpoints::disabled(),
+            &SelectorWarmer::inline(),
+        )
+    }
+
+    fn meta_machine(format: WireFormat) -> Box<dyn StateMachine> {
+        machine_for(
+            META_GROUP,
+            4,
+            format,
+            &Failpoints::disabled(),
+            &SelectorWarmer::inline(),
+        )
+    }
+
+    fn register(at_ms: u64, name: &str) -> LedgerCommand {
+        let node = Node::new(
+            name,
+            Resources {
+                cpu_milli: 4000,
+                memory_bytes: 1 << 30,
+                pods: 10,
+                ..Resources::zero()
+            },
+        );
+        LedgerCommand {
+            at_ms,
+            op: LedgerOp::RegisterNode { node },
+        }
+    }
+
+    /// A replica upgraded in place restores the JSON snapshot the old release wrote,
+    /// applies the JSON entries after it, then binary ones, and ends in the state a
+    /// replica that only ever wrote binary reaches (and answers in its own format).
+    #[test]
+    fn json_snapshots_and_entries_from_before_the_upgrade_restore_and_replay() {
+        let mut old = shard_machine(WireFormat::Json);
+        let mut fresh = shard_machine(WireFormat::Binary);
+        for (i, name) in ["n1", "n2"].iter().enumerate() {
+            let cmd = register(i as u64, name);
+            old.apply(i as u64 + 1, &WireFormat::Json.encode(&cmd).expect("json"));
+            fresh.apply(i as u64 + 1, &encode(&cmd).expect("binary"));
+        }
+        let json_snapshot = old.snapshot();
+        assert_eq!(json_snapshot.first(), Some(&b'{'));
+        let mut upgraded = shard_machine(WireFormat::Binary);
+        upgraded
+            .restore(&json_snapshot)
+            .expect("JSON snapshot restores");
+        assert_eq!(upgraded.snapshot(), fresh.snapshot());
+        let from_json_log = register(3, "n3");
+        let reply = upgraded.apply(3, &WireFormat::Json.encode(&from_json_log).expect("json"));
+        assert_eq!(reply.first(), Some(&wire::BINARY_V1));
+        fresh.apply(3, &encode(&from_json_log).expect("binary"));
+        let after = register(4, "n4");
+        upgraded.apply(4, &encode(&after).expect("binary"));
+        fresh.apply(4, &encode(&after).expect("binary"));
+        assert_eq!(upgraded.snapshot(), fresh.snapshot());
+
+        let mut meta_old = meta_machine(WireFormat::Json);
+        let meta_json = meta_old.snapshot();
+        assert_eq!(meta_json.first(), Some(&b'{'));
+        let mut meta_upgraded = meta_machine(WireFormat::Binary);
+        meta_upgraded
+            .restore(&meta_json)
+            .expect("JSON meta snapshot restores");
+        assert_eq!(
+            meta_upgraded.snapshot(),
+            meta_machine(WireFormat::Binary).snapshot()
+        );
+        meta_old
+            .restore(&meta_upgraded.snapshot())
+            .expect("binary restores too");
+        assert_eq!(meta_old.snapshot(), meta_json);
+    }
+
     #[test]
     fn malformed_command_is_rejected_and_changes_nothing() {
-        let mut m = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
+        let mut m = shard_machine(WireFormat::Binary);
         let before = m.snapshot();
         let reply: ShardOutcome = decode(&m.apply(1, b"{not json")).expect("reply decodes");
         assert!(matches!(reply, ShardOutcome::Malformed { .. }));
         assert_eq!(before, m.snapshot());
-        let mut meta = machine_for(
-            META_GROUP,
-            4,
-            &Failpoints::disabled(),
-            &SelectorWarmer::inline(),
-        );
+        let mut meta = meta_machine(WireFormat::Binary);
         let reply: MetaReply = decode(&meta.apply(1, b"[]")).expect("reply decodes");
         assert!(matches!(reply, MetaReply::Rejected { .. }));
     }
 
     #[test]
     fn admission_refuses_what_no_replica_builds_before_it_takes_an_index() {
-        let shard = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline())
+        let shard = shard_machine(WireFormat::Binary)
             .admission()
             .expect("shards check commands");
-        let meta = machine_for(
-            META_GROUP,
-            4,
-            &Failpoints::disabled(),
-            &SelectorWarmer::inline(),
-        )
-        .admission()
-        .expect("meta checks commands");
+        let meta = meta_machine(WireFormat::Binary)
+            .admission()
+            .expect("meta checks commands");
         assert!(shard(b"{not json").is_err());
         assert!(meta(b"[]").is_err());
         let tick = encode(&LedgerCommand::new(5, LedgerOp::Tick)).expect("encode");
@@ -536,20 +631,8 @@ mod tests {
 
     #[test]
     fn shard_snapshot_round_trips_through_restore() {
-        let mut m = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
-        let node = Node::new(
-            "n1",
-            Resources {
-                cpu_milli: 4000,
-                memory_bytes: 1 << 30,
-                pods: 10,
-                ..Resources::zero()
-            },
-        );
-        let cmd = LedgerCommand {
-            at_ms: 5,
-            op: LedgerOp::RegisterNode { node },
-        };
+        let mut m = shard_machine(WireFormat::Binary);
+        let cmd = register(5, "n1");
         let reply: ShardOutcome =
             decode(&m.apply(1, &encode(&cmd).expect("encodes"))).expect("reply decodes");
         assert!(
@@ -560,7 +643,7 @@ mod tests {
             "{reply:?}"
         );
         let snap = m.snapshot();
-        let mut other = machine_for(1, 4, &Failpoints::disabled(), &SelectorWarmer::inline());
+        let mut other = shard_machine(WireFormat::Binary);
         other.restore(&snap).expect("restore");
         assert_eq!(other.snapshot(), snap);
     }

@@ -22,7 +22,6 @@ use crate::observe::http::{self, HttpState};
 use crate::observe::ui::read::Source;
 use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
-use crate::replicated::Groups;
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
 
 /// Runs one replica until a shutdown signal.
@@ -92,6 +91,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         shards: cfg.shards,
         topology_label: cfg.topology_label.clone(),
         profile: Profile::default(),
+        wire: cfg.wire,
         failpoints: if cfg.test_failpoints {
             Failpoints::from_env()
         } else {
@@ -149,7 +149,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             );
             Some(tokio::spawn(crate::kube::run(
                 client,
-                Groups::new(replica.host.clone()),
+                replica.groups(),
                 cfg.shards,
                 cfg.topology_label.clone(),
                 budgets.clone(),
@@ -173,7 +173,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         prometheus,
         ui: Some(UiDeps {
             source: Source {
-                groups: Groups::new(replica.host.clone()),
+                groups: replica.groups(),
                 hosts: vec![replica.host.clone()],
                 shards: cfg.shards,
                 topology_label: Some(

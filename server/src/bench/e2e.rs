@@ -19,6 +19,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::percentile;
+use crate::wire::WireFormat;
 
 /// Most nodes the benchmark registers.
 pub const E2E_NODES_MAX: usize = 100_000;
@@ -60,6 +61,40 @@ pub struct E2eBenchArgs {
     /// a max of the whole cluster's cpu (checked at every admission, never reached).
     #[arg(long, default_value = "0")]
     pub queues: String,
+    /// Formats the replicas write their logs and snapshots in, comma-separated
+    /// (`binary`, `json`; a fresh cluster each), to compare them in one run.
+    #[arg(long, default_value = "binary")]
+    pub wire_formats: String,
+}
+
+fn parse_formats(text: &str) -> anyhow::Result<Vec<WireFormat>> {
+    text.split(',')
+        .map(|v| {
+            <WireFormat as clap::ValueEnum>::from_str(v.trim(), true)
+                .map_err(|_| anyhow::anyhow!("--wire-formats: {v:?} is not binary or json"))
+        })
+        .collect()
+}
+
+fn format_name(format: WireFormat) -> &'static str {
+    match format {
+        WireFormat::Binary => "binary",
+        WireFormat::Json => "json",
+    }
+}
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -86,6 +121,8 @@ pub(super) struct Processes {
     secret_file: PathBuf,
     /// Bug switches and crash points every replica is started with.
     pub(super) failpoints: Vec<String>,
+    /// The format every replica writes.
+    pub(super) wire: WireFormat,
     children: Vec<Option<Child>>,
     /// gRPC addresses, replica i+1 at index i.
     pub(super) grpc: Vec<String>,
@@ -139,7 +176,8 @@ impl Processes {
             .arg(self.dir.join(format!("node-{id}")))
             .arg("--peer-secret-file")
             .arg(&self.secret_file)
-            .args(["--initial-cluster-state", "new"]);
+            .args(["--initial-cluster-state", "new"])
+            .args(["--wire-format", format_name(self.wire)]);
         if !self.failpoints.is_empty() {
             cmd.arg("--test-failpoints")
                 .env("GANGWAY_TEST_FAILPOINTS", self.failpoints.join(","));
@@ -179,6 +217,16 @@ pub(super) fn spawn_cluster_with(
     dir: &Path,
     failpoints: Vec<String>,
 ) -> anyhow::Result<Processes> {
+    spawn_cluster_as(shards, dir, failpoints, WireFormat::default())
+}
+
+/// Like [`spawn_cluster_with`], every replica writing `wire`.
+pub(super) fn spawn_cluster_as(
+    shards: usize,
+    dir: &Path,
+    failpoints: Vec<String>,
+    wire: WireFormat,
+) -> anyhow::Result<Processes> {
     let secret_file = dir.join("peer-secret");
     let secret = crate::security::Tokens::generated_peer_secret()?.own();
     std::fs::write(&secret_file, format!("{secret}\n"))
@@ -189,6 +237,7 @@ pub(super) fn spawn_cluster_with(
         shards,
         secret_file,
         failpoints,
+        wire,
         children: vec![None, None, None],
         grpc: loopback_addrs(3)?,
         http: loopback_addrs(3)?,
@@ -435,6 +484,8 @@ struct SizeResult {
     alone_submit_ms: Vec<u64>,
     /// Mean coordinator time per phase while they ran.
     alone_phases: String,
+    /// The wire format the replicas wrote.
+    format: &'static str,
 }
 
 async fn run_size(
@@ -516,6 +567,7 @@ async fn run_size(
         alone_ms,
         alone_submit_ms,
         alone_phases,
+        format: format_name(WireFormat::default()),
     })
 }
 
@@ -542,39 +594,47 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             args.submit_concurrency
         );
     }
+    let formats = parse_formats(&args.wire_formats)?;
     let mut rows = Vec::new();
-    for (&shards, &queues) in shard_counts
+    let mut data_dirs = Vec::new();
+    for ((&shards, &queues), &format) in shard_counts
         .iter()
         .flat_map(|s| queue_counts.iter().map(move |q| (s, q)))
+        .flat_map(|sq| formats.iter().map(move |f| (sq, f)))
     {
+        let name = format_name(format);
         let dir = std::env::temp_dir().join(format!(
-            "gangway-bench-e2e-{}-{shards}-{queues}",
+            "gangway-bench-e2e-{}-{shards}-{queues}-{name}",
             std::process::id()
         ));
         std::fs::create_dir_all(&dir)?;
-        let procs = spawn_cluster(shards, &dir)?;
+        let procs = spawn_cluster_as(shards, &dir, Vec::new(), format)?;
         let client = wait_ready(&procs.grpc).await?;
         let t = Instant::now();
         register_nodes(&client, args.nodes).await?;
         eprintln!(
-            "shards={shards}: {} nodes registered in {:.1} s",
+            "shards={shards} wire-format={name}: {} nodes registered in {:.1} s",
             args.nodes,
             t.elapsed().as_secs_f64()
         );
         make_queues(&client, queues, args.nodes).await?;
         for (run, &size) in sizes.iter().enumerate() {
-            rows.push(run_size(&client, &procs.http, shards, size, &args, run, queues).await?);
+            let mut row = run_size(&client, &procs.http, shards, size, &args, run, queues).await?;
+            row.format = name;
+            rows.push(row);
         }
+        data_dirs.push((shards, queues, name, dir_bytes(&dir.join("node-1"))));
         drop(procs);
     }
-    println!("| shards | queues | gang size | gangs | pods placed | seconds | pods/s | p50 submit→placed | p99 submit→placed |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shards | queues | wire format | gang size | gangs | pods placed | seconds | pods/s | p50 submit→placed | p99 submit→placed |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let pods = r.gangs * r.gang;
         println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.0} | {} ms | {} ms |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {} ms | {} ms |",
             r.shards,
             r.queues,
+            r.format,
             r.gang,
             r.gangs,
             pods,
@@ -587,13 +647,14 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     println!();
     println!("One gang at a time (each submitted after the previous one was placed):");
     println!();
-    println!("| shards | queues | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shards | queues | wire format | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for r in rows.iter().filter(|r| !r.alone_ms.is_empty()) {
         println!(
-            "| {} | {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
+            "| {} | {} | {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
             r.shards,
             r.queues,
+            r.format,
             r.gang,
             r.alone_ms.len(),
             percentile(&r.alone_submit_ms, 50.0),
@@ -606,12 +667,20 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     println!("Coordinator phases (mean per call):");
     for r in &rows {
         println!(
-            "- shards {}, queues {}, gangs of {}, all at once: {}",
-            r.shards, r.queues, r.gang, r.phases
+            "- shards {}, queues {}, {}, gangs of {}, all at once: {}",
+            r.shards, r.queues, r.format, r.gang, r.phases
         );
         println!(
-            "- shards {}, queues {}, gangs of {}, one at a time: {}",
-            r.shards, r.queues, r.gang, r.alone_phases
+            "- shards {}, queues {}, {}, gangs of {}, one at a time: {}",
+            r.shards, r.queues, r.format, r.gang, r.alone_phases
+        );
+    }
+    println!();
+    println!("Data dir of replica 1 at the end (log, snapshots):");
+    for (shards, queues, name, bytes) in data_dirs {
+        println!(
+            "- shards {shards}, queues {queues}, {name}: {:.1} MiB",
+            bytes as f64 / (1024.0 * 1024.0)
         );
     }
     Ok(())

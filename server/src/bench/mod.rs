@@ -9,6 +9,7 @@ pub mod raft;
 pub mod selectors;
 pub mod ui;
 pub mod webdriver;
+pub mod wire;
 
 /// The p-th percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {

@@ -116,6 +116,8 @@ struct Bench {
     report: BenchReport,
     clock_ms: u64,
     next_txn: u64,
+    /// Every command applied, when asked for (`gang_workload`).
+    recorded: Option<Vec<LedgerCommand>>,
 }
 
 impl Bench {
@@ -128,6 +130,7 @@ impl Bench {
             },
             clock_ms: 0,
             next_txn: 0,
+            recorded: None,
         };
         for node in fleet(nodes) {
             bench.apply(LedgerOp::RegisterNode { node });
@@ -138,7 +141,12 @@ impl Bench {
     fn apply(&mut self, op: LedgerOp) -> LedgerReply {
         self.clock_ms += 1;
         self.report.ledger_commands += 1;
-        self.ledger.apply(&LedgerCommand::new(self.clock_ms, op))
+        let cmd = LedgerCommand::new(self.clock_ms, op);
+        let reply = self.ledger.apply(&cmd);
+        if let Some(recorded) = &mut self.recorded {
+            recorded.push(cmd);
+        }
+        reply
     }
 
     /// Adds the device class and publishes one pool per node from `devices_of(node index)`.
@@ -256,7 +264,27 @@ fn bench_gang(index: usize, members: usize) -> Gang {
 
 /// Places `gangs` gangs of `members` workers each on a fleet of `nodes`, each gang as one batch.
 pub fn run_gangs(nodes: usize, gangs: usize, members: usize) -> BenchReport {
-    let mut bench = Bench::new(nodes);
+    place_gangs(Bench::new(nodes), gangs, members).report
+}
+
+/// The gang run's ledger at its end, and every command that built it (node
+/// registrations, then each gang's Reserve and Commit), for the encoding benchmark.
+pub fn gang_workload(
+    nodes: usize,
+    gangs: usize,
+    members: usize,
+) -> (ShardLedger, Vec<LedgerCommand>) {
+    let mut bench = Bench::new(0);
+    bench.report.nodes = nodes as u64;
+    bench.recorded = Some(Vec::new());
+    for node in fleet(nodes) {
+        bench.apply(LedgerOp::RegisterNode { node });
+    }
+    let bench = place_gangs(bench, gangs, members);
+    (bench.ledger, bench.recorded.unwrap_or_default())
+}
+
+fn place_gangs(mut bench: Bench, gangs: usize, members: usize) -> Bench {
     let profile = Profile::default();
     let mut placer = Placer::new();
     for g in 0..gangs {
@@ -272,7 +300,7 @@ pub fn run_gangs(nodes: usize, gangs: usize, members: usize) -> BenchReport {
             bench.report.pods_unplaced += members as u64;
         }
     }
-    bench.report
+    bench
 }
 
 /// The 8 GPUs of node `node`: model `a100`, 40 or 80 GiB of memory alternating.

@@ -71,6 +71,7 @@ use crate::model::node::{Node, Readiness};
 use crate::model::pod::PodSummary;
 use crate::model::reach::PoolReach;
 use crate::model::resources::Resources;
+use crate::wire::{self, WireFormat};
 
 /// Most finished transactions remembered for idempotent retries; the oldest finished is
 /// forgotten first. A retry of a transaction forgotten this way is answered as unknown
@@ -2265,16 +2266,25 @@ impl ShardLedger {
 
     // ---- snapshots ---------------------------------------------------------------------
 
-    /// The replicated state as JSON; identical states give identical bytes.
+    /// The replicated state in the default (binary) format; identical states give
+    /// identical bytes.
     pub fn snapshot(&self) -> Vec<u8> {
-        // Every map key is a string or an integer, so encoding cannot fail.
-        serde_json::to_vec(&self.state).expect("ledger state always encodes")
+        self.snapshot_as(WireFormat::Binary)
     }
 
-    /// Rebuilds a ledger from [`ShardLedger::snapshot`] bytes, checking every invariant.
+    /// The replicated state in `format`; identical states give identical bytes.
+    pub fn snapshot_as(&self, format: WireFormat) -> Vec<u8> {
+        // Every map key is a string or an integer, so encoding cannot fail.
+        format
+            .encode(&self.state)
+            .expect("ledger state always encodes")
+    }
+
+    /// Rebuilds a ledger from [`ShardLedger::snapshot`] bytes (either format of
+    /// `wire`), checking every invariant.
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let stored: StoredState =
-            serde_json::from_slice(bytes).map_err(|e| SnapshotError::Decode(e.to_string()))?;
+            wire::decode(bytes).map_err(|e| SnapshotError::Decode(e.to_string()))?;
         if stored.format != SNAPSHOT_FORMAT {
             return Err(SnapshotError::Format {
                 found: stored.format,

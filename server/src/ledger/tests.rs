@@ -17,6 +17,7 @@ use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
 use crate::model::pod::{HostPort, PodSummary, Protocol};
 use crate::model::resources::{ResourceName, Resources};
+use crate::wire::WireFormat;
 
 const GPU: &str = "nvidia.com/gpu";
 
@@ -817,7 +818,7 @@ fn restore_refuses_garbage_and_inconsistent_snapshots() {
         ShardLedger::restore(b"not json"),
         Err(SnapshotError::Decode(_))
     ));
-    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let text = String::from_utf8(ledger.snapshot_as(WireFormat::Json)).unwrap_or_default();
     let shrunk = text.replacen("\"cpu_milli\":1000", "\"cpu_milli\":700", 1);
     assert_ne!(shrunk, text);
     assert!(matches!(
@@ -833,7 +834,7 @@ fn restore_refuses_garbage_and_inconsistent_snapshots() {
         let mut l = ledger.clone();
         apply(&mut l, 2, LedgerOp::Abort { txn_id: TxnId(8) });
         apply(&mut l, 3, LedgerOp::Abort { txn_id: TxnId(9) });
-        let t = String::from_utf8(l.snapshot()).unwrap_or_default();
+        let t = String::from_utf8(l.snapshot_as(WireFormat::Json)).unwrap_or_default();
         t.replacen("\"seq\":1", "\"seq\":0", 1)
     };
     assert!(matches!(
@@ -842,6 +843,12 @@ fn restore_refuses_garbage_and_inconsistent_snapshots() {
     ));
     let restored = ShardLedger::restore(text.as_bytes());
     assert_eq!(restored.as_ref().ok(), Some(&ledger));
+    let binary = ShardLedger::restore(&ledger.snapshot());
+    assert_eq!(binary.as_ref().ok(), Some(&ledger));
+    assert!(matches!(
+        ShardLedger::restore(&[crate::wire::BINARY_V1, 0xC1]),
+        Err(SnapshotError::Decode(_))
+    ));
 }
 
 #[test]
@@ -851,7 +858,7 @@ fn nodes_are_indexed_in_name_order_with_fresh_summaries() {
         node("n0", 1000, 10),
         node("n1", 4000, 10),
     ]);
-    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let text = String::from_utf8(ledger.snapshot_as(WireFormat::Json)).unwrap_or_default();
     let (n0, n1, n2) = (
         text.find("\"n0\":"),
         text.find("\"n1\":"),
@@ -914,7 +921,7 @@ fn nodes_are_indexed_in_name_order_with_fresh_summaries() {
 #[test]
 fn a_snapshot_with_a_node_under_another_name_is_refused() {
     let ledger = ledger_with(&[node("n1", 1000, 10)]);
-    let text = String::from_utf8(ledger.snapshot()).unwrap_or_default();
+    let text = String::from_utf8(ledger.snapshot_as(WireFormat::Json)).unwrap_or_default();
     let renamed = text.replacen("\"n1\":", "\"n9\":", 1);
     assert_ne!(renamed, text);
     assert!(matches!(

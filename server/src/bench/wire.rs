@@ -1,0 +1,219 @@
+//! `gangway bench wire`: the replicated encoding alone, on one core, no Raft. The
+//! commands of the engine's gang run (node registrations, then each gang's Reserve and
+//! Commit) and the shard ledger's snapshot at its end are encoded and decoded in each
+//! format of `wire`; prints bytes and time per item, best of several rounds.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use crate::engine::bench::gang_workload;
+use crate::ledger::{LedgerCommand, LedgerOp, ShardLedger};
+use crate::wire::{self, WireFormat};
+
+/// Most nodes the benchmark builds.
+pub const WIRE_NODES_MAX: usize = 200_000;
+/// Most rounds (each encodes and decodes everything once per format).
+pub const WIRE_ROUNDS_MAX: usize = 100;
+
+/// Flags of `gangway bench wire`.
+#[derive(Debug, clap::Args)]
+pub struct WireBenchArgs {
+    /// Nodes registered.
+    #[arg(long, default_value_t = 10_000)]
+    pub nodes: usize,
+    /// Gangs placed (each one Reserve and one Commit).
+    #[arg(long, default_value_t = 64)]
+    pub gangs: usize,
+    /// Members per gang.
+    #[arg(long, default_value_t = 128)]
+    pub members: usize,
+    /// Rounds; the best of them is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+}
+
+/// One measured row.
+struct Row {
+    what: String,
+    format: WireFormat,
+    items: usize,
+    bytes: usize,
+    encode: Duration,
+    decode: Duration,
+}
+
+fn name(format: WireFormat) -> &'static str {
+    match format {
+        WireFormat::Binary => "binary",
+        WireFormat::Json => "JSON",
+    }
+}
+
+/// Encodes and decodes `items` in `format`, best of `rounds`.
+fn measure(
+    what: &str,
+    items: &[&LedgerCommand],
+    format: WireFormat,
+    rounds: usize,
+) -> anyhow::Result<Row> {
+    let (mut encode, mut decode) = (Duration::MAX, Duration::MAX);
+    let mut bytes = 0;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let encoded = items
+            .iter()
+            .map(|c| format.encode(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        encode = encode.min(t.elapsed());
+        bytes = encoded.iter().map(Vec::len).sum();
+        let t = Instant::now();
+        for e in &encoded {
+            let back: LedgerCommand = wire::decode(e)?;
+            std::hint::black_box(back);
+        }
+        decode = decode.min(t.elapsed());
+    }
+    Ok(Row {
+        what: what.to_string(),
+        format,
+        items: items.len(),
+        bytes,
+        encode,
+        decode,
+    })
+}
+
+/// The ledger's snapshot in `format`, encoded and restored (restore also rebuilds the
+/// indexes and checks every invariant, the same work in both formats), best of `rounds`.
+fn measure_snapshot(
+    ledger: &ShardLedger,
+    format: WireFormat,
+    rounds: usize,
+) -> anyhow::Result<Row> {
+    let (mut encode, mut decode) = (Duration::MAX, Duration::MAX);
+    let mut bytes = 0;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let snapshot = ledger.snapshot_as(format);
+        encode = encode.min(t.elapsed());
+        bytes = snapshot.len();
+        let t = Instant::now();
+        let restored = ShardLedger::restore(&snapshot)?;
+        decode = decode.min(t.elapsed());
+        std::hint::black_box(restored);
+    }
+    Ok(Row {
+        what: "shard snapshot (restore)".into(),
+        format,
+        items: 1,
+        bytes,
+        encode,
+        decode,
+    })
+}
+
+fn per_item_us(d: Duration, items: usize) -> f64 {
+    d.as_secs_f64() * 1e6 / items.max(1) as f64
+}
+
+/// Runs the benchmark and prints a markdown table.
+pub fn run_bench(args: WireBenchArgs) -> anyhow::Result<()> {
+    if args.nodes == 0 || args.nodes > WIRE_NODES_MAX {
+        bail!("--nodes: {} is not in 1..={WIRE_NODES_MAX}", args.nodes);
+    }
+    if args.gangs == 0 || args.members == 0 {
+        bail!("--gangs and --members must be >= 1");
+    }
+    if args.rounds == 0 || args.rounds > WIRE_ROUNDS_MAX {
+        bail!("--rounds: {} is not in 1..={WIRE_ROUNDS_MAX}", args.rounds);
+    }
+    let (ledger, commands) = gang_workload(args.nodes, args.gangs, args.members);
+    let of = |keep: fn(&LedgerOp) -> bool| -> Vec<&LedgerCommand> {
+        commands.iter().filter(|c| keep(&c.op)).collect()
+    };
+    let groups = [
+        (
+            "node registration".to_string(),
+            of(|op| matches!(op, LedgerOp::RegisterNode { .. })),
+        ),
+        (
+            format!("Reserve of a {}-member gang", args.members),
+            of(|op| matches!(op, LedgerOp::Reserve { .. })),
+        ),
+        (
+            "Commit".to_string(),
+            of(|op| matches!(op, LedgerOp::Commit { .. })),
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (what, items) in &groups {
+        if items.is_empty() {
+            bail!("the workload placed no gang ({what}): give more --nodes");
+        }
+        for format in [WireFormat::Json, WireFormat::Binary] {
+            rows.push(measure(what, items, format, args.rounds)?);
+        }
+    }
+    for format in [WireFormat::Json, WireFormat::Binary] {
+        rows.push(measure_snapshot(&ledger, format, args.rounds)?);
+    }
+    println!(
+        "{} nodes, {} gangs of {} members; best of {} rounds",
+        args.nodes, args.gangs, args.members, args.rounds
+    );
+    println!();
+    println!(
+        "| item | format | items | bytes per item | encode µs per item | decode µs per item |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {:.1} | {:.1} |",
+            r.what,
+            name(r.format),
+            r.items,
+            r.bytes / r.items.max(1),
+            per_item_us(r.encode, r.items),
+            per_item_us(r.decode, r.items)
+        );
+    }
+    println!();
+    println!("Binary against JSON (same run):");
+    for pair in rows.chunks(2) {
+        let [json, binary] = pair else { continue };
+        println!(
+            "- {}: bytes ×{:.2}, encode ×{:.2}, decode ×{:.2}",
+            json.what,
+            binary.bytes as f64 / json.bytes.max(1) as f64,
+            binary.encode.as_secs_f64() / json.encode.as_secs_f64().max(1e-12),
+            binary.decode.as_secs_f64() / json.decode.as_secs_f64().max(1e-12)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_measures_every_item_in_both_formats() {
+        let (ledger, commands) = gang_workload(20, 2, 4);
+        let reserves: Vec<&LedgerCommand> = commands
+            .iter()
+            .filter(|c| matches!(c.op, LedgerOp::Reserve { .. }))
+            .collect();
+        assert_eq!(reserves.len(), 2);
+        let json = measure("r", &reserves, WireFormat::Json, 1).expect("json");
+        let binary = measure("r", &reserves, WireFormat::Binary, 1).expect("binary");
+        assert!(
+            binary.bytes < json.bytes,
+            "{} vs {}",
+            binary.bytes,
+            json.bytes
+        );
+        let snap = measure_snapshot(&ledger, WireFormat::Binary, 1).expect("snapshot");
+        assert!(snap.bytes > 0);
+    }
+}

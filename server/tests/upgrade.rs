@@ -1,0 +1,201 @@
+//! Upgrade in place: a `gangway dev` data dir written by a gangway that wrote its Raft
+//! log and snapshots as JSON (fixtures/json-format-dev.tar.gz, made by
+//! fixtures/make-json-format-dev.sh from commit 5863025) restarts under this build,
+//! keeps every placement, takes new work (written in the binary format after the JSON
+//! entries), compacts to binary snapshots, and restarts again on that mixed data.
+//!
+//! The fixture's replicas listen on 127.0.0.1:27610–27613 (recorded in the Raft
+//! membership), below the ephemeral range so no other test is handed them.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
+use gangway_client::Client;
+use serde_json::json;
+
+/// The fixture's replica addresses.
+const REPLICAS: [&str; 3] = ["127.0.0.1:27611", "127.0.0.1:27612", "127.0.0.1:27613"];
+/// Longest the dev cluster may take to come up.
+const START_TIMEOUT_S: u64 = 90;
+/// Longest a group may take to be placed.
+const PLACE_TIMEOUT_S: u64 = 30;
+/// Placements at the time the fixture was made: "group member node" per line.
+const PLACEMENTS: &str = include_str!("fixtures/json-format-dev.placements.txt");
+
+struct Dev {
+    child: Child,
+    out: std::path::PathBuf,
+    err: std::path::PathBuf,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `gangway dev` on `data` (the fixture's shape) and waits for its fleet.
+async fn start(data: &Path, run: u32) -> Dev {
+    let out = data.with_extension(format!("out{run}"));
+    let err = data.with_extension(format!("err{run}"));
+    let child = Command::new(support::gangway_bin())
+        .args(["dev", "--shards", "4", "--nodes", "12", "--data"])
+        .arg(data)
+        .stdout(Stdio::from(
+            std::fs::File::create(&out).expect("stdout file"),
+        ))
+        .stderr(Stdio::from(
+            std::fs::File::create(&err).expect("stderr file"),
+        ))
+        .spawn()
+        .expect("spawn gangway dev");
+    let mut dev = Dev { child, out, err };
+    let deadline = Instant::now() + Duration::from_secs(START_TIMEOUT_S);
+    while !std::fs::read_to_string(&dev.out)
+        .unwrap_or_default()
+        .contains("simulated nodes registered")
+    {
+        let exited = dev.child.try_wait().expect("wait");
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "gangway dev (run {run}) did not come up on the old data dir ({exited:?}); \
+             are 127.0.0.1:27610-27613 free?\nstdout:\n{}\nstderr:\n{}",
+            std::fs::read_to_string(&dev.out).unwrap_or_default(),
+            std::fs::read_to_string(&dev.err).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    dev
+}
+
+/// Stops `dev` with SIGTERM and waits for it to exit.
+async fn stop(mut dev: Dev) {
+    let status = Command::new("kill")
+        .args(["-s", "TERM", &dev.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dev.child.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "gangway dev did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// "group member node" lines of the placed groups `ids`, sorted.
+async fn placements(client: &Client, ids: &[u64]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for &id in ids {
+        let g = client.get(id).await.expect("get group");
+        assert_eq!(g.state, "Placed", "group {id}: {g:?}");
+        lines.extend(
+            g.placements
+                .iter()
+                .map(|p| format!("{id} {} {}", p.member, p.node)),
+        );
+    }
+    lines.sort();
+    lines
+}
+
+async fn connect() -> Client {
+    let endpoints: Vec<String> = REPLICAS.iter().map(|a| format!("http://{a}")).collect();
+    Client::connect(&endpoints).await.expect("connect")
+}
+
+async fn wait_placed(client: &Client, id: u64) {
+    let placed = tokio::time::timeout(
+        Duration::from_secs(PLACE_TIMEOUT_S),
+        client.watch_until(id, |s| s.state == "Placed"),
+    )
+    .await
+    .expect("placed in time")
+    .expect("watch");
+    assert_eq!(placed.state, "Placed", "{placed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_written_as_json_restarts_keeps_its_placements_and_moves_to_binary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/json-format-dev.tar.gz");
+    let untar = Command::new("tar")
+        .arg("xzf")
+        .arg(&fixture)
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .expect("tar");
+    assert!(untar.success(), "cannot unpack {}", fixture.display());
+    let data = dir.path().join("dev");
+    let expected: Vec<String> = {
+        let mut lines: Vec<String> = PLACEMENTS.lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    assert!(!expected.is_empty());
+
+    // First start on the JSON data: snapshots and log entries are read as JSON.
+    let dev = start(&data, 1).await;
+    let client = connect().await;
+    assert_eq!(placements(&client, &[1, 2, 4]).await, expected);
+    let released = client.get(3).await.expect("group 3");
+    assert_eq!(released.state, "Released", "{released:?}");
+    assert_eq!(client.list_nodes(None).await.expect("nodes").len(), 12);
+
+    // New work lands after the JSON entries, written in the binary format.
+    let upgraded = GangGroupBuilder::new("upgraded")
+        .idempotency_key("upgraded")
+        .gang(GangBuilder::new("upgrade", "workers", 2).members(
+            "worker",
+            2,
+            json!({"requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "8"}}),
+        ))
+        .build();
+    let submitted = client.submit(upgraded).await.expect("submit");
+    wait_placed(&client, submitted.id).await;
+    let new_lines = placements(&client, &[submitted.id]).await;
+    assert_eq!(new_lines.len(), 2);
+    // Group 3's release freed zone-c's room; group 1 and 2 still hold theirs.
+    let released_again = client.release(2).await.expect("release group 2");
+    assert!(
+        ["Released", "Releasing"].contains(&released_again.state.as_str()),
+        "{released_again:?}"
+    );
+    for addr in REPLICAS {
+        let one = Client::connect(&[format!("http://{addr}")])
+            .await
+            .expect("connect replica");
+        one.compact(None)
+            .await
+            .expect("compact to binary snapshots");
+    }
+    drop(client);
+    stop(dev).await;
+
+    // Second start: binary snapshots, then whatever was logged after them.
+    let dev = start(&data, 2).await;
+    let client = connect().await;
+    let mut kept: Vec<String> = expected
+        .iter()
+        .filter(|l| !l.starts_with("2 "))
+        .cloned()
+        .collect();
+    kept.extend(new_lines);
+    kept.sort();
+    assert_eq!(placements(&client, &[1, 4, submitted.id]).await, kept);
+    let two = client
+        .watch_until(2, |s| s.state == "Released")
+        .await
+        .expect("group 2");
+    assert_eq!(two.state, "Released", "{two:?}");
+    stop(dev).await;
+}
