@@ -83,6 +83,24 @@ fn format_name(format: WireFormat) -> &'static str {
     }
 }
 
+/// Clock ticks per second of /proc's CPU times (USER_HZ, 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+/// CPU seconds (user + system) the processes `pids` have used, from /proc (0 where unreadable).
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command name (which may hold spaces) start at state (3).
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+            // utime and stime are fields 14 and 15, at 11 and 12 after the name.
+            (ticks(11) + ticks(12)) / USER_HZ
+        })
+        .sum()
+}
+
 /// Bytes of every file under `dir`.
 fn dir_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -141,6 +159,11 @@ impl Drop for Processes {
 }
 
 impl Processes {
+    /// Process ids of the running replicas.
+    pub(super) fn pids(&self) -> Vec<u32> {
+        self.children.iter().flatten().map(Child::id).collect()
+    }
+
     /// SIGKILLs replica `i` (0-based) and reaps it.
     pub(super) fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.children.get_mut(i).and_then(Option::take) {
@@ -484,6 +507,8 @@ struct SizeResult {
     alone_submit_ms: Vec<u64>,
     /// Mean coordinator time per phase while they ran.
     alone_phases: String,
+    /// CPU seconds the three replicas used while the gangs were placed.
+    cpu: f64,
     /// The wire format the replicas wrote.
     format: &'static str,
 }
@@ -496,6 +521,7 @@ async fn run_size(
     args: &E2eBenchArgs,
     run: usize,
     queues: usize,
+    pids: &[u32],
 ) -> anyhow::Result<SizeResult> {
     let (pods, alone, concurrency) = (
         args.pods_per_size,
@@ -504,6 +530,7 @@ async fn run_size(
     );
     let gangs = pods.div_ceil(size);
     let phases_before = phase_totals(http).await;
+    let cpu_before = cpu_seconds(pids);
     let started = Instant::now();
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut submits = Vec::new();
@@ -547,6 +574,7 @@ async fn run_size(
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pids) - cpu_before;
     let phases_after = phase_totals(http).await;
     let phases = phase_breakdown(&phases_before, &phases_after);
     for g in client.list_groups(false).await? {
@@ -567,6 +595,7 @@ async fn run_size(
         alone_ms,
         alone_submit_ms,
         alone_phases,
+        cpu,
         format: format_name(WireFormat::default()),
     })
 }
@@ -618,20 +647,29 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             t.elapsed().as_secs_f64()
         );
         make_queues(&client, queues, args.nodes).await?;
+        // Leaders land where elections put them; a live cluster balances them every
+        // 30 s. Balance first, so that runs compare steady states, not elections.
+        let balanced = client.balance().await?;
+        eprintln!(
+            "shards={shards} wire-format={name}: leaders per replica {:?}",
+            balanced.leaders_per_node
+        );
         for (run, &size) in sizes.iter().enumerate() {
-            let mut row = run_size(&client, &procs.http, shards, size, &args, run, queues).await?;
+            let pids = procs.pids();
+            let mut row =
+                run_size(&client, &procs.http, shards, size, &args, run, queues, &pids).await?;
             row.format = name;
             rows.push(row);
         }
         data_dirs.push((shards, queues, name, dir_bytes(&dir.join("node-1"))));
         drop(procs);
     }
-    println!("| shards | queues | wire format | gang size | gangs | pods placed | seconds | pods/s | p50 submit→placed | p99 submit→placed |");
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shards | queues | wire format | gang size | gangs | pods placed | seconds | pods/s | replicas' CPU s per 1k pods | p50 submit→placed | p99 submit→placed |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let pods = r.gangs * r.gang;
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {} ms | {} ms |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.3} | {} ms | {} ms |",
             r.shards,
             r.queues,
             r.format,
@@ -640,6 +678,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             pods,
             r.seconds,
             pods as f64 / r.seconds,
+            r.cpu * 1000.0 / pods.max(1) as f64,
             percentile(&r.latencies_ms, 50.0),
             percentile(&r.latencies_ms, 99.0)
         );
