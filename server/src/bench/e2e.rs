@@ -94,7 +94,12 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
             // Fields after the command name (which may hold spaces) start at state (3).
             let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
             // utime and stime are fields 14 and 15, at 11 and 12 after the name.
             (ticks(11) + ticks(12)) / USER_HZ
         })
@@ -656,8 +661,17 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         );
         for (run, &size) in sizes.iter().enumerate() {
             let pids = procs.pids();
-            let mut row =
-                run_size(&client, &procs.http, shards, size, &args, run, queues, &pids).await?;
+            let mut row = run_size(
+                &client,
+                &procs.http,
+                shards,
+                size,
+                &args,
+                run,
+                queues,
+                &pids,
+            )
+            .await?;
             row.format = name;
             rows.push(row);
         }
