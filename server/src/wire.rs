@@ -48,6 +48,12 @@ pub enum WireError {
     /// Binary decoding failed.
     #[error("binary (version 1) decoding: {0}")]
     Decode(#[from] rmp_serde::decode::Error),
+    /// Bytes follow the binary value (JSON refuses trailing text the same way).
+    #[error("binary (version 1): {count} bytes after the value")]
+    Trailing {
+        /// How many.
+        count: usize,
+    },
     /// The first byte names no format this replica knows.
     #[error(
         "unknown encoding: first byte {first:#04x} is neither JSON nor binary version 1 \
@@ -89,7 +95,14 @@ impl WireFormat {
 /// Decodes a value written in either format.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     match WireFormat::of(bytes) {
-        Some(WireFormat::Binary) => Ok(rmp_serde::from_slice(&bytes[1..])?),
+        Some(WireFormat::Binary) => {
+            let mut rest = &bytes[1..];
+            let value = T::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))?;
+            match rest.len() {
+                0 => Ok(value),
+                count => Err(WireError::Trailing { count }),
+            }
+        }
         Some(WireFormat::Json) => Ok(serde_json::from_slice(bytes)?),
         None => Err(WireError::UnknownVersion {
             first: bytes[0],
@@ -207,5 +220,13 @@ mod tests {
         assert!(decode::<Sample>(&[]).is_err());
         assert!(decode::<Sample>(&[BINARY_V1]).is_err());
         assert!(decode::<Sample>(&[BINARY_V1, 0xC1]).is_err());
+        let mut padded = WireFormat::Binary.encode(&sample()).expect("encodes");
+        padded.push(0);
+        let err = decode::<Sample>(&padded).expect_err("trailing byte");
+        assert!(matches!(err, WireError::Trailing { count: 1 }), "{err}");
+        assert!(
+            decode::<Sample>(b"{} 1").is_err(),
+            "JSON refuses trailing text too"
+        );
     }
 }

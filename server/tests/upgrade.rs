@@ -21,8 +21,8 @@ use serde_json::json;
 const REPLICAS: [&str; 3] = ["127.0.0.1:27611", "127.0.0.1:27612", "127.0.0.1:27613"];
 /// Longest the dev cluster may take to come up.
 const START_TIMEOUT_S: u64 = 90;
-/// Longest a group may take to be placed.
-const PLACE_TIMEOUT_S: u64 = 30;
+/// Longest a group may take to be placed or released, and any one call.
+const CALL_TIMEOUT_S: u64 = 30;
 /// Placements at the time the fixture was made: "group member node" per line.
 const PLACEMENTS: &str = include_str!("fixtures/json-format-dev.placements.txt");
 
@@ -90,11 +90,23 @@ async fn stop(mut dev: Dev) {
     }
 }
 
+/// `call`'s answer, failing the test after [`CALL_TIMEOUT_S`].
+async fn bounded<T, E: std::fmt::Debug>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> T {
+    match tokio::time::timeout(Duration::from_secs(CALL_TIMEOUT_S), call).await {
+        Ok(Ok(value)) => value,
+        Ok(Err(e)) => panic!("{what}: {e:?}"),
+        Err(_) => panic!("{what}: no answer within {CALL_TIMEOUT_S} s"),
+    }
+}
+
 /// "group member node" lines of the placed groups `ids`, sorted.
 async fn placements(client: &Client, ids: &[u64]) -> Vec<String> {
     let mut lines = Vec::new();
     for &id in ids {
-        let g = client.get(id).await.expect("get group");
+        let g = bounded("get group", client.get(id)).await;
         assert_eq!(g.state, "Placed", "group {id}: {g:?}");
         lines.extend(
             g.placements
@@ -108,18 +120,12 @@ async fn placements(client: &Client, ids: &[u64]) -> Vec<String> {
 
 async fn connect() -> Client {
     let endpoints: Vec<String> = REPLICAS.iter().map(|a| format!("http://{a}")).collect();
-    Client::connect(&endpoints).await.expect("connect")
+    bounded("connect", Client::connect(&endpoints)).await
 }
 
-async fn wait_placed(client: &Client, id: u64) {
-    let placed = tokio::time::timeout(
-        Duration::from_secs(PLACE_TIMEOUT_S),
-        client.watch_until(id, |s| s.state == "Placed"),
-    )
-    .await
-    .expect("placed in time")
-    .expect("watch");
-    assert_eq!(placed.state, "Placed", "{placed:?}");
+async fn wait_for_state(client: &Client, id: u64, state: &str) {
+    let reached = bounded("watch", client.watch_until(id, |s| s.state == state)).await;
+    assert_eq!(reached.state, state, "{reached:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,9 +153,9 @@ async fn a_data_dir_written_as_json_restarts_keeps_its_placements_and_moves_to_b
     let dev = start(&data, 1).await;
     let client = connect().await;
     assert_eq!(placements(&client, &[1, 2, 4]).await, expected);
-    let released = client.get(3).await.expect("group 3");
+    let released = bounded("group 3", client.get(3)).await;
     assert_eq!(released.state, "Released", "{released:?}");
-    assert_eq!(client.list_nodes(None).await.expect("nodes").len(), 12);
+    assert_eq!(bounded("nodes", client.list_nodes(None)).await.len(), 12);
 
     // New work lands after the JSON entries, written in the binary format.
     let upgraded = GangGroupBuilder::new("upgraded")
@@ -160,23 +166,23 @@ async fn a_data_dir_written_as_json_restarts_keeps_its_placements_and_moves_to_b
             json!({"requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "8"}}),
         ))
         .build();
-    let submitted = client.submit(upgraded).await.expect("submit");
-    wait_placed(&client, submitted.id).await;
+    let submitted = bounded("submit", client.submit(upgraded)).await;
+    wait_for_state(&client, submitted.id, "Placed").await;
     let new_lines = placements(&client, &[submitted.id]).await;
     assert_eq!(new_lines.len(), 2);
-    // Group 3's release freed zone-c's room; group 1 and 2 still hold theirs.
-    let released_again = client.release(2).await.expect("release group 2");
+    // A release after the upgrade is written in the binary format too.
+    let released_again = bounded("release group 2", client.release(2)).await;
     assert!(
         ["Released", "Releasing"].contains(&released_again.state.as_str()),
         "{released_again:?}"
     );
     for addr in REPLICAS {
-        let one = Client::connect(&[format!("http://{addr}")])
-            .await
-            .expect("connect replica");
-        one.compact(None)
-            .await
-            .expect("compact to binary snapshots");
+        let one = bounded(
+            "connect replica",
+            Client::connect(&[format!("http://{addr}")]),
+        )
+        .await;
+        bounded("compact to binary snapshots", one.compact(None)).await;
     }
     drop(client);
     stop(dev).await;
@@ -192,10 +198,6 @@ async fn a_data_dir_written_as_json_restarts_keeps_its_placements_and_moves_to_b
     kept.extend(new_lines);
     kept.sort();
     assert_eq!(placements(&client, &[1, 4, submitted.id]).await, kept);
-    let two = client
-        .watch_until(2, |s| s.state == "Released")
-        .await
-        .expect("group 2");
-    assert_eq!(two.state, "Released", "{two:?}");
+    wait_for_state(&client, 2, "Released").await;
     stop(dev).await;
 }

@@ -106,6 +106,24 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
         .sum()
 }
 
+/// Resident memory of process `pid` in MiB, from /proc (0 where unreadable).
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Each replica's resident memory, as "a, b, c MiB".
+fn rss_of(pids: &[u32]) -> String {
+    let each: Vec<String> = pids.iter().map(|p| format!("{:.0}", rss_mib(*p))).collect();
+    format!("{} MiB", each.join(", "))
+}
+
 /// Bytes of every file under `dir`.
 fn dir_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -631,6 +649,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     let formats = parse_formats(&args.wire_formats)?;
     let mut rows = Vec::new();
     let mut data_dirs = Vec::new();
+    let mut memory = Vec::new();
     for ((&shards, &queues), &format) in shard_counts
         .iter()
         .flat_map(|s| queue_counts.iter().map(move |q| (s, q)))
@@ -646,11 +665,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         let client = wait_ready(&procs.grpc).await?;
         let t = Instant::now();
         register_nodes(&client, args.nodes).await?;
+        let registration_s = t.elapsed().as_secs_f64();
         eprintln!(
-            "shards={shards} wire-format={name}: {} nodes registered in {:.1} s",
+            "shards={shards} wire-format={name}: {} nodes registered in {registration_s:.1} s",
             args.nodes,
-            t.elapsed().as_secs_f64()
         );
+        let registered_rss = rss_of(&procs.pids());
         make_queues(&client, queues, args.nodes).await?;
         // Leaders land where elections put them; a live cluster balances them every
         // 30 s. Balance first, so that runs compare steady states, not elections.
@@ -676,6 +696,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             rows.push(row);
         }
         data_dirs.push((shards, queues, name, dir_bytes(&dir.join("node-1"))));
+        memory.push(format!(
+            "- shards {shards}, queues {queues}, {name}: {} nodes registered in {registration_s:.1} s; \
+             replicas' RSS then {registered_rss}, at the end {}",
+            args.nodes,
+            rss_of(&procs.pids())
+        ));
         drop(procs);
     }
     println!("| shards | queues | wire format | gang size | gangs | pods placed | seconds | pods/s | replicas' CPU s per 1k pods | p50 submit→placed | p99 submit→placed |");
@@ -727,6 +753,11 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             "- shards {}, queues {}, {}, gangs of {}, one at a time: {}",
             r.shards, r.queues, r.format, r.gang, r.alone_phases
         );
+    }
+    println!();
+    println!("Registration and memory:");
+    for line in memory {
+        println!("{line}");
     }
     println!();
     println!("Data dir of replica 1 at the end (log, snapshots):");

@@ -8,8 +8,11 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::engine::bench::{run, run_device_gangs, run_devices, run_gangs, BenchReport};
-use crate::ledger::{LedgerCommand, LedgerOp, ShardLedger};
+use crate::engine::bench::{
+    bench_gpus, run, run_device_gangs, run_devices, run_gangs, BenchReport, BENCH_DRIVER,
+    BENCH_GPUS_PER_NODE,
+};
+use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 use crate::model::{Node, Resources};
 
 /// Most nodes any part of the benchmark builds.
@@ -71,7 +74,11 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
         return run_device_bench(&args);
     }
     // Memory first: later workloads free memory that this would reuse.
-    let per_node = memory_per_node(args.memory_nodes);
+    // Both ledgers stay alive until both are measured, so neither reuses the other's memory.
+    let mut kept = Vec::new();
+    let per_node = memory_per_node(args.memory_nodes, false, &mut kept)?;
+    let per_gpu_node = memory_per_node(args.memory_nodes, true, &mut kept)?;
+    drop(kept);
     let started = Instant::now();
     let single = run(args.nodes, args.pods);
     let single_s = started.elapsed().as_secs_f64();
@@ -95,12 +102,13 @@ pub fn run_bench(args: EngineBenchArgs) -> anyhow::Result<()> {
         gangs.gangs_placed as f64 / gangs_s,
         &format!("gangs/s ({:.0} pods/s)", gangs.pods_placed as f64 / gangs_s),
     );
-    match per_node {
-        Some(bytes) => println!(
-            "\nmemory per registered node: {bytes:.0} bytes (RSS growth over {} nodes)",
+    match (per_node, per_gpu_node) {
+        (Some(bytes), Some(gpu_bytes)) => println!(
+            "\nmemory per registered node: {bytes:.0} bytes; with {BENCH_GPUS_PER_NODE} GPUs \
+             published: {gpu_bytes:.0} bytes (RSS growth over {} nodes)",
             args.memory_nodes
         ),
-        None => {
+        _ => {
             println!("\nmemory per registered node: not measurable here (no /proc/self/status)")
         }
     }
@@ -162,10 +170,18 @@ fn rss_bytes() -> Option<u64> {
 }
 
 /// Bytes of resident memory one registered node adds to a shard ledger.
-/// Each node (five labels, cpu/memory/pods/ephemeral storage) is built inside
-/// the measured span, so what the ledger keeps is counted.
-fn memory_per_node(count: usize) -> Option<f64> {
-    let before = rss_bytes()?;
+/// Each node (five labels, cpu/memory/pods/ephemeral storage, and with `gpus` a
+/// published pool of the engine bench's 8 GPUs with their attributes) is built
+/// inside the measured span, so what the ledger keeps is counted. The ledger goes to
+/// `kept`, so the caller decides when its memory is freed.
+fn memory_per_node(
+    count: usize,
+    gpus: bool,
+    kept: &mut Vec<ShardLedger>,
+) -> anyhow::Result<Option<f64>> {
+    let Some(before) = rss_bytes() else {
+        return Ok(None);
+    };
     let mut ledger = ShardLedger::new();
     for i in 0..count {
         let name = format!("node-{i:06}");
@@ -192,9 +208,27 @@ fn memory_per_node(count: usize) -> Option<f64> {
             at_ms: i as u64,
             op: LedgerOp::RegisterNode { node },
         });
+        if gpus {
+            let reply = ledger.apply(&LedgerCommand {
+                at_ms: i as u64,
+                op: LedgerOp::PublishPool {
+                    node: format!("node-{i:06}"),
+                    driver: BENCH_DRIVER.to_string(),
+                    pool: format!("node-{i:06}"),
+                    generation: 1,
+                    devices: bench_gpus(i),
+                    counter_sets: Vec::new(),
+                },
+            });
+            if let LedgerReply::Rejected { error } = reply {
+                bail!("node-{i:06}: its GPUs were refused: {error}");
+            }
+        }
     }
-    let after = rss_bytes()?;
+    let Some(after) = rss_bytes() else {
+        return Ok(None);
+    };
     let per_node = after.saturating_sub(before) as f64 / count as f64;
-    drop(ledger);
-    Some(per_node)
+    kept.push(ledger);
+    Ok(Some(per_node))
 }

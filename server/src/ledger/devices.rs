@@ -13,7 +13,7 @@
 //! consume at most its capacity, no counter set is consumed beyond its amounts, every
 //! counted allocation names a published device, and the accounting equals what the
 //! node's slots hold. Admin-access allocations take nothing. Maps keyed by structured
-//! ids encode as lists of pairs, so snapshots stay deterministic JSON. A definition
+//! ids encode as lists of pairs, so snapshots stay deterministic in every format. A definition
 //! stamp (drawn like node stamps, no part of the state: snapshots and equality ignore
 //! it) names the state of what decides which devices can serve a request (pools,
 //! health, rule taints, agent link), so the engine can keep per-node results across
@@ -284,7 +284,7 @@ impl PartialEq for DefinitionStamp {
 
 impl Eq for DefinitionStamp {}
 
-/// Encodes maps with structured keys as lists of pairs (JSON keys must be strings).
+/// Encodes maps with structured keys as lists of pairs (a JSON map key must be a string).
 pub(crate) mod pairs {
     use std::collections::BTreeMap;
 

@@ -766,15 +766,20 @@ fn the_recorded_capacity_bounds_borrowing_past_a_lending_limit_and_survives_a_sn
             if reason.contains("lending limits keep") && reason.contains("3 kept free (3 for lender)")),
         "{refused:?}"
     );
-    let copy: MetaState =
-        serde_json::from_slice(&serde_json::to_vec(&m).expect("snapshot")).expect("restore");
-    assert_eq!(copy, m);
-    assert_eq!(
-        copy.query(&MetaQuery::Capacity),
-        MetaReply::Capacity {
-            capacity: Some(six)
-        }
-    );
+    for format in [
+        crate::wire::WireFormat::Binary,
+        crate::wire::WireFormat::Json,
+    ] {
+        let copy: MetaState =
+            crate::wire::decode(&format.encode(&m).expect("snapshot")).expect("restore");
+        assert_eq!(copy, m, "{format:?}");
+        assert_eq!(
+            copy.query(&MetaQuery::Capacity),
+            MetaReply::Capacity {
+                capacity: Some(six.clone())
+            }
+        );
+    }
     let within = submit(&mut m, group_in("lender", "own", 3, 3));
     txn_of(begin(&mut m, within));
     consistent(&m);

@@ -728,6 +728,8 @@ proptest! {
             }
         }
         prop_assert_eq!(serde_json::to_vec(&a).ok(), serde_json::to_vec(&b).ok());
+        let binary = crate::wire::WireFormat::Binary;
+        prop_assert_eq!(binary.encode(&a).ok(), binary.encode(&b).ok());
     }
 
     /// A reader that keeps summaries and re-reads only those whose version moved (the
