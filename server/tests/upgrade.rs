@@ -4,8 +4,10 @@
 //! keeps every placement, takes new work (written in the binary format after the JSON
 //! entries), compacts to binary snapshots, and restarts again on that mixed data.
 //!
-//! The fixture's replicas listen on 127.0.0.1:27610–27613 (recorded in the Raft
-//! membership), below the ephemeral range so no other test is handed them.
+//! The fixture's replicas listen on 127.0.0.1:19610–19613 (recorded in the Raft
+//! membership): below the ephemeral range and below the ports
+//! `gangway_client::loopback::free_port` hands out (20,768 and up by default), so no
+//! other test is handed them.
 
 mod support;
 
@@ -18,7 +20,7 @@ use gangway_client::Client;
 use serde_json::json;
 
 /// The fixture's replica addresses.
-const REPLICAS: [&str; 3] = ["127.0.0.1:27611", "127.0.0.1:27612", "127.0.0.1:27613"];
+const REPLICAS: [&str; 3] = ["127.0.0.1:19611", "127.0.0.1:19612", "127.0.0.1:19613"];
 /// Longest the dev cluster may take to come up.
 const START_TIMEOUT_S: u64 = 90;
 /// Longest a group may take to be placed or released, and any one call.
@@ -64,7 +66,7 @@ async fn start(data: &Path, run: u32) -> Dev {
         assert!(
             exited.is_none() && Instant::now() < deadline,
             "gangway dev (run {run}) did not come up on the old data dir ({exited:?}); \
-             are 127.0.0.1:27610-27613 free?\nstdout:\n{}\nstderr:\n{}",
+             are 127.0.0.1:19610-19613 free?\nstdout:\n{}\nstderr:\n{}",
             std::fs::read_to_string(&dev.out).unwrap_or_default(),
             std::fs::read_to_string(&dev.err).unwrap_or_default()
         );
