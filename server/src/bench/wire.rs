@@ -50,6 +50,27 @@ fn name(format: WireFormat) -> &'static str {
     }
 }
 
+/// The best times over `rounds` of `encode` and of `decode` on what it made, and the
+/// bytes it made (each encoding a list of byte strings).
+fn best_of(
+    rounds: usize,
+    mut encode: impl FnMut() -> anyhow::Result<Vec<Vec<u8>>>,
+    mut decode: impl FnMut(&[Vec<u8>]) -> anyhow::Result<()>,
+) -> anyhow::Result<(Duration, Duration, usize)> {
+    let (mut encode_best, mut decode_best) = (Duration::MAX, Duration::MAX);
+    let mut bytes = 0;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let encoded = encode()?;
+        encode_best = encode_best.min(t.elapsed());
+        bytes = encoded.iter().map(Vec::len).sum();
+        let t = Instant::now();
+        decode(&encoded)?;
+        decode_best = decode_best.min(t.elapsed());
+    }
+    Ok((encode_best, decode_best, bytes))
+}
+
 /// Encodes and decodes `items` in `format`, best of `rounds`.
 fn measure(
     what: &str,
@@ -57,23 +78,21 @@ fn measure(
     format: WireFormat,
     rounds: usize,
 ) -> anyhow::Result<Row> {
-    let (mut encode, mut decode) = (Duration::MAX, Duration::MAX);
-    let mut bytes = 0;
-    for _ in 0..rounds {
-        let t = Instant::now();
-        let encoded = items
-            .iter()
-            .map(|c| format.encode(c))
-            .collect::<Result<Vec<_>, _>>()?;
-        encode = encode.min(t.elapsed());
-        bytes = encoded.iter().map(Vec::len).sum();
-        let t = Instant::now();
-        for e in &encoded {
-            let back: LedgerCommand = wire::decode(e)?;
-            std::hint::black_box(back);
-        }
-        decode = decode.min(t.elapsed());
-    }
+    let (encode, decode, bytes) = best_of(
+        rounds,
+        || {
+            Ok(items
+                .iter()
+                .map(|c| format.encode(c))
+                .collect::<Result<_, _>>()?)
+        },
+        |encoded| {
+            for e in encoded {
+                std::hint::black_box(wire::decode::<LedgerCommand>(e)?);
+            }
+            Ok(())
+        },
+    )?;
     Ok(Row {
         what: what.to_string(),
         format,
@@ -91,18 +110,16 @@ fn measure_snapshot(
     format: WireFormat,
     rounds: usize,
 ) -> anyhow::Result<Row> {
-    let (mut encode, mut decode) = (Duration::MAX, Duration::MAX);
-    let mut bytes = 0;
-    for _ in 0..rounds {
-        let t = Instant::now();
-        let snapshot = ledger.snapshot_as(format);
-        encode = encode.min(t.elapsed());
-        bytes = snapshot.len();
-        let t = Instant::now();
-        let restored = ShardLedger::restore(&snapshot)?;
-        decode = decode.min(t.elapsed());
-        std::hint::black_box(restored);
-    }
+    let (encode, decode, bytes) = best_of(
+        rounds,
+        || Ok(vec![ledger.snapshot_as(format)]),
+        |encoded| {
+            for e in encoded {
+                std::hint::black_box(ShardLedger::restore(e)?);
+            }
+            Ok(())
+        },
+    )?;
     Ok(Row {
         what: "shard snapshot (restore)".into(),
         format,
