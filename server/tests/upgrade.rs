@@ -4,6 +4,9 @@
 //! keeps every placement, takes new work (written in the binary format after the JSON
 //! entries), compacts to binary snapshots, and restarts again on that mixed data.
 //!
+//! The second test runs the second rollout of a rolling upgrade: replicas writing JSON
+//! and binary side by side, one of them leading, snapshots installed across formats.
+//!
 //! The fixture's replicas listen on 127.0.0.1:19610–19613 (recorded in the Raft
 //! membership): below the ephemeral range and below the ports
 //! `gangway_client::loopback::free_port` hands out (20,768 and up by default), so no
@@ -126,7 +129,14 @@ async fn connect() -> Client {
 }
 
 async fn wait_for_state(client: &Client, id: u64, state: &str) {
-    let reached = bounded("watch", client.watch_until(id, |s| s.state == state)).await;
+    let watch = client.watch_until(id, |s| s.state == state);
+    let reached = match tokio::time::timeout(Duration::from_secs(CALL_TIMEOUT_S), watch).await {
+        Ok(reached) => reached.expect("watch"),
+        Err(_) => {
+            let now = client.get(id).await;
+            panic!("group {id} not {state} within {CALL_TIMEOUT_S} s: {now:?}");
+        }
+    };
     assert_eq!(reached.state, state, "{reached:?}");
 }
 
@@ -202,4 +212,87 @@ async fn a_data_dir_written_as_json_restarts_keeps_its_placements_and_moves_to_b
     assert_eq!(placements(&client, &[1, 4, submitted.id]).await, kept);
     wait_for_state(&client, 2, "Released").await;
     stop(dev).await;
+}
+
+/// A gang group of `members` one-cpu pods.
+fn small_group(name: &str, members: u32) -> gangway_proto::v1::SubmitGangGroupRequest {
+    GangGroupBuilder::new(name)
+        .idempotency_key(name)
+        .gang(GangBuilder::new("mixed", name, members).members(
+            "w",
+            members,
+            json!({"requests": {"cpu": "1"}}),
+        ))
+        .build()
+}
+
+/// Submits `names` through replica `via` and waits for each to be placed.
+async fn place_through(c: &support::Cluster, via: u64, names: &[&str]) -> Vec<u64> {
+    let client = support::client(c, via).await;
+    let mut ids = Vec::new();
+    for name in names {
+        let submitted = bounded("submit", client.submit(small_group(name, 2))).await;
+        wait_for_state(&client, submitted.id, "Placed").await;
+        ids.push(submitted.id);
+    }
+    ids
+}
+
+/// While replicas write different formats they read each other's entries, snapshots
+/// and answers; once the last one writes binary too, all three hold byte-identical
+/// state (the state hash is over the binary snapshot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_writing_json_and_binary_side_by_side_keep_one_state() {
+    let all = [1, 2, 3];
+    let ready = Duration::from_secs(CALL_TIMEOUT_S);
+    let mut c = support::Cluster::prepare(3, 2, Vec::new(), Vec::new());
+    let json_writer = vec!["--wire-format".to_string(), "json".to_string()];
+    c.proc_args.insert(1, json_writer);
+    for id in all {
+        c.spawn(id);
+    }
+    c.wait_ready(&all, ready).await;
+    let mut inventory = c.inventory(1).await;
+    for i in 0..4 {
+        let node = support::node_spec(&format!("n{i}"), "8", false);
+        let request = gangway_proto::v1::RegisterNodeRequest {
+            node: Some(node),
+            update: false,
+        };
+        bounded("register", inventory.register_node(request)).await;
+    }
+    let mut placed = place_through(&c, 1, &["a", "b"]).await;
+    c.wait_converged(&[2, 3], ready).await;
+
+    // Replica 2 away: 1 (JSON) and 3 (binary) lead between them and compact, so 2
+    // comes back through a snapshot in either format.
+    c.kill(2);
+    c.wait_ready(&[1, 3], ready).await;
+    let balanced = bounded("balance", support::client(&c, 1).await.balance()).await;
+    assert!(
+        balanced.leaders_per_node.get(&1).is_some_and(|n| *n > 0),
+        "the JSON writer leads a group: {balanced:?}"
+    );
+    c.wait_ready(&[1, 3], ready).await;
+    placed.extend(place_through(&c, 3, &["c", "d"]).await);
+    for id in [1, 3] {
+        let one = support::client(&c, id).await;
+        bounded("compact", one.compact(None)).await;
+    }
+    c.spawn(2);
+    c.wait_ready(&all, ready).await;
+    placed.extend(place_through(&c, 2, &["e"]).await);
+    c.wait_converged(&[2, 3], ready).await;
+
+    // The last rollout step: replica 1 writes binary too.
+    c.proc_args.remove(&1);
+    c.kill(1);
+    c.spawn(1);
+    c.wait_ready(&all, ready).await;
+    c.wait_converged(&all, ready).await;
+    let client = support::client(&c, 1).await;
+    for id in placed {
+        let g = bounded("get group", client.get(id)).await;
+        assert_eq!(g.state, "Placed", "{g:?}");
+    }
 }

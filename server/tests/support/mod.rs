@@ -48,6 +48,8 @@ pub struct Cluster {
     pub shards: u32,
     /// Extra flags and environment for every process.
     pub extra_args: Vec<String>,
+    /// Extra flags for one process (after `extra_args`).
+    pub proc_args: BTreeMap<u64, Vec<String>>,
     pub env: Vec<(String, String)>,
     _serial: MutexGuard<'static, ()>,
 }
@@ -145,6 +147,7 @@ impl Cluster {
             cluster_id: format!("test-{}", std::process::id()),
             shards,
             extra_args,
+            proc_args: BTreeMap::new(),
             env,
             _serial: serial,
         };
@@ -214,6 +217,7 @@ impl Cluster {
             cmd.args(["--initial-cluster-state", "new"]);
         }
         cmd.args(&self.extra_args);
+        cmd.args(self.proc_args.get(&id).into_iter().flatten());
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd
     }
