@@ -141,8 +141,14 @@ impl Replica {
                 SchedulerService::new(groups.clone(), shards, opts.failpoints.clone()),
                 check,
             ));
-        let mut replica = Self::serve(host, router, listener, opts.security.tls.clone(), warmer);
-        replica.wire = wire;
+        let mut replica = Self::serve(
+            host,
+            router,
+            listener,
+            opts.security.tls.clone(),
+            warmer,
+            wire,
+        );
         let secrets = opts
             .security
             .tokens
@@ -203,6 +209,7 @@ impl Replica {
             listener,
             None,
             SelectorWarmer::inline(),
+            WireFormat::default(),
         ))
     }
 
@@ -212,6 +219,7 @@ impl Replica {
         listener: TcpListener,
         tls: Option<Arc<ServerTls>>,
         warmer: SelectorWarmer,
+        wire: WireFormat,
     ) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let (stop_services, _) = watch::channel(false);
@@ -234,7 +242,7 @@ impl Replica {
         };
         Self {
             host,
-            wire: WireFormat::default(),
+            wire,
             server,
             stop,
             services: Vec::new(),

@@ -1,8 +1,8 @@
 //! Glue between gangway's ledgers and gangway-raft: each Raft group's
 //! `StateMachine` decodes commands and queries (either format of `wire`), applies
-//! them to its ledger, and encodes the reply in the replica's write format. A malformed command gets a `Malformed` /
-//! `Rejected` reply and changes nothing. Group 0 is the meta group, 1..=S are
-//! shards.
+//! them to its ledger, and encodes the reply in the replica's write format. A
+//! malformed command gets a `Malformed` / `Rejected` reply and changes nothing.
+//! Group 0 is the meta group, 1..=S are shards.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,7 +21,7 @@ use crate::ledger::usage::HandOver;
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
 use crate::model::{Device, MemberKey, PodSpec};
 use crate::shard::warmer::SelectorWarmer;
-use crate::wire::{self, WireError, WireFormat};
+use crate::wire::{decode, WireError, WireFormat};
 
 /// Encodes a command, query or reply in the default (binary) format.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
@@ -65,11 +65,6 @@ fn shard_malformed(reason: String) -> ShardOutcome {
 
 fn answer_malformed(reason: String) -> ShardAnswer {
     ShardAnswer::Malformed { reason }
-}
-
-/// Decodes a command, query or reply written in either format.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    wire::decode(bytes)
 }
 
 /// A shard's answer to one command: the ledger's reply, or why the command
@@ -137,7 +132,7 @@ pub fn machine_for(
 }
 
 fn restore<T: DeserializeOwned>(snapshot: &[u8]) -> Result<T, RestoreError> {
-    wire::decode(snapshot).map_err(|e| RestoreError(e.to_string()))
+    decode(snapshot).map_err(|e| RestoreError(e.to_string()))
 }
 
 /// Meta admits what decodes as a meta command.
@@ -557,7 +552,7 @@ mod tests {
         assert_eq!(upgraded.snapshot(), fresh.snapshot());
         let from_json_log = register(3, "n3");
         let reply = upgraded.apply(3, &WireFormat::Json.encode(&from_json_log).expect("json"));
-        assert_eq!(reply.first(), Some(&wire::BINARY_V1));
+        assert_eq!(reply.first(), Some(&crate::wire::BINARY_V1));
         fresh.apply(3, &encode(&from_json_log).expect("binary"));
         let after = register(4, "n4");
         upgraded.apply(4, &encode(&after).expect("binary"));

@@ -81,6 +81,14 @@ impl WireFormat {
         }
     }
 
+    /// The format's name, as `--wire-format` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireFormat::Binary => "binary",
+            WireFormat::Json => "json",
+        }
+    }
+
     /// The format `bytes` are in (`None`: an unknown version byte). Empty bytes read as
     /// JSON, whose decoder names the error.
     pub fn of(bytes: &[u8]) -> Option<WireFormat> {

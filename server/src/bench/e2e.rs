@@ -18,7 +18,7 @@ use gangway_proto::v1::NodeSpec;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::percentile;
+use super::{percentile, rss_bytes};
 use crate::wire::WireFormat;
 
 /// Most nodes the benchmark registers.
@@ -76,13 +76,6 @@ fn parse_formats(text: &str) -> anyhow::Result<Vec<WireFormat>> {
         .collect()
 }
 
-fn format_name(format: WireFormat) -> &'static str {
-    match format {
-        WireFormat::Binary => "binary",
-        WireFormat::Json => "json",
-    }
-}
-
 /// Clock ticks per second of /proc's CPU times (USER_HZ, 100 on Linux).
 const USER_HZ: f64 = 100.0;
 
@@ -106,21 +99,15 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
         .sum()
 }
 
-/// Resident memory of process `pid` in MiB, from /proc (0 where unreadable).
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map(|kib| kib / 1024.0)
-        .unwrap_or(0.0)
-}
-
-/// Each replica's resident memory, as "a, b, c MiB".
+/// Each replica's resident memory, as "a, b, c MiB" (0 where unreadable).
 fn rss_of(pids: &[u32]) -> String {
-    let each: Vec<String> = pids.iter().map(|p| format!("{:.0}", rss_mib(*p))).collect();
+    let each: Vec<String> = pids
+        .iter()
+        .map(|p| {
+            let bytes = rss_bytes(Some(*p)).unwrap_or(0);
+            format!("{:.0}", bytes as f64 / (1024.0 * 1024.0))
+        })
+        .collect();
     format!("{} MiB", each.join(", "))
 }
 
@@ -223,7 +210,7 @@ impl Processes {
             .arg("--peer-secret-file")
             .arg(&self.secret_file)
             .args(["--initial-cluster-state", "new"])
-            .args(["--wire-format", format_name(self.wire)]);
+            .args(["--wire-format", self.wire.name()]);
         if !self.failpoints.is_empty() {
             cmd.arg("--test-failpoints")
                 .env("GANGWAY_TEST_FAILPOINTS", self.failpoints.join(","));
@@ -532,8 +519,6 @@ struct SizeResult {
     alone_phases: String,
     /// CPU seconds the three replicas used while the gangs were placed.
     cpu: f64,
-    /// The wire format the replicas wrote.
-    format: &'static str,
 }
 
 async fn run_size(
@@ -619,7 +604,6 @@ async fn run_size(
         alone_submit_ms,
         alone_phases,
         cpu,
-        format: format_name(WireFormat::default()),
     })
 }
 
@@ -655,7 +639,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         .flat_map(|s| queue_counts.iter().map(move |q| (s, q)))
         .flat_map(|sq| formats.iter().map(move |f| (sq, f)))
     {
-        let name = format_name(format);
+        let name = format.name();
         let dir = std::env::temp_dir().join(format!(
             "gangway-bench-e2e-{}-{shards}-{queues}-{name}",
             std::process::id()
@@ -681,7 +665,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         );
         for (run, &size) in sizes.iter().enumerate() {
             let pids = procs.pids();
-            let mut row = run_size(
+            let row = run_size(
                 &client,
                 &procs.http,
                 shards,
@@ -692,8 +676,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
                 &pids,
             )
             .await?;
-            row.format = name;
-            rows.push(row);
+            rows.push((name, row));
         }
         data_dirs.push((shards, queues, name, dir_bytes(&dir.join("node-1"))));
         memory.push(format!(
@@ -706,13 +689,13 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     }
     println!("| shards | queues | wire format | gang size | gangs | pods placed | seconds | pods/s | replicas' CPU s per 1k pods | p50 submit→placed | p99 submit→placed |");
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
+    for (format, r) in &rows {
         let pods = r.gangs * r.gang;
         println!(
             "| {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.3} | {} ms | {} ms |",
             r.shards,
             r.queues,
-            r.format,
+            format,
             r.gang,
             r.gangs,
             pods,
@@ -728,12 +711,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     println!();
     println!("| shards | queues | wire format | gang size | gangs | p50 submit call | p50 submit→placed | p99 submit→placed | max |");
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
-    for r in rows.iter().filter(|r| !r.alone_ms.is_empty()) {
+    for (format, r) in rows.iter().filter(|(_, r)| !r.alone_ms.is_empty()) {
         println!(
             "| {} | {} | {} | {} | {} | {} ms | {} ms | {} ms | {} ms |",
             r.shards,
             r.queues,
-            r.format,
+            format,
             r.gang,
             r.alone_ms.len(),
             percentile(&r.alone_submit_ms, 50.0),
@@ -744,14 +727,14 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     }
     println!();
     println!("Coordinator phases (mean per call):");
-    for r in &rows {
+    for (format, r) in &rows {
         println!(
-            "- shards {}, queues {}, {}, gangs of {}, all at once: {}",
-            r.shards, r.queues, r.format, r.gang, r.phases
+            "- shards {}, queues {}, {format}, gangs of {}, all at once: {}",
+            r.shards, r.queues, r.gang, r.phases
         );
         println!(
-            "- shards {}, queues {}, {}, gangs of {}, one at a time: {}",
-            r.shards, r.queues, r.format, r.gang, r.alone_phases
+            "- shards {}, queues {}, {format}, gangs of {}, one at a time: {}",
+            r.shards, r.queues, r.gang, r.alone_phases
         );
     }
     println!();

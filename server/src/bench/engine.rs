@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use anyhow::bail;
 
+use super::rss_bytes;
+
 use crate::engine::bench::{
     bench_gpus, run, run_device_gangs, run_devices, run_gangs, BenchReport, BENCH_DRIVER,
     BENCH_GPUS_PER_NODE,
@@ -161,14 +163,6 @@ fn row(what: &str, r: &BenchReport, seconds: f64, rate: f64, unit: &str) {
     );
 }
 
-/// Resident memory of this process in bytes.
-fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Bytes of resident memory one registered node adds to a shard ledger.
 /// Each node (five labels, cpu/memory/pods/ephemeral storage, and with `gpus` a
 /// published pool of the engine bench's 8 GPUs with their attributes) is built
@@ -179,7 +173,7 @@ fn memory_per_node(
     gpus: bool,
     kept: &mut Vec<ShardLedger>,
 ) -> anyhow::Result<Option<f64>> {
-    let Some(before) = rss_bytes() else {
+    let Some(before) = rss_bytes(None) else {
         return Ok(None);
     };
     let mut ledger = ShardLedger::new();
@@ -225,7 +219,7 @@ fn memory_per_node(
             }
         }
     }
-    let Some(after) = rss_bytes() else {
+    let Some(after) = rss_bytes(None) else {
         return Ok(None);
     };
     let per_node = after.saturating_sub(before) as f64 / count as f64;

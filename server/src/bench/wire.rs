@@ -43,13 +43,6 @@ struct Row {
     decode: Duration,
 }
 
-fn name(format: WireFormat) -> &'static str {
-    match format {
-        WireFormat::Binary => "binary",
-        WireFormat::Json => "JSON",
-    }
-}
-
 /// The best times over `rounds` of `encode` and of `decode` on what it made, and the
 /// bytes it made (each encoding a list of byte strings).
 fn best_of(
@@ -188,7 +181,7 @@ pub fn run_bench(args: WireBenchArgs) -> anyhow::Result<()> {
         println!(
             "| {} | {} | {} | {} | {:.1} | {:.1} |",
             r.what,
-            name(r.format),
+            r.format.name(),
             r.items,
             r.bytes / r.items.max(1),
             per_item_us(r.encode, r.items),

@@ -122,6 +122,12 @@ struct Bench {
 
 impl Bench {
     fn new(nodes: usize) -> Self {
+        Self::build(nodes, None)
+    }
+
+    /// A fleet of `nodes` registered, every command recorded from the first when
+    /// `recorded` is given.
+    fn build(nodes: usize, recorded: Option<Vec<LedgerCommand>>) -> Self {
         let mut bench = Self {
             ledger: ShardLedger::new(),
             report: BenchReport {
@@ -130,7 +136,7 @@ impl Bench {
             },
             clock_ms: 0,
             next_txn: 0,
-            recorded: None,
+            recorded,
         };
         for node in fleet(nodes) {
             bench.apply(LedgerOp::RegisterNode { node });
@@ -274,13 +280,7 @@ pub fn gang_workload(
     gangs: usize,
     members: usize,
 ) -> (ShardLedger, Vec<LedgerCommand>) {
-    let mut bench = Bench::new(0);
-    bench.report.nodes = nodes as u64;
-    bench.recorded = Some(Vec::new());
-    for node in fleet(nodes) {
-        bench.apply(LedgerOp::RegisterNode { node });
-    }
-    let bench = place_gangs(bench, gangs, members);
+    let bench = place_gangs(Bench::build(nodes, Some(Vec::new())), gangs, members);
     (bench.ledger, bench.recorded.unwrap_or_default())
 }
 
