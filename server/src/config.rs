@@ -39,6 +39,25 @@ pub enum ConfigError {
     },
 }
 
+/// The rebalancing policy from its flags or keys, refusing a bound out of range.
+fn rebalance_policy(
+    auto: Option<bool>,
+    bound_percent: Option<u64>,
+) -> Result<crate::coordinator::RebalancePolicy, ConfigError> {
+    let defaults = crate::coordinator::RebalancePolicy::default();
+    let bound_percent = bound_percent.unwrap_or(defaults.bound_percent);
+    if !(101..=1_000).contains(&bound_percent) {
+        return Err(invalid(
+            "rebalance-bound-percent",
+            format!("{bound_percent} is not in 101..=1000"),
+        ));
+    }
+    Ok(crate::coordinator::RebalancePolicy {
+        auto: auto.unwrap_or(defaults.auto),
+        bound_percent,
+    })
+}
+
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field: field.to_string(),
@@ -96,6 +115,15 @@ pub struct ServeArgs {
     /// (docs/ARCHITECTURE.md §3, "Encoding") [default: binary].
     #[arg(long, value_enum)]
     pub wire_format: Option<WireFormat>,
+    /// Whether the coordinator moves nodes between shards on its own when one shard
+    /// holds more than `--rebalance-bound-percent` of the mean capacity
+    /// (docs/ARCHITECTURE.md §3a) [default: true].
+    #[arg(long)]
+    pub auto_rebalance: Option<bool>,
+    /// A shard holding more than this percentage of the mean capacity (allocatable
+    /// cpu) is rebalanced, in 101..=1000 [default: 125].
+    #[arg(long)]
+    pub rebalance_bound_percent: Option<u64>,
     /// Raft heartbeat period in ms [default: 100].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -172,6 +200,8 @@ struct FileConfig {
     topology_label: Option<String>,
     sled_cache_mb: Option<u64>,
     wire_format: Option<WireFormat>,
+    auto_rebalance: Option<bool>,
+    rebalance_bound_percent: Option<u64>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -230,6 +260,8 @@ pub struct ServeConfig {
     pub sled_cache_bytes: u64,
     /// The format this replica writes.
     pub wire: WireFormat,
+    /// Automatic rebalancing of the shards.
+    pub rebalance: crate::coordinator::RebalancePolicy,
     /// Raft timing.
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.
@@ -491,6 +523,11 @@ impl ServeConfig {
         }
         let peer_routes = parse_peer_routes(&args.test_peer_routes, args.test_failpoints)?;
         let wire = args.wire_format.or(file.wire_format).unwrap_or_default();
+        let rebalance = rebalance_policy(
+            args.auto_rebalance.or(file.auto_rebalance),
+            args.rebalance_bound_percent
+                .or(file.rebalance_bound_percent),
+        )?;
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
             heartbeat_ms: args
@@ -556,6 +593,7 @@ impl ServeConfig {
             test_failpoints: args.test_failpoints,
             peer_routes,
             wire,
+            rebalance,
         })
     }
 
@@ -679,6 +717,27 @@ mod tests {
         })
         .expect_err("unknown key");
         assert!(err.to_string().contains("shardz"), "{err}");
+    }
+
+    #[test]
+    fn rebalancing_defaults_on_at_125_percent_and_a_bad_bound_names_the_key() {
+        let cfg = ServeConfig::resolve(args(1, &[])).expect("valid");
+        assert!(cfg.rebalance.auto);
+        assert_eq!(cfg.rebalance.bound_percent, 125);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gangway.toml");
+        let file = |path: &PathBuf| ServeArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        std::fs::write(&path, "id = 1\nauto-rebalance = false\nrebalance-bound-percent = 150\n")
+            .expect("write");
+        let cfg = ServeConfig::resolve(file(&path)).expect("valid");
+        assert!(!cfg.rebalance.auto);
+        assert_eq!(cfg.rebalance.bound_percent, 150);
+        std::fs::write(&path, "id = 1\nrebalance-bound-percent = 100\n").expect("write");
+        let err = ServeConfig::resolve(file(&path)).expect_err("out of range");
+        assert!(err.to_string().contains("rebalance-bound-percent"), "{err}");
     }
 
     #[test]

@@ -193,6 +193,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
             profile: Profile::default(),
             wire: args.wire_format,
+            rebalance: crate::coordinator::RebalancePolicy::default(),
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),

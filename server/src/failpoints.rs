@@ -116,8 +116,17 @@ pub const META_ADMITS_OVER_QUOTA: &str = "meta-admits-over-quota";
 /// fit nowhere at the head of the queue keep every group behind them from being read.
 pub const PENDING_KEEPS_BACKED_OFF: &str = "pending-keeps-backed-off-groups";
 
+/// The coordinator has a shard move's parcels from its sources and has not had the
+/// target adopt them (the nodes are on no shard's table until a coordinator resumes).
+pub const MOVE_AFTER_HANDOFF: &str = "coordinator-move-after-handoff";
+
+/// A bug switch: meta seals a shard move while a transaction on its shards is in
+/// flight, so a decision delivered to a source after its nodes left frees nothing there
+/// and the target keeps the slots for ever (I5).
+pub const MOVE_SEALS_IN_FLIGHT: &str = "meta-seals-moves-in-flight";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 25] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -141,6 +150,8 @@ pub const ALL: [&str; 23] = [
     SLICELESS_POOLS_OFFERED,
     META_ADMITS_OVER_QUOTA,
     PENDING_KEEPS_BACKED_OFF,
+    MOVE_AFTER_HANDOFF,
+    MOVE_SEALS_IN_FLIGHT,
 ];
 
 /// The armed crash points of a process.

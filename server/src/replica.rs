@@ -59,6 +59,8 @@ pub struct ReplicaOptions {
     pub profile: Profile,
     /// The format this replica writes commands, replies and snapshots in (it reads both).
     pub wire: WireFormat,
+    /// Whether and when the coordinator rebalances the shards.
+    pub rebalance: crate::coordinator::RebalancePolicy,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
@@ -170,7 +172,8 @@ impl Replica {
             opts.profile,
             opts.failpoints,
             opts.budgets,
-        );
+        )
+        .with_rebalance(opts.rebalance);
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));

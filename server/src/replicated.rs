@@ -154,6 +154,8 @@ impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         self.state
             .set_quota_unchecked(self.failpoints.armed(failpoints::META_ADMITS_OVER_QUOTA));
+        self.state
+            .set_seal_unchecked(self.failpoints.armed(failpoints::MOVE_SEALS_IN_FLIGHT));
         let answer = match decode(command) {
             Ok(cmd) => reply(self.format, &self.state.apply(&cmd), meta_rejected),
             Err(e) => reply(

@@ -92,6 +92,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         topology_label: cfg.topology_label.clone(),
         profile: Profile::default(),
         wire: cfg.wire,
+        rebalance: cfg.rebalance,
         failpoints: if cfg.test_failpoints {
             Failpoints::from_env()
         } else {

@@ -18,7 +18,9 @@
 pub mod assign;
 pub mod budgets;
 pub mod metrics;
+pub mod moves;
 pub mod preempt;
+pub mod rebalance;
 pub mod release;
 pub mod victims;
 
@@ -86,6 +88,28 @@ pub const PREEMPTION_ATTEMPTS_PER_ROUND_MAX: u32 = 2;
 /// Most undelivered decisions delivered in one round.
 pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
 
+/// Period of the coordinator's checks of the shards' balance, in ms (when no move
+/// runs; right after a rebalance's move ends, the next check comes at once).
+pub const REBALANCE_CHECK_MS: u64 = 30_000;
+
+/// Whether and when the coordinator rebalances shards on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebalancePolicy {
+    /// Off: only `gangctl shards rebalance` and `move` move nodes.
+    pub auto: bool,
+    /// A shard above this percentage of the mean capacity starts a rebalance.
+    pub bound_percent: u64,
+}
+
+impl Default for RebalancePolicy {
+    fn default() -> Self {
+        Self {
+            auto: true,
+            bound_percent: rebalance::REBALANCE_BOUND_PERCENT_DEFAULT,
+        }
+    }
+}
+
 /// What a round's batch did with the ready groups.
 struct BatchOutcome {
     /// Groups it placed (or left to recovery when its writes were interrupted).
@@ -109,6 +133,10 @@ pub struct Coordinator {
     budgets: Arc<DisruptionBudgets>,
     /// When the shards' capacity was last read (a monotonic clock; None: never).
     capacity_read_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Automatic rebalancing.
+    rebalance: RebalancePolicy,
+    /// When the balance was last checked (None: check at the next idle moment).
+    balance_checked_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -158,7 +186,17 @@ impl Coordinator {
             preemptions_left: AtomicU32::new(0),
             budgets,
             capacity_read_at: std::sync::Mutex::new(None),
+            rebalance: RebalancePolicy::default(),
+            // The first check comes a period after the coordinator starts: a fleet
+            // registering at start-up is not rebalanced half registered.
+            balance_checked_at: std::sync::Mutex::new(Some(std::time::Instant::now())),
         }
+    }
+
+    /// The same coordinator with rebalancing `policy`.
+    pub fn with_rebalance(mut self, policy: RebalancePolicy) -> Self {
+        self.rebalance = policy;
+        self
     }
 
     fn leads_meta(&self) -> bool {
@@ -222,6 +260,7 @@ impl Coordinator {
         self.preemptions_left
             .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
+        let moving = self.advance_move().await;
         if let Err(e) = self.refresh_capacity().await {
             tracing::debug!(error = %e, "cluster capacity not recorded this round");
         }
@@ -246,8 +285,8 @@ impl Coordinator {
             return Ok(Activity::Busy);
         };
         drop(timer);
-        let activity = match (undelivered, records.is_empty()) {
-            (0, true) => Activity::Idle,
+        let activity = match (undelivered, records.is_empty(), moving) {
+            (0, true, false) => Activity::Idle,
             _ => Activity::Busy,
         };
         let now = now_ms();
@@ -282,6 +321,84 @@ impl Coordinator {
             }
         }
         Ok(activity)
+    }
+
+    /// Takes the running shard move a step further, or (automatic rebalancing on, and
+    /// due) begins one; whether a move runs. Failures are logged and retried next round.
+    async fn advance_move(&self) -> bool {
+        let running = match moves::running(&self.groups) {
+            Ok(running) => running,
+            Err(e) => {
+                tracing::debug!(error = %e, "shard moves not read this round");
+                return false;
+            }
+        };
+        let Some(m) = running else {
+            return self.rebalance_if_due().await;
+        };
+        match moves::advance(&self.groups, &self.failpoints, &m).await {
+            Ok(moves::MoveProgress::Waiting(why)) => {
+                tracing::debug!(shard_move = m.id, why, "shard move waits");
+                true
+            }
+            Ok(moves::MoveProgress::Ended(_)) => {
+                // A rebalance's next move is planned at once.
+                let mut checked = self.balance_checked_at.lock().unwrap_or_else(|e| e.into_inner());
+                *checked = None;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(shard_move = m.id, error = %e, "shard move step failed; retrying next round");
+                true
+            }
+        }
+    }
+
+    /// Every [`REBALANCE_CHECK_MS`] with automatic rebalancing on: begins the first move
+    /// of a rebalance when a shard holds more than the bound over the mean capacity.
+    async fn rebalance_if_due(&self) -> bool {
+        if !self.rebalance.auto || self.shards < 2 {
+            return false;
+        }
+        {
+            let now = std::time::Instant::now();
+            let mut last = self
+                .balance_checked_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(REBALANCE_CHECK_MS)) {
+                return false;
+            }
+            *last = Some(now);
+        }
+        let bound = self.rebalance.bound_percent;
+        let (plan, peak) = match moves::plan_rebalance(&self.groups, self.shards, bound).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(error = %e, "shard balance not checked");
+                return false;
+            }
+        };
+        let Some(first) = plan.first() else {
+            return false;
+        };
+        let reason = format!(
+            "rebalance: the heaviest shard holds {peak}% of the mean capacity, above {bound}%"
+        );
+        match moves::begin_planned(&self.groups, first, reason).await {
+            Ok(Ok(m)) => {
+                tracing::info!(shard_move = m.id, from = first.from, to = first.to, nodes = first.nodes.len(), peak, "rebalancing shards");
+                true
+            }
+            Ok(Err(why)) => {
+                tracing::debug!(why, "rebalance move not begun");
+                false
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "rebalance move not begun");
+                false
+            }
+        }
     }
 
     /// Every [`CAPACITY_REFRESH_MS`], sums the shards' allocatable resources and records

@@ -37,6 +37,8 @@ pub enum FilterReason {
     NodeNotReady,
     /// The node is cordoned and the pod does not tolerate it.
     NodeUnschedulable,
+    /// A shard move fences the node.
+    NodeMoving,
     /// nodeSelector or required node affinity does not match.
     NodeAffinityMismatch,
     /// A NoSchedule or NoExecute taint is not tolerated.
@@ -92,6 +94,7 @@ impl fmt::Display for FilterReason {
         match self {
             Self::NodeNotReady => f.write_str("node(s) were not ready"),
             Self::NodeUnschedulable => f.write_str("node(s) were unschedulable"),
+            Self::NodeMoving => f.write_str("node(s) were moving to another shard"),
             Self::NodeAffinityMismatch => {
                 f.write_str("node(s) didn't match Pod's node affinity/selector")
             }
@@ -360,6 +363,9 @@ impl<'s> Probe<'s> {
     ) -> Result<(u64, u32), FilterReason> {
         let node = cluster.node(idx);
         let spec = self.candidate.spec;
+        if fit.has(NodeFit::MOVING) {
+            return Err(FilterReason::NodeMoving);
+        }
         if fit.has(NodeFit::NODE_FILTERED) || !self.any_labels {
             if let Some(node) = node {
                 node_filter(node, spec)?;

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::ledger::devices::{AgentLink, DeviceHealth};
-use crate::ledger::meta::{shard_for, MetaCommand, MetaQuery, MetaReply, RejectionKind};
+use crate::ledger::meta::{domain_of, MetaCommand, MetaQuery, MetaReply, RejectionKind};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
@@ -253,6 +253,10 @@ fn refused(error: LedgerError) -> Status {
     match error {
         LedgerError::UnknownNode { .. } => Status::not_found(format!("node: {error}")),
         LedgerError::NodeDiffers { .. } => Status::already_exists(format!("node: {error}")),
+        // A shard move is handing the node over: the same call succeeds once it is done.
+        LedgerError::NodeMoved { .. } | LedgerError::MemberMoved { .. } => {
+            Status::unavailable(format!("node: {error}; retry"))
+        }
         LedgerError::InvalidNode { .. } => Status::invalid_argument(format!("node: {error}")),
         LedgerError::InvalidLease { .. } | LedgerError::InvalidObservedPod { .. } => {
             Status::invalid_argument(error.to_string())
@@ -277,15 +281,13 @@ pub enum Registration {
 /// shard's ledger; the shard it lives in.
 pub async fn register(
     groups: &Groups,
-    shards: u32,
     topology_label: Option<&str>,
     node: &Node,
     registration: Registration,
 ) -> Result<u32, Status> {
-    let proposed = shard_for(&node.name, &node.labels, topology_label, shards);
-    let assign = MetaCommand::AssignNode {
+    let assign = MetaCommand::PlaceNode {
         node: node.name.clone(),
-        shard: proposed,
+        domain: domain_of(&node.labels, topology_label),
         at_ms: now_ms(),
     };
     let shard = match groups.meta(&assign).await.map_err(|e| e.to_status())? {
@@ -477,7 +479,6 @@ impl Inventory for InventoryService {
         };
         let shard = register(
             &self.groups,
-            self.shards,
             self.topology_label.as_deref(),
             &node,
             registration,

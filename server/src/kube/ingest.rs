@@ -47,7 +47,7 @@ use crate::kube::queues;
 use crate::kube::KubeOptions;
 use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
 use crate::ledger::meta::{
-    shard_for, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
+    domain_of, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
@@ -489,14 +489,9 @@ impl Ingest {
         let at_ms = now_ms();
         let commands = nodes
             .iter()
-            .map(|n| MetaCommand::AssignNode {
+            .map(|n| MetaCommand::PlaceNode {
                 node: n.name.clone(),
-                shard: shard_for(
-                    &n.name,
-                    &n.labels,
-                    self.topology_label.as_deref(),
-                    self.shards,
-                ),
+                domain: domain_of(&n.labels, self.topology_label.as_deref()),
                 at_ms,
             })
             .collect();

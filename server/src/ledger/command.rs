@@ -7,6 +7,7 @@
 //! replica applies identically on all of them. Called by the shard service (which logs
 //! commands) and by [`crate::ledger::ShardLedger::apply`].
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,12 @@ pub const OBSERVED_PODS_PER_NODE_MAX: usize = 1_024;
 /// Most ResourceClaims of other schedulers holding network-attached devices one
 /// `SetObservedNetworkHolds` may carry.
 pub const OBSERVED_NETWORK_HOLDS_MAX: usize = 4_096;
+/// Most nodes one shard move carries: its parcel is one log entry on the receiving
+/// shard, so a zone larger than this moves in several moves.
+pub const MOVE_NODES_MAX: usize = 256;
+/// Most members a shard remembers as moved away (answered "moved" to a late release
+/// instead of "absent"); the oldest move's are forgotten first.
+pub const MOVED_MEMBERS_MAX: usize = 100_000;
 /// The gang part of an observed pod's key; not a DNS name, so no submitted gang can take it.
 pub const OBSERVED_GANG: &str = "~observed";
 /// The namespace of the placeholder slots that hold the victims' room during a
@@ -165,6 +172,27 @@ pub enum ReleaseTarget {
     Members(Vec<MemberKey>),
     /// Everything a transaction holds: an open one is aborted, a committed one freed.
     Txn(TxnId),
+}
+
+/// Nodes a shard hands to another in a move, with everything held on them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parcel {
+    /// The move (meta's id).
+    pub move_id: u64,
+    /// The adopting shard.
+    pub to: u32,
+    /// The nodes with their usage (pod slots, devices) and leases, in name order.
+    pub nodes: Vec<crate::ledger::shard::NodeEntry>,
+    /// Kubernetes victims of committed preemptions still evicting from these nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub evicting: BTreeMap<MemberKey, crate::ledger::shard::EvictingVictim>,
+}
+
+impl Parcel {
+    /// Whether the parcel holds `member` on one of its nodes.
+    pub fn holds(&self, member: &MemberKey) -> bool {
+        self.nodes.iter().any(|n| n.usage.pods.contains_key(member))
+    }
 }
 
 /// The operations of a shard ledger.
@@ -374,6 +402,40 @@ pub enum LedgerOp {
         /// Class name.
         name: String,
     },
+    /// A shard move's first step on a source shard (docs/ARCHITECTURE.md §3a): these
+    /// nodes take no new reservation (plans skip them, `Reserve` refuses them); what
+    /// they hold stays. Idempotent; refused for a node another move fences.
+    FenceNodes {
+        /// The move (meta's id).
+        move_id: u64,
+        /// The nodes (at most [`MOVE_NODES_MAX`]).
+        nodes: Vec<String>,
+    },
+    /// Lifts move `move_id`'s fence (a move given up before its handoff).
+    UnfenceNodes {
+        /// The move.
+        move_id: u64,
+    },
+    /// Hands move `move_id`'s fenced nodes over: once no open reservation holds anything
+    /// on them, they leave this shard with everything they hold (the reply's parcel,
+    /// kept here until `DropParcel`, so a retry answers the same parcel), and any later
+    /// operation naming them or their members is refused as moved.
+    HandOff {
+        /// The move.
+        move_id: u64,
+        /// The shard that adopts them.
+        to: u32,
+    },
+    /// Takes in a parcel another shard handed off (idempotent by move).
+    Adopt {
+        /// What the source shard handed off.
+        parcel: Parcel,
+    },
+    /// Forgets a handed-off parcel once meta recorded the move (the moved tombstones stay).
+    DropParcel {
+        /// The move.
+        move_id: u64,
+    },
     /// Several operations applied in order as one entry, each as if alone (the
     /// coordinator's batched rounds); at most [`LEDGER_BATCH_MAX`], none a batch.
     Batch {
@@ -420,6 +482,8 @@ pub enum RefusalCause {
     UnknownNode,
     /// The node is not ready.
     NodeNotReady,
+    /// The node is being moved to another shard: it takes no new reservation.
+    NodeMoving,
     /// Not enough of one resource, counting earlier members of the same batch on the node.
     Insufficient {
         /// The resource.
@@ -727,6 +791,55 @@ pub enum LedgerError {
         /// The validation error.
         message: String,
     },
+    /// The node moved to another shard (a writer that routed here by an old shard map
+    /// asks meta again).
+    #[error("node {name} moved to shard {to}")]
+    NodeMoved {
+        /// Node name.
+        name: String,
+        /// Its shard now.
+        to: u32,
+    },
+    /// The member's node moved to another shard.
+    #[error("member {member} moved to shard {to} with its node")]
+    MemberMoved {
+        /// The member.
+        member: MemberKey,
+        /// Its shard now.
+        to: u32,
+    },
+    /// Another move fences the node.
+    #[error("node {name} is being moved by move {move_id}")]
+    NodeMoving {
+        /// Node name.
+        name: String,
+        /// That move.
+        move_id: u64,
+    },
+    /// A handoff before the move's open reservations on its nodes ended.
+    #[error("move {move_id}: node {node} still holds reservations of open {txn_id}")]
+    NodesBusy {
+        /// The move.
+        move_id: u64,
+        /// A node with an open reservation.
+        node: String,
+        /// The open transaction.
+        txn_id: TxnId,
+    },
+    /// A parcel names a node this shard has (or is malformed).
+    #[error("move {move_id}: {message}")]
+    ParcelRefused {
+        /// The move.
+        move_id: u64,
+        /// Why, naming the node or member.
+        message: String,
+    },
+    /// Too many nodes in one move.
+    #[error("nodes: {nodes} in one move, at most {MOVE_NODES_MAX}")]
+    MoveTooLarge {
+        /// How many it named.
+        nodes: usize,
+    },
     /// A member key names an observed pod, which gangway neither releases nor binds.
     #[error("member {member} is a pod another scheduler bound")]
     ObservedMember {
@@ -804,6 +917,39 @@ pub enum LedgerReply {
         released: Vec<MemberKey>,
         /// Members named that held nothing (already released).
         absent: Vec<MemberKey>,
+    },
+    /// The nodes take no new reservation.
+    Fenced {
+        /// The move.
+        move_id: u64,
+        /// The nodes fenced (already handed off: none).
+        nodes: Vec<String>,
+    },
+    /// The move's fence is lifted.
+    Unfenced {
+        /// The move.
+        move_id: u64,
+        /// The nodes it had fenced.
+        nodes: Vec<String>,
+    },
+    /// The nodes left this shard.
+    HandedOff {
+        /// What they held.
+        parcel: Parcel,
+    },
+    /// The parcel's nodes are this shard's now.
+    Adopted {
+        /// The move.
+        move_id: u64,
+        /// How many nodes it brought.
+        nodes: usize,
+    },
+    /// The handed-off parcel is forgotten.
+    ParcelDropped {
+        /// The move.
+        move_id: u64,
+        /// Whether it was kept.
+        presence: Presence,
     },
     /// The bind is recorded.
     BindRecorded {
@@ -959,6 +1105,7 @@ impl fmt::Display for RefusalCause {
         match self {
             RefusalCause::UnknownNode => write!(f, "the node is not in this shard"),
             RefusalCause::NodeNotReady => write!(f, "the node is not ready"),
+            RefusalCause::NodeMoving => write!(f, "the node is moving to another shard"),
             RefusalCause::Insufficient {
                 resource,
                 requested,

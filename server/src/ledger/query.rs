@@ -115,6 +115,15 @@ pub enum ShardQuery {
     /// The sum of every node's allocatable resources (cordoned and not ready ones too):
     /// the shard's part of the cluster capacity queues lend in.
     Capacity,
+    /// Every node's weight for rebalancing (its allocatable cpu in millicores), in
+    /// name order.
+    NodeWeights,
+}
+
+/// A node's weight when shards are balanced: its allocatable cpu in millicores (at
+/// least 1, so that nodes without cpu still count).
+pub fn node_weight(allocatable: &Resources) -> u64 {
+    allocatable.get(&crate::model::resources::ResourceName::Cpu).max(1)
 }
 
 /// A Kubernetes victim of a committed preemption, as the evictor needs it.
@@ -198,6 +207,11 @@ pub enum ShardAnswer {
         /// Summed allocatable.
         allocatable: Resources,
     },
+    /// Node name → weight ([`ShardQuery::NodeWeights`]).
+    NodeWeights {
+        /// In name order.
+        weights: Vec<(String, u64)>,
+    },
     /// The nodes asked for (empty: no such node).
     Nodes {
         /// Node and usage, in name order.
@@ -277,6 +291,12 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
         },
         ShardQuery::ListNodes => ShardAnswer::Nodes {
             nodes: ledger.nodes().cloned().collect(),
+        },
+        ShardQuery::NodeWeights => ShardAnswer::NodeWeights {
+            weights: ledger
+                .nodes()
+                .map(|e| (e.node.name.clone(), node_weight(&e.node.allocatable)))
+                .collect(),
         },
         ShardQuery::Capacity => ShardAnswer::Capacity {
             allocatable: ledger.nodes().fold(Resources::zero(), |sum, e| {

@@ -56,6 +56,7 @@ use crate::ledger::devices::{
     AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, PoolWithdrawal,
     AGENT_GRACE_MS_DEFAULT,
 };
+use crate::ledger::command::{Parcel, MOVED_MEMBERS_MAX, MOVE_NODES_MAX};
 use crate::ledger::displace;
 use crate::ledger::network::NetworkPools;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
@@ -77,6 +78,9 @@ use crate::wire::{self, WireFormat};
 /// forgotten first. A retry of a transaction forgotten this way is answered as unknown
 /// (commit) or by its live placements (abort of a committed one is still refused).
 pub const FINISHED_TXNS_MAX: usize = 10_000;
+mod handoff;
+pub use handoff::ADOPTED_MOVES_MAX;
+
 /// Most refusals kept in a refused reservation's reply and record.
 pub const REFUSALS_KEPT_MAX: usize = 32;
 /// Version of the snapshot encoding.
@@ -92,6 +96,22 @@ pub struct NodeEntry {
     /// The agent's lease, once it has sent a heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<NodeLease>,
+    /// The shard move that fences the node: it takes no new reservation until the
+    /// move hands it over (or is given up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<u64>,
+}
+
+impl NodeEntry {
+    /// The summary the engine reads: the node's and its usage's, and whether a move
+    /// fences it.
+    pub fn fit(&self) -> NodeFit {
+        let mut fit = NodeFit::of(&self.node, &self.usage);
+        if self.moving.is_some() {
+            fit.flags |= NodeFit::MOVING;
+        }
+        fit
+    }
 }
 
 /// A node agent's lease: renewed by heartbeats, it lapses `lease_ms` after the last one.
@@ -251,7 +271,7 @@ impl NodeTable {
         let (Some(entry), Some(fit)) = (self.entries.get(i), self.fits.get_mut(i)) else {
             return;
         };
-        let fresh = NodeFit::of(&entry.node, &entry.usage);
+        let fresh = entry.fit();
         match (
             fit.has(NodeFit::ANTI_AFFINITY),
             fresh.has(NodeFit::ANTI_AFFINITY),
@@ -302,7 +322,7 @@ impl NodeTable {
             && self
                 .iter()
                 .zip(&self.fits)
-                .all(|(entry, fit)| *fit == NodeFit::of(&entry.node, &entry.usage))
+                .all(|(entry, fit)| *fit == entry.fit())
             && self.anti_affinity_nodes
                 == self
                     .fits
@@ -348,6 +368,20 @@ struct LedgerState {
     evicting: BTreeMap<MemberKey, EvictingVictim>,
     #[serde(skip_serializing_if = "NetworkPools::is_empty")]
     network: NetworkPools,
+    /// Parcels handed off and not yet dropped, by move.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    parcels: BTreeMap<u64, Parcel>,
+    /// Nodes that moved away → their shard now (refused here, never recreated).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    moved_nodes: BTreeMap<String, u32>,
+    /// Members that moved away with their nodes → (move, their shard now): a late
+    /// release is refused as moved, never answered "absent" (at most
+    /// [`MOVED_MEMBERS_MAX`], the oldest move's forgotten first).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    moved_members: BTreeMap<MemberKey, (u64, u32)>,
+    /// Moves whose parcel this shard adopted (at most [`ADOPTED_MOVES_MAX`]).
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    adopted: BTreeSet<u64>,
 }
 
 impl Default for LedgerState {
@@ -361,6 +395,10 @@ impl Default for LedgerState {
             device_classes: BTreeMap::new(),
             evicting: BTreeMap::new(),
             network: NetworkPools::default(),
+            parcels: BTreeMap::new(),
+            moved_nodes: BTreeMap::new(),
+            moved_members: BTreeMap::new(),
+            adopted: BTreeSet::new(),
         }
     }
 }
@@ -379,6 +417,14 @@ struct StoredState {
     evicting: BTreeMap<MemberKey, EvictingVictim>,
     #[serde(default)]
     network: NetworkPools,
+    #[serde(default)]
+    parcels: BTreeMap<u64, Parcel>,
+    #[serde(default)]
+    moved_nodes: BTreeMap<String, u32>,
+    #[serde(default)]
+    moved_members: BTreeMap<MemberKey, (u64, u32)>,
+    #[serde(default)]
+    adopted: BTreeSet<u64>,
 }
 
 impl StoredState {
@@ -403,6 +449,10 @@ impl StoredState {
             device_classes: self.device_classes,
             evicting: self.evicting,
             network: self.network,
+            parcels: self.parcels,
+            moved_nodes: self.moved_nodes,
+            moved_members: self.moved_members,
+            adopted: self.adopted,
         })
     }
 }
@@ -599,6 +649,11 @@ impl ShardLedger {
             LedgerOp::AgentConnected { node } => self.agent_connected(node),
             LedgerOp::PutDeviceClass { class } => self.put_device_class(class),
             LedgerOp::RemoveDeviceClass { name } => Ok(self.remove_device_class(name)),
+            LedgerOp::FenceNodes { move_id, nodes } => self.fence_nodes(*move_id, nodes),
+            LedgerOp::UnfenceNodes { move_id } => Ok(self.unfence_nodes(*move_id)),
+            LedgerOp::HandOff { move_id, to } => self.hand_off(*move_id, *to),
+            LedgerOp::Adopt { parcel } => self.adopt(parcel),
+            LedgerOp::DropParcel { move_id } => Ok(self.drop_parcel(*move_id)),
             LedgerOp::Batch { .. } => Err(LedgerError::NestedBatch),
         };
         #[cfg(debug_assertions)]
@@ -661,7 +716,12 @@ impl ShardLedger {
                 nodes.extend(self.index.leases.iter().map(|(_, node)| node.clone()));
                 nodes
             }
-            LedgerOp::RemoveNode { .. }
+            LedgerOp::FenceNodes { nodes, .. } => nodes.iter().cloned().collect(),
+            LedgerOp::Adopt { parcel } => parcel.nodes.iter().map(|n| n.node.name.clone()).collect(),
+            LedgerOp::UnfenceNodes { .. }
+            | LedgerOp::HandOff { .. }
+            | LedgerOp::DropParcel { .. }
+            | LedgerOp::RemoveNode { .. }
             | LedgerOp::PublishNetworkPool { .. }
             | LedgerOp::SetObservedNetworkHolds { .. }
             | LedgerOp::PutDeviceClass { .. }
@@ -726,6 +786,7 @@ impl ShardLedger {
     }
 
     fn register_node(&mut self, node: &Node) -> Result<LedgerReply, LedgerError> {
+        self.refuse_moved_node(&node.name)?;
         node.validate(&FieldPath::new("node"))
             .map_err(|e| LedgerError::InvalidNode {
                 message: e.to_string(),
@@ -748,6 +809,7 @@ impl ShardLedger {
                     node: node.clone(),
                     usage: NodeUsage::default(),
                     lease: None,
+                    moving: None,
                 });
                 NodeChange::Added
             }
@@ -759,6 +821,7 @@ impl ShardLedger {
     }
 
     fn add_node(&mut self, node: &Node) -> Result<LedgerReply, LedgerError> {
+        self.refuse_moved_node(&node.name)?;
         let Some(entry) = self.state.nodes.get(&node.name) else {
             return self.register_node(node);
         };
@@ -1118,6 +1181,10 @@ impl ShardLedger {
                 refusals.push(refusal(&m.member, &m.node, RefusalCause::NodeNotReady));
                 continue;
             }
+            if entry.moving.is_some() {
+                refusals.push(refusal(&m.member, &m.node, RefusalCause::NodeMoving));
+                continue;
+            }
             let usage = after
                 .entry(m.node.as_str())
                 .or_insert_with(|| entry.usage.clone());
@@ -1384,6 +1451,9 @@ impl ShardLedger {
         if entry.node.readiness == Readiness::NotReady {
             return Some(RefusalCause::NodeNotReady);
         }
+        if entry.moving.is_some() {
+            return Some(RefusalCause::NodeMoving);
+        }
         entry
             .usage
             .refusal_at(&entry.node.allocatable, batch, &m.pod, Some(at_ms))
@@ -1404,6 +1474,9 @@ impl ShardLedger {
         self.index
             .locations
             .insert(m.member.clone(), m.node.clone());
+        if !self.state.moved_members.is_empty() {
+            self.state.moved_members.remove(&m.member);
+        }
         if let Some(txn_id) = state.txn_id() {
             self.index
                 .by_txn
@@ -1627,6 +1700,7 @@ impl ShardLedger {
     fn release_members(&mut self, keys: &[MemberKey]) -> Result<LedgerReply, LedgerError> {
         let keys: BTreeSet<&MemberKey> = keys.iter().collect();
         for key in &keys {
+            self.refuse_moved_member(key)?;
             if self.slot(key).is_some_and(|s| !s.state.is_gangway()) {
                 return Err(LedgerError::ObservedMember {
                     member: (*key).clone(),
@@ -1704,6 +1778,7 @@ impl ShardLedger {
         let unknown = || LedgerError::UnknownMember {
             member: member.clone(),
         };
+        self.refuse_moved_member(member)?;
         let node = self.index.locations.get(member).ok_or_else(unknown)?;
         let state = self
             .state
@@ -2606,6 +2681,14 @@ pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
             victims,
             deadline_ms,
         } => validate_displacing(cmd.at_ms, *txn_id, members, victims, *deadline_ms),
+        LedgerOp::FenceNodes { nodes, .. } if nodes.len() > MOVE_NODES_MAX => {
+            Err(LedgerError::MoveTooLarge { nodes: nodes.len() })
+        }
+        LedgerOp::Adopt { parcel } if parcel.nodes.len() > MOVE_NODES_MAX => {
+            Err(LedgerError::MoveTooLarge {
+                nodes: parcel.nodes.len(),
+            })
+        }
         _ => Ok(()),
     }
 }

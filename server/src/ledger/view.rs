@@ -89,8 +89,11 @@ impl NodeFit {
     pub const HOST_PORTS: u8 = 1 << 4;
     /// A pod on the node has required anti-affinity terms.
     pub const ANTI_AFFINITY: u8 = 1 << 5;
+    /// A shard move fences the node: it takes no new pod.
+    pub const MOVING: u8 = 1 << 6;
     /// Flags under which the node-only filters may refuse a pod.
-    pub const NODE_FILTERED: u8 = Self::NOT_READY | Self::CORDONED | Self::HARD_TAINTS;
+    pub const NODE_FILTERED: u8 =
+        Self::NOT_READY | Self::CORDONED | Self::HARD_TAINTS | Self::MOVING;
 
     /// The summary of a node and its usage.
     pub fn of(node: &Node, usage: &NodeUsage) -> Self {

@@ -2,7 +2,7 @@
 //! gang groups with their states, and the 2PC decision log.
 //!
 //! Invariants: deterministic (ordered maps, times only from commands); a node's
-//! shard never changes once assigned; an idempotency key names one group and one
+//! shard changes only by a shard move's commit (`shard_map.rs`); an idempotency key names one group and one
 //! body; a gang (namespace/name) belongs to at most one live group; a
 //! transaction's decision never changes once written and is kept until every
 //! participant acknowledged it; a COMMIT never places a member the group already
@@ -28,7 +28,9 @@ pub use groups::{
     Terminal,
 };
 pub use queues::{QueueStatus, Queues};
-pub use shard_map::shard_for;
+pub use shard_map::{
+    domain_of, MappedNode, MovePhase, MoveTarget, ShardMove, ShardShare, MOVES_ACTIVE_MAX, MOVES_KEPT_MAX,
+};
 
 use crate::ledger::TxnId;
 use crate::model::{GangGroup, QueueSpec, Resources};
@@ -229,12 +231,89 @@ pub enum MetaCommand {
         /// The sum over every shard's nodes.
         capacity: Resources,
     },
+    /// Gives `node` its shard unless it has one: its domain's home, or for the first
+    /// node of a domain (or a node without one) the shard with the fewest nodes.
+    PlaceNode {
+        /// Node name.
+        node: String,
+        /// The value of its topology label (zone, rack), if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        domain: Option<String>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Records a shard move (docs/ARCHITECTURE.md §3a); refused while another runs.
+    BeginMove {
+        /// What moves.
+        target: MoveTarget,
+        /// The target shard.
+        to: u32,
+        /// Why, for people (an operator's move, a rebalance).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Seals a move: refused while a transaction on its sources or target is in flight.
+    SealMove {
+        /// The move.
+        id: u64,
+    },
+    /// The target adopted every source's parcel: the map and the placements name it.
+    CommitMove {
+        /// The move.
+        id: u64,
+    },
+    /// The sources dropped their parcels: the move is done.
+    EndMove {
+        /// The move.
+        id: u64,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Gives a move up before any node left its source.
+    CancelMove {
+        /// The move.
+        id: u64,
+        /// Why.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
 }
 
 /// The meta group's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetaReply {
+    /// A move was recorded.
+    MoveBegun {
+        /// The move.
+        shard_move: Box<ShardMove>,
+        /// Nodes of the domain left for later moves (a move takes at most
+        /// `MOVE_NODES_MAX`).
+        left: u64,
+    },
+    /// A move as it is now.
+    Move {
+        /// The move.
+        shard_move: Box<ShardMove>,
+    },
+    /// The moves kept, running ones included.
+    Moves {
+        /// In id order.
+        moves: Vec<ShardMove>,
+    },
+    /// Each shard's share of the map.
+    ShardShares {
+        /// In shard order.
+        shares: Vec<ShardShare>,
+    },
+    /// Every node with its shard and domain.
+    MappedNodes {
+        /// In name order.
+        nodes: Vec<MappedNode>,
+    },
     /// The node's shard.
     Shard {
         /// Shard id.
@@ -391,6 +470,12 @@ impl RejectionKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetaQuery {
+    /// The moves kept, running ones included.
+    Moves,
+    /// Each shard's nodes, domains and homes.
+    ShardShares,
+    /// Every node with its shard and domain (rebalancing reads it).
+    MappedNodes,
     /// The shard of one node.
     ShardOf {
         /// Node name.
@@ -521,6 +606,28 @@ pub struct MetaState {
     /// Bug switch `meta-admits-over-quota` only: charges without asking the queue.
     #[serde(skip)]
     quota_unchecked: bool,
+    /// Bug switch `meta-seals-moves-in-flight` only: seals moves without looking.
+    #[serde(skip)]
+    seal_unchecked: bool,
+    /// Topology domain → its home shard (where its new nodes go).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    domains: BTreeMap<String, u32>,
+    /// Node → its topology domain (nodes registered with one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    node_domains: BTreeMap<String, String>,
+    /// Shard moves: the running one and the last finished ones.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    moves: BTreeMap<u64, ShardMove>,
+    /// The last move id given.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    next_move: u64,
+    /// Nodes per shard (derived, never encoded).
+    #[serde(skip)]
+    node_counts: shard_map::NodeCounts,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn rejected(reason: impl Into<String>) -> MetaReply {
@@ -620,6 +727,12 @@ impl MetaState {
             | MetaCommand::AbortIfUndecided { txn, .. }
             | MetaCommand::Delivered { txn, .. } => of_txn(txn),
             MetaCommand::AssignNode { .. }
+            | MetaCommand::PlaceNode { .. }
+            | MetaCommand::BeginMove { .. }
+            | MetaCommand::SealMove { .. }
+            | MetaCommand::CommitMove { .. }
+            | MetaCommand::EndMove { .. }
+            | MetaCommand::CancelMove { .. }
             | MetaCommand::Submit { .. }
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
@@ -650,6 +763,12 @@ impl MetaState {
     /// groups without asking their queues, as a scheduler with no quota check would.
     pub fn set_quota_unchecked(&mut self, unchecked: bool) {
         self.quota_unchecked = unchecked;
+    }
+
+    /// Bug switch `meta-seals-moves-in-flight` (and the tests' checker) only: seals a
+    /// shard move without asking whether a transaction on its shards is in flight.
+    pub fn set_seal_unchecked(&mut self, unchecked: bool) {
+        self.seal_unchecked = unchecked;
     }
 
     /// Why queue accounting is inconsistent, if it is: a group's charge differs from
@@ -693,6 +812,19 @@ impl MetaState {
     fn apply_one(&mut self, cmd: &MetaCommand) -> MetaReply {
         match cmd {
             MetaCommand::AssignNode { node, shard, .. } => self.assign_node(node, *shard),
+            MetaCommand::PlaceNode { node, domain, .. } => self.place_node(node, domain.as_deref()),
+            MetaCommand::BeginMove {
+                target,
+                to,
+                reason,
+                at_ms,
+            } => self.begin_move(target, *to, reason, *at_ms),
+            MetaCommand::SealMove { id } => self.seal_move(*id),
+            MetaCommand::CommitMove { id } => self.commit_move(*id),
+            MetaCommand::EndMove { id, at_ms } => self.end_move(*id, *at_ms),
+            MetaCommand::CancelMove { id, reason, at_ms } => {
+                self.cancel_move(*id, reason, *at_ms)
+            }
             MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
             MetaCommand::BeginTxn {
                 seq,
@@ -1069,6 +1201,15 @@ impl MetaState {
     /// Answers a query.
     pub fn query(&self, q: &MetaQuery) -> MetaReply {
         match q {
+            MetaQuery::Moves => MetaReply::Moves {
+                moves: self.moves(),
+            },
+            MetaQuery::ShardShares => MetaReply::ShardShares {
+                shares: self.shares(),
+            },
+            MetaQuery::MappedNodes => MetaReply::MappedNodes {
+                nodes: self.mapped_nodes(),
+            },
             MetaQuery::ShardOf { node } => match self.shard_map.get(node) {
                 Some(shard) => MetaReply::Shard { shard: *shard },
                 None => MetaReply::NotAssigned,
@@ -1215,17 +1356,6 @@ impl MetaState {
                 MetaReply::StateCounts { counts }
             }
         }
-    }
-
-    fn assign_node(&mut self, node: &str, shard: u32) -> MetaReply {
-        if node.is_empty() {
-            return rejected("node: must not be empty");
-        }
-        if shard == 0 || shard > self.shards {
-            return rejected(format!("shard: {shard} is not in 1..={}", self.shards));
-        }
-        let shard = *self.shard_map.entry(node.to_string()).or_insert(shard);
-        MetaReply::Shard { shard }
     }
 
     fn submit(&mut self, key: &str, group: &GangGroup, at_ms: u64) -> MetaReply {
