@@ -9,6 +9,7 @@ pub mod spec;
 
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::queues_client::QueuesClient;
+use gangway_proto::admin::shards_client::ShardsClient;
 use gangway_proto::admin::{
     AddLearnerRequest, BalanceReply, BalanceRequest, ChangeMembershipRequest, CompactRequest,
     StatusReply, StatusRequest, TransferLeaderRequest,
@@ -641,6 +642,53 @@ impl Client {
             .list_queues(req)
             .await?
             .into_inner())
+    }
+
+    /// Begins moving a topology domain's nodes (or `nodes`) to shard `to`; with `wait`,
+    /// answers once the move ended.
+    pub async fn move_nodes(
+        &self,
+        domain: Option<String>,
+        nodes: Vec<String>,
+        to: u32,
+        wait: bool,
+    ) -> Result<gangway_proto::admin::MoveNodesReply, ClientError> {
+        let req = gangway_proto::admin::MoveNodesRequest {
+            domain: domain.unwrap_or_default(),
+            nodes,
+            to,
+            wait,
+        };
+        Ok(ShardsClient::new(self.transport())
+            .move_nodes(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Plans a rebalance within `bound_percent` of the mean (0: the server's) and,
+    /// unless `dry_run`, makes its moves one after the other.
+    pub async fn rebalance(
+        &self,
+        bound_percent: u32,
+        dry_run: bool,
+    ) -> Result<gangway_proto::admin::RebalanceReply, ClientError> {
+        let req = gangway_proto::admin::RebalanceRequest {
+            bound_percent,
+            dry_run,
+        };
+        Ok(ShardsClient::new(self.transport())
+            .rebalance(req)
+            .await?
+            .into_inner())
+    }
+
+    /// The running shard move, if any, and the last finished ones.
+    pub async fn shard_moves(&self) -> Result<Vec<gangway_proto::admin::ShardMove>, ClientError> {
+        Ok(ShardsClient::new(self.transport())
+            .list_moves(gangway_proto::admin::ListMovesRequest {})
+            .await?
+            .into_inner()
+            .moves)
     }
 
     /// Every shard with its leader, voters and node count.

@@ -92,8 +92,12 @@ enum Command {
         #[arg(long = "member")]
         members: Vec<String>,
     },
-    /// Shards with their leaders and node counts.
-    Shards,
+    /// Shards with their leaders, nodes, domains and capacity (`shards move` and
+    /// `shards rebalance` move nodes between them).
+    Shards {
+        #[command(subcommand)]
+        command: Option<ShardsCommand>,
+    },
     /// Cluster membership and Raft groups.
     Cluster {
         #[command(subcommand)]
@@ -110,6 +114,35 @@ enum Command {
         #[command(subcommand)]
         command: Option<QueuesCommand>,
     },
+}
+
+#[derive(Subcommand)]
+enum ShardsCommand {
+    /// Move a topology domain's nodes (or single nodes) to another shard.
+    Move {
+        /// The domain (the value of the topology label), e.g. `zone-a`.
+        domain: Option<String>,
+        /// Move this node instead of a domain; repeat for several.
+        #[arg(long = "node")]
+        nodes: Vec<String>,
+        /// The target shard.
+        #[arg(long)]
+        to: u32,
+        /// Return once the move is recorded, not once it ended.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Move nodes until no shard holds more than the bound over the mean capacity.
+    Rebalance {
+        /// The bound in percent of the mean (default: the server's, 125).
+        #[arg(long, default_value_t = 0)]
+        bound_percent: u32,
+        /// Show the plan only.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The running move and the last finished ones.
+    Moves,
 }
 
 #[derive(Subcommand)]
@@ -184,6 +217,40 @@ enum ClusterCommand {
         #[arg(long)]
         id: u64,
     },
+}
+
+fn move_json(m: &gangway_proto::admin::ShardMove) -> serde_json::Value {
+    let sources: Vec<_> = m
+        .sources
+        .iter()
+        .map(|s| json!({"shard": s.shard, "nodes": s.nodes}))
+        .collect();
+    json!({"id": m.id, "to": m.to, "sources": sources, "phase": m.phase, "reason": m.reason, "begun_at_ms": m.begun_at_ms, "ended_at_ms": m.ended_at_ms})
+}
+
+fn print_moves(moves: &[gangway_proto::admin::ShardMove], output: Output) {
+    match output {
+        Output::Json => println!(
+            "{}",
+            json!(moves.iter().map(move_json).collect::<Vec<_>>())
+        ),
+        Output::Table => {
+            println!("{:<5} {:<10} {:<5} {:<12} {:<6} REASON", "MOVE", "PHASE", "TO", "FROM", "NODES");
+            for m in moves {
+                let from: Vec<String> = m.sources.iter().map(|s| s.shard.to_string()).collect();
+                let nodes: usize = m.sources.iter().map(|s| s.nodes.len()).sum();
+                println!(
+                    "{:<5} {:<10} {:<5} {:<12} {:<6} {}",
+                    m.id,
+                    m.phase,
+                    m.to,
+                    from.join(","),
+                    nodes,
+                    m.reason
+                );
+            }
+        }
+    }
 }
 
 /// Why gangctl failed, and so its exit code.
@@ -353,26 +420,121 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print_group(&status, cli.output);
             Ok(())
         }
-        Command::Shards => {
+        Command::Shards { command: None } => {
             let shards = client.shards().await?;
             match cli.output {
                 Output::Json => {
                     let list: Vec<_> = shards
                         .iter()
-                        .map(|s| json!({"shard": s.shard, "leader": s.leader, "voters": s.voters, "nodes": s.nodes}))
+                        .map(|s| json!({"shard": s.shard, "leader": s.leader, "voters": s.voters, "nodes": s.nodes, "domains": s.domains, "homes": s.homes, "capacity_milli_cpu": s.capacity_milli_cpu}))
                         .collect();
                     println!("{}", json!(list));
                 }
                 Output::Table => {
-                    println!("{:<6} {:<7} {:<6} VOTERS", "SHARD", "LEADER", "NODES");
+                    println!(
+                        "{:<6} {:<7} {:<6} {:<10} {:<12} DOMAINS",
+                        "SHARD", "LEADER", "NODES", "CPU", "VOTERS"
+                    );
                     for s in &shards {
+                        let mut domains: Vec<String> = s
+                            .domains
+                            .iter()
+                            .map(|(d, n)| {
+                                let home = if s.homes.contains(d) { "*" } else { "" };
+                                format!("{d}{home}={n}")
+                            })
+                            .collect();
+                        domains.sort();
                         println!(
-                            "{:<6} {:<7} {:<6} {:?}",
-                            s.shard, s.leader, s.nodes, s.voters
+                            "{:<6} {:<7} {:<6} {:<10} {:<12} {}",
+                            s.shard,
+                            s.leader,
+                            s.nodes,
+                            s.capacity_milli_cpu / 1000,
+                            format!("{:?}", s.voters),
+                            domains.join(",")
                         );
                     }
                 }
             }
+            Ok(())
+        }
+        Command::Shards {
+            command:
+                Some(ShardsCommand::Move {
+                    domain,
+                    nodes,
+                    to,
+                    no_wait,
+                }),
+        } => {
+            if domain.is_some() == !nodes.is_empty() {
+                return Err(Failure::Usage(
+                    "name a domain or --node NAME (one or several), not both".into(),
+                ));
+            }
+            let reply = client.move_nodes(domain, nodes, to, !no_wait).await?;
+            let m = reply.shard_move.unwrap_or_default();
+            print_moves(std::slice::from_ref(&m), cli.output);
+            if reply.left > 0 {
+                eprintln!(
+                    "{} more node(s) of the domain are left: run the same move again",
+                    reply.left
+                );
+            }
+            match m.phase.as_str() {
+                "cancelled" => Err(Failure::Usage(format!(
+                    "the move was given up: {}",
+                    m.reason
+                ))),
+                _ => Ok(()),
+            }
+        }
+        Command::Shards {
+            command:
+                Some(ShardsCommand::Rebalance {
+                    bound_percent,
+                    dry_run,
+                }),
+        } => {
+            let reply = client.rebalance(bound_percent, dry_run).await?;
+            match cli.output {
+                Output::Json => {
+                    let plan: Vec<_> = reply
+                        .plan
+                        .iter()
+                        .map(|p| json!({"from": p.from, "to": p.to, "nodes": p.nodes, "weight": p.weight}))
+                        .collect();
+                    println!(
+                        "{}",
+                        json!({"peak_percent_before": reply.peak_percent_before, "peak_percent_after": reply.peak_percent_after, "plan": plan, "moves": reply.moves.iter().map(move_json).collect::<Vec<_>>()})
+                    );
+                }
+                Output::Table => {
+                    for p in &reply.plan {
+                        println!(
+                            "plan: {} node(s) from shard {} to shard {} ({} cpu)",
+                            p.nodes.len(),
+                            p.from,
+                            p.to,
+                            p.weight / 1000
+                        );
+                    }
+                    if !reply.moves.is_empty() {
+                        print_moves(&reply.moves, cli.output);
+                    }
+                    println!(
+                        "heaviest shard: {}% of the mean capacity before, {}% after",
+                        reply.peak_percent_before, reply.peak_percent_after
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Shards {
+            command: Some(ShardsCommand::Moves),
+        } => {
+            print_moves(&client.shard_moves().await?, cli.output);
             Ok(())
         }
         Command::Cluster {

@@ -140,6 +140,10 @@ impl Replica {
                 check.clone(),
             ))
             .add_service(InterceptedService::new(
+                crate::frontdoor::shards::ShardsService::new(groups.clone(), shards, opts.rebalance),
+                check.clone(),
+            ))
+            .add_service(InterceptedService::new(
                 SchedulerService::new(groups.clone(), shards, opts.failpoints.clone()),
                 check,
             ));

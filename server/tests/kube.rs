@@ -999,7 +999,8 @@ enum FabricReach {
 /// Creates ResourceSlice `fabric`, a network-attached pool of `devices` devices
 /// (`fabric-0`, …) reaching `reach`; answers its node selector term (`Null` for all
 /// nodes).
-async fn create_fabric(api: &ControlPlane, devices: usize, reach: FabricReach) -> Value {
+async fn create_fabric(env: &Env, devices: usize, reach: FabricReach) -> Value {
+    let api = &env.api;
     let mut spec = json!({"driver": DRIVER,
         "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
         "devices": (0..devices).map(|i| json!({"name": format!("fabric-{i}")})).collect::<Vec<_>>()});
@@ -1007,7 +1008,7 @@ async fn create_fabric(api: &ControlPlane, devices: usize, reach: FabricReach) -
         spec["allNodes"] = json!(true);
         Value::Null
     } else {
-        let (a, b) = nodes_on_two_shards(4);
+        let (a, b) = nodes_on_two_shards(env, 4).await;
         let term = json!({"matchExpressions": [
             {"key": "kubernetes.io/hostname", "operator": "In", "values": [a, b]}
         ]});
@@ -1023,17 +1024,29 @@ async fn create_fabric(api: &ControlPlane, devices: usize, reach: FabricReach) -
     term
 }
 
-/// Two of `start`'s nodes that land on different shards of the test clusters' two
-/// (nodes are sharded by name there).
-fn nodes_on_two_shards(nodes: usize) -> (String, String) {
-    let name = |i: usize| format!("node-{i:03}");
-    let shard =
-        |i: usize| gangway_server::ledger::meta::shard_for(&name(i), &BTreeMap::new(), None, 2);
-    (0..nodes)
-        .flat_map(|i| (0..nodes).map(move |j| (i, j)))
-        .find(|(i, j)| shard(*i) != shard(*j))
-        .map(|(i, j)| (name(i), name(j)))
-        .expect("the nodes spread over both shards")
+/// Two of `start`'s `nodes` nodes that the cluster put on different shards (read from
+/// the front door once every node is registered).
+async fn nodes_on_two_shards(env: &Env, nodes: usize) -> (String, String) {
+    let client = support::client(&env.cluster, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = client.list_nodes(None).await.unwrap_or_default();
+        let shard_of: BTreeMap<String, u32> = listed
+            .iter()
+            .filter_map(|n| Some((n.node.as_ref()?.name.clone(), n.shard)))
+            .collect();
+        if shard_of.len() >= nodes {
+            let pair = shard_of.iter().find_map(|(a, sa)| {
+                shard_of
+                    .iter()
+                    .find(|(_, sb)| *sb != sa)
+                    .map(|(b, _)| (a.clone(), b.clone()))
+            });
+            return pair.expect("the nodes spread over both shards");
+        }
+        assert!(Instant::now() < deadline, "only {} of {nodes} nodes registered", shard_of.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A network-attached pool (one ResourceSlice with a node selector naming two nodes of
@@ -1044,8 +1057,8 @@ fn nodes_on_two_shards(nodes: usize) -> (String, String) {
 async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_device_once() {
     let env = start(4, 0, 0).await;
     let api = &env.api;
-    let term = create_fabric(api, 2, FabricReach::TwoShards).await;
-    let (a, b) = nodes_on_two_shards(4);
+    let term = create_fabric(&env, 2, FabricReach::TwoShards).await;
+    let (a, b) = nodes_on_two_shards(&env, 4).await;
     let pods: Vec<String> = (0..3).map(|i| format!("fabric-{i}")).collect();
     for name in &pods {
         api.create(&PODS, gpu_pod(name, json!({}), json!({}), "one-gpu"))
@@ -1120,8 +1133,8 @@ async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_d
 async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool() {
     let env = start(4, 0, 0).await;
     let api = &env.api;
-    let term = create_fabric(api, 1, FabricReach::TwoShards).await;
-    let (a, b) = nodes_on_two_shards(4);
+    let term = create_fabric(&env, 1, FabricReach::TwoShards).await;
+    let (a, b) = nodes_on_two_shards(&env, 4).await;
     let (sharing, now) = four_pods_share_a_claim(&env, "fabric-channel", "spanning", "32").await;
     let nodes: BTreeSet<String> = sharing.iter().filter_map(|p| now.node_of(p)).collect();
     assert_eq!(nodes, BTreeSet::from([a, b]), "both nodes the pool reaches");
@@ -1182,7 +1195,7 @@ async fn a_claim_shared_by_four_pods_on_two_shards_is_carried_by_a_network_pool(
 async fn each_device_of_a_per_device_slice_is_allocated_only_where_it_reaches() {
     let env = start(4, 0, 0).await;
     let api = &env.api;
-    let (_, pinned_node) = nodes_on_two_shards(4);
+    let (_, pinned_node) = nodes_on_two_shards(&env, 4).await;
     let created = api
         .create(
             &RESOURCE_SLICES,
@@ -1321,7 +1334,7 @@ async fn list_attributes_match_by_intersection_and_are_read_with_includes() {
 /// placed it (see the two tests below).
 async fn a_foreign_claim_holds_the_only_network_device(env: &Env) -> String {
     let api = &env.api;
-    let term = create_fabric(api, 1, FabricReach::TwoShards).await;
+    let term = create_fabric(env, 1, FabricReach::TwoShards).await;
     api.create(&RESOURCE_CLAIMS, json!({
         "metadata": {"name": "foreign", "namespace": NS},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
@@ -2301,7 +2314,7 @@ async fn device_taint_rules_keep_pods_off_evict_holders_and_lift_when_deleted() 
 async fn a_device_taint_rule_on_a_network_device_evicts_its_holder() {
     let env = start_with(4, 0, 0, Setup::ChartWithTaintRules).await;
     let api = &env.api;
-    create_fabric(api, 1, FabricReach::AllNodes).await;
+    create_fabric(&env, 1, FabricReach::AllNodes).await;
     api.create(&PODS, gpu_pod("held", json!({}), json!({}), "one-gpu"))
         .await
         .expect("pod");

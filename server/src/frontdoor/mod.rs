@@ -5,3 +5,4 @@ pub mod devices;
 pub mod inventory;
 pub mod queues;
 pub mod scheduler;
+pub mod shards;

@@ -23,6 +23,7 @@ use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{
     GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply, RejectionKind,
 };
+use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, ReleaseTarget};
 use crate::model::gang::{RawGang, RawGangSpec, RawMember};
 use crate::model::{
@@ -40,6 +41,8 @@ pub const WATCH_CONFIRM_MS: u64 = 50;
 pub const WATCH_GAP_MS: u64 = 2;
 /// Status updates buffered per watcher.
 pub const WATCH_BUFFER: usize = 16;
+/// Longest `ListShards` waits for one shard's capacity, in ms (0 is shown without it).
+pub const SHARD_READ_TIMEOUT_MS: u64 = 500;
 
 /// The Scheduler gRPC service over one replica's groups.
 pub struct SchedulerService {
@@ -494,28 +497,40 @@ impl Scheduler for SchedulerService {
         &self,
         _request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsReply>, Status> {
-        let map = match self
+        let shares = match self
             .groups
-            .meta_query(&MetaQuery::ShardMap)
+            .meta_query(&MetaQuery::ShardShares)
             .await
             .map_err(|e| e.to_status())?
         {
-            MetaReply::ShardMap { map } => map,
-            _ => BTreeMap::new(),
+            MetaReply::ShardShares { shares } => shares,
+            _ => Vec::new(),
         };
-        let mut nodes = BTreeMap::<u32, u32>::new();
-        for shard in map.values() {
-            *nodes.entry(*shard).or_default() += 1;
-        }
+        let capacities = futures::future::join_all((1..=self.shards).map(|shard| async move {
+            let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
+            match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await {
+                Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
+                    allocatable.get(&crate::model::resources::ResourceName::Cpu)
+                }
+                _ => 0,
+            }
+        }))
+        .await;
         let status = self.groups.host().status(false);
         let shards = (1..=self.shards)
             .map(|shard| {
                 let g = status.iter().find(|g| g.group_id == u64::from(shard));
+                let share = shares.iter().find(|s| s.shard == shard);
                 ShardInfo {
                     shard,
                     leader: g.map(|g| g.leader).unwrap_or(0),
                     voters: g.map(|g| g.voters.clone()).unwrap_or_default(),
-                    nodes: nodes.get(&shard).copied().unwrap_or(0),
+                    nodes: share.map(|s| s.nodes as u32).unwrap_or(0),
+                    domains: share
+                        .map(|s| s.domains.iter().map(|(d, n)| (d.clone(), *n as u32)).collect())
+                        .unwrap_or_default(),
+                    homes: share.map(|s| s.homes.clone()).unwrap_or_default(),
+                    capacity_milli_cpu: capacities.get(shard as usize - 1).copied().unwrap_or(0),
                 }
             })
             .collect();

@@ -1,0 +1,280 @@
+//! The Shards admin service: move nodes between shards, rebalance, list moves
+//! (docs/ARCHITECTURE.md §3a).
+//!
+//! A move is recorded in meta here (which checks it and refuses it naming the field)
+//! and carried out by the coordinator on the meta leader; `wait` polls meta until it
+//! ends, for at most [`MOVE_WAIT_MS_MAX`]. A rebalance plans from meta's map and the
+//! shards' node weights, then begins each planned move after the one before ended.
+//! Served by every replica; called by `gangctl shards`.
+
+use std::time::Duration;
+
+use gangway_proto::admin::shards_server::{Shards, ShardsServer};
+use gangway_proto::admin::{
+    ListMovesReply, ListMovesRequest, MoveNodesReply, MoveNodesRequest, MoveSource,
+    PlannedMove as ApiPlannedMove, RebalanceReply, RebalanceRequest, ShardMove as ApiShardMove,
+};
+use tonic::{Request, Response, Status};
+
+use crate::coordinator::moves;
+use crate::coordinator::rebalance::{self, PlannedMove};
+use crate::coordinator::RebalancePolicy;
+use crate::ledger::meta::{
+    MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, RejectionKind, ShardMove,
+};
+use crate::replicated::{now_ms, Groups};
+
+/// Longest a call waits for one move to end, in ms.
+pub const MOVE_WAIT_MS_MAX: u64 = 120_000;
+/// Period of a waiting call's reads of meta, in ms.
+pub const MOVE_POLL_MS: u64 = 50;
+/// Most moves one rebalance call makes (each of at most `MOVE_NODES_MAX` nodes).
+pub const REBALANCE_MOVES_MAX: usize = 256;
+
+/// The Shards gRPC service over one replica's groups.
+pub struct ShardsService {
+    groups: Groups,
+    shards: u32,
+    policy: RebalancePolicy,
+}
+
+impl ShardsService {
+    /// A service over `groups` with `shards` shards, rebalancing by `policy`'s bound.
+    pub fn new(groups: Groups, shards: u32, policy: RebalancePolicy) -> ShardsServer<Self> {
+        ShardsServer::new(Self {
+            groups,
+            shards,
+            policy,
+        })
+    }
+
+    /// Polls meta until move `id` ended; it as it ended.
+    async fn wait_for(&self, id: u64) -> Result<ShardMove, Status> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(MOVE_WAIT_MS_MAX);
+        loop {
+            let found = self
+                .list()
+                .await?
+                .into_iter()
+                .find(|m| m.id == id)
+                .ok_or_else(|| Status::not_found(format!("move: shard move {id} is forgotten")))?;
+            if !found.is_active() {
+                return Ok(found);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "shard move {id} is still {} after {MOVE_WAIT_MS_MAX} ms; it goes on (gangctl shards moves)",
+                    phase_name(found.phase)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
+        }
+    }
+
+    async fn plan_now(&self, bound: u64) -> Result<Vec<PlannedMove>, Status> {
+        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+            .await
+            .map_err(|e| e.to_status())?;
+        Ok(rebalance::plan(&nodes, self.shards, bound))
+    }
+
+    async fn list(&self) -> Result<Vec<ShardMove>, Status> {
+        match self
+            .groups
+            .meta_query(&MetaQuery::Moves)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Moves { moves } => Ok(moves),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    /// Begins one move; the meta reply's refusal becomes the status naming the field.
+    async fn begin(
+        &self,
+        target: MoveTarget,
+        to: u32,
+        reason: String,
+    ) -> Result<(ShardMove, u64), Status> {
+        let cmd = MetaCommand::BeginMove {
+            target,
+            to,
+            reason,
+            at_ms: now_ms(),
+        };
+        match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::MoveBegun { shard_move, left } => Ok((*shard_move, left)),
+            MetaReply::Rejected { reason, kind } => Err(match kind {
+                RejectionKind::Conflict => Status::failed_precondition(reason),
+                _ => Status::invalid_argument(reason),
+            }),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+}
+
+/// The API's name of a phase.
+pub fn phase_name(phase: MovePhase) -> &'static str {
+    match phase {
+        MovePhase::Begun => "begun",
+        MovePhase::Sealed => "sealed",
+        MovePhase::Committed => "committed",
+        MovePhase::Done => "done",
+        MovePhase::Cancelled => "cancelled",
+    }
+}
+
+/// The API's move.
+pub fn api_move(m: &ShardMove) -> ApiShardMove {
+    ApiShardMove {
+        id: m.id,
+        to: m.to,
+        sources: m
+            .sources
+            .iter()
+            .map(|(shard, nodes)| MoveSource {
+                shard: *shard,
+                nodes: nodes.clone(),
+            })
+            .collect(),
+        phase: phase_name(m.phase).to_string(),
+        reason: m.reason.clone(),
+        begun_at_ms: m.begun_at_ms,
+        ended_at_ms: m.ended_at_ms,
+    }
+}
+
+fn api_planned(p: &PlannedMove) -> ApiPlannedMove {
+    ApiPlannedMove {
+        from: p.from,
+        to: p.to,
+        nodes: p.nodes.clone(),
+        weight: p.weight,
+    }
+}
+
+#[tonic::async_trait]
+impl Shards for ShardsService {
+    async fn move_nodes(
+        &self,
+        request: Request<MoveNodesRequest>,
+    ) -> Result<Response<MoveNodesReply>, Status> {
+        let req = request.into_inner();
+        let target = match (req.domain.is_empty(), req.nodes.is_empty()) {
+            (false, true) => MoveTarget::Domain(req.domain.clone()),
+            (true, false) => MoveTarget::Nodes(req.nodes.clone()),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "domain, nodes: name exactly one of a domain and a list of nodes",
+                ))
+            }
+        };
+        if req.to == 0 || req.to > self.shards {
+            return Err(Status::invalid_argument(format!(
+                "to: shard {} is not in 1..={}",
+                req.to, self.shards
+            )));
+        }
+        let (mut m, left) = self.begin(target, req.to, "an operator's move".into()).await?;
+        if req.wait {
+            m = self.wait_for(m.id).await?;
+        }
+        Ok(Response::new(MoveNodesReply {
+            shard_move: Some(api_move(&m)),
+            left,
+        }))
+    }
+
+    async fn rebalance(
+        &self,
+        request: Request<RebalanceRequest>,
+    ) -> Result<Response<RebalanceReply>, Status> {
+        let req = request.into_inner();
+        let bound = match u64::from(req.bound_percent) {
+            0 => self.policy.bound_percent,
+            b if (101..=1_000).contains(&b) => b,
+            b => {
+                return Err(Status::invalid_argument(format!(
+                    "bound_percent: {b} is not in 101..=1000 (0: the replica's)"
+                )))
+            }
+        };
+        let status = |e: crate::replicated::GroupError| e.to_status();
+        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+            .await
+            .map_err(status)?;
+        let before = rebalance::peak_percent(&rebalance::loads(&nodes, self.shards));
+        let plan = rebalance::plan(&nodes, self.shards, bound);
+        if req.dry_run {
+            let mut after = nodes;
+            for p in &plan {
+                for n in after.iter_mut().filter(|n| p.nodes.contains(&n.name)) {
+                    n.shard = p.to;
+                }
+            }
+            return Ok(Response::new(RebalanceReply {
+                peak_percent_before: before,
+                peak_percent_after: rebalance::peak_percent(&rebalance::loads(&after, self.shards)),
+                plan: plan.iter().map(api_planned).collect(),
+                moves: Vec::new(),
+            }));
+        }
+        let mut made = Vec::new();
+        let mut attempts = 0usize;
+        // Plan again after each move: the map (and what the shards hold) may change.
+        let mut plan = plan;
+        while let Some(first) = plan.first() {
+            if made.len() >= REBALANCE_MOVES_MAX {
+                break;
+            }
+            if let Some(running) = self.list().await?.into_iter().find(|m| m.is_active()) {
+                self.wait_for(running.id).await?;
+            }
+            let reason = format!("gangctl shards rebalance (bound {bound}%)");
+            let begun = self
+                .begin(MoveTarget::Nodes(first.nodes.clone()), first.to, reason)
+                .await;
+            let m = match begun {
+                Ok((m, _)) => m,
+                // The coordinator began a move of its own meanwhile: wait for it, plan again.
+                Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                    attempts += 1;
+                    if attempts > REBALANCE_MOVES_MAX {
+                        return Err(e);
+                    }
+                    plan = self.plan_now(bound).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let ended = self.wait_for(m.id).await?;
+            if ended.phase != MovePhase::Done {
+                return Err(Status::aborted(format!(
+                    "shard move {} was given up: {}",
+                    ended.id, ended.reason
+                )));
+            }
+            made.push(api_move(&ended));
+            plan = self.plan_now(bound).await?;
+        }
+        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RebalanceReply {
+            peak_percent_before: before,
+            peak_percent_after: rebalance::peak_percent(&rebalance::loads(&nodes, self.shards)),
+            plan: Vec::new(),
+            moves: made,
+        }))
+    }
+
+    async fn list_moves(
+        &self,
+        _request: Request<ListMovesRequest>,
+    ) -> Result<Response<ListMovesReply>, Status> {
+        Ok(Response::new(ListMovesReply {
+            moves: self.list().await?.iter().map(api_move).collect(),
+        }))
+    }
+}
