@@ -301,6 +301,9 @@ impl Coordinator {
             })
             .collect();
         let batch = self.place_batch(&ready).await;
+        let sealed = moves::sealed_nodes(&self.groups)?;
+        let waits_for_move =
+            |r: &GroupRecord| r.placements.values().any(|p| sealed.contains(&p.node));
         for record in &records {
             let seq = record.seq;
             let result = match record.state {
@@ -312,6 +315,8 @@ impl Coordinator {
                 }
                 GroupState::Queued => self.queued(record).await,
                 GroupState::Placing { txn } => self.recover(txn).await,
+                // Its members may be between shards: released once the move committed.
+                GroupState::Releasing { .. } if waits_for_move(record) => Ok(()),
                 GroupState::Releasing { .. } => self.release(record).await,
                 GroupState::Placed => self.finish_member_release(record).await,
                 GroupState::Done { .. } | GroupState::Preempting { .. } => Ok(()),

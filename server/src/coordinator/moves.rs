@@ -11,6 +11,7 @@
 //! fence is lifted); after it, only forward. Called by the coordinator's rounds and by
 //! the admin service's move and rebalance calls.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -40,6 +41,19 @@ pub fn running(groups: &Groups) -> Result<Option<ShardMove>, GroupError> {
     match groups.meta_query_local(&MetaQuery::Moves)? {
         MetaReply::Moves { moves } => Ok(moves.into_iter().find(|m| m.is_active())),
         _ => Ok(None),
+    }
+}
+
+/// The nodes of a sealed move (a local read): a group releasing placements there waits
+/// until the move committed and its placements name the target.
+pub fn sealed_nodes(groups: &Groups) -> Result<BTreeSet<String>, GroupError> {
+    match groups.meta_query_local(&MetaQuery::Moves)? {
+        MetaReply::Moves { moves } => Ok(moves
+            .iter()
+            .filter(|m| m.phase == MovePhase::Sealed)
+            .flat_map(|m| m.nodes().cloned())
+            .collect()),
+        _ => Ok(BTreeSet::new()),
     }
 }
 

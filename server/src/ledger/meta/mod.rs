@@ -1941,6 +1941,9 @@ impl MetaState {
     /// here, before any shard frees them, so a refusal changes nothing anywhere and a
     /// placed member is never freed behind meta's back. A retry finds them releasing.
     fn release_members(&mut self, seq: GroupSeq, members: &[String]) -> MetaReply {
+        if let Some(refusal) = self.release_waits_for_move(seq, members) {
+            return refusal;
+        }
         let Some(g) = self.groups.get_mut(&seq) else {
             return missing(seq);
         };

@@ -344,6 +344,48 @@ impl MetaState {
             .map(|t| t.txn)
     }
 
+    /// The sealed move whose nodes include `node`: between its seal and its commit a
+    /// member there can be released nowhere (its source may have handed it off, its
+    /// target not yet be named), so releases wait.
+    pub fn sealed_move_of(&self, node: &str) -> Option<&ShardMove> {
+        self.moves
+            .values()
+            .find(|m| m.phase == MovePhase::Sealed && m.nodes().any(|n| n == node))
+    }
+
+    /// `ReleaseMembers` of members on a sealed move's nodes: refused (the caller retries
+    /// once the move committed), naming the member and the move.
+    pub(super) fn release_waits_for_move(&self, seq: super::GroupSeq, members: &[String]) -> Option<MetaReply> {
+        if !self.moves.values().any(|m| m.phase == MovePhase::Sealed) {
+            return None;
+        }
+        let g = self.groups.get(&seq)?;
+        members.iter().enumerate().find_map(|(i, name)| {
+            let p = g.placements.get(name).filter(|_| !g.releasing.contains_key(name))?;
+            let m = self.sealed_move_of(&p.node)?;
+            Some(rejected(format!(
+                "members[{i}]: {name}'s node {} is moving to shard {} (shard move {}); retry once it is done",
+                p.node, m.to, m.id
+            )))
+        })
+    }
+
+    /// A release under way on the move's nodes (a group `Releasing` with placements
+    /// there, or members being released there), which must end before the seal.
+    fn release_on(&self, m: &ShardMove) -> Option<super::GroupSeq> {
+        let nodes: BTreeSet<&String> = m.nodes().collect();
+        self.groups
+            .values()
+            .find(|g| {
+                let releasing = matches!(g.state, super::GroupState::Releasing { .. });
+                let on_nodes = |ps: &BTreeMap<String, super::Placement>| {
+                    ps.values().any(|p| nodes.contains(&p.node))
+                };
+                (releasing && on_nodes(&g.placements)) || on_nodes(&g.releasing)
+            })
+            .map(|g| g.seq)
+    }
+
     /// `SealMove`: refused while a transaction on a source or the target is in flight.
     pub(super) fn seal_move(&mut self, id: u64) -> MetaReply {
         let shards: BTreeSet<u32> = match self.move_in(id, &[MovePhase::Begun, MovePhase::Sealed]) {
@@ -356,6 +398,12 @@ impl MetaState {
         if let Some(txn) = self.in_flight_on(&shards).filter(|_| !self.seal_unchecked) {
             return rejected(format!(
                 "move: {txn} on shards {shards:?} is still in flight; seal again once it is settled"
+            ));
+        }
+        let releasing = self.moves.get(&id).and_then(|m| self.release_on(m));
+        if let Some(seq) = releasing {
+            return rejected(format!(
+                "move: gang group {seq} is releasing members on its nodes; seal again once it is done"
             ));
         }
         match self.move_in(id, &[MovePhase::Begun]) {

@@ -30,10 +30,16 @@ impl ShardLedger {
         }
     }
 
-    /// Refuses an operation on a member that moved away with its node (never "absent":
-    /// a releaser routed by an old placement must not confirm a release here).
+    /// Refuses an operation on a member that moved away with its node and holds nothing
+    /// here (never "absent": a releaser routed by an old placement must not confirm a
+    /// release here).
     pub(super) fn refuse_moved_member(&self, member: &MemberKey) -> Result<(), LedgerError> {
-        if self.index.locations.contains_key(member) {
+        // Held here (a slot, or network devices every shard holds): this shard answers.
+        let network = &self.state.network;
+        let held = self.index.locations.contains_key(member)
+            || network.hold_of(member).is_some()
+            || network.consumers().any(|(m, _)| m == member);
+        if held {
             return Ok(());
         }
         match self.state.moved_members.get(member) {
