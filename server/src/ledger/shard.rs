@@ -79,6 +79,8 @@ use crate::wire::{self, WireFormat};
 /// (commit) or by its live placements (abort of a committed one is still refused).
 pub const FINISHED_TXNS_MAX: usize = 10_000;
 mod handoff;
+#[cfg(test)]
+mod handoff_tests;
 pub use handoff::ADOPTED_MOVES_MAX;
 
 /// Most refusals kept in a refused reservation's reply and record.

@@ -2213,4 +2213,6 @@ mod preemption_tests;
 #[cfg(test)]
 mod queue_tests;
 #[cfg(test)]
+mod shard_map_tests;
+#[cfg(test)]
 mod tests;
