@@ -230,12 +230,12 @@ fn move_json(m: &gangway_proto::admin::ShardMove) -> serde_json::Value {
 
 fn print_moves(moves: &[gangway_proto::admin::ShardMove], output: Output) {
     match output {
-        Output::Json => println!(
-            "{}",
-            json!(moves.iter().map(move_json).collect::<Vec<_>>())
-        ),
+        Output::Json => println!("{}", json!(moves.iter().map(move_json).collect::<Vec<_>>())),
         Output::Table => {
-            println!("{:<5} {:<10} {:<5} {:<12} {:<6} REASON", "MOVE", "PHASE", "TO", "FROM", "NODES");
+            println!(
+                "{:<5} {:<10} {:<5} {:<12} {:<6} REASON",
+                "MOVE", "PHASE", "TO", "FROM", "NODES"
+            );
             for m in moves {
                 let from: Vec<String> = m.sources.iter().map(|s| s.shard.to_string()).collect();
                 let nodes: usize = m.sources.iter().map(|s| s.nodes.len()).sum();

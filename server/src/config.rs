@@ -43,6 +43,7 @@ pub enum ConfigError {
 fn rebalance_policy(
     auto: Option<bool>,
     bound_percent: Option<u64>,
+    check_ms: Option<u64>,
 ) -> Result<crate::coordinator::RebalancePolicy, ConfigError> {
     let defaults = crate::coordinator::RebalancePolicy::default();
     let bound_percent = bound_percent.unwrap_or(defaults.bound_percent);
@@ -52,9 +53,17 @@ fn rebalance_policy(
             format!("{bound_percent} is not in 101..=1000"),
         ));
     }
+    let check_ms = check_ms.unwrap_or(defaults.check_ms);
+    if !(100..=3_600_000).contains(&check_ms) {
+        return Err(invalid(
+            "rebalance-check-ms",
+            format!("{check_ms} is not in 100..=3600000"),
+        ));
+    }
     Ok(crate::coordinator::RebalancePolicy {
         auto: auto.unwrap_or(defaults.auto),
         bound_percent,
+        check_ms,
     })
 }
 
@@ -124,6 +133,9 @@ pub struct ServeArgs {
     /// cpu) is rebalanced, in 101..=1000 [default: 125].
     #[arg(long)]
     pub rebalance_bound_percent: Option<u64>,
+    /// Period of the coordinator's balance checks in ms, in 100..=3600000 [default: 30000].
+    #[arg(long)]
+    pub rebalance_check_ms: Option<u64>,
     /// Raft heartbeat period in ms [default: 100].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -202,6 +214,7 @@ struct FileConfig {
     wire_format: Option<WireFormat>,
     auto_rebalance: Option<bool>,
     rebalance_bound_percent: Option<u64>,
+    rebalance_check_ms: Option<u64>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -527,6 +540,7 @@ impl ServeConfig {
             args.auto_rebalance.or(file.auto_rebalance),
             args.rebalance_bound_percent
                 .or(file.rebalance_bound_percent),
+            args.rebalance_check_ms.or(file.rebalance_check_ms),
         )?;
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
@@ -730,8 +744,11 @@ mod tests {
             config: Some(path.clone()),
             ..Default::default()
         };
-        std::fs::write(&path, "id = 1\nauto-rebalance = false\nrebalance-bound-percent = 150\n")
-            .expect("write");
+        std::fs::write(
+            &path,
+            "id = 1\nauto-rebalance = false\nrebalance-bound-percent = 150\n",
+        )
+        .expect("write");
         let cfg = ServeConfig::resolve(file(&path)).expect("valid");
         assert!(!cfg.rebalance.auto);
         assert_eq!(cfg.rebalance.bound_percent, 150);

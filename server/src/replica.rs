@@ -140,7 +140,11 @@ impl Replica {
                 check.clone(),
             ))
             .add_service(InterceptedService::new(
-                crate::frontdoor::shards::ShardsService::new(groups.clone(), shards, opts.rebalance),
+                crate::frontdoor::shards::ShardsService::new(
+                    groups.clone(),
+                    shards,
+                    opts.rebalance,
+                ),
                 check.clone(),
             ))
             .add_service(InterceptedService::new(

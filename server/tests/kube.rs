@@ -1044,7 +1044,11 @@ async fn nodes_on_two_shards(env: &Env, nodes: usize) -> (String, String) {
             });
             return pair.expect("the nodes spread over both shards");
         }
-        assert!(Instant::now() < deadline, "only {} of {nodes} nodes registered", shard_of.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {nodes} nodes registered",
+            shard_of.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

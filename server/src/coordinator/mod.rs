@@ -88,9 +88,9 @@ pub const PREEMPTION_ATTEMPTS_PER_ROUND_MAX: u32 = 2;
 /// Most undelivered decisions delivered in one round.
 pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
 
-/// Period of the coordinator's checks of the shards' balance, in ms (when no move
-/// runs; right after a rebalance's move ends, the next check comes at once).
-pub const REBALANCE_CHECK_MS: u64 = 30_000;
+/// Default period of the coordinator's checks of the shards' balance, in ms (when no
+/// move runs; right after a move ends, the next check comes at once).
+pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 30_000;
 
 /// Whether and when the coordinator rebalances shards on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,8 @@ pub struct RebalancePolicy {
     pub auto: bool,
     /// A shard above this percentage of the mean capacity starts a rebalance.
     pub bound_percent: u64,
+    /// Period of the checks, in ms.
+    pub check_ms: u64,
 }
 
 impl Default for RebalancePolicy {
@@ -106,6 +108,7 @@ impl Default for RebalancePolicy {
         Self {
             auto: true,
             bound_percent: rebalance::REBALANCE_BOUND_PERCENT_DEFAULT,
+            check_ms: REBALANCE_CHECK_MS_DEFAULT,
         }
     }
 }
@@ -348,7 +351,10 @@ impl Coordinator {
             }
             Ok(moves::MoveProgress::Ended(_)) => {
                 // A rebalance's next move is planned at once.
-                let mut checked = self.balance_checked_at.lock().unwrap_or_else(|e| e.into_inner());
+                let mut checked = self
+                    .balance_checked_at
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 *checked = None;
                 true
             }
@@ -359,7 +365,7 @@ impl Coordinator {
         }
     }
 
-    /// Every [`REBALANCE_CHECK_MS`] with automatic rebalancing on: begins the first move
+    /// Every `check_ms` with automatic rebalancing on: begins the first move
     /// of a rebalance when a shard holds more than the bound over the mean capacity.
     async fn rebalance_if_due(&self) -> bool {
         if !self.rebalance.auto || self.shards < 2 {
@@ -371,7 +377,9 @@ impl Coordinator {
                 .balance_checked_at
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(REBALANCE_CHECK_MS)) {
+            if last.is_some_and(|at| {
+                now.duration_since(at) < Duration::from_millis(self.rebalance.check_ms)
+            }) {
                 return false;
             }
             *last = Some(now);
@@ -392,7 +400,14 @@ impl Coordinator {
         );
         match moves::begin_planned(&self.groups, first, reason).await {
             Ok(Ok(m)) => {
-                tracing::info!(shard_move = m.id, from = first.from, to = first.to, nodes = first.nodes.len(), peak, "rebalancing shards");
+                tracing::info!(
+                    shard_move = m.id,
+                    from = first.from,
+                    to = first.to,
+                    nodes = first.nodes.len(),
+                    peak,
+                    "rebalancing shards"
+                );
                 true
             }
             Ok(Err(why)) => {

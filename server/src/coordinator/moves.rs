@@ -97,7 +97,12 @@ pub async fn advance(
                 if let Err(why) = meta_step(groups, end).await? {
                     return Err(refused(0, why));
                 }
-                tracing::info!(shard_move = m.id, to = m.to, nodes = m.nodes().count(), "shard move done");
+                tracing::info!(
+                    shard_move = m.id,
+                    to = m.to,
+                    nodes = m.nodes().count(),
+                    "shard move done"
+                );
                 return Ok(MoveProgress::Ended(MovePhase::Done));
             }
             MovePhase::Done | MovePhase::Cancelled => return Ok(MoveProgress::Ended(phase)),
@@ -196,7 +201,10 @@ fn refused(shard: u32, reason: String) -> GroupError {
 }
 
 fn unexpected(shard: u32, outcome: &ShardOutcome) -> GroupError {
-    refused(shard, format!("unexpected reply to a move step: {outcome:?}"))
+    refused(
+        shard,
+        format!("unexpected reply to a move step: {outcome:?}"),
+    )
 }
 
 /// Every node with its shard, domain and weight: meta's map (read linearizably) and

@@ -98,11 +98,19 @@ pub fn plan(nodes: &[WeightedNode], shards: u32, bound_percent: u64) -> Vec<Plan
         let amount = loads[hi as usize]
             .saturating_sub(mean)
             .min(mean.saturating_sub(loads[lo as usize]));
-        let Some((domain, chosen)) = choose(parts.get(&hi), amount, loads[lo as usize], loads[hi as usize])
-        else {
+        let Some((domain, chosen)) = choose(
+            parts.get(&hi),
+            amount,
+            loads[lo as usize],
+            loads[hi as usize],
+        ) else {
             break;
         };
-        let on_hi = parts.entry(hi).or_default().entry(domain.clone()).or_default();
+        let on_hi = parts
+            .entry(hi)
+            .or_default()
+            .entry(domain.clone())
+            .or_default();
         let mut taken = Vec::new();
         for name in chosen {
             if let Some(w) = on_hi.remove(&name) {
@@ -129,11 +137,15 @@ pub fn plan(nodes: &[WeightedNode], shards: u32, bound_percent: u64) -> Vec<Plan
 }
 
 fn heaviest(loads: &[u64]) -> Option<u32> {
-    (1..loads.len()).max_by_key(|s| (loads[*s], std::cmp::Reverse(*s))).map(|s| s as u32)
+    (1..loads.len())
+        .max_by_key(|s| (loads[*s], std::cmp::Reverse(*s)))
+        .map(|s| s as u32)
 }
 
 fn lightest(loads: &[u64]) -> Option<u32> {
-    (1..loads.len()).min_by_key(|s| (loads[*s], *s)).map(|s| s as u32)
+    (1..loads.len())
+        .min_by_key(|s| (loads[*s], *s))
+        .map(|s| s as u32)
 }
 
 /// What to move off a shard whose domains are `parts`: a whole domain's nodes of at
@@ -212,13 +224,19 @@ mod tests {
 
     #[test]
     fn four_unequal_zones_spread_over_eight_shards_within_the_bound() {
-        let nodes = zones(&[("a", 40, 1), ("b", 24, 2), ("c", 10, 3), ("d", 6, 4)], 8_000);
+        let nodes = zones(
+            &[("a", 40, 1), ("b", 24, 2), ("c", 10, 3), ("d", 6, 4)],
+            8_000,
+        );
         assert!(peak_percent(&loads(&nodes, 8)) > 125);
         let moves = plan(&nodes, 8, 125);
         let after = loads(&applied(&nodes, &moves), 8);
         assert!(peak_percent(&after) <= 125, "{after:?} after {moves:?}");
         // Zones that fit a shard are not split: c and d moved nowhere.
-        assert!(moves.iter().all(|m| m.nodes.iter().all(|n| n.starts_with('a') || n.starts_with('b'))));
+        assert!(moves.iter().all(|m| m
+            .nodes
+            .iter()
+            .all(|n| n.starts_with('a') || n.starts_with('b'))));
     }
 
     #[test]
@@ -236,7 +254,10 @@ mod tests {
         let moves = plan(&nodes, 2, 125);
         let after = loads(&applied(&nodes, &moves), 2);
         assert!(peak_percent(&after) <= 125, "{after:?}");
-        assert!(moves[0].nodes.iter().all(|n| n.starts_with('s')), "{moves:?}");
+        assert!(
+            moves[0].nodes.iter().all(|n| n.starts_with('s')),
+            "{moves:?}"
+        );
     }
 
     #[test]
@@ -269,7 +290,9 @@ mod tests {
                 peak_percent(&after) <= 125 || max <= mean + heaviest_node,
                 "case {case} of the fixed seed 0x5eedcafe: loads {after:?}"
             );
-            assert!(moves.iter().all(|m| m.nodes.len() <= MOVE_NODES_MAX && m.from != m.to));
+            assert!(moves
+                .iter()
+                .all(|m| m.nodes.len() <= MOVE_NODES_MAX && m.from != m.to));
         }
     }
 }

@@ -527,7 +527,12 @@ impl Scheduler for SchedulerService {
                     voters: g.map(|g| g.voters.clone()).unwrap_or_default(),
                     nodes: share.map(|s| s.nodes as u32).unwrap_or(0),
                     domains: share
-                        .map(|s| s.domains.iter().map(|(d, n)| (d.clone(), *n as u32)).collect())
+                        .map(|s| {
+                            s.domains
+                                .iter()
+                                .map(|(d, n)| (d.clone(), *n as u32))
+                                .collect()
+                        })
                         .unwrap_or_default(),
                     homes: share.map(|s| s.homes.clone()).unwrap_or_default(),
                     capacity_milli_cpu: capacities.get(shard as usize - 1).copied().unwrap_or(0),

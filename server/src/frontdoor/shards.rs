@@ -176,7 +176,9 @@ impl Shards for ShardsService {
                 req.to, self.shards
             )));
         }
-        let (mut m, left) = self.begin(target, req.to, "an operator's move".into()).await?;
+        let (mut m, left) = self
+            .begin(target, req.to, "an operator's move".into())
+            .await?;
         if req.wait {
             m = self.wait_for(m.id).await?;
         }

@@ -123,7 +123,9 @@ pub enum ShardQuery {
 /// A node's weight when shards are balanced: its allocatable cpu in millicores (at
 /// least 1, so that nodes without cpu still count).
 pub fn node_weight(allocatable: &Resources) -> u64 {
-    allocatable.get(&crate::model::resources::ResourceName::Cpu).max(1)
+    allocatable
+        .get(&crate::model::resources::ResourceName::Cpu)
+        .max(1)
 }
 
 /// A Kubernetes victim of a committed preemption, as the evictor needs it.

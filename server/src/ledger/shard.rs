@@ -52,11 +52,11 @@ use crate::ledger::command::{
     CLAIM_GANG, LEDGER_BATCH_MAX, NODE_LEASE_MS_MAX, NODE_LEASE_MS_MIN, OBSERVED_GANG,
     OBSERVED_NETWORK_HOLDS_MAX, OBSERVED_PODS_PER_NODE_MAX, RESERVE_HOLD_MS_MAX,
 };
+use crate::ledger::command::{Parcel, MOVED_MEMBERS_MAX, MOVE_NODES_MAX};
 use crate::ledger::devices::{
     AgentLink, DeviceEviction, DeviceHealthReport, PoolKey, PoolParts, PoolWithdrawal,
     AGENT_GRACE_MS_DEFAULT,
 };
-use crate::ledger::command::{Parcel, MOVED_MEMBERS_MAX, MOVE_NODES_MAX};
 use crate::ledger::displace;
 use crate::ledger::network::NetworkPools;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
@@ -719,7 +719,9 @@ impl ShardLedger {
                 nodes
             }
             LedgerOp::FenceNodes { nodes, .. } => nodes.iter().cloned().collect(),
-            LedgerOp::Adopt { parcel } => parcel.nodes.iter().map(|n| n.node.name.clone()).collect(),
+            LedgerOp::Adopt { parcel } => {
+                parcel.nodes.iter().map(|n| n.node.name.clone()).collect()
+            }
             LedgerOp::UnfenceNodes { .. }
             | LedgerOp::HandOff { .. }
             | LedgerOp::DropParcel { .. }

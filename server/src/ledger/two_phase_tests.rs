@@ -692,7 +692,13 @@ impl World {
             .map(|p| (p.shard, p.node.clone()));
         let held_before = beside.is_some();
         let nodes = self.nodes_in_slot_order();
-        spread(&mut per_shard, &nodes, unheld.into_iter().take(take), shift, beside);
+        spread(
+            &mut per_shard,
+            &nodes,
+            unheld.into_iter().take(take),
+            shift,
+            beside,
+        );
         if per_shard.is_empty() {
             return;
         }
@@ -1014,8 +1020,7 @@ impl World {
             let at_ms = self.now_ms;
             match g.state {
                 GroupState::Releasing { .. }
-                    if g
-                        .placements
+                    if g.placements
                         .values()
                         .any(|p| self.meta.sealed_move_of(&p.node).is_some()) =>
                 {
@@ -1175,7 +1180,11 @@ impl World {
         }
         for ledger in self.shards.values() {
             for parcel in ledger.parcels().values() {
-                for n in parcel.nodes.iter().filter(|n| !tabled.contains(&n.node.name)) {
+                for n in parcel
+                    .nodes
+                    .iter()
+                    .filter(|n| !tabled.contains(&n.node.name))
+                {
                     self.push_slots(&mut out, n);
                 }
             }
@@ -1549,7 +1558,10 @@ impl World {
         self.check_always()?;
         if let MetaReply::Moves { moves } = self.meta.query(&MetaQuery::Moves) {
             if let Some(m) = moves.iter().find(|m| m.is_active()) {
-                return Err(format!("drained, shard move {} is still {:?}", m.id, m.phase));
+                return Err(format!(
+                    "drained, shard move {} is still {:?}",
+                    m.id, m.phase
+                ));
             }
         }
         // Every node is in exactly one shard's table: the one meta's map names.

@@ -29,7 +29,8 @@ pub use groups::{
 };
 pub use queues::{QueueStatus, Queues};
 pub use shard_map::{
-    domain_of, MappedNode, MovePhase, MoveTarget, ShardMove, ShardShare, MOVES_ACTIVE_MAX, MOVES_KEPT_MAX,
+    domain_of, MappedNode, MovePhase, MoveTarget, ShardMove, ShardShare, MOVES_ACTIVE_MAX,
+    MOVES_KEPT_MAX,
 };
 
 use crate::ledger::TxnId;
@@ -822,9 +823,7 @@ impl MetaState {
             MetaCommand::SealMove { id } => self.seal_move(*id),
             MetaCommand::CommitMove { id } => self.commit_move(*id),
             MetaCommand::EndMove { id, at_ms } => self.end_move(*id, *at_ms),
-            MetaCommand::CancelMove { id, reason, at_ms } => {
-                self.cancel_move(*id, reason, *at_ms)
-            }
+            MetaCommand::CancelMove { id, reason, at_ms } => self.cancel_move(*id, reason, *at_ms),
             MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
             MetaCommand::BeginTxn {
                 seq,

@@ -355,7 +355,11 @@ impl MetaState {
 
     /// `ReleaseMembers` of members on a sealed move's nodes: refused (the caller retries
     /// once the move committed), naming the member and the move.
-    pub(super) fn release_waits_for_move(&self, seq: super::GroupSeq, members: &[String]) -> Option<MetaReply> {
+    pub(super) fn release_waits_for_move(
+        &self,
+        seq: super::GroupSeq,
+        members: &[String],
+    ) -> Option<MetaReply> {
         if !self.moves.values().any(|m| m.phase == MovePhase::Sealed) {
             return None;
         }
@@ -389,9 +393,11 @@ impl MetaState {
     /// `SealMove`: refused while a transaction on a source or the target is in flight.
     pub(super) fn seal_move(&mut self, id: u64) -> MetaReply {
         let shards: BTreeSet<u32> = match self.move_in(id, &[MovePhase::Begun, MovePhase::Sealed]) {
-            Ok(m) if m.phase == MovePhase::Sealed => return MetaReply::Move {
-                shard_move: Box::new(m.clone()),
-            },
+            Ok(m) if m.phase == MovePhase::Sealed => {
+                return MetaReply::Move {
+                    shard_move: Box::new(m.clone()),
+                }
+            }
             Ok(m) => m.sources.keys().copied().chain([m.to]).collect(),
             Err(reply) => return reply,
         };
@@ -410,8 +416,8 @@ impl MetaState {
             Ok(m) => {
                 m.phase = MovePhase::Sealed;
                 MetaReply::Move {
-                shard_move: Box::new(m.clone()),
-            }
+                    shard_move: Box::new(m.clone()),
+                }
             }
             Err(reply) => reply,
         }
@@ -420,9 +426,11 @@ impl MetaState {
     /// `CommitMove`: the nodes are the target's; so are their placements.
     pub(super) fn commit_move(&mut self, id: u64) -> MetaReply {
         let m = match self.move_in(id, &[MovePhase::Sealed, MovePhase::Committed]) {
-            Ok(m) if m.phase == MovePhase::Committed => return MetaReply::Move {
-                shard_move: Box::new(m.clone()),
-            },
+            Ok(m) if m.phase == MovePhase::Committed => {
+                return MetaReply::Move {
+                    shard_move: Box::new(m.clone()),
+                }
+            }
             Ok(m) => {
                 m.phase = MovePhase::Committed;
                 m.clone()
@@ -468,10 +476,8 @@ impl MetaState {
 
     /// A domain all of whose nodes are on the move's target now gets it as its home.
     fn rehome_domains(&mut self, m: &ShardMove) {
-        let domains: BTreeSet<&String> = m
-            .nodes()
-            .filter_map(|n| self.node_domains.get(n))
-            .collect();
+        let domains: BTreeSet<&String> =
+            m.nodes().filter_map(|n| self.node_domains.get(n)).collect();
         let mut homes = Vec::new();
         for d in domains {
             let all_there = self
@@ -497,8 +503,8 @@ impl MetaState {
                     m.ended_at_ms = at_ms;
                 }
                 let reply = MetaReply::Move {
-                shard_move: Box::new(m.clone()),
-            };
+                    shard_move: Box::new(m.clone()),
+                };
                 self.forget_old_moves();
                 reply
             }
@@ -519,8 +525,8 @@ impl MetaState {
                     m.reason = reason.to_string();
                 }
                 let reply = MetaReply::Move {
-                shard_move: Box::new(m.clone()),
-            };
+                    shard_move: Box::new(m.clone()),
+                };
                 self.forget_old_moves();
                 reply
             }

@@ -82,12 +82,17 @@ fn a_restored_state_places_nodes_as_the_live_one_does() {
     for i in 0..7 {
         place(&mut live, &format!("n{i}"), (i % 3 == 0).then_some("z"));
     }
-    let bytes = crate::wire::WireFormat::Binary.encode(&live).expect("encodes");
+    let bytes = crate::wire::WireFormat::Binary
+        .encode(&live)
+        .expect("encodes");
     let mut restored: MetaState = crate::wire::decode(&bytes).expect("decodes");
     assert_eq!(restored, live);
     for i in 7..12 {
         let name = format!("n{i}");
-        assert_eq!(place(&mut restored, &name, None), place(&mut live, &name, None));
+        assert_eq!(
+            place(&mut restored, &name, None),
+            place(&mut live, &name, None)
+        );
     }
 }
 
@@ -103,10 +108,14 @@ fn a_move_is_checked_when_begun() {
     assert!(begin_move(&mut m, nodes(&["nope"]), 2).is_err_and(|e| e.contains("nope")));
     assert!(begin_move(&mut m, nodes(&["b-0"]), 2).is_err_and(|e| e.contains("already")));
     assert!(begin_move(&mut m, nodes(&["a-0", "a-0"]), 2).is_err_and(|e| e.contains("twice")));
-    assert!(begin_move(&mut m, MoveTarget::Domain("q".into()), 2).is_err_and(|e| e.starts_with("domain:")));
+    assert!(begin_move(&mut m, MoveTarget::Domain("q".into()), 2)
+        .is_err_and(|e| e.starts_with("domain:")));
     let (first, left) = begin_move(&mut m, MoveTarget::Domain("a".into()), 2).expect("begins");
     assert_eq!(left, 0);
-    assert_eq!(first.sources, BTreeMap::from([(1, vec!["a-0".into(), "a-1".into(), "a-2".into()])]));
+    assert_eq!(
+        first.sources,
+        BTreeMap::from([(1, vec!["a-0".into(), "a-1".into(), "a-2".into()])])
+    );
     // One at a time.
     assert!(begin_move(&mut m, nodes(&["b-0"]), 1).is_err_and(|e| e.contains("still running")));
 }
@@ -164,21 +173,34 @@ fn a_move_seals_only_when_nothing_is_in_flight_and_commits_the_map_and_placement
     let seq = placed_on(&mut m, "n1");
     let (mv, _) = begin_move(&mut m, MoveTarget::Domain("z".into()), 3).expect("begins");
     // The COMMIT is not acknowledged by shards 1 and 2: the seal waits.
-    assert!(step(&mut m, MetaCommand::SealMove { id: mv.id }).is_err_and(|e| e.contains("in flight")));
+    assert!(
+        step(&mut m, MetaCommand::SealMove { id: mv.id }).is_err_and(|e| e.contains("in flight"))
+    );
     let txn = m.record(seq).and_then(|g| g.txn).expect("txn");
-    m.apply(&MetaCommand::Delivered { txn, shards: vec![1, 2] });
+    m.apply(&MetaCommand::Delivered {
+        txn,
+        shards: vec![1, 2],
+    });
     // Commit before the seal is refused; the seal, then commit.
     assert!(step(&mut m, MetaCommand::CommitMove { id: mv.id }).is_err());
-    assert_eq!(step(&mut m, MetaCommand::SealMove { id: mv.id }).map(|m| m.phase), Ok(MovePhase::Sealed));
+    assert_eq!(
+        step(&mut m, MetaCommand::SealMove { id: mv.id }).map(|m| m.phase),
+        Ok(MovePhase::Sealed)
+    );
     // While sealed, members on its nodes are not released (the caller retries).
     let release = MetaCommand::ReleaseMembers {
         seq,
         members: vec!["default/g/m0".into()],
         at_ms: 3,
     };
-    assert!(matches!(m.apply(&release), MetaReply::Rejected { reason, .. } if reason.contains("moving")));
+    assert!(
+        matches!(m.apply(&release), MetaReply::Rejected { reason, .. } if reason.contains("moving"))
+    );
     let version = m.record(seq).map(|g| g.version);
-    assert_eq!(step(&mut m, MetaCommand::CommitMove { id: mv.id }).map(|m| m.phase), Ok(MovePhase::Committed));
+    assert_eq!(
+        step(&mut m, MetaCommand::CommitMove { id: mv.id }).map(|m| m.phase),
+        Ok(MovePhase::Committed)
+    );
     assert_eq!(shard_of(&m, "n1"), Some(3));
     let g = m.record(seq).expect("group");
     let p = &g.placements["default/g/m0"];
@@ -187,9 +209,37 @@ fn a_move_seals_only_when_nothing_is_in_flight_and_commits_the_map_and_placement
     // The domain's home followed; a new node of it goes to shard 3.
     assert_eq!(place(&mut m, "n3", Some("z")), 3);
     // Cancel after commit is refused; end; a second end answers the same.
-    assert!(step(&mut m, MetaCommand::CancelMove { id: mv.id, reason: "x".into(), at_ms: 4 }).is_err());
-    assert_eq!(step(&mut m, MetaCommand::EndMove { id: mv.id, at_ms: 6 }).map(|m| m.phase), Ok(MovePhase::Done));
-    assert_eq!(step(&mut m, MetaCommand::EndMove { id: mv.id, at_ms: 7 }).map(|m| m.ended_at_ms), Ok(6));
+    assert!(step(
+        &mut m,
+        MetaCommand::CancelMove {
+            id: mv.id,
+            reason: "x".into(),
+            at_ms: 4
+        }
+    )
+    .is_err());
+    assert_eq!(
+        step(
+            &mut m,
+            MetaCommand::EndMove {
+                id: mv.id,
+                at_ms: 6
+            }
+        )
+        .map(|m| m.phase),
+        Ok(MovePhase::Done)
+    );
+    assert_eq!(
+        step(
+            &mut m,
+            MetaCommand::EndMove {
+                id: mv.id,
+                at_ms: 7
+            }
+        )
+        .map(|m| m.ended_at_ms),
+        Ok(6)
+    );
     assert!(matches!(m.apply(&release), MetaReply::Group { .. }));
 }
 
@@ -199,21 +249,33 @@ fn a_seal_waits_for_releases_under_way_and_a_cancelled_move_frees_the_slot() {
     place(&mut m, "n1", None);
     let seq = placed_on(&mut m, "n1");
     let txn = m.record(seq).and_then(|g| g.txn).expect("txn");
-    m.apply(&MetaCommand::Delivered { txn, shards: vec![1, 2] });
+    m.apply(&MetaCommand::Delivered {
+        txn,
+        shards: vec![1, 2],
+    });
     m.apply(&MetaCommand::ReleaseMembers {
         seq,
         members: vec!["default/g/m0".into()],
         at_ms: 3,
     });
     let (mv, _) = begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).expect("begins");
-    assert!(step(&mut m, MetaCommand::SealMove { id: mv.id }).is_err_and(|e| e.contains("releasing")));
+    assert!(
+        step(&mut m, MetaCommand::SealMove { id: mv.id }).is_err_and(|e| e.contains("releasing"))
+    );
     m.apply(&MetaCommand::MembersReleased {
         seq,
         members: vec!["default/g/m0".into()],
         at_ms: 4,
     });
     assert!(step(&mut m, MetaCommand::SealMove { id: mv.id }).is_ok());
-    let cancelled = step(&mut m, MetaCommand::CancelMove { id: mv.id, reason: "gone".into(), at_ms: 5 });
+    let cancelled = step(
+        &mut m,
+        MetaCommand::CancelMove {
+            id: mv.id,
+            reason: "gone".into(),
+            at_ms: 5,
+        },
+    );
     assert_eq!(cancelled.map(|m| m.phase), Ok(MovePhase::Cancelled));
     assert_eq!(shard_of(&m, "n1"), Some(1));
     assert!(begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).is_ok());

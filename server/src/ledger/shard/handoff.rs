@@ -267,7 +267,9 @@ impl ShardLedger {
             }
             let sums = entry.usage.recomputed();
             if sums != entry.usage.sums() {
-                return Err(refused(format!("nodes: {name}: usage sums differ from its slots")));
+                return Err(refused(format!(
+                    "nodes: {name}: usage sums differ from its slots"
+                )));
             }
         }
         if let Some((key, v)) = parcel

@@ -46,7 +46,8 @@ fn member(name: &str, node: &str) -> ReserveMember {
 
 fn apply(l: &mut ShardLedger, op: LedgerOp) -> LedgerReply {
     let reply = l.apply(&LedgerCommand::new(10, op));
-    l.check_invariants().expect("invariants after every operation");
+    l.check_invariants()
+        .expect("invariants after every operation");
     reply
 }
 
@@ -91,12 +92,19 @@ fn hand_off(l: &mut ShardLedger, move_id: u64, to: u32) -> Result<Parcel, Ledger
 #[test]
 fn a_fenced_node_takes_no_reservation_and_plans_skip_it() {
     let mut a = ledger(&["a1", "a2"]);
-    assert!(matches!(fence(&mut a, 1, &["a1", "gone"]), LedgerReply::Fenced { nodes, .. } if nodes == ["a1"]));
+    assert!(
+        matches!(fence(&mut a, 1, &["a1", "gone"]), LedgerReply::Fenced { nodes, .. } if nodes == ["a1"])
+    );
     // Again: the same answer; another move may not fence it.
-    assert!(matches!(fence(&mut a, 1, &["a1"]), LedgerReply::Fenced { .. }));
+    assert!(matches!(
+        fence(&mut a, 1, &["a1"]),
+        LedgerReply::Fenced { .. }
+    ));
     assert!(matches!(
         fence(&mut a, 2, &["a1"]),
-        LedgerReply::Rejected { error: LedgerError::NodeMoving { move_id: 1, .. } }
+        LedgerReply::Rejected {
+            error: LedgerError::NodeMoving { move_id: 1, .. }
+        }
     ));
     let reply = apply(
         &mut a,
@@ -115,7 +123,9 @@ fn a_fenced_node_takes_no_reservation_and_plans_skip_it() {
     let plan = place_gang(&a, &gang, &Profile::default(), &[]);
     assert!(plan.assignments.iter().all(|m| m.node == "a2"), "{plan:?}");
     // Lifted: it takes pods again.
-    assert!(matches!(apply(&mut a, LedgerOp::UnfenceNodes { move_id: 1 }), LedgerReply::Unfenced { nodes, .. } if nodes == ["a1"]));
+    assert!(
+        matches!(apply(&mut a, LedgerOp::UnfenceNodes { move_id: 1 }), LedgerReply::Unfenced { nodes, .. } if nodes == ["a1"])
+    );
     let plan = place_gang(&a, &gang, &Profile::default(), &[]);
     assert!(plan.assignments.iter().any(|m| m.node == "a1"), "{plan:?}");
 }
@@ -136,7 +146,10 @@ fn a_handoff_waits_for_open_reservations_then_carries_committed_slots() {
     fence(&mut a, 5, &["a1"]);
     assert!(matches!(
         hand_off(&mut a, 5, 2),
-        Err(LedgerError::NodesBusy { txn_id: TxnId(2), .. })
+        Err(LedgerError::NodesBusy {
+            txn_id: TxnId(2),
+            ..
+        })
     ));
     apply(&mut a, LedgerOp::Commit { txn_id: TxnId(2) });
     let parcel = hand_off(&mut a, 5, 2).expect("no reservation is open");
@@ -149,22 +162,36 @@ fn a_handoff_waits_for_open_reservations_then_carries_committed_slots() {
     // The moved node cannot come back here, nor its members be answered "absent".
     assert!(matches!(
         apply(&mut a, LedgerOp::RegisterNode { node: node("a1") }),
-        LedgerReply::Rejected { error: LedgerError::NodeMoved { to: 2, .. } }
+        LedgerReply::Rejected {
+            error: LedgerError::NodeMoved { to: 2, .. }
+        }
     ));
     assert!(matches!(
-        apply(&mut a, LedgerOp::Release { target: ReleaseTarget::Members(vec![key("m0")]) }),
-        LedgerReply::Rejected { error: LedgerError::MemberMoved { to: 2, .. } }
+        apply(
+            &mut a,
+            LedgerOp::Release {
+                target: ReleaseTarget::Members(vec![key("m0")])
+            }
+        ),
+        LedgerReply::Rejected {
+            error: LedgerError::MemberMoved { to: 2, .. }
+        }
     ));
     assert!(matches!(
         apply(&mut a, LedgerOp::BindConfirmed { member: key("m2") }),
-        LedgerReply::Rejected { error: LedgerError::MemberMoved { .. } }
+        LedgerReply::Rejected {
+            error: LedgerError::MemberMoved { .. }
+        }
     ));
     // The member left on a2 is released as ever.
     assert!(matches!(
         apply(&mut a, LedgerOp::Release { target: ReleaseTarget::Members(vec![key("m1")]) }),
         LedgerReply::Released { released, .. } if released == [key("m1")]
     ));
-    assert!(matches!(apply(&mut a, LedgerOp::DropParcel { move_id: 5 }), LedgerReply::ParcelDropped { .. }));
+    assert!(matches!(
+        apply(&mut a, LedgerOp::DropParcel { move_id: 5 }),
+        LedgerReply::ParcelDropped { .. }
+    ));
     assert!(a.parcels().is_empty());
     assert_eq!(a.moved_nodes().get("a1"), Some(&2));
 }
@@ -176,11 +203,27 @@ fn an_adoption_takes_every_node_once_and_the_slots_release_there() {
     commit_now(&mut a, 1, vec![member("m0", "a1"), member("m1", "a1")]);
     fence(&mut a, 3, &["a1"]);
     let parcel = hand_off(&mut a, 3, 2).expect("handoff");
-    let adopted = apply(&mut b, LedgerOp::Adopt { parcel: parcel.clone() });
-    assert!(matches!(adopted, LedgerReply::Adopted { nodes: 1, .. }), "{adopted:?}");
+    let adopted = apply(
+        &mut b,
+        LedgerOp::Adopt {
+            parcel: parcel.clone(),
+        },
+    );
+    assert!(
+        matches!(adopted, LedgerReply::Adopted { nodes: 1, .. }),
+        "{adopted:?}"
+    );
     // A retried adoption changes nothing.
     let before = b.clone();
-    assert!(matches!(apply(&mut b, LedgerOp::Adopt { parcel: parcel.clone() }), LedgerReply::Adopted { .. }));
+    assert!(matches!(
+        apply(
+            &mut b,
+            LedgerOp::Adopt {
+                parcel: parcel.clone()
+            }
+        ),
+        LedgerReply::Adopted { .. }
+    ));
     assert_eq!(b, before);
     assert_eq!(b.total_reserved(), Resources::zero());
     // The committed transaction is known there: a release's commit-first answers Committed.
@@ -196,7 +239,9 @@ fn an_adoption_takes_every_node_once_and_the_slots_release_there() {
     let mut c = ledger(&["a1"]);
     assert!(matches!(
         apply(&mut c, LedgerOp::Adopt { parcel }),
-        LedgerReply::Rejected { error: LedgerError::ParcelRefused { .. } }
+        LedgerReply::Rejected {
+            error: LedgerError::ParcelRefused { .. }
+        }
     ));
     assert!(c.node("a1").is_some_and(|n| n.usage.pods.is_empty()));
 }
@@ -227,8 +272,16 @@ fn moves_are_bounded_and_snapshots_keep_them() {
     let mut a = ledger(&["a1", "a2"]);
     let many: Vec<String> = (0..=MOVE_NODES_MAX).map(|i| format!("n{i}")).collect();
     assert!(matches!(
-        apply(&mut a, LedgerOp::FenceNodes { move_id: 1, nodes: many }),
-        LedgerReply::Rejected { error: LedgerError::MoveTooLarge { .. } }
+        apply(
+            &mut a,
+            LedgerOp::FenceNodes {
+                move_id: 1,
+                nodes: many
+            }
+        ),
+        LedgerReply::Rejected {
+            error: LedgerError::MoveTooLarge { .. }
+        }
     ));
     commit_now(&mut a, 1, vec![member("m0", "a1")]);
     fence(&mut a, 4, &["a1", "a2"]);
