@@ -34,6 +34,8 @@ pub const FP_BINDER: &str = "binder-after-bind";
 pub const FP_PREEMPT_AFTER_RESERVE: &str = "coordinator-preemption-after-reserve";
 /// Crash point: coordinator between a preemption's COMMIT and telling the shards.
 pub const FP_PREEMPT_AFTER_DECIDE: &str = "coordinator-preemption-after-decide";
+/// Crash point: the coordinator has a shard move's parcels and has not had the target adopt them.
+pub const FP_MOVE_AFTER_HANDOFF: &str = "coordinator-move-after-handoff";
 /// Bug switch for the checker's self-test: COMMIT sent with no decision written.
 pub const BUG_SKIP_DECISION: &str = "coordinator-skips-decision";
 /// Bug switch: ReleaseMembers frees shard slots before meta agrees.
@@ -69,13 +71,14 @@ pub const SELF_TEST_BUGS: [&str; 3] = [
     BUG_TRANSPORT_OPEN,
 ];
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
-pub const CRASH_POINTS: [&str; 6] = [
+pub const CRASH_POINTS: [&str; 7] = [
     FP_AFTER_RESERVE,
     FP_AFTER_DECIDE,
     FP_PARTICIPANT,
     FP_BINDER,
     FP_PREEMPT_AFTER_RESERVE,
     FP_PREEMPT_AFTER_DECIDE,
+    FP_MOVE_AFTER_HANDOFF,
 ];
 
 /// Time the cluster may take to elect every leader at start and after a heal.
@@ -88,6 +91,10 @@ pub const WORKERS_STOP_MS: u64 = 5_000;
 pub const QUIESCE_MS: u64 = 25_000;
 /// Time for replicas to reach equal applied indexes for the hash comparison.
 pub const CONVERGE_MS: u64 = 15_000;
+/// Time a shard move still running when the groups settled may take to end.
+pub const MOVES_SETTLE_MS: u64 = 30_000;
+/// Pause between the mover's attempts to begin a shard move, in ms (lower, upper).
+pub const MOVER_GAP_MS: (u64, u64) = (200, 700);
 /// Interval at which the runner looks for replicas that exited on their own.
 pub const WATCH_MS: u64 = 50;
 
@@ -118,13 +125,16 @@ pub enum DrillKind {
     /// (between its reservations and its decision, or its decision and commit), or kill
     /// the meta leader.
     Preemption,
+    /// Nodes move between shards all along: crash the coordinator between a move's
+    /// handoff and its adoption, or kill the meta leader or a shard leader mid-move.
+    ShardMove,
     /// All of the above and more (follower faults, 2/1 splits, one-way loss, latency).
     Mixed,
 }
 
 impl DrillKind {
     /// Every drill, in the order `list` and `ci` use.
-    pub const ALL: [DrillKind; 10] = [
+    pub const ALL: [DrillKind; 11] = [
         Self::LeaderKill,
         Self::CoordinatorKillMid2pc,
         Self::ParticipantKillMidReserve,
@@ -134,6 +144,7 @@ impl DrillKind {
         Self::RollingRestart,
         Self::FullRestart,
         Self::Preemption,
+        Self::ShardMove,
         Self::Mixed,
     ];
 
@@ -149,6 +160,7 @@ impl DrillKind {
             Self::RollingRestart => "rolling-restart",
             Self::FullRestart => "full-restart",
             Self::Preemption => "preemption",
+            Self::ShardMove => "shard-move",
             Self::Mixed => "mixed",
         }
     }
@@ -245,6 +257,8 @@ pub struct DrillReport {
     pub operations: OperationCounts,
     /// Gang groups that ended Preempted (what the preemption paths were exercised by).
     pub preempted: usize,
+    /// Shard moves the `shard-move` drill's mover began.
+    pub moves_begun: u64,
     /// Broken invariants.
     pub violations: Vec<Violation>,
     /// Recovery per fault.
@@ -383,6 +397,14 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
         }
     };
 
+    let mover = (spec.kind == DrillKind::ShardMove).then(|| {
+        tokio::spawn(mover(
+            replicas.clone(),
+            spec.shards,
+            Rng::new(spec.seed ^ 0x5eed),
+            stop_rx.clone(),
+        ))
+    });
     runner.inject_faults().await;
     runner.heal_everything().await;
     runner.await_recovery().await;
@@ -395,8 +417,13 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     if joined.is_err() {
         workers.abort_all();
     }
+    let moves_begun = match mover {
+        Some(m) => m.await.unwrap_or(0),
+        None => 0,
+    };
     let mut fin = settle(&runner, &workload, &replicas, api.as_deref()).await;
     fin.unreadable.append(&mut runner.violations);
+    fin.unreadable.extend(check_shard_map(&replicas).await);
     for a in agents {
         a.abort();
     }
@@ -421,11 +448,120 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
             .collect(),
         operations: count(&entries),
         preempted: fin.groups.iter().filter(|g| g.state == "Preempted").count(),
+        moves_begun,
         violations: verdict.violations,
         recoveries: verdict.recoveries,
         replay: replay_command(&spec),
         work_dir: spec.dir.display().to_string(),
     })
+}
+
+/// The `shard-move` drill's mover: until `stop`, begins moving a random node to a random
+/// other shard (refused while another move runs, or while a fault holds a leader: tried
+/// again after a pause); how many moves it began.
+async fn mover(
+    replicas: Arc<Replicas>,
+    shards: u32,
+    mut rng: Rng,
+    stop: watch::Receiver<bool>,
+) -> u64 {
+    let mut begun = 0;
+    while !*stop.borrow() && shards > 1 {
+        let gap = rng.range(MOVER_GAP_MS.0, MOVER_GAP_MS.1);
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+        let nodes = match replicas
+            .call(|c| async move { c.list_nodes(None).await })
+            .await
+        {
+            CallResult::Ok(nodes) => nodes,
+            _ => continue,
+        };
+        let Some(n) = rng.pick(&nodes) else {
+            continue;
+        };
+        let (Some(name), from) = (n.node.as_ref().map(|s| s.name.clone()), n.shard) else {
+            continue;
+        };
+        let others: Vec<u32> = (1..=shards).filter(|s| *s != from).collect();
+        let Some(&to) = rng.pick(&others) else {
+            continue;
+        };
+        let moved = replicas
+            .call(|c| {
+                let name = name.clone();
+                async move { c.move_nodes(None, vec![name], to, false).await }
+            })
+            .await;
+        if matches!(moved, CallResult::Ok(_)) {
+            begun += 1;
+        }
+    }
+    begun
+}
+
+/// After the groups settled: every shard move ends within [`MOVES_SETTLE_MS`], and then
+/// every node is on exactly one shard's ledger, the one the shard map names (I3).
+async fn check_shard_map(replicas: &Replicas) -> Vec<Violation> {
+    let violation = |detail: String| Violation {
+        invariant: "I3".into(),
+        detail,
+    };
+    let deadline = Instant::now() + Duration::from_millis(MOVES_SETTLE_MS);
+    loop {
+        let moves = replicas
+            .call(|c| async move { c.shard_moves().await })
+            .await;
+        match moves {
+            CallResult::Ok(moves) => {
+                let running: Vec<_> = moves
+                    .iter()
+                    .filter(|m| !matches!(m.phase.as_str(), "done" | "cancelled"))
+                    .collect();
+                if running.is_empty() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return vec![violation(format!(
+                        "shard moves still running {MOVES_SETTLE_MS} ms after the groups settled: {running:?}"
+                    ))];
+                }
+            }
+            CallResult::Fail(e) | CallResult::Unknown(e) => {
+                return vec![violation(format!("shard moves could not be listed: {e}"))]
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let nodes = replicas
+        .call(|c| async move { c.list_nodes(None).await })
+        .await;
+    let shards = replicas.call(|c| async move { c.shards().await }).await;
+    let (CallResult::Ok(nodes), CallResult::Ok(shards)) = (nodes, shards) else {
+        return vec![violation("nodes or shards could not be listed".into())];
+    };
+    let mut out = Vec::new();
+    let mut seen: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    let mut per_shard: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+    for n in &nodes {
+        let name = n.node.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        *per_shard.entry(n.shard).or_default() += 1;
+        if let Some(other) = seen.insert(name.clone(), n.shard) {
+            out.push(violation(format!(
+                "node {name} is on the ledgers of shards {other} and {}",
+                n.shard
+            )));
+        }
+    }
+    for s in &shards {
+        let held = per_shard.get(&s.shard).copied().unwrap_or(0);
+        if held != s.nodes {
+            out.push(violation(format!(
+                "shard {}: the map names {} nodes, its ledger holds {held}",
+                s.shard, s.nodes
+            )));
+        }
+    }
+    out
 }
 
 async fn start_fleet(
@@ -518,6 +654,13 @@ impl Runner {
             DrillKind::Preemption => match self.next_fault % 3 {
                 1 => Fault::CrashPoint(FP_PREEMPT_AFTER_DECIDE),
                 2 => Fault::CrashPoint(FP_PREEMPT_AFTER_RESERVE),
+                _ => Fault::KillLeader(0),
+            },
+            // The crash point, the coordinator, then any group's leader (a source or
+            // target shard mid-handoff), in turn.
+            DrillKind::ShardMove => match self.next_fault % 3 {
+                1 => Fault::CrashPoint(FP_MOVE_AFTER_HANDOFF),
+                2 => Fault::KillLeader(group),
                 _ => Fault::KillLeader(0),
             },
             DrillKind::Mixed => {

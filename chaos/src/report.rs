@@ -78,6 +78,9 @@ pub fn summary(r: &DrillReport) -> String {
         leader.line(),
         r.violations.len(),
     );
+    if r.moves_begun > 0 {
+        out.push_str(&format!("  shard moves begun: {}\n", r.moves_begun));
+    }
     for f in &r.faults {
         out.push_str(&format!("    fault {f}\n"));
     }

@@ -193,30 +193,17 @@ impl Replicas {
     }
 }
 
-/// The shard gangway puts a node in (the meta group's FNV-1a of its name; see
-/// the server's shard map), so the fleet can be spread evenly.
-pub fn shard_of(name: &str, shards: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % u64::from(shards.max(1))) as u32 + 1
-}
-
-/// The fleet: node names by shard; the first of each shard has devices.
-pub fn fleet(shards: u32) -> BTreeMap<u32, Vec<String>> {
-    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-    let mut i = 0;
-    while out.len() < shards as usize || out.values().any(|v| v.len() < NODES_PER_SHARD) {
-        let name = format!("node-{i:03}");
-        let list = out.entry(shard_of(&name, shards)).or_default();
-        if list.len() < NODES_PER_SHARD {
-            list.push(name);
-        }
-        i += 1;
-    }
-    out
+/// The fleet in registration order: node `i` is `node-{i:03}`, with devices when it is
+/// one of the first `shards`. A fresh cluster gives each node without a topology domain
+/// the shard with the fewest nodes (ties to the lowest id), so registered in this order
+/// node `i` lands on shard `i % shards + 1`: every shard gets `NODES_PER_SHARD` nodes, the
+/// first of them with devices. Shard moves (the `shard-move` drill, rebalancing) may move
+/// them later; nothing in the workload depends on where a node is.
+pub fn fleet(shards: u32) -> Vec<(String, bool)> {
+    let shards = shards.max(1) as usize;
+    (0..shards * NODES_PER_SHARD)
+        .map(|i| (format!("node-{i:03}"), i < shards))
+        .collect()
 }
 
 fn node_spec(name: &str, devices: bool) -> NodeSpec {
@@ -253,25 +240,22 @@ fn device_report(node: &str) -> DeviceListReport {
 /// Registers the fleet; returns the device nodes.
 pub async fn register_fleet(replicas: &Replicas, shards: u32) -> Result<Vec<String>, String> {
     let mut device_nodes = Vec::new();
-    for names in fleet(shards).values() {
-        for (i, name) in names.iter().enumerate() {
-            let devices = i == 0;
-            let spec = node_spec(name, devices);
-            let r = replicas
-                .call(|c| {
-                    let spec = spec.clone();
-                    async move { c.register_node(spec).await }
-                })
-                .await;
-            match r {
-                CallResult::Ok(_) => {}
-                CallResult::Fail(e) | CallResult::Unknown(e) => {
-                    return Err(format!("registering node {name}: {e}"))
-                }
+    for (name, devices) in fleet(shards) {
+        let spec = node_spec(&name, devices);
+        let r = replicas
+            .call(|c| {
+                let spec = spec.clone();
+                async move { c.register_node(spec).await }
+            })
+            .await;
+        match r {
+            CallResult::Ok(_) => {}
+            CallResult::Fail(e) | CallResult::Unknown(e) => {
+                return Err(format!("registering node {name}: {e}"))
             }
-            if devices {
-                device_nodes.push(name.clone());
-            }
+        }
+        if devices {
+            device_nodes.push(name);
         }
     }
     Ok(device_nodes)
@@ -780,13 +764,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fleet_has_every_shard_filled() {
+    fn the_fleet_fills_every_shard_with_one_device_node_first() {
         let f = fleet(2);
-        assert_eq!(f.len(), 2);
-        for (shard, names) in &f {
-            assert_eq!(names.len(), NODES_PER_SHARD);
-            assert!(names.iter().all(|n| shard_of(n, 2) == *shard));
-        }
+        assert_eq!(f.len(), 2 * NODES_PER_SHARD);
+        let devices: Vec<&str> = f
+            .iter()
+            .filter(|(_, d)| *d)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(devices, ["node-000", "node-001"]);
     }
 
     #[test]
