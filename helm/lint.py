@@ -56,7 +56,8 @@ SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 # Keys `gangway serve --config` accepts (server/src/config.rs, FileConfig: kebab-case).
 CONFIG_KEYS = {
     "id", "listen", "advertise", "http", "peers", "data", "shards", "cluster-id", "join",
-    "topology-label", "sled-cache-mb", "wire-format", "heartbeat-ms", "election-min-ms", "election-max-ms",
+    "topology-label", "sled-cache-mb", "wire-format", "auto-rebalance", "rebalance-bound-percent",
+    "rebalance-check-ms", "heartbeat-ms", "election-min-ms", "election-max-ms",
     "snapshot-every", "balance-interval-ms", "kubeconfig", "in-cluster", "scheduler-name",
     "bind-qps", "bind-concurrency", "tls-cert", "tls-key", "tls-client-ca", "auth-tokens-file",
     "peer-secret-file",
@@ -446,6 +447,8 @@ def check_release(objs: dict, values: dict, scratch: Path) -> str:
         check(set(config) <= CONFIG_KEYS, f"unknown config keys {sorted(set(config) - CONFIG_KEYS)}")
         check(config["shards"] == values["cluster"]["shards"], "shards")
         check(config["wire-format"] in ("binary", "json"), "wire-format is binary or json")
+        check(isinstance(config["auto-rebalance"], bool), "auto-rebalance is a boolean")
+        check(101 <= config["rebalance-bound-percent"] <= 1000, "rebalance-bound-percent in 101..=1000")
         check(config["data"].startswith("/var/lib/gangway/"), "data dir outside the volume")
 
     summary = f"{len(objs)} objects, {replicas} replicas"

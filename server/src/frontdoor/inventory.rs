@@ -416,6 +416,7 @@ impl Inventory for InventoryService {
                 RejectionKind::NotFound => Status::not_found(reason),
                 RejectionKind::Conflict => Status::failed_precondition(reason),
                 RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
+                RejectionKind::Busy => Status::unavailable(reason),
             }),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }

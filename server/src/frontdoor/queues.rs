@@ -102,6 +102,7 @@ fn refusal(reason: String, kind: RejectionKind) -> Status {
         RejectionKind::NotFound => Status::not_found(reason),
         RejectionKind::Conflict => Status::failed_precondition(reason),
         RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
+        RejectionKind::Busy => Status::unavailable(reason),
     }
 }
 

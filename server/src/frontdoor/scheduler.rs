@@ -86,6 +86,10 @@ fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
             reason,
             kind: RejectionKind::NotFound,
         } => Err(Status::not_found(reason)),
+        MetaReply::Rejected {
+            reason,
+            kind: RejectionKind::Busy,
+        } => Err(Status::unavailable(reason)),
         MetaReply::Rejected { reason, .. } => Err(Status::failed_precondition(reason)),
         other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
     }

@@ -47,7 +47,8 @@ use crate::kube::queues;
 use crate::kube::KubeOptions;
 use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
 use crate::ledger::meta::{
-    domain_of, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply, Terminal,
+    domain_of, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply,
+    RejectionKind, Terminal,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
@@ -1425,9 +1426,20 @@ impl Ingest {
                 if names.is_empty() {
                     return true;
                 }
-                if let Err(e) = release_members(&self.groups, s.seq, names).await {
-                    tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
-                    return false;
+                match release_members(&self.groups, s.seq, names).await {
+                    Err(e) => {
+                        tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
+                        return false;
+                    }
+                    // A shard move holds the release a moment: the next pass tries again.
+                    Ok(MetaReply::Rejected {
+                        kind: RejectionKind::Busy,
+                        reason,
+                    }) => {
+                        tracing::info!(group = s.seq, reason, "releasing members of gone pods waits");
+                        return false;
+                    }
+                    Ok(_) => {}
                 }
             }
             GroupState::Queued | GroupState::Placing { .. } if !gone.is_empty() => {
@@ -1495,9 +1507,19 @@ impl Ingest {
     /// they are submitted again once their gangs are ready.
     async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) -> bool {
         let names = placed_members(s, |_| true);
-        if let Err(e) = release_members(&self.groups, s.seq, names).await {
-            tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
-            return false;
+        match release_members(&self.groups, s.seq, names).await {
+            Err(e) => {
+                tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
+                return false;
+            }
+            Ok(MetaReply::Rejected {
+                kind: RejectionKind::Busy,
+                reason,
+            }) => {
+                tracing::info!(group = s.seq, reason, "releasing a broken Strict gang waits");
+                return false;
+            }
+            Ok(_) => {}
         }
         tracing::info!(group = s.seq, reason = %why, "released a Strict gang that lost a pod");
         for p in pods {

@@ -459,6 +459,9 @@ pub enum RejectionKind {
     Conflict,
     /// The group's queue (or an ancestor) has no room for it now (I8): it waits.
     NoRoom,
+    /// It must wait for something that ends by itself (a shard move of the members'
+    /// nodes): the same command succeeds once it did (UNAVAILABLE at the front door).
+    Busy,
 }
 
 impl RejectionKind {

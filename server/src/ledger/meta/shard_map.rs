@@ -367,10 +367,13 @@ impl MetaState {
         members.iter().enumerate().find_map(|(i, name)| {
             let p = g.placements.get(name).filter(|_| !g.releasing.contains_key(name))?;
             let m = self.sealed_move_of(&p.node)?;
-            Some(rejected(format!(
-                "members[{i}]: {name}'s node {} is moving to shard {} (shard move {}); retry once it is done",
-                p.node, m.to, m.id
-            )))
+            Some(MetaReply::Rejected {
+                reason: format!(
+                    "members[{i}]: {name}'s node {} is moving to shard {} (shard move {}); retry once it is done",
+                    p.node, m.to, m.id
+                ),
+                kind: RejectionKind::Busy,
+            })
         })
     }
 
