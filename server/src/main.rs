@@ -64,6 +64,8 @@ enum Bench {
     Selectors(SelectorBenchArgs),
     /// The web view in a headless Chromium: time to first render of each page and update latency.
     Ui(UiBenchArgs),
+    /// The shard map: unequal zones laid out and rebalanced, placement while a zone moves.
+    Shards(gangway_server::bench::shards::ShardsBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -105,6 +107,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Ui(args),
         } => bench::ui::run(args).await,
+        Command::Bench {
+            which: Bench::Shards(args),
+        } => bench::shards::run(args).await,
     }
 }
 

@@ -151,6 +151,8 @@ pub(super) struct Processes {
     pub(super) failpoints: Vec<String>,
     /// The format every replica writes.
     pub(super) wire: WireFormat,
+    /// More flags every replica is started with.
+    pub(super) extra: Vec<String>,
     children: Vec<Option<Child>>,
     /// gRPC addresses, replica i+1 at index i.
     pub(super) grpc: Vec<String>,
@@ -210,7 +212,8 @@ impl Processes {
             .arg("--peer-secret-file")
             .arg(&self.secret_file)
             .args(["--initial-cluster-state", "new"])
-            .args(["--wire-format", self.wire.name()]);
+            .args(["--wire-format", self.wire.name()])
+            .args(&self.extra);
         if !self.failpoints.is_empty() {
             cmd.arg("--test-failpoints")
                 .env("GANGWAY_TEST_FAILPOINTS", self.failpoints.join(","));
@@ -260,6 +263,17 @@ pub(super) fn spawn_cluster_as(
     failpoints: Vec<String>,
     wire: WireFormat,
 ) -> anyhow::Result<Processes> {
+    spawn_cluster_flags(shards, dir, failpoints, wire, Vec::new())
+}
+
+/// Like [`spawn_cluster_as`], every replica started with `extra` flags too.
+pub(super) fn spawn_cluster_flags(
+    shards: usize,
+    dir: &Path,
+    failpoints: Vec<String>,
+    wire: WireFormat,
+    extra: Vec<String>,
+) -> anyhow::Result<Processes> {
     let secret_file = dir.join("peer-secret");
     let secret = crate::security::Tokens::generated_peer_secret()?.own();
     std::fs::write(&secret_file, format!("{secret}\n"))
@@ -271,6 +285,7 @@ pub(super) fn spawn_cluster_as(
         secret_file,
         failpoints,
         wire,
+        extra,
         children: vec![None, None, None],
         grpc: loopback_addrs(3)?,
         http: loopback_addrs(3)?,

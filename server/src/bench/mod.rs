@@ -7,6 +7,7 @@ pub mod failover;
 pub mod preemption;
 pub mod raft;
 pub mod selectors;
+pub mod shards;
 pub mod ui;
 pub mod webdriver;
 pub mod wire;

@@ -1436,7 +1436,11 @@ impl Ingest {
                         kind: RejectionKind::Busy,
                         reason,
                     }) => {
-                        tracing::info!(group = s.seq, reason, "releasing members of gone pods waits");
+                        tracing::info!(
+                            group = s.seq,
+                            reason,
+                            "releasing members of gone pods waits"
+                        );
                         return false;
                     }
                     Ok(_) => {}
@@ -1516,7 +1520,11 @@ impl Ingest {
                 kind: RejectionKind::Busy,
                 reason,
             }) => {
-                tracing::info!(group = s.seq, reason, "releasing a broken Strict gang waits");
+                tracing::info!(
+                    group = s.seq,
+                    reason,
+                    "releasing a broken Strict gang waits"
+                );
                 return false;
             }
             Ok(_) => {}
