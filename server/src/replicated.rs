@@ -420,6 +420,18 @@ impl Groups {
         Self { host, format }
     }
 
+    /// The format this replica writes.
+    pub fn format(&self) -> WireFormat {
+        self.format
+    }
+
+    /// Whether this replica writes only what a release before shard moves reads: the
+    /// JSON format, set for the first rollout of an upgrade (docs/ARCHITECTURE.md §3).
+    /// Nodes then get their shard by the hash rule and no shard move is begun.
+    pub fn legacy_writer(&self) -> bool {
+        self.format == WireFormat::Json
+    }
+
     /// The underlying host.
     pub fn host(&self) -> &RaftHost {
         &self.host

@@ -367,3 +367,26 @@ async fn a_coordinator_killed_after_the_handoff_leaves_the_move_to_the_next() {
     wait_state(&cl, first.id, "Released", Duration::from_secs(30)).await;
     assert!(support::gangs::held(&cl).await.is_empty());
 }
+
+/// The first rollout of an upgrade (replicas writing JSON beside a release that reads
+/// nothing else): new nodes get their shard by the old hash rule (nodes of one zone
+/// together, whichever shard is emptiest), and no move is begun, by hand or on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_writing_for_the_first_rollout_moves_nothing() {
+    let c = cluster(2, &["--wire-format", "json", "--rebalance-check-ms", "200"]);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    let a = register_zone(&cl, "a", 6, "4").await;
+    let shards: BTreeSet<u32> = a.values().copied().collect();
+    assert_eq!(shards.len(), 1, "one zone, one shard: {a:?}");
+    let expected = gangway_server::ledger::meta::hashed_shard("x", Some("a"), 2);
+    assert_eq!(shards.into_iter().next(), Some(expected));
+    let refused = cl
+        .move_nodes(Some("a".into()), Vec::new(), 3 - expected, true)
+        .await
+        .expect_err("a move while writing for the first rollout");
+    assert!(refused.to_string().contains("first rollout"), "{refused}");
+    // Past the bound (all on one shard) for many checks: still no move.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(cl.shard_moves().await.expect("moves").is_empty());
+}

@@ -368,7 +368,9 @@ impl Coordinator {
     /// Every `check_ms` with automatic rebalancing on: begins the first move
     /// of a rebalance when a shard holds more than the bound over the mean capacity.
     async fn rebalance_if_due(&self) -> bool {
-        if !self.rebalance.auto || self.shards < 2 {
+        // A replica writing for the first rollout of an upgrade begins no move: replicas
+        // of the release before could not read it.
+        if !self.rebalance.auto || self.shards < 2 || self.groups.legacy_writer() {
             return false;
         }
         {

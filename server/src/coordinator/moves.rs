@@ -66,13 +66,18 @@ pub async fn advance(
     let mut phase = m.phase;
     loop {
         phase = match phase {
-            MovePhase::Begun => match fence(groups, m).await? {
-                Some(why) => return cancel(groups, m, &why).await,
-                None => match meta_step(groups, MetaCommand::SealMove { id: m.id }).await? {
+            MovePhase::Begun => {
+                if let Some(why) = seal_blocker(groups, m.id)? {
+                    return Ok(MoveProgress::Waiting(why));
+                }
+                if let Some(why) = fence(groups, m).await? {
+                    return cancel(groups, m, &why).await;
+                }
+                match meta_step(groups, MetaCommand::SealMove { id: m.id }).await? {
                     Ok(_) => MovePhase::Sealed,
                     Err(why) => return Ok(MoveProgress::Waiting(why)),
-                },
-            },
+                }
+            }
             MovePhase::Sealed => {
                 let parcels = match hand_off(groups, m).await? {
                     Ok(parcels) => parcels,
@@ -107,6 +112,14 @@ pub async fn advance(
             }
             MovePhase::Done | MovePhase::Cancelled => return Ok(MoveProgress::Ended(phase)),
         };
+    }
+}
+
+/// Why meta would refuse to seal move `id` now (a local read), if it would.
+fn seal_blocker(groups: &Groups, id: u64) -> Result<Option<String>, GroupError> {
+    match groups.meta_query_local(&MetaQuery::SealBlocker { id })? {
+        MetaReply::SealBlocker { reason } => Ok(reason),
+        other => Err(refused(0, format!("unexpected meta reply {other:?}"))),
     }
 }
 

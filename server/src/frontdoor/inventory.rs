@@ -19,7 +19,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::ledger::devices::{AgentLink, DeviceHealth};
-use crate::ledger::meta::{domain_of, MetaCommand, MetaQuery, MetaReply, RejectionKind};
+use crate::ledger::meta::{
+    domain_of, shard_command, MetaCommand, MetaQuery, MetaReply, RejectionKind,
+};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::usage::SlotState;
 use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
@@ -281,15 +283,18 @@ pub enum Registration {
 /// shard's ledger; the shard it lives in.
 pub async fn register(
     groups: &Groups,
+    shards: u32,
     topology_label: Option<&str>,
     node: &Node,
     registration: Registration,
 ) -> Result<u32, Status> {
-    let assign = MetaCommand::PlaceNode {
-        node: node.name.clone(),
-        domain: domain_of(&node.labels, topology_label),
-        at_ms: now_ms(),
-    };
+    let assign = shard_command(
+        &node.name,
+        domain_of(&node.labels, topology_label),
+        groups.legacy_writer(),
+        shards,
+        now_ms(),
+    );
     let shard = match groups.meta(&assign).await.map_err(|e| e.to_status())? {
         MetaReply::Shard { shard } => shard,
         MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
@@ -480,6 +485,7 @@ impl Inventory for InventoryService {
         };
         let shard = register(
             &self.groups,
+            self.shards,
             self.topology_label.as_deref(),
             &node,
             registration,

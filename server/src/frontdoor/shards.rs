@@ -97,6 +97,13 @@ impl ShardsService {
         to: u32,
         reason: String,
     ) -> Result<(ShardMove, u64), Status> {
+        if self.groups.legacy_writer() {
+            return Err(Status::failed_precondition(
+                "this replica writes the JSON format for the first rollout of an upgrade: \
+                 replicas of the release before cannot read a shard move; move nodes after \
+                 the second rollout (docs/ARCHITECTURE.md §3)",
+            ));
+        }
         let cmd = MetaCommand::BeginMove {
             target,
             to,

@@ -47,8 +47,8 @@ use crate::kube::queues;
 use crate::kube::KubeOptions;
 use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
 use crate::ledger::meta::{
-    domain_of, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery, MetaReply,
-    RejectionKind, Terminal,
+    domain_of, shard_command, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery,
+    MetaReply, RejectionKind, Terminal,
 };
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
@@ -490,10 +490,14 @@ impl Ingest {
         let at_ms = now_ms();
         let commands = nodes
             .iter()
-            .map(|n| MetaCommand::PlaceNode {
-                node: n.name.clone(),
-                domain: domain_of(&n.labels, self.topology_label.as_deref()),
-                at_ms,
+            .map(|n| {
+                shard_command(
+                    &n.name,
+                    domain_of(&n.labels, self.topology_label.as_deref()),
+                    self.groups.legacy_writer(),
+                    self.shards,
+                    at_ms,
+                )
             })
             .collect();
         let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {

@@ -29,8 +29,8 @@ pub use groups::{
 };
 pub use queues::{QueueStatus, Queues};
 pub use shard_map::{
-    domain_of, MappedNode, MovePhase, MoveTarget, ShardMove, ShardShare, MOVES_ACTIVE_MAX,
-    MOVES_KEPT_MAX,
+    domain_of, hashed_shard, shard_command, MappedNode, MovePhase, MoveTarget, ShardMove,
+    ShardShare, MOVES_ACTIVE_MAX, MOVES_KEPT_MAX,
 };
 
 use crate::ledger::TxnId;
@@ -287,6 +287,11 @@ pub enum MetaCommand {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetaReply {
+    /// Why a move cannot be sealed now (None: it can).
+    SealBlocker {
+        /// The reason.
+        reason: Option<String>,
+    },
     /// A move was recorded.
     MoveBegun {
         /// The move.
@@ -476,6 +481,12 @@ impl RejectionKind {
 pub enum MetaQuery {
     /// The moves kept, running ones included.
     Moves,
+    /// Why a move cannot be sealed now, if it cannot (the coordinator asks before it
+    /// writes the fence and the seal, so a move that waits costs no log entry).
+    SealBlocker {
+        /// The move.
+        id: u64,
+    },
     /// Each shard's nodes, domains and homes.
     ShardShares,
     /// Every node with its shard and domain (rebalancing reads it).
@@ -1205,6 +1216,9 @@ impl MetaState {
         match q {
             MetaQuery::Moves => MetaReply::Moves {
                 moves: self.moves(),
+            },
+            MetaQuery::SealBlocker { id } => MetaReply::SealBlocker {
+                reason: self.seal_blocker(*id),
             },
             MetaQuery::ShardShares => MetaReply::ShardShares {
                 shares: self.shares(),

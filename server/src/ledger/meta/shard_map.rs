@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{rejected, MetaReply, MetaState, RejectionKind};
+use super::{rejected, MetaCommand, MetaReply, MetaState, RejectionKind};
 use crate::ledger::command::MOVE_NODES_MAX;
 use crate::ledger::TxnId;
 
@@ -127,6 +127,43 @@ impl PartialEq for NodeCounts {
     }
 }
 
+/// The shard a release before the recorded map gave a new node (FNV-1a of its topology
+/// domain, or of its name without one): what a replica writing for the first rollout
+/// of an upgrade proposes (`AssignNode`), so that replicas of that release agree.
+pub fn hashed_shard(name: &str, domain: Option<&str>, shards: u32) -> u32 {
+    let key = domain.unwrap_or(name);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards.max(1))) as u32 + 1
+}
+
+/// The command that gives `node` its shard: `PlaceNode`, or for a replica writing for
+/// the first rollout of an upgrade (`legacy`), `AssignNode` with the hash rule's shard,
+/// which a release before the recorded map applies alike.
+pub fn shard_command(
+    node: &str,
+    domain: Option<String>,
+    legacy: bool,
+    shards: u32,
+    at_ms: u64,
+) -> MetaCommand {
+    if legacy {
+        return MetaCommand::AssignNode {
+            node: node.to_string(),
+            shard: hashed_shard(node, domain.as_deref(), shards),
+            at_ms,
+        };
+    }
+    MetaCommand::PlaceNode {
+        node: node.to_string(),
+        domain,
+        at_ms,
+    }
+}
+
 /// A node's topology domain: the value of its `topology_label`, if set and present.
 pub fn domain_of(
     labels: &BTreeMap<String, String>,
@@ -175,6 +212,8 @@ impl MetaState {
 
     /// `AssignNode` (entries written before domains were recorded): the proposer chose.
     pub(super) fn assign_node(&mut self, node: &str, shard: u32) -> MetaReply {
+        // Counted before the map changes, so a count built now does not see the node twice.
+        self.counts();
         if node.is_empty() {
             return rejected("node: must not be empty");
         }
@@ -191,6 +230,7 @@ impl MetaState {
 
     /// `PlaceNode`: the node's shard, chosen here once.
     pub(super) fn place_node(&mut self, node: &str, domain: Option<&str>) -> MetaReply {
+        self.counts();
         if node.is_empty() {
             return rejected("node: must not be empty");
         }
@@ -393,27 +433,34 @@ impl MetaState {
             .map(|g| g.seq)
     }
 
+    /// Why move `id` cannot be sealed now (a transaction on a source or the target in
+    /// flight, a release on its nodes under way), if it cannot.
+    pub fn seal_blocker(&self, id: u64) -> Option<String> {
+        let m = self.moves.get(&id)?;
+        let shards: BTreeSet<u32> = m.sources.keys().copied().chain([m.to]).collect();
+        if let Some(txn) = self.in_flight_on(&shards).filter(|_| !self.seal_unchecked) {
+            return Some(format!(
+                "move: {txn} on shards {shards:?} is still in flight; seal again once it is settled"
+            ));
+        }
+        self.release_on(m).map(|seq| {
+            format!("move: gang group {seq} is releasing members on its nodes; seal again once it is done")
+        })
+    }
+
     /// `SealMove`: refused while a transaction on a source or the target is in flight.
     pub(super) fn seal_move(&mut self, id: u64) -> MetaReply {
-        let shards: BTreeSet<u32> = match self.move_in(id, &[MovePhase::Begun, MovePhase::Sealed]) {
+        match self.move_in(id, &[MovePhase::Begun, MovePhase::Sealed]) {
             Ok(m) if m.phase == MovePhase::Sealed => {
                 return MetaReply::Move {
                     shard_move: Box::new(m.clone()),
                 }
             }
-            Ok(m) => m.sources.keys().copied().chain([m.to]).collect(),
+            Ok(_) => {}
             Err(reply) => return reply,
-        };
-        if let Some(txn) = self.in_flight_on(&shards).filter(|_| !self.seal_unchecked) {
-            return rejected(format!(
-                "move: {txn} on shards {shards:?} is still in flight; seal again once it is settled"
-            ));
         }
-        let releasing = self.moves.get(&id).and_then(|m| self.release_on(m));
-        if let Some(seq) = releasing {
-            return rejected(format!(
-                "move: gang group {seq} is releasing members on its nodes; seal again once it is done"
-            ));
+        if let Some(why) = self.seal_blocker(id) {
+            return rejected(why);
         }
         match self.move_in(id, &[MovePhase::Begun]) {
             Ok(m) => {
@@ -440,6 +487,7 @@ impl MetaState {
             }
             Err(reply) => return reply,
         };
+        self.counts();
         let mut moved: BTreeMap<&str, u32> = BTreeMap::new();
         for (from, nodes) in &m.sources {
             for n in nodes {

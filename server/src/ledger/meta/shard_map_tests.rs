@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::ledger::meta::shard_map::{hashed_shard, shard_command};
 use crate::model::{Gang, GangMode};
 
 fn place(m: &mut MetaState, node: &str, domain: Option<&str>) -> u32 {
@@ -87,6 +88,11 @@ fn a_restored_state_places_nodes_as_the_live_one_does() {
         .expect("encodes");
     let mut restored: MetaState = crate::wire::decode(&bytes).expect("decodes");
     assert_eq!(restored, live);
+    // A node of a known domain first (its home, no count needed to choose it), then more.
+    assert_eq!(
+        place(&mut restored, "z-late", Some("z")),
+        place(&mut live, "z-late", Some("z"))
+    );
     for i in 7..12 {
         let name = format!("n{i}");
         assert_eq!(
@@ -279,4 +285,26 @@ fn a_seal_waits_for_releases_under_way_and_a_cancelled_move_frees_the_slot() {
     assert_eq!(cancelled.map(|m| m.phase), Ok(MovePhase::Cancelled));
     assert_eq!(shard_of(&m, "n1"), Some(1));
     assert!(begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).is_ok());
+}
+
+#[test]
+fn a_replica_writing_for_the_first_rollout_proposes_the_hash_rule_old_replicas_apply() {
+    // Nodes of one rack hash together; a legacy writer names the shard, as releases
+    // before the recorded map did, and every release applies it alike.
+    let a = shard_command("a", Some("r1".into()), true, 8, 1);
+    let b = shard_command("b", Some("r1".into()), true, 8, 1);
+    let (MetaCommand::AssignNode { shard: sa, .. }, MetaCommand::AssignNode { shard: sb, .. }) =
+        (&a, &b)
+    else {
+        panic!("a legacy writer proposes AssignNode: {a:?}");
+    };
+    assert_eq!(sa, sb);
+    assert!((1..=8).contains(sa));
+    assert_eq!(*sa, hashed_shard("anything", Some("r1"), 8));
+    assert!(matches!(
+        shard_command("a", Some("r1".into()), false, 8, 1),
+        MetaCommand::PlaceNode { domain: Some(d), .. } if d == "r1"
+    ));
+    let mut m = MetaState::new(8);
+    assert_eq!(m.apply(&a), MetaReply::Shard { shard: *sa });
 }
