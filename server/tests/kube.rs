@@ -754,14 +754,9 @@ async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and
     );
 
     // Two gangway pods in no gang naming one claim: both refused, with the reason,
-    // nothing allocated.
-    env.api
-        .create(&RESOURCE_CLAIMS, json!({
-            "metadata": {"name": "ours-shared", "namespace": NS},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
-        }))
-        .await
-        .expect("claim");
+    // nothing allocated. The pods come first and wait for their claim, so that one
+    // ingest pass sees both (created the other way round, a pass between the two pods
+    // would submit the first alone).
     let sharing: Vec<String> = vec!["share-0".into(), "share-1".into()];
     for name in &sharing {
         let mut pod = gpu_pod(name, json!({}), json!({}), "unused");
@@ -769,6 +764,13 @@ async fn a_claim_shared_by_foreign_pods_holds_its_device_until_the_last_goes_and
             json!([{"name": "gpu", "resourceClaimName": "ours-shared"}]);
         env.api.create(&PODS, pod).await.expect("pod");
     }
+    env.api
+        .create(&RESOURCE_CLAIMS, json!({
+            "metadata": {"name": "ours-shared", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+        }))
+        .await
+        .expect("claim");
     let now = wait_for(
         "both sharing pods refused",
         Duration::from_secs(30),

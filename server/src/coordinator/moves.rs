@@ -71,7 +71,13 @@ pub async fn advance(
                     return Ok(MoveProgress::Waiting(why));
                 }
                 if let Some(why) = fence(groups, m).await? {
-                    return cancel(groups, m, &why).await;
+                    cancel(groups, m, &why).await?;
+                    let cancelling = ShardMove {
+                        phase: MovePhase::Cancelling,
+                        reason: why,
+                        ..m.clone()
+                    };
+                    return Box::pin(advance(groups, failpoints, &cancelling)).await;
                 }
                 match meta_step(groups, MetaCommand::SealMove { id: m.id }).await? {
                     Ok(_) => MovePhase::Sealed,
@@ -84,7 +90,12 @@ pub async fn advance(
                     Err(why) => return Ok(MoveProgress::Waiting(why)),
                 };
                 failpoints.hit(failpoints::MOVE_AFTER_HANDOFF);
-                adopt(groups, m, parcels).await?;
+                if let Err(e) = adopt(groups, m, parcels).await {
+                    // Retried every round; a refusal here needs an operator (the nodes are in
+                    // their sources' parcels, safe, but no shard schedules them).
+                    tracing::error!(shard_move = m.id, to = m.to, error = %e, "the target refused a shard move's parcel");
+                    return Err(e);
+                }
                 if let Err(why) = meta_step(groups, MetaCommand::CommitMove { id: m.id }).await? {
                     return Err(refused(m.to, why));
                 }
@@ -109,6 +120,21 @@ pub async fn advance(
                     "shard move done"
                 );
                 return Ok(MoveProgress::Ended(MovePhase::Done));
+            }
+            MovePhase::Cancelling => {
+                for source in m.sources.keys() {
+                    let op = LedgerOp::UnfenceNodes { move_id: m.id };
+                    expect_applied(groups, *source, op).await?;
+                }
+                let end = MetaCommand::EndMove {
+                    id: m.id,
+                    at_ms: now_ms(),
+                };
+                if let Err(why) = meta_step(groups, end).await? {
+                    return Err(refused(0, why));
+                }
+                tracing::warn!(shard_move = m.id, why = m.reason, "shard move given up");
+                return Ok(MoveProgress::Ended(MovePhase::Cancelled));
             }
             MovePhase::Done | MovePhase::Cancelled => return Ok(MoveProgress::Ended(phase)),
         };
@@ -141,21 +167,18 @@ async fn fence(groups: &Groups, m: &ShardMove) -> Result<Option<String>, GroupEr
     Ok(None)
 }
 
-/// Gives the move up: meta first (so no coordinator hands off after), then the fences go.
-async fn cancel(groups: &Groups, m: &ShardMove, why: &str) -> Result<MoveProgress, GroupError> {
+/// Gives the move up: meta first (so no coordinator seals it after); the fences go in
+/// the `Cancelling` phase, retried until every source lifted them.
+async fn cancel(groups: &Groups, m: &ShardMove, why: &str) -> Result<(), GroupError> {
     let cmd = MetaCommand::CancelMove {
         id: m.id,
         reason: why.to_string(),
         at_ms: now_ms(),
     };
-    if let Err(reason) = meta_step(groups, cmd).await? {
-        return Err(refused(0, reason));
+    match meta_step(groups, cmd).await? {
+        Ok(_) => Ok(()),
+        Err(reason) => Err(refused(0, reason)),
     }
-    for source in m.sources.keys() {
-        expect_applied(groups, *source, LedgerOp::UnfenceNodes { move_id: m.id }).await?;
-    }
-    tracing::warn!(shard_move = m.id, why, "shard move given up");
-    Ok(MoveProgress::Ended(MovePhase::Cancelled))
 }
 
 /// Every source's parcel, or why one cannot hand off yet.

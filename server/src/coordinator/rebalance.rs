@@ -75,7 +75,7 @@ pub fn plan(nodes: &[WeightedNode], shards: u32, bound_percent: u64) -> Vec<Plan
         return Vec::new();
     }
     let mut loads = loads(nodes, shards);
-    let total: u64 = loads.iter().sum();
+    let total: u64 = loads.iter().fold(0, |a, l| a.saturating_add(*l));
     let mean = total / u64::from(shards);
     // shard → domain ("" for none) → nodes (name order) with weights.
     let mut parts: BTreeMap<u32, BTreeMap<String, BTreeMap<String, u64>>> = BTreeMap::new();
@@ -119,9 +119,9 @@ pub fn plan(nodes: &[WeightedNode], shards: u32, bound_percent: u64) -> Vec<Plan
         }
         let on_lo = parts.entry(lo).or_default().entry(domain).or_default();
         for chunk in taken.chunks(MOVE_NODES_MAX) {
-            let weight = chunk.iter().map(|(_, w)| *w).sum::<u64>();
-            loads[hi as usize] -= weight;
-            loads[lo as usize] += weight;
+            let weight = chunk.iter().fold(0u64, |a, (_, w)| a.saturating_add(*w));
+            loads[hi as usize] = loads[hi as usize].saturating_sub(weight);
+            loads[lo as usize] = loads[lo as usize].saturating_add(weight);
             for (name, w) in chunk {
                 on_lo.insert(name.clone(), *w);
             }
@@ -158,7 +158,8 @@ fn choose(
     hi_load: u64,
 ) -> Option<(String, Vec<String>)> {
     let parts = parts?;
-    let weight = |nodes: &BTreeMap<String, u64>| nodes.values().sum::<u64>();
+    let weight =
+        |nodes: &BTreeMap<String, u64>| nodes.values().fold(0u64, |a, w| a.saturating_add(*w));
     let whole = parts
         .iter()
         .filter(|(_, nodes)| !nodes.is_empty())
@@ -176,7 +177,7 @@ fn choose(
     let mut acc = 0u64;
     let mut chosen = Vec::new();
     for (name, w) in &parts[d] {
-        if acc + w > amount {
+        if acc.saturating_add(*w) > amount {
             break;
         }
         acc += w;
@@ -189,7 +190,7 @@ fn choose(
         .iter()
         .flat_map(|(d, nodes)| nodes.iter().map(move |(n, w)| (n, *w, d)))
         .min_by_key(|(n, w, _)| (*w, *n))?;
-    (lo_load + w < hi_load).then(|| (d.clone(), vec![name.clone()]))
+    (lo_load.saturating_add(w) < hi_load).then(|| (d.clone(), vec![name.clone()]))
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl ShardsService {
     async fn plan_now(&self, bound: u64) -> Result<Vec<PlannedMove>, Status> {
         let nodes = moves::weighted_nodes(&self.groups, self.shards)
             .await
-            .map_err(|e| e.to_status())?;
+            .map_err(unavailable)?;
         Ok(rebalance::plan(&nodes, self.shards, bound))
     }
 
@@ -97,13 +97,7 @@ impl ShardsService {
         to: u32,
         reason: String,
     ) -> Result<(ShardMove, u64), Status> {
-        if self.groups.legacy_writer() {
-            return Err(Status::failed_precondition(
-                "this replica writes the JSON format for the first rollout of an upgrade: \
-                 replicas of the release before cannot read a shard move; move nodes after \
-                 the second rollout (docs/ARCHITECTURE.md §3)",
-            ));
-        }
+        self.refuse_if_legacy()?;
         let cmd = MetaCommand::BeginMove {
             target,
             to,
@@ -119,6 +113,27 @@ impl ShardsService {
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
     }
+
+    /// A replica writing for the first rollout of an upgrade moves nothing.
+    fn refuse_if_legacy(&self) -> Result<(), Status> {
+        if self.groups.legacy_writer() {
+            return Err(Status::failed_precondition(
+                "this replica writes the JSON format for the first rollout of an upgrade: \
+                 replicas of the release before cannot read a shard move; move nodes after \
+                 the second rollout (docs/ARCHITECTURE.md §3)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A failed read of the map or the shards' weights: a routing or quorum failure keeps
+/// its own code; anything else is UNAVAILABLE (a shard that did not answer in time).
+fn unavailable(e: crate::replicated::GroupError) -> Status {
+    match e {
+        crate::replicated::GroupError::Host(e) => e.to_status(),
+        other => Status::unavailable(format!("cannot read the shards' nodes: {other}")),
+    }
 }
 
 /// The API's name of a phase.
@@ -128,6 +143,7 @@ pub fn phase_name(phase: MovePhase) -> &'static str {
         MovePhase::Sealed => "sealed",
         MovePhase::Committed => "committed",
         MovePhase::Done => "done",
+        MovePhase::Cancelling => "cancelling",
         MovePhase::Cancelled => "cancelled",
     }
 }
@@ -209,7 +225,7 @@ impl Shards for ShardsService {
                 )))
             }
         };
-        let status = |e: crate::replicated::GroupError| e.to_status();
+        let status = unavailable;
         let nodes = moves::weighted_nodes(&self.groups, self.shards)
             .await
             .map_err(status)?;
@@ -229,6 +245,7 @@ impl Shards for ShardsService {
                 moves: Vec::new(),
             }));
         }
+        self.refuse_if_legacy()?;
         let mut made = Vec::new();
         let mut attempts = 0usize;
         // Plan again after each move: the map (and what the shards hold) may change.

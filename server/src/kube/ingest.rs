@@ -97,8 +97,10 @@ struct Memory {
     /// charged to them).
     kept_queues: BTreeSet<String>,
     nodes: HashMap<String, Node>,
-    /// Node → its shard, as registered.
+    /// Node → its shard, as registered (and as finished shard moves left it).
     shard_of: HashMap<String, u32>,
+    /// The last shard move id whose nodes `shard_of` follows.
+    moves_seen: u64,
     /// Node → the observed pods last recorded in its shard (sorted by uid).
     observed: HashMap<String, Vec<ObservedPod>>,
     classes: BTreeMap<String, DeviceClass>,
@@ -247,6 +249,7 @@ impl Ingest {
         if !self.memory.leading {
             self.recover().await?;
         }
+        self.follow_moves();
         self.sync_nodes().await;
         self.sync_classes().await;
         self.take_slice_changes();
@@ -263,6 +266,55 @@ impl Ingest {
         self.submit_pending().await;
         self.write_pod_group_status().await;
         Ok(())
+    }
+
+    /// Points the nodes of shard moves finished since the last pass at their new shard,
+    /// and writes their observed pods and rule taints there again (the old shard no longer
+    /// has them). With moves forgotten in between, every known node is looked up again.
+    fn follow_moves(&mut self) {
+        let moves = match self.groups.meta_query_local(&MetaQuery::Moves) {
+            Ok(MetaReply::Moves { moves }) => moves,
+            _ => return,
+        };
+        let seen = self.memory.moves_seen;
+        let newest = moves.iter().map(|m| m.id).max().unwrap_or(seen);
+        if newest <= seen {
+            return;
+        }
+        let forgotten = moves.first().is_some_and(|m| m.id > seen + 1) && seen > 0;
+        let mut moved: Vec<(String, u32)> = Vec::new();
+        if forgotten {
+            if let Ok(MetaReply::ShardMap { map }) =
+                self.groups.meta_query_local(&MetaQuery::ShardMap)
+            {
+                moved.extend(map.into_iter());
+            }
+        }
+        for m in moves.iter().filter(|m| m.id > seen) {
+            if m.phase != crate::ledger::meta::MovePhase::Done {
+                // Still running: looked at again next pass.
+                self.memory.moves_seen = m.id.saturating_sub(1).max(seen);
+                return self.point_nodes(moved);
+            }
+            moved.extend(m.nodes().map(|n| (n.clone(), m.to)));
+        }
+        self.memory.moves_seen = newest;
+        self.point_nodes(moved);
+    }
+
+    fn point_nodes(&mut self, nodes: Vec<(String, u32)>) {
+        for (node, shard) in nodes {
+            let Some(known) = self.memory.shard_of.get_mut(&node) else {
+                continue;
+            };
+            if *known != shard {
+                *known = shard;
+                self.memory.observed.remove(&node);
+                self.memory.observed_dirty.insert(node);
+                self.memory.rule_taints = None;
+                self.memory.taint_rules_dirty = true;
+            }
+        }
     }
 
     /// Hands the PodDisruptionBudgets to the coordinator when any changed (a handful

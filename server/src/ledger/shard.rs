@@ -384,6 +384,10 @@ struct LedgerState {
     /// Moves whose parcel this shard adopted (at most [`ADOPTED_MOVES_MAX`]).
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     adopted: BTreeSet<u64>,
+    /// Node name → the move fencing it (registered here or not); a registered node's
+    /// entry carries the same in `moving`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    fences: BTreeMap<String, u64>,
 }
 
 impl Default for LedgerState {
@@ -401,6 +405,7 @@ impl Default for LedgerState {
             moved_nodes: BTreeMap::new(),
             moved_members: BTreeMap::new(),
             adopted: BTreeSet::new(),
+            fences: BTreeMap::new(),
         }
     }
 }
@@ -427,6 +432,8 @@ struct StoredState {
     moved_members: BTreeMap<MemberKey, (u64, u32)>,
     #[serde(default)]
     adopted: BTreeSet<u64>,
+    #[serde(default)]
+    fences: BTreeMap<String, u64>,
 }
 
 impl StoredState {
@@ -455,6 +462,7 @@ impl StoredState {
             moved_nodes: self.moved_nodes,
             moved_members: self.moved_members,
             adopted: self.adopted,
+            fences: self.fences,
         })
     }
 }
@@ -559,6 +567,15 @@ impl ShardLedger {
     }
 
     fn apply_op(&mut self, at_ms: u64, op: &LedgerOp) -> LedgerReply {
+        // A node that moved away is answered as moved by every operation naming it, never
+        // as unknown or absent: its writer asks meta again and finds the new shard.
+        if let Some(name) = node_named(op) {
+            if self.state.nodes.get(name).is_none() {
+                if let Err(error) = self.refuse_moved_node(name) {
+                    return LedgerReply::Rejected { error };
+                }
+            }
+        }
         #[cfg(debug_assertions)]
         let touched = self.nodes_touched_by(op);
         let result = match op {
@@ -809,11 +826,12 @@ impl ShardLedger {
                 NodeChange::Updated
             }
             None => {
+                let moving = self.fence_of(&node.name);
                 self.state.nodes.insert(NodeEntry {
                     node: node.clone(),
                     usage: NodeUsage::default(),
                     lease: None,
-                    moving: None,
+                    moving,
                 });
                 NodeChange::Added
             }
@@ -1735,6 +1753,13 @@ impl ShardLedger {
         let displaced = self.forget_displaced(|key, _| keys.contains(key));
         absent.retain(|key| !displaced.contains(key));
         released.extend(displaced);
+        // A moved member whose last hold here (network devices) went holds nothing here
+        // any more: a retried release finds it absent, not moved.
+        if !self.state.moved_members.is_empty() {
+            for key in &released {
+                self.state.moved_members.remove(key);
+            }
+        }
         Ok(LedgerReply::Released { released, absent })
     }
 
@@ -2389,6 +2414,20 @@ impl ShardLedger {
         }
         for entry in self.state.nodes.iter() {
             self.check_node(&entry.node.name, entry)?;
+            if entry.moving != self.state.fences.get(&entry.node.name).copied() {
+                return Err(InvariantViolation(format!(
+                    "node {}: fenced by {:?}, the fences say {:?}",
+                    entry.node.name,
+                    entry.moving,
+                    self.state.fences.get(&entry.node.name)
+                )));
+            }
+            if self.state.moved_nodes.contains_key(&entry.node.name) {
+                return Err(InvariantViolation(format!(
+                    "node {} is here and tombstoned as moved",
+                    entry.node.name
+                )));
+            }
         }
         for (txn_id, open) in &self.state.open {
             self.check_open(*txn_id, open)?;
@@ -2651,6 +2690,24 @@ fn finished_answer(txn_id: TxnId, done: &FinishedTxn, hold: Hold) -> LedgerReply
 
 /// The checks of `cmd` that need no state: a batch within bounds and not nested,
 /// a reservation that is well formed. What passes may still be refused by `apply`.
+/// The one node an operation names, for those that act on a single node.
+fn node_named(op: &LedgerOp) -> Option<&str> {
+    match op {
+        LedgerOp::RegisterNode { node } | LedgerOp::AddNode { node } => Some(&node.name),
+        LedgerOp::RemoveNode { name } => Some(name),
+        LedgerOp::WithdrawPool { node, .. } if node.is_empty() => None,
+        LedgerOp::NodeHeartbeat { node, .. }
+        | LedgerOp::SetObservedPods { node, .. }
+        | LedgerOp::PublishPool { node, .. }
+        | LedgerOp::WithdrawPool { node, .. }
+        | LedgerOp::SetDeviceHealth { node, .. }
+        | LedgerOp::SetDeviceTaints { node, .. }
+        | LedgerOp::AgentDisconnected { node, .. }
+        | LedgerOp::AgentConnected { node } => Some(node),
+        _ => None,
+    }
+}
+
 pub fn admit(cmd: &LedgerCommand) -> Result<(), LedgerError> {
     match &cmd.op {
         LedgerOp::Batch { ops } if ops.len() > LEDGER_BATCH_MAX => {

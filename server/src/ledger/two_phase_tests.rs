@@ -633,6 +633,20 @@ impl World {
                     self.meta_write(&MetaCommand::EndMove { id: m.id, at_ms });
                     return true;
                 }
+                MovePhase::Cancelling => {
+                    for source in m.sources.keys() {
+                        if !spend() {
+                            return false;
+                        }
+                        self.shard_write(*source, LedgerOp::UnfenceNodes { move_id: m.id });
+                    }
+                    if !spend() {
+                        return false;
+                    }
+                    let at_ms = self.now_ms;
+                    self.meta_write(&MetaCommand::EndMove { id: m.id, at_ms });
+                    return true;
+                }
                 MovePhase::Done | MovePhase::Cancelled => return true,
             }
         }

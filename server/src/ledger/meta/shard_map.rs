@@ -40,7 +40,9 @@ pub enum MovePhase {
     Committed,
     /// Finished: the nodes are the target's.
     Done,
-    /// Given up before any node left its source (the fence is lifted).
+    /// Given up before the seal: the sources lift the fence.
+    Cancelling,
+    /// Given up; every fence was lifted.
     Cancelled,
 }
 
@@ -75,7 +77,7 @@ impl ShardMove {
     pub fn is_active(&self) -> bool {
         matches!(
             self.phase,
-            MovePhase::Begun | MovePhase::Sealed | MovePhase::Committed
+            MovePhase::Begun | MovePhase::Sealed | MovePhase::Committed | MovePhase::Cancelling
         )
     }
 }
@@ -234,10 +236,16 @@ impl MetaState {
         if node.is_empty() {
             return rejected("node: must not be empty");
         }
-        if let Some(shard) = self.shard_map.get(node) {
-            return MetaReply::Shard { shard: *shard };
-        }
         let domain = domain.filter(|d| !d.is_empty());
+        if let Some(shard) = self.shard_map.get(node).copied() {
+            // A node assigned before domains were recorded learns its domain now; a domain
+            // first seen so takes the node's shard as its home, keeping its nodes together.
+            if let Some(d) = domain.filter(|_| !self.node_domains.contains_key(node)) {
+                self.node_domains.insert(node.to_string(), d.to_string());
+                self.domains.entry(d.to_string()).or_insert(shard);
+            }
+            return MetaReply::Shard { shard };
+        }
         let shard = match domain.and_then(|d| self.domains.get(d)) {
             Some(home) => *home,
             None => self.least_loaded(),
@@ -545,12 +553,24 @@ impl MetaState {
         }
     }
 
-    /// `EndMove`: the sources dropped their parcels.
+    /// `EndMove`: the sources dropped their parcels (a committed move is done), or lifted
+    /// their fences (a cancelling one is cancelled).
     pub(super) fn end_move(&mut self, id: u64, at_ms: u64) -> MetaReply {
-        match self.move_in(id, &[MovePhase::Committed, MovePhase::Done]) {
+        let phases = [
+            MovePhase::Committed,
+            MovePhase::Done,
+            MovePhase::Cancelling,
+            MovePhase::Cancelled,
+        ];
+        match self.move_in(id, &phases) {
             Ok(m) => {
-                if m.phase == MovePhase::Committed {
-                    m.phase = MovePhase::Done;
+                let ended = match m.phase {
+                    MovePhase::Committed => Some(MovePhase::Done),
+                    MovePhase::Cancelling => Some(MovePhase::Cancelled),
+                    _ => None,
+                };
+                if let Some(phase) = ended {
+                    m.phase = phase;
                     m.ended_at_ms = at_ms;
                 }
                 let reply = MetaReply::Move {
@@ -563,23 +583,24 @@ impl MetaState {
         }
     }
 
-    /// `CancelMove`: given up before any node left its source.
-    pub(super) fn cancel_move(&mut self, id: u64, reason: &str, at_ms: u64) -> MetaReply {
-        match self.move_in(
-            id,
-            &[MovePhase::Begun, MovePhase::Sealed, MovePhase::Cancelled],
-        ) {
+    /// `CancelMove`: given up before the seal (after it, a source may have handed its
+    /// nodes off: only forward). The move stays running (`Cancelling`) until the sources
+    /// lifted its fence (`EndMove`), so no fence outlives it.
+    pub(super) fn cancel_move(&mut self, id: u64, reason: &str, _at_ms: u64) -> MetaReply {
+        let phases = [
+            MovePhase::Begun,
+            MovePhase::Cancelling,
+            MovePhase::Cancelled,
+        ];
+        match self.move_in(id, &phases) {
             Ok(m) => {
-                if m.phase != MovePhase::Cancelled {
-                    m.phase = MovePhase::Cancelled;
-                    m.ended_at_ms = at_ms;
+                if m.phase == MovePhase::Begun {
+                    m.phase = MovePhase::Cancelling;
                     m.reason = reason.to_string();
                 }
-                let reply = MetaReply::Move {
+                MetaReply::Move {
                     shard_move: Box::new(m.clone()),
-                };
-                self.forget_old_moves();
-                reply
+                }
             }
             Err(reply) => reply,
         }

@@ -250,7 +250,7 @@ fn a_move_seals_only_when_nothing_is_in_flight_and_commits_the_map_and_placement
 }
 
 #[test]
-fn a_seal_waits_for_releases_under_way_and_a_cancelled_move_frees_the_slot() {
+fn a_seal_waits_for_releases_under_way_and_a_move_is_given_up_only_before_its_seal() {
     let mut m = MetaState::new(2);
     place(&mut m, "n1", None);
     let seq = placed_on(&mut m, "n1");
@@ -265,26 +265,44 @@ fn a_seal_waits_for_releases_under_way_and_a_cancelled_move_frees_the_slot() {
         at_ms: 3,
     });
     let (mv, _) = begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).expect("begins");
-    assert!(
-        step(&mut m, MetaCommand::SealMove { id: mv.id }).is_err_and(|e| e.contains("releasing"))
-    );
+    let seal = |m: &mut MetaState, id| step(m, MetaCommand::SealMove { id });
+    let cancel = |m: &mut MetaState, id| {
+        step(
+            m,
+            MetaCommand::CancelMove {
+                id,
+                reason: "gone".into(),
+                at_ms: 5,
+            },
+        )
+    };
+    assert!(seal(&mut m, mv.id).is_err_and(|e| e.contains("releasing")));
     m.apply(&MetaCommand::MembersReleased {
         seq,
         members: vec!["default/g/m0".into()],
         at_ms: 4,
     });
-    assert!(step(&mut m, MetaCommand::SealMove { id: mv.id }).is_ok());
-    let cancelled = step(
+    // Given up before the seal: cancelling until the sources lifted the fence, then
+    // cancelled; nothing seals it or begins another move meanwhile.
+    assert_eq!(
+        cancel(&mut m, mv.id).map(|m| m.phase),
+        Ok(MovePhase::Cancelling)
+    );
+    assert!(seal(&mut m, mv.id).is_err());
+    assert!(begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).is_err());
+    let ended = step(
         &mut m,
-        MetaCommand::CancelMove {
+        MetaCommand::EndMove {
             id: mv.id,
-            reason: "gone".into(),
-            at_ms: 5,
+            at_ms: 6,
         },
     );
-    assert_eq!(cancelled.map(|m| m.phase), Ok(MovePhase::Cancelled));
+    assert_eq!(ended.map(|m| m.phase), Ok(MovePhase::Cancelled));
     assert_eq!(shard_of(&m, "n1"), Some(1));
-    assert!(begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).is_ok());
+    // Sealed, a move is not given up any more.
+    let (again, _) = begin_move(&mut m, MoveTarget::Nodes(vec!["n1".into()]), 2).expect("begins");
+    assert!(seal(&mut m, again.id).is_ok());
+    assert!(cancel(&mut m, again.id).is_err());
 }
 
 #[test]
@@ -307,4 +325,24 @@ fn a_replica_writing_for_the_first_rollout_proposes_the_hash_rule_old_replicas_a
     ));
     let mut m = MetaState::new(8);
     assert_eq!(m.apply(&a), MetaReply::Shard { shard: *sa });
+}
+
+#[test]
+fn nodes_assigned_before_domains_were_recorded_learn_theirs_and_keep_their_zone_together() {
+    let mut m = MetaState::new(4);
+    for (node, shard) in [("z-0", 3), ("z-1", 3)] {
+        let old = MetaCommand::AssignNode {
+            node: node.into(),
+            shard,
+            at_ms: 0,
+        };
+        m.apply(&old);
+    }
+    // Registered again (the ingest does at start): sticky, and the zone's home is theirs.
+    assert_eq!(place(&mut m, "z-0", Some("z")), 3);
+    assert_eq!(place(&mut m, "z-2", Some("z")), 3);
+    let MetaReply::MappedNodes { nodes } = m.query(&MetaQuery::MappedNodes) else {
+        panic!("mapped nodes");
+    };
+    assert_eq!(nodes[0].domain.as_deref(), Some("z"));
 }

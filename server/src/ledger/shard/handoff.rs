@@ -51,14 +51,20 @@ impl ShardLedger {
         }
     }
 
-    /// Nodes fenced by `move_id`, in name order.
+    /// Nodes fenced by `move_id` (registered here or not), in name order.
     fn fenced_by(&self, move_id: u64) -> Vec<String> {
         self.state
-            .nodes
+            .fences
             .iter()
-            .filter(|e| e.moving == Some(move_id))
-            .map(|e| e.node.name.clone())
+            .filter(|(_, m)| **m == move_id)
+            .map(|(n, _)| n.clone())
             .collect()
+    }
+
+    /// The move fencing a node `name` registered now, if any (a node registered, or
+    /// removed and registered again, after the fence is fenced as well).
+    pub(super) fn fence_of(&self, name: &str) -> Option<u64> {
+        self.state.fences.get(name).copied()
     }
 
     pub(super) fn fence_nodes(
@@ -75,39 +81,33 @@ impl ShardLedger {
                 nodes: Vec::new(),
             });
         }
-        // A node removed since meta recorded the move is not fenced: it moves in name only.
-        let present: Vec<&String> = nodes
-            .iter()
-            .filter(|n| self.state.nodes.get(n).is_some())
-            .collect();
-        for name in &present {
-            let Some(entry) = self.state.nodes.get(name) else {
-                continue;
-            };
-            if let Some(other) = entry.moving.filter(|m| *m != move_id) {
+        // Fenced by name, whether the node is registered here yet or not: one registered
+        // (or removed and registered again) before the handoff is fenced too, and moves.
+        for name in nodes {
+            self.refuse_moved_node(name)?;
+            if let Some(other) = self.state.fences.get(name).filter(|m| **m != move_id) {
                 return Err(LedgerError::NodeMoving {
-                    name: (*name).clone(),
-                    move_id: other,
+                    name: name.clone(),
+                    move_id: *other,
                 });
             }
         }
-        for name in &present {
+        for name in nodes {
+            self.state.fences.insert(name.clone(), move_id);
             self.state
                 .nodes
                 .update(name, |entry| entry.moving = Some(move_id));
         }
-        let mut fenced: Vec<String> = present.into_iter().cloned().collect();
-        fenced.sort();
-        fenced.dedup();
         Ok(LedgerReply::Fenced {
             move_id,
-            nodes: fenced,
+            nodes: self.fenced_by(move_id),
         })
     }
 
     pub(super) fn unfence_nodes(&mut self, move_id: u64) -> LedgerReply {
         let nodes = self.fenced_by(move_id);
         for name in &nodes {
+            self.state.fences.remove(name);
             self.state.nodes.update(name, |entry| entry.moving = None);
         }
         LedgerReply::Unfenced { move_id, nodes }
@@ -119,7 +119,8 @@ impl ShardLedger {
                 parcel: parcel.clone(),
             });
         }
-        // No node fenced (all removed since the move began): an empty parcel.
+        // Every name fenced leaves (tombstoned); the ones registered here carry their
+        // entries (none at all: an empty parcel).
         let names = self.fenced_by(move_id);
         let set: BTreeSet<&str> = names.iter().map(String::as_str).collect();
         if let Some((txn_id, node)) = self.open_on(&set) {
@@ -140,6 +141,7 @@ impl ShardLedger {
                 entry.moving = None;
                 parcel.nodes.push(entry);
             }
+            self.state.fences.remove(name);
             self.state.moved_nodes.insert(name.clone(), to);
         }
         let evicting: Vec<MemberKey> = self

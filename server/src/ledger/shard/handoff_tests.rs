@@ -92,8 +92,9 @@ fn hand_off(l: &mut ShardLedger, move_id: u64, to: u32) -> Result<Parcel, Ledger
 #[test]
 fn a_fenced_node_takes_no_reservation_and_plans_skip_it() {
     let mut a = ledger(&["a1", "a2"]);
+    // Fenced by name: a node not registered here yet is fenced as well.
     assert!(
-        matches!(fence(&mut a, 1, &["a1", "gone"]), LedgerReply::Fenced { nodes, .. } if nodes == ["a1"])
+        matches!(fence(&mut a, 1, &["a1", "gone"]), LedgerReply::Fenced { nodes, .. } if nodes == ["a1", "gone"])
     );
     // Again: the same answer; another move may not fence it.
     assert!(matches!(
@@ -124,7 +125,7 @@ fn a_fenced_node_takes_no_reservation_and_plans_skip_it() {
     assert!(plan.assignments.iter().all(|m| m.node == "a2"), "{plan:?}");
     // Lifted: it takes pods again.
     assert!(
-        matches!(apply(&mut a, LedgerOp::UnfenceNodes { move_id: 1 }), LedgerReply::Unfenced { nodes, .. } if nodes == ["a1"])
+        matches!(apply(&mut a, LedgerOp::UnfenceNodes { move_id: 1 }), LedgerReply::Unfenced { nodes, .. } if nodes == ["a1", "gone"])
     );
     let plan = place_gang(&a, &gang, &Profile::default(), &[]);
     assert!(plan.assignments.iter().any(|m| m.node == "a1"), "{plan:?}");
@@ -289,4 +290,50 @@ fn moves_are_bounded_and_snapshots_keep_them() {
     let restored = ShardLedger::restore(&a.snapshot()).expect("restores");
     assert_eq!(restored, a);
     assert_eq!(restored.parcels().len(), 1);
+}
+
+#[test]
+fn a_node_registered_or_removed_after_the_fence_still_moves_and_stays_moved() {
+    let mut a = ledger(&["a1"]);
+    // Meta recorded late-1 before its shard had it: the fence names it anyway.
+    assert!(
+        matches!(fence(&mut a, 9, &["a1", "late-1"]), LedgerReply::Fenced { nodes, .. } if nodes == ["a1", "late-1"])
+    );
+    apply(
+        &mut a,
+        LedgerOp::RegisterNode {
+            node: node("late-1"),
+        },
+    );
+    assert_eq!(a.node("late-1").and_then(|n| n.moving), Some(9));
+    // Removed and registered again: still fenced.
+    apply(&mut a, LedgerOp::RemoveNode { name: "a1".into() });
+    apply(&mut a, LedgerOp::RegisterNode { node: node("a1") });
+    assert_eq!(a.node("a1").and_then(|n| n.moving), Some(9));
+    let parcel = hand_off(&mut a, 9, 2).expect("handoff");
+    let names: Vec<&str> = parcel.nodes.iter().map(|n| n.node.name.as_str()).collect();
+    assert_eq!(names, ["a1", "late-1"]);
+    // Every operation naming a moved node answers "moved", removal and heartbeats too.
+    for op in [
+        LedgerOp::RemoveNode { name: "a1".into() },
+        LedgerOp::NodeHeartbeat {
+            node: "late-1".into(),
+            ready: true,
+            lease_ms: 10_000,
+        },
+        LedgerOp::SetObservedPods {
+            node: "a1".into(),
+            pods: Vec::new(),
+        },
+    ] {
+        assert!(
+            matches!(
+                apply(&mut a, op.clone()),
+                LedgerReply::Rejected {
+                    error: LedgerError::NodeMoved { to: 2, .. }
+                }
+            ),
+            "{op:?}"
+        );
+    }
 }
