@@ -17,25 +17,19 @@ use support::{client, Cluster};
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 fn zone_node(zone: &str, i: usize, cpu: &str) -> NodeSpec {
-    NodeSpec {
-        name: format!("{zone}-{i:03}"),
-        labels: [
-            (ZONE_LABEL.to_string(), zone.to_string()),
-            (
-                "kubernetes.io/hostname".to_string(),
-                format!("{zone}-{i:03}"),
-            ),
-        ]
+    let mut spec = support::node_spec(&format!("{zone}-{i:03}"), cpu, false);
+    spec.labels.insert(ZONE_LABEL.to_string(), zone.to_string());
+    spec
+}
+
+/// Each node's shard, as the shards' ledgers list it.
+async fn shards_of_nodes(c: &Client) -> BTreeMap<String, u32> {
+    c.list_nodes(None)
+        .await
+        .expect("nodes")
         .into_iter()
-        .collect(),
-        taints: Vec::new(),
-        allocatable: [("cpu", cpu), ("memory", "64Gi"), ("pods", "110")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        unschedulable: false,
-        not_ready: false,
-    }
+        .filter_map(|n| Some((n.node?.name, n.shard)))
+        .collect()
 }
 
 /// Registers `count` nodes of `zone`; the shard each landed on.
@@ -216,13 +210,7 @@ async fn a_zone_moved_under_a_stream_of_submissions_loses_nothing_acknowledged()
     // Every acknowledged group is placed (or was released), on nodes of the shard the
     // map names; the ledgers hold exactly the placed groups' members.
     let released: BTreeSet<u64> = released.into_iter().collect();
-    let shard_of: BTreeMap<String, u32> = cl
-        .list_nodes(None)
-        .await
-        .expect("nodes")
-        .into_iter()
-        .filter_map(|n| Some((n.node?.name, n.shard)))
-        .collect();
+    let shard_of = shards_of_nodes(&cl).await;
     let mut placed_pods: BTreeMap<String, u32> = BTreeMap::new();
     for id in &submitted {
         let want = if released.contains(id) {
@@ -353,13 +341,7 @@ async fn a_coordinator_killed_after_the_handoff_leaves_the_move_to_the_next() {
     assert_one_owner(&cl, 8).await;
     let s = cl.get(first.id).await.expect("group");
     assert_eq!(s.state, "Placed");
-    let shard_of: BTreeMap<String, u32> = cl
-        .list_nodes(None)
-        .await
-        .expect("nodes")
-        .into_iter()
-        .filter_map(|n| Some((n.node?.name, n.shard)))
-        .collect();
+    let shard_of = shards_of_nodes(&cl).await;
     for p in &s.placements {
         assert_eq!(shard_of.get(&p.node), Some(&p.shard), "{p:?}");
     }

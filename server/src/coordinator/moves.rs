@@ -102,17 +102,7 @@ pub async fn advance(
                 MovePhase::Committed
             }
             MovePhase::Committed => {
-                for source in m.sources.keys() {
-                    let op = LedgerOp::DropParcel { move_id: m.id };
-                    expect_applied(groups, *source, op).await?;
-                }
-                let end = MetaCommand::EndMove {
-                    id: m.id,
-                    at_ms: now_ms(),
-                };
-                if let Err(why) = meta_step(groups, end).await? {
-                    return Err(refused(0, why));
-                }
+                end(groups, m, LedgerOp::DropParcel { move_id: m.id }).await?;
                 tracing::info!(
                     shard_move = m.id,
                     to = m.to,
@@ -122,22 +112,28 @@ pub async fn advance(
                 return Ok(MoveProgress::Ended(MovePhase::Done));
             }
             MovePhase::Cancelling => {
-                for source in m.sources.keys() {
-                    let op = LedgerOp::UnfenceNodes { move_id: m.id };
-                    expect_applied(groups, *source, op).await?;
-                }
-                let end = MetaCommand::EndMove {
-                    id: m.id,
-                    at_ms: now_ms(),
-                };
-                if let Err(why) = meta_step(groups, end).await? {
-                    return Err(refused(0, why));
-                }
+                end(groups, m, LedgerOp::UnfenceNodes { move_id: m.id }).await?;
                 tracing::warn!(shard_move = m.id, why = m.reason, "shard move given up");
                 return Ok(MoveProgress::Ended(MovePhase::Cancelled));
             }
             MovePhase::Done | MovePhase::Cancelled => return Ok(MoveProgress::Ended(phase)),
         };
+    }
+}
+
+/// A move's last step: `last` on every source (dropping its parcel, or lifting its
+/// fence), then `EndMove` in meta.
+async fn end(groups: &Groups, m: &ShardMove, last: LedgerOp) -> Result<(), GroupError> {
+    for source in m.sources.keys() {
+        expect_applied(groups, *source, last.clone()).await?;
+    }
+    let end = MetaCommand::EndMove {
+        id: m.id,
+        at_ms: now_ms(),
+    };
+    match meta_step(groups, end).await? {
+        Ok(_) => Ok(()),
+        Err(why) => Err(refused(0, why)),
     }
 }
 

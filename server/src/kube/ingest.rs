@@ -1482,24 +1482,8 @@ impl Ingest {
                 if names.is_empty() {
                     return true;
                 }
-                match release_members(&self.groups, s.seq, names).await {
-                    Err(e) => {
-                        tracing::warn!(group = s.seq, error = %e, "releasing members of gone pods failed");
-                        return false;
-                    }
-                    // A shard move holds the release a moment: the next pass tries again.
-                    Ok(MetaReply::Rejected {
-                        kind: RejectionKind::Busy,
-                        reason,
-                    }) => {
-                        tracing::info!(
-                            group = s.seq,
-                            reason,
-                            "releasing members of gone pods waits"
-                        );
-                        return false;
-                    }
-                    Ok(_) => {}
+                if !self.release(s.seq, names, "members of gone pods").await {
+                    return false;
                 }
             }
             GroupState::Queued | GroupState::Placing { .. } if !gone.is_empty() => {
@@ -1563,27 +1547,36 @@ impl Ingest {
             })
     }
 
-    /// Releases every placement of group `s` and forgets its live pods' submission, so
-    /// they are submitted again once their gangs are ready.
-    async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) -> bool {
-        let names = placed_members(s, |_| true);
-        match release_members(&self.groups, s.seq, names).await {
+    /// Releases members `names` of group `seq` (`what` names them in logs); false when
+    /// the next pass must try again: the release failed, or a shard move holds it a
+    /// moment (meta refused it as busy).
+    async fn release(&self, seq: GroupSeq, names: Vec<String>, what: &str) -> bool {
+        match release_members(&self.groups, seq, names).await {
             Err(e) => {
-                tracing::warn!(group = s.seq, error = %e, "releasing a broken Strict gang failed; retrying next pass");
-                return false;
+                tracing::warn!(group = seq, error = %e, "releasing {what} failed; retrying next pass");
+                false
             }
             Ok(MetaReply::Rejected {
                 kind: RejectionKind::Busy,
                 reason,
             }) => {
                 tracing::info!(
-                    group = s.seq,
+                    group = seq,
                     reason,
-                    "releasing a broken Strict gang waits"
+                    "releasing {what} waits for a shard move"
                 );
-                return false;
+                false
             }
-            Ok(_) => {}
+            Ok(_) => true,
+        }
+    }
+
+    /// Releases every placement of group `s` and forgets its live pods' submission, so
+    /// they are submitted again once their gangs are ready.
+    async fn release_whole(&mut self, s: &GroupSummary, pods: &[PodRef], why: &str) -> bool {
+        let names = placed_members(s, |_| true);
+        if !self.release(s.seq, names, "a broken Strict gang").await {
+            return false;
         }
         tracing::info!(group = s.seq, reason = %why, "released a Strict gang that lost a pod");
         for p in pods {
