@@ -305,8 +305,12 @@ impl Coordinator {
             .collect();
         let batch = self.place_batch(&ready).await;
         let sealed = moves::sealed_nodes(&self.groups)?;
-        let waits_for_move =
-            |r: &GroupRecord| r.placements.values().any(|p| sealed.contains(&p.node));
+        let waits_for_move = |r: &GroupRecord| {
+            r.placements
+                .values()
+                .chain(r.releasing.values())
+                .any(|p| sealed.contains(&p.node))
+        };
         for record in &records {
             let seq = record.seq;
             let result = match record.state {

@@ -1,5 +1,5 @@
 //! Driving shard moves (docs/ARCHITECTURE.md §3a): the shards' side of a move that meta
-//! records, one step per call, and rebalancing that begins moves.
+//! records, as far as it can go per call, and rebalancing that begins moves.
 //!
 //! A move goes: meta `BeginMove` → every source fences the nodes → meta `SealMove`
 //! (refused, and tried again next round, while a transaction on a source or the target
@@ -7,9 +7,9 @@
 //! reservations is open) → the target adopts each parcel → meta `CommitMove` (map and
 //! placements name the target) → every source drops its parcel → meta `EndMove`. Every
 //! step is idempotent, so a coordinator that takes over after a failover resumes from
-//! meta's phase. Until the handoff a move may be given up (`CancelMove`, then the
-//! fence is lifted); after it, only forward. Called by the coordinator's rounds and by
-//! the admin service's move and rebalance calls.
+//! meta's phase. Before its seal a move may be given up (`CancelMove`; it stays
+//! `Cancelling` until every source lifted the fence); after it, only forward. Called by
+//! the coordinator's rounds and by the admin service's move and rebalance calls.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
