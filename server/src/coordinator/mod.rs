@@ -263,7 +263,7 @@ impl Coordinator {
         self.preemptions_left
             .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
-        let moving = self.advance_move().await;
+        let moving = self.advance_move(first_round).await;
         if let Err(e) = self.refresh_capacity().await {
             tracing::debug!(error = %e, "cluster capacity not recorded this round");
         }
@@ -337,8 +337,8 @@ impl Coordinator {
 
     /// Takes the running shard move a step further, or (automatic rebalancing on, and
     /// due) begins one; whether a move runs. Failures are logged and retried next round.
-    async fn advance_move(&self) -> bool {
-        let running = match moves::running(&self.groups) {
+    async fn advance_move(&self, first_round: bool) -> bool {
+        let running = match moves::running(&self.groups, first_round).await {
             Ok(running) => running,
             Err(e) => {
                 tracing::debug!(error = %e, "shard moves not read this round");

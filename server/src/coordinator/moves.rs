@@ -36,9 +36,15 @@ pub enum MoveProgress {
     Ended(MovePhase),
 }
 
-/// The running move, if any (a local read of meta).
-pub fn running(groups: &Groups) -> Result<Option<ShardMove>, GroupError> {
-    match groups.meta_query_local(&MetaQuery::Moves)? {
+/// The running move, if any: a local read of meta, or a linearizable one (a new leader's
+/// first round, whose applied state may lag what its predecessor wrote).
+pub async fn running(groups: &Groups, linearizable: bool) -> Result<Option<ShardMove>, GroupError> {
+    let reply = if linearizable {
+        groups.meta_query(&MetaQuery::Moves).await?
+    } else {
+        groups.meta_query_local(&MetaQuery::Moves)?
+    };
+    match reply {
         MetaReply::Moves { moves } => Ok(moves.into_iter().find(|m| m.is_active())),
         _ => Ok(None),
     }

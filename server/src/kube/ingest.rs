@@ -281,22 +281,29 @@ impl Ingest {
         if newest <= seen {
             return;
         }
+        // Moves forgotten since the last pass: the map as it is now says where every node
+        // is (a move it names the target of has committed).
         let forgotten = moves.first().is_some_and(|m| m.id > seen + 1) && seen > 0;
-        let mut moved: Vec<(String, u32)> = Vec::new();
         if forgotten {
             if let Ok(MetaReply::ShardMap { map }) =
                 self.groups.meta_query_local(&MetaQuery::ShardMap)
             {
-                moved.extend(map.into_iter());
+                self.memory.moves_seen = newest;
+                self.point_nodes(map.into_iter().collect());
             }
+            return;
         }
+        let mut moved: Vec<(String, u32)> = Vec::new();
         for m in moves.iter().filter(|m| m.id > seen) {
-            if m.phase != crate::ledger::meta::MovePhase::Done {
+            if m.is_active() {
                 // Still running: looked at again next pass.
                 self.memory.moves_seen = m.id.saturating_sub(1).max(seen);
                 return self.point_nodes(moved);
             }
-            moved.extend(m.nodes().map(|n| (n.clone(), m.to)));
+            // A cancelled move moved nothing.
+            if m.phase == crate::ledger::meta::MovePhase::Done {
+                moved.extend(m.nodes().map(|n| (n.clone(), m.to)));
+            }
         }
         self.memory.moves_seen = newest;
         self.point_nodes(moved);

@@ -186,6 +186,10 @@ pub struct Parcel {
     /// Kubernetes victims of committed preemptions still evicting from these nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub evicting: BTreeMap<MemberKey, crate::ledger::shard::EvictingVictim>,
+    /// Every name the move fenced here, registered or not (the target clears its own
+    /// moved tombstones of them: they are its nodes now).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 impl Parcel {
@@ -411,7 +415,8 @@ pub enum LedgerOp {
         /// The nodes (at most [`MOVE_NODES_MAX`]).
         nodes: Vec<String>,
     },
-    /// Lifts move `move_id`'s fence (a move given up before its handoff).
+    /// Lifts move `move_id`'s fence (a move given up before its seal); the shard then
+    /// refuses to fence for that move again (a stale coordinator's late fence).
     UnfenceNodes {
         /// The move.
         move_id: u64,
@@ -807,6 +812,12 @@ pub enum LedgerError {
         member: MemberKey,
         /// Its shard now.
         to: u32,
+    },
+    /// The move was given up here (its fence lifted): it fences nothing any more.
+    #[error("move {move_id} was given up; it fences nothing")]
+    MoveEnded {
+        /// The move.
+        move_id: u64,
     },
     /// Another move fences the node.
     #[error("node {name} is being moved by move {move_id}")]

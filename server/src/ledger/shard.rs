@@ -388,6 +388,10 @@ struct LedgerState {
     /// entry carries the same in `moving`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     fences: BTreeMap<String, u64>,
+    /// Moves whose fence was lifted here (given up): fenced again by no one (at most
+    /// [`ADOPTED_MOVES_MAX`]).
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    lifted: BTreeSet<u64>,
 }
 
 impl Default for LedgerState {
@@ -406,6 +410,7 @@ impl Default for LedgerState {
             moved_members: BTreeMap::new(),
             adopted: BTreeSet::new(),
             fences: BTreeMap::new(),
+            lifted: BTreeSet::new(),
         }
     }
 }
@@ -434,6 +439,8 @@ struct StoredState {
     adopted: BTreeSet<u64>,
     #[serde(default)]
     fences: BTreeMap<String, u64>,
+    #[serde(default)]
+    lifted: BTreeSet<u64>,
 }
 
 impl StoredState {
@@ -463,6 +470,7 @@ impl StoredState {
             moved_members: self.moved_members,
             adopted: self.adopted,
             fences: self.fences,
+            lifted: self.lifted,
         })
     }
 }

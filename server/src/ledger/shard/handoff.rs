@@ -81,6 +81,9 @@ impl ShardLedger {
                 nodes: Vec::new(),
             });
         }
+        if self.state.lifted.contains(&move_id) {
+            return Err(LedgerError::MoveEnded { move_id });
+        }
         // Fenced by name, whether the node is registered here yet or not: one registered
         // (or removed and registered again) before the handoff is fenced too, and moves.
         for name in nodes {
@@ -110,6 +113,10 @@ impl ShardLedger {
             self.state.fences.remove(name);
             self.state.nodes.update(name, |entry| entry.moving = None);
         }
+        self.state.lifted.insert(move_id);
+        while self.state.lifted.len() > ADOPTED_MOVES_MAX {
+            self.state.lifted.pop_first();
+        }
         LedgerReply::Unfenced { move_id, nodes }
     }
 
@@ -135,6 +142,7 @@ impl ShardLedger {
             to,
             nodes: Vec::with_capacity(names.len()),
             evicting: BTreeMap::new(),
+            names: names.clone(),
         };
         for name in &names {
             if let Some(mut entry) = self.state.nodes.remove(name) {
@@ -199,6 +207,9 @@ impl ShardLedger {
             });
         }
         self.check_parcel(parcel)?;
+        for name in &parcel.names {
+            self.state.moved_nodes.remove(name);
+        }
         for entry in &parcel.nodes {
             let name = entry.node.name.clone();
             self.state.moved_nodes.remove(&name);

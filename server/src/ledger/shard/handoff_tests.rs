@@ -337,3 +337,40 @@ fn a_node_registered_or_removed_after_the_fence_still_moves_and_stays_moved() {
         );
     }
 }
+
+#[test]
+fn a_name_moved_away_and_back_unregistered_is_no_ones_tombstone_and_a_lifted_move_fences_no_more() {
+    let mut s = ledger(&["x"]);
+    let mut t = ledger(&[]);
+    // x moves s → t while registered.
+    fence(&mut s, 1, &["x"]);
+    let out = hand_off(&mut s, 1, 2).expect("handoff");
+    apply(&mut t, LedgerOp::Adopt { parcel: out });
+    // Deleted on t, then moved back by name (a domain move) while unregistered.
+    apply(&mut t, LedgerOp::RemoveNode { name: "x".into() });
+    fence(&mut t, 2, &["x"]);
+    let back = hand_off(&mut t, 2, 1).expect("handoff back");
+    assert!(back.nodes.is_empty() && back.names == ["x"]);
+    apply(&mut s, LedgerOp::Adopt { parcel: back });
+    // s owns the name again: x registers there; t refuses it as moved to s.
+    assert!(matches!(
+        apply(&mut s, LedgerOp::RegisterNode { node: node("x") }),
+        LedgerReply::NodeRegistered { .. }
+    ));
+    assert!(matches!(
+        apply(&mut t, LedgerOp::RegisterNode { node: node("x") }),
+        LedgerReply::Rejected {
+            error: LedgerError::NodeMoved { to: 1, .. }
+        }
+    ));
+    // A move given up fences nothing, even when a stale coordinator asks again.
+    fence(&mut s, 3, &["x"]);
+    apply(&mut s, LedgerOp::UnfenceNodes { move_id: 3 });
+    assert!(matches!(
+        fence(&mut s, 3, &["x"]),
+        LedgerReply::Rejected {
+            error: LedgerError::MoveEnded { move_id: 3 }
+        }
+    ));
+    assert_eq!(s.node("x").and_then(|n| n.moving), None);
+}
