@@ -263,7 +263,7 @@ impl Coordinator {
         self.preemptions_left
             .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
-        let moving = self.advance_move(first_round).await;
+        let (moving, sealed) = self.advance_move(first_round).await;
         if let Err(e) = self.refresh_capacity().await {
             tracing::debug!(error = %e, "cluster capacity not recorded this round");
         }
@@ -304,7 +304,6 @@ impl Coordinator {
             })
             .collect();
         let batch = self.place_batch(&ready).await;
-        let sealed = moves::sealed_nodes(&self.groups)?;
         let waits_for_move = |r: &GroupRecord| {
             r.placements
                 .values()
@@ -336,22 +335,23 @@ impl Coordinator {
     }
 
     /// Takes the running shard move a step further, or (automatic rebalancing on, and
-    /// due) begins one; whether a move runs. Failures are logged and retried next round.
-    async fn advance_move(&self, first_round: bool) -> bool {
+    /// due) begins one; whether a move runs, and the nodes of a move left sealed (their
+    /// releases wait). One local read of meta a round when no move runs. Failures are
+    /// logged and retried next round.
+    async fn advance_move(&self, first_round: bool) -> (bool, BTreeSet<String>) {
         let running = match moves::running(&self.groups, first_round).await {
             Ok(running) => running,
             Err(e) => {
                 tracing::debug!(error = %e, "shard moves not read this round");
-                return false;
+                return (false, BTreeSet::new());
             }
         };
         let Some(m) = running else {
-            return self.rebalance_if_due().await;
+            return (self.rebalance_if_due().await, BTreeSet::new());
         };
         match moves::advance(&self.groups, &self.failpoints, &m).await {
             Ok(moves::MoveProgress::Waiting(why)) => {
                 tracing::debug!(shard_move = m.id, why, "shard move waits");
-                true
             }
             Ok(moves::MoveProgress::Ended(_)) => {
                 // A rebalance's next move is planned at once.
@@ -360,13 +360,16 @@ impl Coordinator {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
                 *checked = None;
-                true
             }
             Err(e) => {
                 tracing::warn!(shard_move = m.id, error = %e, "shard move step failed; retrying next round");
-                true
             }
         }
+        let sealed = moves::sealed_nodes(&self.groups).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "a sealed move's nodes not read; its releases wait too");
+            m.nodes().cloned().collect()
+        });
+        (true, sealed)
     }
 
     /// Every `check_ms` with automatic rebalancing on: begins the first move
