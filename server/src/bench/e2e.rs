@@ -464,7 +464,7 @@ async fn make_queues(client: &Client, count: usize, nodes: usize) -> anyhow::Res
 }
 
 /// Waits until no gang group is active (releases done), so the next phase starts clean.
-async fn wait_released(client: &Client) -> anyhow::Result<()> {
+pub(super) async fn wait_released(client: &Client) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(SIZE_TIMEOUT_S);
     while !client.list_groups(false).await?.is_empty() {
         if Instant::now() > deadline {

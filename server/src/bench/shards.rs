@@ -18,8 +18,9 @@ use gangway_client::Client;
 use gangway_proto::v1::NodeSpec;
 use serde_json::json;
 
-use crate::bench::e2e::{spawn_cluster_flags, wait_ready};
+use crate::bench::e2e::{spawn_cluster_flags, wait_ready, wait_released};
 use crate::coordinator::rebalance::peak_percent;
+use crate::ledger::meta::hashed_shard;
 use crate::wire::WireFormat;
 
 /// The topology label the benchmark's nodes carry and its replicas partition by.
@@ -51,15 +52,6 @@ pub struct ShardsBenchArgs {
     /// Members per gang (one cpu each).
     #[arg(long, default_value_t = 8)]
     pub gang_size: usize,
-}
-
-fn fnv(text: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 fn zone_name(z: usize) -> String {
@@ -169,13 +161,7 @@ async fn check_and_release(client: &Client, ids: &[u64]) -> anyhow::Result<()> {
     for id in ids {
         client.release(*id).await?;
     }
-    let deadline = Instant::now() + Duration::from_secs(PHASE_TIMEOUT_S);
-    while !client.list_groups(false).await?.is_empty() {
-        if Instant::now() > deadline {
-            bail!("groups still releasing after {PHASE_TIMEOUT_S} s");
-        }
-        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
-    }
+    wait_released(client).await?;
     Ok(())
 }
 
@@ -236,7 +222,7 @@ pub async fn run(args: ShardsBenchArgs) -> anyhow::Result<()> {
     let node_milli = u64::from(args.cpu) * 1000;
     let mut hashed = vec![0u64; args.shards as usize + 1];
     for (z, count) in sizes.iter().enumerate() {
-        let shard = (fnv(&zone_name(z)) % u64::from(args.shards)) as usize + 1;
+        let shard = hashed_shard("", Some(&zone_name(z)), args.shards) as usize;
         hashed[shard] += node_milli * *count as u64;
     }
     let t = Instant::now();
