@@ -31,6 +31,7 @@ use crate::reachability::{
     decide, GateInput, GateReason, GateState, GateTiming, PeerGroupView, Role, REACH_PING_MS,
     REACH_WINDOW_MS,
 };
+use crate::read_gate::{CheckFailed, ReadGate};
 use crate::sm_store::{SmShared, SmStore};
 use crate::state_machine::{Admission, StateMachineFactory};
 use crate::storage::{KvStore, SyncHandle};
@@ -165,12 +166,17 @@ struct GroupDeps<'a> {
     factory: &'a StateMachineFactory,
 }
 
+/// openraft's answer to a leadership check.
+type LeaderCheckError = RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>;
+
 /// One group's replica in this process.
 pub(crate) struct Group {
     pub(crate) id: GroupId,
     pub(crate) raft: Raft,
     pub(crate) sm: Arc<SmShared>,
     proposer: Proposer,
+    /// Linearizable reads share leadership checks through it.
+    read_gate: ReadGate<LeaderCheckError>,
     committed_next: Arc<AtomicU64>,
     transferring: AtomicBool,
     membership: tokio::sync::Mutex<()>,
@@ -423,12 +429,25 @@ impl RaftHost {
                 group: gid,
                 detail: e.to_string(),
             })?;
-        let (proposer, task) = Proposer::start(raft.clone(), stop);
+        let (proposer, proposer_task) = Proposer::start(raft.clone(), stop.clone());
+        let checked = raft.clone();
+        let (read_gate, gate_task) = ReadGate::start(
+            move || {
+                let raft = checked.clone();
+                async move { raft.ensure_linearizable().await.map(|_| ()) }
+            },
+            Duration::from_millis(ATTEMPT_TIMEOUT_MS),
+            stop,
+        );
+        let task = async move {
+            tokio::join!(proposer_task, gate_task);
+        };
         let group = Group {
             id: gid,
             raft,
             sm,
             proposer,
+            read_gate,
             committed_next,
             transferring: AtomicBool::new(false),
             membership: tokio::sync::Mutex::new(()),
@@ -721,17 +740,22 @@ impl RaftHost {
     }
 
     async fn read_leader(&self, g: &Group, query: &[u8]) -> Result<Outcome, HostError> {
-        let check = g.raft.ensure_linearizable();
-        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), check)
+        let closed = || HostError::Unavailable {
+            group: g.id,
+            detail: "the host is shutting down".to_string(),
+        };
+        let confirmed = g.read_gate.confirm().await.map_err(|_| closed())?;
+        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), confirmed)
             .await
             .map_err(|_| HostError::Unavailable {
                 group: g.id,
                 detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),
-            })?;
+            })?
+            .map_err(|_| closed())?;
         match res {
             // A query may be long (a plan over a large shard): it runs on the blocking
             // pool, so the async workers keep serving streams and heartbeats meanwhile.
-            Ok(_) => {
+            Ok(()) => {
                 let host = self.clone();
                 let group = g.id;
                 let query = query.to_vec();
@@ -739,16 +763,20 @@ impl RaftHost {
                     .await
                     .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
             }
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(self.not_leader(g.id, f.leader_id, f.leader_node))
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
-                Err(HostError::Unavailable {
-                    group: g.id,
-                    detail: e.to_string(),
-                })
-            }
-            Err(RaftError::Fatal(e)) => Err(Self::fatal(g.id, e)),
+            Err(CheckFailed::TimedOut) => Err(HostError::Unavailable {
+                group: g.id,
+                detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),
+            }),
+            Err(CheckFailed::Refused(RaftError::APIError(
+                CheckIsLeaderError::ForwardToLeader(f),
+            ))) => Err(self.not_leader(g.id, f.leader_id, f.leader_node)),
+            Err(CheckFailed::Refused(RaftError::APIError(
+                CheckIsLeaderError::QuorumNotEnough(e),
+            ))) => Err(HostError::Unavailable {
+                group: g.id,
+                detail: e.to_string(),
+            }),
+            Err(CheckFailed::Refused(RaftError::Fatal(e))) => Err(Self::fatal(g.id, e)),
         }
     }
 

@@ -22,6 +22,7 @@ mod metrics;
 mod network;
 mod proposer;
 mod reachability;
+mod read_gate;
 mod service;
 mod sm_store;
 pub mod state_machine;

@@ -70,16 +70,39 @@ impl FieldPath {
 
     /// The path of field `name` under this one.
     pub fn child(&self, name: &str) -> Self {
+        // Every validation walks many paths and almost never renders one: build
+        // them by copying, without the formatting machinery.
         if self.0.is_empty() {
-            Self(name.to_string())
-        } else {
-            Self(format!("{}.{}", self.0, name))
+            return Self(name.to_string());
         }
+        let mut path = String::with_capacity(self.0.len() + 1 + name.len());
+        path.push_str(&self.0);
+        path.push('.');
+        path.push_str(name);
+        Self(path)
     }
 
     /// The path of element `index` of the list at this path.
     pub fn index(&self, index: usize) -> Self {
-        Self(format!("{}[{}]", self.0, index))
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = index;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let mut path = String::with_capacity(self.0.len() + 2 + digits.len() - at);
+        path.push_str(&self.0);
+        path.push('[');
+        for &d in &digits[at..] {
+            path.push(char::from(d));
+        }
+        path.push(']');
+        Self(path)
     }
 
     /// The path of map entry `key` under this one (dotted like a field, as Kubernetes does).
@@ -120,6 +143,13 @@ mod tests {
             e.to_string(),
             "spec.members[2].requests.cpu: invalid quantity \"-1\""
         );
+    }
+
+    #[test]
+    fn indexes_print_every_digit() {
+        for i in [0usize, 7, 10, 99, 1234, usize::MAX] {
+            assert_eq!(FieldPath::new("a").index(i).to_string(), format!("a[{i}]"));
+        }
     }
 
     #[test]
