@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
-use gangway_proto::raft::{Envelope, ProposeRequest, RaftRequest};
+use gangway_proto::raft::{Envelope, ProposeManyRequest, ProposeRequest, RaftRequest};
 use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest};
 
 use crate::history::{Event, GangShape};
@@ -444,7 +444,7 @@ impl Workload {
         }
     }
 
-    /// A forged Release (of a member no group has) and a forged vote. Any answer but
+    /// A forged Release (of a member no group has), alone and batched, and a forged vote. Any answer but
     /// Unauthenticated means the transport served a client.
     async fn forge(&self, addr: &str, node: u64) -> Forged {
         let mut raft = match RaftTransportClient::connect(format!("http://{addr}")).await {
@@ -470,6 +470,15 @@ impl Workload {
         if let Some(served) = Forged::judge("Propose", proposed.map(|_| ())) {
             return served;
         }
+        let batched = raft
+            .propose_many(ProposeManyRequest {
+                envelope: envelope.clone(),
+                commands: vec![command.to_string().into_bytes()],
+            })
+            .await;
+        if let Some(served) = Forged::judge("ProposeMany", batched.map(|_| ())) {
+            return served;
+        }
         let voted = raft
             .vote(RaftRequest {
                 envelope,
@@ -477,7 +486,7 @@ impl Workload {
             })
             .await;
         Forged::judge("Vote", voted.map(|_| ())).unwrap_or_else(|| {
-            Forged::Refused("Propose and Vote refused as unauthenticated".into())
+            Forged::Refused("Propose, ProposeMany and Vote refused as unauthenticated".into())
         })
     }
 

@@ -1,6 +1,7 @@
 //! Errors of the multi-raft host, and their mapping to and from gRPC status
 //! codes (a leader hint travels in metadata so callers can follow it).
 
+use gangway_proto::raft::ForwardedError;
 use tonic::metadata::MetadataValue;
 
 use crate::storage::StoreError;
@@ -155,6 +156,49 @@ impl HostError {
             }
             HostError::Peer { code, .. } => tonic::Status::new(*code, msg),
         }
+    }
+
+    /// This error as one outcome of a forwarded batch: the status it would have
+    /// answered alone, hints included.
+    pub(crate) fn to_forwarded(&self) -> ForwardedError {
+        let status = self.to_status();
+        let md = status.metadata();
+        let text = |key: &str| {
+            md.get(key)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        ForwardedError {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+            leader_id: text(LEADER_ID_HEADER)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            leader_addr: text(LEADER_ADDR_HEADER).unwrap_or_default(),
+            group_stopped: md.get(GROUP_STOPPED_HEADER).is_some(),
+        }
+    }
+
+    /// Rebuilds the host error of one outcome of a forwarded batch, as
+    /// [`Self::from_peer_status`] does for a request sent alone.
+    pub(crate) fn from_forwarded(
+        group: GroupId,
+        node: NodeId,
+        addr: &str,
+        e: &ForwardedError,
+    ) -> Self {
+        let mut status = tonic::Status::new(tonic::Code::from(e.code), e.message.clone());
+        let md = status.metadata_mut();
+        if e.leader_id != 0 {
+            md.insert(LEADER_ID_HEADER, MetadataValue::from(e.leader_id));
+            if let Ok(v) = e.leader_addr.parse() {
+                md.insert(LEADER_ADDR_HEADER, v);
+            }
+        }
+        if e.group_stopped {
+            md.insert(GROUP_STOPPED_HEADER, MetadataValue::from(group));
+        }
+        Self::from_peer_status(group, node, addr, &status)
     }
 
     /// Rebuilds a host error from a peer's status, keeping its leader hint.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gangway_proto::admin::{self as pb, GroupStatus};
-use gangway_proto::raft::{self as pb_raft, PrepareElectionRequest, ProposeRequest, ReadRequest};
+use gangway_proto::raft::{self as pb_raft, PrepareElectionRequest, ReadRequest};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::balance;
 use crate::error::HostError;
+use crate::forwarder::Forwarder;
 use crate::log_store::{LastLog, LogStore};
 use crate::members_seen::{participants, GroupParticipation, MembersSeen, MEMBERS_SEEN_PERIOD_MS};
 use crate::network::{admin_client, transport_client, NetworkFactory, Origin, PeerPool};
@@ -175,6 +176,8 @@ pub(crate) struct Group {
     pub(crate) raft: Raft,
     pub(crate) sm: Arc<SmShared>,
     proposer: Proposer,
+    /// Writes this replica forwards to the leader go through it.
+    forwarder: Forwarder,
     /// Linearizable reads share leadership checks through it.
     read_gate: ReadGate<LeaderCheckError>,
     committed_next: Arc<AtomicU64>,
@@ -414,12 +417,13 @@ impl RaftHost {
             detail: e.to_string(),
         })?;
         let sm = sm_store.shared();
+        let origin = Origin {
+            cluster_id: cluster_id.clone(),
+            group: gid,
+            node: cfg.node_id,
+        };
         let network = NetworkFactory {
-            origin: Origin {
-                cluster_id: cluster_id.clone(),
-                group: gid,
-                node: cfg.node_id,
-            },
+            origin: origin.clone(),
             pool: pool.clone(),
         };
         let config = Arc::new(openraft_config(&cfg.cluster_id, gid, &cfg.timing)?);
@@ -437,16 +441,18 @@ impl RaftHost {
                 async move { raft.ensure_linearizable().await.map(|_| ()) }
             },
             Duration::from_millis(ATTEMPT_TIMEOUT_MS),
-            stop,
+            stop.clone(),
         );
+        let (forwarder, forwarder_task) = Forwarder::start(origin, pool.clone(), stop);
         let task = async move {
-            tokio::join!(proposer_task, gate_task);
+            tokio::join!(proposer_task, gate_task, forwarder_task);
         };
         let group = Group {
             id: gid,
             raft,
             sm,
             proposer,
+            forwarder,
             read_gate,
             committed_next,
             transferring: AtomicBool::new(false),
@@ -878,20 +884,8 @@ impl RaftHost {
         let timeout = Duration::from_millis(ATTEMPT_TIMEOUT_MS + 500);
         match op {
             Routed::Write(cmd) => {
-                let mut req = tonic::Request::new(ProposeRequest {
-                    envelope,
-                    command: cmd.clone(),
-                });
-                req.set_timeout(timeout);
-                let reply = transport_client(&self.shared.pool, channel)
-                    .propose(req)
-                    .await
-                    .map_err(peer_err)?;
-                let r = reply.into_inner();
-                Ok(Outcome {
-                    reply: r.reply,
-                    index: r.log_index,
-                })
+                let g = self.group(group)?;
+                g.forwarder.forward(leader, addr, cmd.clone()).await
             }
             Routed::Read(q) => {
                 let mut req = tonic::Request::new(ReadRequest {

@@ -15,6 +15,7 @@ mod admin;
 mod balance;
 mod codec;
 pub mod error;
+mod forwarder;
 mod host;
 mod log_store;
 mod members_seen;

@@ -7,8 +7,9 @@ use std::io::Cursor;
 
 use gangway_proto::raft::raft_transport_server::{RaftTransport, RaftTransportServer};
 use gangway_proto::raft::{
-    Envelope, PingReply, PingRequest, PrepareElectionReply, PrepareElectionRequest, ProposeReply,
-    ProposeRequest, RaftReply, RaftRequest, ReadReply, ReadRequest, SnapshotChunk,
+    Envelope, PingReply, PingRequest, PrepareElectionReply, PrepareElectionRequest,
+    ProposeManyReply, ProposeManyRequest, ProposeOutcome, ProposeReply, ProposeRequest, RaftReply,
+    RaftRequest, ReadReply, ReadRequest, SnapshotChunk,
 };
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
@@ -18,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec;
 use crate::error::HostError;
+use crate::forwarder::FORWARD_BATCH_MAX;
 use crate::host::{Group, RaftHost, Routed};
 use crate::types::{NodeId, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
@@ -168,6 +170,44 @@ impl RaftTransport for TransportService {
             reply: out.reply,
             log_index: out.index,
         }))
+    }
+
+    async fn propose_many(
+        &self,
+        request: Request<ProposeManyRequest>,
+    ) -> Result<Response<ProposeManyReply>, Status> {
+        let req = request.into_inner();
+        let g = self.host.check_envelope(req.envelope.as_ref())?;
+        self.host.check_transport_open()?;
+        if req.commands.len() > FORWARD_BATCH_MAX {
+            return Err(Status::invalid_argument(format!(
+                "commands: {} in one call, at most {FORWARD_BATCH_MAX}",
+                req.commands.len()
+            )));
+        }
+        let group = g.id;
+        // Each is proposed as if it had come alone; polled in order, they reach the
+        // group's proposer in the order they were sent.
+        let outcomes =
+            futures::future::join_all(req.commands.into_iter().map(|command| async move {
+                self.host.run_local(group, &Routed::Write(command)).await
+            }))
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(out) => ProposeOutcome {
+                    reply: out.reply,
+                    log_index: out.index,
+                    error: None,
+                },
+                Err(e) => ProposeOutcome {
+                    reply: Vec::new(),
+                    log_index: 0,
+                    error: Some(e.to_forwarded()),
+                },
+            })
+            .collect();
+        Ok(Response::new(ProposeManyReply { outcomes }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

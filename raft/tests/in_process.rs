@@ -296,3 +296,72 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
         }
     }
 }
+
+/// Writes forwarded by a follower travel in batches: hundreds of concurrent writes
+/// through a follower each get their own outcome (a refused one its own error), and
+/// every accepted one is there to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_through_a_follower_each_get_their_outcome() {
+    let listeners = [bind().await, bind().await, bind().await];
+    let members: BTreeMap<NodeId, String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as NodeId + 1, l.local_addr().expect("addr").to_string()))
+        .collect();
+    let mut replicas = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        replicas.push(start_replica(i as NodeId + 1, l).await);
+    }
+    for r in &replicas {
+        r.host.bootstrap(&members).await.expect("bootstrap");
+    }
+    wait_until("a leader in every group", 10, || {
+        replicas.iter().all(|r| r.host.knows_every_leader())
+    })
+    .await;
+    let group = 2;
+    let leader = replicas[0].host.leader_of(group).expect("a leader");
+    let follower = replicas
+        .iter()
+        .find(|r| r.host.node_id() != leader)
+        .expect("a follower")
+        .host
+        .clone();
+    const WRITES: usize = 600;
+    let writes: Vec<_> = (0..WRITES)
+        .map(|i| {
+            let host = follower.clone();
+            // Every seventh write is one the group's admission refuses.
+            let command = if i % 7 == 0 {
+                format!("refused-{i}")
+            } else {
+                format!("fwd-{i}=v{i}")
+            };
+            tokio::spawn(async move { host.write(group, command.into_bytes()).await })
+        })
+        .collect();
+    for (i, w) in writes.into_iter().enumerate() {
+        let result = w.await.expect("task");
+        if i % 7 == 0 {
+            let err = result.expect_err("not admitted");
+            assert!(err.to_string().contains("expected key=value"), "{i}: {err}");
+        } else {
+            let out = result.unwrap_or_else(|e| panic!("write {i}: {e}"));
+            assert_eq!(out.reply, b"ok", "write {i}");
+            assert!(out.index > 0, "write {i} has its entry's index");
+        }
+    }
+    for i in (0..WRITES).filter(|i| i % 7 != 0) {
+        let out = follower
+            .read(group, format!("fwd-{i}").into_bytes())
+            .await
+            .expect("read");
+        assert_eq!(out.reply, format!("v{i}").into_bytes(), "fwd-{i}");
+    }
+    for mut r in replicas {
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+        r.host.shutdown().await;
+    }
+}

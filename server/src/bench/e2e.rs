@@ -678,6 +678,19 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             "shards={shards} wire-format={name}: leaders per replica {:?}",
             balanced.leaders_per_node
         );
+        let meta_leader = client
+            .status(false)
+            .await?
+            .groups
+            .iter()
+            .find(|g| g.group_id == 0)
+            .map(|g| g.leader)
+            .unwrap_or(0);
+        // The client talks to replica 1: when another replica leads meta, every
+        // submission is forwarded, which costs the replicas more.
+        eprintln!(
+            "shards={shards} wire-format={name}: meta led by replica {meta_leader}, the client talks to replica 1"
+        );
         for (run, &size) in sizes.iter().enumerate() {
             let pids = procs.pids();
             let row = run_size(

@@ -379,6 +379,11 @@ impl Scheduler for SchedulerService {
             at_ms: now_ms(),
         };
         let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::Submitted {
+                summary: Some(summary),
+                ..
+            } => return Ok(Response::new(status_of(&summary))),
+            // From a meta leader that predates summaries in replies.
             MetaReply::Submitted { seq, .. } => seq,
             MetaReply::Rejected {
                 reason,

@@ -338,6 +338,11 @@ pub enum MetaReply {
         seq: GroupSeq,
         /// Whether this call created it.
         created: bool,
+        /// Its status right after this command, so the front door answers the
+        /// submitter without a second (linearizable) read. Absent from replies
+        /// written by replicas that predate it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<Box<GroupSummary>>,
     },
     /// A transaction began.
     TxnBegun {
@@ -1390,6 +1395,7 @@ impl MetaState {
             return MetaReply::Submitted {
                 seq: *seq,
                 created: false,
+                summary: self.groups.get(seq).map(|r| Box::new(GroupSummary::of(r))),
             };
         }
         if let Err(e) = group.validate(&crate::model::FieldPath::root()) {
@@ -1448,7 +1454,11 @@ impl MetaState {
         self.groups.insert(seq, record);
         self.keys.insert(key.to_string(), seq);
         self.forget_old_groups();
-        MetaReply::Submitted { seq, created: true }
+        MetaReply::Submitted {
+            seq,
+            created: true,
+            summary: self.groups.get(&seq).map(|r| Box::new(GroupSummary::of(r))),
+        }
     }
 
     fn changed_since(&self, after: u64, limit: u32) -> MetaReply {

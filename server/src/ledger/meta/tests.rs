@@ -88,13 +88,17 @@ fn the_same_key_yields_the_same_group() {
         group: group("g", vec![gang("a", 2, 2, 0, 0)]),
         at_ms: 20,
     });
-    assert_eq!(
-        reply,
+    match reply {
         MetaReply::Submitted {
-            seq: a,
-            created: false
+            seq,
+            created: false,
+            summary: Some(summary),
+        } => {
+            assert_eq!(seq, a);
+            assert_eq!(summary.seq, a, "the reply carries the group's status");
         }
-    );
+        other => panic!("expected the existing group, got {other:?}"),
+    }
     match m.query(&MetaQuery::Groups { active_only: false }) {
         MetaReply::Groups { records } => assert_eq!(records.len(), 1),
         other => panic!("{other:?}"),
