@@ -598,13 +598,33 @@ impl Client {
         &self,
         include_finished: bool,
     ) -> Result<Vec<GangGroupStatus>, ClientError> {
-        let req = ListGangGroupsRequest { include_finished };
+        let req = ListGangGroupsRequest {
+            include_finished,
+            ..Default::default()
+        };
         Ok(self
             .scheduler()
             .list_gang_groups(req)
             .await?
             .into_inner()
             .groups)
+    }
+
+    /// The groups changed after `stamp` (0: every group kept), finished ones
+    /// included, oldest change first, at most `limit` (0: the server's default):
+    /// the groups, the stamp to ask from next, and whether more changes wait.
+    pub async fn list_changes(
+        &self,
+        stamp: u64,
+        limit: u32,
+    ) -> Result<(Vec<GangGroupStatus>, u64, bool), ClientError> {
+        let req = ListGangGroupsRequest {
+            include_finished: true,
+            changed_after: Some(stamp),
+            limit,
+        };
+        let reply = self.scheduler().list_gang_groups(req).await?.into_inner();
+        Ok((reply.groups, reply.stamp, reply.more))
     }
 
     /// Creates or changes a queue; its status as stored.

@@ -111,6 +111,33 @@ async fn strict_group_across_three_shards_is_all_or_nothing() {
         "{err}"
     );
     assert_eq!(cl.list_groups(true).await.expect("list").len(), 2);
+
+    // Listing changes: everything from 0, nothing after the stamp, pages by limit,
+    // then only what changed.
+    let (all, stamp, more) = cl.list_changes(0, 0).await.expect("changes from 0");
+    assert_eq!((all.len(), more), (2, false), "{all:?}");
+    assert!(stamp > 0);
+    let (none, same, more) = cl.list_changes(stamp, 0).await.expect("no changes");
+    assert!(none.is_empty() && !more, "{none:?}");
+    assert_eq!(same, stamp);
+    let (page, at, more) = cl.list_changes(0, 1).await.expect("first page");
+    assert_eq!((page.len(), more), (1, true));
+    let (rest, _, more) = cl.list_changes(at, 1).await.expect("second page");
+    assert_eq!((rest.len(), more), (1, false));
+    assert_ne!(page[0].id, rest[0].id, "each group once");
+    let err = cl
+        .list_changes(0, 10_001)
+        .await
+        .expect_err("limit above the bound");
+    assert!(err.to_string().contains("limit"), "{err}");
+    cl.release(second.id).await.expect("release the second");
+    wait_state(&cl, second.id, "Released", Duration::from_secs(10)).await;
+    let (changed, _, _) = cl.list_changes(stamp, 0).await.expect("changes");
+    assert!(
+        !changed.is_empty() && changed.iter().all(|g| g.id == second.id),
+        "only the released group changed: {changed:?}"
+    );
+    assert_eq!(changed.last().map(|g| g.state.as_str()), Some("Released"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

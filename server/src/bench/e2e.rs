@@ -29,6 +29,8 @@ pub const REGISTER_CONCURRENCY: usize = 64;
 pub const SUBMIT_CONCURRENCY_MAX: usize = 1_024;
 /// How often placement progress is polled.
 pub const POLL_MS: u64 = 10;
+/// Most group changes one poll reads at once.
+pub const CHANGES_PAGE: u32 = 10_000;
 /// How often a lone gang's progress is polled.
 pub const ALONE_POLL_MS: u64 = 2;
 /// Longest one gang size may take to place.
@@ -552,6 +554,14 @@ async fn run_size(
         args.submit_concurrency,
     );
     let gangs = pods.div_ceil(size);
+    let mut stamp = 0;
+    loop {
+        let (_, next, more) = client.list_changes(stamp, CHANGES_PAGE).await?;
+        stamp = next;
+        if !more {
+            break;
+        }
+    }
     let phases_before = phase_totals(http).await;
     let cpu_before = cpu_seconds(pids);
     let started = Instant::now();
@@ -585,13 +595,24 @@ async fn run_size(
                 submitted.len()
             );
         }
-        for g in client.list_groups(false).await? {
-            if g.state == "Placed" {
-                if let Some(at) = submitted.remove(&g.id) {
-                    latencies_ms.push(at.elapsed().as_millis() as u64);
+        // Only what changed since the last poll, as a controller would list.
+        loop {
+            let (changed, next, more) = client.list_changes(stamp, CHANGES_PAGE).await?;
+            stamp = next;
+            for g in changed {
+                if g.state == "Placed" {
+                    if let Some(at) = submitted.remove(&g.id) {
+                        latencies_ms.push(at.elapsed().as_millis() as u64);
+                    }
+                } else if submitted.contains_key(&g.id)
+                    && g.state != "Queued"
+                    && g.state != "Placing"
+                {
+                    bail!("gang group {} ended {}: {}", g.id, g.state, g.reason);
                 }
-            } else if submitted.contains_key(&g.id) && g.state != "Queued" && g.state != "Placing" {
-                bail!("gang group {} ended {}: {}", g.id, g.state, g.reason);
+            }
+            if !more {
+                break;
             }
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;

@@ -35,6 +35,10 @@ use crate::replicated::{now_ms, GroupError, Groups};
 pub const GROUP_MEMBERS_MAX: usize = 10_000;
 /// Most gangs one gang group may have.
 pub const GROUP_GANGS_MAX: usize = 256;
+/// Groups a listing of changes answers when the caller sets no limit.
+pub const LIST_CHANGES_DEFAULT: u32 = 1_000;
+/// Most groups one listing of changes answers.
+pub const LIST_CHANGES_MAX: u32 = 10_000;
 /// How often a watcher reads when nothing woke it, in ms.
 pub const WATCH_CONFIRM_MS: u64 = 50;
 /// Pause after a wake-up before a watcher reads, in ms, so a burst of applies costs one read.
@@ -70,6 +74,41 @@ impl SchedulerService {
         {
             MetaReply::Group { group } => Ok(*group),
             _ => Err(Status::not_found(format!("id: no gang group {seq}"))),
+        }
+    }
+
+    /// The groups changed after `after`, at most `limit` (0: the default).
+    async fn list_changes(
+        &self,
+        after: u64,
+        limit: u32,
+    ) -> Result<Response<ListGangGroupsReply>, Status> {
+        let limit = match limit {
+            0 => LIST_CHANGES_DEFAULT,
+            n if n > LIST_CHANGES_MAX => {
+                return Err(Status::invalid_argument(format!(
+                    "limit: {n} is above {LIST_CHANGES_MAX}"
+                )))
+            }
+            n => n,
+        };
+        match self
+            .groups
+            .meta_query(&MetaQuery::ChangedSince { after, limit })
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Changed {
+                groups,
+                stamp,
+                more,
+                ..
+            } => Ok(Response::new(ListGangGroupsReply {
+                groups: groups.iter().map(status_of).collect(),
+                stamp,
+                more,
+            })),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
     }
 
@@ -488,15 +527,22 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<ListGangGroupsRequest>,
     ) -> Result<Response<ListGangGroupsReply>, Status> {
-        let active_only = !request.into_inner().include_finished;
+        let req = request.into_inner();
+        if let Some(after) = req.changed_after {
+            return self.list_changes(after, req.limit).await;
+        }
         match self
             .groups
-            .meta_query(&MetaQuery::Summaries { active_only })
+            .meta_query(&MetaQuery::Summaries {
+                active_only: !req.include_finished,
+            })
             .await
             .map_err(|e| e.to_status())?
         {
             MetaReply::Summaries { groups } => Ok(Response::new(ListGangGroupsReply {
                 groups: groups.iter().map(status_of).collect(),
+                stamp: 0,
+                more: false,
             })),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
