@@ -2,7 +2,7 @@
 //! processes (this binary, on 127.0.0.1) for each shard count; nodes with
 //! GPUs registered through the Inventory API; gangs of several sizes
 //! submitted concurrently through the client; placement observed through the
-//! Scheduler API. Reports pods committed per second and submit → placed
+//! Scheduler API by listing the groups changed since the previous poll. Reports pods committed per second and submit → placed
 //! latency. Processes and data dirs are removed on every exit path.
 
 use std::collections::BTreeMap;
