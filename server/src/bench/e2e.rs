@@ -67,6 +67,10 @@ pub struct E2eBenchArgs {
     /// (`binary`, `json`; a fresh cluster each), to compare them in one run.
     #[arg(long, default_value = "binary")]
     pub wire_formats: String,
+    /// The client talks to a replica that does not lead the meta group, so every
+    /// submission is forwarded (by default it talks to replica 1, whichever leads).
+    #[arg(long)]
+    pub client_on_follower: bool,
 }
 
 fn parse_formats(text: &str) -> anyhow::Result<Vec<WireFormat>> {
@@ -707,10 +711,23 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             .find(|g| g.group_id == 0)
             .map(|g| g.leader)
             .unwrap_or(0);
-        // The client talks to replica 1: when another replica leads meta, every
-        // submission is forwarded, which costs the replicas more.
+        // When the client's replica does not lead meta, every submission is
+        // forwarded, which costs the replicas more.
+        let client_replica = if args.client_on_follower {
+            if meta_leader == 1 {
+                2
+            } else {
+                1
+            }
+        } else {
+            1
+        };
+        let client = match client_replica {
+            1 => client,
+            n => Client::connect(&[procs.grpc[n - 1].clone()]).await?,
+        };
         eprintln!(
-            "shards={shards} wire-format={name}: meta led by replica {meta_leader}, the client talks to replica 1"
+            "shards={shards} wire-format={name}: meta led by replica {meta_leader}, the client talks to replica {client_replica}"
         );
         for (run, &size) in sizes.iter().enumerate() {
             let pids = procs.pids();
