@@ -18,8 +18,9 @@ use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
 use gangway_proto::v1::{
     DeviceListAck, DeviceListReport, GangGroupRef, GangGroupStatus, GetNodeRequest,
-    HeartbeatRequest, ListGangGroupsRequest, ListNodesRequest, ListShardsRequest, NodeInfo,
-    NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
+    HeartbeatRequest, ListGangGroupsReply, ListGangGroupsRequest, ListNodesRequest,
+    ListShardsRequest, NodeInfo, NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo,
+    SubmitGangGroupRequest,
 };
 use std::path::Path;
 
@@ -611,20 +612,20 @@ impl Client {
     }
 
     /// The groups changed after `stamp` (0: every group kept), finished ones
-    /// included, oldest change first, at most `limit` (0: the server's default):
-    /// the groups, the stamp to ask from next, and whether more changes wait.
+    /// included, oldest change first, at most `limit` (0: the server's default);
+    /// the reply's `stamp` is where to ask from next, `more` says changes wait, and
+    /// `forgotten` counts the finished groups gangway no longer keeps.
     pub async fn list_changes(
         &self,
         stamp: u64,
         limit: u32,
-    ) -> Result<(Vec<GangGroupStatus>, u64, bool), ClientError> {
+    ) -> Result<ListGangGroupsReply, ClientError> {
         let req = ListGangGroupsRequest {
             include_finished: true,
             changed_after: Some(stamp),
             limit,
         };
-        let reply = self.scheduler().list_gang_groups(req).await?.into_inner();
-        Ok((reply.groups, reply.stamp, reply.more))
+        Ok(self.scheduler().list_gang_groups(req).await?.into_inner())
     }
 
     /// Creates or changes a queue; its status as stored.

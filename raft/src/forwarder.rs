@@ -7,9 +7,10 @@
 //! its own proposer packs them into entries as usual, and answers one outcome per
 //! write. Invariants: writes to one leader keep their arrival order; each waiter
 //! gets exactly one answer (its outcome, or the call's error); at most
-//! `FORWARD_INFLIGHT_MAX` calls per group are in flight. A leader that predates
-//! `ProposeMany` (a rolling upgrade) is sent each write alone. One forwarder task
-//! per group, owned by the host.
+//! `FORWARD_INFLIGHT_MAX` calls per group are in flight; a write whose caller gave
+//! up before its batch left is not sent. A leader that predates `ProposeMany` (a
+//! rolling upgrade) is remembered and sent each write alone, all at once. One
+//! forwarder task per group, owned by the host.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -99,6 +100,7 @@ async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(FORWARD_INFLIGHT_MAX));
+    let legacy = Legacy::default();
     // A write for another leader than its batch's waits here for the next batch.
     let mut carried: VecDeque<Forwarded> = VecDeque::new();
     loop {
@@ -116,7 +118,12 @@ async fn run(
         let mut bytes = first.command.len();
         let mut batch = vec![first];
         let mut other = VecDeque::new();
-        while batch.len() < FORWARD_BATCH_MAX && bytes < FORWARD_BATCH_BYTES_MAX {
+        // Writes for other leaders wait in `carried`, which stays within one batch's
+        // worth, so the channel's bound still holds back the callers.
+        while batch.len() < FORWARD_BATCH_MAX
+            && bytes < FORWARD_BATCH_BYTES_MAX
+            && other.len() < FORWARD_BATCH_MAX
+        {
             let next = match carried.pop_front() {
                 Some(f) => f,
                 None => match rx.try_recv() {
@@ -133,22 +140,57 @@ async fn run(
         }
         other.extend(carried.drain(..));
         carried = other;
-        let (origin, pool) = (origin.clone(), pool.clone());
+        // A caller that gave up (its deadline passed, or it saw the leader change
+        // and will route again) withdraws its write, as it did when each went alone.
+        batch.retain(|f| !f.done.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let (origin, pool, legacy) = (origin.clone(), pool.clone(), legacy.clone());
         tokio::spawn(async move {
-            send(&origin, &pool, leader, &addr, batch).await;
+            send(&origin, &pool, &legacy, leader, &addr, batch).await;
             drop(permit);
         });
     }
 }
 
+/// Leaders (by address) that answered `ProposeMany` with UNIMPLEMENTED: they predate
+/// it, and are sent each write alone until this replica restarts.
+#[derive(Clone, Default)]
+struct Legacy(Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>);
+
+impl Legacy {
+    fn has(&self, addr: &str) -> bool {
+        self.0.lock().map(|s| s.contains(addr)).unwrap_or(false)
+    }
+
+    fn add(&self, addr: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(addr.to_string());
+        }
+    }
+}
+
 /// Sends one batch and answers each of its waiters.
-async fn send(origin: &Origin, pool: &PeerPool, leader: NodeId, addr: &str, batch: Vec<Forwarded>) {
+async fn send(
+    origin: &Origin,
+    pool: &PeerPool,
+    legacy: &Legacy,
+    leader: NodeId,
+    addr: &str,
+    batch: Vec<Forwarded>,
+) {
     let group = origin.group;
+    let (commands, waiters): (Vec<_>, Vec<_>) =
+        batch.into_iter().map(|f| (f.command, f.done)).unzip();
+    if legacy.has(addr) {
+        return send_alone(origin, pool, leader, addr, commands, waiters).await;
+    }
     let channel = match pool.channel(addr) {
         Ok(c) => c,
         Err(detail) => {
-            for f in batch {
-                let _ = f.done.send(Err(HostError::Unavailable {
+            for done in waiters {
+                let _ = done.send(Err(HostError::Unavailable {
                     group,
                     detail: detail.clone(),
                 }));
@@ -156,18 +198,14 @@ async fn send(origin: &Origin, pool: &PeerPool, leader: NodeId, addr: &str, batc
             return;
         }
     };
-    let (commands, waiters): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|f| (f.command, f.done)).unzip();
     let mut req = tonic::Request::new(ProposeManyRequest {
         envelope: Some(origin.envelope(leader)),
         commands,
     });
     req.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
+    // Kept for a leader that turns out to predate ProposeMany (once per leader).
     let sent = req.get_ref().commands.clone();
-    match transport_client(pool, channel.clone())
-        .propose_many(req)
-        .await
-    {
+    match transport_client(pool, channel).propose_many(req).await {
         Ok(reply) => {
             let mut outcomes = reply.into_inner().outcomes.into_iter();
             for done in waiters {
@@ -189,10 +227,8 @@ async fn send(origin: &Origin, pool: &PeerPool, leader: NodeId, addr: &str, batc
             }
         }
         Err(status) if status.code() == tonic::Code::Unimplemented => {
-            // A leader that predates ProposeMany: each write alone, in order.
-            for (command, done) in sent.into_iter().zip(waiters) {
-                let _ = done.send(propose_alone(origin, pool, leader, addr, command).await);
-            }
+            legacy.add(addr);
+            send_alone(origin, pool, leader, addr, sent, waiters).await;
         }
         Err(status) => {
             for done in waiters {
@@ -205,6 +241,28 @@ async fn send(origin: &Origin, pool: &PeerPool, leader: NodeId, addr: &str, batc
             }
         }
     }
+}
+
+/// Sends each write in its own `Propose`, all at once (as before batching), to a
+/// leader that predates `ProposeMany`.
+async fn send_alone(
+    origin: &Origin,
+    pool: &PeerPool,
+    leader: NodeId,
+    addr: &str,
+    commands: Vec<Vec<u8>>,
+    waiters: Vec<oneshot::Sender<Result<Outcome, HostError>>>,
+) {
+    let calls = commands
+        .into_iter()
+        .zip(waiters)
+        .map(|(command, done)| async move {
+            if done.is_closed() {
+                return;
+            }
+            let _ = done.send(propose_alone(origin, pool, leader, addr, command).await);
+        });
+    futures::future::join_all(calls).await;
 }
 
 async fn propose_alone(

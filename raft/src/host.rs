@@ -750,13 +750,21 @@ impl RaftHost {
             group: g.id,
             detail: "the host is shutting down".to_string(),
         };
-        let confirmed = g.read_gate.confirm().await.map_err(|_| closed())?;
-        let res = tokio::time::timeout(Duration::from_millis(ATTEMPT_TIMEOUT_MS), confirmed)
+        // A read may wait for the check under way when it arrived, then its own.
+        let wait = Duration::from_millis(2 * ATTEMPT_TIMEOUT_MS);
+        let confirmed = async {
+            let rx = g.read_gate.confirm().await.map_err(|_| closed())?;
+            Ok::<_, HostError>(rx.await)
+        };
+        let res = tokio::time::timeout(wait, confirmed)
             .await
             .map_err(|_| HostError::Unavailable {
                 group: g.id,
-                detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),
-            })?
+                detail: format!(
+                    "no quorum confirmed the leader within {} ms",
+                    2 * ATTEMPT_TIMEOUT_MS
+                ),
+            })??
             .map_err(|_| closed())?;
         match res {
             // A query may be long (a plan over a large shard): it runs on the blocking

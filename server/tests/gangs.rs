@@ -114,17 +114,18 @@ async fn strict_group_across_three_shards_is_all_or_nothing() {
 
     // Listing changes: everything from 0, nothing after the stamp, pages by limit,
     // then only what changed.
-    let (all, stamp, more) = cl.list_changes(0, 0).await.expect("changes from 0");
-    assert_eq!((all.len(), more), (2, false), "{all:?}");
-    assert!(stamp > 0);
-    let (none, same, more) = cl.list_changes(stamp, 0).await.expect("no changes");
-    assert!(none.is_empty() && !more, "{none:?}");
-    assert_eq!(same, stamp);
-    let (page, at, more) = cl.list_changes(0, 1).await.expect("first page");
-    assert_eq!((page.len(), more), (1, true));
-    let (rest, _, more) = cl.list_changes(at, 1).await.expect("second page");
-    assert_eq!((rest.len(), more), (1, false));
-    assert_ne!(page[0].id, rest[0].id, "each group once");
+    let all = cl.list_changes(0, 0).await.expect("changes from 0");
+    assert_eq!((all.groups.len(), all.more), (2, false), "{all:?}");
+    assert!(all.stamp > 0);
+    let stamp = all.stamp;
+    let none = cl.list_changes(stamp, 0).await.expect("no changes");
+    assert!(none.groups.is_empty() && !none.more, "{none:?}");
+    assert_eq!(none.stamp, stamp);
+    let page = cl.list_changes(0, 1).await.expect("first page");
+    assert_eq!((page.groups.len(), page.more), (1, true));
+    let rest = cl.list_changes(page.stamp, 1).await.expect("second page");
+    assert_eq!((rest.groups.len(), rest.more), (1, false));
+    assert_ne!(page.groups[0].id, rest.groups[0].id, "each group once");
     let err = cl
         .list_changes(0, 10_001)
         .await
@@ -132,7 +133,7 @@ async fn strict_group_across_three_shards_is_all_or_nothing() {
     assert!(err.to_string().contains("limit"), "{err}");
     cl.release(second.id).await.expect("release the second");
     wait_state(&cl, second.id, "Released", Duration::from_secs(10)).await;
-    let (changed, _, _) = cl.list_changes(stamp, 0).await.expect("changes");
+    let changed = cl.list_changes(stamp, 0).await.expect("changes").groups;
     assert!(
         !changed.is_empty() && changed.iter().all(|g| g.id == second.id),
         "only the released group changed: {changed:?}"

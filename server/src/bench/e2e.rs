@@ -560,9 +560,9 @@ async fn run_size(
     let gangs = pods.div_ceil(size);
     let mut stamp = 0;
     loop {
-        let (_, next, more) = client.list_changes(stamp, CHANGES_PAGE).await?;
-        stamp = next;
-        if !more {
+        let page = client.list_changes(stamp, CHANGES_PAGE).await?;
+        stamp = page.stamp;
+        if !page.more {
             break;
         }
     }
@@ -601,9 +601,9 @@ async fn run_size(
         }
         // Only what changed since the last poll, as a controller would list.
         loop {
-            let (changed, next, more) = client.list_changes(stamp, CHANGES_PAGE).await?;
-            stamp = next;
-            for g in changed {
+            let page = client.list_changes(stamp, CHANGES_PAGE).await?;
+            stamp = page.stamp;
+            for g in page.groups {
                 if g.state == "Placed" {
                     if let Some(at) = submitted.remove(&g.id) {
                         latencies_ms.push(at.elapsed().as_millis() as u64);
@@ -615,7 +615,7 @@ async fn run_size(
                     bail!("gang group {} ended {}: {}", g.id, g.state, g.reason);
                 }
             }
-            if !more {
+            if !page.more {
                 break;
             }
         }

@@ -102,11 +102,12 @@ impl SchedulerService {
                 groups,
                 stamp,
                 more,
-                ..
+                forgotten,
             } => Ok(Response::new(ListGangGroupsReply {
                 groups: groups.iter().map(status_of).collect(),
                 stamp,
                 more,
+                forgotten,
             })),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
@@ -543,6 +544,7 @@ impl Scheduler for SchedulerService {
                 groups: groups.iter().map(status_of).collect(),
                 stamp: 0,
                 more: false,
+                forgotten: 0,
             })),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
