@@ -122,8 +122,8 @@ async fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_replicate_transfer_balance_and_snapshot() {
+/// Three replicas on loopback, bootstrapped, each group with a leader.
+async fn start_three() -> Vec<Replica> {
     let listeners = [bind().await, bind().await, bind().await];
     let members: BTreeMap<NodeId, String> = listeners
         .iter()
@@ -141,6 +141,12 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
         replicas.iter().all(|r| r.host.knows_every_leader())
     })
     .await;
+    replicas
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_replicate_transfer_balance_and_snapshot() {
+    let replicas = start_three().await;
 
     // Writes in every group, through every replica (followers forward).
     for g in 0..GROUPS {
@@ -302,23 +308,7 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
 /// every accepted one is there to read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_through_a_follower_each_get_their_outcome() {
-    let listeners = [bind().await, bind().await, bind().await];
-    let members: BTreeMap<NodeId, String> = listeners
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (i as NodeId + 1, l.local_addr().expect("addr").to_string()))
-        .collect();
-    let mut replicas = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        replicas.push(start_replica(i as NodeId + 1, l).await);
-    }
-    for r in &replicas {
-        r.host.bootstrap(&members).await.expect("bootstrap");
-    }
-    wait_until("a leader in every group", 10, || {
-        replicas.iter().all(|r| r.host.knows_every_leader())
-    })
-    .await;
+    let replicas = start_three().await;
     let group = 2;
     let leader = replicas[0].host.leader_of(group).expect("a leader");
     let follower = replicas
