@@ -876,11 +876,13 @@ impl RaftHost {
         addr: &str,
         op: &Routed,
     ) -> Result<Outcome, HostError> {
-        let channel = self
-            .shared
-            .pool
-            .channel(addr)
-            .map_err(|e| HostError::Unavailable { group, detail: e })?;
+        // Writes go through the group's forwarder, which owns its calls' channels.
+        let channel = || {
+            self.shared
+                .pool
+                .channel(addr)
+                .map_err(|e| HostError::Unavailable { group, detail: e })
+        };
         let origin = Origin {
             cluster_id: self.shared.cluster_id.clone(),
             group,
@@ -901,7 +903,7 @@ impl RaftHost {
                     query: q.clone(),
                 });
                 req.set_timeout(timeout);
-                let reply = transport_client(&self.shared.pool, channel)
+                let reply = transport_client(&self.shared.pool, channel()?)
                     .read(req)
                     .await
                     .map_err(peer_err)?;
@@ -917,7 +919,7 @@ impl RaftHost {
                     node_id: *node,
                     addr: node_addr.clone(),
                 };
-                admin_client(&self.shared.pool, channel)
+                admin_client(&self.shared.pool, channel()?)
                     .add_learner(req)
                     .await
                     .map_err(peer_err)?;
@@ -931,7 +933,7 @@ impl RaftHost {
                     group_id: Some(group),
                     voters: voters.iter().copied().collect(),
                 };
-                admin_client(&self.shared.pool, channel)
+                admin_client(&self.shared.pool, channel()?)
                     .change_membership(req)
                     .await
                     .map_err(peer_err)?;
@@ -945,7 +947,7 @@ impl RaftHost {
                     group_id: group,
                     to_node: *to,
                 };
-                let r = admin_client(&self.shared.pool, channel)
+                let r = admin_client(&self.shared.pool, channel()?)
                     .transfer_leader(req)
                     .await
                     .map_err(peer_err)?;

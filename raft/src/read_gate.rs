@@ -119,6 +119,13 @@ mod tests {
         release: Notify,
     }
 
+    fn manual_check() -> Arc<ManualCheck> {
+        Arc::new(ManualCheck {
+            started: AtomicU64::new(0),
+            release: Notify::new(),
+        })
+    }
+
     fn gate(
         manual: Arc<ManualCheck>,
     ) -> (
@@ -150,10 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_read_queued_during_a_check_waits_for_the_next_one() {
-        let manual = Arc::new(ManualCheck {
-            started: AtomicU64::new(0),
-            release: Notify::new(),
-        });
+        let manual = manual_check();
         let (gate, stop, task) = gate(manual.clone());
         let mut early = gate.confirm().await.expect("open");
         wait_started(&manual, 1).await;
@@ -176,10 +180,7 @@ mod tests {
 
     #[tokio::test]
     async fn reads_waiting_together_share_one_check() {
-        let manual = Arc::new(ManualCheck {
-            started: AtomicU64::new(0),
-            release: Notify::new(),
-        });
+        let manual = manual_check();
         let (gate, stop, task) = gate(manual.clone());
         let blocker = gate.confirm().await.expect("open");
         wait_started(&manual, 1).await;
@@ -228,7 +229,7 @@ mod tests {
     async fn a_check_past_its_bound_times_out() {
         let (stop_tx, stop) = watch::channel(false);
         let (gate, task) = ReadGate::start(
-            || std::future::pending::<Result<(), String>>(),
+            std::future::pending::<Result<(), String>>,
             Duration::from_millis(50),
             stop,
         );

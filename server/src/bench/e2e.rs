@@ -469,6 +469,22 @@ async fn make_queues(client: &Client, count: usize, nodes: usize) -> anyhow::Res
     Ok(())
 }
 
+/// Every group changed after `stamp`, read page by page, and the stamp to ask from next.
+async fn changes_since(
+    client: &Client,
+    mut stamp: u64,
+) -> anyhow::Result<(Vec<gangway_proto::v1::GangGroupStatus>, u64)> {
+    let mut changed = Vec::new();
+    loop {
+        let page = client.list_changes(stamp, CHANGES_PAGE).await?;
+        stamp = page.stamp;
+        changed.extend(page.groups);
+        if !page.more {
+            return Ok((changed, stamp));
+        }
+    }
+}
+
 /// Waits until no gang group is active (releases done), so the next phase starts clean.
 pub(super) async fn wait_released(client: &Client) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(SIZE_TIMEOUT_S);
@@ -558,14 +574,7 @@ async fn run_size(
         args.submit_concurrency,
     );
     let gangs = pods.div_ceil(size);
-    let mut stamp = 0;
-    loop {
-        let page = client.list_changes(stamp, CHANGES_PAGE).await?;
-        stamp = page.stamp;
-        if !page.more {
-            break;
-        }
-    }
+    let (_, mut stamp) = changes_since(client, 0).await?;
     let phases_before = phase_totals(http).await;
     let cpu_before = cpu_seconds(pids);
     let started = Instant::now();
@@ -600,23 +609,15 @@ async fn run_size(
             );
         }
         // Only what changed since the last poll, as a controller would list.
-        loop {
-            let page = client.list_changes(stamp, CHANGES_PAGE).await?;
-            stamp = page.stamp;
-            for g in page.groups {
-                if g.state == "Placed" {
-                    if let Some(at) = submitted.remove(&g.id) {
-                        latencies_ms.push(at.elapsed().as_millis() as u64);
-                    }
-                } else if submitted.contains_key(&g.id)
-                    && g.state != "Queued"
-                    && g.state != "Placing"
-                {
-                    bail!("gang group {} ended {}: {}", g.id, g.state, g.reason);
+        let (changed, next) = changes_since(client, stamp).await?;
+        stamp = next;
+        for g in changed {
+            if g.state == "Placed" {
+                if let Some(at) = submitted.remove(&g.id) {
+                    latencies_ms.push(at.elapsed().as_millis() as u64);
                 }
-            }
-            if !page.more {
-                break;
+            } else if submitted.contains_key(&g.id) && g.state != "Queued" && g.state != "Placing" {
+                bail!("gang group {} ended {}: {}", g.id, g.state, g.reason);
             }
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;

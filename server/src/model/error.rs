@@ -84,23 +84,12 @@ impl FieldPath {
 
     /// The path of element `index` of the list at this path.
     pub fn index(&self, index: usize) -> Self {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut rest = index;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
-        let mut path = String::with_capacity(self.0.len() + 2 + digits.len() - at);
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(index);
+        let mut path = String::with_capacity(self.0.len() + 2 + digits.len());
         path.push_str(&self.0);
         path.push('[');
-        for &d in &digits[at..] {
-            path.push(char::from(d));
-        }
+        path.push_str(digits);
         path.push(']');
         Self(path)
     }
