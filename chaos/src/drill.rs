@@ -259,6 +259,8 @@ pub struct DrillReport {
     pub preempted: usize,
     /// Shard moves the `shard-move` drill's mover began.
     pub moves_begun: u64,
+    /// The shard count at the start and at the end (the `shard-move` drill grows it).
+    pub shards: (u32, u32),
     /// Broken invariants.
     pub violations: Vec<Violation>,
     /// Recovery per fault.
@@ -417,9 +419,9 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
     if joined.is_err() {
         workers.abort_all();
     }
-    let moves_begun = match mover {
-        Some(m) => m.await.unwrap_or(0),
-        None => 0,
+    let (moves_begun, shards_after) = match mover {
+        Some(m) => m.await.unwrap_or((0, spec.shards)),
+        None => (0, spec.shards),
     };
     let mut fin = settle(&runner, &workload, &replicas, api.as_deref()).await;
     fin.unreadable.append(&mut runner.violations);
@@ -449,6 +451,7 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
         operations: count(&entries),
         preempted: fin.groups.iter().filter(|g| g.state == "Preempted").count(),
         moves_begun,
+        shards: (spec.shards, shards_after),
         violations: verdict.violations,
         recoveries: verdict.recoveries,
         replay: replay_command(&spec),
@@ -458,17 +461,32 @@ pub async fn run(spec: DrillSpec) -> Result<DrillReport, SupervisorError> {
 
 /// The `shard-move` drill's mover: until `stop`, begins moving a random node to a random
 /// other shard (refused while another move runs, or while a fault holds a leader: tried
-/// again after a pause); how many moves it began.
+/// again after a pause); how many moves it began and the shard count it left. Once its first move began, it grows the
+/// cluster by one shard (`GrowShards`, asked again until answered: a grow to the count
+/// there is changes nothing), so moves under faults reach a shard added to the live
+/// cluster, and replicas the drill restarts (with the `--shards` they were created with)
+/// open it again.
 async fn mover(
     replicas: Arc<Replicas>,
     shards: u32,
     mut rng: Rng,
     stop: watch::Receiver<bool>,
-) -> u64 {
+) -> (u64, u32) {
     let mut begun = 0;
+    let mut shards = shards;
+    let grow_to = shards + 1;
     while !*stop.borrow() && shards > 1 {
         let gap = rng.range(MOVER_GAP_MS.0, MOVER_GAP_MS.1);
         tokio::time::sleep(Duration::from_millis(gap)).await;
+        if begun > 0 && shards < grow_to {
+            let grown = replicas
+                .call(|c| async move { c.grow_shards(grow_to).await })
+                .await;
+            if let CallResult::Ok(reply) = grown {
+                shards = reply.shards;
+            }
+            continue;
+        }
         let nodes = match replicas
             .call(|c| async move { c.list_nodes(None).await })
             .await
@@ -496,7 +514,7 @@ async fn mover(
             begun += 1;
         }
     }
-    begun
+    (begun, shards)
 }
 
 /// After the groups settled: every shard move ends within [`MOVES_SETTLE_MS`], and then

@@ -81,6 +81,12 @@ pub fn summary(r: &DrillReport) -> String {
     if r.moves_begun > 0 {
         out.push_str(&format!("  shard moves begun: {}\n", r.moves_begun));
     }
+    if r.shards.1 != r.shards.0 {
+        out.push_str(&format!(
+            "  shards grown on the live cluster: {} -> {}\n",
+            r.shards.0, r.shards.1
+        ));
+    }
     for f in &r.faults {
         out.push_str(&format!("    fault {f}\n"));
     }

@@ -703,6 +703,19 @@ impl Client {
             .into_inner())
     }
 
+    /// Raises the live cluster's shard count to `shards` (it never falls); the added
+    /// shards start empty.
+    pub async fn grow_shards(
+        &self,
+        shards: u32,
+    ) -> Result<gangway_proto::admin::GrowShardsReply, ClientError> {
+        let req = gangway_proto::admin::GrowShardsRequest { shards };
+        Ok(ShardsClient::new(self.transport())
+            .grow_shards(req)
+            .await?
+            .into_inner())
+    }
+
     /// The running shard move, if any, and the last finished ones.
     pub async fn shard_moves(&self) -> Result<Vec<gangway_proto::admin::ShardMove>, ClientError> {
         Ok(ShardsClient::new(self.transport())

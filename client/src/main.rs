@@ -143,6 +143,13 @@ enum ShardsCommand {
     },
     /// The running move and the last finished ones.
     Moves,
+    /// Raise the live cluster's shard count (it never falls). The added shards start
+    /// empty; `shards rebalance` (or the automatic rebalancing) moves nodes onto them.
+    Grow {
+        /// The new count, above the current one and at most 256.
+        #[arg(long)]
+        to: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -527,6 +534,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         "heaviest shard: {}% of the mean capacity before, {}% after",
                         reply.peak_percent_before, reply.peak_percent_after
                     );
+                }
+            }
+            Ok(())
+        }
+        Command::Shards {
+            command: Some(ShardsCommand::Grow { to }),
+        } => {
+            let reply = client.grow_shards(to).await?;
+            match cli.output {
+                Output::Json => println!(
+                    "{}",
+                    json!({"shards_before": reply.shards_before, "shards": reply.shards, "ready": reply.ready, "not_ready": reply.not_ready})
+                ),
+                Output::Table => {
+                    println!("shards: {} -> {}", reply.shards_before, reply.shards);
+                    if !reply.not_ready.is_empty() {
+                        println!(
+                            "still electing a leader: {:?} (see `gangctl shards`)",
+                            reply.not_ready
+                        );
+                    }
+                    if reply.shards > reply.shards_before {
+                        println!("the added shards are empty: `gangctl shards rebalance` moves nodes onto them");
+                    }
                 }
             }
             Ok(())

@@ -243,10 +243,49 @@ pub(crate) enum Routed {
     Transfer(NodeId),
 }
 
+/// The groups a host runs. A group can be added while the host runs (a new shard) and
+/// is never removed; readers take the set as it is now and keep it as long as they like.
+pub(crate) struct GroupSet(std::sync::RwLock<Arc<BTreeMap<GroupId, Arc<Group>>>>);
+
+impl GroupSet {
+    fn new(groups: BTreeMap<GroupId, Arc<Group>>) -> Self {
+        Self(std::sync::RwLock::new(Arc::new(groups)))
+    }
+
+    /// The groups now; a group added later is not in the returned map.
+    pub(crate) fn now(&self) -> Arc<BTreeMap<GroupId, Arc<Group>>> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Adds `group` unless one with its id is there; whether it was added.
+    fn insert(&self, group: Arc<Group>) -> bool {
+        let mut set = match self.0.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if set.contains_key(&group.id) {
+            return false;
+        }
+        let mut grown = (**set).clone();
+        grown.insert(group.id, group);
+        *set = Arc::new(grown);
+        true
+    }
+}
+
 pub(crate) struct HostShared {
     pub(crate) cfg: HostConfig,
     pub(crate) cluster_id: Arc<str>,
-    pub(crate) groups: BTreeMap<GroupId, Arc<Group>>,
+    pub(crate) groups: GroupSet,
+    /// What a group added at run time is opened with.
+    store: Arc<dyn KvStore>,
+    sync: SyncHandle,
+    factory: Arc<StateMachineFactory>,
+    /// Held while a group is being added, so two callers never open the same one.
+    adding: tokio::sync::Mutex<()>,
     pub(crate) pool: Arc<PeerPool>,
     reach: crate::reachability::Reachability,
     members_seen: MembersSeen,
@@ -322,7 +361,7 @@ impl RaftHost {
     pub async fn start(
         cfg: HostConfig,
         store: Arc<dyn KvStore>,
-        factory: &StateMachineFactory,
+        factory: Arc<StateMachineFactory>,
     ) -> Result<Self, HostError> {
         if cfg.node_id == 0 {
             return Err(HostError::InvalidArgument("node id must be >= 1".into()));
@@ -342,7 +381,7 @@ impl RaftHost {
             store: &store,
             sync: &sync,
             pool: &pool,
-            factory,
+            factory: &*factory,
         };
         for &gid in &cfg.groups {
             let stop = shutdown.subscribe();
@@ -356,7 +395,11 @@ impl RaftHost {
             shared: Arc::new(HostShared {
                 cfg,
                 cluster_id,
-                groups,
+                groups: GroupSet::new(groups),
+                store,
+                sync,
+                factory,
+                adding: tokio::sync::Mutex::new(()),
                 pool,
                 reach: Default::default(),
                 members_seen,
@@ -371,10 +414,8 @@ impl RaftHost {
         for task in proposer_tasks {
             host.own(tokio::spawn(task));
         }
-        for group in host.shared.groups.values() {
-            let task =
-                crate::metrics::watch_group(group.clone(), host.node_id(), host.shutdown_signal());
-            host.own(tokio::spawn(task));
+        for group in host.shared.groups.now().values() {
+            host.watch_metrics(group);
         }
         if host.shared.cfg.timing.balance_interval_ms > 0 {
             host.own(tokio::spawn(host.clone().auto_balance()));
@@ -464,6 +505,64 @@ impl RaftHost {
         Ok((group, task))
     }
 
+    fn watch_metrics(&self, group: &Arc<Group>) {
+        let task =
+            crate::metrics::watch_group(group.clone(), self.node_id(), self.shutdown_signal());
+        self.own(tokio::spawn(task));
+    }
+
+    /// Opens group `gid` on this running host (a shard added to a live cluster) and,
+    /// when its storage holds no Raft state and this replica is one of `voters`,
+    /// initializes it with them the way [`Self::bootstrap`] does: at once on the
+    /// designated voter, after `BOOTSTRAP_FALLBACK_MS` without a leader on the others.
+    /// A replica outside `voters` (one that joined later) only opens the group and
+    /// waits to be added to it. Answers whether the group was new to this host;
+    /// adding a group the host has is a no-op.
+    pub async fn add_group(
+        &self,
+        gid: GroupId,
+        voters: &BTreeMap<NodeId, String>,
+    ) -> Result<bool, HostError> {
+        let _adding = self.shared.adding.lock().await;
+        if self.shared.groups.now().contains_key(&gid) {
+            return Ok(false);
+        }
+        if *self.shared.shutdown.borrow() {
+            return Err(HostError::Unavailable {
+                group: gid,
+                detail: "the host is shutting down".into(),
+            });
+        }
+        let deps = GroupDeps {
+            cfg: &self.shared.cfg,
+            cluster_id: &self.shared.cluster_id,
+            store: &self.shared.store,
+            sync: &self.shared.sync,
+            pool: &self.shared.pool,
+            factory: &*self.shared.factory,
+        };
+        let (group, task) = Self::open_group(&deps, gid, self.shutdown_signal()).await?;
+        let group = Arc::new(group);
+        let pristine = {
+            let m = group.raft.metrics();
+            let m = m.borrow();
+            m.last_log_index.is_none()
+                && m.membership_config
+                    .membership()
+                    .voter_ids()
+                    .next()
+                    .is_none()
+        };
+        self.shared.groups.insert(group.clone());
+        self.own(tokio::spawn(task));
+        self.watch_metrics(&group);
+        tracing::info!(group = gid, pristine, "group added while running");
+        if pristine && voters.contains_key(&self.node_id()) {
+            self.bootstrap_group(&group, voters).await?;
+        }
+        Ok(true)
+    }
+
     fn own(&self, task: JoinHandle<()>) {
         if let Ok(mut tasks) = self.shared.tasks.lock() {
             tasks.retain(|t| !t.is_finished());
@@ -492,13 +591,15 @@ impl RaftHost {
 
     /// The ids of every hosted group.
     pub fn group_ids(&self) -> Vec<GroupId> {
-        self.shared.groups.keys().copied().collect()
+        self.shared.groups.now().keys().copied().collect()
     }
 
-    pub(crate) fn group(&self, id: GroupId) -> Result<&Arc<Group>, HostError> {
+    pub(crate) fn group(&self, id: GroupId) -> Result<Arc<Group>, HostError> {
         self.shared
             .groups
+            .now()
             .get(&id)
+            .cloned()
             .ok_or_else(|| HostError::UnknownGroup {
                 group: id,
                 known: self.known_groups(),
@@ -506,7 +607,7 @@ impl RaftHost {
     }
 
     fn known_groups(&self) -> String {
-        let ids: Vec<_> = self.shared.groups.keys().collect();
+        let ids: Vec<_> = self.shared.groups.now().keys().copied().collect();
         match (ids.first(), ids.last()) {
             (Some(a), Some(b)) => format!("{a}..={b}"),
             _ => "none".into(),
@@ -517,6 +618,7 @@ impl RaftHost {
     pub fn leader_of(&self, group: GroupId) -> Option<NodeId> {
         self.shared
             .groups
+            .now()
             .get(&group)
             .and_then(|g| g.raft.metrics().borrow().current_leader)
     }
@@ -530,6 +632,7 @@ impl RaftHost {
         }
         self.shared
             .groups
+            .now()
             .values()
             .filter_map(|g| {
                 let m = g.raft.metrics().borrow().clone();
@@ -555,6 +658,7 @@ impl RaftHost {
     pub fn knows_every_leader(&self) -> bool {
         self.shared
             .groups
+            .now()
             .values()
             .all(|g| g.raft.metrics().borrow().current_leader.is_some())
     }
@@ -697,7 +801,7 @@ impl RaftHost {
     ) -> HostError {
         let addr = node.map(|n| n.addr).or_else(|| {
             let id = leader?;
-            let g = self.shared.groups.get(&group)?;
+            let g = self.shared.groups.now().get(&group).cloned()?;
             let m = g.raft.metrics().borrow().membership_config.clone();
             m.membership().get_node(&id).map(|n| n.addr.clone())
         });
@@ -971,32 +1075,46 @@ impl RaftHost {
                 self.node_id()
             )));
         }
+        for group in self.shared.groups.now().values() {
+            self.bootstrap_group(group, members).await?;
+        }
+        Ok(())
+    }
+
+    /// Initializes one group with `members`: at once on its designated member (group g:
+    /// the (g mod n)-th), after `BOOTSTRAP_FALLBACK_MS` without a leader on the others.
+    async fn bootstrap_group(
+        &self,
+        group: &Arc<Group>,
+        members: &BTreeMap<NodeId, String>,
+    ) -> Result<(), HostError> {
         let nodes: BTreeMap<NodeId, BasicNode> = members
             .iter()
             .map(|(id, addr)| (*id, BasicNode::new(addr)))
             .collect();
         let ids: Vec<NodeId> = members.keys().copied().collect();
-        for (gid, group) in &self.shared.groups {
-            let designated = ids[(*gid as usize) % ids.len()];
-            if designated == self.node_id() {
-                initialize(group, nodes.clone()).await?;
-            } else {
-                let group = group.clone();
-                let nodes = nodes.clone();
-                let mut stop = self.shutdown_signal();
-                self.own(tokio::spawn(async move {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(BOOTSTRAP_FALLBACK_MS)) => {}
-                        _ = stop.changed() => return,
-                    }
-                    if group.raft.metrics().borrow().current_leader.is_none() {
-                        if let Err(e) = initialize(&group, nodes).await {
-                            tracing::warn!(group = group.id, error = %e, "fallback bootstrap failed");
-                        }
-                    }
-                }));
-            }
+        if ids.is_empty() {
+            return Err(HostError::InvalidArgument(
+                "a group needs at least one member".into(),
+            ));
         }
+        let designated = ids[(group.id as usize) % ids.len()];
+        if designated == self.node_id() {
+            return initialize(group, nodes).await;
+        }
+        let group = group.clone();
+        let mut stop = self.shutdown_signal();
+        self.own(tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(BOOTSTRAP_FALLBACK_MS)) => {}
+                _ = stop.changed() => return,
+            }
+            if group.raft.metrics().borrow().current_leader.is_none() {
+                if let Err(e) = initialize(&group, nodes).await {
+                    tracing::warn!(group = group.id, error = %e, "fallback bootstrap failed");
+                }
+            }
+        }));
         Ok(())
     }
 
@@ -1221,7 +1339,7 @@ impl RaftHost {
     /// `peer`'s view of each group if it answers a ping in time (a peer too old to
     /// know the call answers Unimplemented: it is reachable, with no views).
     async fn ping(&self, peer: NodeId, addr: &str) -> Option<BTreeMap<GroupId, PeerGroupView>> {
-        let group = self.shared.groups.keys().next().copied()?;
+        let group = self.shared.groups.now().keys().next().copied()?;
         let channel = self.shared.pool.channel(addr).ok()?;
         let origin = Origin {
             cluster_id: self.shared.cluster_id.clone(),
@@ -1253,6 +1371,7 @@ impl RaftHost {
         let now = Instant::now();
         self.shared
             .groups
+            .now()
             .values()
             .map(|g| {
                 let last = g.last_log.get();
@@ -1304,7 +1423,7 @@ impl RaftHost {
                 _ = stop.changed() => return,
             }
             let now = Instant::now();
-            for (gid, g) in &self.shared.groups {
+            for (gid, g) in self.shared.groups.now().iter() {
                 let input = self.gate_input(g, now, &mut state);
                 let decision = decide(&input, timing);
                 if state.enabled.get(gid) != Some(&decision.enable) {
@@ -1392,7 +1511,7 @@ impl RaftHost {
         let live = self.live_nodes().await;
         let mut leaders = BTreeMap::new();
         let mut voters = BTreeMap::new();
-        for (gid, g) in &self.shared.groups {
+        for (gid, g) in self.shared.groups.now().iter() {
             let m = g.raft.metrics().borrow().clone();
             leaders.insert(*gid, m.current_leader);
             voters.insert(
@@ -1413,7 +1532,7 @@ impl RaftHost {
         });
         let transfers = futures::future::join_all(runs).await;
         let mut leaders_per_node = BTreeMap::<u64, u32>::new();
-        for g in self.shared.groups.values() {
+        for g in self.shared.groups.now().values() {
             if let Some(l) = g.raft.metrics().borrow().current_leader {
                 *leaders_per_node.entry(l).or_default() += 1;
             }
@@ -1470,14 +1589,14 @@ impl RaftHost {
     fn needs_balance(&self) -> bool {
         let mut count = BTreeMap::<NodeId, usize>::new();
         let mut voters = BTreeSet::new();
-        for g in self.shared.groups.values() {
+        for g in self.shared.groups.now().values() {
             let m = g.raft.metrics().borrow().clone();
             voters.extend(m.membership_config.membership().voter_ids());
             if let Some(l) = m.current_leader {
                 *count.entry(l).or_default() += 1;
             }
         }
-        let max = balance::leaders_max(self.shared.groups.len(), voters.len());
+        let max = balance::leaders_max(self.shared.groups.now().len(), voters.len());
         count.values().any(|c| *c > max)
     }
 
@@ -1523,7 +1642,7 @@ impl RaftHost {
     /// Every member known from the groups' memberships: id -> address.
     pub fn members(&self) -> BTreeMap<NodeId, String> {
         let mut out = BTreeMap::new();
-        for g in self.shared.groups.values() {
+        for g in self.shared.groups.now().values() {
             let m = g.raft.metrics().borrow().membership_config.clone();
             for (id, node) in m.membership().nodes() {
                 out.insert(*id, node.addr.clone());
@@ -1532,10 +1651,22 @@ impl RaftHost {
         out
     }
 
+    /// The voters of `group` (id -> address) as this replica's membership shows them.
+    pub fn voters_of(&self, group: GroupId) -> Result<BTreeMap<NodeId, String>, HostError> {
+        let g = self.group(group)?;
+        let m = g.raft.metrics().borrow().membership_config.clone();
+        let membership = m.membership();
+        Ok(membership
+            .voter_ids()
+            .filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone())))
+            .collect())
+    }
+
     /// The status of every group on this replica.
     pub fn status(&self, with_hash: bool) -> Vec<GroupStatus> {
         self.shared
             .groups
+            .now()
             .values()
             .map(|g| group_status(g, with_hash))
             .collect()
@@ -1576,6 +1707,7 @@ impl RaftHost {
             let groups: Vec<GroupParticipation> = self
                 .shared
                 .groups
+                .now()
                 .values()
                 .map(|g| {
                     let m = g.raft.metrics().borrow().clone();
@@ -1610,7 +1742,7 @@ impl RaftHost {
     /// Stops every group and background task.
     pub async fn shutdown(&self) {
         let _ = self.shared.shutdown.send(true);
-        for g in self.shared.groups.values() {
+        for g in self.shared.groups.now().values() {
             if let Err(e) = g.raft.shutdown().await {
                 tracing::warn!(group = g.id, error = %e, "raft shutdown");
             }

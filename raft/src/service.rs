@@ -45,7 +45,7 @@ impl RaftHost {
     pub(crate) fn check_envelope(
         &self,
         env: Option<&Envelope>,
-    ) -> Result<&std::sync::Arc<Group>, Status> {
+    ) -> Result<std::sync::Arc<Group>, Status> {
         let env = env.ok_or_else(|| Status::invalid_argument("envelope: missing"))?;
         if env.cluster_id != self.cluster_id() {
             return Err(HostError::WrongCluster(format!(

@@ -85,7 +85,7 @@ async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
         transport: Default::default(),
     };
     let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
-    let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), &factory)
+    let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), Arc::new(factory))
         .await
         .expect("host starts");
     let (tx, rx) = oneshot::channel::<()>();
@@ -142,6 +142,68 @@ async fn start_three() -> Vec<Replica> {
     })
     .await;
     replicas
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_added_while_the_hosts_run_elects_a_leader_and_replicates() {
+    let replicas = start_three().await;
+    let voters = replicas[0].host.members();
+    let new = GROUPS;
+    // Two hosts open the group at once; the third only later, as a replica does that
+    // applies the decision late. The group must still form and take the third in.
+    for r in &replicas[1..] {
+        assert!(r.host.add_group(new, &voters).await.expect("add group"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(replicas[0]
+        .host
+        .add_group(new, &voters)
+        .await
+        .expect("add group"));
+    assert!(
+        !replicas[0]
+            .host
+            .add_group(new, &voters)
+            .await
+            .expect("add again"),
+        "adding a group the host has is a no-op"
+    );
+    wait_until("a leader of the added group on every host", 10, || {
+        replicas.iter().all(|r| r.host.leader_of(new).is_some())
+    })
+    .await;
+    for (i, r) in replicas.iter().enumerate() {
+        let out = r
+            .host
+            .write(new, format!("k{i}=v{i}").into_bytes())
+            .await
+            .expect("write to the added group");
+        assert_eq!(out.reply, b"ok");
+    }
+    for r in &replicas {
+        for i in 0..replicas.len() {
+            let out = r
+                .host
+                .read(new, format!("k{i}").into_bytes())
+                .await
+                .expect("read");
+            assert_eq!(out.reply, format!("v{i}").into_bytes());
+        }
+        assert!(r.host.group_ids().contains(&new));
+    }
+    // The groups that were there go on as before.
+    let out = replicas[2]
+        .host
+        .write(0, b"still=here".to_vec())
+        .await
+        .expect("write");
+    assert_eq!(out.reply, b"ok");
+    for mut r in replicas {
+        r.host.shutdown().await;
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,7 +98,8 @@ pub struct ServeArgs {
     /// Data directory [default: ./gangway-data].
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Number of shard groups [default: 4]; fixed when the cluster is created.
+    /// Number of shard groups the cluster is created with [default: 4]; keep it so on every
+    /// restart (`gangctl shards grow` adds shards to a running cluster).
     #[arg(long)]
     pub shards: Option<u32>,
     /// Cluster id; replicas and data dirs of another cluster are refused [default: gangway].

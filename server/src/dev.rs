@@ -224,7 +224,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             source: Source {
                 groups: replicas[0].groups(),
                 hosts: hosts.clone(),
-                shards: args.shards,
+                shards: replicas[0].shard_count(),
                 topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
                 peer_tls: None,
                 peer_tokens: None,

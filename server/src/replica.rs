@@ -27,6 +27,7 @@ use crate::frontdoor::queues::QueuesService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
+use crate::shard::growth::ShardCount;
 use crate::shard::resolver;
 use crate::shard::warmer::SelectorWarmer;
 use crate::wire::WireFormat;
@@ -51,7 +52,7 @@ pub async fn group_stopped(host: &RaftHost) -> (gangway_raft::GroupId, String) {
 pub struct ReplicaOptions {
     /// The Raft host's identity, groups and timing.
     pub host: HostConfig,
-    /// Number of shard groups.
+    /// Number of shard groups the replica starts with (the cluster's may have grown since).
     pub shards: u32,
     /// Node label partitioning nodes into shards.
     pub topology_label: Option<String>,
@@ -76,6 +77,8 @@ pub struct Replica {
     pub host: RaftHost,
     /// The format this replica writes.
     wire: WireFormat,
+    /// The shard count its services use.
+    shard_count: ShardCount,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     stop: oneshot::Sender<()>,
     services: Vec<JoinHandle<()>>,
@@ -107,8 +110,9 @@ impl Replica {
         let machine_warmer = warmer.clone();
         let wire = opts.wire;
         let factory = move |g| machine_for(g, shards, wire, &machine_failpoints, &machine_warmer);
-        let host = RaftHost::start(opts.host, store, &factory).await?;
+        let host = RaftHost::start(opts.host, store, Arc::new(factory)).await?;
         let groups = Groups::new(host.clone(), wire);
+        let shard_count = ShardCount::new(shards);
         // Every service wants the client certificate (with TLS); the client services a
         // bearer token (with tokens), which peers send too; the Raft transport the peer
         // secret, which clients do not have.
@@ -132,7 +136,7 @@ impl Replica {
             ))
             .add_service(InterceptedService::new(host.admin_service(), check.clone()))
             .add_service(InterceptedService::new(
-                InventoryService::new(groups.clone(), shards, opts.topology_label),
+                InventoryService::new(groups.clone(), shard_count.clone(), opts.topology_label),
                 check.clone(),
             ))
             .add_service(InterceptedService::new(
@@ -142,13 +146,13 @@ impl Replica {
             .add_service(InterceptedService::new(
                 crate::frontdoor::shards::ShardsService::new(
                     groups.clone(),
-                    shards,
+                    shard_count.clone(),
                     opts.rebalance,
                 ),
                 check.clone(),
             ))
             .add_service(InterceptedService::new(
-                SchedulerService::new(groups.clone(), shards, opts.failpoints.clone()),
+                SchedulerService::new(groups.clone(), shard_count.clone(), opts.failpoints.clone()),
                 check,
             ));
         let mut replica = Self::serve(
@@ -158,6 +162,7 @@ impl Replica {
             opts.security.tls.clone(),
             warmer,
             wire,
+            shard_count.clone(),
         );
         let secrets = opts
             .security
@@ -174,9 +179,16 @@ impl Replica {
                 replica.stop_services.subscribe(),
             )));
         let stop = replica.stop_services.subscribe();
+        replica
+            .services
+            .push(tokio::spawn(crate::shard::growth::run(
+                groups.clone(),
+                shard_count.clone(),
+                stop.clone(),
+            )));
         let coordinator = Coordinator::new(
             groups.clone(),
-            shards,
+            shard_count.clone(),
             opts.profile,
             opts.failpoints,
             opts.budgets,
@@ -189,13 +201,18 @@ impl Replica {
             .services
             .push(tokio::spawn(crate::observe::sampler::run(
                 groups.clone(),
-                shards,
+                shard_count.clone(),
                 stop.clone(),
             )));
         replica
             .services
-            .push(tokio::spawn(resolver::run(groups, shards, stop)));
+            .push(tokio::spawn(resolver::run(groups, shard_count, stop)));
         Ok(replica)
+    }
+
+    /// The shard count this replica serves (it rises when the cluster grows).
+    pub fn shard_count(&self) -> ShardCount {
+        self.shard_count.clone()
     }
 
     /// Typed access to the groups through this replica, in its write format.
@@ -208,7 +225,7 @@ impl Replica {
         cfg: HostConfig,
         store: Arc<dyn KvStore>,
         listener: TcpListener,
-        factory: &StateMachineFactory,
+        factory: Arc<StateMachineFactory>,
     ) -> Result<Self, HostError> {
         let host = RaftHost::start(cfg, store, factory).await?;
         let router = tonic::transport::Server::builder()
@@ -221,6 +238,7 @@ impl Replica {
             None,
             SelectorWarmer::inline(),
             WireFormat::default(),
+            ShardCount::new(0),
         ))
     }
 
@@ -231,6 +249,7 @@ impl Replica {
         tls: Option<Arc<ServerTls>>,
         warmer: SelectorWarmer,
         wire: WireFormat,
+        shard_count: ShardCount,
     ) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let (stop_services, _) = watch::channel(false);
@@ -254,6 +273,7 @@ impl Replica {
         Self {
             host,
             wire,
+            shard_count,
             server,
             stop,
             services: Vec::new(),

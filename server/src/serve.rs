@@ -151,7 +151,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             Some(tokio::spawn(crate::kube::run(
                 client,
                 replica.groups(),
-                cfg.shards,
+                replica.shard_count(),
                 cfg.topology_label.clone(),
                 budgets.clone(),
                 crate::kube::KubeOptions {
@@ -176,7 +176,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             source: Source {
                 groups: replica.groups(),
                 hosts: vec![replica.host.clone()],
-                shards: cfg.shards,
+                shards: replica.shard_count(),
                 topology_label: Some(
                     cfg.topology_label
                         .clone()

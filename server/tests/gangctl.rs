@@ -133,6 +133,10 @@ async fn submit_watch_release_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_add_then_remove_under_load_loses_no_acknowledged_submission() {
+    // Built (or waited for, behind cargo's lock) before the cluster starts: a first build
+    // of gangctl beside the loaded cluster took both cores, and a leader transfer of
+    // `cluster remove` timed out.
+    gangctl();
     let mut c = Cluster::start(3, 2);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(20)).await;
     let via2 = client(&c, 2).await;
@@ -310,4 +314,30 @@ async fn queues_are_put_listed_and_deleted_and_bad_amounts_are_named() {
     let again = run(&server, &["queues", "delete", "team-a"]);
     assert_eq!(again.status.code(), Some(1), "{}", text(&again));
     assert!(text(&again).contains("no queue team-a"), "{}", text(&again));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_grow_adds_a_shard_and_refuses_a_lower_count_naming_it() {
+    let c = Cluster::start(1, 1);
+    c.wait_ready(&[1], Duration::from_secs(20)).await;
+    let server = c.procs[&1].grpc.clone();
+    let grown = run(&server, &["shards", "grow", "--to", "2"]);
+    assert!(grown.status.success(), "{}", text(&grown));
+    assert!(text(&grown).contains("shards: 1 -> 2"), "{}", text(&grown));
+    let listed = run(&server, &["-o", "json", "shards", "grow", "--to", "2"]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let reply: serde_json::Value =
+        serde_json::from_slice(&listed.stdout).expect("grow answers JSON");
+    assert_eq!(reply["shards_before"], json!(2), "{reply}");
+    assert_eq!(reply["shards"], json!(2), "{reply}");
+    let lower = run(&server, &["shards", "grow", "--to", "1"]);
+    assert_eq!(lower.status.code(), Some(1), "{}", text(&lower));
+    assert!(
+        text(&lower).contains("shards: 1 is below the current count 2"),
+        "{}",
+        text(&lower)
+    );
+    let shards = client(&c, 1).await.shards().await.expect("shards");
+    assert_eq!(shards.len(), 2, "{shards:?}");
+    assert!(shards.iter().all(|s| s.leader == 1), "{shards:?}");
 }

@@ -1,8 +1,9 @@
 //! Shard moves with real `gangway serve` processes (docs/ARCHITECTURE.md §3a): four zones
 //! of unequal size on eight shards rebalanced within the bound, a zone moved back and
 //! forth under a stream of submissions and releases losing nothing acknowledged,
-//! automatic rebalancing, and a coordinator killed between a move's handoff and its
-//! adoption (the next one finishes the move).
+//! automatic rebalancing, a coordinator killed between a move's handoff and its
+//! adoption (the next one finishes the move), and the shard count grown on a live
+//! cluster (under a stream, with a replica restarted, and with one down).
 
 mod support;
 
@@ -371,4 +372,200 @@ async fn a_replica_writing_for_the_first_rollout_moves_nothing() {
     // Past the bound (all on one shard) for many checks: still no move.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(cl.shard_moves().await.expect("moves").is_empty());
+    // Nor a grow of the shard count, which the release before could not read either.
+    let (code, msg) = refusal(cl.grow_shards(3).await);
+    assert_eq!(code, tonic::Code::FailedPrecondition, "{msg}");
+    assert!(msg.contains("first rollout"), "{msg}");
+    assert_eq!(cl.shards().await.expect("shards").len(), 2);
+}
+
+/// The status code and message of a failed call.
+fn refusal<T: std::fmt::Debug>(r: Result<T, gangway_client::ClientError>) -> (tonic::Code, String) {
+    match r {
+        Err(gangway_client::ClientError::Rpc(s)) => (s.code(), s.message().to_string()),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// `gangctl shards grow` on a live cluster: two shards become four under a stream of
+/// submissions and releases; every replica opens the added shards' groups; a rebalance
+/// fills them; a new zone goes to the emptiest; nothing acknowledged is lost; and a
+/// replica restarted with the `--shards` the cluster was created with opens them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_count_grows_on_a_live_cluster_and_a_restarted_replica_follows() {
+    let mut c = cluster(2, &["--auto-rebalance", "false"]);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    register_zone(&cl, "a", 8, "4").await;
+    register_zone(&cl, "b", 8, "4").await;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let streamer = tokio::spawn(stream(client(&c, 2).await, stop_rx));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Bad counts are refused naming the field, and change nothing.
+    for (bad, code) in [
+        (0, tonic::Code::InvalidArgument),
+        (257, tonic::Code::InvalidArgument),
+        (1, tonic::Code::FailedPrecondition),
+    ] {
+        let (got, msg) = refusal(cl.grow_shards(bad).await);
+        assert_eq!(got, code, "{bad}: {msg}");
+        assert!(msg.starts_with("shards:"), "{msg}");
+    }
+    assert_eq!(cl.shards().await.expect("shards").len(), 2);
+
+    let grown = client(&c, 3).await.grow_shards(4).await.expect("grow");
+    assert_eq!((grown.shards_before, grown.shards), (2, 4), "{grown:?}");
+    assert_eq!(grown.ready, vec![3, 4], "{grown:?}");
+    let again = cl.grow_shards(4).await.expect("grow again");
+    assert_eq!(
+        (again.shards_before, again.shards),
+        (4, 4),
+        "a retried grow changes nothing"
+    );
+
+    // Every replica serves the four shards, each with a leader.
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    for id in [1, 2, 3] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let shards = client(&c, id).await.shards().await.expect("shards");
+            if shards.len() == 4 && shards.iter().all(|s| s.leader != 0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "replica {id}: {shards:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // The added shards start empty; a rebalance fills them within the bound.
+    let reply = cl.rebalance(0, false).await.expect("rebalance");
+    assert!(!reply.moves.is_empty(), "{reply:?}");
+    assert!(reply.peak_percent_after <= 125, "{reply:?}");
+    let caps = capacities(&cl).await;
+    assert!(
+        caps.values().all(|c| *c > 0),
+        "an added shard is still empty: {caps:?}"
+    );
+    // A new zone goes to a least loaded shard, which may be an added one.
+    let c_zone = register_zone(&cl, "c", 2, "4").await;
+    assert!(c_zone.values().all(|s| (1..=4).contains(s)), "{c_zone:?}");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_tx.send(true).expect("stop");
+    let (submitted, released) = streamer.await.expect("stream");
+    assert!(
+        submitted.len() >= 10,
+        "only {} submissions",
+        submitted.len()
+    );
+    eprintln!(
+        "{} groups submitted and {} released while the cluster grew and rebalanced",
+        submitted.len(),
+        released.len()
+    );
+    let released: BTreeSet<u64> = released.into_iter().collect();
+    let shard_of = shards_of_nodes(&cl).await;
+    let mut placed_pods: BTreeMap<String, u32> = BTreeMap::new();
+    for id in &submitted {
+        let want = if released.contains(id) {
+            "Released"
+        } else {
+            "Placed"
+        };
+        let s = wait_state(&cl, *id, want, Duration::from_secs(60)).await;
+        for p in s.placements.iter().filter(|_| want == "Placed") {
+            assert_eq!(shard_of.get(&p.node), Some(&p.shard), "{p:?}");
+            *placed_pods.entry(p.node.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(support::gangs::held(&cl).await, placed_pods);
+    assert_one_owner(&cl, 18).await;
+
+    // A replica restarted with the count the cluster was created with opens the added
+    // shards again once its meta replica applied the grow, and catches up on them.
+    c.kill(3);
+    c.spawn(3);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let all = c.wait_converged(&[1, 2, 3], Duration::from_secs(60)).await;
+    for groups in &all {
+        let ids: Vec<u64> = groups.iter().map(|g| g.group_id).collect();
+        assert_eq!(ids, vec![0, 1, 2, 3, 4], "{groups:?}");
+    }
+    // The added shards take part in placements after the restart too.
+    for id in submitted.iter().filter(|id| !released.contains(id)) {
+        cl.release(*id).await.expect("release");
+        wait_state(&cl, *id, "Released", Duration::from_secs(60)).await;
+    }
+    let wide = cl
+        .submit(submission("wide", vec![gang("wide", 16, 16, "3", 0)]))
+        .await
+        .expect("submit");
+    let placed = wait_state(&cl, wide.id, "Placed", Duration::from_secs(60)).await;
+    let shards: BTreeSet<u32> = placed.placements.iter().map(|p| p.shard).collect();
+    assert!(shards.contains(&3) || shards.contains(&4), "{shards:?}");
+    cl.release(wide.id).await.expect("release");
+    wait_state(&cl, wide.id, "Released", Duration::from_secs(60)).await;
+    assert!(
+        support::gangs::held(&cl).await.is_empty(),
+        "capacity leaked"
+    );
+}
+
+/// A replica that is down while the cluster grows: the added shard's designated
+/// initializer is that replica, so the others create the group after the fallback
+/// delay; back (with the `--shards` it was created with), the replica opens the shard,
+/// its own initialization of a group that already runs changes nothing, and it catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_down_while_the_cluster_grows_opens_the_added_shard_when_back() {
+    let mut c = cluster(2, &["--auto-rebalance", "false"]);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 2).await;
+    register_zone(&cl, "a", 2, "4").await;
+    register_zone(&cl, "b", 2, "4").await;
+    // Shard 3's designated initializer is voter 1 (3 mod 3 = 0, the first voter).
+    c.kill(1);
+    let grown = cl.grow_shards(3).await.expect("grow with a replica down");
+    assert_eq!((grown.shards_before, grown.shards), (2, 3), "{grown:?}");
+    assert_eq!(grown.ready, vec![3], "{grown:?}");
+    let reply = cl
+        .move_nodes(Some("b".into()), Vec::new(), 3, true)
+        .await
+        .expect("move onto the added shard");
+    assert_eq!(reply.shard_move.map(|m| m.phase), Some("done".to_string()));
+    let before = cl
+        .submit(submission("before", vec![gang("before", 4, 4, "3", 0)]))
+        .await
+        .expect("submit");
+    wait_state(&cl, before.id, "Placed", Duration::from_secs(30)).await;
+
+    c.spawn(1);
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let all = c.wait_converged(&[1, 2, 3], Duration::from_secs(60)).await;
+    for groups in &all {
+        let ids: Vec<u64> = groups.iter().map(|g| g.group_id).collect();
+        assert_eq!(ids, vec![0, 1, 2, 3], "{groups:?}");
+        assert!(
+            groups.iter().all(|g| g.voters == vec![1, 2, 3]),
+            "{groups:?}"
+        );
+    }
+    // Through the replica that was down: the placement and shard 3 are there.
+    let via1 = client(&c, 1).await;
+    let s = via1.get(before.id).await.expect("group");
+    assert_eq!(s.state, "Placed");
+    assert!(
+        s.placements.iter().any(|p| p.shard == 3),
+        "{:?}",
+        s.placements
+    );
+    assert_eq!(via1.shards().await.expect("shards").len(), 3);
+    via1.release(before.id).await.expect("release");
+    wait_state(&via1, before.id, "Released", Duration::from_secs(30)).await;
+    assert!(
+        support::gangs::held(&via1).await.is_empty(),
+        "capacity leaked"
+    );
+    assert_one_owner(&via1, 4).await;
 }

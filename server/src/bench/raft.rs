@@ -170,8 +170,13 @@ async fn start_cluster(store: &str, dir: &std::path::Path) -> anyhow::Result<Vec
             transport: Default::default(),
         };
         replicas.push(
-            Replica::start_with(cfg, kv, listener, &|_| Box::new(CountingMachine::default()))
-                .await?,
+            Replica::start_with(
+                cfg,
+                kv,
+                listener,
+                Arc::new(|_| Box::new(CountingMachine::default())),
+            )
+            .await?,
         );
     }
     for r in &replicas {

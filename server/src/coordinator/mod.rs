@@ -45,6 +45,7 @@ use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
 use crate::model::{MemberKey, PodSpec};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
+use crate::shard::growth::ShardCount;
 use assign::{assign, AssignOutcome, Assignment};
 use budgets::DisruptionBudgets;
 use metrics::{transaction_ended, Phase, PhaseTimer};
@@ -124,7 +125,7 @@ struct BatchOutcome {
 /// The coordinator of one replica.
 pub struct Coordinator {
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     profile: Profile,
     failpoints: Failpoints,
     /// Rounds run, to rotate the shard asked first.
@@ -175,7 +176,7 @@ impl Coordinator {
     /// A coordinator over `shards` shards, choosing preemption victims by `budgets`.
     pub fn new(
         groups: Groups,
-        shards: u32,
+        shards: ShardCount,
         profile: Profile,
         failpoints: Failpoints,
         budgets: Arc<DisruptionBudgets>,
@@ -377,7 +378,7 @@ impl Coordinator {
     async fn rebalance_if_due(&self) -> bool {
         // A replica writing for the first rollout of an upgrade begins no move: replicas
         // of the release before could not read it.
-        if !self.rebalance.auto || self.shards < 2 || self.groups.legacy_writer() {
+        if !self.rebalance.auto || self.shards.get() < 2 || self.groups.legacy_writer() {
             return false;
         }
         {
@@ -394,7 +395,8 @@ impl Coordinator {
             *last = Some(now);
         }
         let bound = self.rebalance.bound_percent;
-        let (plan, peak) = match moves::plan_rebalance(&self.groups, self.shards, bound).await {
+        let (plan, peak) = match moves::plan_rebalance(&self.groups, self.shards.get(), bound).await
+        {
             Ok(found) => found,
             Err(e) => {
                 tracing::debug!(error = %e, "shard balance not checked");
@@ -448,7 +450,7 @@ impl Coordinator {
             }
             *last = Some(now);
         }
-        let reads = (1..=self.shards).map(|shard| async move {
+        let reads = (1..=self.shards.get()).map(|shard| async move {
             let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
             match tokio::time::timeout(Duration::from_millis(CAPACITY_READ_TIMEOUT_MS), read).await
             {
@@ -554,12 +556,12 @@ impl Coordinator {
         }
         let mut chosen = Vec::new();
         let mut left: Vec<&(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = batch.iter().collect();
-        let start = self.rounds.fetch_add(1, Ordering::Relaxed) % self.shards;
-        for k in 0..self.shards {
+        let start = self.rounds.fetch_add(1, Ordering::Relaxed) % self.shards.get();
+        for k in 0..self.shards.get() {
             if left.is_empty() {
                 break;
             }
-            let shard = 1 + (start + k) % self.shards;
+            let shard = 1 + (start + k) % self.shards.get();
             let members: Vec<(MemberKey, PodSpec)> =
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
             let timer = PhaseTimer::start(Phase::Quote);
@@ -577,7 +579,7 @@ impl Coordinator {
                 .into_iter()
                 .map(|h| (h.member.clone(), h))
                 .collect();
-            let shards = self.shards;
+            let shards = self.shards.get();
             left.retain(|(r, members)| {
                 let mine: Option<Vec<ReserveMember>> = members
                     .iter()
@@ -696,7 +698,7 @@ impl Coordinator {
                 decides.push(MetaCommand::Decide {
                     txn: *txn,
                     decision,
-                    placements: placements(a, self.shards),
+                    placements: placements(a, self.shards.get()),
                     reason,
                     at_ms: now_ms(),
                     delivered: vec![shard],
@@ -852,7 +854,7 @@ impl Coordinator {
     }
 
     async fn plans(&self, members: &[(MemberKey, PodSpec)]) -> BTreeMap<u32, GangPlacement> {
-        let every: Vec<u32> = (1..=self.shards).collect();
+        let every: Vec<u32> = (1..=self.shards.get()).collect();
         self.plans_on(&every, members, &[]).await
     }
 
@@ -917,7 +919,7 @@ impl Coordinator {
             .filter(|(key, _)| !assigned.contains(key))
             .cloned()
             .collect();
-        let others: Vec<u32> = (1..=self.shards)
+        let others: Vec<u32> = (1..=self.shards.get())
             .filter(|s| !partial.per_shard.contains_key(s))
             .collect();
         if carried.is_empty() || rest.is_empty() || others.is_empty() {
@@ -1015,7 +1017,7 @@ impl Coordinator {
                 return Ok(());
             }
         };
-        let participants = assignment.participants(self.shards);
+        let participants = assignment.participants(self.shards.get());
         let begin = MetaCommand::BeginTxn {
             seq: r.seq,
             participants: participants.clone(),
@@ -1078,7 +1080,7 @@ impl Coordinator {
             .decide(
                 txn,
                 decision,
-                placements(assignment, self.shards),
+                placements(assignment, self.shards.get()),
                 reason,
                 Vec::new(),
             )
@@ -1128,7 +1130,13 @@ impl Coordinator {
             other => (Decision::Abort, refusal_reason(shard, &other), Vec::new()),
         };
         let decided = self
-            .decide(txn, decision, placements(a, self.shards), reason, delivered)
+            .decide(
+                txn,
+                decision,
+                placements(a, self.shards.get()),
+                reason,
+                delivered,
+            )
             .await?;
         if decided != decision {
             release::tell(&self.groups, txn, decided, &[shard], true).await;

@@ -343,7 +343,7 @@ impl Coordinator {
             .decide(
                 txn,
                 decision,
-                placements(assignment, self.shards),
+                placements(assignment, self.shards.get()),
                 reason,
                 Vec::new(),
             )
@@ -376,7 +376,7 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             keep: keep.iter().cloned().collect(),
         };
-        let asks = (1..=self.shards).map(|s| {
+        let asks = (1..=self.shards.get()).map(|s| {
             let query = &query;
             async move { (s, self.groups.shard_query(s, query).await) }
         });
@@ -430,7 +430,7 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             gone: gone.to_vec(),
         };
-        let asks = (1..=self.shards).map(|s| {
+        let asks = (1..=self.shards.get()).map(|s| {
             let query = &query;
             async move { (s, self.groups.shard_query(s, query).await) }
         });

@@ -31,6 +31,7 @@ use crate::model::node_allocation::{AllocationDevice, AllocationMount, NodeAlloc
 use crate::model::resources::RawQuantity;
 use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
+use crate::shard::growth::ShardCount;
 
 /// A node lease's length when a heartbeat leaves it out, in ms (kubelet's node monitor
 /// grace period).
@@ -39,7 +40,7 @@ pub const NODE_LEASE_MS_DEFAULT: u64 = 40_000;
 /// The Inventory gRPC service over one replica's groups.
 pub struct InventoryService {
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     topology_label: Option<String>,
 }
 
@@ -47,7 +48,7 @@ impl InventoryService {
     /// A service routing to `groups`; nodes are partitioned by `topology_label` when set.
     pub fn new(
         groups: Groups,
-        shards: u32,
+        shards: ShardCount,
         topology_label: Option<String>,
     ) -> InventoryServer<Self> {
         InventoryServer::new(Self {
@@ -485,7 +486,7 @@ impl Inventory for InventoryService {
         };
         let shard = register(
             &self.groups,
-            self.shards,
+            self.shards.get(),
             self.topology_label.as_deref(),
             &node,
             registration,
@@ -527,14 +528,14 @@ impl Inventory for InventoryService {
         request: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesReply>, Status> {
         let shards: Vec<u32> = match request.into_inner().shard {
-            Some(s) if s == 0 || s > self.shards => {
+            Some(s) if s == 0 || s > self.shards.get() => {
                 return Err(Status::invalid_argument(format!(
                     "shard: {s} is not in 1..={}",
-                    self.shards
+                    self.shards.get()
                 )))
             }
             Some(s) => vec![s],
-            None => (1..=self.shards).collect(),
+            None => (1..=self.shards.get()).collect(),
         };
         let mut nodes = Vec::new();
         for shard in shards {

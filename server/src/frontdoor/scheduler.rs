@@ -30,6 +30,7 @@ use crate::model::{
     clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
 };
 use crate::replicated::{now_ms, GroupError, Groups};
+use crate::shard::growth::ShardCount;
 
 /// Most members one gang group may have.
 pub const GROUP_MEMBERS_MAX: usize = 10_000;
@@ -51,13 +52,17 @@ pub const SHARD_READ_TIMEOUT_MS: u64 = 500;
 /// The Scheduler gRPC service over one replica's groups.
 pub struct SchedulerService {
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     failpoints: Failpoints,
 }
 
 impl SchedulerService {
     /// A service over `groups` with `shards` shards (`failpoints` only in fault tests).
-    pub fn new(groups: Groups, shards: u32, failpoints: Failpoints) -> SchedulerServer<Self> {
+    pub fn new(
+        groups: Groups,
+        shards: ShardCount,
+        failpoints: Failpoints,
+    ) -> SchedulerServer<Self> {
         SchedulerServer::new(Self {
             groups,
             shards,
@@ -563,18 +568,20 @@ impl Scheduler for SchedulerService {
             MetaReply::ShardShares { shares } => shares,
             _ => Vec::new(),
         };
-        let capacities = futures::future::join_all((1..=self.shards).map(|shard| async move {
-            let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
-            match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await {
-                Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
-                    allocatable.get(&crate::model::resources::ResourceName::Cpu)
+        let capacities =
+            futures::future::join_all((1..=self.shards.get()).map(|shard| async move {
+                let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
+                match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await
+                {
+                    Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
+                        allocatable.get(&crate::model::resources::ResourceName::Cpu)
+                    }
+                    _ => 0,
                 }
-                _ => 0,
-            }
-        }))
-        .await;
+            }))
+            .await;
         let status = self.groups.host().status(false);
-        let shards = (1..=self.shards)
+        let shards = (1..=self.shards.get())
             .map(|shard| {
                 let g = status.iter().find(|g| g.group_id == u64::from(shard));
                 let share = shares.iter().find(|s| s.shard == shard);

@@ -5,17 +5,22 @@
 //! and carried out by the coordinator on the meta leader; `wait` polls meta until it
 //! ends, for at most [`MOVE_WAIT_MS_MAX`]. A rebalance plans from meta's map and the
 //! shards' node weights, then begins each planned move after the one before ended.
+//! A grow records the higher shard count in meta; every replica's growth task then
+//! opens the added shards' groups, and the call waits (at most [`GROW_WAIT_MS`]) until
+//! this replica has them and each has a leader.
 //! Served by every replica; called by `gangctl shards`.
 
 use std::time::Duration;
 
 use gangway_proto::admin::shards_server::{Shards, ShardsServer};
 use gangway_proto::admin::{
-    ListMovesReply, ListMovesRequest, MoveNodesReply, MoveNodesRequest, MoveSource,
-    PlannedMove as ApiPlannedMove, RebalanceReply, RebalanceRequest, ShardMove as ApiShardMove,
+    GrowShardsReply, GrowShardsRequest, ListMovesReply, ListMovesRequest, MoveNodesReply,
+    MoveNodesRequest, MoveSource, PlannedMove as ApiPlannedMove, RebalanceReply, RebalanceRequest,
+    ShardMove as ApiShardMove,
 };
 use tonic::{Request, Response, Status};
 
+use crate::config::SHARDS_MAX;
 use crate::coordinator::moves;
 use crate::coordinator::rebalance::{self, PlannedMove};
 use crate::coordinator::RebalancePolicy;
@@ -23,6 +28,8 @@ use crate::ledger::meta::{
     MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, RejectionKind, ShardMove,
 };
 use crate::replicated::{now_ms, Groups};
+use crate::shard::growth::{self, ShardCount};
+use gangway_raft::META_GROUP;
 
 /// Longest a call waits for one move to end, in ms.
 pub const MOVE_WAIT_MS_MAX: u64 = 120_000;
@@ -30,22 +37,57 @@ pub const MOVE_WAIT_MS_MAX: u64 = 120_000;
 pub const MOVE_POLL_MS: u64 = 50;
 /// Most moves one rebalance call makes (each of at most `MOVE_NODES_MAX` nodes).
 pub const REBALANCE_MOVES_MAX: usize = 256;
+/// Longest a grow call waits for the added shards to be open here and led, in ms.
+pub const GROW_WAIT_MS: u64 = 10_000;
 
 /// The Shards gRPC service over one replica's groups.
 pub struct ShardsService {
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     policy: RebalancePolicy,
 }
 
 impl ShardsService {
     /// A service over `groups` with `shards` shards, rebalancing by `policy`'s bound.
-    pub fn new(groups: Groups, shards: u32, policy: RebalancePolicy) -> ShardsServer<Self> {
+    pub fn new(groups: Groups, shards: ShardCount, policy: RebalancePolicy) -> ShardsServer<Self> {
         ShardsServer::new(Self {
             groups,
             shards,
             policy,
         })
+    }
+
+    /// The shard count meta records (a linearizable read).
+    async fn recorded_shards(&self) -> Result<u32, Status> {
+        match self
+            .groups
+            .meta_query(&MetaQuery::ShardSet)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::ShardSet { shards, .. } => Ok(shards),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    /// Waits up to [`GROW_WAIT_MS`] for shards `added` to be open on this replica and
+    /// led; the ready ones and the others.
+    async fn wait_until_led(&self, added: std::ops::RangeInclusive<u32>) -> (Vec<u32>, Vec<u32>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(GROW_WAIT_MS);
+        loop {
+            // The replica's own growth task does this too; doing it here answers sooner.
+            if let Err(e) = growth::open_added(&self.groups, &self.shards).await {
+                tracing::debug!(error = %e, "added shards not open here yet");
+            }
+            let host = self.groups.host();
+            let (ready, not_ready): (Vec<u32>, Vec<u32>) = added
+                .clone()
+                .partition(|s| *s <= self.shards.get() && host.leader_of(u64::from(*s)).is_some());
+            if not_ready.is_empty() || tokio::time::Instant::now() >= deadline {
+                return (ready, not_ready);
+            }
+            tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
+        }
     }
 
     /// Polls meta until move `id` ended; it as it ended.
@@ -72,10 +114,10 @@ impl ShardsService {
     }
 
     async fn plan_now(&self, bound: u64) -> Result<Vec<PlannedMove>, Status> {
-        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+        let nodes = moves::weighted_nodes(&self.groups, self.shards.get())
             .await
             .map_err(unavailable)?;
-        Ok(rebalance::plan(&nodes, self.shards, bound))
+        Ok(rebalance::plan(&nodes, self.shards.get(), bound))
     }
 
     async fn list(&self) -> Result<Vec<ShardMove>, Status> {
@@ -193,10 +235,11 @@ impl Shards for ShardsService {
                 ))
             }
         };
-        if req.to == 0 || req.to > self.shards {
+        if req.to == 0 || req.to > self.shards.get() {
             return Err(Status::invalid_argument(format!(
                 "to: shard {} is not in 1..={}",
-                req.to, self.shards
+                req.to,
+                self.shards.get()
             )));
         }
         let (mut m, left) = self
@@ -226,11 +269,11 @@ impl Shards for ShardsService {
             }
         };
         let status = unavailable;
-        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+        let nodes = moves::weighted_nodes(&self.groups, self.shards.get())
             .await
             .map_err(status)?;
-        let before = rebalance::peak_percent(&rebalance::loads(&nodes, self.shards));
-        let plan = rebalance::plan(&nodes, self.shards, bound);
+        let before = rebalance::peak_percent(&rebalance::loads(&nodes, self.shards.get()));
+        let plan = rebalance::plan(&nodes, self.shards.get(), bound);
         if req.dry_run {
             let mut after = nodes;
             for p in &plan {
@@ -240,7 +283,10 @@ impl Shards for ShardsService {
             }
             return Ok(Response::new(RebalanceReply {
                 peak_percent_before: before,
-                peak_percent_after: rebalance::peak_percent(&rebalance::loads(&after, self.shards)),
+                peak_percent_after: rebalance::peak_percent(&rebalance::loads(
+                    &after,
+                    self.shards.get(),
+                )),
                 plan: plan.iter().map(api_planned).collect(),
                 moves: Vec::new(),
             }));
@@ -284,14 +330,60 @@ impl Shards for ShardsService {
             made.push(api_move(&ended));
             plan = self.plan_now(bound).await?;
         }
-        let nodes = moves::weighted_nodes(&self.groups, self.shards)
+        let nodes = moves::weighted_nodes(&self.groups, self.shards.get())
             .await
             .map_err(status)?;
         Ok(Response::new(RebalanceReply {
             peak_percent_before: before,
-            peak_percent_after: rebalance::peak_percent(&rebalance::loads(&nodes, self.shards)),
+            peak_percent_after: rebalance::peak_percent(&rebalance::loads(
+                &nodes,
+                self.shards.get(),
+            )),
             plan: Vec::new(),
             moves: made,
+        }))
+    }
+
+    async fn grow_shards(
+        &self,
+        request: Request<GrowShardsRequest>,
+    ) -> Result<Response<GrowShardsReply>, Status> {
+        let wanted = request.into_inner().shards;
+        if wanted == 0 || wanted > SHARDS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "shards: {wanted} is not in 1..={SHARDS_MAX}"
+            )));
+        }
+        // A replica of the release before could not read the command.
+        self.refuse_if_legacy()?;
+        let before = self.recorded_shards().await?;
+        if wanted < before {
+            return Err(Status::failed_precondition(format!(
+                "shards: {wanted} is below the current count {before}; the count only grows \
+                 (move a shard's nodes to others instead)"
+            )));
+        }
+        let voters = self
+            .groups
+            .host()
+            .voters_of(META_GROUP)
+            .map_err(|e| e.to_status())?;
+        let cmd = MetaCommand::GrowShards {
+            shards: wanted,
+            voters,
+        };
+        let after = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::ShardSet { shards, .. } => shards,
+            MetaReply::Rejected { reason, .. } => return Err(Status::failed_precondition(reason)),
+            other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        };
+        tracing::info!(before, after, "shard count grown");
+        let (ready, not_ready) = self.wait_until_led(before + 1..=after).await;
+        Ok(Response::new(GrowShardsReply {
+            shards_before: before,
+            shards: after,
+            ready,
+            not_ready,
         }))
     }
 

@@ -31,6 +31,7 @@ use crate::ledger::query::{ShardAnswer, ShardQuery, UnboundMember};
 use crate::ledger::LedgerOp;
 use crate::model::{DeviceId, MemberKey};
 use crate::replicated::{now_ms, Groups};
+use crate::shard::growth::ShardCount;
 
 /// Period of the binder's look at its shards, in ms.
 pub const BIND_POLL_MS: u64 = 20;
@@ -150,7 +151,7 @@ struct Ctx {
 /// Runs the binder until `stop` fires.
 pub async fn run(
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     client: kube::Client,
     cache: Arc<Cache>,
     opts: KubeOptions,
@@ -173,7 +174,7 @@ pub async fn run(
     let in_flight_max = ctx.opts.bind_concurrency.max(1) * BIND_IN_FLIGHT_PER_SLOT;
     // Per shard: its apply feed, and whether to look even without new entries.
     let mut feeds: BTreeMap<u32, gangway_raft::GroupChanges> = BTreeMap::new();
-    let mut look_again: HashSet<u32> = (1..=shards).collect();
+    let mut look_again: HashSet<u32> = shards.ids().collect();
     loop {
         tokio::select! {
             _ = stop.changed() => break,
@@ -186,14 +187,14 @@ pub async fn run(
                 Done::Skipped(m) | Done::Failed(m) => {
                     in_flight.remove(&m);
                     retry_at.insert(m, Instant::now() + Duration::from_millis(BIND_RETRY_MS));
-                    look_again.extend(1..=shards);
+                    look_again.extend(shards.ids());
                 }
             }
         }
         while tasks.try_join_next().is_some() {}
         if !bound.is_empty() {
             // Confirmed members free their slots (for any shard this replica leads).
-            look_again.extend(1..=shards);
+            look_again.extend(shards.ids());
         }
         confirm(&groups, &mut bound, &mut in_flight).await;
         let me = groups.host().node_id();
@@ -201,9 +202,9 @@ pub async fn run(
         let retry_due = retry_at.len();
         retry_at.retain(|_, at| *at > now);
         if retry_at.len() != retry_due {
-            look_again.extend(1..=shards);
+            look_again.extend(shards.ids());
         }
-        for shard in 1..=shards {
+        for shard in shards.ids() {
             if groups.host().leader_of(u64::from(shard)) != Some(me) {
                 feeds.remove(&shard);
                 look_again.insert(shard);

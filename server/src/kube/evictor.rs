@@ -28,6 +28,7 @@ use crate::ledger::query::{PodEviction, PreemptedPod, ShardAnswer, ShardQuery};
 use crate::ledger::{EvictionCause, LedgerOp};
 use crate::model::MemberKey;
 use crate::replicated::{now_ms, Groups};
+use crate::shard::growth::ShardCount;
 
 /// Period of the evictor's look at its shards, in ms.
 pub const EVICT_POLL_MS: u64 = 500;
@@ -58,7 +59,7 @@ struct Memory {
 /// Runs the evictor until `stop` fires.
 pub async fn run(
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     client: kube::Client,
     cache: Arc<Cache>,
     opts: KubeOptions,
@@ -74,7 +75,7 @@ pub async fn run(
         memory.asked.retain(|_, at| *at > now);
         memory.victims_asked.retain(|_, at| *at > now);
         let me = groups.host().node_id();
-        for shard in 1..=shards {
+        for shard in shards.ids() {
             if groups.host().leader_of(u64::from(shard)) != Some(me) {
                 continue;
             }

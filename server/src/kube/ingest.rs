@@ -58,6 +58,7 @@ use crate::model::pod::PodSpec;
 use crate::model::reach::PoolReach;
 use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node, QueueSpec};
 use crate::replicated::{now_ms, Groups, ShardOutcome};
+use crate::shard::growth::ShardCount;
 
 /// Longest gap between passes, in ms, when neither the informers nor the meta group
 /// change (a pass starts at once when either does).
@@ -172,7 +173,7 @@ struct Memory {
 /// The ingest loop's dependencies.
 pub struct Ingest {
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     topology_label: Option<String>,
     client: kube::Client,
     cache: Arc<Cache>,
@@ -185,7 +186,7 @@ impl Ingest {
     /// An ingest loop over `cache` writing through `groups` and `client`.
     pub fn new(
         groups: Groups,
-        shards: u32,
+        shards: ShardCount,
         topology_label: Option<String>,
         client: kube::Client,
         cache: Arc<Cache>,
@@ -554,7 +555,7 @@ impl Ingest {
                     &n.name,
                     domain_of(&n.labels, self.topology_label.as_deref()),
                     self.groups.legacy_writer(),
-                    self.shards,
+                    self.shards.get(),
                     at_ms,
                 )
             })
@@ -623,7 +624,7 @@ impl Ingest {
                 continue;
             }
             let mut ok = true;
-            for shard in 1..=self.shards {
+            for shard in 1..=self.shards.get() {
                 let op = LedgerOp::PutDeviceClass {
                     class: class.clone(),
                 };
@@ -797,7 +798,7 @@ impl Ingest {
         for key in gone {
             let (node, driver, pool) = key.clone();
             let shards = if node.is_empty() {
-                (1..=self.shards).collect()
+                (1..=self.shards.get()).collect()
             } else {
                 match shard_of(&self.groups, &node).await {
                     Ok(Some(shard)) => vec![shard],
@@ -890,7 +891,7 @@ impl Ingest {
             counter_sets: pool.counter_sets,
         };
         let mut failed = None;
-        for shard in 1..=self.shards {
+        for shard in 1..=self.shards.get() {
             if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
                 failed = Some(format!("shard {shard}: {}", e.message()));
             }
@@ -1015,7 +1016,7 @@ impl Ingest {
                     }
                     if node.is_empty() {
                         // Every shard keeps a network-attached device.
-                        for shard in 1..=self.shards {
+                        for shard in 1..=self.shards.get() {
                             wanted.insert((network_key(shard), id.clone()), taints.clone());
                         }
                     } else {
@@ -1058,7 +1059,7 @@ impl Ingest {
         query: &ShardQuery,
         mut take: impl FnMut(u32, ShardAnswer) -> Result<(), ShardAnswer>,
     ) -> Result<(), String> {
-        for shard in 1..=self.shards {
+        for shard in 1..=self.shards.get() {
             let answer = (self.groups.shard_query(shard, query).await)
                 .map_err(|e| format!("shard {shard}: {e}"))?;
             take(shard, answer)
@@ -1234,7 +1235,7 @@ impl Ingest {
         if self.memory.observed_network.as_ref() == Some(&holds) {
             return;
         }
-        for shard in 1..=self.shards {
+        for shard in 1..=self.shards.get() {
             let op = LedgerOp::SetObservedNetworkHolds {
                 holds: holds.clone(),
             };

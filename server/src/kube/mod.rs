@@ -30,6 +30,7 @@ use tokio::task::JoinSet;
 
 use crate::coordinator::budgets::DisruptionBudgets;
 use crate::replicated::Groups;
+use crate::shard::growth::ShardCount;
 
 /// Default scheduler name (the `schedulerName` of the pods gangway schedules).
 pub const SCHEDULER_NAME_DEFAULT: &str = "gangway";
@@ -125,7 +126,7 @@ pub async fn connect(server: &ApiServer) -> Result<kube::Client, ConnectError> {
 pub async fn run(
     client: kube::Client,
     groups: Groups,
-    shards: u32,
+    shards: ShardCount,
     topology_label: Option<String>,
     budgets: Arc<DisruptionBudgets>,
     opts: KubeOptions,
@@ -143,7 +144,7 @@ pub async fn run(
     }
     let ingest = ingest::Ingest::new(
         groups.clone(),
-        shards,
+        shards.clone(),
         topology_label,
         client.clone(),
         cache.clone(),
@@ -153,7 +154,7 @@ pub async fn run(
     tasks.spawn(ingest.run(stop.clone()));
     tasks.spawn(evictor::run(
         groups.clone(),
-        shards,
+        shards.clone(),
         client.clone(),
         cache.clone(),
         opts.clone(),

@@ -19,6 +19,7 @@ use crate::ledger::meta::{GroupState, MetaQuery, MetaReply, QueueStatus};
 use crate::ledger::query::{ShardAnswer, ShardQuery, ShardStats};
 use crate::model::ResourceName;
 use crate::replicated::{now_ms, Groups};
+use crate::shard::growth::ShardCount;
 
 /// Period between samples, in ms.
 pub const SAMPLE_PERIOD_MS: u64 = 1_000;
@@ -30,7 +31,7 @@ const DEVICE_STATES: [&str; 3] = ["allocated", "free", "unhealthy"];
 type DeviceSeries = BTreeSet<(String, String)>;
 
 /// Samples until `stop` fires.
-pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
+pub async fn run(groups: Groups, shards: ShardCount, mut stop: watch::Receiver<bool>) {
     placement::register();
     crate::coordinator::preempt::register();
     evictor::register_metrics();
@@ -65,7 +66,7 @@ pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
             queue_series.clear();
             leading_meta = false;
         }
-        for shard in 1..=shards {
+        for shard in shards.ids() {
             if groups.host().leader_of(u64::from(shard)) == Some(me) {
                 let at_ms = now_ms();
                 if let Ok(ShardAnswer::Stats { stats }) =

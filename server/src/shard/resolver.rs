@@ -17,6 +17,7 @@ use crate::ledger::meta::{Decision, MetaCommand, MetaQuery, MetaReply, Undeliver
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::ledger::{LedgerOp, LedgerReply, TxnId};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
+use crate::shard::growth::ShardCount;
 
 /// Period of the resolver's checks.
 pub const RESOLVE_TICK_MS: u64 = 250;
@@ -26,7 +27,7 @@ pub const LEDGER_TICK_MS: u64 = 1_000;
 pub const RESOLVE_PER_TICK_MAX: usize = 256;
 
 /// Resolves expired reservations on the shards this replica leads until `stop` fires.
-pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
+pub async fn run(groups: Groups, shards: ShardCount, mut stop: watch::Receiver<bool>) {
     let checks_per_tick = LEDGER_TICK_MS.div_ceil(RESOLVE_TICK_MS).max(1);
     let mut check: u64 = 0;
     loop {
@@ -36,7 +37,7 @@ pub async fn run(groups: Groups, shards: u32, mut stop: watch::Receiver<bool>) {
         }
         check += 1;
         let me = groups.host().node_id();
-        for shard in 1..=shards {
+        for shard in shards.ids() {
             if groups.host().leader_of(u64::from(shard)) != Some(me) {
                 continue;
             }

@@ -281,6 +281,15 @@ pub enum MetaCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// Raises the shard count of a live cluster to `shards` (it never falls). Every
+    /// replica then opens the added shards' groups, created with `voters` (id ->
+    /// address) so that every replica creates them alike.
+    GrowShards {
+        /// The new count.
+        shards: u32,
+        /// The voters the added shards' groups start with.
+        voters: BTreeMap<u64, String>,
+    },
 }
 
 /// The meta group's answer.
@@ -331,6 +340,14 @@ pub enum MetaReply {
     ShardMap {
         /// node -> shard.
         map: BTreeMap<String, u32>,
+    },
+    /// The shard set ([`MetaQuery::ShardSet`], `GrowShards`).
+    ShardSet {
+        /// Shards 1..=shards exist.
+        shards: u32,
+        /// Each shard added on a live cluster -> the voters its group was created with.
+        #[serde(default)]
+        added: BTreeMap<u32, BTreeMap<u64, String>>,
     },
     /// A submission was accepted (`created`) or found under its key.
     Submitted {
@@ -503,6 +520,8 @@ pub enum MetaQuery {
     },
     /// The whole shard map.
     ShardMap,
+    /// How many shards there are, and the voters of those added on a live cluster.
+    ShardSet,
     /// One group.
     Group {
         /// The group.
@@ -641,6 +660,10 @@ pub struct MetaState {
     /// The last move id given.
     #[serde(default, skip_serializing_if = "is_zero")]
     next_move: u64,
+    /// Shards added on a live cluster (`GrowShards`) -> the voters their groups were
+    /// created with.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    added_shards: BTreeMap<u32, BTreeMap<u64, String>>,
     /// Nodes per shard (derived, never encoded).
     #[serde(skip)]
     node_counts: shard_map::NodeCounts,
@@ -753,6 +776,7 @@ impl MetaState {
             | MetaCommand::CommitMove { .. }
             | MetaCommand::EndMove { .. }
             | MetaCommand::CancelMove { .. }
+            | MetaCommand::GrowShards { .. }
             | MetaCommand::Submit { .. }
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
@@ -843,6 +867,7 @@ impl MetaState {
             MetaCommand::CommitMove { id } => self.commit_move(*id),
             MetaCommand::EndMove { id, at_ms } => self.end_move(*id, *at_ms),
             MetaCommand::CancelMove { id, reason, at_ms } => self.cancel_move(*id, reason, *at_ms),
+            MetaCommand::GrowShards { shards, voters } => self.grow_shards(*shards, voters),
             MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
             MetaCommand::BeginTxn {
                 seq,
@@ -1235,6 +1260,7 @@ impl MetaState {
                 Some(shard) => MetaReply::Shard { shard: *shard },
                 None => MetaReply::NotAssigned,
             },
+            MetaQuery::ShardSet => self.shard_set(),
             MetaQuery::ShardMap => MetaReply::ShardMap {
                 map: self.shard_map.clone(),
             },

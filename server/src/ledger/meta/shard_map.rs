@@ -212,6 +212,48 @@ impl MetaState {
             .unwrap_or(1)
     }
 
+    /// `GrowShards`: the count only rises. The count it already has answers as it is,
+    /// so a retried grow is harmless.
+    pub(super) fn grow_shards(&mut self, shards: u32, voters: &BTreeMap<u64, String>) -> MetaReply {
+        if shards < self.shards {
+            return rejected(format!(
+                "shards: {shards} is below the current count {}; the count only grows \
+                 (move a shard's nodes to others instead)",
+                self.shards
+            ));
+        }
+        if shards > crate::config::SHARDS_MAX {
+            return rejected(format!(
+                "shards: {shards} is above the most a cluster may have ({})",
+                crate::config::SHARDS_MAX
+            ));
+        }
+        if shards == self.shards {
+            return self.shard_set();
+        }
+        if voters.is_empty() || voters.iter().any(|(id, addr)| *id == 0 || addr.is_empty()) {
+            return rejected(
+                "voters: the added shards need at least one voter, each with an id >= 1 and an address",
+            );
+        }
+        // Counted over the old shards first, then widened, so no node is counted twice.
+        self.counts();
+        for shard in self.shards + 1..=shards {
+            self.added_shards.insert(shard, voters.clone());
+        }
+        self.shards = shards;
+        self.counts().resize(shards as usize + 1, 0);
+        self.shard_set()
+    }
+
+    /// The shard count and the voters of the shards added on a live cluster.
+    pub(super) fn shard_set(&self) -> MetaReply {
+        MetaReply::ShardSet {
+            shards: self.shards,
+            added: self.added_shards.clone(),
+        }
+    }
+
     /// `AssignNode` (entries written before domains were recorded): the proposer chose.
     pub(super) fn assign_node(&mut self, node: &str, shard: u32) -> MetaReply {
         // Counted before the map changes, so a count built now does not see the node twice.

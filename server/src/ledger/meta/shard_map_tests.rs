@@ -346,3 +346,77 @@ fn nodes_assigned_before_domains_were_recorded_learn_theirs_and_keep_their_zone_
     };
     assert_eq!(nodes[0].domain.as_deref(), Some("z"));
 }
+
+fn voters() -> BTreeMap<u64, String> {
+    (1..=3)
+        .map(|id| (id, format!("127.0.0.1:700{id}")))
+        .collect()
+}
+
+fn grow(m: &mut MetaState, shards: u32, voters: BTreeMap<u64, String>) -> Result<u32, String> {
+    match m.apply(&MetaCommand::GrowShards { shards, voters }) {
+        MetaReply::ShardSet { shards, .. } => Ok(shards),
+        MetaReply::Rejected { reason, .. } => Err(reason),
+        other => panic!("grow: {other:?}"),
+    }
+}
+
+#[test]
+fn growing_records_the_added_shards_and_new_domains_go_to_them() {
+    let mut m = MetaState::new(2);
+    assert_eq!(place(&mut m, "a-0", Some("a")), 1);
+    assert_eq!(place(&mut m, "b-0", Some("b")), 2);
+    assert_eq!(place(&mut m, "a-1", Some("a")), 1);
+    assert_eq!(grow(&mut m, 4, voters()), Ok(4));
+    let MetaReply::ShardSet { shards, added } = m.query(&MetaQuery::ShardSet) else {
+        panic!("shard set");
+    };
+    assert_eq!(shards, 4);
+    assert_eq!(added.keys().copied().collect::<Vec<_>>(), vec![3, 4]);
+    assert_eq!(added[&3], voters());
+    // The added shards are empty, so the next domains go there; old nodes stay home.
+    assert_eq!(place(&mut m, "c-0", Some("c")), 3);
+    assert_eq!(place(&mut m, "d-0", Some("d")), 4);
+    assert_eq!(place(&mut m, "a-2", Some("a")), 1);
+    // A move may now target an added shard.
+    let (mv, _) = begin_move(&mut m, MoveTarget::Domain("b".into()), 4).expect("move to 4");
+    assert_eq!(mv.to, 4);
+    // A restored state holds the same set and keeps placing alike.
+    let bytes = crate::wire::WireFormat::Binary.encode(&m).expect("encodes");
+    let mut restored: MetaState = crate::wire::decode(&bytes).expect("decodes");
+    assert_eq!(restored, m);
+    assert_eq!(
+        place(&mut restored, "e-0", None),
+        place(&mut m, "e-0", None)
+    );
+}
+
+#[test]
+fn the_shard_count_never_falls_and_refusals_name_the_field_and_change_nothing() {
+    let mut m = MetaState::new(3);
+    place(&mut m, "a-0", Some("a"));
+    let before = m.clone();
+    let err = grow(&mut m, 2, voters()).expect_err("shrink");
+    assert!(
+        err.starts_with("shards: 2 is below the current count 3"),
+        "{err}"
+    );
+    let err = grow(&mut m, crate::config::SHARDS_MAX + 1, voters()).expect_err("too many");
+    assert!(err.starts_with("shards:"), "{err}");
+    for bad in [
+        BTreeMap::new(),
+        [(0, "127.0.0.1:1".to_string())].into(),
+        [(1, String::new())].into(),
+    ] {
+        let err = grow(&mut m, 5, bad).expect_err("bad voters");
+        assert!(err.starts_with("voters:"), "{err}");
+    }
+    assert_eq!(m, before, "a refused grow changes nothing");
+    // The count it has again is answered as it is (a retried call), voters unread.
+    assert_eq!(grow(&mut m, 3, BTreeMap::new()), Ok(3));
+    assert_eq!(m, before);
+    assert_eq!(grow(&mut m, 5, voters()), Ok(5));
+    assert_eq!(grow(&mut m, 5, voters()), Ok(5));
+    let err = grow(&mut m, 4, voters()).expect_err("shrink after grow");
+    assert!(err.contains("only grows"), "{err}");
+}

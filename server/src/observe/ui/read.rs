@@ -21,6 +21,7 @@ use crate::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::replicated::{GroupError, Groups};
 use crate::security::Tokens;
+use crate::shard::growth::ShardCount;
 
 /// Time a member's status may take before the cluster panel calls it unreachable, in ms.
 pub const UI_PEER_STATUS_TIMEOUT_MS: u64 = 500;
@@ -60,7 +61,7 @@ pub struct Source {
     /// Replicas hosted in this process (their status is read without a call).
     pub hosts: Vec<RaftHost>,
     /// Number of shard groups.
-    pub shards: u32,
+    pub shards: ShardCount,
     /// The node label that names a node's topology domain (the fleet grid's rows):
     /// the shard topology label, else [`ZONE_LABEL`].
     pub topology_label: Option<String>,
@@ -133,7 +134,7 @@ pub struct TxnsView {
 impl Source {
     /// `q` asked of every shard at once, with each shard's answer.
     async fn each_shard(&self, q: &ShardQuery) -> Vec<(u32, Result<ShardAnswer, GroupError>)> {
-        let reads = (1..=self.shards)
+        let reads = (1..=self.shards.get())
             .map(|shard| async move { (shard, self.groups.shard_query(shard, q).await) });
         futures::future::join_all(reads).await
     }
@@ -166,7 +167,7 @@ impl Source {
             nodes: Vec::new(),
             unreadable: Vec::new(),
             topology_label: self.topology_label.clone(),
-            shards: self.shards,
+            shards: self.shards.get(),
         };
         for (shard, answer) in self.each_shard(&ShardQuery::ListNodes).await {
             match answer {
@@ -301,7 +302,7 @@ impl Source {
         ClusterView {
             this: this.node_id(),
             members: futures::future::join_all(reads).await,
-            shards: self.shards,
+            shards: self.shards.get(),
         }
     }
 
