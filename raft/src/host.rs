@@ -715,6 +715,39 @@ impl RaftHost {
         })
     }
 
+    /// Runs `f` on this replica's copy of `group`'s state machine (possibly stale), as
+    /// `read_local` answers a query but without encoding one or its answer.
+    pub fn inspect_local<R>(
+        &self,
+        group: GroupId,
+        f: impl FnOnce(&dyn std::any::Any) -> R,
+    ) -> Result<R, HostError> {
+        let g = self.group(group)?;
+        let inner = g.sm.lock();
+        Ok(f(inner.sm.as_any()))
+    }
+
+    /// Runs `f` on `group`'s state machine linearizably, when this replica leads the
+    /// group: the typed form of `read` for a server reading its own state machines on
+    /// the leader. Anywhere else it answers `NotLeader` (with the leader, if known)
+    /// and the caller reads through `read`. `f` runs on the blocking pool, as queries do.
+    pub async fn inspect<R, F>(&self, group: GroupId, f: F) -> Result<R, HostError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn std::any::Any) -> R + Send + 'static,
+    {
+        let g = self.group(group)?;
+        let leader = g.raft.metrics().borrow().current_leader;
+        if leader != Some(self.node_id()) {
+            return Err(self.not_leader(group, leader, None));
+        }
+        self.confirm_leader(&g).await?;
+        let host = self.clone();
+        tokio::task::spawn_blocking(move || host.inspect_local(group, f))
+            .await
+            .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
+    }
+
     pub(crate) async fn routed(&self, group: GroupId, op: Routed) -> Result<Outcome, HostError> {
         self.group(group)?;
         let deadline = Instant::now() + Duration::from_millis(ROUTE_TIMEOUT_MS);
@@ -850,6 +883,21 @@ impl RaftHost {
     }
 
     async fn read_leader(&self, g: &Group, query: &[u8]) -> Result<Outcome, HostError> {
+        self.confirm_leader(g).await?;
+        // A query may be long (a plan over a large shard): it runs on the blocking
+        // pool, so the async workers keep serving streams and heartbeats meanwhile.
+        let host = self.clone();
+        let group = g.id;
+        let query = query.to_vec();
+        tokio::task::spawn_blocking(move || host.read_local(group, &query))
+            .await
+            .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
+    }
+
+    /// Confirms that this replica still leads `g` after the caller's read arrived (a
+    /// quorum answered a check begun after it), so its state holds every write
+    /// acknowledged before.
+    async fn confirm_leader(&self, g: &Group) -> Result<(), HostError> {
         let closed = || HostError::Unavailable {
             group: g.id,
             detail: "the host is shutting down".to_string(),
@@ -871,16 +919,7 @@ impl RaftHost {
             })??
             .map_err(|_| closed())?;
         match res {
-            // A query may be long (a plan over a large shard): it runs on the blocking
-            // pool, so the async workers keep serving streams and heartbeats meanwhile.
-            Ok(()) => {
-                let host = self.clone();
-                let group = g.id;
-                let query = query.to_vec();
-                tokio::task::spawn_blocking(move || host.read_local(group, &query))
-                    .await
-                    .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
-            }
+            Ok(()) => Ok(()),
             Err(CheckFailed::TimedOut) => Err(HostError::Unavailable {
                 group: g.id,
                 detail: format!("no quorum confirmed the leader within {ATTEMPT_TIMEOUT_MS} ms"),

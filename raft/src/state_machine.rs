@@ -22,6 +22,9 @@ pub trait StateMachine: Send + 'static {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
     /// Answers a read-only query against the current state.
     fn query(&self, query: &[u8]) -> Vec<u8>;
+    /// This machine as `Any`, so the embedding server can read its own type's state
+    /// without encoding a query and its answer (`RaftHost::inspect`).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// The check a leader runs on each command before proposing it, so a command no
     /// replica could have built takes no log index; `None` admits every command.
     fn admission(&self) -> Option<Admission> {

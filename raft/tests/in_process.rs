@@ -46,6 +46,9 @@ impl StateMachine for KvMachine {
             }
         }))
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         let key = String::from_utf8_lossy(query);
         self.map
@@ -190,6 +193,33 @@ async fn a_group_added_while_the_hosts_run_elects_a_leader_and_replicates() {
             assert_eq!(out.reply, format!("v{i}").into_bytes());
         }
         assert!(r.host.group_ids().contains(&new));
+    }
+    // A typed read runs on the leader, after every acknowledged write; elsewhere it
+    // answers NotLeader naming the leader, and the caller reads through it.
+    let leader = replicas[0].host.leader_of(new).expect("leader");
+    for r in &replicas {
+        let typed = r
+            .host
+            .inspect(new, |sm| {
+                sm.downcast_ref::<KvMachine>().map(|m| m.map.len())
+            })
+            .await;
+        if r.host.node_id() == leader {
+            assert_eq!(typed.expect("typed read on the leader"), Some(3));
+        } else {
+            match typed {
+                Err(gangway_raft::HostError::NotLeader {
+                    leader: Some((id, _)),
+                    ..
+                }) => assert_eq!(id, leader),
+                other => panic!("a typed read on a follower: {other:?}"),
+            }
+        }
+        let local = r
+            .host
+            .inspect_local(new, |sm| sm.downcast_ref::<KvMachine>().is_some())
+            .expect("local typed read");
+        assert!(local);
     }
     // The groups that were there go on as before.
     let out = replicas[2]

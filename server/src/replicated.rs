@@ -195,9 +195,41 @@ impl StateMachine for MetaMachine {
             ),
         }
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl ShardMachine {
+    /// Answers one query: what `query` answers encoded, and typed reads directly.
+    fn answer(&self, q: ShardQuery) -> ShardAnswer {
+        if let ShardQuery::Unbound { limit } = q {
+            if self.failpoints.armed(failpoints::BIND_BEFORE_VICTIMS_LEAVE) {
+                return unbound(&self.ledger, limit, Victims::Ignore);
+            }
+        }
+        let (q, cold) = self.without_cold_gangs(q);
+        // A panic while planning leaves no broken invariant in a placer (its
+        // caches are checked against node stamps), so a poisoned lock is reused.
+        let mut placer = self
+            .placer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut answered = answer(&self.ledger, &q, &mut placer);
+        if let ShardAnswer::Plan { placement } = &mut answered {
+            placement
+                .unplaced
+                .extend(cold.into_iter().map(|member| Unplaced {
+                    member,
+                    diagnosis: Diagnosis {
+                        nodes: 0,
+                        reasons: [(FilterReason::SelectorsWarming, 1)].into(),
+                    },
+                }));
+        }
+        answered
+    }
+
     /// A plan query without the gangs whose selectors are still being warmed (see
     /// `shard::warmer`), and the members left out; other queries as they are.
     fn without_cold_gangs(&self, q: ShardQuery) -> (ShardQuery, Vec<MemberKey>) {
@@ -313,40 +345,16 @@ impl StateMachine for ShardMachine {
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {
         match decode(query) {
-            Ok(ShardQuery::Unbound { limit })
-                if self.failpoints.armed(failpoints::BIND_BEFORE_VICTIMS_LEAVE) =>
-            {
-                let answered = unbound(&self.ledger, limit, Victims::Ignore);
-                reply(self.format, &answered, answer_malformed)
-            }
-            Ok(q) => {
-                let (q, cold) = self.without_cold_gangs(q);
-                // A panic while planning leaves no broken invariant in a placer (its
-                // caches are checked against node stamps), so a poisoned lock is reused.
-                let mut placer = self
-                    .placer
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let mut answered = answer(&self.ledger, &q, &mut placer);
-                if let ShardAnswer::Plan { placement } = &mut answered {
-                    placement
-                        .unplaced
-                        .extend(cold.into_iter().map(|member| Unplaced {
-                            member,
-                            diagnosis: Diagnosis {
-                                nodes: 0,
-                                reasons: [(FilterReason::SelectorsWarming, 1)].into(),
-                            },
-                        }));
-                }
-                reply(self.format, &answered, answer_malformed)
-            }
+            Ok(q) => reply(self.format, &self.answer(q), answer_malformed),
             Err(e) => reply(
                 self.format,
                 &answer_malformed(e.to_string()),
                 answer_malformed,
             ),
         }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -460,8 +468,25 @@ impl Groups {
         Self::decode(META_GROUP, &out.reply)
     }
 
-    /// Reads the meta group linearizably.
+    /// Reads the meta group linearizably: on its leader by typed access, elsewhere
+    /// through the leader.
     pub async fn meta_query(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
+        if self.leads(META_GROUP) {
+            let owned = q.clone();
+            let typed = self
+                .host
+                .inspect(META_GROUP, move |sm| {
+                    sm.downcast_ref::<MetaMachine>()
+                        .map(|m| m.state.query(&owned))
+                })
+                .await;
+            match typed {
+                Ok(answer) => return answer.ok_or_else(|| not_the_machine(META_GROUP)),
+                // Leadership moved since it was looked at: ask the new leader.
+                Err(HostError::NotLeader { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let out = self
             .host
             .read(META_GROUP, self.encode(META_GROUP, q)?)
@@ -469,12 +494,20 @@ impl Groups {
         Self::decode(META_GROUP, &out.reply)
     }
 
-    /// Asks this replica's copy of the meta group (possibly stale, never ahead of the log).
+    /// Asks this replica's copy of the meta group (possibly stale, never ahead of the
+    /// log), by typed access.
     pub fn meta_query_local(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
-        let out = self
-            .host
-            .read_local(META_GROUP, &self.encode(META_GROUP, q)?)?;
-        Self::decode(META_GROUP, &out.reply)
+        self.host
+            .inspect_local(META_GROUP, |sm| {
+                sm.downcast_ref::<MetaMachine>().map(|m| m.state.query(q))
+            })?
+            .ok_or_else(|| not_the_machine(META_GROUP))
+    }
+
+    /// Whether this replica leads `group` as far as it knows (a read there may still
+    /// find it deposed, and falls back to routing).
+    fn leads(&self, group: GroupId) -> bool {
+        self.host.leader_of(group) == Some(self.host.node_id())
     }
 
     /// Commits a ledger operation on shard `shard`, stamped with this clock.
@@ -488,18 +521,47 @@ impl Groups {
         Self::decode(group, &out.reply)
     }
 
-    /// Reads shard `shard` linearizably.
+    /// Reads shard `shard` linearizably: on its leader by typed access, elsewhere
+    /// through the leader.
     pub async fn shard_query(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
+        if self.leads(group) {
+            let owned = q.clone();
+            let typed = self
+                .host
+                .inspect(group, move |sm| {
+                    sm.downcast_ref::<ShardMachine>().map(|m| m.answer(owned))
+                })
+                .await;
+            match typed {
+                Ok(answer) => return answer.ok_or_else(|| not_the_machine(group)),
+                Err(HostError::NotLeader { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let out = self.host.read(group, self.encode(group, q)?).await?;
         Self::decode(group, &out.reply)
     }
 
-    /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's own state).
+    /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's
+    /// own state), by typed access.
     pub fn shard_query_local(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        let out = self.host.read_local(group, &self.encode(group, q)?)?;
-        Self::decode(group, &out.reply)
+        self.host
+            .inspect_local(group, |sm| {
+                sm.downcast_ref::<ShardMachine>()
+                    .map(|m| m.answer(q.clone()))
+            })?
+            .ok_or_else(|| not_the_machine(group))
+    }
+}
+
+/// A group whose state machine is not the type its id says (a host built with another
+/// factory): a bug, reported rather than guessed around.
+fn not_the_machine(group: GroupId) -> GroupError {
+    GroupError::Decode {
+        group,
+        reason: "its state machine is not the one gangway builds for this group".into(),
     }
 }
 
@@ -542,6 +604,62 @@ mod tests {
         LedgerCommand {
             at_ms,
             op: LedgerOp::RegisterNode { node },
+        }
+    }
+
+    /// A typed read (the leader reading its own state machine) answers what the encoded
+    /// query answers, in both formats.
+    #[test]
+    fn typed_reads_answer_as_encoded_queries_do() {
+        for format in [WireFormat::Binary, WireFormat::Json] {
+            let mut shard = shard_machine(format);
+            for (i, name) in ["n1", "n2", "n3"].iter().enumerate() {
+                shard.apply(
+                    i as u64 + 1,
+                    &encode(&register(i as u64, name)).expect("encodes"),
+                );
+            }
+            for q in [
+                ShardQuery::Capacity,
+                ShardQuery::NodeWeights,
+                ShardQuery::Unbound { limit: 10 },
+            ] {
+                let encoded: ShardAnswer =
+                    decode(&shard.query(&encode(&q).expect("encodes"))).expect("decodes");
+                let typed = shard
+                    .as_any()
+                    .downcast_ref::<ShardMachine>()
+                    .expect("a shard machine")
+                    .answer(q.clone());
+                assert_eq!(typed, encoded, "{q:?}");
+            }
+            let mut meta = meta_machine(format);
+            let place = MetaCommand::PlaceNode {
+                node: "n1".into(),
+                domain: Some("a".into()),
+                at_ms: 0,
+            };
+            meta.apply(1, &encode(&place).expect("encodes"));
+            for q in [
+                MetaQuery::ShardSet,
+                MetaQuery::ShardMap,
+                MetaQuery::ShardShares,
+                MetaQuery::Groups { active_only: false },
+            ] {
+                let encoded: MetaReply =
+                    decode(&meta.query(&encode(&q).expect("encodes"))).expect("decodes");
+                let typed = meta
+                    .as_any()
+                    .downcast_ref::<MetaMachine>()
+                    .expect("a meta machine")
+                    .state
+                    .query(&q);
+                assert_eq!(typed, encoded, "{q:?}");
+            }
+            assert!(
+                meta.as_any().downcast_ref::<ShardMachine>().is_none(),
+                "a meta machine is no shard machine"
+            );
         }
     }
 

@@ -62,6 +62,9 @@ impl StateMachine for CountingMachine {
     fn query(&self, _query: &[u8]) -> Vec<u8> {
         self.applied.to_be_bytes().to_vec()
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct Row {
