@@ -6,7 +6,8 @@
 //! zones out, as least-loaded placement did, and after `gangway shards rebalance` (its
 //! moves and time); then the placement throughput of gangs submitted all at once, alone
 //! and with a zone moving back and forth between two shards meanwhile, checking that every
-//! gang was placed and that the ledgers hold exactly their members.
+//! gang was placed and that the ledgers hold exactly their members. With `--grow-to`, it
+//! then grows the live cluster, rebalances onto the added shards and places again.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,6 +53,10 @@ pub struct ShardsBenchArgs {
     /// Members per gang (one cpu each).
     #[arg(long, default_value_t = 8)]
     pub gang_size: usize,
+    /// Then grow the live cluster to this many shards (`gangctl shards grow`), rebalance
+    /// onto the added ones and place the gangs again (0: no growth).
+    #[arg(long, default_value_t = 0)]
+    pub grow_to: u32,
 }
 
 fn zone_name(z: usize) -> String {
@@ -203,6 +208,13 @@ pub async fn run(args: ShardsBenchArgs) -> anyhow::Result<()> {
     if args.gangs == 0 || args.gang_size == 0 || args.cpu == 0 {
         bail!("--gangs, --gang-size and --cpu must be >= 1");
     }
+    if args.grow_to != 0 && !(args.shards + 1..=SHARDS_MAX).contains(&args.grow_to) {
+        bail!(
+            "--grow-to: {} is not in {}..={SHARDS_MAX} (above --shards; 0: no growth)",
+            args.grow_to,
+            args.shards + 1
+        );
+    }
     let dir = std::env::temp_dir().join(format!("gangway-bench-shards-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let extra = ["--topology-label", ZONE_LABEL, "--auto-rebalance", "false"]
@@ -309,8 +321,64 @@ pub async fn run(args: ShardsBenchArgs) -> anyhow::Result<()> {
         crate::bench::percentile(&took, 50.0),
         took.last().copied().unwrap_or(0)
     );
+    if args.grow_to != 0 {
+        grow(&client, &args).await?;
+    }
     println!();
     println!("Every gang placed, the ledgers held exactly their members, and all was released.");
     drop(procs);
+    Ok(())
+}
+
+/// Grows the cluster to `--grow-to` shards, rebalances onto the added ones and places
+/// the gangs again; prints what each step took.
+async fn grow(client: &Client, args: &ShardsBenchArgs) -> anyhow::Result<()> {
+    let before = loads(client, args.shards).await?;
+    let t = Instant::now();
+    let grown = client.grow_shards(args.grow_to).await?;
+    let grow_s = t.elapsed().as_secs_f64();
+    if !grown.not_ready.is_empty() {
+        bail!(
+            "added shards {:?} had no leader when the grow answered",
+            grown.not_ready
+        );
+    }
+    let t = Instant::now();
+    let reply = client.rebalance(0, false).await?;
+    let rebalance_s = t.elapsed().as_secs_f64();
+    let moved: usize = reply
+        .moves
+        .iter()
+        .map(|m| m.sources.iter().map(|s| s.nodes.len()).sum::<usize>())
+        .sum();
+    let after = loads(client, args.grow_to).await?;
+    let (placed_s, ids) = place_all(client, "grown", args).await?;
+    check_and_release(client, &ids).await?;
+    println!();
+    println!(
+        "Growing the live cluster from {} to {} shards (`gangctl shards grow`), then `gangctl shards rebalance`:",
+        args.shards, args.grow_to
+    );
+    println!();
+    println!("| step | seconds | cpus per shard | heaviest shard / mean |");
+    println!("|---|---:|---|---:|");
+    println!(
+        "| before | | {} | {}% |",
+        cpus(&before),
+        peak_percent(&before)
+    );
+    println!("| grow (every added shard led) | {grow_s:.2} | | |");
+    println!(
+        "| rebalance: {} moves, {moved} nodes | {rebalance_s:.2} | {} | {}% |",
+        reply.moves.len(),
+        cpus(&after),
+        peak_percent(&after)
+    );
+    println!(
+        "| {} gangs of {} placed on the grown cluster | {placed_s:.2} ({:.0} pods/s) | | |",
+        args.gangs,
+        args.gang_size,
+        (args.gangs * args.gang_size) as f64 / placed_s
+    );
     Ok(())
 }
