@@ -38,6 +38,7 @@ impl RaftHost {
                 .map(|(node_id, addr)| Member { node_id, addr })
                 .collect(),
             members_seen: self.members_seen().into_iter().collect(),
+            started_groups: u32::try_from(self.shared.cfg.groups.len()).unwrap_or(u32::MAX),
         }
     }
 }

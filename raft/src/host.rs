@@ -541,18 +541,9 @@ impl RaftHost {
             pool: &self.shared.pool,
             factory: &*self.shared.factory,
         };
+        let pristine = !crate::members_seen::holds_raft_state(&*self.shared.store, &[gid])?;
         let (group, task) = Self::open_group(&deps, gid, self.shutdown_signal()).await?;
         let group = Arc::new(group);
-        let pristine = {
-            let m = group.raft.metrics();
-            let m = m.borrow();
-            m.last_log_index.is_none()
-                && m.membership_config
-                    .membership()
-                    .voter_ids()
-                    .next()
-                    .is_none()
-        };
         self.shared.groups.insert(group.clone());
         self.own(tokio::spawn(task));
         self.watch_metrics(&group);
@@ -1690,6 +1681,14 @@ impl RaftHost {
         out
     }
 
+    /// Whether `group`'s membership, as this replica sees it, is a joint one (a change
+    /// of voters under way).
+    pub fn membership_changing(&self, group: GroupId) -> Result<bool, HostError> {
+        let g = self.group(group)?;
+        let m = g.raft.metrics().borrow().membership_config.clone();
+        Ok(m.membership().get_joint_config().len() > 1)
+    }
+
     /// The voters of `group` (id -> address) as this replica's membership shows them.
     pub fn voters_of(&self, group: GroupId) -> Result<BTreeMap<NodeId, String>, HostError> {
         let g = self.group(group)?;
@@ -1781,6 +1780,9 @@ impl RaftHost {
     /// Stops every group and background task.
     pub async fn shutdown(&self) {
         let _ = self.shared.shutdown.send(true);
+        // A group being added finishes first (adding checks the signal under this lock),
+        // so its Raft replica and tasks are among those stopped below.
+        let _adding = self.shared.adding.lock().await;
         for g in self.shared.groups.now().values() {
             if let Err(e) = g.raft.shutdown().await {
                 tracing::warn!(group = g.id, error = %e, "raft shutdown");

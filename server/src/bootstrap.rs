@@ -121,6 +121,18 @@ pub fn view_of(cfg: &ServeConfig, peer: NodeId, status: &StatusReply) -> anyhow:
             cfg.cluster_id
         );
     }
+    // A replica replays the meta log from a state made for its own `--shards`: one
+    // started with another count than its peers would place nodes differently.
+    let started_shards = status.started_groups.saturating_sub(1);
+    if status.started_groups != 0 && started_shards != cfg.shards {
+        bail!(
+            "peer {peer} was started with --shards {started_shards}, the count cluster {:?} was \
+             created with, and this replica with --shards {}: start it with --shards \
+             {started_shards} (shards added later with `gangctl shards grow` open on their own)",
+            cfg.cluster_id,
+            cfg.shards
+        );
+    }
     let me = cfg.id;
     let matched_me = status
         .groups
@@ -312,6 +324,26 @@ mod tests {
         let new = cfg(false, InitialClusterState::New);
         assert_eq!(start_mode(&new, false).expect("create"), StartMode::Create);
         assert_eq!(start_mode(&new, true).expect("resume"), StartMode::Resume);
+    }
+
+    #[test]
+    fn a_peer_started_with_another_shard_count_is_refused_naming_the_flag() {
+        let me = cfg(false, InitialClusterState::New);
+        let status = |started_groups| StatusReply {
+            cluster_id: me.cluster_id.clone(),
+            started_groups,
+            ..Default::default()
+        };
+        let same = status(me.shards + 1);
+        assert!(view_of(&me, 2, &same).is_ok());
+        // Releases before the field answer 0: nothing to compare.
+        assert!(view_of(&me, 2, &status(0)).is_ok());
+        let err = view_of(&me, 2, &status(me.shards + 3)).expect_err("another count");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("--shards {}", me.shards + 2)) && msg.contains("shards grow"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -482,8 +482,9 @@ impl Groups {
                 .await;
             match typed {
                 Ok(answer) => return answer.ok_or_else(|| not_the_machine(META_GROUP)),
-                // Leadership moved since it was looked at: ask the new leader.
-                Err(HostError::NotLeader { .. }) => {}
+                // Leadership moved since it was looked at, or the check failed for now:
+                // the routed read retries and asks the leader wherever it is.
+                Err(e) if e.is_retryable() => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -517,7 +518,11 @@ impl Groups {
             at_ms: now_ms(),
             op,
         };
-        let out = self.host.write(group, self.encode(group, &cmd)?).await?;
+        let out = self
+            .host
+            .write(group, self.encode(group, &cmd)?)
+            .await
+            .map_err(not_open_yet)?;
         Self::decode(group, &out.reply)
     }
 
@@ -535,11 +540,15 @@ impl Groups {
                 .await;
             match typed {
                 Ok(answer) => return answer.ok_or_else(|| not_the_machine(group)),
-                Err(HostError::NotLeader { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(not_open_yet(e).into()),
             }
         }
-        let out = self.host.read(group, self.encode(group, q)?).await?;
+        let out = self
+            .host
+            .read(group, self.encode(group, q)?)
+            .await
+            .map_err(not_open_yet)?;
         Self::decode(group, &out.reply)
     }
 
@@ -551,8 +560,24 @@ impl Groups {
             .inspect_local(group, |sm| {
                 sm.downcast_ref::<ShardMachine>()
                     .map(|m| m.answer(q.clone()))
-            })?
+            })
+            .map_err(not_open_yet)?
             .ok_or_else(|| not_the_machine(group))
+    }
+}
+
+/// A shard this replica has not opened is one the cluster added a moment ago (services
+/// only name shards meta recorded): unavailable for now, which callers retry, rather
+/// than unknown.
+fn not_open_yet(e: HostError) -> HostError {
+    match e {
+        HostError::UnknownGroup { group, .. } => HostError::Unavailable {
+            group,
+            detail: format!(
+                "shard {group} is not open on this replica yet (the cluster grew); retry"
+            ),
+        },
+        other => other,
     }
 }
 

@@ -1130,6 +1130,52 @@ async fn a_network_attached_pool_serves_two_nodes_of_two_shards_and_books_each_d
     );
 }
 
+/// A shard added to the live cluster (`gangctl shards grow`) gets the cluster-wide state
+/// the ingest had written to every shard before (network-attached pools among it): every
+/// shard takes part in a reservation of a network device, so one that never heard of
+/// the pool would refuse every such pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_pool_reaches_a_shard_added_to_the_live_cluster() {
+    let env = start(4, 0, 0).await;
+    let api = &env.api;
+    create_fabric(&env, 2, FabricReach::TwoShards).await;
+    api.create(
+        &PODS,
+        gpu_pod("before-grow", json!({}), json!({}), "one-gpu"),
+    )
+    .await
+    .expect("pod");
+    wait_for(
+        "a pod bound with a network device",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of("before-grow").is_some(),
+    )
+    .await;
+    let client = support::client(&env.cluster, 1).await;
+    let grown = client.grow_shards(3).await.expect("grow");
+    assert_eq!((grown.shards_before, grown.shards), (2, 3), "{grown:?}");
+    api.create(
+        &PODS,
+        gpu_pod("after-grow", json!({}), json!({}), "one-gpu"),
+    )
+    .await
+    .expect("pod");
+    let now = wait_for(
+        "a pod bound with a network device after the grow",
+        Duration::from_secs(60),
+        &env,
+        |v| v.node_of("after-grow").is_some(),
+    )
+    .await;
+    let before = now.device_of("before-grow").map(|(_, d)| d);
+    let after = now.device_of("after-grow").map(|(_, d)| d);
+    assert!(
+        after.is_some() && after != before,
+        "{before:?} and {after:?}"
+    );
+}
+
 /// A PodGroup of 4 pods, each half a node, naming one ResourceClaim that only the
 /// network-attached pool (one device, reaching two nodes of two shards) can serve: the
 /// pods bind to both nodes, the claim is allocated once with the network device and the

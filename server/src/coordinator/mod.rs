@@ -556,12 +556,14 @@ impl Coordinator {
         }
         let mut chosen = Vec::new();
         let mut left: Vec<&(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = batch.iter().collect();
-        let start = self.rounds.fetch_add(1, Ordering::Relaxed) % self.shards.get();
-        for k in 0..self.shards.get() {
+        // One count for the whole pass: a shard added meanwhile joins the next round.
+        let shard_count = self.shards.get();
+        let start = self.rounds.fetch_add(1, Ordering::Relaxed) % shard_count;
+        for k in 0..shard_count {
             if left.is_empty() {
                 break;
             }
-            let shard = 1 + (start + k) % self.shards.get();
+            let shard = 1 + (start + k) % shard_count;
             let members: Vec<(MemberKey, PodSpec)> =
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
             let timer = PhaseTimer::start(Phase::Quote);

@@ -178,6 +178,29 @@ fn unavailable(e: crate::replicated::GroupError) -> Status {
     }
 }
 
+/// The meta group's voters, which the added shards are created with, when every group
+/// has those same voters and none is changing them; FAILED_PRECONDITION otherwise, so
+/// an added group never starts with a voter a change is removing.
+fn settled_voters(
+    host: &gangway_raft::RaftHost,
+) -> Result<std::collections::BTreeMap<u64, String>, Status> {
+    let to_status = |e: gangway_raft::HostError| e.to_status();
+    let voters = host.voters_of(META_GROUP).map_err(to_status)?;
+    for group in host.group_ids() {
+        let changing = host.membership_changing(group).map_err(to_status)?;
+        let theirs = host.voters_of(group).map_err(to_status)?;
+        if changing || !theirs.keys().eq(voters.keys()) {
+            return Err(Status::failed_precondition(format!(
+                "shards: a membership change is under way (group {group} has voters {:?}, \
+                 meta {:?}); grow once `gangctl cluster status` shows one voter set",
+                theirs.keys().collect::<Vec<_>>(),
+                voters.keys().collect::<Vec<_>>()
+            )));
+        }
+    }
+    Ok(voters)
+}
+
 /// The API's name of a phase.
 pub fn phase_name(phase: MovePhase) -> &'static str {
     match phase {
@@ -235,10 +258,11 @@ impl Shards for ShardsService {
                 ))
             }
         };
-        if req.to == 0 || req.to > self.shards.get() {
+        // The upper bound is meta's (its count may be ahead of this replica's for a moment
+        // after a grow); BeginMove refuses a shard above it, naming `to`.
+        if req.to == 0 {
             return Err(Status::invalid_argument(format!(
-                "to: shard {} is not in 1..={}",
-                req.to,
+                "to: shard 0 is not in 1..={}",
                 self.shards.get()
             )));
         }
@@ -363,11 +387,7 @@ impl Shards for ShardsService {
                  (move a shard's nodes to others instead)"
             )));
         }
-        let voters = self
-            .groups
-            .host()
-            .voters_of(META_GROUP)
-            .map_err(|e| e.to_status())?;
+        let voters = settled_voters(self.groups.host())?;
         let cmd = MetaCommand::GrowShards {
             shards: wanted,
             voters,

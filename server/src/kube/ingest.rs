@@ -94,6 +94,9 @@ const CHANGE_SLOTS: [Slot; 7] = [
 #[derive(Default)]
 struct Memory {
     leading: bool,
+    /// The shard count when leading started: what was written to "every shard" (device
+    /// classes, network pools and holds, rule taints) reached only those.
+    shards: u32,
     /// Queues the ElasticQuotas keep, as last synced (pods of their namespaces are
     /// charged to them).
     kept_queues: BTreeSet<String>,
@@ -246,6 +249,15 @@ impl Ingest {
                 let _ = self.cache.take_changes(slot);
             }
             return Ok(());
+        }
+        if self.memory.leading && self.memory.shards != self.shards.get() {
+            // Shards added to the live cluster hold none of the cluster-wide state yet:
+            // everything is looked at again, as by a new leader.
+            tracing::info!(
+                shards = self.shards.get(),
+                "the shard count grew; the ingest writes its cluster-wide state to every shard again"
+            );
+            self.memory = Memory::default();
         }
         if !self.memory.leading {
             self.recover().await?;
@@ -411,6 +423,7 @@ impl Ingest {
         let started = std::time::Instant::now();
         let mut memory = Memory {
             leading: true,
+            shards: self.shards.get(),
             resync_nodes: true,
             ..Memory::default()
         };
