@@ -170,6 +170,54 @@ async fn stream(c: Client, stop: tokio::sync::watch::Receiver<bool>) -> (Vec<u64
     (submitted, released)
 }
 
+/// Stops `stream` and checks what it was told: every acknowledged group is placed (or
+/// was released), on nodes of the shard the map names, and the ledgers hold exactly the
+/// placed groups' members. The groups acknowledged, and those released.
+async fn stop_and_check_stream(
+    cl: &Client,
+    stop: tokio::sync::watch::Sender<bool>,
+    streamer: tokio::task::JoinHandle<(Vec<u64>, Vec<u64>)>,
+    during: &str,
+) -> (Vec<u64>, BTreeSet<u64>) {
+    stop.send(true).expect("stop");
+    let (submitted, released) = streamer.await.expect("stream");
+    assert!(
+        submitted.len() >= 10,
+        "only {} submissions",
+        submitted.len()
+    );
+    eprintln!(
+        "{} groups submitted and {} released {during}",
+        submitted.len(),
+        released.len()
+    );
+    let released: BTreeSet<u64> = released.into_iter().collect();
+    let shard_of = shards_of_nodes(cl).await;
+    let mut placed_pods: BTreeMap<String, u32> = BTreeMap::new();
+    for id in &submitted {
+        let want = if released.contains(id) {
+            "Released"
+        } else {
+            "Placed"
+        };
+        let s = wait_state(cl, *id, want, Duration::from_secs(60)).await;
+        for p in s.placements.iter().filter(|_| want == "Placed") {
+            assert_eq!(
+                shard_of.get(&p.node),
+                Some(&p.shard),
+                "{p:?} names a shard the node is not on"
+            );
+            *placed_pods.entry(p.node.clone()).or_default() += 1;
+        }
+    }
+    let held = support::gangs::held(cl).await;
+    assert_eq!(
+        held, placed_pods,
+        "the ledgers hold other pods than the placed groups list"
+    );
+    (submitted, released)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zone_moved_under_a_stream_of_submissions_loses_nothing_acknowledged() {
     let c = cluster(2, &["--auto-rebalance", "false"]);
@@ -195,45 +243,8 @@ async fn a_zone_moved_under_a_stream_of_submissions_loses_nothing_acknowledged()
     let reply = cl.move_nodes(None, half, 1, true).await.expect("move");
     assert_eq!(reply.shard_move.map(|m| m.phase), Some("done".to_string()));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop_tx.send(true).expect("stop");
-    let (submitted, released) = streamer.await.expect("stream");
-    assert!(
-        submitted.len() >= 10,
-        "only {} submissions",
-        submitted.len()
-    );
-    eprintln!(
-        "{} groups submitted and {} released during three moves",
-        submitted.len(),
-        released.len()
-    );
-
-    // Every acknowledged group is placed (or was released), on nodes of the shard the
-    // map names; the ledgers hold exactly the placed groups' members.
-    let released: BTreeSet<u64> = released.into_iter().collect();
-    let shard_of = shards_of_nodes(&cl).await;
-    let mut placed_pods: BTreeMap<String, u32> = BTreeMap::new();
-    for id in &submitted {
-        let want = if released.contains(id) {
-            "Released"
-        } else {
-            "Placed"
-        };
-        let s = wait_state(&cl, *id, want, Duration::from_secs(60)).await;
-        for p in s.placements.iter().filter(|_| want == "Placed") {
-            assert_eq!(
-                shard_of.get(&p.node),
-                Some(&p.shard),
-                "{p:?} names a shard the node is not on"
-            );
-            *placed_pods.entry(p.node.clone()).or_default() += 1;
-        }
-    }
-    let held = support::gangs::held(&cl).await;
-    assert_eq!(
-        held, placed_pods,
-        "the ledgers hold other pods than the placed groups list"
-    );
+    let (submitted, released) =
+        stop_and_check_stream(&cl, stop_tx, streamer, "during three moves").await;
     assert_one_owner(&cl, 16).await;
     // Released, every group gives everything back.
     for id in submitted.iter().filter(|id| !released.contains(id)) {
@@ -453,34 +464,13 @@ async fn the_shard_count_grows_on_a_live_cluster_and_a_restarted_replica_follows
     assert!(c_zone.values().all(|s| (1..=4).contains(s)), "{c_zone:?}");
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop_tx.send(true).expect("stop");
-    let (submitted, released) = streamer.await.expect("stream");
-    assert!(
-        submitted.len() >= 10,
-        "only {} submissions",
-        submitted.len()
-    );
-    eprintln!(
-        "{} groups submitted and {} released while the cluster grew and rebalanced",
-        submitted.len(),
-        released.len()
-    );
-    let released: BTreeSet<u64> = released.into_iter().collect();
-    let shard_of = shards_of_nodes(&cl).await;
-    let mut placed_pods: BTreeMap<String, u32> = BTreeMap::new();
-    for id in &submitted {
-        let want = if released.contains(id) {
-            "Released"
-        } else {
-            "Placed"
-        };
-        let s = wait_state(&cl, *id, want, Duration::from_secs(60)).await;
-        for p in s.placements.iter().filter(|_| want == "Placed") {
-            assert_eq!(shard_of.get(&p.node), Some(&p.shard), "{p:?}");
-            *placed_pods.entry(p.node.clone()).or_default() += 1;
-        }
-    }
-    assert_eq!(support::gangs::held(&cl).await, placed_pods);
+    let (submitted, released) = stop_and_check_stream(
+        &cl,
+        stop_tx,
+        streamer,
+        "while the cluster grew and rebalanced",
+    )
+    .await;
     assert_one_owner(&cl, 18).await;
 
     // A replica restarted with the count the cluster was created with opens the added

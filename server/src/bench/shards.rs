@@ -170,6 +170,21 @@ async fn check_and_release(client: &Client, ids: &[u64]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `gangctl shards rebalance`: its reply, the seconds it took and the nodes it moved.
+async fn rebalance_timed(
+    client: &Client,
+) -> anyhow::Result<(gangway_proto::admin::RebalanceReply, f64, usize)> {
+    let t = Instant::now();
+    let reply = client.rebalance(0, false).await?;
+    let seconds = t.elapsed().as_secs_f64();
+    let moved = reply
+        .moves
+        .iter()
+        .map(|m| m.sources.iter().map(|s| s.nodes.len()).sum::<usize>())
+        .sum();
+    Ok((reply, seconds, moved))
+}
+
 /// Moves `zone` between shards `a` and `b` until `stop`; moves made and their durations.
 async fn ping_pong(
     client: Client,
@@ -247,14 +262,7 @@ pub async fn run(args: ShardsBenchArgs) -> anyhow::Result<()> {
     }
     let registration_s = t.elapsed().as_secs_f64();
     let placed = loads(&client, args.shards).await?;
-    let t = Instant::now();
-    let reply = client.rebalance(0, false).await?;
-    let rebalance_s = t.elapsed().as_secs_f64();
-    let moved: usize = reply
-        .moves
-        .iter()
-        .map(|m| m.sources.iter().map(|s| s.nodes.len()).sum::<usize>())
-        .sum();
+    let (reply, rebalance_s, moved) = rebalance_timed(&client).await?;
     let balanced = loads(&client, args.shards).await?;
 
     println!(
@@ -343,14 +351,7 @@ async fn grow(client: &Client, args: &ShardsBenchArgs) -> anyhow::Result<()> {
             grown.not_ready
         );
     }
-    let t = Instant::now();
-    let reply = client.rebalance(0, false).await?;
-    let rebalance_s = t.elapsed().as_secs_f64();
-    let moved: usize = reply
-        .moves
-        .iter()
-        .map(|m| m.sources.iter().map(|s| s.nodes.len()).sum::<usize>())
-        .sum();
+    let (reply, rebalance_s, moved) = rebalance_timed(client).await?;
     let after = loads(client, args.grow_to).await?;
     let (placed_s, ids) = place_all(client, "grown", args).await?;
     check_and_release(client, &ids).await?;
