@@ -28,7 +28,7 @@ use crate::ledger::meta::{
     MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, RejectionKind, ShardMove,
 };
 use crate::replicated::{now_ms, Groups};
-use crate::shard::growth::{self, ShardCount};
+use crate::shard::growth::ShardCount;
 use gangway_raft::META_GROUP;
 
 /// Longest a call waits for one move to end, in ms.
@@ -75,10 +75,8 @@ impl ShardsService {
     async fn wait_until_led(&self, added: std::ops::RangeInclusive<u32>) -> (Vec<u32>, Vec<u32>) {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(GROW_WAIT_MS);
         loop {
-            // The replica's own growth task does this too; doing it here answers sooner.
-            if let Err(e) = growth::open_added(&self.groups, &self.shards).await {
-                tracing::debug!(error = %e, "added shards not open here yet");
-            }
+            // The replica's growth task opens them (within `GROWTH_CHECK_MS`), never this
+            // call: a caller that gives up must not cut an initialization short.
             let host = self.groups.host();
             let (ready, not_ready): (Vec<u32>, Vec<u32>) = added
                 .clone()

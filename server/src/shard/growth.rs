@@ -95,7 +95,7 @@ pub async fn run(groups: Groups, count: ShardCount, mut stop: watch::Receiver<bo
 }
 
 /// Opens every shard above `count` that this replica's meta state records, in order.
-pub async fn open_added(groups: &Groups, count: &ShardCount) -> Result<(), GrowthError> {
+async fn open_added(groups: &Groups, count: &ShardCount) -> Result<(), GrowthError> {
     let (shards, added) = shard_set(groups)?;
     for shard in count.get() + 1..=shards {
         let voters = added.get(&shard).ok_or(GrowthError::NotRecorded(shard))?;
