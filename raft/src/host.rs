@@ -733,8 +733,19 @@ impl RaftHost {
             return Err(self.not_leader(group, leader, None));
         }
         self.confirm_leader(&g).await?;
+        self.on_blocking_pool(group, move |host| host.inspect_local(group, f))
+            .await
+    }
+
+    /// Runs a read of `group` on tokio's blocking pool: a query may be long (a plan over
+    /// a large shard), and the async workers keep serving streams and heartbeats meanwhile.
+    async fn on_blocking_pool<R: Send + 'static>(
+        &self,
+        group: GroupId,
+        read: impl FnOnce(&RaftHost) -> Result<R, HostError> + Send + 'static,
+    ) -> Result<R, HostError> {
         let host = self.clone();
-        tokio::task::spawn_blocking(move || host.inspect_local(group, f))
+        tokio::task::spawn_blocking(move || read(&host))
             .await
             .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
     }
@@ -805,7 +816,7 @@ impl RaftHost {
         group: GroupId,
         op: &Routed,
     ) -> Result<Outcome, HostError> {
-        let g = self.group(group)?.clone();
+        let g = self.group(group)?;
         match op {
             Routed::Write(cmd) => self.write_local(&g, cmd.clone()).await,
             Routed::Read(q) => self.read_leader(&g, q).await,
@@ -875,14 +886,10 @@ impl RaftHost {
 
     async fn read_leader(&self, g: &Group, query: &[u8]) -> Result<Outcome, HostError> {
         self.confirm_leader(g).await?;
-        // A query may be long (a plan over a large shard): it runs on the blocking
-        // pool, so the async workers keep serving streams and heartbeats meanwhile.
-        let host = self.clone();
         let group = g.id;
         let query = query.to_vec();
-        tokio::task::spawn_blocking(move || host.read_local(group, &query))
+        self.on_blocking_pool(group, move |host| host.read_local(group, &query))
             .await
-            .map_err(|e| Self::fatal(group, format!("query task failed: {e}")))?
     }
 
     /// Confirms that this replica still leads `g` after the caller's read arrived (a
@@ -1294,7 +1301,7 @@ impl RaftHost {
         candidate: NodeId,
         hold_ms: u64,
     ) -> Result<(), HostError> {
-        let g = self.group(group)?.clone();
+        let g = self.group(group)?;
         let lease_ms = self.shared.cfg.timing.election_max_ms;
         let mut stop = self.shutdown_signal();
         if candidate == self.node_id() {
@@ -1633,7 +1640,7 @@ impl RaftHost {
     /// Builds a snapshot of `group` (every group when `None`) on this replica and purges the log it covers.
     pub async fn compact(&self, group: Option<GroupId>) -> Result<(), HostError> {
         for gid in self.targets(group)? {
-            let g = self.group(gid)?.clone();
+            let g = self.group(gid)?;
             let applied = g.raft.metrics().borrow().last_applied;
             g.raft
                 .trigger()

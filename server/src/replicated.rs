@@ -471,22 +471,12 @@ impl Groups {
     /// Reads the meta group linearizably: on its leader by typed access, elsewhere
     /// through the leader.
     pub async fn meta_query(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
-        if self.leads(META_GROUP) {
-            let owned = q.clone();
-            let typed = self
-                .host
-                .inspect(META_GROUP, move |sm| {
-                    sm.downcast_ref::<MetaMachine>()
-                        .map(|m| m.state.query(&owned))
-                })
-                .await;
-            match typed {
-                Ok(answer) => return answer.ok_or_else(|| not_the_machine(META_GROUP)),
-                // Leadership moved since it was looked at, or the check failed for now:
-                // the routed read retries and asks the leader wherever it is.
-                Err(e) if e.is_retryable() => {}
-                Err(e) => return Err(e.into()),
-            }
+        let owned = q.clone();
+        let typed = self
+            .read_on_leader(META_GROUP, move |m: &MetaMachine| m.state.query(&owned))
+            .await?;
+        if let Some(answer) = typed {
+            return Ok(answer);
         }
         let out = self
             .host
@@ -498,17 +488,41 @@ impl Groups {
     /// Asks this replica's copy of the meta group (possibly stale, never ahead of the
     /// log), by typed access.
     pub fn meta_query_local(&self, q: &MetaQuery) -> Result<MetaReply, GroupError> {
-        self.host
-            .inspect_local(META_GROUP, |sm| {
-                sm.downcast_ref::<MetaMachine>().map(|m| m.state.query(q))
-            })?
-            .ok_or_else(|| not_the_machine(META_GROUP))
+        self.read_here(META_GROUP, |m: &MetaMachine| m.state.query(q))
     }
 
-    /// Whether this replica leads `group` as far as it knows (a read there may still
-    /// find it deposed, and falls back to routing).
-    fn leads(&self, group: GroupId) -> bool {
-        self.host.leader_of(group) == Some(self.host.node_id())
+    /// Runs `f` on `group`'s state machine, of type `M`, when this replica leads the
+    /// group (a confirmed, typed read). `None` when it does not, or leadership is in
+    /// question for now: the caller then reads through the leader, which retries.
+    async fn read_on_leader<M: 'static, R: Send + 'static>(
+        &self,
+        group: GroupId,
+        f: impl FnOnce(&M) -> R + Send + 'static,
+    ) -> Result<Option<R>, GroupError> {
+        if self.host.leader_of(group) != Some(self.host.node_id()) {
+            return Ok(None);
+        }
+        let typed = self
+            .host
+            .inspect(group, move |sm| sm.downcast_ref::<M>().map(f))
+            .await;
+        match typed {
+            Ok(answer) => answer.map(Some).ok_or_else(|| not_the_machine(group)),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(not_open_yet(e).into()),
+        }
+    }
+
+    /// Runs `f` on this replica's copy of `group`'s state machine, of type `M`.
+    fn read_here<M: 'static, R>(
+        &self,
+        group: GroupId,
+        f: impl FnOnce(&M) -> R,
+    ) -> Result<R, GroupError> {
+        self.host
+            .inspect_local(group, |sm| sm.downcast_ref::<M>().map(f))
+            .map_err(not_open_yet)?
+            .ok_or_else(|| not_the_machine(group))
     }
 
     /// Commits a ledger operation on shard `shard`, stamped with this clock.
@@ -530,19 +544,12 @@ impl Groups {
     /// through the leader.
     pub async fn shard_query(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
         let group = u64::from(shard);
-        if self.leads(group) {
-            let owned = q.clone();
-            let typed = self
-                .host
-                .inspect(group, move |sm| {
-                    sm.downcast_ref::<ShardMachine>().map(|m| m.answer(owned))
-                })
-                .await;
-            match typed {
-                Ok(answer) => return answer.ok_or_else(|| not_the_machine(group)),
-                Err(e) if e.is_retryable() => {}
-                Err(e) => return Err(not_open_yet(e).into()),
-            }
+        let owned = q.clone();
+        let typed = self
+            .read_on_leader(group, move |m: &ShardMachine| m.answer(owned))
+            .await?;
+        if let Some(answer) = typed {
+            return Ok(answer);
         }
         let out = self
             .host
@@ -555,14 +562,7 @@ impl Groups {
     /// Reads this replica's copy of shard `shard` (possibly stale; for a local leader's
     /// own state), by typed access.
     pub fn shard_query_local(&self, shard: u32, q: &ShardQuery) -> Result<ShardAnswer, GroupError> {
-        let group = u64::from(shard);
-        self.host
-            .inspect_local(group, |sm| {
-                sm.downcast_ref::<ShardMachine>()
-                    .map(|m| m.answer(q.clone()))
-            })
-            .map_err(not_open_yet)?
-            .ok_or_else(|| not_the_machine(group))
+        self.read_here(u64::from(shard), |m: &ShardMachine| m.answer(q.clone()))
     }
 }
 
@@ -571,7 +571,7 @@ impl Groups {
 /// than unknown.
 fn not_open_yet(e: HostError) -> HostError {
     match e {
-        HostError::UnknownGroup { group, .. } => HostError::Unavailable {
+        HostError::UnknownGroup { group, .. } if group != META_GROUP => HostError::Unavailable {
             group,
             detail: format!(
                 "shard {group} is not open on this replica yet (the cluster grew); retry"

@@ -450,7 +450,7 @@ impl Coordinator {
             }
             *last = Some(now);
         }
-        let reads = (1..=self.shards.get()).map(|shard| async move {
+        let reads = self.shards.ids().map(|shard| async move {
             let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
             match tokio::time::timeout(Duration::from_millis(CAPACITY_READ_TIMEOUT_MS), read).await
             {
@@ -856,7 +856,7 @@ impl Coordinator {
     }
 
     async fn plans(&self, members: &[(MemberKey, PodSpec)]) -> BTreeMap<u32, GangPlacement> {
-        let every: Vec<u32> = (1..=self.shards.get()).collect();
+        let every: Vec<u32> = self.shards.ids().collect();
         self.plans_on(&every, members, &[]).await
     }
 
@@ -921,7 +921,9 @@ impl Coordinator {
             .filter(|(key, _)| !assigned.contains(key))
             .cloned()
             .collect();
-        let others: Vec<u32> = (1..=self.shards.get())
+        let others: Vec<u32> = self
+            .shards
+            .ids()
             .filter(|s| !partial.per_shard.contains_key(s))
             .collect();
         if carried.is_empty() || rest.is_empty() || others.is_empty() {

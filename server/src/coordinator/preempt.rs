@@ -376,7 +376,7 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             keep: keep.iter().cloned().collect(),
         };
-        let asks = (1..=self.shards.get()).map(|s| {
+        let asks = self.shards.ids().map(|s| {
             let query = &query;
             async move { (s, self.groups.shard_query(s, query).await) }
         });
@@ -430,7 +430,7 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             gone: gone.to_vec(),
         };
-        let asks = (1..=self.shards.get()).map(|s| {
+        let asks = self.shards.ids().map(|s| {
             let query = &query;
             async move { (s, self.groups.shard_query(s, query).await) }
         });

@@ -535,7 +535,7 @@ impl Inventory for InventoryService {
                 )))
             }
             Some(s) => vec![s],
-            None => (1..=self.shards.get()).collect(),
+            None => self.shards.ids().collect(),
         };
         let mut nodes = Vec::new();
         for shard in shards {

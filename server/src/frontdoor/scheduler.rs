@@ -568,20 +568,20 @@ impl Scheduler for SchedulerService {
             MetaReply::ShardShares { shares } => shares,
             _ => Vec::new(),
         };
-        let capacities =
-            futures::future::join_all((1..=self.shards.get()).map(|shard| async move {
-                let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
-                match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await
-                {
-                    Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
-                        allocatable.get(&crate::model::resources::ResourceName::Cpu)
-                    }
-                    _ => 0,
+        let capacities = futures::future::join_all(self.shards.ids().map(|shard| async move {
+            let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
+            match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await {
+                Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
+                    allocatable.get(&crate::model::resources::ResourceName::Cpu)
                 }
-            }))
-            .await;
+                _ => 0,
+            }
+        }))
+        .await;
         let status = self.groups.host().status(false);
-        let shards = (1..=self.shards.get())
+        let shards = self
+            .shards
+            .ids()
             .map(|shard| {
                 let g = status.iter().find(|g| g.group_id == u64::from(shard));
                 let share = shares.iter().find(|s| s.shard == shard);

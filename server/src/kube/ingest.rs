@@ -637,7 +637,7 @@ impl Ingest {
                 continue;
             }
             let mut ok = true;
-            for shard in 1..=self.shards.get() {
+            for shard in self.shards.ids() {
                 let op = LedgerOp::PutDeviceClass {
                     class: class.clone(),
                 };
@@ -811,7 +811,7 @@ impl Ingest {
         for key in gone {
             let (node, driver, pool) = key.clone();
             let shards = if node.is_empty() {
-                (1..=self.shards.get()).collect()
+                self.shards.ids().collect()
             } else {
                 match shard_of(&self.groups, &node).await {
                     Ok(Some(shard)) => vec![shard],
@@ -904,7 +904,7 @@ impl Ingest {
             counter_sets: pool.counter_sets,
         };
         let mut failed = None;
-        for shard in 1..=self.shards.get() {
+        for shard in self.shards.ids() {
             if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
                 failed = Some(format!("shard {shard}: {}", e.message()));
             }
@@ -1029,7 +1029,7 @@ impl Ingest {
                     }
                     if node.is_empty() {
                         // Every shard keeps a network-attached device.
-                        for shard in 1..=self.shards.get() {
+                        for shard in self.shards.ids() {
                             wanted.insert((network_key(shard), id.clone()), taints.clone());
                         }
                     } else {
@@ -1072,7 +1072,7 @@ impl Ingest {
         query: &ShardQuery,
         mut take: impl FnMut(u32, ShardAnswer) -> Result<(), ShardAnswer>,
     ) -> Result<(), String> {
-        for shard in 1..=self.shards.get() {
+        for shard in self.shards.ids() {
             let answer = (self.groups.shard_query(shard, query).await)
                 .map_err(|e| format!("shard {shard}: {e}"))?;
             take(shard, answer)
@@ -1248,7 +1248,7 @@ impl Ingest {
         if self.memory.observed_network.as_ref() == Some(&holds) {
             return;
         }
-        for shard in 1..=self.shards.get() {
+        for shard in self.shards.ids() {
             let op = LedgerOp::SetObservedNetworkHolds {
                 holds: holds.clone(),
             };

@@ -134,7 +134,9 @@ pub struct TxnsView {
 impl Source {
     /// `q` asked of every shard at once, with each shard's answer.
     async fn each_shard(&self, q: &ShardQuery) -> Vec<(u32, Result<ShardAnswer, GroupError>)> {
-        let reads = (1..=self.shards.get())
+        let reads = self
+            .shards
+            .ids()
             .map(|shard| async move { (shard, self.groups.shard_query(shard, q).await) });
         futures::future::join_all(reads).await
     }
