@@ -333,26 +333,112 @@ pub fn live_placements_missing(groups: &[GangGroupStatus], nodes: &[NodeInfo]) -
 }
 
 /// Operations that must be refused (hostile probes) and were acknowledged.
+///
+/// A duplicate gang must be refused only while the group declaring it is live, and a
+/// client cannot see the instant its submission took effect: an accepted twin is a
+/// violation when its declarer is known to have been live after the twin's answer
+/// ([`declarer_live_after`]), since a group that ended stays ended (ARCHITECTURE I4).
 fn check_refusals(ops: &Ops, v: &mut Vec<Violation>) {
-    for (op, (_, result)) in &ops.results {
-        let Some((_, Event::Invoke { f, key, .. })) = ops.invokes.get(op) else {
+    for (op, (answered_ms, result)) in &ops.results {
+        let Some((_, Event::Invoke { f, key, gangs, .. })) = ops.invokes.get(op) else {
             continue;
         };
         if !crate::hostile::MUST_FAIL.contains(&f.as_str()) {
             continue;
         }
-        if let Event::Ok { state, group, .. } = result {
-            let invariant = if f == crate::hostile::F_RAFT_AS_CLIENT {
-                "I3"
-            } else {
-                "I4"
+        let Event::Ok { state, group, .. } = result else {
+            continue;
+        };
+        let mut detail = format!(
+            "{f} {key:?} (operation {op}) must be refused, but was accepted: group {group}, {state}"
+        );
+        if f == crate::hostile::F_PLACE_DUPLICATE_GANG {
+            match declarer_live_after(ops, gangs, *answered_ms) {
+                Some(live) => detail.push_str(&format!(
+                    "; the declaring group {} was live after it: operation {} ({}) at {} ms answered {}",
+                    live.group, live.op, live.f, live.at_ms, live.state
+                )),
+                // The declarer may have ended (preempted, timed out) before the twin
+                // took effect: accepting it was right.
+                None => continue,
+            }
+        }
+        let invariant = if f == crate::hostile::F_RAFT_AS_CLIENT {
+            "I3"
+        } else {
+            "I4"
+        };
+        v.push(violation(invariant, detail));
+    }
+}
+
+/// An operation that found a group live.
+struct LiveSighting {
+    group: u64,
+    op: u64,
+    f: String,
+    at_ms: u64,
+    state: String,
+}
+
+/// An operation invoked after `after_ms` on a group that declared one of `gangs`
+/// (acknowledged placements) that found it live: it answered a state that is not an
+/// end, or it is the group's first release or cancel and answered the end it makes
+/// (so the group was live when it took effect).
+fn declarer_live_after(ops: &Ops, gangs: &[GangShape], after_ms: u64) -> Option<LiveSighting> {
+    let names: BTreeSet<&str> = gangs.iter().map(|g| g.name.as_str()).collect();
+    let shapes = ops.shapes();
+    let declarers: BTreeSet<u64> = ops
+        .acknowledged()
+        .into_iter()
+        .filter(|(op, f, _, _)| {
+            f == "place"
+                && ops.invokes.get(op).is_some_and(|(_, e)| {
+                    matches!(e, Event::Invoke { key, .. }
+                        if shapes.get(key).is_some_and(|gs| gs.iter().any(|g| names.contains(g.name.as_str()))))
+                })
+        })
+        .map(|(_, _, group, _)| group)
+        .collect();
+    for group in declarers {
+        let id = group.to_string();
+        let on_group = |e: &Event| matches!(e, Event::Invoke { key, .. } if *key == id);
+        let first_end_call = ops
+            .invokes
+            .values()
+            .filter(|(_, e)| on_group(e))
+            .filter_map(|(t, e)| match e {
+                Event::Invoke { f, .. } if f == "release" || f == "cancel" => Some(*t),
+                _ => None,
+            })
+            .min();
+        for (op, (t, invoke)) in &ops.invokes {
+            let Event::Invoke { f, .. } = invoke else {
+                continue;
             };
-            v.push(violation(
-                invariant,
-                format!("{f} {key:?} (operation {op}) must be refused, but was accepted: group {group}, {state}"),
-            ));
+            if *t <= after_ms || !on_group(invoke) {
+                continue;
+            }
+            let Some((_, Event::Ok { state, .. })) = ops.results.get(op) else {
+                continue;
+            };
+            let ended_it = first_end_call == Some(*t)
+                && matches!(
+                    (f.as_str(), state.as_str()),
+                    ("release", "Released") | ("cancel", "Cancelled")
+                );
+            if !TERMINAL.contains(&state.as_str()) || ended_it {
+                return Some(LiveSighting {
+                    group,
+                    op: *op,
+                    f: f.clone(),
+                    at_ms: *t,
+                    state: state.clone(),
+                });
+            }
         }
     }
+    None
 }
 
 fn check_groups(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
@@ -971,6 +1057,80 @@ mod tests {
         h.truncate(1);
         h.extend(call(4, "release", "Releasing"));
         assert_eq!(invariants(&check(&h, &fin)), ["I4"]);
+    }
+
+    /// A twin declaring a placed group's gang is refused while that group lives; once
+    /// it ended on its own (preempted), a twin is rightly accepted. The checker tells
+    /// the two apart by what the group's release, invoked after the twin's answer, says.
+    #[test]
+    fn an_accepted_twin_is_i4_only_if_its_declarer_was_live_after_it() {
+        let twin_then_release = |released: &str| {
+            let (mut h, mut fin) = consistent();
+            let gangs = match &h[0].event {
+                Event::Invoke { gangs, .. } => gangs.clone(),
+                _ => unreachable!("consistent() starts with a placement"),
+            };
+            h.push(entry(
+                40,
+                Event::Invoke {
+                    op: 2,
+                    f: crate::hostile::F_PLACE_DUPLICATE_GANG.into(),
+                    key: "k1-twin".into(),
+                    gangs,
+                    members: vec![],
+                },
+            ));
+            h.push(entry(
+                55,
+                Event::Ok {
+                    op: 2,
+                    group: 8,
+                    state: "Queued".into(),
+                    placed: vec![],
+                },
+            ));
+            h.push(entry(
+                60,
+                Event::Invoke {
+                    op: 3,
+                    f: "release".into(),
+                    key: "7".into(),
+                    gangs: vec![],
+                    members: vec![],
+                },
+            ));
+            h.push(entry(
+                70,
+                Event::Ok {
+                    op: 3,
+                    group: 7,
+                    state: released.into(),
+                    placed: vec![],
+                },
+            ));
+            fin.groups[0].state = released.into();
+            fin.groups[0].placements.clear();
+            fin.nodes.iter_mut().for_each(|n| n.pod_slots.clear());
+            fin.groups.push(group(8, "k1-twin", "Cancelled", &[]));
+            let refusals: Vec<String> = check(&h, &fin)
+                .violations
+                .into_iter()
+                .filter(|v| v.detail.contains("must be refused"))
+                .map(|v| v.detail)
+                .collect();
+            refusals
+        };
+        let live = twin_then_release("Released");
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert!(
+            live[0].contains("declaring group 7 was live after it"),
+            "{live:?}"
+        );
+        assert!(
+            twin_then_release("Preempted").is_empty(),
+            "a group preempted before the twin took effect frees its gang"
+        );
+        assert_eq!(twin_then_release("Placing").len(), 1, "a live answer");
     }
 
     #[test]

@@ -48,14 +48,17 @@ pub const BUG_TRANSPORT_OPEN: &str = "raft-transport-open-to-clients";
 pub const BUG_FORGET_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
 /// Bug switch: the binder binds a preemptor's pods before its victims' pods are gone.
 pub const BUG_BIND_BEFORE_VICTIMS: &str = "binder-binds-before-victims-leave";
+/// Bug switch: meta accepts a new group declaring a gang a Placed group declares.
+pub const BUG_TWINS_OF_PLACED: &str = "meta-admits-twins-of-placed-groups";
 /// Every bug switch a drill may arm.
-pub const BUGS: [&str; 6] = [
+pub const BUGS: [&str; 7] = [
     BUG_SKIP_DECISION,
     BUG_RELEASE_SHARDS_FIRST,
     BUG_BIND_BEFORE_VICTIMS,
     BUG_REPLAN_HELD,
     BUG_TRANSPORT_OPEN,
     BUG_FORGET_UNACKED,
+    BUG_TWINS_OF_PLACED,
 ];
 /// The bug switches the self-test arms, one per drill; the checker must catch each.
 /// Not `BUG_REPLAN_HELD`: meta's commit point refuses the double placement it
@@ -65,10 +68,11 @@ pub const BUGS: [&str; 6] = [
 /// deadline (10 s) after a participant missed COMMIT, and the workload's groups are
 /// released long before; the release commits first, so the final state is clean.
 /// `server/tests/two_phase.rs` finds both without faults.
-pub const SELF_TEST_BUGS: [&str; 3] = [
+pub const SELF_TEST_BUGS: [&str; 4] = [
     BUG_SKIP_DECISION,
     BUG_RELEASE_SHARDS_FIRST,
     BUG_TRANSPORT_OPEN,
+    BUG_TWINS_OF_PLACED,
 ];
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
 pub const CRASH_POINTS: [&str; 7] = [

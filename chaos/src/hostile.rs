@@ -380,7 +380,9 @@ impl Workload {
             self.give_back("cancel", id).await;
             return;
         }
-        // The same body again is the same group.
+        // The same body again is the same group. (A group of priority 0 may be
+        // preempted meanwhile; then its gang is free again and the twin is accepted,
+        // which the checker tells apart by what the release below answers.)
         let again = self.invoke("place", key.clone(), gangs.clone(), vec![]);
         self.submit(again, request.clone()).await;
         // Another body under the key, and the gang under another key: both refused
@@ -392,10 +394,11 @@ impl Workload {
         let mut twin = request;
         twin.idempotency_key = format!("{key}-twin");
         twin.name = twin.idempotency_key.clone();
+        // The twin's gangs are recorded so the checker finds the group declaring them.
         let duplicate = self.invoke(
             F_PLACE_DUPLICATE_GANG,
             twin.idempotency_key.clone(),
-            vec![],
+            gangs,
             vec![],
         );
         self.submit_refused(duplicate, twin).await;

@@ -125,8 +125,12 @@ pub const MOVE_AFTER_HANDOFF: &str = "coordinator-move-after-handoff";
 /// and the target keeps the slots for ever (I5).
 pub const MOVE_SEALS_IN_FLIGHT: &str = "meta-seals-moves-in-flight";
 
+/// A bug switch for checking the checks: meta takes a gang a Placed group declares
+/// as free, so a second live group declaring it is accepted (I4).
+pub const META_ADMITS_TWINS_OF_PLACED: &str = "meta-admits-twins-of-placed-groups";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 26] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -152,6 +156,7 @@ pub const ALL: [&str; 25] = [
     PENDING_KEEPS_BACKED_OFF,
     MOVE_AFTER_HANDOFF,
     MOVE_SEALS_IN_FLIGHT,
+    META_ADMITS_TWINS_OF_PLACED,
 ];
 
 /// The armed crash points of a process.

@@ -156,6 +156,10 @@ impl StateMachine for MetaMachine {
             .set_quota_unchecked(self.failpoints.armed(failpoints::META_ADMITS_OVER_QUOTA));
         self.state
             .set_seal_unchecked(self.failpoints.armed(failpoints::MOVE_SEALS_IN_FLIGHT));
+        self.state.set_twins_of_placed_admitted(
+            self.failpoints
+                .armed(failpoints::META_ADMITS_TWINS_OF_PLACED),
+        );
         let answer = match decode(command) {
             Ok(cmd) => reply(self.format, &self.state.apply(&cmd), meta_rejected),
             Err(e) => reply(

@@ -648,6 +648,10 @@ pub struct MetaState {
     /// Bug switch `meta-seals-moves-in-flight` only: seals moves without looking.
     #[serde(skip)]
     seal_unchecked: bool,
+    /// Bug switch `meta-admits-twins-of-placed-groups` only: a Placed group's gangs
+    /// may be declared again.
+    #[serde(skip)]
+    twins_of_placed_admitted: bool,
     /// Topology domain → its home shard (where its new nodes go).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     domains: BTreeMap<String, u32>,
@@ -813,6 +817,12 @@ impl MetaState {
     /// shard move without asking whether a transaction on its shards is in flight.
     pub fn set_seal_unchecked(&mut self, unchecked: bool) {
         self.seal_unchecked = unchecked;
+    }
+
+    /// Bug switch `meta-admits-twins-of-placed-groups` (and its tests) only: a gang a
+    /// Placed group declares is taken as free, so a second live group may declare it.
+    pub fn set_twins_of_placed_admitted(&mut self, admitted: bool) {
+        self.twins_of_placed_admitted = admitted;
     }
 
     /// Why queue accounting is inconsistent, if it is: a group's charge differs from
@@ -1515,6 +1525,7 @@ impl MetaState {
         self.groups
             .get(seq)
             .filter(|g| !g.state.is_terminal())
+            .filter(|g| !(self.twins_of_placed_admitted && g.state == GroupState::Placed))
             .map(|g| g.seq)
     }
 

@@ -434,3 +434,56 @@ proptest! {
         }
     }
 }
+
+/// Submits a group declaring gang `name` under a new key: the reply.
+fn declare_again(m: &mut MetaState, name: &str, key: &str) -> MetaReply {
+    m.apply(&MetaCommand::Submit {
+        key: key.into(),
+        group: GangGroup {
+            queue: String::new(),
+            id: key.into(),
+            gangs: vec![gang(name, 4, 0)],
+        },
+        at_ms: 6,
+    })
+}
+
+/// A victim's gang stays its own while its preemption is undecided (it may still be
+/// put back by an ABORT) and is free from the COMMIT that ends it Preempted; with the
+/// bug switch, a Placed group's gang is taken as free.
+#[test]
+fn a_victims_gang_is_declared_again_only_once_the_preemption_committed() {
+    let mut m = MetaState::new(2);
+    let low = placed(&mut m, "low", 4, 0);
+    let high = submit(&mut m, "high", 4, 10);
+    assert!(matches!(
+        declare_again(&mut m, "low", "twin-placed"),
+        MetaReply::Rejected {
+            kind: RejectionKind::Conflict,
+            ..
+        }
+    ));
+    let txn = begun(preempt(&mut m, high, vec![low]));
+    assert!(matches!(state_of(&m, low), GroupState::Preempting { .. }));
+    assert!(matches!(
+        declare_again(&mut m, "low", "twin-preempting"),
+        MetaReply::Rejected {
+            kind: RejectionKind::Conflict,
+            ..
+        }
+    ));
+    decide(&mut m, txn, Decision::Commit, placements("high", 4));
+    assert!(state_of(&m, low).is_terminal());
+    assert!(matches!(
+        declare_again(&mut m, "low", "twin-preempted"),
+        MetaReply::Submitted { created: true, .. }
+    ));
+
+    let mut bugged = MetaState::new(2);
+    bugged.set_twins_of_placed_admitted(true);
+    placed(&mut bugged, "low", 4, 0);
+    assert!(matches!(
+        declare_again(&mut bugged, "low", "twin"),
+        MetaReply::Submitted { created: true, .. }
+    ));
+}
