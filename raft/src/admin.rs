@@ -22,7 +22,12 @@ pub struct AdminService {
 impl RaftHost {
     /// The tonic service operators and `gangctl cluster` use.
     pub fn admin_service(&self) -> AdminServer<AdminService> {
-        AdminServer::new(AdminService { host: self.clone() })
+        AdminServer::new(self.admin())
+    }
+
+    /// The admin service's implementation, for a caller that wraps it (authorization).
+    pub fn admin(&self) -> AdminService {
+        AdminService { host: self.clone() }
     }
 
     /// This replica's status reply.

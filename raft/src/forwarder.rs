@@ -205,7 +205,10 @@ async fn send(
     req.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
     // Kept for a leader that turns out to predate ProposeMany (once per leader).
     let sent = req.get_ref().commands.clone();
-    match transport_client(pool, channel).propose_many(req).await {
+    match transport_client(pool, channel, leader)
+        .propose_many(req)
+        .await
+    {
         Ok(reply) => {
             let mut outcomes = reply.into_inner().outcomes.into_iter();
             for done in waiters {
@@ -281,7 +284,7 @@ async fn propose_alone(
         command,
     });
     req.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
-    let reply = transport_client(pool, channel)
+    let reply = transport_client(pool, channel, leader)
         .propose(req)
         .await
         .map_err(|s| HostError::from_peer_status(group, origin.node, addr, &s))?

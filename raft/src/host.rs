@@ -121,21 +121,16 @@ pub enum TransportStart {
     Held,
 }
 
-/// Metadata key carrying the peer secret on every call a replica makes to a peer.
-pub const PEER_SECRET_HEADER: &str = "x-gangway-peer-secret";
-
-/// How a replica authenticates to its peers: mutual TLS, the bearer token its admin
-/// calls carry and the peer secret that only replicas hold (peers check each when
-/// configured; the Raft transport serves only callers with the secret).
+/// How a replica authenticates to its peers: mutual TLS (a peer certificate) and a
+/// proof, on every call, that it holds the peer secret only replicas hold
+/// ([`crate::peer_proof`]; the secret itself is never sent). Peers check each when
+/// configured; the Raft transport serves only callers with a proof.
 #[derive(Clone, Default)]
 pub struct PeerSecurity {
     /// The client side of mutual TLS (CA and this replica's identity); `None`: plaintext.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
-    /// The bearer token sent on every call to peers (shared: the owner swaps it when its
-    /// token file changes).
-    pub token: Option<SharedToken>,
-    /// The peer secret sent on every call to peers in [`PEER_SECRET_HEADER`] (shared,
-    /// like the token).
+    /// The peer secret that keys the proofs (shared: the owner swaps it when its file
+    /// changes, and the next call proves with the new one).
     pub peer_secret: Option<SharedToken>,
 }
 
@@ -143,11 +138,10 @@ pub struct PeerSecurity {
 pub type SharedToken = Arc<std::sync::RwLock<String>>;
 
 impl std::fmt::Debug for PeerSecurity {
-    // The token stays out of logs and panics.
+    // The secret stays out of logs and panics.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerSecurity")
             .field("tls", &self.tls.is_some())
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field(
                 "peer_secret",
                 &self.peer_secret.as_ref().map(|_| "<redacted>"),
@@ -370,6 +364,7 @@ impl RaftHost {
         let pool = Arc::new(PeerPool::new(
             cfg.peer_security.clone(),
             cfg.peer_routes.clone(),
+            &cfg.cluster_id,
         ));
         let cluster_id: Arc<str> = Arc::from(cfg.cluster_id.as_str());
         let (shutdown, _) = watch::channel(false);
@@ -994,16 +989,35 @@ impl RaftHost {
             ));
         }
         let _one_at_a_time = g.membership.lock().await;
+        let timed_out = || HostError::Unavailable {
+            group: g.id,
+            detail: format!("membership change did not commit within {MEMBERSHIP_TIMEOUT_MS} ms"),
+        };
         let change = g.raft.change_membership(voters.clone(), false);
-        let resp = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_TIMEOUT_MS), change)
+        let mut resp = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_TIMEOUT_MS), change)
             .await
-            .map_err(|_| HostError::Unavailable {
-                group: g.id,
-                detail: format!(
-                    "membership change did not commit within {MEMBERSHIP_TIMEOUT_MS} ms"
-                ),
-            })?
+            .map_err(|_| timed_out())?
             .map_err(|e| self.write_error(g, e))?;
+        // The members are exactly the voters named: a learner left in place would keep
+        // receiving the log (replacing voters alone keeps every learner).
+        let learners: BTreeSet<NodeId> = g
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .filter(|l| !voters.contains(l))
+            .collect();
+        if !learners.is_empty() {
+            let drop = g
+                .raft
+                .change_membership(openraft::ChangeMembers::RemoveNodes(learners), false);
+            resp = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_TIMEOUT_MS), drop)
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(|e| self.write_error(g, e))?;
+        }
         Ok(Outcome {
             reply: Vec::new(),
             index: resp.log_id.index,
@@ -1044,7 +1058,7 @@ impl RaftHost {
                     query: q.clone(),
                 });
                 req.set_timeout(timeout);
-                let reply = transport_client(&self.shared.pool, channel()?)
+                let reply = transport_client(&self.shared.pool, channel()?, leader)
                     .read(req)
                     .await
                     .map_err(peer_err)?;
@@ -1060,7 +1074,7 @@ impl RaftHost {
                     node_id: *node,
                     addr: node_addr.clone(),
                 };
-                admin_client(&self.shared.pool, channel()?)
+                admin_client(&self.shared.pool, channel()?, leader)
                     .add_learner(req)
                     .await
                     .map_err(peer_err)?;
@@ -1074,7 +1088,7 @@ impl RaftHost {
                     group_id: Some(group),
                     voters: voters.iter().copied().collect(),
                 };
-                admin_client(&self.shared.pool, channel()?)
+                admin_client(&self.shared.pool, channel()?, leader)
                     .change_membership(req)
                     .await
                     .map_err(peer_err)?;
@@ -1088,7 +1102,7 @@ impl RaftHost {
                     group_id: group,
                     to_node: *to,
                 };
-                let r = admin_client(&self.shared.pool, channel()?)
+                let r = admin_client(&self.shared.pool, channel()?, leader)
                     .transfer_leader(req)
                     .await
                     .map_err(peer_err)?;
@@ -1256,7 +1270,7 @@ impl RaftHost {
                 hold_ms,
             };
             let sent = match self.shared.pool.channel(&node.addr) {
-                Ok(ch) => transport_client(&self.shared.pool, ch)
+                Ok(ch) => transport_client(&self.shared.pool, ch, voter)
                     .prepare_election(req)
                     .await
                     .map_err(|s| s.to_string()),
@@ -1388,7 +1402,7 @@ impl RaftHost {
             envelope: Some(origin.envelope(peer)),
         });
         req.set_timeout(window);
-        let mut client = transport_client(&self.shared.pool, channel);
+        let mut client = transport_client(&self.shared.pool, channel, peer);
         match tokio::time::timeout(window, client.ping(req)).await {
             Ok(Ok(reply)) => Some(
                 reply
@@ -1580,6 +1594,27 @@ impl RaftHost {
         })
     }
 
+    /// The status member `id` at `addr` reports of itself, asked as a peer (this
+    /// replica's certificate and a proof made for that member: never a client's token).
+    pub async fn member_status(
+        &self,
+        id: NodeId,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<pb::StatusReply, String> {
+        let ch = self.shared.pool.channel(addr)?;
+        let mut req = tonic::Request::new(pb::StatusRequest {
+            include_state_hash: false,
+        });
+        req.set_timeout(timeout);
+        let mut client = admin_client(&self.shared.pool, ch, id);
+        match tokio::time::timeout(timeout, client.status(req)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(format!("{}: {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+        }
+    }
+
     /// Members (from every group's membership) that answer a status probe.
     async fn live_nodes(&self) -> BTreeSet<NodeId> {
         let members = self.members();
@@ -1592,7 +1627,7 @@ impl RaftHost {
                 include_state_hash: false,
             });
             req.set_timeout(Duration::from_millis(PROBE_TIMEOUT_MS));
-            admin_client(&self.shared.pool, ch)
+            admin_client(&self.shared.pool, ch, id)
                 .status(req)
                 .await
                 .ok()

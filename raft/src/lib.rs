@@ -21,6 +21,7 @@ mod log_store;
 mod members_seen;
 mod metrics;
 mod network;
+pub mod peer_proof;
 mod proposer;
 mod reachability;
 mod read_gate;
@@ -35,9 +36,10 @@ pub use balance::{leaders_max, plan as plan_balance, Move};
 pub use error::HostError;
 pub use host::{
     GroupChanges, HostConfig, Outcome, PeerSecurity, RaftHost, RaftTiming, SharedToken,
-    TransportStart, PEER_SECRET_HEADER,
+    TransportStart,
 };
 pub use members_seen::holds_raft_state;
+pub use peer_proof::{peer_proof, proof_accepted, PEER_PROOF_HEADER};
 pub use service::TransportService;
 pub use state_machine::{Admission, RestoreError, StateMachine, StateMachineFactory};
 pub use types::{GroupId, NodeId, META_GROUP};

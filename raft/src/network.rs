@@ -32,7 +32,8 @@ use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
-use crate::host::{PeerSecurity, SharedToken, PEER_SECRET_HEADER};
+use crate::host::{PeerSecurity, SharedToken};
+use crate::peer_proof::{peer_proof, PEER_PROOF_HEADER};
 use crate::types::{GroupId, NodeId, Snapshot, TypeConfig, Vote};
 
 /// Bytes of snapshot data per streamed chunk.
@@ -50,81 +51,79 @@ pub(crate) struct PeerPool {
     security: PeerSecurity,
     /// Advertised address -> address dialled (fault tests' link proxies).
     routes: BTreeMap<String, String>,
+    /// The cluster the proofs name.
+    cluster_id: Arc<str>,
 }
 
-/// An admin client on `channel` that sends the host's credentials.
+/// An admin client on `channel` to node `to` that sends the host's credentials.
 pub(crate) fn admin_client(
     pool: &PeerPool,
     channel: Channel,
+    to: NodeId,
 ) -> AdminClient<InterceptedService<Channel, PeerCredentials>> {
-    AdminClient::with_interceptor(channel, PeerCredentials::of(&pool.security))
+    AdminClient::with_interceptor(channel, pool.credentials(to))
 }
 
-/// A Raft transport client on `channel` that sends the host's credentials.
+/// A Raft transport client on `channel` to node `to` that sends the host's credentials.
 pub(crate) fn transport_client(
     pool: &PeerPool,
     channel: Channel,
+    to: NodeId,
 ) -> RaftTransportClient<InterceptedService<Channel, PeerCredentials>> {
     // Forwarded reads answer with whole lists (every gang group, every node): the
     // tonic default of 4 MiB refused them once a cluster grew.
-    RaftTransportClient::with_interceptor(channel, PeerCredentials::of(&pool.security))
+    RaftTransportClient::with_interceptor(channel, pool.credentials(to))
         .max_decoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(crate::service::TRANSPORT_MESSAGE_BYTES_MAX)
 }
 
-/// Adds `authorization: Bearer <token>` and the peer secret to every request (each
-/// only when configured); both are read on every call, so rotated ones are sent
-/// from then on.
+/// Adds the proof that this replica holds the peer secret, made for the one peer the
+/// client calls ([`crate::peer_proof`]), to every request; the secret is read on every
+/// call, so a rotated one proves from then on.
 #[derive(Clone)]
 pub(crate) struct PeerCredentials {
-    token: Option<SharedToken>,
     peer_secret: Option<SharedToken>,
-}
-
-impl PeerCredentials {
-    pub(crate) fn of(security: &PeerSecurity) -> Self {
-        Self {
-            token: security.token.clone(),
-            peer_secret: security.peer_secret.clone(),
-        }
-    }
-}
-
-fn header(
-    shared: &SharedToken,
-    what: &str,
-    format: impl Fn(&str) -> String,
-) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, tonic::Status> {
-    let value = shared
-        .read()
-        .map(|t| format(&t))
-        .map_err(|_| tonic::Status::internal(format!("the {what} lock is poisoned")))?;
-    value
-        .parse()
-        .map_err(|_| tonic::Status::internal(format!("the {what} is not a valid header")))
+    cluster_id: Arc<str>,
+    to: NodeId,
 }
 
 impl Interceptor for PeerCredentials {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.token {
-            let value = header(token, "bearer token", |t| format!("Bearer {t}"))?;
-            req.metadata_mut().insert("authorization", value);
-        }
         if let Some(secret) = &self.peer_secret {
-            let value = header(secret, "peer secret", str::to_string)?;
-            req.metadata_mut().insert(PEER_SECRET_HEADER, value);
+            let proof = secret
+                .read()
+                .map(|s| peer_proof(&s, &self.cluster_id, self.to))
+                .map_err(|_| tonic::Status::internal("the peer secret lock is poisoned"))?;
+            let value = proof
+                .parse()
+                .map_err(|_| tonic::Status::internal("the peer proof is not a valid header"))?;
+            req.metadata_mut().insert(PEER_PROOF_HEADER, value);
         }
         Ok(req)
     }
 }
 
 impl PeerPool {
-    /// A pool whose channels use `security`.
-    pub(crate) fn new(security: PeerSecurity, routes: BTreeMap<String, String>) -> Self {
+    /// A pool whose channels use `security`, for a replica of `cluster_id`.
+    pub(crate) fn new(
+        security: PeerSecurity,
+        routes: BTreeMap<String, String>,
+        cluster_id: &str,
+    ) -> Self {
         Self {
             channels: Mutex::default(),
             security,
             routes,
+            cluster_id: Arc::from(cluster_id),
+        }
+    }
+
+    /// The credentials of a call to node `to`.
+    pub(crate) fn credentials(&self, to: NodeId) -> PeerCredentials {
+        PeerCredentials {
+            peer_secret: self.security.peer_secret.clone(),
+            cluster_id: self.cluster_id.clone(),
+            to,
         }
     }
 
@@ -194,7 +193,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             envelope: self.origin.envelope(target),
             channel: self.pool.channel(&node.addr),
-            credentials: PeerCredentials::of(&self.pool.security),
+            credentials: self.pool.credentials(target),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::{StatusReply, StatusRequest};
-use gangway_raft::{NodeId, PeerSecurity};
+use gangway_raft::{peer_proof, NodeId, PeerSecurity, PEER_PROOF_HEADER};
 
 use crate::config::{InitialClusterState, ServeConfig};
 
@@ -244,12 +244,15 @@ async fn ask_peer(
         include_state_hash: false,
     });
     req.set_timeout(probe);
-    let token = security
-        .token
-        .as_ref()
-        .and_then(|t| t.read().ok().map(|t| t.clone()));
-    if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
-        req.metadata_mut().insert("authorization", value);
+    // The peer proves it is a replica of this cluster with a proof made for that peer
+    // alone (the secret itself is never sent).
+    let proof = security.peer_secret.as_ref().and_then(|t| {
+        t.read()
+            .ok()
+            .map(|secret| peer_proof(&secret, &cfg.cluster_id, peer))
+    });
+    if let Some(value) = proof.and_then(|p| p.parse().ok()) {
+        req.metadata_mut().insert(PEER_PROOF_HEADER, value);
     }
     match AdminClient::new(channel).status(req).await {
         Ok(reply) => Ok(Some(reply.into_inner())),
@@ -260,7 +263,7 @@ async fn ask_peer(
             ) =>
         {
             bail!(
-                "peer {peer} at {addr} refused this replica's credentials ({}); check --tls-cert, --tls-key, --tls-client-ca and --auth-tokens-file",
+                "peer {peer} at {addr} refused this replica's credentials ({}); check --tls-cert, --tls-key, --tls-client-ca (a peer certificate, O=gangway:peers), --peer-secret-file and --cluster-id",
                 s.message()
             )
         }

@@ -177,16 +177,43 @@ pub struct ServeArgs {
     /// PEM CA that signs every peer's and client's certificate.
     #[arg(long)]
     pub tls_client_ca: Option<PathBuf>,
-    /// File of bearer tokens (one per line, `#` comments): clients must send one
-    /// (`authorization: Bearer <token>`); replicas send the first to their peers.
+    /// With TLS: `required` (every caller presents a client certificate) or `optional`
+    /// (a caller that sends a bearer token may come without one; peers still present
+    /// their peer certificate) [default: required].
+    #[arg(long, value_enum)]
+    pub tls_client_certs: Option<ClientCerts>,
+    /// File of administrator bearer tokens (one per line, `#` comments): a client sending
+    /// one (`authorization: Bearer <token>`) may do everything. Give tenants, node agents
+    /// and viewers narrower rights with --policy-file or --kube-auth.
     #[arg(long)]
     pub auth_tokens_file: Option<PathBuf>,
+    /// Access policy (YAML): identities (by token or client certificate CN) with roles
+    /// admin, tenant, node or viewer and their grants; re-read when it changes. See
+    /// README "Security model".
+    #[arg(long)]
+    pub policy_file: Option<PathBuf>,
+    /// Authenticate bearer tokens not in the policy with the Kubernetes API
+    /// (TokenReview) and authorize their users with SubjectAccessReview against RBAC
+    /// rules in API group gangway.dev (needs --in-cluster or --kubeconfig).
+    #[arg(long)]
+    pub kube_auth: bool,
     /// File holding the peer secret (the same on every replica; one per line, the first
-    /// is sent, every line accepted; at least 16 characters): the Raft transport serves
-    /// only callers that send it. Required when the replica has peers or joins; without
-    /// peers a random one is made in memory.
+    /// keys this replica's proofs, every line is accepted; at least 16 characters): the
+    /// Raft transport serves only callers that prove they hold it (the secret itself is
+    /// never sent). Required when the replica has peers or joins; without peers a random
+    /// one is made in memory.
     #[arg(long)]
     pub peer_secret_file: Option<PathBuf>,
+    /// Serve the Raft transport (and the Admin service, for peers) on this address alone,
+    /// so the network can open it to replicas only; --advertise and every --peer then
+    /// name peer ports [default: the Raft transport shares --listen].
+    #[arg(long)]
+    pub peer_listen: Option<SocketAddr>,
+    /// A host path prefix a node agent's allocations may name in mounts and device nodes
+    /// (repeatable) [default: /dev/ /opt/ /run/ /usr/ /var/lib/; /dev/mem, /dev/kmem and
+    /// /dev/port never].
+    #[arg(long = "allocation-host-path-prefix", value_name = "PREFIX")]
+    pub allocation_host_path_prefixes: Vec<String>,
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
@@ -229,8 +256,24 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
+    tls_client_certs: Option<ClientCerts>,
     auth_tokens_file: Option<PathBuf>,
+    policy_file: Option<PathBuf>,
+    kube_auth: Option<bool>,
     peer_secret_file: Option<PathBuf>,
+    peer_listen: Option<SocketAddr>,
+    allocation_host_path_prefixes: Option<Vec<String>>,
+}
+
+/// Whether TLS clients must present a certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientCerts {
+    /// Every caller presents one.
+    #[default]
+    Required,
+    /// A caller with a bearer token may come without one.
+    Optional,
 }
 
 /// What a replica with no Raft state may do (as etcd's `--initial-cluster-state`).
@@ -282,8 +325,18 @@ pub struct ServeConfig {
     pub kube: Option<(crate::kube::ApiServer, crate::kube::KubeOptions)>,
     /// Mutual TLS files, if the gRPC port is secured.
     pub tls: Option<crate::security::TlsFiles>,
-    /// The bearer token file, if clients must authenticate.
+    /// Whether TLS clients with a token may come without a certificate.
+    pub tls_client_certs: ClientCerts,
+    /// The administrator token file.
     pub auth_tokens_file: Option<PathBuf>,
+    /// The access policy file.
+    pub policy_file: Option<PathBuf>,
+    /// Whether the Kubernetes API reviews other bearer tokens.
+    pub kube_auth: bool,
+    /// The Raft transport's own listen address, if it has one.
+    pub peer_listen: Option<SocketAddr>,
+    /// Host path prefixes allocations may name.
+    pub allocation_host_path_prefixes: Vec<String>,
     /// The peer secret file; `None` only for a replica without peers.
     pub peer_secret_file: Option<PathBuf>,
     /// Whether test crash points are honoured.
@@ -514,6 +567,51 @@ impl ServeConfig {
                  the Raft transport serves only callers that send it",
             ));
         }
+        let tls_client_certs = args
+            .tls_client_certs
+            .or(file.tls_client_certs)
+            .unwrap_or_default();
+        if tls_client_certs == ClientCerts::Optional && tls.is_none() {
+            return Err(invalid(
+                "--tls-client-certs",
+                "applies to TLS only: give --tls-cert, --tls-key and --tls-client-ca",
+            ));
+        }
+        let policy_file = args.policy_file.clone().or(file.policy_file.clone());
+        let kube_auth = args.kube_auth || file.kube_auth.unwrap_or(false);
+        if kube_auth && kube.is_none() {
+            return Err(invalid(
+                "--kube-auth",
+                "needs the Kubernetes API: give --in-cluster or --kubeconfig",
+            ));
+        }
+        let peer_listen = args.peer_listen.or(file.peer_listen);
+        if peer_listen.is_some_and(|p| p == listen) {
+            return Err(invalid(
+                "--peer-listen",
+                "is the --listen address; give the Raft transport a port of its own, or leave it out",
+            ));
+        }
+        let allocation_host_path_prefixes = match (
+            args.allocation_host_path_prefixes.is_empty(),
+            &file.allocation_host_path_prefixes,
+        ) {
+            (false, _) => args.allocation_host_path_prefixes.clone(),
+            (true, Some(list)) => list.clone(),
+            (true, None) => crate::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+        };
+        if let Some(bad) = allocation_host_path_prefixes
+            .iter()
+            .find(|p| !p.starts_with('/') || !p.ends_with('/') || p.split('/').any(|c| c == ".."))
+        {
+            return Err(invalid(
+                "--allocation-host-path-prefix",
+                format!("{bad:?}: an absolute directory ending in '/', without \"..\""),
+            ));
+        }
         let shards = args.shards.or(file.shards).unwrap_or(SHARDS_DEFAULT);
         if shards == 0 || shards > SHARDS_MAX {
             return Err(invalid(
@@ -603,7 +701,12 @@ impl ServeConfig {
             timing,
             kube,
             tls,
+            tls_client_certs,
             auth_tokens_file,
+            policy_file,
+            kube_auth,
+            peer_listen,
+            allocation_host_path_prefixes,
             peer_secret_file,
             test_failpoints: args.test_failpoints,
             peer_routes,

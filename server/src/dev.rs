@@ -191,6 +191,8 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             host: host_config(DEV_CLUSTER_ID, id, &members[&id], args.shards, timing),
             shards: args.shards,
             topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
+            host_path_prefixes: crate::frontdoor::inventory::InventoryOptions::default()
+                .host_path_prefixes,
             profile: Profile::default(),
             wire: args.wire_format,
             rebalance: crate::coordinator::RebalancePolicy::default(),
@@ -226,10 +228,11 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
                 hosts: hosts.clone(),
                 shards: replicas[0].shard_count(),
                 topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
-                peer_tls: None,
-                peer_tokens: None,
             },
-            tokens: None,
+            access: crate::observe::ui::access::UiAccess::new(
+                Arc::new(ServerSecurity::open(peer_secret.clone()).credentials(DEV_CLUSTER_ID, 1)),
+                crate::auth::Access::policy_only(),
+            ),
         }),
     };
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {

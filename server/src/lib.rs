@@ -5,6 +5,7 @@
 //! endpoints and metrics, `bench` the benchmarks.
 
 pub mod agent;
+pub mod auth;
 pub mod bench;
 pub mod bootstrap;
 pub mod config;

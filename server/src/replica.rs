@@ -12,21 +12,24 @@ use std::sync::Arc;
 use gangway_raft::storage::KvStore;
 use gangway_raft::{HostConfig, HostError, RaftHost, StateMachineFactory};
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 
+use crate::auth::limits::StreamLimits;
+use crate::auth::{ClientGate, PeerGate};
 use crate::coordinator::budgets::DisruptionBudgets;
 use crate::coordinator::Coordinator;
 use crate::engine::Profile;
 use crate::failpoints::Failpoints;
+use crate::frontdoor::admin::AdminFront;
 use crate::frontdoor::inventory::InventoryService;
 use crate::frontdoor::queues::QueuesService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::replicated::{machine_for, Groups};
-use crate::security::{tls_incoming, Gate, PeerGate, ServerSecurity, ServerTls};
+use crate::security::{tls_incoming, ServerSecurity, ServerTls};
 use crate::shard::growth::ShardCount;
 use crate::shard::resolver;
 use crate::shard::warmer::SelectorWarmer;
@@ -56,6 +59,8 @@ pub struct ReplicaOptions {
     pub shards: u32,
     /// Node label partitioning nodes into shards.
     pub topology_label: Option<String>,
+    /// Host path prefixes a node agent's allocations may name.
+    pub host_path_prefixes: Vec<String>,
     /// Scoring profile of the placement engine.
     pub profile: Profile,
     /// The format this replica writes commands, replies and snapshots in (it reads both).
@@ -80,18 +85,32 @@ pub struct Replica {
     /// The shard count its services use.
     shard_count: ShardCount,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
-    stop: oneshot::Sender<()>,
+    /// The peer port's server, when the Raft transport has its own.
+    peer_server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    stop: watch::Sender<bool>,
     services: Vec<JoinHandle<()>>,
     stop_services: watch::Sender<bool>,
     warmer: SelectorWarmer,
 }
 
 impl Replica {
-    /// Starts the host on `store`, serves gRPC on `listener` and starts the services.
+    /// Starts the host on `store`, serves gRPC (clients and peers) on `listener` and
+    /// starts the services.
     pub async fn start(
         opts: ReplicaOptions,
         store: Arc<dyn KvStore>,
         listener: TcpListener,
+    ) -> Result<Self, HostError> {
+        Self::start_with_peer_port(opts, store, listener, None).await
+    }
+
+    /// [`Replica::start`], with the Raft transport (and the Admin service, for peers)
+    /// on `peer_listener` alone when given, so the network can open it to replicas only.
+    pub async fn start_with_peer_port(
+        opts: ReplicaOptions,
+        store: Arc<dyn KvStore>,
+        listener: TcpListener,
+        peer_listener: Option<TcpListener>,
     ) -> Result<Self, HostError> {
         let shards = opts.shards;
         let machine_failpoints = opts.failpoints.clone();
@@ -110,55 +129,91 @@ impl Replica {
         let machine_warmer = warmer.clone();
         let wire = opts.wire;
         let factory = move |g| machine_for(g, shards, wire, &machine_failpoints, &machine_warmer);
+        let credentials = Arc::new(
+            opts.security
+                .credentials(&opts.host.cluster_id, opts.host.node_id),
+        );
         let host = RaftHost::start(opts.host, store, Arc::new(factory)).await?;
         let groups = Groups::new(host.clone(), wire);
         let shard_count = ShardCount::new(shards);
-        // Every service wants the client certificate (with TLS); the client services a
-        // bearer token (with tokens), which peers send too; the Raft transport the peer
-        // secret, which clients do not have.
-        let require_cert = opts.security.tls.is_some();
-        let check = Gate {
-            require_cert,
-            tokens: opts.security.tokens.clone(),
-        };
+        // The client services authenticate every caller (the gate) and authorize each
+        // RPC (`access`); the Raft transport serves replicas only: a peer proof, which no
+        // client credential gives.
+        let gate = ClientGate(credentials.clone());
         let peers_only = PeerGate {
-            require_cert,
-            secret: opts.security.peer_secret.clone(),
+            credentials,
             open_to_clients: opts
                 .failpoints
-                .armed(crate::failpoints::RAFT_TRANSPORT_OPEN)
-                .then(|| check.clone()),
+                .armed(crate::failpoints::RAFT_TRANSPORT_OPEN),
         };
-        let router = tonic::transport::Server::builder()
+        let access = opts.security.access();
+        let streams = StreamLimits::default();
+        let mut router = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(
-                host.transport_service(),
-                peers_only,
-            ))
-            .add_service(InterceptedService::new(host.admin_service(), check.clone()))
-            .add_service(InterceptedService::new(
-                InventoryService::new(groups.clone(), shard_count.clone(), opts.topology_label),
-                check.clone(),
+                AdminFront::new(&host, access.clone()),
+                gate.clone(),
             ))
             .add_service(InterceptedService::new(
-                QueuesService::new(groups.clone()),
-                check.clone(),
+                InventoryService::new(
+                    groups.clone(),
+                    shard_count.clone(),
+                    crate::frontdoor::inventory::InventoryOptions {
+                        topology_label: opts.topology_label,
+                        host_path_prefixes: opts.host_path_prefixes,
+                    },
+                    access.clone(),
+                    streams.clone(),
+                ),
+                gate.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                QueuesService::new(groups.clone(), access.clone()),
+                gate.clone(),
             ))
             .add_service(InterceptedService::new(
                 crate::frontdoor::shards::ShardsService::new(
                     groups.clone(),
                     shard_count.clone(),
                     opts.rebalance,
+                    access.clone(),
                 ),
-                check.clone(),
+                gate.clone(),
             ))
             .add_service(InterceptedService::new(
-                SchedulerService::new(groups.clone(), shard_count.clone(), opts.failpoints.clone()),
-                check,
+                SchedulerService::new(
+                    groups.clone(),
+                    shard_count.clone(),
+                    opts.failpoints.clone(),
+                    access.clone(),
+                    streams,
+                ),
+                gate,
             ));
+        let peer_router = match peer_listener {
+            Some(peer_listener) => {
+                let peer_router = tonic::transport::Server::builder()
+                    .add_service(InterceptedService::new(
+                        host.transport_service(),
+                        peers_only.clone(),
+                    ))
+                    .add_service(InterceptedService::new(
+                        AdminFront::new(&host, access),
+                        peers_only,
+                    ));
+                Some((peer_router, peer_listener))
+            }
+            None => {
+                router = router.add_service(InterceptedService::new(
+                    host.transport_service(),
+                    peers_only,
+                ));
+                None
+            }
+        };
         let mut replica = Self::serve(
             host,
-            router,
-            listener,
+            (router, listener),
+            peer_router,
             opts.security.tls.clone(),
             warmer,
             wire,
@@ -176,6 +231,7 @@ impl Replica {
             .push(tokio::spawn(crate::security::watch_credentials(
                 opts.security.tls.clone(),
                 secrets,
+                opts.security.policy.clone(),
                 replica.stop_services.subscribe(),
             )));
         let stop = replica.stop_services.subscribe();
@@ -233,8 +289,8 @@ impl Replica {
             .add_service(host.admin_service());
         Ok(Self::serve(
             host,
-            router,
-            listener,
+            (router, listener),
+            None,
             None,
             SelectorWarmer::inline(),
             WireFormat::default(),
@@ -244,37 +300,43 @@ impl Replica {
 
     fn serve(
         host: RaftHost,
-        router: Router,
-        listener: TcpListener,
+        (router, listener): (Router, TcpListener),
+        peers: Option<(Router, TcpListener)>,
         tls: Option<Arc<ServerTls>>,
         warmer: SelectorWarmer,
         wire: WireFormat,
         shard_count: ShardCount,
     ) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopped) = watch::channel(false);
         let (stop_services, _) = watch::channel(false);
-        let shutdown = async {
-            let _ = stopped.await;
-        };
-        let server = match tls {
-            Some(tls) => {
-                let incoming = tls_incoming(listener, tls, stop_services.subscribe());
-                tokio::spawn(router.serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::ReceiverStream::new(incoming),
-                    shutdown,
-                ))
+        let serve_on = |router: Router, listener: TcpListener| {
+            let mut stopped = stopped.clone();
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            match &tls {
+                Some(tls) => {
+                    let incoming = tls_incoming(listener, tls.clone(), stop_services.subscribe());
+                    tokio::spawn(router.serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::ReceiverStream::new(incoming),
+                        shutdown,
+                    ))
+                }
+                None => {
+                    // Without TCP_NODELAY, small replies wait on the peer's delayed ACK (~40 ms).
+                    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                    tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
+                }
             }
-            None => {
-                // Without TCP_NODELAY, small replies wait on the peer's delayed ACK (~40 ms).
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
-            }
         };
+        let server = serve_on(router, listener);
+        let peer_server = peers.map(|(router, listener)| serve_on(router, listener));
         Self {
             host,
             wire,
             shard_count,
             server,
+            peer_server,
             stop,
             services: Vec::new(),
             stop_services,
@@ -288,15 +350,17 @@ impl Replica {
         for task in self.services {
             let _ = task.await;
         }
-        let _ = self.stop.send(());
+        let _ = self.stop.send(true);
         self.host.shutdown().await;
         // Its current device is bounded by the selector cost budget.
         let warmer = self.warmer.clone();
         let _ = tokio::task::spawn_blocking(move || warmer.stop()).await;
-        match self.server.await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "gRPC server ended with an error"),
-            Err(e) => tracing::warn!(error = %e, "gRPC server task failed"),
-            Ok(Ok(())) => {}
+        for server in std::iter::once(self.server).chain(self.peer_server) {
+            match server.await {
+                Ok(Err(e)) => tracing::warn!(error = %e, "gRPC server ended with an error"),
+                Err(e) => tracing::warn!(error = %e, "gRPC server task failed"),
+                Ok(Ok(())) => {}
+            }
         }
     }
 }

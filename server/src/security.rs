@@ -1,19 +1,20 @@
-//! Transport security and authentication for `gangway serve`: mutual TLS on the
+//! Transport security and credential files for `gangway serve`: mutual TLS on the
 //! gRPC port (peers and clients alike present a certificate signed by the configured
-//! CA; plaintext is refused), bearer tokens for the front door and admin services,
-//! and the peer secret for the Raft transport. Only replicas hold the peer secret
+//! CA; plaintext is refused), the administrator tokens file, and the peer secret that
+//! keys the replicas' peer proofs (`auth::gate`). Only replicas hold the peer secret
 //! (`--peer-secret-file`, or one generated in memory when no other process needs it),
-//! so no client token or certificate lets a caller vote, append entries or propose a
-//! command: a client that could write the log could break every invariant. The
+//! and it is never sent, so no client token or certificate lets a caller vote, append
+//! entries or propose a command: a client that could write the log could break every
+//! invariant. Who may call what is `auth`'s; this module only loads and reloads. The
 //! server side re-reads certificate, key, CA, token and secret files when they change
 //! (checked every [`CREDENTIALS_RELOAD_MS`]): new connections use the new
 //! certificate, new requests are checked against the new secrets, and what is sent to
 //! peers follows the files; a file that fails to load leaves the last good one in
 //! force. The certificate a replica presents to its peers is read at start: rotate a
 //! CA by adding the new one to the bundle first, then restart replicas one at a time.
-//! Accepted secrets are kept as SHA-256 digests (only the replica's own are held in
-//! plain text, to send) and never logged. Used by `Replica` (the server side),
-//! `serve` and `dev` (peer identity) and nothing else.
+//! Client tokens are kept as SHA-256 digests; peer secrets in plain text too (they key
+//! the proofs), never sent and never logged. Used by `Replica` (the server side),
+//! `serve` and `dev` (peer identity), and `auth::gate`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -26,12 +27,7 @@ use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_rustls::server::TlsStream;
-use tonic::metadata::MetadataMap;
-use tonic::service::Interceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-use tonic::{Request, Status};
-
-use gangway_raft::PEER_SECRET_HEADER;
 
 /// How often the credential files are checked for changes, in ms.
 pub const CREDENTIALS_RELOAD_MS: u64 = 5_000;
@@ -267,8 +263,13 @@ pub struct Tokens {
     /// The flag naming the file, for errors.
     flag: &'static str,
     digests: RwLock<HashSet<[u8; 32]>>,
-    /// The file's first token in plain text: what this replica sends to its peers.
+    /// The file's first token in plain text: for the peer secret, what keys this
+    /// replica's proofs to its peers.
     first: gangway_raft::SharedToken,
+    /// Peer secrets only: every accepted one in plain text (proofs are checked with
+    /// each, so a rotation can add one before it is first). Empty for client tokens,
+    /// which are kept as digests only.
+    keys: RwLock<Vec<String>>,
     loaded: RwLock<Option<SystemTime>>,
 }
 
@@ -341,9 +342,15 @@ impl Tokens {
     fn load_file(flag: &'static str, path: PathBuf) -> Result<Arc<Self>, SecurityError> {
         let tokens = read_tokens(flag, &path)?;
         let loaded = stamp(&[&path]);
+        let keys = if flag == PEER_SECRET_FLAG {
+            tokens.clone()
+        } else {
+            Vec::new()
+        };
         Ok(Arc::new(Self {
             digests: RwLock::new(tokens.iter().map(|t| digest(t)).collect()),
             first: Arc::new(RwLock::new(tokens[0].clone())),
+            keys: RwLock::new(keys),
             loaded: RwLock::new(loaded),
             flag,
             path: Some(path),
@@ -362,6 +369,7 @@ impl Tokens {
         let secret = hex::encode(bytes);
         Ok(Arc::new(Self {
             digests: RwLock::new(HashSet::from([digest(&secret)])),
+            keys: RwLock::new(vec![secret.clone()]),
             first: Arc::new(RwLock::new(secret)),
             loaded: RwLock::new(None),
             flag: PEER_SECRET_FLAG,
@@ -369,7 +377,12 @@ impl Tokens {
         }))
     }
 
-    /// The token this replica sends to its peers (the file's first).
+    /// The peer secrets proofs are checked with (empty for client tokens).
+    pub fn secrets(&self) -> Vec<String> {
+        self.keys.read().map(|k| k.clone()).unwrap_or_default()
+    }
+
+    /// The file's first token (for the peer secret: what keys this replica's proofs).
     pub fn own(&self) -> String {
         self.first.read().map(|f| f.clone()).unwrap_or_default()
     }
@@ -384,45 +397,6 @@ impl Tokens {
         self.digests
             .read()
             .is_ok_and(|d| d.contains(&digest(token)))
-    }
-
-    /// Checks a request's `authorization: Bearer <token>`.
-    pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
-        let Some(value) = metadata.get("authorization") else {
-            return Err(Status::unauthenticated(
-                "missing bearer token: send `authorization: Bearer <token>` (gangctl --token or GANGWAY_TOKEN)",
-            ));
-        };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match token {
-            Some(t) if self.accepts(t) => Ok(()),
-            Some(_) => Err(Status::unauthenticated("bearer token not accepted")),
-            None => Err(Status::unauthenticated(
-                "authorization header is not `Bearer <token>`",
-            )),
-        }
-    }
-
-    /// Checks that a request carries an accepted peer secret in [`PEER_SECRET_HEADER`].
-    pub fn check_peer(&self, metadata: &MetadataMap) -> Result<(), Status> {
-        let secret = metadata
-            .get(PEER_SECRET_HEADER)
-            .and_then(|v| v.to_str().ok());
-        match secret {
-            Some(s) if self.accepts(s) => Ok(()),
-            Some(_) => Err(Status::unauthenticated(
-                "peer secret not accepted: the Raft transport serves replicas of this \
-                 cluster only (check that every replica has the same --peer-secret-file)",
-            )),
-            None => Err(Status::unauthenticated(
-                "the Raft transport serves replicas of this cluster only; clients use the \
-                 GangScheduler, Inventory and Admin services",
-            )),
-        }
     }
 
     fn reload_if_changed(&self) {
@@ -442,6 +416,11 @@ impl Tokens {
                 if let Ok(mut f) = self.first.write() {
                     *f = tokens[0].clone();
                 }
+                if self.flag == PEER_SECRET_FLAG {
+                    if let Ok(mut k) = self.keys.write() {
+                        *k = tokens.clone();
+                    }
+                }
                 if let Ok(mut l) = self.loaded.write() {
                     *l = now;
                 }
@@ -459,20 +438,52 @@ impl Tokens {
 pub struct ServerSecurity {
     /// Mutual TLS on the gRPC port.
     pub tls: Option<Arc<ServerTls>>,
-    /// Bearer tokens on the front door and admin services.
+    /// With TLS: whether callers with a bearer token may come without a client certificate.
+    pub client_certs_optional: bool,
+    /// Administrator bearer tokens (`--auth-tokens-file`).
     pub tokens: Option<Arc<Tokens>>,
-    /// The secret only replicas hold, required on the Raft transport (always: a
-    /// client that could write the log could break every invariant).
+    /// The secret only replicas hold, which keys the peer proofs the Raft transport
+    /// requires (always: a client that could write the log could break every invariant).
     pub peer_secret: Arc<Tokens>,
+    /// The access policy (`--policy-file`).
+    pub policy: Option<Arc<crate::auth::PolicyFile>>,
+    /// The Kubernetes API as an authority for other bearer tokens (`--kube-auth`).
+    pub reviewer: Option<Arc<dyn crate::auth::access::Reviewer>>,
 }
 
 impl ServerSecurity {
-    /// No TLS and no client tokens; the Raft transport still wants `peer_secret`.
+    /// No TLS and no client credentials (every caller may do everything); the Raft
+    /// transport still wants proofs made with `peer_secret`.
     pub fn open(peer_secret: Arc<Tokens>) -> Self {
         Self {
             tls: None,
+            client_certs_optional: false,
             tokens: None,
             peer_secret,
+            policy: None,
+            reviewer: None,
+        }
+    }
+
+    /// The credentials replica `node_id` of `cluster_id` accepts.
+    pub fn credentials(&self, cluster_id: &str, node_id: u64) -> crate::auth::Credentials {
+        crate::auth::Credentials {
+            tls: self.tls.is_some(),
+            client_certs_optional: self.client_certs_optional,
+            tokens: self.tokens.clone(),
+            policy: self.policy.clone(),
+            kube_review: self.reviewer.is_some(),
+            peer_secret: self.peer_secret.clone(),
+            cluster_id: cluster_id.to_string(),
+            node_id,
+        }
+    }
+
+    /// Authorization as the services apply it.
+    pub fn access(&self) -> crate::auth::Access {
+        match &self.reviewer {
+            Some(r) => crate::auth::Access::with_reviewer(r.clone()),
+            None => crate::auth::Access::policy_only(),
         }
     }
 }
@@ -483,59 +494,9 @@ impl std::fmt::Debug for ServerSecurity {
             .field("tls", &self.tls.is_some())
             .field("tokens", &self.tokens.is_some())
             .field("peer_secret", &"<redacted>")
+            .field("policy", &self.policy.is_some())
+            .field("kube_review", &self.reviewer.is_some())
             .finish()
-    }
-}
-
-/// A request interceptor: with TLS, the connection must have presented a client
-/// certificate (the handshake already checked it against the CA); with tokens, the
-/// request must carry an accepted bearer token.
-#[derive(Clone, Default)]
-pub struct Gate {
-    /// Whether a client certificate is required.
-    pub require_cert: bool,
-    /// The accepted tokens, if tokens are required.
-    pub tokens: Option<Arc<Tokens>>,
-}
-
-impl Interceptor for Gate {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        if self.require_cert && req.peer_certs().is_none_or(|c| c.is_empty()) {
-            return Err(Status::unauthenticated(
-                "client certificate required: this cluster uses mutual TLS; present a certificate \
-                 signed by its CA (gangctl --tls-cert/--tls-key)",
-            ));
-        }
-        match &self.tokens {
-            Some(tokens) => tokens.check(req.metadata()).map(|()| req),
-            None => Ok(req),
-        }
-    }
-}
-
-/// The Raft transport's interceptor: the client certificate (with TLS) and the peer
-/// secret; client tokens are not enough.
-#[derive(Clone)]
-pub struct PeerGate {
-    /// Whether a client certificate is required.
-    pub require_cert: bool,
-    /// The accepted peer secrets.
-    pub secret: Arc<Tokens>,
-    /// Bug switch (tests only): check like the client services instead.
-    pub open_to_clients: Option<Gate>,
-}
-
-impl Interceptor for PeerGate {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(gate) = &mut self.open_to_clients {
-            return gate.call(req);
-        }
-        if self.require_cert && req.peer_certs().is_none_or(|c| c.is_empty()) {
-            return Err(Status::unauthenticated(
-                "client certificate required: the Raft transport serves replicas of this cluster only",
-            ));
-        }
-        self.secret.check_peer(req.metadata()).map(|()| req)
     }
 }
 
@@ -543,6 +504,7 @@ impl Interceptor for PeerGate {
 pub async fn watch_credentials(
     tls: Option<Arc<ServerTls>>,
     tokens: Vec<Arc<Tokens>>,
+    policy: Option<Arc<crate::auth::PolicyFile>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -556,6 +518,9 @@ pub async fn watch_credentials(
         for t in &tokens {
             t.reload_if_changed();
         }
+        if let Some(p) = &policy {
+            p.reload_if_changed();
+        }
     }
 }
 
@@ -564,22 +529,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_checked_by_digest_and_named_errors_say_what_to_send() {
+    fn tokens_are_checked_by_digest_and_an_empty_file_names_its_flag() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("tokens");
         std::fs::write(&path, "# operators\nalpha-123\n\nbeta-456\n").expect("write");
         let tokens = Tokens::load(path.clone()).expect("tokens");
         assert_eq!(tokens.own(), "alpha-123");
-        let mut md = MetadataMap::new();
-        let missing = tokens.check(&md).expect_err("no header");
-        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
-        assert!(missing.message().contains("--token"));
-        md.insert("authorization", "Bearer beta-456".parse().expect("header"));
-        assert!(tokens.check(&md).is_ok());
-        md.insert("authorization", "Bearer gamma".parse().expect("header"));
-        assert_eq!(
-            tokens.check(&md).expect_err("wrong").message(),
-            "bearer token not accepted"
+        assert!(tokens.accepts("beta-456") && !tokens.accepts("gamma"));
+        assert!(
+            tokens.secrets().is_empty(),
+            "client tokens are kept as digests only"
         );
         std::fs::write(&path, "\n# nothing\n").expect("write");
         let err = read_tokens(TOKENS_FLAG, &path).expect_err("empty");
@@ -642,7 +601,7 @@ mod tests {
     }
 
     #[test]
-    fn the_peer_secret_is_its_own_header_and_client_tokens_do_not_pass() {
+    fn peer_secrets_are_long_kept_as_keys_and_rotated() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("peer-secret");
         std::fs::write(&path, "short\n").expect("write");
@@ -655,33 +614,20 @@ mod tests {
             "{err}"
         );
         std::fs::write(&path, "0123456789abcdef-peers\n").expect("write");
-        let secret = Tokens::load_peer_secret(path).expect("secret");
-        let mut md = MetadataMap::new();
-        md.insert(
-            "authorization",
-            "Bearer 0123456789abcdef-peers".parse().expect("header"),
+        let secret = Tokens::load_peer_secret(path.clone()).expect("secret");
+        assert_eq!(secret.secrets(), ["0123456789abcdef-peers"]);
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&path, "0123456789abcdef-peers\nfedcba9876543210-next\n").expect("write");
+        secret.reload_if_changed();
+        assert_eq!(
+            secret.secrets().len(),
+            2,
+            "a second secret is accepted before it is first"
         );
-        let refused = secret
-            .check_peer(&md)
-            .expect_err("a bearer token is not the secret");
-        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
-        assert!(
-            refused.message().contains("replicas of this cluster only"),
-            "{}",
-            refused.message()
-        );
-        md.insert(
-            PEER_SECRET_HEADER,
-            "wrong-but-long-enough".parse().expect("header"),
-        );
-        assert!(secret.check_peer(&md).is_err());
-        md.insert(
-            PEER_SECRET_HEADER,
-            "0123456789abcdef-peers".parse().expect("header"),
-        );
-        assert!(secret.check_peer(&md).is_ok());
+        assert_eq!(secret.own(), "0123456789abcdef-peers");
         let generated = Tokens::generated_peer_secret().expect("generated");
         assert_eq!(generated.own().len(), 2 * GENERATED_SECRET_BYTES);
+        assert_eq!(generated.secrets(), [generated.own()]);
         assert_ne!(
             generated.own(),
             Tokens::generated_peer_secret().expect("again").own()

@@ -29,6 +29,14 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let grpc = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", cfg.listen))?;
+    let peer_port = match cfg.peer_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--peer-listen)"))?,
+        ),
+        None => None,
+    };
     let http_listener = TcpListener::bind(cfg.http)
         .await
         .with_context(|| format!("cannot listen on {} (--http)", cfg.http))?;
@@ -37,6 +45,9 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         cfg.id, cfg.cluster_id, cfg.shards
     );
     println!("  gRPC {}", grpc.local_addr()?);
+    if let Some(peers) = &peer_port {
+        println!("  peers (Raft) {}", peers.local_addr()?);
+    }
     println!("  HTTP http://{}", http_listener.local_addr()?);
 
     let identity = Identity {
@@ -45,11 +56,22 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         shards: cfg.shards,
     };
     datadir::probe(&cfg.data, &identity)?;
+    let reviewer: Option<Arc<dyn crate::auth::access::Reviewer>> = match (&cfg.kube, cfg.kube_auth)
+    {
+        (Some((server, _)), true) => {
+            let client = crate::kube::connect(server)
+                .await
+                .context("cannot reach the Kubernetes API server for --kube-auth")?;
+            Some(Arc::new(crate::auth::kube::KubeReviewer::new(client)))
+        }
+        _ => None,
+    };
     let server_security = ServerSecurity {
         tls: match &cfg.tls {
             Some(files) => Some(ServerTls::load(files.clone())?),
             None => None,
         },
+        client_certs_optional: cfg.tls_client_certs == crate::config::ClientCerts::Optional,
         tokens: match &cfg.auth_tokens_file {
             Some(path) => Some(Tokens::load(path.clone())?),
             None => None,
@@ -58,17 +80,21 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             Some(path) => Tokens::load_peer_secret(path.clone())?,
             None => Tokens::generated_peer_secret()?,
         },
+        policy: match &cfg.policy_file {
+            Some(path) => Some(crate::auth::PolicyFile::load(path.clone())?),
+            None => None,
+        },
+        reviewer,
     };
+    warn_if_open(&server_security);
     let peer_security = PeerSecurity {
         tls: match &cfg.tls {
             Some(files) => Some(security::client_config(files)?),
             None => None,
         },
-        token: server_security.tokens.as_ref().map(|t| t.own_shared()),
         peer_secret: Some(server_security.peer_secret.own_shared()),
     };
-    let ui_tokens = server_security.tokens.clone();
-    let ui_peer_tls = peer_security.tls.clone();
+    let ui_security = server_security.clone();
     datadir::open(&cfg.data, &identity)?;
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
         .with_context(|| format!("cannot open the store in {} (--data)", cfg.data.display()))?;
@@ -90,6 +116,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         ),
         shards: cfg.shards,
         topology_label: cfg.topology_label.clone(),
+        host_path_prefixes: cfg.allocation_host_path_prefixes.clone(),
         profile: Profile::default(),
         wire: cfg.wire,
         rebalance: cfg.rebalance,
@@ -107,7 +134,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         StartMode::Create => TransportStart::Held,
         StartMode::Resume | StartMode::Join => TransportStart::Open,
     };
-    let replica = Replica::start(opts, Arc::new(store), grpc).await?;
+    let replica = Replica::start_with_peer_port(opts, Arc::new(store), grpc, peer_port).await?;
     let mut shutdown = std::pin::pin!(shutdown_signal());
     if mode == StartMode::Create {
         let verdict = tokio::select! {
@@ -182,10 +209,11 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                         .clone()
                         .unwrap_or_else(|| crate::observe::ui::read::ZONE_LABEL.into()),
                 ),
-                peer_tls: ui_peer_tls,
-                peer_tokens: ui_tokens.clone(),
             },
-            tokens: ui_tokens,
+            access: crate::observe::ui::access::UiAccess::new(
+                Arc::new(ui_security.credentials(&cfg.cluster_id, cfg.id)),
+                ui_security.access(),
+            ),
         }),
     };
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
@@ -217,6 +245,27 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             "raft group {group} stopped: {reason}; gangway serve exits so that its supervisor restarts it \
              from its data dir (if the disk is full, free space first: the replica catches up from its peers)"
         ),
+    }
+}
+
+/// Says at start when every caller is an administrator (no credential is required, or
+/// every credential that passes is an administrator's), so an operator notices.
+fn warn_if_open(security: &ServerSecurity) {
+    match (
+        security.tls.is_some(),
+        security.tokens.is_some(),
+        security.policy.is_some(),
+        security.reviewer.is_some(),
+    ) {
+        (false, false, false, false) => tracing::warn!(
+            "no credentials required: every caller that reaches the gRPC port is an administrator \
+             (give --policy-file, --kube-auth or --auth-tokens-file, and TLS)"
+        ),
+        (_, _, false, false) => tracing::warn!(
+            "every authenticated caller is an administrator: give --policy-file or --kube-auth \
+             for tenants, node agents and viewers"
+        ),
+        _ => {}
     }
 }
 

@@ -399,18 +399,19 @@ async fn bad_input_is_refused_with_a_clear_error_and_no_damage() {
         .connect()
         .await
         .expect("connect");
-    // As a replica would call: with the peer secret (clients are refused before
-    // the envelope is read; see two_phase.rs).
+    // As a replica would call: with a proof made with the peer secret for node 1
+    // (clients are refused before the envelope is read; see two_phase.rs).
     let secret = std::fs::read_to_string(support::peer_secret_path(c.dir.path()))
         .expect("peer secret")
         .trim()
         .to_string();
+    let proof = gangway_raft::peer_proof(&secret, &c.cluster_id, 1);
     let mut raft = RaftTransportClient::with_interceptor(ch, move |mut req: tonic::Request<()>| {
-        let value = secret
+        let value = proof
             .parse()
-            .map_err(|_| tonic::Status::internal("secret header"))?;
+            .map_err(|_| tonic::Status::internal("proof header"))?;
         req.metadata_mut()
-            .insert(gangway_raft::PEER_SECRET_HEADER, value);
+            .insert(gangway_raft::PEER_PROOF_HEADER, value);
         Ok(req)
     });
     let envelope = |cluster: &str, group: u64| Envelope {

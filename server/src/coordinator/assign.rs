@@ -297,6 +297,7 @@ mod tests {
             queue: String::new(),
             id: "x".into(),
             gangs: vec![gang],
+            ..Default::default()
         }
     }
 

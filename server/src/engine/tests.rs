@@ -358,6 +358,7 @@ fn groups_place_all_their_gangs_together() {
             gang("x", &vec![cpu_spec(1000); 3]),
             gang("y", &vec![cpu_spec(1000); 5]),
         ],
+        ..Default::default()
     };
     let placement = place_group(&f.ledger, &group, &no_packing(), &[]);
     assert!(placement.is_complete());
@@ -369,6 +370,7 @@ fn groups_place_all_their_gangs_together() {
             gang("x", &vec![cpu_spec(1000); 3]),
             gang("y", &vec![cpu_spec(1000); 6]),
         ],
+        ..Default::default()
     };
     assert_eq!(
         place_group(&f.ledger, &group, &no_packing(), &[])

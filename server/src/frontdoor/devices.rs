@@ -199,13 +199,24 @@ struct StreamState {
     published: Vec<(String, Vec<Device>, u64)>,
 }
 
-/// Serves one agent's stream until it ends, then marks the agent disconnected.
+/// Who reports on a stream: the authority, the caller, and its stream slot (held
+/// while the stream is open).
+pub type Reporter = (
+    crate::auth::Access,
+    crate::auth::Principal,
+    crate::auth::limits::StreamSlot,
+);
+
+/// Serves one agent's stream until it ends, then marks the agent disconnected. The
+/// node a stream's first report names must be one the caller may update.
 pub fn spawn_stream(
     groups: Groups,
     mut inbound: Streaming<DeviceListReport>,
     acks: mpsc::Sender<Result<DeviceListAck, Status>>,
+    reporter: Reporter,
 ) {
     tokio::spawn(async move {
+        let (access, who, _slot) = reporter;
         let mut state = StreamState::default();
         loop {
             let report = match inbound.message().await {
@@ -221,6 +232,15 @@ pub fn spawn_stream(
                     break;
                 }
             };
+            if state.node.is_none() {
+                let ask =
+                    crate::auth::Ask::of(crate::auth::Verb::Update, crate::auth::Resource::Nodes)
+                        .named(&report.node);
+                if let Err(denied) = access.check(&who, &ask).await {
+                    let _ = acks.send(Err(denied)).await;
+                    break;
+                }
+            }
             let ack = apply_report(&groups, &mut state, &report).await;
             let failed = ack.is_err();
             if acks.send(ack).await.is_err() || failed {

@@ -1,7 +1,9 @@
 //! The Inventory service: node agents register nodes here. A node's shard is
 //! fixed in the meta group first (so all front doors agree), then the node is
 //! recorded in that shard. Both writes are idempotent, so a retried
-//! registration converges.
+//! registration converges. Every call names its node, and a node agent may speak
+//! only for the nodes it is granted (`auth::access`, resource `nodes`); what an
+//! allocation gives a container is held to the replica's host path prefixes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -16,6 +18,8 @@ use gangway_proto::v1::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::access::{self, Access, Ask, Principal, Resource, Verb};
+use crate::auth::limits::StreamLimits;
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::ledger::devices::{AgentLink, DeviceHealth};
@@ -37,25 +41,60 @@ use crate::shard::growth::ShardCount;
 /// grace period).
 pub const NODE_LEASE_MS_DEFAULT: u64 = 40_000;
 
+/// What the Inventory service is configured with.
+#[derive(Debug, Clone)]
+pub struct InventoryOptions {
+    /// The node label that partitions nodes into shards.
+    pub topology_label: Option<String>,
+    /// Host path prefixes an allocation's mounts and device nodes may name.
+    pub host_path_prefixes: Vec<String>,
+}
+
+impl Default for InventoryOptions {
+    fn default() -> Self {
+        Self {
+            topology_label: None,
+            host_path_prefixes: crate::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+        }
+    }
+}
+
 /// The Inventory gRPC service over one replica's groups.
 pub struct InventoryService {
     groups: Groups,
     shards: ShardCount,
-    topology_label: Option<String>,
+    options: InventoryOptions,
+    access: Access,
+    streams: StreamLimits,
 }
 
 impl InventoryService {
-    /// A service routing to `groups`; nodes are partitioned by `topology_label` when set.
+    /// A service routing to `groups`, authorizing with `access`, bounding device streams
+    /// with `streams`.
     pub fn new(
         groups: Groups,
         shards: ShardCount,
-        topology_label: Option<String>,
+        options: InventoryOptions,
+        access: Access,
+        streams: StreamLimits,
     ) -> InventoryServer<Self> {
         InventoryServer::new(Self {
             groups,
             shards,
-            topology_label,
+            options,
+            access,
+            streams,
         })
+    }
+
+    /// Whether `who` may `verb` node `name` (PERMISSION_DENIED naming it otherwise).
+    async fn check_node(&self, who: &Principal, verb: Verb, name: &str) -> Result<(), Status> {
+        self.access
+            .check(who, &Ask::of(verb, Resource::Nodes).named(name))
+            .await
     }
 
     async fn shard_of(&self, node: &str) -> Result<Option<u32>, Status> {
@@ -396,10 +435,16 @@ impl Inventory for InventoryService {
         &self,
         request: Request<ReportAllocationRequest>,
     ) -> Result<Response<ReportAllocationReply>, Status> {
+        let admitted = self
+            .access
+            .begin(&request, access::REPORT_ALLOCATION)
+            .await?;
         let r = request.into_inner();
         if r.node.is_empty() {
             return Err(Status::invalid_argument("node: must not be empty"));
         }
+        self.check_node(&admitted.principal, Verb::Update, &r.node)
+            .await?;
         if r.member.is_empty() {
             return Err(Status::invalid_argument("member: must not be empty"));
         }
@@ -408,8 +453,10 @@ impl Inventory for InventoryService {
             .as_ref()
             .map(allocation_from_api)
             .ok_or_else(|| Status::invalid_argument("allocation: missing"))?;
+        let at = crate::model::FieldPath::new("allocation");
         allocation
-            .validate(&crate::model::FieldPath::new("allocation"))
+            .validate(&at)
+            .and_then(|()| allocation.validate_host_access(&at, &self.options.host_path_prefixes))
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let cmd = MetaCommand::NoteNodeAllocation {
             member: r.member,
@@ -423,6 +470,7 @@ impl Inventory for InventoryService {
                 RejectionKind::Conflict => Status::failed_precondition(reason),
                 RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
                 RejectionKind::Busy => Status::unavailable(reason),
+                RejectionKind::Exhausted => Status::resource_exhausted(reason),
             }),
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         }
@@ -432,10 +480,13 @@ impl Inventory for InventoryService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
+        let admitted = self.access.begin(&request, access::HEARTBEAT).await?;
         let beat = request.into_inner();
         if beat.node.is_empty() {
             return Err(Status::invalid_argument("node: must not be empty"));
         }
+        self.check_node(&admitted.principal, Verb::Update, &beat.node)
+            .await?;
         let lease_ms = match beat.lease_ms {
             0 => NODE_LEASE_MS_DEFAULT,
             ms => ms,
@@ -465,8 +516,15 @@ impl Inventory for InventoryService {
         &self,
         request: Request<Streaming<DeviceListReport>>,
     ) -> Result<Response<Self::ListAndWatchDevicesStream>, Status> {
+        let admitted = self.access.begin(&request, access::DEVICES).await?;
+        let slot = self.streams.open(admitted.principal.name())?;
         let (acks, rx) = tokio::sync::mpsc::channel(DEVICE_ACKS_QUEUED_MAX);
-        spawn_stream(self.groups.clone(), request.into_inner(), acks);
+        spawn_stream(
+            self.groups.clone(),
+            request.into_inner(),
+            acks,
+            (self.access.clone(), admitted.principal, slot),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -474,11 +532,14 @@ impl Inventory for InventoryService {
         &self,
         request: Request<RegisterNodeRequest>,
     ) -> Result<Response<RegisterNodeReply>, Status> {
+        let admitted = self.access.begin(&request, access::REGISTER_NODE).await?;
         let request = request.into_inner();
         let spec = request
             .node
             .ok_or_else(|| Status::invalid_argument("node: missing"))?;
         let node = validate_node(&spec)?;
+        self.check_node(&admitted.principal, Verb::Update, &node.name)
+            .await?;
         let registration = if request.update {
             Registration::Update
         } else {
@@ -487,7 +548,7 @@ impl Inventory for InventoryService {
         let shard = register(
             &self.groups,
             self.shards.get(),
-            self.topology_label.as_deref(),
+            self.options.topology_label.as_deref(),
             &node,
             registration,
         )
@@ -508,10 +569,13 @@ impl Inventory for InventoryService {
         &self,
         request: Request<GetNodeRequest>,
     ) -> Result<Response<NodeInfo>, Status> {
+        let admitted = self.access.begin(&request, access::GET_NODE).await?;
         let name = request.into_inner().name;
         if name.is_empty() {
             return Err(Status::invalid_argument("name: must not be empty"));
         }
+        self.check_node(&admitted.principal, Verb::Get, &name)
+            .await?;
         let not_found = || Status::not_found(format!("node {name:?} is not registered"));
         let shard = self.shard_of(&name).await?.ok_or_else(not_found)?;
         let nodes = self
@@ -527,6 +591,7 @@ impl Inventory for InventoryService {
         &self,
         request: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesReply>, Status> {
+        self.access.begin(&request, access::LIST_NODES).await?;
         let shards: Vec<u32> = match request.into_inner().shard {
             Some(s) if s == 0 || s > self.shards.get() => {
                 return Err(Status::invalid_argument(format!(

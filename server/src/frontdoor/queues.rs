@@ -4,7 +4,8 @@
 //! resource name) and the model's [`QueueSpec`]; input is validated here (errors name
 //! the field) and again by the meta group, which keeps the queues and their usage and
 //! answers every read linearizably. Served by every replica; called by `gangctl queues`
-//! and by batch frameworks.
+//! and by batch frameworks. Changing a queue is `update`/`delete queues`
+//! (administrators); a tenant's listing shows the queues it may use.
 
 use std::collections::BTreeMap;
 
@@ -23,12 +24,44 @@ use crate::replicated::Groups;
 /// The Queues gRPC service over one replica's groups.
 pub struct QueuesService {
     groups: Groups,
+    access: crate::auth::Access,
 }
 
 impl QueuesService {
-    /// A service over `groups`.
-    pub fn new(groups: Groups) -> QueuesServer<Self> {
-        QueuesServer::new(Self { groups })
+    /// A service over `groups`, authorizing with `access`.
+    pub fn new(groups: Groups, access: crate::auth::Access) -> QueuesServer<Self> {
+        QueuesServer::new(Self { groups, access })
+    }
+
+    /// Whether `who` sees queue `q` in a listing: readers of every queue do; a tenant
+    /// the queues it may use (a grant of a queue covers those under it).
+    async fn visible(
+        &self,
+        who: &crate::auth::Principal,
+        q: &QueueStatus,
+        all: &[QueueStatus],
+    ) -> Result<bool, Status> {
+        let every = crate::auth::Ask::of(crate::auth::Verb::Get, crate::auth::Resource::Queues);
+        if who.is_admin()
+            || who
+                .identity()
+                .is_some_and(|i| i.has(crate::auth::Role::Viewer))
+            || matches!(who, crate::auth::Principal::Kube(_))
+                && self.access.allows(who, &every).await?
+        {
+            return Ok(true);
+        }
+        let parents: BTreeMap<&str, &str> = all
+            .iter()
+            .map(|s| (s.spec.name.as_str(), s.spec.parent.as_str()))
+            .collect();
+        let mut chain = Vec::new();
+        let mut next = parents.get(q.spec.name.as_str()).copied().unwrap_or("");
+        while !next.is_empty() && chain.len() < parents.len() {
+            chain.push(next.to_string());
+            next = parents.get(next).copied().unwrap_or("");
+        }
+        self.access.may_use_queue(who, &q.spec.name, &chain).await
     }
 
     async fn meta(&self, cmd: MetaCommand) -> Result<MetaReply, Status> {
@@ -103,6 +136,7 @@ fn refusal(reason: String, kind: RejectionKind) -> Status {
         RejectionKind::Conflict => Status::failed_precondition(reason),
         RejectionKind::Refused | RejectionKind::NoRoom => Status::invalid_argument(reason),
         RejectionKind::Busy => Status::unavailable(reason),
+        RejectionKind::Exhausted => Status::resource_exhausted(reason),
     }
 }
 
@@ -112,6 +146,9 @@ impl Queues for QueuesService {
         &self,
         request: Request<PutQueueRequest>,
     ) -> Result<Response<ApiQueueStatus>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::PUT_QUEUE)
+            .await?;
         let Some(api) = request.into_inner().queue else {
             return Err(Status::invalid_argument("queue: required"));
         };
@@ -130,6 +167,9 @@ impl Queues for QueuesService {
         &self,
         request: Request<DeleteQueueRequest>,
     ) -> Result<Response<DeleteQueueReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::DELETE_QUEUE)
+            .await?;
         let name = request.into_inner().name;
         if name.is_empty() {
             return Err(Status::invalid_argument("name: required"));
@@ -147,8 +187,13 @@ impl Queues for QueuesService {
 
     async fn list_queues(
         &self,
-        _request: Request<ListQueuesRequest>,
+        request: Request<ListQueuesRequest>,
     ) -> Result<Response<ListQueuesReply>, Status> {
+        let admitted = self
+            .access
+            .begin(&request, crate::auth::access::LIST_QUEUES)
+            .await?;
+        let who = &admitted.principal;
         match self
             .groups
             .meta_query(&MetaQuery::Queues)
@@ -162,8 +207,14 @@ impl Queues for QueuesService {
                     }) => quantities_of(&capacity),
                     _ => Default::default(),
                 };
+                let mut shown = Vec::with_capacity(queues.len());
+                for q in &queues {
+                    if self.visible(who, q, &queues).await? {
+                        shown.push(status_of(q));
+                    }
+                }
                 Ok(Response::new(ListQueuesReply {
-                    queues: queues.iter().map(status_of).collect(),
+                    queues: shown,
                     capacity,
                 }))
             }

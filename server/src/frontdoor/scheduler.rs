@@ -1,8 +1,11 @@
 //! The Scheduler service: batch frameworks submit gang groups here and watch
-//! them placed. A submission is validated completely (errors name the field),
-//! then committed to the meta group before it is acknowledged; the same
-//! idempotency key always yields the same group. Placement itself is the
-//! coordinator's job.
+//! them placed. A submission is validated completely (errors name the field), each
+//! member template once and within its bounds before `count` expands it, then
+//! authorized (the caller's namespaces, queue, priority; its owner and preemption
+//! boundary recorded) and committed to the meta group before it is acknowledged; the
+//! same idempotency key of the same owner always yields the same group. Every other
+//! call acts on a group only for a caller that may (its owner, an administrator, a
+//! viewer for reads; `auth::access`). Placement itself is the coordinator's job.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -18,6 +21,9 @@ use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::auth::access::{self, Access, Ask, Principal, Resource, Verb};
+use crate::auth::limits::StreamLimits;
+use crate::auth::policy::LIVE_GROUPS_PER_IDENTITY_DEFAULT;
 use crate::coordinator::release::release_members;
 use crate::failpoints::{self, Failpoints};
 use crate::ledger::meta::{
@@ -34,6 +40,11 @@ use crate::shard::growth::ShardCount;
 
 /// Most members one gang group may have.
 pub const GROUP_MEMBERS_MAX: usize = 10_000;
+/// Largest a gang group may be once its templates are expanded, in bytes of member
+/// specs as submitted (its meta entry is about as large; the transport carries 64 MiB).
+pub const GROUP_SPEC_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Longest a gang may wait to be placed, in ms (7 days).
+pub const WAIT_TIME_MS_MAX: u64 = 7 * 24 * 3_600_000;
 /// Most gangs one gang group may have.
 pub const GROUP_GANGS_MAX: usize = 256;
 /// Groups a listing of changes answers when the caller sets no limit.
@@ -54,20 +65,214 @@ pub struct SchedulerService {
     groups: Groups,
     shards: ShardCount,
     failpoints: Failpoints,
+    access: Access,
+    streams: StreamLimits,
 }
 
 impl SchedulerService {
-    /// A service over `groups` with `shards` shards (`failpoints` only in fault tests).
+    /// A service over `groups` with `shards` shards, authorizing with `access` and
+    /// bounding watches with `streams` (`failpoints` only in fault tests).
     pub fn new(
         groups: Groups,
         shards: ShardCount,
         failpoints: Failpoints,
+        access: Access,
+        streams: StreamLimits,
     ) -> SchedulerServer<Self> {
         SchedulerServer::new(Self {
             groups,
             shards,
             failpoints,
+            access,
+            streams,
         })
+    }
+
+    /// Group `seq`, if `who` may `verb` it (PERMISSION_DENIED otherwise).
+    async fn record_for(
+        &self,
+        who: &Principal,
+        verb: Verb,
+        seq: GroupSeq,
+    ) -> Result<GroupSummary, Status> {
+        let record = self.record(seq).await?;
+        self.may_touch(who, verb, &record).await?;
+        Ok(record)
+    }
+
+    async fn may_touch(
+        &self,
+        who: &Principal,
+        verb: Verb,
+        record: &GroupSummary,
+    ) -> Result<(), Status> {
+        let namespaces = group_namespaces(record);
+        if self
+            .access
+            .may_touch_group(who, verb, &record.owner, &namespaces)
+            .await?
+        {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "{} may not {} gang group {} (API group {}, resource ganggroups): it is not one of its groups",
+            who_name(who),
+            verb.name(),
+            record.seq,
+            access::API_GROUP
+        )))
+    }
+
+    /// Checks the caller's rights on a submission and records what they imply: its
+    /// owner, its queue (a tenant's default when it names none), its preemption
+    /// boundary. Administrators (and callers of an open replica) submit as given.
+    async fn authorize_submission(
+        &self,
+        who: &Principal,
+        group: &mut GangGroup,
+    ) -> Result<(), Status> {
+        group.owner = who.name().to_string();
+        if who.is_admin() {
+            return Ok(());
+        }
+        for (i, gang) in group.gangs.iter().enumerate() {
+            let ask = Ask::of(Verb::Create, Resource::GangGroups).in_namespace(&gang.namespace);
+            if !self.access.allows(who, &ask).await? {
+                return Err(refused_field(
+                    &format!("gangs[{i}].namespace"),
+                    self.access.denied(who, &ask),
+                ));
+            }
+            self.check_priority(who, &format!("gangs[{i}].priority"), gang.priority)
+                .await?;
+            for (j, m) in gang.members.iter().enumerate() {
+                if m.spec.priority != gang.priority {
+                    self.check_priority(
+                        who,
+                        &format!("gangs[{i}].members[{j}].priority"),
+                        m.spec.priority,
+                    )
+                    .await?;
+                }
+            }
+        }
+        let parents = self.queue_parents().await?;
+        if group.queue.is_empty() {
+            group.queue = self.default_queue(who, group, &parents).await?;
+        }
+        if !group.queue.is_empty() {
+            let Some(chain) = ancestors(&parents, &group.queue) else {
+                return Err(Status::not_found(format!(
+                    "queue: no queue {:?}; create it first (gangctl queues put)",
+                    group.queue
+                )));
+            };
+            if !self.access.may_use_queue(who, &group.queue, &chain).await? {
+                let ask = Ask::of(Verb::Use, Resource::Queues).named(&group.queue);
+                return Err(refused_field("queue", self.access.denied(who, &ask)));
+            }
+        }
+        let across = self
+            .access
+            .allows(who, &Ask::of(Verb::Preempt, Resource::Queues))
+            .await?;
+        group.preempts_within = (!across && !group.queue.is_empty()).then(|| group.queue.clone());
+        Ok(())
+    }
+
+    async fn check_priority(
+        &self,
+        who: &Principal,
+        field: &str,
+        priority: i32,
+    ) -> Result<(), Status> {
+        // The default priority needs no grant from the Kubernetes API; the policy's
+        // maximum applies to every value, so a tenant may be held below 0.
+        if priority <= 0 && matches!(who, Principal::Kube(_)) {
+            return Ok(());
+        }
+        let ask = Ask::of(Verb::Use, Resource::Priorities).named(&priority.to_string());
+        if self.access.allows(who, &ask).await? {
+            return Ok(());
+        }
+        Err(refused_field(field, self.access.denied(who, &ask)))
+    }
+
+    /// The queue a submission that names none is charged to: a policy tenant's default;
+    /// for a Kubernetes user, none if it may use every queue, else the queue named after
+    /// its first gang's namespace. A tenant never runs outside quota: without a default,
+    /// the submission is refused.
+    async fn default_queue(
+        &self,
+        who: &Principal,
+        group: &GangGroup,
+        parents: &BTreeMap<String, String>,
+    ) -> Result<String, Status> {
+        let found = match who {
+            Principal::Policy(identity) => identity
+                .tenant
+                .as_ref()
+                .and_then(|t| t.default_queue.clone()),
+            Principal::Kube(_) => {
+                if self
+                    .access
+                    .allows(who, &Ask::of(Verb::Use, Resource::Queues))
+                    .await?
+                {
+                    return Ok(String::new());
+                }
+                group
+                    .gangs
+                    .first()
+                    .map(|g| g.namespace.clone())
+                    .filter(|ns| parents.contains_key(ns))
+            }
+            Principal::Open | Principal::Peer => return Ok(String::new()),
+        };
+        found.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "queue: required: {} has no default queue; name one of the queues it may use",
+                who_name(who)
+            ))
+        })
+    }
+
+    /// Every queue -> its parent (empty for a top-level queue).
+    async fn queue_parents(&self) -> Result<BTreeMap<String, String>, Status> {
+        match self
+            .groups
+            .meta_query(&MetaQuery::Queues)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::Queues { queues } => Ok(queues
+                .into_iter()
+                .map(|q| (q.spec.name, q.spec.parent))
+                .collect()),
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
+    /// Whether `who` may see `record` (listing).
+    async fn visible(&self, who: &Principal, record: &GroupSummary) -> Result<bool, Status> {
+        let namespaces = group_namespaces(record);
+        self.access
+            .may_touch_group(who, Verb::List, &record.owner, &namespaces)
+            .await
+    }
+
+    async fn visible_only(
+        &self,
+        who: &Principal,
+        groups: Vec<GroupSummary>,
+    ) -> Result<Vec<GangGroupStatus>, Status> {
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            if self.visible(who, &g).await? {
+                out.push(status_of(&g));
+            }
+        }
+        Ok(out)
     }
 
     async fn record(&self, seq: GroupSeq) -> Result<GroupSummary, Status> {
@@ -82,9 +287,11 @@ impl SchedulerService {
         }
     }
 
-    /// The groups changed after `after`, at most `limit` (0: the default).
+    /// The groups changed after `after`, at most `limit` (0: the default), of those
+    /// `who` may see.
     async fn list_changes(
         &self,
+        who: &Principal,
         after: u64,
         limit: u32,
     ) -> Result<Response<ListGangGroupsReply>, Status> {
@@ -109,7 +316,7 @@ impl SchedulerService {
                 more,
                 forgotten,
             } => Ok(Response::new(ListGangGroupsReply {
-                groups: groups.iter().map(status_of).collect(),
+                groups: self.visible_only(who, groups).await?,
                 stamp,
                 more,
                 forgotten,
@@ -183,6 +390,41 @@ async fn release_members_shards_first(
     groups.meta(&cmd).await
 }
 
+/// The namespaces of a group's gangs (`namespace/name` each).
+fn group_namespaces(record: &GroupSummary) -> Vec<&str> {
+    let mut namespaces: Vec<&str> = record
+        .gangs
+        .iter()
+        .filter_map(|g| g.split_once('/').map(|(ns, _)| ns))
+        .collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    namespaces
+}
+
+fn who_name(who: &Principal) -> &str {
+    match who.name() {
+        "" => "this caller",
+        name => name,
+    }
+}
+
+/// A refusal of the authorities, prefixed with the submission's field at fault.
+fn refused_field(field: &str, status: Status) -> Status {
+    Status::new(status.code(), format!("{field}: {}", status.message()))
+}
+
+/// `queue`'s ancestors, nearest first (`None`: no such queue).
+fn ancestors(parents: &BTreeMap<String, String>, queue: &str) -> Option<Vec<String>> {
+    let mut chain = Vec::new();
+    let mut next = parents.get(queue)?;
+    while !next.is_empty() && chain.len() < parents.len() {
+        chain.push(next.clone());
+        next = parents.get(next)?;
+    }
+    Some(chain)
+}
+
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(
         crate::model::ValidationError {
@@ -207,7 +449,7 @@ pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, St
             format!("more than {GROUP_GANGS_MAX} gangs"),
         ));
     }
-    let mut total = 0usize;
+    let mut total = Totals::default();
     let mut gangs = Vec::with_capacity(req.gangs.len());
     for (i, g) in req.gangs.iter().enumerate() {
         gangs.push(raw_gang(&format!("gangs[{i}]"), g, &mut total)?);
@@ -228,24 +470,56 @@ pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, St
     .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
-fn raw_gang(at: &str, g: &GangSpec, total: &mut usize) -> Result<RawGang, Status> {
+/// Bytes a member adds to its group's entry besides its spec and name (keys, placement).
+const MEMBER_OVERHEAD_BYTES: usize = 64;
+
+/// What a submission's members add up to so far.
+#[derive(Default)]
+struct Totals {
+    members: usize,
+    bytes: usize,
+}
+
+fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Status> {
+    if g.wait_time_ms > WAIT_TIME_MS_MAX {
+        return Err(invalid(
+            format!("{at}.wait_time_ms"),
+            format!(
+                "{} is more than {WAIT_TIME_MS_MAX} (7 days)",
+                g.wait_time_ms
+            ),
+        ));
+    }
     let mut members = Vec::new();
     for (j, m) in g.members.iter().enumerate() {
         let field = format!("{at}.members[{j}]");
+        let count = m.count.max(1) as usize;
+        total.members += count;
+        if total.members > GROUP_MEMBERS_MAX {
+            return Err(invalid(
+                format!("{field}.count"),
+                format!("the group would have more than {GROUP_MEMBERS_MAX} members"),
+            ));
+        }
+        // Checked before anything is copied `count` times.
+        let size = m.pod_json.len() + m.name.len() + MEMBER_OVERHEAD_BYTES;
+        total.bytes = total.bytes.saturating_add(size.saturating_mul(count));
+        if total.bytes > GROUP_SPEC_BYTES_MAX {
+            return Err(invalid(
+                format!("{field}.count"),
+                format!(
+                    "{count} copies of a {size}-byte member make the group larger than {GROUP_SPEC_BYTES_MAX} bytes"
+                ),
+            ));
+        }
         let spec: RawPodSpec = if m.pod_json.trim().is_empty() {
             RawPodSpec::default()
         } else {
             serde_json::from_str(&m.pod_json)
                 .map_err(|e| invalid(format!("{field}.pod_json"), e))?
         };
-        let count = m.count.max(1) as usize;
-        *total += count;
-        if *total > GROUP_MEMBERS_MAX {
-            return Err(invalid(
-                format!("{field}.count"),
-                format!("the group would have more than {GROUP_MEMBERS_MAX} members"),
-            ));
-        }
+        spec.validate(&crate::model::FieldPath::new(&format!("{field}.pod_json")))
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         for k in 0..count {
             let name = if m.count > 1 {
                 format!("{}-{k}", m.name)
@@ -337,6 +611,7 @@ pub fn status_of(r: &GroupSummary) -> GangGroupStatus {
         gangs: r.gangs.clone(),
         members: r.members,
         queue: r.queue.clone(),
+        owner: r.owner.clone(),
     }
 }
 
@@ -411,17 +686,31 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<SubmitGangGroupRequest>,
     ) -> Result<Response<GangGroupStatus>, Status> {
+        let admitted = self.access.begin(&request, access::SUBMIT).await?;
+        let who = &admitted.principal;
         let req = request.into_inner();
-        let group = validate_submission(&req)?;
+        let mut group = validate_submission(&req)?;
+        self.authorize_submission(who, &mut group).await?;
         let key = if req.idempotency_key.is_empty() {
             new_key()
         } else {
             req.idempotency_key.clone()
         };
+        let live_max = match who {
+            Principal::Open | Principal::Peer => None,
+            Principal::Policy(i) if i.has(crate::auth::Role::Admin) => None,
+            Principal::Policy(i) => Some(
+                i.tenant
+                    .as_ref()
+                    .map_or(LIVE_GROUPS_PER_IDENTITY_DEFAULT, |t| t.live_groups_max),
+            ),
+            Principal::Kube(_) => Some(LIVE_GROUPS_PER_IDENTITY_DEFAULT),
+        };
         let cmd = MetaCommand::Submit {
             key,
             group,
             at_ms: now_ms(),
+            live_max,
         };
         let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
             MetaReply::Submitted {
@@ -438,6 +727,10 @@ impl Scheduler for SchedulerService {
                 reason,
                 kind: RejectionKind::NotFound,
             } => return Err(Status::not_found(reason)),
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::Exhausted,
+            } => return Err(Status::resource_exhausted(reason)),
             MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
@@ -448,9 +741,10 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<GangGroupRef>,
     ) -> Result<Response<GangGroupStatus>, Status> {
-        Ok(Response::new(status_of(
-            &self.record(request.into_inner().id).await?,
-        )))
+        let admitted = self.access.begin(&request, access::GET_GROUP).await?;
+        let seq = request.into_inner().id;
+        let record = self.record_for(&admitted.principal, Verb::Get, seq).await?;
+        Ok(Response::new(status_of(&record)))
     }
 
     type WatchGangGroupStream = StatusStream;
@@ -459,8 +753,12 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<GangGroupRef>,
     ) -> Result<Response<StatusStream>, Status> {
+        let admitted = self.access.begin(&request, access::WATCH_GROUP).await?;
         let seq = request.into_inner().id;
-        let first = self.record(seq).await?;
+        let first = self
+            .record_for(&admitted.principal, Verb::Watch, seq)
+            .await?;
+        let slot = self.streams.open(admitted.principal.name())?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let groups = self.groups.clone();
         let changes = self
@@ -468,7 +766,11 @@ impl Scheduler for SchedulerService {
             .host()
             .changes(META_GROUP)
             .map_err(|e| GroupError::from(e).to_status())?;
-        tokio::spawn(watch_group(groups, seq, first, changes, tx));
+        tokio::spawn(async move {
+            // The slot is held as long as the stream is open.
+            let _slot = slot;
+            watch_group(groups, seq, first, changes, tx).await;
+        });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
@@ -478,7 +780,12 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<GangGroupRef>,
     ) -> Result<Response<GangGroupStatus>, Status> {
+        let admitted = self.access.begin(&request, access::CANCEL_GROUP).await?;
         let seq = request.into_inner().id;
+        if !admitted.principal.is_admin() {
+            self.record_for(&admitted.principal, Verb::Delete, seq)
+                .await?;
+        }
         Ok(Response::new(
             self.command(MetaCommand::Cancel {
                 seq,
@@ -492,7 +799,12 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<GangGroupRef>,
     ) -> Result<Response<GangGroupStatus>, Status> {
+        let admitted = self.access.begin(&request, access::RELEASE_GROUP).await?;
         let seq = request.into_inner().id;
+        if !admitted.principal.is_admin() {
+            self.record_for(&admitted.principal, Verb::Update, seq)
+                .await?;
+        }
         Ok(Response::new(
             self.command(MetaCommand::Release {
                 seq,
@@ -506,6 +818,7 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<ReleaseMembersRequest>,
     ) -> Result<Response<GangGroupStatus>, Status> {
+        let admitted = self.access.begin(&request, access::RELEASE_MEMBERS).await?;
         let req = request.into_inner();
         if req.members.is_empty() {
             return Err(Status::invalid_argument(
@@ -517,6 +830,10 @@ impl Scheduler for SchedulerService {
                 "members: {} named, a group has at most {GROUP_MEMBERS_MAX}",
                 req.members.len()
             )));
+        }
+        if !admitted.principal.is_admin() {
+            self.record_for(&admitted.principal, Verb::Update, req.id)
+                .await?;
         }
         let reply = if self.failpoints.armed(failpoints::RELEASE_SHARDS_FIRST) {
             let record = self.record(req.id).await?;
@@ -533,9 +850,11 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<ListGangGroupsRequest>,
     ) -> Result<Response<ListGangGroupsReply>, Status> {
+        let admitted = self.access.begin(&request, access::LIST_GROUPS).await?;
+        let who = &admitted.principal;
         let req = request.into_inner();
         if let Some(after) = req.changed_after {
-            return self.list_changes(after, req.limit).await;
+            return self.list_changes(who, after, req.limit).await;
         }
         match self
             .groups
@@ -546,7 +865,7 @@ impl Scheduler for SchedulerService {
             .map_err(|e| e.to_status())?
         {
             MetaReply::Summaries { groups } => Ok(Response::new(ListGangGroupsReply {
-                groups: groups.iter().map(status_of).collect(),
+                groups: self.visible_only(who, groups).await?,
                 stamp: 0,
                 more: false,
                 forgotten: 0,
@@ -557,8 +876,9 @@ impl Scheduler for SchedulerService {
 
     async fn list_shards(
         &self,
-        _request: Request<ListShardsRequest>,
+        request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsReply>, Status> {
+        self.access.begin(&request, access::LIST_SHARDS).await?;
         let shares = match self
             .groups
             .meta_query(&MetaQuery::ShardShares)

@@ -45,15 +45,23 @@ pub struct ShardsService {
     groups: Groups,
     shards: ShardCount,
     policy: RebalancePolicy,
+    access: crate::auth::Access,
 }
 
 impl ShardsService {
-    /// A service over `groups` with `shards` shards, rebalancing by `policy`'s bound.
-    pub fn new(groups: Groups, shards: ShardCount, policy: RebalancePolicy) -> ShardsServer<Self> {
+    /// A service over `groups` with `shards` shards, rebalancing by `policy`'s bound,
+    /// authorizing with `access` (changes: `update cluster`; listing: `get cluster`).
+    pub fn new(
+        groups: Groups,
+        shards: ShardCount,
+        policy: RebalancePolicy,
+        access: crate::auth::Access,
+    ) -> ShardsServer<Self> {
         ShardsServer::new(Self {
             groups,
             shards,
             policy,
+            access,
         })
     }
 
@@ -246,6 +254,9 @@ impl Shards for ShardsService {
         &self,
         request: Request<MoveNodesRequest>,
     ) -> Result<Response<MoveNodesReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::MOVE_NODES)
+            .await?;
         let req = request.into_inner();
         let target = match (req.domain.is_empty(), req.nodes.is_empty()) {
             (false, true) => MoveTarget::Domain(req.domain.clone()),
@@ -280,6 +291,9 @@ impl Shards for ShardsService {
         &self,
         request: Request<RebalanceRequest>,
     ) -> Result<Response<RebalanceReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::REBALANCE)
+            .await?;
         let req = request.into_inner();
         let bound = match u64::from(req.bound_percent) {
             0 => self.policy.bound_percent,
@@ -370,6 +384,9 @@ impl Shards for ShardsService {
         &self,
         request: Request<GrowShardsRequest>,
     ) -> Result<Response<GrowShardsReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::GROW_SHARDS)
+            .await?;
         let wanted = request.into_inner().shards;
         if wanted == 0 || wanted > SHARDS_MAX {
             return Err(Status::invalid_argument(format!(
@@ -407,8 +424,11 @@ impl Shards for ShardsService {
 
     async fn list_moves(
         &self,
-        _request: Request<ListMovesRequest>,
+        request: Request<ListMovesRequest>,
     ) -> Result<Response<ListMovesReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::LIST_MOVES)
+            .await?;
         Ok(Response::new(ListMovesReply {
             moves: self.list().await?.iter().map(api_move).collect(),
         }))

@@ -391,6 +391,7 @@ fn submission(gangs: Vec<Gang>, pods: Vec<PodRef>) -> Submission {
             queue: String::new(),
             id: format!("kube-{hex}"),
             gangs,
+            ..Default::default()
         },
         pods,
     }

@@ -1822,6 +1822,7 @@ impl Ingest {
                 key: s.key.clone(),
                 group: s.group.clone(),
                 at_ms,
+                live_max: None,
             })
             .collect();
         let replies = match self.groups.meta(&MetaCommand::Batch { commands }).await {

@@ -480,12 +480,14 @@ impl World {
                     },
                     id: format!("k{key}"),
                     gangs: vec![gang(key, members, non_strict)],
+                    ..Default::default()
                 };
                 let at_ms = self.now_ms;
                 self.meta_write(&MetaCommand::Submit {
                     key: format!("k{key}"),
                     group,
                     at_ms,
+                    live_max: None,
                 });
             }
             Step::Begin { pick, shift } => self.begin(pick, shift),

@@ -243,8 +243,11 @@ impl Gang {
     }
 }
 
+/// Longest owner name, in bytes (as the access policy's identity names).
+pub const OWNER_BYTES_MAX: usize = 253;
+
 /// Gangs placed together: none is bound until every one reaches its minMember.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GangGroup {
     /// Group id.
     pub id: String,
@@ -254,6 +257,15 @@ pub struct GangGroup {
     /// quota).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub queue: String,
+    /// Who submitted it: an identity's name (empty: the Kubernetes ingest, or a caller
+    /// of a replica that requires no credentials). Its idempotency keys are its own.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    /// The preemption boundary: only groups charged to this queue or a queue under it
+    /// may be its victims (none: any group of lower priority, as for administrators and
+    /// Kubernetes pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempts_within: Option<String>,
 }
 
 impl GangGroup {
@@ -262,6 +274,14 @@ impl GangGroup {
         validate_dns_subdomain(&path.child("id"), &self.id)?;
         if !self.queue.is_empty() {
             validate_dns_label(&path.child("queue"), &self.queue)?;
+        }
+        if let Some(q) = &self.preempts_within {
+            validate_dns_label(&path.child("preemptsWithin"), q)?;
+        }
+        if self.owner.len() > OWNER_BYTES_MAX || self.owner.chars().any(char::is_control) {
+            return Err(path.child("owner").error(format!(
+                "at most {OWNER_BYTES_MAX} bytes without control characters"
+            )));
         }
         let gangs = path.child("gangs");
         if self.gangs.is_empty() {
@@ -408,6 +428,7 @@ impl RawGangGroup {
             queue: self.queue.clone(),
             id: self.id.clone(),
             gangs,
+            ..Default::default()
         };
         group.validate(&root)?;
         Ok(group)

@@ -70,7 +70,8 @@ pub fn validate_labels<'a>(
     Ok(())
 }
 
-fn is_dns_label(value: &str) -> bool {
+/// Whether `value` is a DNS-1123 label.
+pub fn is_dns_label(value: &str) -> bool {
     !value.is_empty()
         && value.len() <= DNS1123_LABEL_MAX
         && value
@@ -79,7 +80,8 @@ fn is_dns_label(value: &str) -> bool {
         && alnum_ends(value)
 }
 
-fn is_dns_subdomain(value: &str) -> bool {
+/// Whether `value` is a DNS-1123 subdomain.
+pub fn is_dns_subdomain(value: &str) -> bool {
     !value.is_empty() && value.len() <= DNS1123_SUBDOMAIN_MAX && value.split('.').all(is_dns_label)
 }
 

@@ -22,6 +22,48 @@ pub const ALLOCATIONS_PER_MEMBER_MAX: usize = 16;
 /// allocations may add to the replicated state and to every read of its group.
 pub const ALLOCATION_BYTES_MAX: usize = 64 * 1024;
 
+/// Host path prefixes allocations may name unless the replica is configured otherwise
+/// (`--allocation-host-path-prefix`): device nodes, vendor libraries and tools, runtime
+/// sockets, plugin state.
+pub const HOST_PATH_PREFIXES_DEFAULT: [&str; 5] = ["/dev/", "/opt/", "/run/", "/usr/", "/var/lib/"];
+/// Host paths no allocation may name, whatever the prefixes: raw memory and I/O ports.
+pub const HOST_PATHS_REFUSED: [&str; 3] = ["/dev/mem", "/dev/kmem", "/dev/port"];
+
+fn absolute(path: &FieldPath, value: &str) -> Result<(), ValidationError> {
+    if !value.starts_with('/') || value.split('/').any(|c| c == "..") {
+        return Err(path.error(format!(
+            "{:?}: an absolute path without \"..\"",
+            crate::model::error::clip(value)
+        )));
+    }
+    Ok(())
+}
+
+fn host_path(path: &FieldPath, value: &str, prefixes: &[String]) -> Result<(), ValidationError> {
+    absolute(path, value)?;
+    let normal = value.trim_end_matches('/');
+    if HOST_PATHS_REFUSED.contains(&normal) {
+        return Err(path.error(format!("{normal} is never given to a container")));
+    }
+    if !prefixes.iter().any(|p| value.starts_with(p.as_str())) {
+        return Err(path.error(format!(
+            "{:?} is not under an allowed prefix ({}; --allocation-host-path-prefix)",
+            crate::model::error::clip(value),
+            prefixes.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `name` is an environment variable name Kubernetes takes.
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
 /// The driver name serving a device-plugin resource: `vendor.example/gpu` is served by
 /// `gpu.vendor.example` (the device stream's pool and device class).
 pub fn driver_for(resource: &str) -> Option<String> {
@@ -136,6 +178,43 @@ impl NodeAllocation {
         Ok(())
     }
 
+    /// Checks what the allocation would give a container on its host: every mount and
+    /// device node an absolute host path under one of `prefixes` (none of them a
+    /// [`HOST_PATHS_REFUSED`] device), no `..`, absolute container paths, device
+    /// permissions among `r`, `w`, `m`, and environment names as Kubernetes takes them.
+    pub fn validate_host_access(
+        &self,
+        path: &FieldPath,
+        prefixes: &[String],
+    ) -> Result<(), ValidationError> {
+        for (i, m) in self.mounts.iter().enumerate() {
+            let at = path.child("mounts").index(i);
+            host_path(&at.child("host_path"), &m.host_path, prefixes)?;
+            absolute(&at.child("container_path"), &m.container_path)?;
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            let at = path.child("devices").index(i);
+            host_path(&at.child("host_path"), &d.host_path, prefixes)?;
+            absolute(&at.child("container_path"), &d.container_path)?;
+            if d.permissions.is_empty()
+                || d.permissions.len() > 3
+                || !d.permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm'))
+            {
+                return Err(at
+                    .child("permissions")
+                    .error(format!("{:?}: any of r, w, m", d.permissions)));
+            }
+        }
+        for name in self.envs.keys() {
+            if !is_env_name(name) {
+                return Err(path.child("envs").key(name).error(
+                    "an environment variable name is letters, digits, '_', '-' or '.', not starting with a digit",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of text over every field.
     pub fn bytes(&self) -> usize {
         let map =
@@ -222,5 +301,57 @@ mod tests {
             Some("gpu.vendor.example")
         );
         assert_eq!(device_name("GPU-0000:3b:00.0"), "gpu-0000-3b-00-0");
+    }
+
+    #[test]
+    fn host_access_is_held_to_its_prefixes() {
+        let prefixes: Vec<String> = HOST_PATH_PREFIXES_DEFAULT
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        let at = FieldPath::new("allocation");
+        let base = NodeAllocation {
+            resource: "vendor.example/gpu".into(),
+            device_ids: vec!["DEV-0".into()],
+            envs: [("VENDOR_VISIBLE_DEVICES".to_string(), "0".to_string())].into(),
+            mounts: vec![AllocationMount {
+                container_path: "/usr/local/vendor".into(),
+                host_path: "/usr/lib/vendor".into(),
+                read_only: true,
+            }],
+            devices: vec![AllocationDevice {
+                container_path: "/dev/vendor0".into(),
+                host_path: "/dev/vendor0".into(),
+                permissions: "rw".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(base.validate_host_access(&at, &prefixes), Ok(()));
+        let refused = |a: NodeAllocation, field: &str| {
+            let e = a
+                .validate_host_access(&at, &prefixes)
+                .expect_err(field)
+                .to_string();
+            assert!(e.starts_with(field), "{field}: {e}");
+        };
+        let mut root = base.clone();
+        root.mounts[0].host_path = "/".into();
+        refused(root, "allocation.mounts[0].host_path");
+        let mut up = base.clone();
+        up.mounts[0].host_path = "/usr/../etc".into();
+        refused(up, "allocation.mounts[0].host_path");
+        let mut mem = base.clone();
+        mem.devices[0].host_path = "/dev/mem".into();
+        mem.devices[0].permissions = "rwm".into();
+        refused(mem, "allocation.devices[0].host_path");
+        let mut perms = base.clone();
+        perms.devices[0].permissions = "rwx".into();
+        refused(perms, "allocation.devices[0].permissions");
+        let mut relative = base.clone();
+        relative.mounts[0].container_path = "etc".into();
+        refused(relative, "allocation.mounts[0].container_path");
+        let mut env = base;
+        env.envs.insert("1BAD=".into(), "x".into());
+        refused(env, "allocation.envs");
     }
 }

@@ -97,7 +97,11 @@ pub async fn serve(
         tokio::spawn(events::watch(host, hub.clone(), watch_stopped))
     });
     let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
-    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let graceful = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
         shutdown.await;
         // Open event streams would hold graceful shutdown until the drain bound.
         let _ = stop_watch.send(true);

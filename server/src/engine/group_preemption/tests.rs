@@ -117,6 +117,7 @@ fn preemptor(name: &str, members: usize, priority: i32) -> GangGroup {
                 })
                 .collect(),
         }],
+        ..Default::default()
     }
 }
 

@@ -192,6 +192,9 @@ pub struct GroupSummary {
     /// The queue it is charged to (empty: none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub queue: String,
+    /// Who submitted it (empty: the Kubernetes ingest, or an unauthenticated caller).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
 }
 
 impl GroupSummary {
@@ -217,6 +220,7 @@ impl GroupSummary {
                 .collect(),
             members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
             queue: r.group.queue.clone(),
+            owner: r.group.owner.clone(),
         }
     }
 }

@@ -61,12 +61,15 @@ pub enum MetaCommand {
     },
     /// Accepts a gang group (or finds the one already accepted under `key`).
     Submit {
-        /// Idempotency key.
+        /// Idempotency key (the owner's own: keys of different owners never meet).
         key: String,
         /// The validated group.
         group: GangGroup,
         /// Proposer's clock.
         at_ms: u64,
+        /// The most live groups its owner may have (none: no bound).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        live_max: Option<u32>,
     },
     /// Starts a placement transaction for a queued group.
     BeginTxn {
@@ -489,6 +492,9 @@ pub enum RejectionKind {
     /// It must wait for something that ends by itself (a shard move of the members'
     /// nodes): the same command succeeds once it did (UNAVAILABLE at the front door).
     Busy,
+    /// Its owner holds as many live groups as it may (RESOURCE_EXHAUSTED at the front
+    /// door): it succeeds once some of them ended.
+    Exhausted,
 }
 
 impl RejectionKind {
@@ -671,6 +677,34 @@ pub struct MetaState {
     /// Nodes per shard (derived, never encoded).
     #[serde(skip)]
     node_counts: shard_map::NodeCounts,
+    /// Owner -> its groups that may be live (derived, never encoded).
+    #[serde(skip)]
+    owned: OwnedGroups,
+}
+
+/// Owner -> the groups it submitted that may not have ended: built from the groups on
+/// first use (so a snapshot restores it without encoding it), added to at every
+/// submission, and pruned of ended and forgotten groups when counted, so each group
+/// costs one insertion and one removal. Compared equal always, being a cache.
+#[derive(Debug, Clone, Default)]
+struct OwnedGroups(Option<BTreeMap<String, BTreeSet<GroupSeq>>>);
+
+impl PartialEq for OwnedGroups {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The key a submission is stored under: the owner's own key space (the Kubernetes
+/// ingest's and unauthenticated callers' keys, owner empty, are stored as given).
+fn owned_key(owner: &str, key: &str) -> String {
+    if owner.is_empty() {
+        key.to_string()
+    } else {
+        // A unit separator: neither an owner nor a key written by a person holds one
+        // (owners are checked free of control characters).
+        format!("{owner}\u{1f}{key}")
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -878,7 +912,12 @@ impl MetaState {
             MetaCommand::EndMove { id, at_ms } => self.end_move(*id, *at_ms),
             MetaCommand::CancelMove { id, reason, at_ms } => self.cancel_move(*id, reason, *at_ms),
             MetaCommand::GrowShards { shards, voters } => self.grow_shards(*shards, voters),
-            MetaCommand::Submit { key, group, at_ms } => self.submit(key, group, *at_ms),
+            MetaCommand::Submit {
+                key,
+                group,
+                at_ms,
+                live_max,
+            } => self.submit(key, group, *at_ms, *live_max),
             MetaCommand::BeginTxn {
                 seq,
                 participants,
@@ -1415,11 +1454,18 @@ impl MetaState {
         }
     }
 
-    fn submit(&mut self, key: &str, group: &GangGroup, at_ms: u64) -> MetaReply {
+    fn submit(
+        &mut self,
+        key: &str,
+        group: &GangGroup,
+        at_ms: u64,
+        live_max: Option<u32>,
+    ) -> MetaReply {
         if key.is_empty() {
             return rejected("idempotency_key: must not be empty");
         }
-        if let Some(seq) = self.keys.get(key) {
+        let scoped = owned_key(&group.owner, key);
+        if let Some(seq) = self.keys.get(&scoped) {
             if let Some(existing) = self.groups.get(seq) {
                 if !same_body(&existing.group, group) {
                     return conflict(format!(
@@ -1445,6 +1491,18 @@ impl MetaState {
                 ),
                 kind: RejectionKind::NotFound,
             };
+        }
+        if let Some(max) = live_max {
+            let live = self.live_count(&group.owner);
+            if live >= max as usize {
+                return MetaReply::Rejected {
+                    reason: format!(
+                        "owner: {} has {live} gang groups that have not ended, its most; release or cancel some first",
+                        short(&group.owner)
+                    ),
+                    kind: RejectionKind::Exhausted,
+                };
+            }
         }
         for (i, gang) in group.gangs.iter().enumerate() {
             let name = gang_name(gang);
@@ -1487,8 +1545,12 @@ impl MetaState {
             charge: Resources::zero(),
         };
         record.bump(&mut self.last_version);
+        if !record.group.owner.is_empty() {
+            let owner = record.group.owner.clone();
+            self.owned_groups().entry(owner).or_default().insert(seq);
+        }
         self.groups.insert(seq, record);
-        self.keys.insert(key.to_string(), seq);
+        self.keys.insert(scoped, seq);
         self.forget_old_groups();
         MetaReply::Submitted {
             seq,
@@ -1516,6 +1578,35 @@ impl MetaState {
             stamp,
             more,
             forgotten: self.forgotten,
+        }
+    }
+
+    fn owned_groups(&mut self) -> &mut BTreeMap<String, BTreeSet<GroupSeq>> {
+        let groups = &self.groups;
+        self.owned.0.get_or_insert_with(|| {
+            let mut owned: BTreeMap<String, BTreeSet<GroupSeq>> = BTreeMap::new();
+            for g in groups.values() {
+                if !g.group.owner.is_empty() && !g.state.is_terminal() {
+                    owned
+                        .entry(g.group.owner.clone())
+                        .or_default()
+                        .insert(g.seq);
+                }
+            }
+            owned
+        })
+    }
+
+    /// How many of `owner`'s groups have not ended (pruning those that have).
+    fn live_count(&mut self, owner: &str) -> usize {
+        self.owned_groups();
+        let groups = &self.groups;
+        match self.owned.0.as_mut().and_then(|o| o.get_mut(owner)) {
+            Some(seqs) => {
+                seqs.retain(|s| groups.get(s).is_some_and(|g| !g.state.is_terminal()));
+                seqs.len()
+            }
+            None => 0,
         }
     }
 
@@ -1681,6 +1772,14 @@ impl MetaState {
                     "victims[{i}]: gang group {v} is not among what queue {} may reclaim (groups of other queues above their min, youngest first, none taking its queue below min)",
                     preemptor.group.queue
                 ));
+            }
+            if let Some(root) = &preemptor.group.preempts_within {
+                if !self.queues.within(&victim.group.queue, root) {
+                    return Err(format!(
+                        "victims[{i}]: gang group {v} is charged to queue {:?}, outside the preemptor's boundary (queue {root} and the queues under it)",
+                        victim.group.queue
+                    ));
+                }
             }
             if !reclaim && victim.highest_priority() >= priority {
                 return Err(format!(
@@ -2139,7 +2238,7 @@ impl MetaState {
                     "ended group {seq} forgotten while charged {:?}",
                     g.charge
                 );
-                self.keys.remove(&g.key);
+                self.keys.remove(&owned_key(&g.group.owner, &g.key));
                 self.forgotten += 1;
             }
         }

@@ -24,11 +24,13 @@ fn submit(m: &mut MetaState, name: &str, members: u32, priority: i32) -> GroupSe
         queue: String::new(),
         id: name.into(),
         gangs: vec![gang(name, members, priority)],
+        ..Default::default()
     };
     match m.apply(&MetaCommand::Submit {
         key: name.into(),
         group,
         at_ms: 1,
+        live_max: None,
     }) {
         MetaReply::Submitted { seq, .. } => seq,
         other => panic!("submit failed: {other:?}"),
@@ -255,8 +257,10 @@ fn preemptions_the_rules_forbid_are_refused_and_change_nothing() {
             queue: String::new(),
             id: "kube".into(),
             gangs: vec![kube],
+            ..Default::default()
         },
         at_ms: 1,
+        live_max: None,
     }) {
         MetaReply::Submitted { seq, .. } => seq,
         other => panic!("{other:?}"),
@@ -333,8 +337,10 @@ fn a_preemptor_with_a_never_member_does_not_preempt() {
             queue: String::new(),
             id: "never".into(),
             gangs: vec![never],
+            ..Default::default()
         },
         at_ms: 1,
+        live_max: None,
     }) else {
         panic!("submit");
     };
@@ -443,8 +449,10 @@ fn declare_again(m: &mut MetaState, name: &str, key: &str) -> MetaReply {
             queue: String::new(),
             id: key.into(),
             gangs: vec![gang(name, 4, 0)],
+            ..Default::default()
         },
         at_ms: 6,
+        live_max: None,
     })
 }
 

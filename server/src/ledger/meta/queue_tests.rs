@@ -58,6 +58,7 @@ fn group_in(queue: &str, name: &str, members: u32, min: u32) -> GangGroup {
         id: name.into(),
         gangs: vec![gang],
         queue: queue.into(),
+        ..Default::default()
     }
 }
 
@@ -67,6 +68,7 @@ fn submit(m: &mut MetaState, g: GangGroup) -> GroupSeq {
         key,
         group: g,
         at_ms: 0,
+        live_max: None,
     }) {
         MetaReply::Submitted { seq, .. } => seq,
         other => panic!("submit: {other:?}"),
@@ -261,6 +263,7 @@ fn submissions_name_existing_queues_and_a_key_keeps_its_queue() {
         key: "k".into(),
         group: group_in("nowhere", "a", 1, 1),
         at_ms: 0,
+        live_max: None,
     });
     assert!(
         matches!(&reply, MetaReply::Rejected { reason, .. } if reason.starts_with("queue: no queue nowhere")),
@@ -272,12 +275,14 @@ fn submissions_name_existing_queues_and_a_key_keeps_its_queue() {
         key: "k".into(),
         group: group_in("x", "a", 1, 1),
         at_ms: 0,
+        live_max: None,
     });
     assert!(matches!(first, MetaReply::Submitted { created: true, .. }));
     let other = m.apply(&MetaCommand::Submit {
         key: "k".into(),
         group: group_in("y", "a", 1, 1),
         at_ms: 0,
+        live_max: None,
     });
     assert!(
         matches!(
@@ -293,6 +298,7 @@ fn submissions_name_existing_queues_and_a_key_keeps_its_queue() {
         key: "k2".into(),
         group: group_in("Not_A_Label", "b", 1, 1),
         at_ms: 0,
+        live_max: None,
     });
     assert!(
         matches!(&bad, MetaReply::Rejected { reason, .. } if reason.starts_with("queue:")),

@@ -61,6 +61,11 @@ impl Queues {
         self.usage.get(name).cloned().unwrap_or_default()
     }
 
+    /// Whether queue `name` is `root` or under it.
+    pub fn within(&self, name: &str, root: &str) -> bool {
+        self.chain(name).any(|q| q.name == root)
+    }
+
     /// `name` and its ancestors, nearest first (stops at an unknown name).
     fn chain<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a QueueSpec> + 'a {
         let mut next = Some(name);

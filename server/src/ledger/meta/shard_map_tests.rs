@@ -139,8 +139,10 @@ fn placed_on(m: &mut MetaState, node: &str) -> GroupSeq {
             queue: String::new(),
             id: "g".into(),
             gangs: vec![gang("g", 1)],
+            ..Default::default()
         },
         at_ms: 0,
+        live_max: None,
     }) {
         MetaReply::Submitted { seq, .. } => seq,
         other => panic!("{other:?}"),

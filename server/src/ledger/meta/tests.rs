@@ -22,6 +22,7 @@ fn group(id: &str, gangs: Vec<Gang>) -> GangGroup {
         queue: String::new(),
         id: id.into(),
         gangs,
+        ..Default::default()
     }
 }
 
@@ -30,6 +31,7 @@ fn submit(m: &mut MetaState, key: &str, g: GangGroup, at_ms: u64) -> GroupSeq {
         key: key.into(),
         group: g,
         at_ms,
+        live_max: None,
     }) {
         MetaReply::Submitted { seq, .. } => seq,
         other => panic!("submit failed: {other:?}"),
@@ -87,6 +89,7 @@ fn the_same_key_yields_the_same_group() {
         key: "k1".into(),
         group: group("g", vec![gang("a", 2, 2, 0, 0)]),
         at_ms: 20,
+        live_max: None,
     });
     match reply {
         MetaReply::Submitted {
@@ -113,6 +116,7 @@ fn invalid_submissions_are_refused_and_store_nothing() {
         key: String::new(),
         group: group("g", vec![gang("a", 1, 1, 0, 0)]),
         at_ms: 1,
+        live_max: None,
     });
     assert!(
         matches!(reply, MetaReply::Rejected { reason, .. } if reason.starts_with("idempotency_key"))
@@ -121,6 +125,7 @@ fn invalid_submissions_are_refused_and_store_nothing() {
         key: "k".into(),
         group: group("g", vec![gang("a", 2, 3, 0, 0)]),
         at_ms: 1,
+        live_max: None,
     });
     assert!(
         matches!(reply, MetaReply::Rejected { .. }),
@@ -646,6 +651,7 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
             key: format!("k{k}"),
             group: group("g", vec![gang(&format!("g{k}"), n, n, wait, 0)]),
             at_ms: 0,
+            live_max: None,
         }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::ReleaseMembers {
             seq,
@@ -985,6 +991,7 @@ fn a_key_reused_with_another_body_is_refused_naming_the_key() {
         key: "k1".into(),
         group: group("g", vec![gang("a", 3, 3, 0, 0)]),
         at_ms: 1,
+        live_max: None,
     });
     assert!(
         matches!(&reply, MetaReply::Rejected { reason, kind: RejectionKind::Conflict } if reason.contains("k1") && reason.starts_with("idempotency_key")),
@@ -1010,6 +1017,7 @@ fn refusals_say_their_kind() {
         key: String::new(),
         group: group("h", vec![gang("b", 1, 1, 0, 0)]),
         at_ms: 1,
+        live_max: None,
     });
     assert_eq!(kind(empty_key), RejectionKind::Refused);
     // Refused is the default and is left out of the encoded reply (older replicas).
@@ -1025,6 +1033,7 @@ fn two_live_groups_cannot_declare_the_same_gang() {
         key: "k2".into(),
         group: group("h", vec![gang("a", 1, 1, 0, 0)]),
         at_ms: 1,
+        live_max: None,
     });
     assert!(
         matches!(&reply, MetaReply::Rejected { reason, kind: RejectionKind::Conflict } if reason.contains("default/a") && reason.contains(&first.to_string())),

@@ -7,17 +7,17 @@
 //! The browser side is htmx with its SSE extension, vendored under `assets/` with
 //! their licences, and `assets/ui.js`: no build step but `cargo build`.
 //!
-//! When the replica has `--auth-tokens-file`, every `/ui` path asks for one of its
-//! tokens: `Authorization: Bearer`, or the cookie the sign-in form sets. Built by
-//! `observe::http::serve`; the state arrives through [`UiDeps`].
+//! Unless the replica requires no credentials, every `/ui` path asks for a viewer
+//! (`access`): `Authorization: Bearer`, or the session cookie the sign-in form sets.
+//! Built by `observe::http::serve`; the state arrives through [`UiDeps`].
 
+pub mod access;
 pub mod events;
 pub mod read;
 pub mod render;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -31,13 +31,14 @@ use maud::Markup;
 use tokio_stream::StreamExt as _;
 
 use crate::replicated::now_ms;
-use crate::security::Tokens;
+use access::{Refusal, UiAccess};
 use events::{Hub, Panel};
 use read::Source;
 use render::{GangFilter, Page};
 
-/// The cookie the sign-in form sets (the token itself, HttpOnly, for `/ui` only).
-pub const UI_TOKEN_COOKIE: &str = "gangway_ui_token";
+/// The cookie the sign-in form sets: a session id (never the token), HttpOnly, for
+/// `/ui` only.
+pub const UI_SESSION_COOKIE: &str = "gangway_ui_session";
 /// Longest token the sign-in form takes, in bytes.
 pub const UI_TOKEN_BYTES_MAX: usize = 4096;
 
@@ -46,14 +47,14 @@ pub const UI_TOKEN_BYTES_MAX: usize = 4096;
 pub struct UiDeps {
     /// Where it reads the cluster.
     pub source: Source,
-    /// The accepted client tokens, when the replica requires them.
-    pub tokens: Option<Arc<Tokens>>,
+    /// Who may see it.
+    pub access: UiAccess,
 }
 
 #[derive(Clone)]
 struct UiState {
     source: Source,
-    tokens: Option<Arc<Tokens>>,
+    access: UiAccess,
     hub: Hub,
 }
 
@@ -61,7 +62,7 @@ struct UiState {
 pub fn router(deps: UiDeps, hub: Hub) -> Router {
     let state = UiState {
         source: deps.source,
-        tokens: deps.tokens,
+        access: deps.access,
         hub,
     };
     let guarded = Router::new()
@@ -82,19 +83,20 @@ pub fn router(deps: UiDeps, hub: Hub) -> Router {
         .with_state(state.clone());
     Router::new()
         .route("/ui/login", post(login))
+        .route("/ui/logout", post(logout))
         .route("/ui/assets/{file}", get(asset))
         .with_state(state)
         .merge(guarded)
 }
 
-fn cookie_token(headers: &HeaderMap) -> Option<String> {
+fn session_cookie(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == UI_TOKEN_COOKIE)
+        .find(|(name, _)| *name == UI_SESSION_COOKIE)
         .map(|(_, value)| value.to_string())
 }
 
@@ -106,24 +108,65 @@ fn bearer_token(headers: &HeaderMap) -> Option<String> {
         .map(|t| t.trim().to_string())
 }
 
-async fn require_token(State(state): State<UiState>, request: Request, next: Next) -> Response {
-    let Some(tokens) = &state.tokens else {
-        return next.run(request).await;
+/// Whether the browser reached this page over TLS (a TLS-terminating proxy in front of
+/// the plaintext HTTP port says so).
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+}
+
+fn refused(request_path: &str, refusal: Refusal) -> Response {
+    let panel = request_path.starts_with("/ui/panel") || request_path == "/ui/events";
+    let (code, text) = match refusal {
+        Refusal::Unauthenticated(why) => (StatusCode::UNAUTHORIZED, why),
+        Refusal::Forbidden(why) => (StatusCode::FORBIDDEN, why),
+        Refusal::TooMany => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many failed sign-ins from this address; wait a minute".to_string(),
+        ),
+        Refusal::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     };
+    if panel {
+        (code, text).into_response()
+    } else {
+        (code, Html(render::login(Some(&text)).into_string())).into_response()
+    }
+}
+
+async fn require_token(State(state): State<UiState>, request: Request, next: Next) -> Response {
+    if state.access.is_open() {
+        return next.run(request).await;
+    }
     let headers = request.headers();
-    let presented = bearer_token(headers).or_else(|| cookie_token(headers));
-    match presented {
-        Some(t) if tokens.accepts(&t) => next.run(request).await,
-        presented => {
-            let page = request.uri().path().starts_with("/ui/panel")
-                || request.uri().path() == "/ui/events";
-            let error = presented.map(|_| "token not accepted: sign in again");
-            if page {
-                (StatusCode::UNAUTHORIZED, error.unwrap_or("sign in first")).into_response()
+    let path = request.uri().path().to_string();
+    if let Some(token) = bearer_token(headers) {
+        return match state.access.viewer(&token).await {
+            Ok(_) => next.run(request).await,
+            Err(refusal) => refused(&path, refusal),
+        };
+    }
+    match session_cookie(headers) {
+        Some(id)
+            if state
+                .access
+                .session(&id, std::time::Instant::now())
+                .is_some() =>
+        {
+            next.run(request).await
+        }
+        Some(_) => refused(
+            &path,
+            Refusal::Unauthenticated("the session ended: sign in again".into()),
+        ),
+        None => {
+            if path.starts_with("/ui/panel") || path == "/ui/events" {
+                (StatusCode::UNAUTHORIZED, "sign in first").into_response()
             } else {
                 (
                     StatusCode::UNAUTHORIZED,
-                    Html(render::login(error).into_string()),
+                    Html(render::login(None).into_string()),
                 )
                     .into_response()
             }
@@ -136,32 +179,56 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(state): State<UiState>, Form(form): Form<LoginForm>) -> Response {
-    let Some(tokens) = &state.tokens else {
+async fn login(
+    State(state): State<UiState>,
+    client: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if state.access.is_open() {
         return Redirect::to("/ui").into_response();
-    };
-    let token = form.token.trim();
-    let valid_header = token.len() <= UI_TOKEN_BYTES_MAX
-        && !token.is_empty()
-        && token
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b';' && b != b',');
-    if !valid_header || !tokens.accepts(token) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            Html(render::login(Some("token not accepted")).into_string()),
-        )
-            .into_response();
     }
-    let cookie = format!("{UI_TOKEN_COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict");
+    let token = form.token.trim();
+    if token.is_empty() || token.len() > UI_TOKEN_BYTES_MAX {
+        return refused(
+            "/ui/login",
+            Refusal::Unauthenticated("token not accepted".into()),
+        );
+    }
+    let client = client.map(|c| c.0 .0.ip());
+    let id = match state
+        .access
+        .sign_in(client, token, std::time::Instant::now())
+        .await
+    {
+        Ok(id) => id,
+        Err(refusal) => return refused("/ui/login", refusal),
+    };
+    let secure = if over_tls(&headers) { "; Secure" } else { "" };
+    let cookie = format!(
+        "{UI_SESSION_COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        access::UI_SESSION_TTL_MS / 1000
+    );
     match HeaderValue::from_str(&cookie) {
         Ok(value) => {
             let mut response = Redirect::to("/ui").into_response();
             response.headers_mut().insert(header::SET_COOKIE, value);
             response
         }
-        Err(_) => (StatusCode::BAD_REQUEST, "token: not a valid cookie value").into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "session cookie").into_response(),
     }
+}
+
+async fn logout(State(state): State<UiState>, headers: HeaderMap) -> Response {
+    if let Some(id) = session_cookie(&headers) {
+        state.access.sign_out(&id);
+    }
+    let mut response = Redirect::to("/ui").into_response();
+    let expired = format!("{UI_SESSION_COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0");
+    if let Ok(value) = HeaderValue::from_str(&expired) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
 }
 
 const HTMX_JS: &str = include_str!("assets/htmx.min.js");

@@ -6,21 +6,17 @@
 //! handlers; the views are plain data that `render` turns into HTML.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
-use gangway_client::{Client, Credentials};
 use gangway_proto::admin::{QueueStatus as ApiQueueStatus, StatusReply};
 use gangway_proto::v1::{GangGroupStatus, NodeInfo};
 use gangway_raft::RaftHost;
-use tonic::transport::ClientTlsConfig;
 
 use crate::frontdoor::inventory::node_info;
 use crate::frontdoor::scheduler::status_of;
 use crate::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
 use crate::ledger::query::{ShardAnswer, ShardQuery};
 use crate::replicated::{GroupError, Groups};
-use crate::security::Tokens;
 use crate::shard::growth::ShardCount;
 
 /// Time a member's status may take before the cluster panel calls it unreachable, in ms.
@@ -65,11 +61,6 @@ pub struct Source {
     /// The node label that names a node's topology domain (the fleet grid's rows):
     /// the shard topology label, else [`ZONE_LABEL`].
     pub topology_label: Option<String>,
-    /// The TLS identity this replica presents to the other members' Admin service.
-    pub peer_tls: Option<ClientTlsConfig>,
-    /// The tokens whose first this replica sends them (read at each call, so a rotated
-    /// file is followed).
-    pub peer_tokens: Option<Arc<Tokens>>,
 }
 
 /// One member of the cluster as its own status tells.
@@ -293,7 +284,7 @@ impl Source {
         let reads = members.iter().map(|(id, addr)| async move {
             let status = match self.hosts.iter().find(|h| h.node_id() == *id) {
                 Some(host) => Ok(host.status_reply(false)),
-                None => self.peer_status(addr).await,
+                None => self.peer_status(*id, addr).await,
             };
             MemberView {
                 id: *id,
@@ -308,21 +299,12 @@ impl Source {
         }
     }
 
-    async fn peer_status(&self, addr: &str) -> Result<StatusReply, String> {
-        let call = async {
-            let credentials = Credentials {
-                tls: self.peer_tls.clone(),
-                token: self.peer_tokens.as_ref().map(|t| t.own()),
-            };
-            let client = Client::connect_with(&[addr.to_string()], credentials)
-                .await
-                .map_err(|e| e.to_string())?;
-            client.status(false).await.map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(Duration::from_millis(UI_PEER_STATUS_TIMEOUT_MS), call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(format!("no answer within {UI_PEER_STATUS_TIMEOUT_MS} ms")),
-        }
+    async fn peer_status(&self, id: u64, addr: &str) -> Result<StatusReply, String> {
+        // Asked as a peer: the replica's own certificate and a proof for that member.
+        self.groups
+            .host()
+            .member_status(id, addr, Duration::from_millis(UI_PEER_STATUS_TIMEOUT_MS))
+            .await
     }
 }
 

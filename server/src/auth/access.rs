@@ -1,0 +1,706 @@
+//! Authorization: what each RPC asks for ([`RPCS`]: a verb on a resource of API group
+//! `gangway.dev`, as Kubernetes RBAC names them), who may ask it, and the object rules
+//! the services apply once they have read a request (a group's owner and namespaces, a
+//! tenant's queues and priority, a node agent's own nodes).
+//!
+//! Two authorities decide: the policy's roles (`admin`, `tenant`, `node`, `viewer`;
+//! [`policy_allows`], pure) and, with `--kube-auth`, the Kubernetes API
+//! (SubjectAccessReview, through a [`Reviewer`]). Every refusal is PERMISSION_DENIED
+//! naming the identity, verb and resource; a request without an identity never gets
+//! here (the gate answers UNAUTHENTICATED). Called by every service at the start of
+//! every RPC ([`Access::begin`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tonic::{Request, Status};
+
+use crate::auth::gate::Caller;
+use crate::auth::policy::{Identity, Role};
+
+/// Verbs, as Kubernetes RBAC names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verb {
+    /// Read one object.
+    Get,
+    /// Read every object.
+    List,
+    /// Follow an object's changes.
+    Watch,
+    /// Make an object.
+    Create,
+    /// Change an object (release a group, register a node, change membership).
+    Update,
+    /// End an object (cancel a group, delete a queue).
+    Delete,
+    /// Charge a queue, or submit at a priority (`resourceNames`: the queue, the priority).
+    Use,
+    /// Preempt gangs outside the preemptor's own queue subtree.
+    Preempt,
+}
+
+impl Verb {
+    /// The verb's RBAC name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Delete => "delete",
+            Verb::Use => "use",
+            Verb::Preempt => "preempt",
+        }
+    }
+
+    /// Whether it only reads.
+    pub fn reads(self) -> bool {
+        matches!(self, Verb::Get | Verb::List | Verb::Watch)
+    }
+}
+
+/// Resources of API group [`API_GROUP`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// Gang groups (namespaced by their gangs' namespaces).
+    GangGroups,
+    /// Queues (cluster-wide).
+    Queues,
+    /// Priorities a gang may be submitted at (`resourceNames`: the value, in decimal).
+    Priorities,
+    /// Nodes and their devices (`resourceNames`: the node).
+    Nodes,
+    /// The cluster: status, membership, leadership, shards, compaction.
+    Cluster,
+}
+
+impl Resource {
+    /// The resource's RBAC name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::GangGroups => "ganggroups",
+            Resource::Queues => "queues",
+            Resource::Priorities => "priorities",
+            Resource::Nodes => "nodes",
+            Resource::Cluster => "cluster",
+        }
+    }
+}
+
+/// The API group gangway's resources belong to (RBAC rules name it).
+pub const API_GROUP: &str = "gangway.dev";
+
+/// One RPC: its method and what it asks for before its body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rpc {
+    /// `Service/Method`.
+    pub method: &'static str,
+    /// The verb.
+    pub verb: Verb,
+    /// The resource.
+    pub resource: Resource,
+}
+
+const fn rpc(method: &'static str, verb: Verb, resource: Resource) -> Rpc {
+    Rpc {
+        method,
+        verb,
+        resource,
+    }
+}
+
+/// Scheduler.SubmitGangGroup.
+pub const SUBMIT: Rpc = rpc(
+    "Scheduler/SubmitGangGroup",
+    Verb::Create,
+    Resource::GangGroups,
+);
+/// Scheduler.GetGangGroup.
+pub const GET_GROUP: Rpc = rpc("Scheduler/GetGangGroup", Verb::Get, Resource::GangGroups);
+/// Scheduler.WatchGangGroup.
+pub const WATCH_GROUP: Rpc = rpc(
+    "Scheduler/WatchGangGroup",
+    Verb::Watch,
+    Resource::GangGroups,
+);
+/// Scheduler.CancelGangGroup.
+pub const CANCEL_GROUP: Rpc = rpc(
+    "Scheduler/CancelGangGroup",
+    Verb::Delete,
+    Resource::GangGroups,
+);
+/// Scheduler.ReleaseGangGroup.
+pub const RELEASE_GROUP: Rpc = rpc(
+    "Scheduler/ReleaseGangGroup",
+    Verb::Update,
+    Resource::GangGroups,
+);
+/// Scheduler.ReleaseMembers.
+pub const RELEASE_MEMBERS: Rpc = rpc(
+    "Scheduler/ReleaseMembers",
+    Verb::Update,
+    Resource::GangGroups,
+);
+/// Scheduler.ListGangGroups.
+pub const LIST_GROUPS: Rpc = rpc("Scheduler/ListGangGroups", Verb::List, Resource::GangGroups);
+/// Scheduler.ListShards.
+pub const LIST_SHARDS: Rpc = rpc("Scheduler/ListShards", Verb::Get, Resource::Cluster);
+/// Inventory.RegisterNode.
+pub const REGISTER_NODE: Rpc = rpc("Inventory/RegisterNode", Verb::Update, Resource::Nodes);
+/// Inventory.GetNode.
+pub const GET_NODE: Rpc = rpc("Inventory/GetNode", Verb::Get, Resource::Nodes);
+/// Inventory.ListNodes.
+pub const LIST_NODES: Rpc = rpc("Inventory/ListNodes", Verb::List, Resource::Nodes);
+/// Inventory.Heartbeat.
+pub const HEARTBEAT: Rpc = rpc("Inventory/Heartbeat", Verb::Update, Resource::Nodes);
+/// Inventory.ListAndWatchDevices.
+pub const DEVICES: Rpc = rpc(
+    "Inventory/ListAndWatchDevices",
+    Verb::Update,
+    Resource::Nodes,
+);
+/// Inventory.ReportAllocation.
+pub const REPORT_ALLOCATION: Rpc = rpc("Inventory/ReportAllocation", Verb::Update, Resource::Nodes);
+/// Admin.Status.
+pub const STATUS: Rpc = rpc("Admin/Status", Verb::Get, Resource::Cluster);
+/// Admin.AddLearner.
+pub const ADD_LEARNER: Rpc = rpc("Admin/AddLearner", Verb::Update, Resource::Cluster);
+/// Admin.ChangeMembership.
+pub const CHANGE_MEMBERSHIP: Rpc = rpc("Admin/ChangeMembership", Verb::Update, Resource::Cluster);
+/// Admin.TransferLeader.
+pub const TRANSFER_LEADER: Rpc = rpc("Admin/TransferLeader", Verb::Update, Resource::Cluster);
+/// Admin.Balance.
+pub const BALANCE: Rpc = rpc("Admin/Balance", Verb::Update, Resource::Cluster);
+/// Admin.Compact.
+pub const COMPACT: Rpc = rpc("Admin/Compact", Verb::Update, Resource::Cluster);
+/// Queues.PutQueue.
+pub const PUT_QUEUE: Rpc = rpc("Queues/PutQueue", Verb::Update, Resource::Queues);
+/// Queues.DeleteQueue.
+pub const DELETE_QUEUE: Rpc = rpc("Queues/DeleteQueue", Verb::Delete, Resource::Queues);
+/// Queues.ListQueues.
+pub const LIST_QUEUES: Rpc = rpc("Queues/ListQueues", Verb::List, Resource::Queues);
+/// Shards.MoveNodes.
+pub const MOVE_NODES: Rpc = rpc("Shards/MoveNodes", Verb::Update, Resource::Cluster);
+/// Shards.Rebalance.
+pub const REBALANCE: Rpc = rpc("Shards/Rebalance", Verb::Update, Resource::Cluster);
+/// Shards.ListMoves.
+pub const LIST_MOVES: Rpc = rpc("Shards/ListMoves", Verb::Get, Resource::Cluster);
+/// Shards.GrowShards.
+pub const GROW_SHARDS: Rpc = rpc("Shards/GrowShards", Verb::Update, Resource::Cluster);
+
+/// Admin.Status with `include_state_hash`: administrators only (subresource `statehash`).
+pub const STATE_HASHES: Rpc = rpc("Admin/Status+stateHash", Verb::Get, Resource::Cluster);
+
+/// Every client RPC (the Raft transport serves replicas only and is not here), and the
+/// state hashes of Admin.Status as one more.
+pub const RPCS: [Rpc; 28] = [
+    SUBMIT,
+    GET_GROUP,
+    WATCH_GROUP,
+    CANCEL_GROUP,
+    RELEASE_GROUP,
+    RELEASE_MEMBERS,
+    LIST_GROUPS,
+    LIST_SHARDS,
+    REGISTER_NODE,
+    GET_NODE,
+    LIST_NODES,
+    HEARTBEAT,
+    DEVICES,
+    REPORT_ALLOCATION,
+    STATUS,
+    ADD_LEARNER,
+    CHANGE_MEMBERSHIP,
+    TRANSFER_LEADER,
+    BALANCE,
+    COMPACT,
+    PUT_QUEUE,
+    DELETE_QUEUE,
+    LIST_QUEUES,
+    MOVE_NODES,
+    REBALANCE,
+    LIST_MOVES,
+    GROW_SHARDS,
+    STATE_HASHES,
+];
+
+/// What is asked, in the words an authority decides on: a verb on a resource, in a
+/// namespace, of a named object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ask {
+    /// The verb.
+    pub verb: Verb,
+    /// The resource.
+    pub resource: Resource,
+    /// The namespace (gang groups), if known.
+    pub namespace: Option<String>,
+    /// The object's name (a node, a queue, a priority), if known.
+    pub name: Option<String>,
+    /// A subresource (`statehash` of `cluster`).
+    pub subresource: Option<&'static str>,
+}
+
+impl Ask {
+    /// The verb on the resource, nothing narrower.
+    pub fn of(verb: Verb, resource: Resource) -> Self {
+        Self {
+            verb,
+            resource,
+            namespace: None,
+            name: None,
+            subresource: None,
+        }
+    }
+
+    /// Narrowed to `namespace`.
+    pub fn in_namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Some(namespace.to_string());
+        self
+    }
+
+    /// Narrowed to the object `name`.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!("{} {}", self.verb.name(), self.resource.name());
+        if let Some(sub) = self.subresource {
+            s.push('/');
+            s.push_str(sub);
+        }
+        if let Some(n) = &self.name {
+            s.push(' ');
+            s.push_str(n);
+        }
+        if let Some(ns) = &self.namespace {
+            s.push_str(" in namespace ");
+            s.push_str(ns);
+        }
+        s
+    }
+}
+
+/// A Kubernetes user, as TokenReview answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeUser {
+    /// `user.username`.
+    pub name: String,
+    /// `user.uid`.
+    pub uid: String,
+    /// `user.groups`.
+    pub groups: Vec<String>,
+    /// `user.extra`.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// Who is asking, once known.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// A replica that requires no credentials: anything goes.
+    Open,
+    /// A replica of this cluster.
+    Peer,
+    /// An identity of the policy (or the tokens file, or a certificate without a policy).
+    Policy(Arc<Identity>),
+    /// A Kubernetes user (the Kubernetes API decides).
+    Kube(Arc<KubeUser>),
+}
+
+impl Principal {
+    /// Its name: the owner recorded on its groups (empty for the open and peer callers).
+    pub fn name(&self) -> &str {
+        match self {
+            Principal::Open | Principal::Peer => "",
+            Principal::Policy(i) => &i.name,
+            Principal::Kube(u) => &u.name,
+        }
+    }
+
+    /// The identity, for the policy's grants.
+    pub fn identity(&self) -> Option<&Identity> {
+        match self {
+            Principal::Policy(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// Whether it is an administrator without asking (open, peer, policy admin).
+    pub fn is_admin(&self) -> bool {
+        match self {
+            Principal::Open | Principal::Peer => true,
+            Principal::Policy(i) => i.has(Role::Admin),
+            Principal::Kube(_) => false,
+        }
+    }
+}
+
+/// Why the Kubernetes API could not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the Kubernetes API could not review the request: {0}")]
+pub struct ReviewError(pub String);
+
+/// The Kubernetes API as an authority: TokenReview and SubjectAccessReview (cached
+/// with a bound by the implementation, `auth::kube`).
+#[tonic::async_trait]
+pub trait Reviewer: Send + Sync {
+    /// The user a bearer token stands for (`None`: not authenticated).
+    async fn review_token(&self, token: &str) -> Result<Option<KubeUser>, ReviewError>;
+    /// Whether `user` may do what `ask` says (RBAC rules in API group [`API_GROUP`]).
+    async fn allowed(&self, user: &KubeUser, ask: &Ask) -> Result<bool, ReviewError>;
+}
+
+/// Whether the policy identity `who` may do `ask` (the role rules, pure).
+///
+/// - `admin`: everything.
+/// - `viewer`: get, list and watch of everything (state hashes excepted).
+/// - `tenant`: gang groups in its namespaces (its own ones: the services check the owner),
+///   listing queues, using its queues (and those under them: the services walk the
+///   parents), priorities up to its maximum.
+/// - `node`: get and update of its own nodes.
+pub fn policy_allows(who: &Identity, ask: &Ask) -> bool {
+    if who.has(Role::Admin) {
+        return true;
+    }
+    if who.has(Role::Viewer) && ask.verb.reads() && ask.subresource.is_none() {
+        return true;
+    }
+    if let (true, Some(t)) = (who.has(Role::Tenant), &who.tenant) {
+        let allowed = match (ask.resource, ask.verb) {
+            (Resource::GangGroups, v) if v != Verb::Use && v != Verb::Preempt => ask
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| t.namespaces.allows(ns)),
+            (Resource::Queues, Verb::List | Verb::Get) => true,
+            (Resource::Queues, Verb::Use) => {
+                ask.name.as_deref().is_some_and(|q| t.queues.allows(q))
+            }
+            (Resource::Queues, Verb::Preempt) => t.preempt_across_queues,
+            (Resource::Priorities, Verb::Use) => ask
+                .name
+                .as_deref()
+                .and_then(|p| p.parse::<i32>().ok())
+                .is_some_and(|p| p <= t.max_priority),
+            _ => false,
+        };
+        if allowed {
+            return true;
+        }
+    }
+    if who.has(Role::Node) && ask.resource == Resource::Nodes {
+        return matches!(ask.verb, Verb::Get | Verb::Update | Verb::Create)
+            && ask.name.as_deref().is_none_or(|n| who.nodes.contains(n));
+    }
+    false
+}
+
+/// In-flight requests one identity may have on one replica.
+pub const REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX: u32 = 1_024;
+
+/// Authorization as the services use it.
+#[derive(Clone, Default)]
+pub struct Access {
+    reviewer: Option<Arc<dyn Reviewer>>,
+    in_flight: Arc<Mutex<BTreeMap<String, u32>>>,
+}
+
+/// Holds one in-flight request of an identity until dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    name: String,
+    counts: Arc<Mutex<BTreeMap<String, u32>>>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.counts.lock() {
+            if let Some(n) = c.get_mut(&self.name) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    c.remove(&self.name);
+                }
+            }
+        }
+    }
+}
+
+/// A caller that passed an RPC's first check: who it is, holding its in-flight slot.
+#[derive(Debug)]
+pub struct Admitted {
+    /// Who.
+    pub principal: Principal,
+    _slot: Option<InFlight>,
+}
+
+fn denied(who: &Principal, ask: &Ask) -> Status {
+    let name = match who {
+        Principal::Open | Principal::Peer => "this caller",
+        Principal::Policy(i) => &i.name,
+        Principal::Kube(u) => &u.name,
+    };
+    Status::permission_denied(format!(
+        "{name} may not {} (API group {API_GROUP})",
+        ask.describe()
+    ))
+}
+
+impl Access {
+    /// Access decided by the policy alone (and the gate's open mode).
+    pub fn policy_only() -> Self {
+        Self::default()
+    }
+
+    /// Access that asks the Kubernetes API about Kubernetes users.
+    pub fn with_reviewer(reviewer: Arc<dyn Reviewer>) -> Self {
+        Self {
+            reviewer: Some(reviewer),
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Who sent `request` (the gate's caller, a Kubernetes token reviewed).
+    pub async fn principal<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        let caller = request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| {
+                Status::internal("no caller recorded: this service is not behind its gate")
+            })?;
+        self.resolve(caller).await
+    }
+
+    /// Who a caller the gate found is (a Kubernetes token reviewed).
+    pub async fn resolve(&self, caller: Caller) -> Result<Principal, Status> {
+        match caller {
+            Caller::Open => Ok(Principal::Open),
+            Caller::Peer => Ok(Principal::Peer),
+            Caller::Known(identity) => Ok(Principal::Policy(identity)),
+            Caller::Unreviewed(token) => {
+                let reviewer = self
+                    .reviewer
+                    .as_ref()
+                    .ok_or_else(|| Status::unauthenticated("bearer token not accepted"))?;
+                match reviewer.review_token(&token).await {
+                    Ok(Some(user)) => Ok(Principal::Kube(Arc::new(user))),
+                    Ok(None) => Err(Status::unauthenticated(
+                        "bearer token not accepted (the Kubernetes API did not authenticate it)",
+                    )),
+                    Err(e) => Err(Status::unavailable(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Whether `who` may do `ask`.
+    pub async fn allows(&self, who: &Principal, ask: &Ask) -> Result<bool, Status> {
+        match who {
+            Principal::Open => Ok(true),
+            // Peers forward what an operator's replica already authorized, and read status.
+            Principal::Peer => Ok(ask.resource == Resource::Cluster),
+            Principal::Policy(identity) => Ok(policy_allows(identity, ask)),
+            Principal::Kube(user) => {
+                let reviewer = self
+                    .reviewer
+                    .as_ref()
+                    .ok_or_else(|| Status::internal("a Kubernetes user without a reviewer"))?;
+                reviewer
+                    .allowed(user, ask)
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))
+            }
+        }
+    }
+
+    /// `Ok` if `who` may do `ask`, else PERMISSION_DENIED naming the verb and resource.
+    pub async fn check(&self, who: &Principal, ask: &Ask) -> Result<(), Status> {
+        if self.allows(who, ask).await? {
+            Ok(())
+        } else {
+            Err(denied(who, ask))
+        }
+    }
+
+    /// The first step of every RPC: who calls, whether it may call `rpc` at all (its
+    /// verb on its resource, before any object is known), and its in-flight slot
+    /// (RESOURCE_EXHAUSTED past [`REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX`]).
+    pub async fn begin<T>(&self, request: &Request<T>, rpc: Rpc) -> Result<Admitted, Status> {
+        let principal = self.principal(request).await?;
+        let ask = Ask::of(rpc.verb, rpc.resource);
+        if !self.allows_some(&principal, &ask).await? {
+            return Err(denied(&principal, &ask));
+        }
+        let slot = match &principal {
+            Principal::Open | Principal::Peer => None,
+            p => Some(self.slot(p.name())?),
+        };
+        Ok(Admitted {
+            principal,
+            _slot: slot,
+        })
+    }
+
+    /// Whether `who` may do `ask` for some namespace or object (a role that grants it
+    /// only for some is let through; the service narrows it once it read the request).
+    async fn allows_some(&self, who: &Principal, ask: &Ask) -> Result<bool, Status> {
+        match (who, ask.resource) {
+            // A Kubernetes user's namespaced rights are checked per namespace; a node
+            // agent's per node: the services ask again, narrowed.
+            (Principal::Kube(_), Resource::GangGroups | Resource::Nodes) => Ok(true),
+            _ => self.allows(who, ask).await,
+        }
+    }
+
+    fn slot(&self, name: &str) -> Result<InFlight, Status> {
+        let mut counts = self
+            .in_flight
+            .lock()
+            .map_err(|_| Status::internal("in-flight counts poisoned"))?;
+        let n = counts.entry(name.to_string()).or_default();
+        if *n >= REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX {
+            return Err(Status::resource_exhausted(format!(
+                "{name} has {REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX} requests in flight on this replica; retry when some finish"
+            )));
+        }
+        *n += 1;
+        Ok(InFlight {
+            name: name.to_string(),
+            counts: self.in_flight.clone(),
+        })
+    }
+
+    /// Whether `who` may act (`verb`) on a gang group owned by `owner` whose gangs are in
+    /// `namespaces`: administrators and (for reads) viewers on every group; a tenant on
+    /// its own; a Kubernetes user where RBAC grants the verb in every one of its
+    /// namespaces.
+    pub async fn may_touch_group(
+        &self,
+        who: &Principal,
+        verb: Verb,
+        owner: &str,
+        namespaces: &[&str],
+    ) -> Result<bool, Status> {
+        match who {
+            Principal::Open | Principal::Peer => Ok(true),
+            Principal::Policy(i) => Ok(i.has(Role::Admin)
+                || (verb.reads() && i.has(Role::Viewer))
+                || (i.has(Role::Tenant) && !owner.is_empty() && owner == i.name)),
+            Principal::Kube(_) => {
+                for ns in namespaces {
+                    let ask = Ask::of(verb, Resource::GangGroups).in_namespace(ns);
+                    if !self.allows(who, &ask).await? {
+                        return Ok(false);
+                    }
+                }
+                Ok(!namespaces.is_empty())
+            }
+        }
+    }
+
+    /// Whether `who` may charge `queue`, whose ancestors are `parents` (nearest first): a
+    /// grant of the queue or of any queue above it.
+    pub async fn may_use_queue(
+        &self,
+        who: &Principal,
+        queue: &str,
+        parents: &[String],
+    ) -> Result<bool, Status> {
+        for q in std::iter::once(queue).chain(parents.iter().map(String::as_str)) {
+            let ask = Ask::of(Verb::Use, Resource::Queues).named(q);
+            if self.allows(who, &ask).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// PERMISSION_DENIED for `who` asking `ask` (for refusals the services find).
+    pub fn denied(&self, who: &Principal, ask: &Ask) -> Status {
+        denied(who, ask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::policy::{Grant, TenantGrant};
+    use std::collections::BTreeSet;
+
+    fn who(roles: &[Role]) -> Identity {
+        Identity {
+            name: "x".into(),
+            roles: roles.iter().copied().collect(),
+            tenant: roles.contains(&Role::Tenant).then(|| TenantGrant {
+                namespaces: Grant::Only(BTreeSet::from(["team-a".to_string()])),
+                queues: Grant::Only(BTreeSet::from(["team-a".to_string()])),
+                default_queue: Some("team-a".into()),
+                max_priority: 100,
+                preempt_across_queues: false,
+                live_groups_max: 10,
+            }),
+            nodes: if roles.contains(&Role::Node) {
+                BTreeSet::from(["node-7".to_string()])
+            } else {
+                BTreeSet::new()
+            },
+        }
+    }
+
+    #[test]
+    fn every_rpc_is_decided_by_role_as_the_table_says() {
+        // Which roles may call each RPC at all (narrower checks follow in the services).
+        for r in RPCS {
+            let ask = Ask {
+                subresource: r.method.ends_with("stateHash").then_some("statehash"),
+                ..Ask::of(r.verb, r.resource)
+            };
+            let admin = policy_allows(&who(&[Role::Admin]), &ask);
+            let viewer = policy_allows(&who(&[Role::Viewer]), &ask);
+            let tenant = policy_allows(&who(&[Role::Tenant]), &ask);
+            let node = policy_allows(&who(&[Role::Node]), &ask);
+            assert!(admin, "{}", r.method);
+            assert_eq!(
+                viewer,
+                r.verb.reads() && ask.subresource.is_none(),
+                "{}",
+                r.method
+            );
+            assert_eq!(
+                tenant,
+                r.resource == Resource::GangGroups
+                    || (r.resource == Resource::Queues && r.verb.reads()),
+                "{}",
+                r.method
+            );
+            assert_eq!(
+                node,
+                r.resource == Resource::Nodes && r.verb != Verb::List,
+                "{}",
+                r.method
+            );
+        }
+    }
+
+    #[test]
+    fn tenants_and_nodes_are_narrowed_to_their_grants() {
+        let t = who(&[Role::Tenant]);
+        let groups = |ns: &str| Ask::of(Verb::Create, Resource::GangGroups).in_namespace(ns);
+        assert!(policy_allows(&t, &groups("team-a")));
+        assert!(!policy_allows(&t, &groups("team-b")));
+        let queue = |q: &str| Ask::of(Verb::Use, Resource::Queues).named(q);
+        assert!(policy_allows(&t, &queue("team-a")) && !policy_allows(&t, &queue("team-b")));
+        let prio = |p: i32| Ask::of(Verb::Use, Resource::Priorities).named(&p.to_string());
+        assert!(policy_allows(&t, &prio(100)) && policy_allows(&t, &prio(-5)));
+        assert!(!policy_allows(&t, &prio(101)) && !policy_allows(&t, &prio(i32::MAX)));
+        assert!(!policy_allows(
+            &t,
+            &Ask::of(Verb::Preempt, Resource::Queues)
+        ));
+        let n = who(&[Role::Node]);
+        let node = |name: &str| Ask::of(Verb::Update, Resource::Nodes).named(name);
+        assert!(policy_allows(&n, &node("node-7")) && !policy_allows(&n, &node("node-8")));
+        assert!(!policy_allows(&n, &Ask::of(Verb::List, Resource::Nodes)));
+    }
+}
