@@ -174,6 +174,10 @@ enum QueuesCommand {
         /// idle, in the same form (a resource not named: all of it).
         #[arg(long, default_value = "", value_parser = parse_amounts)]
         lend: Amounts,
+        /// A Kubernetes namespace whose pods may name this queue with the label
+        /// scheduling.gangway.dev/queue (repeatable; `*` for every namespace).
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
     },
     /// Delete a queue with no children and no gang group that has not ended.
     Delete {
@@ -696,6 +700,7 @@ async fn queues(
             min,
             max,
             lend,
+            namespaces,
         }) => {
             let spec = gangway_client::admin_api::QueueSpec {
                 name,
@@ -705,6 +710,7 @@ async fn queues(
                 max: max.0,
                 lend: lend.0,
                 managed_by: String::new(),
+                namespaces,
             };
             let status = client.put_queue(spec).await?;
             print_queues(&[status], &Default::default(), output);

@@ -109,53 +109,15 @@ enum Setup {
 /// The chart's ServiceAccount (namespace, name) in these tests.
 const CHART_SA: (&str, &str) = ("gangway", "gangway");
 
-/// A chart template as an object: the lines holding template actions dropped (the
-/// chart's ClusterRole rules and CRD schema are plain YAML), names set by the caller.
-fn chart_object(template: &str) -> Value {
-    let path = format!(
-        "{}/../helm/gangway/templates/{template}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let plain: String = text
-        .lines()
-        .filter(|l| !l.contains("{{"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    serde_saphyr::from_str(&plain).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
 /// Applies the chart's PodGroup and ElasticQuota CRDs, ClusterRole and ClusterRoleBinding.
 async fn apply_chart(api: &ControlPlane) {
-    api.install_crd(chart_object("podgroup-crd.yaml"))
+    api.install_crd(support::chart::chart_object("podgroup-crd.yaml"))
         .await
         .expect("the chart's CRD is accepted");
-    api.install_crd(chart_object("elasticquota-crd.yaml"))
+    api.install_crd(support::chart::chart_object("elasticquota-crd.yaml"))
         .await
         .expect("the chart's ElasticQuota CRD is accepted");
-    let mut role = chart_object("clusterrole.yaml");
-    role["metadata"] = json!({"name": "gangway"});
-    api.call(
-        http::Method::POST,
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        "application/json",
-        Some(&role),
-    )
-    .await
-    .expect("the chart's ClusterRole is accepted");
-    let mut binding = chart_object("clusterrolebinding.yaml");
-    binding["metadata"] = json!({"name": "gangway"});
-    binding["roleRef"]["name"] = json!("gangway");
-    binding["subjects"] =
-        json!([{"kind": "ServiceAccount", "name": CHART_SA.1, "namespace": CHART_SA.0}]);
-    api.call(
-        http::Method::POST,
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        "application/json",
-        Some(&binding),
-    )
-    .await
-    .expect("the chart's ClusterRoleBinding is accepted");
+    support::chart::apply_gangway_rbac(api, "gangway", CHART_SA.0, CHART_SA.1).await;
 }
 
 async fn start_with(nodes: usize, gpus: usize, bind_qps: u32, setup: Setup) -> Env {

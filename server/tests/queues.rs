@@ -31,6 +31,7 @@ fn queue(name: &str, parent: &str, max: &[(&str, &str)]) -> QueueSpec {
         max: amounts(max),
         lend: HashMap::new(),
         managed_by: String::new(),
+        namespaces: Vec::new(),
     }
 }
 

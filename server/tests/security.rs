@@ -37,12 +37,24 @@ impl Pki {
         Self { ca, issuer }
     }
 
-    /// A certificate for 127.0.0.1 usable as server and client: (cert, key).
+    /// A client certificate for 127.0.0.1, usable as server and client: (cert, key).
     fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        self.issue_as(dir, name, None)
+    }
+
+    /// A replica's certificate: subject organization `gangway:peers`.
+    fn issue_peer(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        self.issue_as(dir, name, Some(gangway_server::auth::PEER_ORGANIZATION))
+    }
+
+    fn issue_as(&self, dir: &Path, name: &str, organization: Option<&str>) -> (PathBuf, PathBuf) {
         let mut params =
             CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
                 .expect("params");
         params.distinguished_name.push(DnType::CommonName, name);
+        if let Some(o) = organization {
+            params.distinguished_name.push(DnType::OrganizationName, o);
+        }
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -113,7 +125,7 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
     let pki_dir = tempfile::tempdir().expect("tempdir");
     let dir = pki_dir.path();
     let pki = Pki::new(dir, "gangway-ca");
-    let (server_cert, server_key) = pki.issue(dir, "replica");
+    let (server_cert, server_key) = pki.issue_peer(dir, "replica");
     let (client_cert, client_key) = pki.issue(dir, "operator");
     let stranger_pki = Pki::new(dir, "other-ca");
     let (stranger_cert, stranger_key) = stranger_pki.issue(dir, "stranger");
@@ -274,7 +286,8 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
 }
 
 /// The web view under tokens: nothing without one, the same pages with a Bearer
-/// token or the sign-in cookie, and the cluster panel reads every peer over mutual TLS.
+/// token or the sign-in session, and the cluster panel reads every peer over mutual TLS
+/// as a peer.
 async fn web_view_asks_for_a_token(cluster: &Cluster, token: &str) {
     let http = cluster.procs[&1].http.clone();
     let (code, _, body) = http_call(&http, "GET", "/ui/gangs", &[], "").await;
@@ -340,6 +353,10 @@ async fn web_view_asks_for_a_token(cluster: &Cluster, token: &str) {
         .unwrap_or_else(|| panic!("a cookie is set: {head}"))
         .to_string();
     assert!(head.contains("HttpOnly"), "{head}");
+    assert!(
+        cookie.starts_with("gangway_ui_session=") && !cookie.contains(token),
+        "the cookie is a session id, not the token: {cookie}"
+    );
     let (code, _, body) = http_call(&http, "GET", "/ui/gangs", &[("Cookie", &cookie)], "").await;
     assert_eq!(code, 200, "{body}");
     assert!(

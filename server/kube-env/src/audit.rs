@@ -23,6 +23,11 @@ rules:
       - {group: "resource.k8s.io", resources: ["resourceclaims", "resourceclaims/status"]}
       - {group: "scheduling.x-k8s.io", resources: ["podgroups/status"]}
       - {group: "scheduling.sigs.k8s.io", resources: ["podgroups/status"]}
+  - level: Metadata
+    verbs: ["create"]
+    resources:
+      - {group: "authentication.k8s.io", resources: ["tokenreviews"]}
+      - {group: "authorization.k8s.io", resources: ["subjectaccessreviews"]}
   - level: None
 "#;
 

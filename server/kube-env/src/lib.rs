@@ -39,6 +39,9 @@ pub const CRD_TIMEOUT_MS: u64 = 30_000;
 const UPDATE_ATTEMPTS_MAX: usize = 10;
 /// The admin user's name (group `system:masters`).
 pub const ADMIN_USER: &str = "admin";
+/// Lifetime of the ServiceAccount tokens tests ask for, in seconds (the API server's
+/// minimum is 600).
+pub const SERVICE_ACCOUNT_TOKEN_S: u64 = 3_600;
 
 /// The control plane could not be started or used.
 #[derive(Debug, thiserror::Error)]
@@ -548,6 +551,46 @@ impl ControlPlane {
             Err(e) if e.code() == Some(409) => Ok(()),
             other => other.map(|_| ()),
         }
+    }
+
+    /// A real token of ServiceAccount `namespace/name` (made if missing), from the
+    /// TokenRequest API: what a pod running as it would present (valid an hour).
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, EnvError> {
+        self.ensure_namespace(namespace).await?;
+        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts");
+        let account =
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}});
+        match self.call(Method::POST, &path, JSON, Some(&account)).await {
+            Err(e) if e.code() == Some(409) => {}
+            other => {
+                other?;
+            }
+        }
+        let request = json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": SERVICE_ACCOUNT_TOKEN_S}
+        });
+        let answer = self
+            .call(
+                Method::POST,
+                &format!("{path}/{name}/token"),
+                JSON,
+                Some(&request),
+            )
+            .await?;
+        answer["status"]["token"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| {
+                EnvError::Io(format!(
+                    "TokenRequest for {namespace}/{name}: no token in {answer}"
+                ))
+            })
     }
 
     /// Installs the PodGroup CRDs of both scheduler-plugins groups

@@ -548,7 +548,8 @@ impl Access {
         match (who, ask.resource) {
             // A Kubernetes user's namespaced rights are checked per namespace; a node
             // agent's per node: the services ask again, narrowed.
-            (Principal::Kube(_), Resource::GangGroups | Resource::Nodes) => Ok(true),
+            (Principal::Kube(_), Resource::GangGroups) => Ok(true),
+            (Principal::Kube(_), Resource::Nodes) if ask.verb != Verb::List => Ok(true),
             _ => self.allows(who, ask).await,
         }
     }

@@ -84,6 +84,7 @@ pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
         max: limits(&FieldPath::new("queue.max"), &api.max).map_err(invalid)?,
         lend: limits(&FieldPath::new("queue.lend"), &api.lend).map_err(invalid)?,
         managed_by: String::new(),
+        namespaces: api.namespaces.clone(),
     };
     spec.validate(&FieldPath::new("queue")).map_err(invalid)?;
     Ok(spec)
@@ -123,6 +124,7 @@ pub fn status_of(q: &QueueStatus) -> ApiQueueStatus {
             max: quantities_of_limits(&q.spec.max),
             lend: quantities_of_limits(&q.spec.lend),
             managed_by: q.spec.managed_by.clone(),
+            namespaces: q.spec.namespaces.clone(),
         }),
         usage: quantities_of(&q.usage),
         queued: q.queued,

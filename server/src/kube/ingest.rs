@@ -100,6 +100,8 @@ struct Memory {
     /// Queues the ElasticQuotas keep, as last synced (pods of their namespaces are
     /// charged to them).
     kept_queues: BTreeSet<String>,
+    /// Every queue's spec as meta held it at the last sync (for the queue label's rule).
+    queue_specs: BTreeMap<String, QueueSpec>,
     nodes: HashMap<String, Node>,
     /// Node → its shard, as registered (and as finished shard moves left it).
     shard_of: HashMap<String, u32>,
@@ -1646,7 +1648,17 @@ impl Ingest {
                 });
             }
         }
-        self.memory.kept_queues = wanted.keys().cloned().collect();
+        // A namespace's pods are charged to the queue its ElasticQuota keeps: only once
+        // meta holds it as kept (a queue the admin API made under that name is not it).
+        self.memory.kept_queues = wanted
+            .keys()
+            .filter(|n| kept_before.contains_key(n.as_str()))
+            .cloned()
+            .collect();
+        self.memory.queue_specs = current
+            .iter()
+            .map(|q| (q.name.clone(), q.clone()))
+            .collect();
         for cmd in writes {
             let subject = match &cmd {
                 MetaCommand::PutQueue { queue } => queue.managed_by.clone(),
@@ -1681,14 +1693,21 @@ impl Ingest {
         let mut ready = Vec::new();
         let mut problems = Vec::new();
         let mut queue_of: HashMap<String, String> = HashMap::new();
+        let mut unhonoured = Vec::new();
         for key in &self.memory.waiting {
             let Some(facts) = self.memory.pods.get(key) else {
                 continue;
             };
-            queue_of.insert(
-                facts.pod.uid.clone(),
-                queues::queue_of_pod(&facts.object, &self.memory.kept_queues),
+            let (queue, not_honoured) = queues::queue_of_pod(
+                &facts.object,
+                &self.memory.kept_queues,
+                &self.memory.queue_specs,
             );
+            if let Some(why) = not_honoured {
+                let subject = format!("queue label in namespace {}", facts.pod.namespace);
+                unhonoured.push((subject, why));
+            }
+            queue_of.insert(facts.pod.uid.clone(), queue);
             let identity = match gangs::identify(&facts.object, &pod_groups) {
                 Ok(i) => i,
                 Err(p) => {
@@ -1709,6 +1728,9 @@ impl Ingest {
                 }),
                 Err(p) => problems.push((facts.pod.clone(), p)),
             }
+        }
+        for (subject, why) in unhonoured {
+            self.warn_once(&subject, &why);
         }
         let bound_per_gang = self.bound_per_gang(&ready, &pod_groups);
         let satisfied = gangs::apply_match_policies(&mut ready, &bound_per_gang);

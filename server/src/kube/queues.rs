@@ -51,6 +51,7 @@ pub fn queue_of_elastic_quota(object: &Value) -> Result<QueueSpec, String> {
         max: read("max")?,
         lend: crate::model::queue::Limits::none(),
         managed_by: format!("ElasticQuota {namespace}/{name}"),
+        namespaces: Vec::new(),
     };
     spec.validate(&FieldPath::new("queue"))
         .map_err(|e| format!("ElasticQuota {namespace}/{name}: {e}"))?;
@@ -94,17 +95,43 @@ pub fn queues_of<'a>(
     (queues, problems)
 }
 
-/// The queue `pod` is charged to: its label's, else its namespace's when an
-/// ElasticQuota keeps one (`kept`), else none.
-pub fn queue_of_pod(pod: &Value, kept: &BTreeSet<String>) -> String {
-    if let Some(label) = pod["metadata"]["labels"][QUEUE_LABEL].as_str() {
-        return label.to_string();
-    }
+/// The queue `pod` is charged to, and why its label was not honoured if it was not. A
+/// label naming a queue that lists the pod's namespace (`namespaces`, of `specs`) is
+/// honoured; otherwise the pod is charged to its namespace's queue when an ElasticQuota
+/// keeps one (`kept`), else to none. An empty label, or one naming a queue the
+/// namespace may not use, never takes a pod out of its namespace's quota.
+pub fn queue_of_pod(
+    pod: &Value,
+    kept: &BTreeSet<String>,
+    specs: &BTreeMap<String, QueueSpec>,
+) -> (String, Option<String>) {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
-    if kept.contains(namespace) {
-        return namespace.to_string();
+    let own = if kept.contains(namespace) {
+        namespace.to_string()
+    } else {
+        String::new()
+    };
+    let Some(label) = pod["metadata"]["labels"][QUEUE_LABEL].as_str() else {
+        return (own, None);
+    };
+    if label.is_empty() || label == own {
+        return (own, None);
     }
-    String::new()
+    match specs.get(label) {
+        Some(spec) if spec.admits_namespace(namespace) => (label.to_string(), None),
+        Some(_) => (
+            own,
+            Some(format!(
+                "label {QUEUE_LABEL}={label} is not honoured: queue {label} does not list namespace {namespace} (gangctl queues put {label} --namespace {namespace})"
+            )),
+        ),
+        None => (
+            own,
+            Some(format!(
+                "label {QUEUE_LABEL}={label} is not honoured: there is no queue {label}"
+            )),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -160,14 +187,52 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_is_charged_to_its_label_then_its_namespaces_quota() {
-        let kept = BTreeSet::from(["team-a".to_string()]);
-        let labelled =
-            json!({"metadata": {"namespace": "team-a", "labels": {QUEUE_LABEL: "gpu-pool"}}});
-        assert_eq!(queue_of_pod(&labelled, &kept), "gpu-pool");
-        let plain = json!({"metadata": {"namespace": "team-a"}});
-        assert_eq!(queue_of_pod(&plain, &kept), "team-a");
-        let elsewhere = json!({"metadata": {"namespace": "team-b"}});
-        assert_eq!(queue_of_pod(&elsewhere, &kept), "");
+    fn a_label_is_honoured_only_for_a_queue_that_lists_the_namespace() {
+        let kept = BTreeSet::from(["team-a".to_string(), "team-b".to_string()]);
+        let specs: BTreeMap<String, QueueSpec> = [
+            ("gpu-pool", vec!["team-a".to_string()]),
+            ("open", vec!["*".to_string()]),
+            ("team-b", Vec::new()),
+        ]
+        .into_iter()
+        .map(|(n, ns)| {
+            (
+                n.to_string(),
+                QueueSpec {
+                    name: n.into(),
+                    weight: 1,
+                    namespaces: ns,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+        let pod = |ns: &str, label: Option<&str>| match label {
+            Some(l) => json!({"metadata": {"namespace": ns, "labels": {QUEUE_LABEL: l}}}),
+            None => json!({"metadata": {"namespace": ns}}),
+        };
+        let q = |ns, label| queue_of_pod(&pod(ns, label), &kept, &specs);
+        assert_eq!(q("team-a", Some("gpu-pool")), ("gpu-pool".into(), None));
+        assert_eq!(q("team-c", Some("open")), ("open".into(), None));
+        assert_eq!(q("team-a", None), ("team-a".into(), None));
+        assert_eq!(q("team-c", None), (String::new(), None));
+        // No way out of the namespace's quota: an empty label, another namespace's
+        // queue, a queue that does not list it, or one that does not exist.
+        assert_eq!(q("team-a", Some("")), ("team-a".into(), None));
+        for foreign in ["team-b", "gpu-pool", "missing"] {
+            let (queue, why) = q(
+                if foreign == "gpu-pool" {
+                    "team-b"
+                } else {
+                    "team-a"
+                },
+                Some(foreign),
+            );
+            assert!(queue == "team-a" || queue == "team-b", "{foreign}: {queue}");
+            assert!(
+                why.is_some_and(|w| w.contains("is not honoured")),
+                "{foreign}"
+            );
+        }
     }
 }

@@ -230,6 +230,7 @@ fn team_queue() -> crate::model::QueueSpec {
         max,
         lend: crate::model::queue::Limits::none(),
         managed_by: String::new(),
+        namespaces: Vec::new(),
     }
 }
 

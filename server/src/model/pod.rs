@@ -32,6 +32,19 @@ pub const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 pub const WEIGHT_MIN: i32 = 1;
 /// Largest weight of a preferred term.
 pub const WEIGHT_MAX: i32 = 100;
+/// Most labels (and node selector entries, and selector match labels) of one pod.
+pub const POD_LABELS_MAX: usize = 256;
+/// Most terms of one affinity list (node affinity's required terms, each preferred
+/// list, pod affinity's and anti-affinity's lists).
+pub const AFFINITY_TERMS_MAX: usize = 64;
+/// Most match expressions of one term or selector.
+pub const MATCH_EXPRESSIONS_MAX: usize = 64;
+/// Most values of one match expression.
+pub const MATCH_VALUES_MAX: usize = 256;
+/// Most tolerations of one pod.
+pub const TOLERATIONS_MAX: usize = 128;
+/// Most host ports of one pod.
+pub const HOST_PORTS_MAX: usize = 128;
 
 /// Operator of a node selector requirement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -342,6 +355,22 @@ impl PodSpec {
                 .key("pods")
                 .error("pods cannot be requested: every pod counts as one"));
         }
+        at_most(
+            &path.child("nodeSelector"),
+            self.node_selector.len(),
+            POD_LABELS_MAX,
+        )?;
+        at_most(&path.child("labels"), self.labels.len(), POD_LABELS_MAX)?;
+        at_most(
+            &path.child("tolerations"),
+            self.tolerations.len(),
+            TOLERATIONS_MAX,
+        )?;
+        at_most(
+            &path.child("hostPorts"),
+            self.host_ports.len(),
+            HOST_PORTS_MAX,
+        )?;
         validate_labels(&path.child("nodeSelector"), &self.node_selector)?;
         validate_labels(&path.child("labels"), &self.labels)?;
         let affinity = path.child("affinity");
@@ -386,10 +415,16 @@ fn validate_node_affinity(
         if terms.is_empty() {
             return Err(terms_path.error("must have at least one term"));
         }
+        at_most(&terms_path, terms.len(), AFFINITY_TERMS_MAX)?;
         for (i, term) in terms.iter().enumerate() {
             validate_node_term(&terms_path.index(i), term)?;
         }
     }
+    at_most(
+        &path.child(PREFERRED),
+        affinity.preferred.len(),
+        AFFINITY_TERMS_MAX,
+    )?;
     for (i, preferred) in affinity.preferred.iter().enumerate() {
         let at = path.child(PREFERRED).index(i);
         validate_weight(&at.child("weight"), preferred.weight)?;
@@ -399,6 +434,11 @@ fn validate_node_affinity(
 }
 
 fn validate_node_term(path: &FieldPath, term: &NodeSelectorTerm) -> Result<(), ValidationError> {
+    at_most(
+        &path.child("matchExpressions"),
+        term.match_expressions.len(),
+        MATCH_EXPRESSIONS_MAX,
+    )?;
     for (i, req) in term.match_expressions.iter().enumerate() {
         let at = path.child("matchExpressions").index(i);
         validate_qualified_name(&at.child("key"), &req.key)?;
@@ -431,6 +471,7 @@ fn validate_value_list(path: &FieldPath, values: &[String]) -> Result<(), Valida
     if values.is_empty() {
         return Err(path.error("In and NotIn need at least one value"));
     }
+    at_most(path, values.len(), MATCH_VALUES_MAX)?;
     for (i, value) in values.iter().enumerate() {
         validate_label_value(&path.index(i), value)?;
     }
@@ -456,6 +497,16 @@ fn validate_weight(path: &FieldPath, weight: i32) -> Result<(), ValidationError>
 }
 
 fn validate_pod_affinity(path: &FieldPath, affinity: &PodAffinity) -> Result<(), ValidationError> {
+    at_most(
+        &path.child(REQUIRED),
+        affinity.required.len(),
+        AFFINITY_TERMS_MAX,
+    )?;
+    at_most(
+        &path.child(PREFERRED),
+        affinity.preferred.len(),
+        AFFINITY_TERMS_MAX,
+    )?;
     for (i, term) in affinity.required.iter().enumerate() {
         validate_pod_term(&path.child(REQUIRED).index(i), term)?;
     }
@@ -483,6 +534,16 @@ fn validate_label_selector(
     path: &FieldPath,
     selector: &LabelSelector,
 ) -> Result<(), ValidationError> {
+    at_most(
+        &path.child("matchLabels"),
+        selector.match_labels.len(),
+        POD_LABELS_MAX,
+    )?;
+    at_most(
+        &path.child("matchExpressions"),
+        selector.match_expressions.len(),
+        MATCH_EXPRESSIONS_MAX,
+    )?;
     validate_labels(&path.child("matchLabels"), &selector.match_labels)?;
     for (i, req) in selector.match_expressions.iter().enumerate() {
         let at = path.child("matchExpressions").index(i);
@@ -528,14 +589,23 @@ fn validate_toleration(path: &FieldPath, t: &Toleration) -> Result<(), Validatio
 }
 
 fn validate_host_ports(path: &FieldPath, ports: &[HostPort]) -> Result<(), ValidationError> {
+    let mut seen = std::collections::HashSet::with_capacity(ports.len());
     for (i, port) in ports.iter().enumerate() {
         let at = path.index(i);
         if port.port == 0 {
             return Err(at.child("port").error("must be within 1..=65535"));
         }
-        if ports[..i].contains(port) {
+        if !seen.insert(port) {
             return Err(at.error(format!("duplicate host port {port}")));
         }
+    }
+    Ok(())
+}
+
+/// A list or map of `len` entries where at most `max` are allowed.
+fn at_most(path: &FieldPath, len: usize, max: usize) -> Result<(), ValidationError> {
+    if len > max {
+        return Err(path.error(format!("{len} entries, at most {max}")));
     }
     Ok(())
 }
@@ -1148,5 +1218,45 @@ mod tests {
             let err = parse(json).expect_err(json);
             assert!(err.starts_with(expected), "got {err}\nwant {expected}");
         }
+    }
+
+    #[test]
+    fn lists_are_bounded_before_anything_is_done_with_them() {
+        let spec = |json: serde_json::Value| {
+            serde_json::from_value::<RawPodSpec>(json)
+                .expect("parses")
+                .validate(&FieldPath::new("spec"))
+        };
+        let ports: Vec<_> = (1..=HOST_PORTS_MAX as u16 + 1)
+            .map(|p| serde_json::json!({"port": p}))
+            .collect();
+        let e = spec(serde_json::json!({"hostPorts": ports})).expect_err("too many ports");
+        assert!(
+            e.to_string()
+                .starts_with("spec.hostPorts: 129 entries, at most 128"),
+            "{e}"
+        );
+        let labels: serde_json::Map<_, _> = (0..=POD_LABELS_MAX)
+            .map(|i| (format!("l{i}"), serde_json::json!("v")))
+            .collect();
+        let e = spec(serde_json::json!({"labels": labels})).expect_err("too many labels");
+        assert!(e.to_string().starts_with("spec.labels: 257 entries"), "{e}");
+        let tolerations: Vec<_> = (0..=TOLERATIONS_MAX)
+            .map(|i| serde_json::json!({"key": format!("k{i}"), "operator": "Exists"}))
+            .collect();
+        let e = spec(serde_json::json!({"tolerations": tolerations})).expect_err("tolerations");
+        assert!(
+            e.to_string().starts_with("spec.tolerations: 129 entries"),
+            "{e}"
+        );
+        let many: Vec<String> = (0..=MATCH_VALUES_MAX).map(|i| format!("v{i}")).collect();
+        let affinity = serde_json::json!({"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": many}]}]}}});
+        let e = spec(serde_json::json!({"affinity": affinity})).expect_err("values");
+        assert!(
+            e.to_string()
+                .contains("matchExpressions[0].values: 257 entries"),
+            "{e}"
+        );
     }
 }

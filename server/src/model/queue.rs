@@ -181,7 +181,7 @@ pub fn queue_footprint(spec: &PodSpec) -> Resources {
 }
 
 /// A queue as configured.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueSpec {
     /// Its name: a DNS label, unique in the cluster.
     pub name: String,
@@ -204,12 +204,36 @@ pub struct QueueSpec {
     /// the Kubernetes ingest keeps from that object. Only its keeper changes or deletes it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub managed_by: String,
+    /// Kubernetes namespaces whose pods may name it with the queue label (`*`: every
+    /// namespace). A pod is always charged to its own namespace's ElasticQuota queue
+    /// without a label; a label naming a queue that does not list the pod's namespace is
+    /// not honoured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
 }
 
+/// Most namespaces one queue may list.
+pub const QUEUE_NAMESPACES_MAX: usize = 1_024;
+
 impl QueueSpec {
+    /// Whether pods of `namespace` may name this queue with the queue label.
+    pub fn admits_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.iter().any(|n| n == "*" || n == namespace)
+    }
+
     /// Checks the queue on its own: its names, its weight, and `min` within `max`.
     pub fn validate(&self, path: &FieldPath) -> Result<(), ValidationError> {
         validate_dns_label(&path.child("name"), &self.name)?;
+        if self.namespaces.len() > QUEUE_NAMESPACES_MAX {
+            return Err(path
+                .child("namespaces")
+                .error(format!("at most {QUEUE_NAMESPACES_MAX}")));
+        }
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            if ns != "*" {
+                validate_dns_label(&path.child("namespaces").index(i), ns)?;
+            }
+        }
         if !self.parent.is_empty() {
             validate_dns_label(&path.child("parent"), &self.parent)?;
             if self.parent == self.name {
@@ -290,6 +314,7 @@ mod tests {
                 .expect("valid max"),
             lend: Limits::none(),
             managed_by: String::new(),
+            namespaces: Vec::new(),
         }
     }
 

@@ -19,8 +19,10 @@ use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::{ListNodesRequest, NodeSpec, RegisterNodeRequest};
 use tonic::transport::{Channel, Endpoint};
 
+pub mod chart;
 pub mod device_plugin;
 pub mod gangs;
+pub mod matrix;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -72,6 +74,16 @@ pub async fn wait_for<T>(
         assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Resident memory of process `pid`, in KiB (from /proc).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
 }
 
 /// The gangctl binary beside the gangway binary, built if this test run did not build it.
@@ -264,6 +276,15 @@ impl Cluster {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -s {signal} {pid}");
+    }
+
+    /// The operating system's id of process `id` (it must be running).
+    pub fn pid(&self, id: u64) -> u32 {
+        self.procs[&id]
+            .child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("process runs")
     }
 
     /// SIGKILLs process `id` and reaps it.

@@ -33,6 +33,7 @@ fn queue(name: &str, parent: &str, max_cores: Option<u64>) -> QueueSpec {
         max: limits(max_cores, None),
         lend: crate::model::queue::Limits::none(),
         managed_by: String::new(),
+        namespaces: Vec::new(),
     }
 }
 

@@ -669,6 +669,7 @@ mod tests {
             max,
             lend: crate::model::queue::Limits::none(),
             managed_by: String::new(),
+            namespaces: Vec::new(),
         }
     }
 
