@@ -129,8 +129,12 @@ pub const MOVE_SEALS_IN_FLIGHT: &str = "meta-seals-moves-in-flight";
 /// as free, so a second live group declaring it is accepted (I4).
 pub const META_ADMITS_TWINS_OF_PLACED: &str = "meta-admits-twins-of-placed-groups";
 
+/// A bug switch for checking the checks: every authenticated caller may do everything,
+/// as before identities had roles (the permission matrix must catch it).
+pub const AUTHORIZATION_OFF: &str = "access-allows-every-caller";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -157,6 +161,7 @@ pub const ALL: [&str; 26] = [
     MOVE_AFTER_HANDOFF,
     MOVE_SEALS_IN_FLIGHT,
     META_ADMITS_TWINS_OF_PLACED,
+    AUTHORIZATION_OFF,
 ];
 
 /// The armed crash points of a process.

@@ -233,6 +233,37 @@ async fn every_rpc_answers_every_role_as_the_policy_says() {
     assert!(everything.len() > of_a.len() + of_b.len() - 1);
 }
 
+/// The matrix is a check that can fail: a replica that lets every authenticated caller
+/// do everything (bug switch `access-allows-every-caller`) is caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_matrix_catches_a_replica_that_authorizes_every_caller() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args = vec![
+        "--policy-file".into(),
+        policy(dir.path(), 100).display().to_string(),
+    ];
+    let env = support::arm_failpoints(&mut args, &["access-allows-every-caller"]);
+    let cluster = Cluster::start_with(3, 2, args, env);
+    let channel = plain_channel(&cluster.procs[&1].grpc).await;
+    let callers = callers(&channel);
+    wait_ready(&cluster, &callers[&Role::Admin]).await;
+    let group = matrix::prepare(&callers[&Role::Admin], &callers[&Role::TenantA]).await;
+    let (table, wrong) = matrix::run(&callers, group, matrix::Authority::Policy).await;
+    assert!(
+        wrong
+            .iter()
+            .any(|w| w.starts_with("Admin/ChangeMembership as TenantB"))
+            && wrong
+                .iter()
+                .any(|w| w.starts_with("Scheduler/CancelGangGroup as TenantB")),
+        "the bug went unseen:\n{table}"
+    );
+    assert!(
+        wrong.iter().all(|w| !w.contains("as Nobody")),
+        "authentication still holds: {wrong:#?}"
+    );
+}
+
 /// A tenant's submissions are held to its namespaces, queues and priority, its groups
 /// are its own, its keys do not meet another's, and its gangs preempt only inside its
 /// queue's subtree.

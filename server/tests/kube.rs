@@ -2926,4 +2926,45 @@ async fn elastic_quotas_are_queues_and_a_namespace_reclaims_its_min_from_a_borro
             ("team-b".into(), "64".into())
         ])
     );
+
+    // The queue label takes no pod out of its namespace's quota: an empty label and
+    // another namespace's queue are not honoured; a queue that lists the namespace is.
+    client
+        .put_queue(gangway_client::admin_api::QueueSpec {
+            name: "shared".into(),
+            weight: 1,
+            namespaces: vec!["team-b".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a queue open to team-b");
+    for (pod, label) in [
+        ("b-empty-label", ""),
+        ("b-foreign-label", "team-a"),
+        ("b-shared-label", "shared"),
+    ] {
+        let mut object = support::objects::pod_with_cpu("team-b", pod, "1", json!({}));
+        object["metadata"]["labels"] = json!({"scheduling.gangway.dev/queue": label});
+        api.create(&PODS, object).await.expect("pod");
+    }
+    let charged = support::wait_for(
+        "the labelled pods' groups",
+        Duration::from_secs(30),
+        async || {
+            let groups = client.list_groups(false).await.ok()?;
+            let queue_of = |pod: &str| {
+                groups
+                    .iter()
+                    .find(|g| g.gangs.iter().any(|n| n == &format!("team-b/{pod}")))
+                    .map(|g| g.queue.clone())
+            };
+            Some([
+                queue_of("b-empty-label")?,
+                queue_of("b-foreign-label")?,
+                queue_of("b-shared-label")?,
+            ])
+        },
+    )
+    .await;
+    assert_eq!(charged, ["team-b", "team-b", "shared"]);
 }
