@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 use gangway_server::agent::{self, AgentArgs};
+use gangway_server::bench::abuse::AbuseBenchArgs;
 use gangway_server::bench::e2e::E2eBenchArgs;
 use gangway_server::bench::engine::EngineBenchArgs;
 use gangway_server::bench::failover::FailoverBenchArgs;
@@ -60,6 +61,8 @@ enum Bench {
     Failover(FailoverBenchArgs),
     /// Submission to placed of a high-priority gang that must preempt, victims on 1, 2, 4 shards.
     Preemption(PreemptionBenchArgs),
+    /// A tenant's plain gang placed while another tenant attacks, against idle.
+    Abuse(AbuseBenchArgs),
     /// Placement latency of plain gangs while a gang with a slow CEL selector waits.
     Selectors(SelectorBenchArgs),
     /// The web view in a headless Chromium: time to first render of each page and update latency.
@@ -104,6 +107,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Selectors(args),
         } => bench::selectors::run(args).await,
+        Command::Bench {
+            which: Bench::Abuse(args),
+        } => bench::abuse::run(args).await,
         Command::Bench {
             which: Bench::Ui(args),
         } => bench::ui::run(args).await,

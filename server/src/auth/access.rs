@@ -398,6 +398,16 @@ pub fn policy_allows(who: &Identity, ask: &Ask) -> bool {
 
 /// In-flight requests one identity may have on one replica.
 pub const REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX: u32 = 1_024;
+/// Refusals (PERMISSION_DENIED, and the refusals of malformed or over-the-bound requests
+/// the services count) one identity may earn per second on one replica before its
+/// requests are slowed.
+pub const DENIALS_PER_IDENTITY_PER_S: u32 = 20;
+/// How long each request of an identity past [`DENIALS_PER_IDENTITY_PER_S`] waits before
+/// it is looked at, in ms: a caller that keeps asking for what it may not have cannot
+/// spend the replica's CPU at the rate it could ask.
+pub const DENIED_CALLER_DELAY_MS: u64 = 250;
+/// Identities whose recent refusals are remembered at once.
+pub const DENIAL_COUNTERS_MAX: usize = 10_000;
 
 /// Authorization as the services use it.
 #[derive(Clone, Default)]
@@ -406,6 +416,8 @@ pub struct Access {
     in_flight: Arc<Mutex<BTreeMap<String, u32>>>,
     /// Bug switch `access-allows-every-caller` only: every known caller may do anything.
     allow_all: bool,
+    /// Identity -> (start of its one-second window, refusals in it).
+    denials: Arc<Mutex<BTreeMap<String, (std::time::Instant, u32)>>>,
 }
 
 /// Holds one in-flight request of an identity until dropped.
@@ -458,8 +470,7 @@ impl Access {
     pub fn with_reviewer(reviewer: Arc<dyn Reviewer>) -> Self {
         Self {
             reviewer: Some(reviewer),
-            in_flight: Arc::default(),
-            allow_all: false,
+            ..Self::default()
         }
     }
 
@@ -532,8 +543,48 @@ impl Access {
         if self.allows(who, ask).await? {
             Ok(())
         } else {
-            Err(denied(who, ask))
+            Err(self.denied(who, ask))
         }
+    }
+
+    /// Counts a refusal of `who` the services found (a request past a bound, malformed,
+    /// or denied): past [`DENIALS_PER_IDENTITY_PER_S`], its next requests wait.
+    pub fn note_refusal(&self, who: &Principal) {
+        self.note_denial(who);
+    }
+
+    /// Counts a refusal of `who`.
+    fn note_denial(&self, who: &Principal) {
+        let name = match who {
+            Principal::Open | Principal::Peer => return,
+            p => p.name(),
+        };
+        let Ok(mut denials) = self.denials.lock() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if denials.len() >= DENIAL_COUNTERS_MAX && !denials.contains_key(name) {
+            let second = std::time::Duration::from_secs(1);
+            denials.retain(|_, (since, _)| now.saturating_duration_since(*since) < second);
+            if denials.len() >= DENIAL_COUNTERS_MAX {
+                return;
+            }
+        }
+        let entry = denials.entry(name.to_string()).or_insert((now, 0));
+        if now.saturating_duration_since(entry.0) >= std::time::Duration::from_secs(1) {
+            *entry = (now, 0);
+        }
+        entry.1 = entry.1.saturating_add(1);
+    }
+
+    /// Whether `name` earned more refusals than [`DENIALS_PER_IDENTITY_PER_S`] lately.
+    fn penalized(&self, name: &str) -> bool {
+        let Ok(denials) = self.denials.lock() else {
+            return false;
+        };
+        denials.get(name).is_some_and(|(since, n)| {
+            *n > DENIALS_PER_IDENTITY_PER_S && since.elapsed() < std::time::Duration::from_secs(2)
+        })
     }
 
     /// The first step of every RPC: who calls, whether it may call `rpc` at all (its
@@ -541,14 +592,17 @@ impl Access {
     /// (RESOURCE_EXHAUSTED past [`REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX`]).
     pub async fn begin<T>(&self, request: &Request<T>, rpc: Rpc) -> Result<Admitted, Status> {
         let principal = self.principal(request).await?;
-        let ask = Ask::of(rpc.verb, rpc.resource);
-        if !self.allows_some(&principal, &ask).await? {
-            return Err(denied(&principal, &ask));
-        }
         let slot = match &principal {
             Principal::Open | Principal::Peer => None,
             p => Some(self.slot(p.name())?),
         };
+        if self.penalized(principal.name()) {
+            tokio::time::sleep(std::time::Duration::from_millis(DENIED_CALLER_DELAY_MS)).await;
+        }
+        let ask = Ask::of(rpc.verb, rpc.resource);
+        if !self.allows_some(&principal, &ask).await? {
+            return Err(self.denied(&principal, &ask));
+        }
         Ok(Admitted {
             principal,
             _slot: slot,
@@ -599,21 +653,30 @@ impl Access {
         if self.allow_all {
             return Ok(true);
         }
-        match who {
-            Principal::Open | Principal::Peer => Ok(true),
-            Principal::Policy(i) => Ok(i.has(Role::Admin)
-                || (verb.reads() && i.has(Role::Viewer))
-                || (i.has(Role::Tenant) && !owner.is_empty() && owner == i.name)),
+        let may = match who {
+            Principal::Open | Principal::Peer => true,
+            Principal::Policy(i) => {
+                i.has(Role::Admin)
+                    || (verb.reads() && i.has(Role::Viewer))
+                    || (i.has(Role::Tenant) && !owner.is_empty() && owner == i.name)
+            }
             Principal::Kube(_) => {
+                let mut all = !namespaces.is_empty();
                 for ns in namespaces {
                     let ask = Ask::of(verb, Resource::GangGroups).in_namespace(ns);
                     if !self.allows(who, &ask).await? {
-                        return Ok(false);
+                        all = false;
+                        break;
                     }
                 }
-                Ok(!namespaces.is_empty())
+                all
             }
+        };
+        // A listing skips what it may not see; that is no refusal.
+        if !may && verb != Verb::List {
+            self.note_denial(who);
         }
+        Ok(may)
     }
 
     /// Whether `who` may charge `queue`, whose ancestors are `parents` (nearest first): a
@@ -633,8 +696,10 @@ impl Access {
         Ok(false)
     }
 
-    /// PERMISSION_DENIED for `who` asking `ask` (for refusals the services find).
+    /// PERMISSION_DENIED for `who` asking `ask` (for refusals the services find),
+    /// counted against `who`.
     pub fn denied(&self, who: &Principal, ask: &Ask) -> Status {
+        self.note_denial(who);
         denied(who, ask)
     }
 }

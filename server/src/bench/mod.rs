@@ -1,6 +1,7 @@
 //! `gangway bench …`: benchmarks that print figures for docs/BENCHMARKS.md.
 //! Each run is bounded in time and talks only to 127.0.0.1.
 
+pub mod abuse;
 pub mod e2e;
 pub mod engine;
 pub mod failover;

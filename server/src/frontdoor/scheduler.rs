@@ -88,6 +88,75 @@ impl SchedulerService {
         })
     }
 
+    /// Validates, authorizes and submits one request of `who`.
+    async fn submit(
+        &self,
+        who: &Principal,
+        req: SubmitGangGroupRequest,
+    ) -> Result<GangGroupStatus, Status> {
+        let mut group = validate_submission(&req)?;
+        self.authorize_submission(who, &mut group).await?;
+        let key = if req.idempotency_key.is_empty() {
+            new_key()
+        } else {
+            req.idempotency_key.clone()
+        };
+        let live_max = match who {
+            Principal::Open | Principal::Peer => None,
+            Principal::Policy(i) if i.has(crate::auth::Role::Admin) => None,
+            Principal::Policy(i) => Some(
+                i.tenant
+                    .as_ref()
+                    .map_or(LIVE_GROUPS_PER_IDENTITY_DEFAULT, |t| t.live_groups_max),
+            ),
+            Principal::Kube(_) => Some(LIVE_GROUPS_PER_IDENTITY_DEFAULT),
+        };
+        if let Some(max) = live_max {
+            // Refused here, a flood past the bound writes nothing to the log.
+            let q = MetaQuery::Owned {
+                owner: group.owner.clone(),
+                key: key.clone(),
+            };
+            if let Ok(MetaReply::Owned { live: n, has_key }) = self.groups.meta_query_local(&q) {
+                if !has_key && n >= u64::from(max) {
+                    return Err(Status::resource_exhausted(format!(
+                        "owner: {} has {n} gang groups that have not ended, its most; release or cancel some first",
+                        group.owner
+                    )));
+                }
+            }
+        }
+        let cmd = MetaCommand::Submit {
+            key,
+            group,
+            at_ms: now_ms(),
+            live_max,
+        };
+        let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
+            MetaReply::Submitted {
+                summary: Some(summary),
+                ..
+            } => return Ok(status_of(&summary)),
+            // From a meta leader that predates summaries in replies.
+            MetaReply::Submitted { seq, .. } => seq,
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::Conflict,
+            } => return Err(Status::already_exists(reason)),
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::NotFound,
+            } => return Err(Status::not_found(reason)),
+            MetaReply::Rejected {
+                reason,
+                kind: RejectionKind::Exhausted,
+            } => return Err(Status::resource_exhausted(reason)),
+            MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
+            other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        };
+        Ok(status_of(&self.record(seq).await?))
+    }
+
     /// Group `seq`, if `who` may `verb` it (PERMISSION_DENIED otherwise).
     async fn record_for(
         &self,
@@ -688,53 +757,17 @@ impl Scheduler for SchedulerService {
     ) -> Result<Response<GangGroupStatus>, Status> {
         let admitted = self.access.begin(&request, access::SUBMIT).await?;
         let who = &admitted.principal;
-        let req = request.into_inner();
-        let mut group = validate_submission(&req)?;
-        self.authorize_submission(who, &mut group).await?;
-        let key = if req.idempotency_key.is_empty() {
-            new_key()
-        } else {
-            req.idempotency_key.clone()
-        };
-        let live_max = match who {
-            Principal::Open | Principal::Peer => None,
-            Principal::Policy(i) if i.has(crate::auth::Role::Admin) => None,
-            Principal::Policy(i) => Some(
-                i.tenant
-                    .as_ref()
-                    .map_or(LIVE_GROUPS_PER_IDENTITY_DEFAULT, |t| t.live_groups_max),
-            ),
-            Principal::Kube(_) => Some(LIVE_GROUPS_PER_IDENTITY_DEFAULT),
-        };
-        let cmd = MetaCommand::Submit {
-            key,
-            group,
-            at_ms: now_ms(),
-            live_max,
-        };
-        let seq = match self.groups.meta(&cmd).await.map_err(|e| e.to_status())? {
-            MetaReply::Submitted {
-                summary: Some(summary),
-                ..
-            } => return Ok(Response::new(status_of(&summary))),
-            // From a meta leader that predates summaries in replies.
-            MetaReply::Submitted { seq, .. } => seq,
-            MetaReply::Rejected {
-                reason,
-                kind: RejectionKind::Conflict,
-            } => return Err(Status::already_exists(reason)),
-            MetaReply::Rejected {
-                reason,
-                kind: RejectionKind::NotFound,
-            } => return Err(Status::not_found(reason)),
-            MetaReply::Rejected {
-                reason,
-                kind: RejectionKind::Exhausted,
-            } => return Err(Status::resource_exhausted(reason)),
-            MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
-            other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
-        };
-        Ok(Response::new(status_of(&self.record(seq).await?)))
+        let answer = self.submit(who, request.into_inner()).await;
+        if answer.as_ref().is_err_and(|s| {
+            // PERMISSION_DENIED is counted where it is decided.
+            matches!(
+                s.code(),
+                tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+            )
+        }) {
+            self.access.note_refusal(who);
+        }
+        answer.map(Response::new)
     }
 
     async fn get_gang_group(
@@ -746,7 +779,6 @@ impl Scheduler for SchedulerService {
         let record = self.record_for(&admitted.principal, Verb::Get, seq).await?;
         Ok(Response::new(status_of(&record)))
     }
-
     type WatchGangGroupStream = StatusStream;
 
     async fn watch_gang_group(
@@ -758,7 +790,10 @@ impl Scheduler for SchedulerService {
         let first = self
             .record_for(&admitted.principal, Verb::Watch, seq)
             .await?;
-        let slot = self.streams.open(admitted.principal.name())?;
+        let slot = self
+            .streams
+            .open(admitted.principal.name())
+            .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let groups = self.groups.clone();
         let changes = self

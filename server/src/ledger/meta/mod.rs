@@ -430,6 +430,13 @@ pub enum MetaReply {
         /// State name → groups.
         counts: BTreeMap<String, u64>,
     },
+    /// An owner's live groups, and whether a key is already its.
+    Owned {
+        /// Groups that have not ended.
+        live: u64,
+        /// Whether the key asked about names one of its groups.
+        has_key: bool,
+    },
     /// Decided transactions some participant has not acknowledged.
     Undelivered {
         /// In id order.
@@ -593,6 +600,15 @@ pub enum MetaQuery {
     },
     /// How many groups the log holds in each state (the queue-depth metric).
     StateCounts,
+    /// How many groups of `owner` have not ended, and whether `key` is already one of
+    /// its keys (the front door refuses a new submission past the owner's bound before
+    /// it writes anything; `Submit` checks again).
+    Owned {
+        /// The owner.
+        owner: String,
+        /// The submission's idempotency key.
+        key: String,
+    },
     /// Decided transactions some participant has not acknowledged, in id order.
     Undelivered {
         /// At most this many.
@@ -1450,6 +1466,25 @@ impl MetaState {
                     *counts.entry(r.state.name().to_string()).or_default() += 1;
                 }
                 MetaReply::StateCounts { counts }
+            }
+            MetaQuery::Owned { owner, key } => {
+                let live =
+                    |seq: &GroupSeq| self.groups.get(seq).is_some_and(|g| !g.state.is_terminal());
+                let n = match self.owned.0.as_ref() {
+                    Some(owned) => owned
+                        .get(owner)
+                        .map_or(0, |s| s.iter().filter(|q| live(q)).count()),
+                    // Not built yet on this replica: count the hard way once.
+                    None => self
+                        .groups
+                        .values()
+                        .filter(|g| g.group.owner == *owner && !g.state.is_terminal())
+                        .count(),
+                };
+                MetaReply::Owned {
+                    live: n as u64,
+                    has_key: self.keys.contains_key(&owned_key(owner, key)),
+                }
             }
         }
     }
