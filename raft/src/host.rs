@@ -132,6 +132,9 @@ pub struct PeerSecurity {
     /// The peer secret that keys the proofs (shared: the owner swaps it when its file
     /// changes, and the next call proves with the new one).
     pub peer_secret: Option<SharedToken>,
+    /// First rollout of an upgrade only: also send the secret itself, as replicas of the
+    /// release before expect it.
+    pub send_legacy_secret: bool,
 }
 
 /// A bearer token that its owner may replace while connections use it.

@@ -33,7 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
 use crate::host::{PeerSecurity, SharedToken};
-use crate::peer_proof::{peer_proof, PEER_PROOF_HEADER};
+use crate::peer_proof::{peer_proof, LEGACY_PEER_SECRET_HEADER, PEER_PROOF_HEADER};
 use crate::types::{GroupId, NodeId, Snapshot, TypeConfig, Vote};
 
 /// Bytes of snapshot data per streamed chunk.
@@ -85,19 +85,27 @@ pub(crate) struct PeerCredentials {
     peer_secret: Option<SharedToken>,
     cluster_id: Arc<str>,
     to: NodeId,
+    send_legacy_secret: bool,
 }
 
 impl Interceptor for PeerCredentials {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(secret) = &self.peer_secret {
-            let proof = secret
+            let secret = secret
                 .read()
-                .map(|s| peer_proof(&s, &self.cluster_id, self.to))
+                .map(|s| s.clone())
                 .map_err(|_| tonic::Status::internal("the peer secret lock is poisoned"))?;
+            let proof = peer_proof(&secret, &self.cluster_id, self.to);
             let value = proof
                 .parse()
                 .map_err(|_| tonic::Status::internal("the peer proof is not a valid header"))?;
             req.metadata_mut().insert(PEER_PROOF_HEADER, value);
+            if self.send_legacy_secret {
+                let value = secret.parse().map_err(|_| {
+                    tonic::Status::internal("the peer secret is not a valid header")
+                })?;
+                req.metadata_mut().insert(LEGACY_PEER_SECRET_HEADER, value);
+            }
         }
         Ok(req)
     }
@@ -124,6 +132,7 @@ impl PeerPool {
             peer_secret: self.security.peer_secret.clone(),
             cluster_id: self.cluster_id.clone(),
             to,
+            send_legacy_secret: self.security.send_legacy_secret,
         }
     }
 

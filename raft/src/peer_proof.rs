@@ -13,6 +13,10 @@ use crate::types::NodeId;
 
 /// Metadata key carrying the proof on every call a replica makes to a peer.
 pub const PEER_PROOF_HEADER: &str = "x-gangway-peer-proof";
+/// Metadata key of the secret itself, as releases before peer proofs sent it: sent and
+/// accepted only by a replica writing for the first rollout of an upgrade, so replicas
+/// of both releases talk while it lasts.
+pub const LEGACY_PEER_SECRET_HEADER: &str = "x-gangway-peer-secret";
 
 /// Domain separation: a proof is never the HMAC of anything else gangway signs.
 const PROOF_CONTEXT: &[u8] = b"gangway peer proof v1\0";

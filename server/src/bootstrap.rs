@@ -254,6 +254,16 @@ async fn ask_peer(
     if let Some(value) = proof.and_then(|p| p.parse().ok()) {
         req.metadata_mut().insert(PEER_PROOF_HEADER, value);
     }
+    if security.send_legacy_secret {
+        let secret = security
+            .peer_secret
+            .as_ref()
+            .and_then(|t| t.read().ok().map(|s| s.clone()));
+        if let Some(value) = secret.and_then(|s| s.parse().ok()) {
+            req.metadata_mut()
+                .insert(gangway_raft::LEGACY_PEER_SECRET_HEADER, value);
+        }
+    }
     match AdminClient::new(channel).status(req).await {
         Ok(reply) => Ok(Some(reply.into_inner())),
         Err(s)

@@ -214,6 +214,11 @@ pub struct ServeArgs {
     /// /dev/port never].
     #[arg(long = "allocation-host-path-prefix", value_name = "PREFIX")]
     pub allocation_host_path_prefixes: Vec<String>,
+    /// Take tokens on the plaintext HTTP port (the web view's sign-in) although the gRPC
+    /// port speaks TLS: for a trusted network only; otherwise the web view takes them only
+    /// through a TLS-terminating proxy (`X-Forwarded-Proto: https`).
+    #[arg(long)]
+    pub ui_plaintext_tokens: bool,
     /// Honour the crash points named by GANGWAY_TEST_FAILPOINTS (fault tests only).
     #[arg(long, hide = true)]
     pub test_failpoints: bool,
@@ -263,6 +268,7 @@ struct FileConfig {
     peer_secret_file: Option<PathBuf>,
     peer_listen: Option<SocketAddr>,
     allocation_host_path_prefixes: Option<Vec<String>>,
+    ui_plaintext_tokens: Option<bool>,
 }
 
 /// Whether TLS clients must present a certificate.
@@ -337,6 +343,8 @@ pub struct ServeConfig {
     pub peer_listen: Option<SocketAddr>,
     /// Host path prefixes allocations may name.
     pub allocation_host_path_prefixes: Vec<String>,
+    /// Whether the web view takes tokens over plaintext although the gRPC port speaks TLS.
+    pub ui_plaintext_tokens: bool,
     /// The peer secret file; `None` only for a replica without peers.
     pub peer_secret_file: Option<PathBuf>,
     /// Whether test crash points are honoured.
@@ -707,6 +715,8 @@ impl ServeConfig {
             kube_auth,
             peer_listen,
             allocation_host_path_prefixes,
+            ui_plaintext_tokens: args.ui_plaintext_tokens
+                || file.ui_plaintext_tokens.unwrap_or(false),
             peer_secret_file,
             test_failpoints: args.test_failpoints,
             peer_routes,

@@ -392,6 +392,11 @@ impl Tokens {
         self.first.clone()
     }
 
+    /// Whether a token with SHA-256 `d` is one of the accepted ones.
+    pub fn accepts_digest(&self, d: &[u8; 32]) -> bool {
+        self.digests.read().is_ok_and(|set| set.contains(d))
+    }
+
     /// Whether `token` is one of the accepted ones.
     pub fn accepts(&self, token: &str) -> bool {
         self.digests
@@ -449,6 +454,9 @@ pub struct ServerSecurity {
     pub policy: Option<Arc<crate::auth::PolicyFile>>,
     /// The Kubernetes API as an authority for other bearer tokens (`--kube-auth`).
     pub reviewer: Option<Arc<dyn crate::auth::access::Reviewer>>,
+    /// First rollout of an upgrade only: peers of the release before are recognised by
+    /// the secret they send.
+    pub accept_legacy_secret: bool,
 }
 
 impl ServerSecurity {
@@ -462,6 +470,7 @@ impl ServerSecurity {
             peer_secret,
             policy: None,
             reviewer: None,
+            accept_legacy_secret: false,
         }
     }
 
@@ -476,6 +485,7 @@ impl ServerSecurity {
             peer_secret: self.peer_secret.clone(),
             cluster_id: cluster_id.to_string(),
             node_id,
+            accept_legacy_secret: self.accept_legacy_secret,
         }
     }
 

@@ -56,6 +56,9 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         shards: cfg.shards,
     };
     datadir::probe(&cfg.data, &identity)?;
+    // Writing for the first rollout of an upgrade, replicas of the release before (which
+    // send and expect the peer secret itself) are peers too.
+    let first_rollout = cfg.wire == crate::wire::WireFormat::Json;
     let reviewer: Option<Arc<dyn crate::auth::access::Reviewer>> = match (&cfg.kube, cfg.kube_auth)
     {
         (Some((server, _)), true) => {
@@ -85,6 +88,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             None => None,
         },
         reviewer,
+        accept_legacy_secret: first_rollout,
     };
     warn_if_open(&server_security);
     let peer_security = PeerSecurity {
@@ -93,6 +97,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             None => None,
         },
         peer_secret: Some(server_security.peer_secret.own_shared()),
+        send_legacy_secret: first_rollout,
     };
     let ui_security = server_security.clone();
     datadir::open(&cfg.data, &identity)?;
@@ -213,7 +218,8 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
             access: crate::observe::ui::access::UiAccess::new(
                 Arc::new(ui_security.credentials(&cfg.cluster_id, cfg.id)),
                 ui_security.access(),
-            ),
+            )
+            .tokens_over_tls_only(cfg.tls.is_some() && !cfg.ui_plaintext_tokens),
         }),
     };
     let http_task = tokio::spawn(http::serve(http_listener, http_state, async {

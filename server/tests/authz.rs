@@ -13,18 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gangway_client::spec::GangBuilder;
 use gangway_proto::admin::{AddLearnerRequest, ChangeMembershipRequest, StatusRequest};
 use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{Envelope, RaftRequest};
 use gangway_proto::v1::{
-    DeviceListReport, GangGroupRef, HeartbeatRequest, ListGangGroupsRequest, MemberSpec,
-    RegisterNodeRequest, ReleaseMembersRequest,
-};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
+    DeviceListReport, GangGroupRef, HeartbeatRequest, ListGangGroupsRequest, RegisterNodeRequest,
+    ReleaseMembersRequest,
 };
 use support::matrix::{self, gang, submission, Caller, Role, NODE_A, TEAM_A, TEAM_B};
+use support::pki::Pki;
 use support::Cluster;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
@@ -59,50 +57,22 @@ identities:
 }
 
 /// A CA with a replica (peer) certificate and a client certificate no policy names.
-struct Pki {
+struct Certs {
     ca: PathBuf,
     replica: (PathBuf, PathBuf),
     client: (PathBuf, PathBuf),
 }
 
-fn pki(dir: &Path) -> Pki {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "authz-ca");
-    let issuer =
-        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA");
-    let ca = dir.join("ca.pem");
-    std::fs::write(&ca, issuer.as_ref().pem()).expect("write CA");
-    let issue = |name: &str, organization: Option<&str>| {
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        if let Some(o) = organization {
-            params.distinguished_name.push(DnType::OrganizationName, o);
-        }
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &issuer).expect("sign");
-        let paths = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}-key.pem")),
-        );
-        std::fs::write(&paths.0, cert.pem()).expect("write cert");
-        std::fs::write(&paths.1, key.serialize_pem()).expect("write key");
-        paths
-    };
-    Pki {
-        replica: issue("replica", Some(gangway_server::auth::PEER_ORGANIZATION)),
-        client: issue("matrix-client", None),
-        ca,
+fn pki(dir: &Path) -> Certs {
+    let pki = Pki::new(dir, "authz-ca");
+    Certs {
+        replica: pki.issue_peer(dir, "replica"),
+        client: pki.issue(dir, "matrix-client"),
+        ca: pki.ca,
     }
 }
 
-async fn tls_channel(addr: &str, pki: &Pki) -> Channel {
+async fn tls_channel(addr: &str, pki: &Certs) -> Channel {
     let read = |p: &Path| std::fs::read(p).expect("read PEM");
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(read(&pki.ca)))
@@ -161,6 +131,33 @@ async fn wait_ready(cluster: &Cluster, admin: &Caller) {
         assert!(Instant::now() < deadline, "no leaders:\n{}", cluster.log(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Three processes with `shards` shards and the policy (tenant A's live groups at most
+/// `tenant_live_max`, `failpoints` armed), and every role's caller on process 1, once
+/// every group has a leader.
+async fn start(
+    dir: &Path,
+    shards: u32,
+    tenant_live_max: u32,
+    failpoints: &[&str],
+) -> (Cluster, BTreeMap<Role, Caller>) {
+    let mut args = vec![
+        "--policy-file".into(),
+        policy(dir, tenant_live_max).display().to_string(),
+    ];
+    let env = support::arm_failpoints(&mut args, failpoints);
+    let cluster = Cluster::start_with(3, shards, args, env);
+    let channel = plain_channel(&cluster.procs[&1].grpc).await;
+    let callers = callers(&channel);
+    wait_ready(&cluster, &callers[&Role::Admin]).await;
+    (cluster, callers)
+}
+
+/// The code and message of a call that must be refused.
+fn refused<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) {
+    let e = r.expect_err("refused");
+    (e.code(), e.message().to_string())
 }
 
 /// Every client RPC as every role, over mutual TLS with an access policy.
@@ -238,15 +235,7 @@ async fn every_rpc_answers_every_role_as_the_policy_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_matrix_catches_a_replica_that_authorizes_every_caller() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut args = vec![
-        "--policy-file".into(),
-        policy(dir.path(), 100).display().to_string(),
-    ];
-    let env = support::arm_failpoints(&mut args, &["access-allows-every-caller"]);
-    let cluster = Cluster::start_with(3, 2, args, env);
-    let channel = plain_channel(&cluster.procs[&1].grpc).await;
-    let callers = callers(&channel);
-    wait_ready(&cluster, &callers[&Role::Admin]).await;
+    let (_cluster, callers) = start(dir.path(), 2, 100, &["access-allows-every-caller"]).await;
     let group = matrix::prepare(&callers[&Role::Admin], &callers[&Role::TenantA]).await;
     let (table, wrong) = matrix::run(&callers, group, matrix::Authority::Policy).await;
     assert!(
@@ -270,15 +259,8 @@ async fn the_matrix_catches_a_replica_that_authorizes_every_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_is_fenced_to_its_grants_and_its_own_groups() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = vec![
-        "--policy-file".into(),
-        policy(dir.path(), 3).display().to_string(),
-    ];
-    let cluster = Cluster::start_with(3, 2, args, Vec::new());
-    let channel = plain_channel(&cluster.procs[&1].grpc).await;
-    let c = callers(&channel);
+    let (_cluster, c) = start(dir.path(), 2, 3, &[]).await;
     let (admin, a, b) = (&c[&Role::Admin], &c[&Role::TenantA], &c[&Role::TenantB]);
-    wait_ready(&cluster, admin).await;
     matrix::prepare(admin, a).await;
     admin
         .inventory()
@@ -334,10 +316,6 @@ async fn a_tenant_is_fenced_to_its_grants_and_its_own_groups() {
         assert!(err.message().contains("team-a may not"), "{what}: {err:?}");
     }
     // Nor submit above its priority, in another namespace, or to another queue.
-    let refused = |r: Result<tonic::Response<_>, tonic::Status>| {
-        let e = r.expect_err("refused");
-        (e.code(), e.message().to_string())
-    };
     let (code, why) = refused(
         a.scheduler()
             .submit_gang_group(submission(
@@ -352,12 +330,11 @@ async fn a_tenant_is_fenced_to_its_grants_and_its_own_groups() {
         why.starts_with("gangs[0].priority: team-a may not use priorities 101"),
         "{why}"
     );
-    let mut pod_priority = gang(TEAM_A, "p", "1", 0);
-    pod_priority.members[0] = MemberSpec {
-        name: "m".into(),
-        count: 1,
-        pod_json: r#"{"requests":{"cpu":"1"},"priority":1000000}"#.into(),
-    };
+    let pod_priority = GangBuilder::new(TEAM_A, "p", 1).members(
+        "m",
+        1,
+        serde_json::json!({"requests": {"cpu": "1"}, "priority": 1_000_000}),
+    );
     let (code, why) = refused(
         a.scheduler()
             .submit_gang_group(submission("a-pod-priority", "", vec![pod_priority]))
@@ -432,7 +409,21 @@ async fn a_tenant_is_fenced_to_its_grants_and_its_own_groups() {
         "Placed",
         "B's group is outside A's boundary"
     );
-    assert_eq!(state(urgent.id).await, "Queued");
+    let waiting = admin
+        .scheduler()
+        .get_gang_group(GangGroupRef { id: urgent.id })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(waiting.state, "Queued");
+    // The coordinator looked for victims inside the boundary only (A's own 1-cpu group is
+    // not enough): it never proposed B's group to meta.
+    assert!(
+        waiting.reason.contains("no preemption")
+            && !waiting.reason.contains("outside the preemptor's boundary"),
+        "{}",
+        waiting.reason
+    );
     // Live groups per identity: A has three (two queued, one placed or queued).
     let (code, why) = refused(
         a.scheduler()
@@ -480,14 +471,7 @@ async fn a_tenant_is_fenced_to_its_grants_and_its_own_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_agent_speaks_only_for_its_own_nodes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = vec![
-        "--policy-file".into(),
-        policy(dir.path(), 100).display().to_string(),
-    ];
-    let cluster = Cluster::start_with(3, 2, args, Vec::new());
-    let channel = plain_channel(&cluster.procs[&1].grpc).await;
-    let c = callers(&channel);
-    wait_ready(&cluster, &c[&Role::Admin]).await;
+    let (_cluster, c) = start(dir.path(), 2, 100, &[]).await;
     let agent = &c[&Role::Node];
     for update in [false, true] {
         agent
@@ -579,14 +563,7 @@ async fn record(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_that_is_no_replica_never_gets_the_peer_secret() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = vec![
-        "--policy-file".into(),
-        policy(dir.path(), 100).display().to_string(),
-    ];
-    let cluster = Cluster::start_with(3, 1, args, Vec::new());
-    let channel = plain_channel(&cluster.procs[&1].grpc).await;
-    let c = callers(&channel);
-    wait_ready(&cluster, &c[&Role::Admin]).await;
+    let (cluster, c) = start(dir.path(), 1, 100, &[]).await;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -698,15 +675,8 @@ async fn a_learner_that_is_no_replica_never_gets_the_peer_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exhaustion_is_refused_within_its_bounds() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = vec![
-        "--policy-file".into(),
-        policy(dir.path(), 100).display().to_string(),
-    ];
-    let cluster = Cluster::start_with(3, 1, args, Vec::new());
-    let channel = plain_channel(&cluster.procs[&1].grpc).await;
-    let c = callers(&channel);
+    let (cluster, c) = start(dir.path(), 1, 100, &[]).await;
     let (admin, a, b) = (&c[&Role::Admin], &c[&Role::TenantA], &c[&Role::TenantB]);
-    wait_ready(&cluster, admin).await;
     let group = matrix::prepare(admin, a).await;
     admin
         .inventory()
@@ -720,19 +690,17 @@ async fn exhaustion_is_refused_within_its_bounds() {
     let idle = rss();
 
     // 10,000 copies of a 1 MiB pod spec: refused before any copy, in well under 100 ms.
-    let labels: String = (0..16_000)
-        .map(|i| format!("\"label-{i:05}\":\"value-of-the-label-{i:05}-xxxxxxxxxxxxxxxxxxxxxxxx\""))
-        .collect::<Vec<_>>()
-        .join(",");
-    let pod_json = format!(r#"{{"requests":{{"cpu":"1"}},"labels":{{{labels}}}}}"#);
-    assert!(pod_json.len() > 1_000_000);
-    let mut huge = gang(TEAM_A, "huge", "1", 0);
-    huge.members[0] = MemberSpec {
-        name: "m".into(),
-        count: 10_000,
-        pod_json,
-    };
-    huge.min_member = 10_000;
+    let labels: serde_json::Map<String, serde_json::Value> = (0..16_000)
+        .map(|i| {
+            (
+                format!("label-{i:05}"),
+                format!("value-of-the-label-{i:05}-xxxxxxxxxxxxxxxxxxxxxxxx").into(),
+            )
+        })
+        .collect();
+    let pod = serde_json::json!({"requests": {"cpu": "1"}, "labels": labels});
+    assert!(pod.to_string().len() > 1_000_000);
+    let huge = GangBuilder::new(TEAM_A, "huge", 10_000).members("m", 10_000, pod);
     let mut slowest = Duration::ZERO;
     for i in 0..5 {
         let start = Instant::now();
@@ -759,14 +727,19 @@ async fn exhaustion_is_refused_within_its_bounds() {
     );
 
     // 2,000 watches from one identity: the bound holds, the rest are refused.
+    use futures::StreamExt as _;
+    let answers: Vec<_> = futures::stream::iter(0..2_000)
+        .map(|_| {
+            let mut s = a.scheduler();
+            async move { s.watch_gang_group(GangGroupRef { id: group }).await }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
     let mut open = Vec::new();
     let mut refused = 0;
-    for _ in 0..2_000 {
-        match a
-            .scheduler()
-            .watch_gang_group(GangGroupRef { id: group })
-            .await
-        {
+    for answer in answers {
+        match answer {
             Ok(stream) => open.push(stream.into_inner()),
             Err(e) => {
                 assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");

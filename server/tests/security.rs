@@ -6,70 +6,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gangway_client::api::NodeSpec;
 use gangway_client::spec::{GangBuilder, GangGroupBuilder};
 use gangway_client::{Client, ClientError, Credentials};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
 use serde_json::json;
+use support::pki::Pki;
 use support::{http_call, Cluster};
-
-/// A CA and the certificates it signed, as PEM files in `dir`.
-struct Pki {
-    ca: PathBuf,
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let issuer =
-            CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA");
-        let ca = dir.join(format!("{name}.pem"));
-        std::fs::write(&ca, issuer.as_ref().pem()).expect("write CA");
-        Self { ca, issuer }
-    }
-
-    /// A client certificate for 127.0.0.1, usable as server and client: (cert, key).
-    fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-        self.issue_as(dir, name, None)
-    }
-
-    /// A replica's certificate: subject organization `gangway:peers`.
-    fn issue_peer(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-        self.issue_as(dir, name, Some(gangway_server::auth::PEER_ORGANIZATION))
-    }
-
-    fn issue_as(&self, dir: &Path, name: &str, organization: Option<&str>) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-                .expect("params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        if let Some(o) = organization {
-            params.distinguished_name.push(DnType::OrganizationName, o);
-        }
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        let (cert_path, key_path) = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}-key.pem")),
-        );
-        std::fs::write(&cert_path, cert.pem()).expect("write cert");
-        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-        (cert_path, key_path)
-    }
-}
 
 fn credentials(ca: &Path, cert: Option<(&Path, &Path)>, token: Option<&str>) -> Credentials {
     Credentials::from_files(
@@ -141,6 +86,8 @@ async fn mutual_tls_and_tokens_secure_the_cluster_and_refuse_strangers() {
         path(&pki.ca),
         "--auth-tokens-file".into(),
         path(&tokens),
+        // The web view's sign-in is tried over the plaintext HTTP port below.
+        "--ui-plaintext-tokens".into(),
     ];
     let mut cluster = Cluster::start_with(3, 2, args, Vec::new());
     wait_ready_http(&cluster).await;

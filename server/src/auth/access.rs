@@ -294,7 +294,14 @@ pub struct KubeUser {
     pub groups: Vec<String>,
     /// `user.extra`.
     pub extra: BTreeMap<String, Vec<String>>,
+    /// The name gangway records as the owner of its groups and counts its bounds by:
+    /// [`KUBE_OWNER_PREFIX`] and the username (set by [`Access::resolve`]), so no policy
+    /// identity can share it.
+    pub owner: String,
 }
+
+/// The prefix of a Kubernetes user's owner name.
+pub const KUBE_OWNER_PREFIX: &str = "kube:";
 
 /// Who is asking, once known.
 #[derive(Debug, Clone)]
@@ -315,7 +322,7 @@ impl Principal {
         match self {
             Principal::Open | Principal::Peer => "",
             Principal::Policy(i) => &i.name,
-            Principal::Kube(u) => &u.name,
+            Principal::Kube(u) => &u.owner,
         }
     }
 
@@ -406,8 +413,14 @@ pub const DENIALS_PER_IDENTITY_PER_S: u32 = 20;
 /// it is looked at, in ms: a caller that keeps asking for what it may not have cannot
 /// spend the replica's CPU at the rate it could ask.
 pub const DENIED_CALLER_DELAY_MS: u64 = 250;
-/// Identities whose recent refusals are remembered at once.
+/// Identities whose recent refusals are remembered at once (the oldest window goes first).
 pub const DENIAL_COUNTERS_MAX: usize = 10_000;
+/// In-flight requests of an identity that is being slowed.
+pub const PENALIZED_IN_FLIGHT_MAX: u32 = 4;
+/// Bearer tokens the Kubernetes API refused that one client address may send per second
+/// before its next unreviewed tokens wait [`DENIED_CALLER_DELAY_MS`] (each costs a
+/// TokenReview).
+pub const REFUSED_TOKENS_PER_ADDRESS_PER_S: u32 = 20;
 
 /// Authorization as the services use it.
 #[derive(Clone, Default)]
@@ -418,6 +431,9 @@ pub struct Access {
     allow_all: bool,
     /// Identity -> (start of its one-second window, refusals in it).
     denials: Arc<Mutex<BTreeMap<String, (std::time::Instant, u32)>>>,
+    /// Client address -> (start of its window, tokens the Kubernetes API refused in it),
+    /// keyed like `denials`.
+    refused_tokens: Arc<Mutex<BTreeMap<String, (std::time::Instant, u32)>>>,
 }
 
 /// Holds one in-flight request of an identity until dropped.
@@ -446,6 +462,53 @@ pub struct Admitted {
     /// Who.
     pub principal: Principal,
     _slot: Option<InFlight>,
+}
+
+/// A window of events per key: (start of its one-second window, events in it).
+type Windows = Mutex<BTreeMap<String, (std::time::Instant, u32)>>;
+
+/// Counts one event of `key` in its one-second window (at most [`DENIAL_COUNTERS_MAX`]
+/// keys: expired windows go first, then the oldest).
+fn count(windows: &Windows, key: &str) {
+    let Ok(mut windows) = windows.lock() else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    let second = std::time::Duration::from_secs(1);
+    if windows.len() >= DENIAL_COUNTERS_MAX && !windows.contains_key(key) {
+        windows.retain(|_, (since, _)| now.saturating_duration_since(*since) < second);
+        if windows.len() >= DENIAL_COUNTERS_MAX {
+            if let Some(oldest) = windows
+                .iter()
+                .min_by_key(|(_, (since, _))| *since)
+                .map(|(k, _)| k.clone())
+            {
+                windows.remove(&oldest);
+            }
+        }
+    }
+    let entry = windows.entry(key.to_string()).or_insert((now, 0));
+    if now.saturating_duration_since(entry.0) >= second {
+        *entry = (now, 0);
+    }
+    entry.1 = entry.1.saturating_add(1);
+}
+
+/// Whether `key` counted more than `max` events in its window (of the last two seconds).
+fn over(windows: &Windows, key: &str, max: u32) -> bool {
+    let Ok(windows) = windows.lock() else {
+        return false;
+    };
+    windows
+        .get(key)
+        .is_some_and(|(since, n)| *n > max && since.elapsed() < std::time::Duration::from_secs(2))
+}
+
+/// What a caller is told when the Kubernetes API could not answer: the reason stays in
+/// this replica's log (it may name gangway's own ServiceAccount and the API server).
+fn review_failed(e: &ReviewError) -> Status {
+    tracing::warn!(error = %e, "a Kubernetes review failed");
+    Status::unavailable("the Kubernetes API could not review this request; retry")
 }
 
 fn denied(who: &Principal, ask: &Ask) -> Status {
@@ -490,11 +553,26 @@ impl Access {
             .ok_or_else(|| {
                 Status::internal("no caller recorded: this service is not behind its gate")
             })?;
-        self.resolve(caller).await
+        let from = request
+            .remote_addr()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        self.resolve_from(caller, &from).await
     }
 
     /// Who a caller the gate found is (a Kubernetes token reviewed).
     pub async fn resolve(&self, caller: Caller) -> Result<Principal, Status> {
+        self.resolve_from(caller, "").await
+    }
+
+    /// [`Access::resolve`] for a caller at client address `from`: an address whose
+    /// tokens the Kubernetes API keeps refusing waits before the next is reviewed.
+    async fn resolve_from(&self, caller: Caller, from: &str) -> Result<Principal, Status> {
+        if matches!(caller, Caller::Unreviewed(_))
+            && over(&self.refused_tokens, from, REFUSED_TOKENS_PER_ADDRESS_PER_S)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(DENIED_CALLER_DELAY_MS)).await;
+        }
         match caller {
             Caller::Open => Ok(Principal::Open),
             Caller::Peer => Ok(Principal::Peer),
@@ -505,11 +583,17 @@ impl Access {
                     .as_ref()
                     .ok_or_else(|| Status::unauthenticated("bearer token not accepted"))?;
                 match reviewer.review_token(&token).await {
-                    Ok(Some(user)) => Ok(Principal::Kube(Arc::new(user))),
-                    Ok(None) => Err(Status::unauthenticated(
-                        "bearer token not accepted (the Kubernetes API did not authenticate it)",
-                    )),
-                    Err(e) => Err(Status::unavailable(e.to_string())),
+                    Ok(Some(mut user)) => {
+                        user.owner = format!("{KUBE_OWNER_PREFIX}{}", user.name);
+                        Ok(Principal::Kube(Arc::new(user)))
+                    }
+                    Ok(None) => {
+                        count(&self.refused_tokens, from);
+                        Err(Status::unauthenticated(
+                            "bearer token not accepted (the Kubernetes API did not authenticate it)",
+                        ))
+                    }
+                    Err(e) => Err(review_failed(&e)),
                 }
             }
         }
@@ -533,7 +617,7 @@ impl Access {
                 reviewer
                     .allowed(user, ask)
                     .await
-                    .map_err(|e| Status::unavailable(e.to_string()))
+                    .map_err(|e| review_failed(&e))
             }
         }
     }
@@ -555,36 +639,15 @@ impl Access {
 
     /// Counts a refusal of `who`.
     fn note_denial(&self, who: &Principal) {
-        let name = match who {
-            Principal::Open | Principal::Peer => return,
-            p => p.name(),
-        };
-        let Ok(mut denials) = self.denials.lock() else {
-            return;
-        };
-        let now = std::time::Instant::now();
-        if denials.len() >= DENIAL_COUNTERS_MAX && !denials.contains_key(name) {
-            let second = std::time::Duration::from_secs(1);
-            denials.retain(|_, (since, _)| now.saturating_duration_since(*since) < second);
-            if denials.len() >= DENIAL_COUNTERS_MAX {
-                return;
-            }
+        match who {
+            Principal::Open | Principal::Peer => {}
+            p => count(&self.denials, p.name()),
         }
-        let entry = denials.entry(name.to_string()).or_insert((now, 0));
-        if now.saturating_duration_since(entry.0) >= std::time::Duration::from_secs(1) {
-            *entry = (now, 0);
-        }
-        entry.1 = entry.1.saturating_add(1);
     }
 
     /// Whether `name` earned more refusals than [`DENIALS_PER_IDENTITY_PER_S`] lately.
     fn penalized(&self, name: &str) -> bool {
-        let Ok(denials) = self.denials.lock() else {
-            return false;
-        };
-        denials.get(name).is_some_and(|(since, n)| {
-            *n > DENIALS_PER_IDENTITY_PER_S && since.elapsed() < std::time::Duration::from_secs(2)
-        })
+        over(&self.denials, name, DENIALS_PER_IDENTITY_PER_S)
     }
 
     /// The first step of every RPC: who calls, whether it may call `rpc` at all (its
@@ -592,14 +655,27 @@ impl Access {
     /// (RESOURCE_EXHAUSTED past [`REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX`]).
     pub async fn begin<T>(&self, request: &Request<T>, rpc: Rpc) -> Result<Admitted, Status> {
         let principal = self.principal(request).await?;
+        let penalized = self.penalized(principal.name());
         let slot = match &principal {
             Principal::Open | Principal::Peer => None,
-            p => Some(self.slot(p.name())?),
+            p => Some(self.slot(
+                p.name(),
+                if penalized {
+                    PENALIZED_IN_FLIGHT_MAX
+                } else {
+                    REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX
+                },
+            )?),
         };
-        if self.penalized(principal.name()) {
+        if penalized {
             tokio::time::sleep(std::time::Duration::from_millis(DENIED_CALLER_DELAY_MS)).await;
         }
         let ask = Ask::of(rpc.verb, rpc.resource);
+        // Peers call the Admin service only (status, and the membership and leadership
+        // calls a replica forwards to a leader for a caller it authorized).
+        if matches!(principal, Principal::Peer) && !rpc.method.starts_with("Admin/") {
+            return Err(denied(&principal, &ask));
+        }
         if !self.allows_some(&principal, &ask).await? {
             return Err(self.denied(&principal, &ask));
         }
@@ -621,15 +697,15 @@ impl Access {
         }
     }
 
-    fn slot(&self, name: &str) -> Result<InFlight, Status> {
+    fn slot(&self, name: &str, max: u32) -> Result<InFlight, Status> {
         let mut counts = self
             .in_flight
             .lock()
             .map_err(|_| Status::internal("in-flight counts poisoned"))?;
         let n = counts.entry(name.to_string()).or_default();
-        if *n >= REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX {
+        if *n >= max {
             return Err(Status::resource_exhausted(format!(
-                "{name} has {REQUESTS_IN_FLIGHT_PER_IDENTITY_MAX} requests in flight on this replica; retry when some finish"
+                "{name} has {max} requests in flight on this replica; retry when some finish"
             )));
         }
         *n += 1;

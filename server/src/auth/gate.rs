@@ -36,8 +36,10 @@ use crate::security::Tokens;
 /// connection that presented one can be a replica. Peer certificates are issued to
 /// replicas only. (Either field: some issuers, Helm's among them, set only the CN.)
 pub const PEER_ORGANIZATION: &str = "gangway:peers";
-/// The identity name of tokens from `--auth-tokens-file`.
-pub const TOKENS_FILE_IDENTITY: &str = "admin";
+/// The identity name of tokens from `--auth-tokens-file` (no policy name has a `:`).
+pub const TOKENS_FILE_IDENTITY: &str = "tokens:admin";
+/// The prefix of the name of an administrator known by its certificate alone.
+pub const CERT_OWNER_PREFIX: &str = "cert:";
 
 /// Who called, as the gate found it.
 #[derive(Debug, Clone)]
@@ -71,6 +73,10 @@ pub struct Credentials {
     pub cluster_id: String,
     /// This replica's node id (proofs are made for it).
     pub node_id: NodeId,
+    /// First rollout of an upgrade only: the secret itself, as the release before sends
+    /// it (`x-gangway-peer-secret`), also makes a peer, and with TLS any certificate the
+    /// CA signed will do (that release's replicas have no peer certificate).
+    pub accept_legacy_secret: bool,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -149,6 +155,14 @@ impl Credentials {
         !self.tls && self.tokens.is_none() && self.policy.is_none() && !self.kube_review
     }
 
+    /// Whether `metadata` carries the secret itself, as the release before sent it.
+    fn legacy_secret(&self, metadata: &MetadataMap) -> bool {
+        metadata
+            .get(gangway_raft::LEGACY_PEER_SECRET_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|s| self.peer_secret.accepts(s))
+    }
+
     /// Whether `metadata` carries a proof made for this replica: `None` without one.
     fn peer_proof(&self, metadata: &MetadataMap) -> Option<bool> {
         let proof = metadata.get(PEER_PROOF_HEADER)?.to_str().ok()?;
@@ -168,6 +182,9 @@ impl Credentials {
         certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     ) -> Result<Caller, Status> {
         let subject = leaf_subject(certs);
+        if self.accept_legacy_secret && self.legacy_secret(metadata) {
+            return Ok(Caller::Peer);
+        }
         match self.peer_proof(metadata) {
             Some(true) if !self.tls || subject.as_ref().is_some_and(CertSubject::is_peer) => {
                 return Ok(Caller::Peer)
@@ -213,11 +230,8 @@ impl Credentials {
                     ))
                 }),
             (Some(subject), None) if self.tokens.is_none() && !self.kube_review => {
-                let name = subject
-                    .common_names
-                    .first()
-                    .cloned()
-                    .unwrap_or_else(|| "certificate".into());
+                let cn = subject.common_names.first().map_or("", String::as_str);
+                let name = format!("{CERT_OWNER_PREFIX}{cn}");
                 Ok(Caller::Known(Arc::new(Identity::admin(&name))))
             }
             _ => Err(Status::unauthenticated(
@@ -229,6 +243,18 @@ impl Credentials {
     /// The caller a bearer token alone stands for (the web view's sign-in).
     pub fn token_caller(&self, token: &str) -> Result<Caller, Status> {
         self.by_token(token)
+    }
+
+    /// The identity a bearer token whose SHA-256 is `d` stands for now, from the tokens
+    /// file or the policy in force (the web view's sessions, checked again each request:
+    /// a token withdrawn from its file ends them).
+    pub fn identity_by_digest(&self, d: &[u8; 32]) -> Option<Arc<Identity>> {
+        if self.tokens.as_ref().is_some_and(|t| t.accepts_digest(d)) {
+            return Some(Arc::new(Identity::admin(TOKENS_FILE_IDENTITY)));
+        }
+        self.policy
+            .as_ref()
+            .and_then(|p| p.current().by_token_digest(d))
     }
 
     fn by_token(&self, token: &str) -> Result<Caller, Status> {

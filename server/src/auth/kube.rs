@@ -264,6 +264,7 @@ impl KubeReviewer {
             uid: user.uid.unwrap_or_default(),
             groups: user.groups.unwrap_or_default(),
             extra: user.extra.unwrap_or_default(),
+            owner: String::new(),
         }))
     }
 
@@ -526,6 +527,7 @@ mod tests {
             uid: "u1".into(),
             groups: vec!["g".into()],
             extra: BTreeMap::new(),
+            owner: String::new(),
         };
         let ask = Ask::of(Verb::Get, Resource::GangGroups).in_namespace("a");
         let base = access_key(&user, &ask);
@@ -717,6 +719,7 @@ mod tests {
             uid: "3f1c".into(),
             groups: vec!["system:authenticated".into()],
             extra: BTreeMap::from([("k".to_string(), vec!["v".to_string()])]),
+            owner: String::new(),
         };
         let ask = |ns: &str| Ask::of(Verb::Create, Resource::GangGroups).in_namespace(ns);
         assert!(r.allowed(&user, &ask("team-a")).await.unwrap());
@@ -801,6 +804,7 @@ mod tests {
             uid: String::new(),
             groups: Vec::new(),
             extra: BTreeMap::new(),
+            owner: String::new(),
         };
         let e = r
             .allowed(&user, &Ask::of(Verb::List, Resource::Queues))

@@ -305,12 +305,15 @@ fn identity(at: &str, doc: &IdentityDoc) -> Result<Identity, String> {
     let name = &doc.name;
     if name.is_empty()
         || name.len() > IDENTITY_NAME_BYTES_MAX
-        || name.chars().any(|c| c.is_control() || c.is_whitespace())
+        || name
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == ':')
     {
         return Err(field_error(
             &format!("{at}.name"),
             format!(
-                "{name:?}: a name is 1..={IDENTITY_NAME_BYTES_MAX} bytes without whitespace or control characters"
+                "{name:?}: a name is 1..={IDENTITY_NAME_BYTES_MAX} bytes without whitespace, control \
+                 characters or ':' (names with ':' are gangway's own: kube:..., cert:..., tokens:admin)"
             ),
         ));
     }
@@ -427,6 +430,12 @@ impl Policy {
     /// The identity a bearer token stands for.
     pub fn by_token(&self, token: &str) -> Option<Arc<Identity>> {
         let i = self.by_token.get(&token_digest(token))?;
+        self.identities.get(*i).cloned()
+    }
+
+    /// The identity a bearer token whose SHA-256 is `d` stands for.
+    pub fn by_token_digest(&self, d: &[u8; 32]) -> Option<Arc<Identity>> {
+        let i = self.by_token.get(d)?;
         self.identities.get(*i).cloned()
     }
 
@@ -592,6 +601,7 @@ identities:
             ("identities: [{name: x, roles: [admin], tokens: [aaaaaaaaaaaaaaaaaaaa]}, {name: x, roles: [admin], tokens: [bbbbbbbbbbbbbbbbbbbb]}]", "identities[1].name"),
             ("identities: [{name: x, roles: [admin], tokens: [aaaaaaaaaaaaaaaaaaaa]}, {name: y, roles: [admin], tokens: [aaaaaaaaaaaaaaaaaaaa]}]", "identities[1].tokens[0]"),
             ("identities: [{name: x, roles: [admin], tokens: [aaaaaaaaaaaaaaaaaaaa], colour: red}]", "colour"),
+            ("identities: [{name: \"kube:alice\", roles: [admin], tokens: [aaaaaaaaaaaaaaaaaaaa]}]", "identities[0].name"),
         ];
         for (doc, named) in cases {
             let e = Policy::parse("p.yaml", doc).expect_err(doc).to_string();

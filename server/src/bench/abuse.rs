@@ -20,12 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
 use gangway_client::{Client, Credentials};
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::shards_client::ShardsClient;
 use gangway_proto::admin::{ChangeMembershipRequest, GrowShardsRequest, StatusRequest};
 use gangway_proto::v1::scheduler_client::SchedulerClient;
-use gangway_proto::v1::{GangGroupRef, GangSpec, MemberSpec, SubmitGangGroupRequest};
+use gangway_proto::v1::{GangGroupRef, SubmitGangGroupRequest};
+use serde_json::json;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -129,30 +131,17 @@ impl Answers {
     }
 }
 
-fn gang(namespace: &str, name: &str, members: u32, pod_json: String) -> GangSpec {
-    GangSpec {
-        name: name.into(),
-        namespace: namespace.into(),
-        min_member: members,
-        total_number: 0,
-        mode: String::new(),
-        wait_time_ms: 0,
-        priority: 0,
-        members: vec![MemberSpec {
-            name: "m".into(),
-            count: members,
-            pod_json,
-        }],
-    }
-}
-
-fn request(key: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
-    SubmitGangGroupRequest {
-        idempotency_key: key.into(),
-        name: key.into(),
-        gangs,
-        queue: String::new(),
-    }
+/// A Strict gang of `members` members of `pod`, in a group keyed and named `key`.
+fn request(
+    key: &str,
+    namespace: &str,
+    members: u32,
+    pod: serde_json::Value,
+) -> SubmitGangGroupRequest {
+    GangGroupBuilder::new(key)
+        .idempotency_key(key)
+        .gang(GangBuilder::new(namespace, key, members).members("m", members, pod))
+        .build()
 }
 
 /// One attack loop, until `stop`.
@@ -168,15 +157,15 @@ async fn attack(
     let mut admin = AdminClient::with_interceptor(ch.clone(), token.clone());
     let mut shards = ShardsClient::with_interceptor(ch, token);
     let huge_pod = {
-        let labels: Vec<String> = (0..16_000)
+        let labels: serde_json::Map<String, serde_json::Value> = (0..16_000)
             .map(|i| {
-                format!("\"label-{i:05}\":\"value-{i:05}-of-a-label-xxxxxxxxxxxxxxxxxxxxxxxxxxx\"")
+                (
+                    format!("label-{i:05}"),
+                    format!("value-{i:05}-of-a-label-xxxxxxxxxxxxxxxxxxxxxxxxxxx").into(),
+                )
             })
             .collect();
-        format!(
-            r#"{{"requests":{{"cpu":"1"}},"labels":{{{}}}}}"#,
-            labels.join(",")
-        )
+        json!({"requests": {"cpu": "1"}, "labels": labels})
     };
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -185,20 +174,15 @@ async fn attack(
             "oversize" => {
                 let r = request(
                     &format!("huge-{loop_id}-{n}"),
-                    vec![gang("team-a", "huge", 10_000, huge_pod.clone())],
+                    "team-a",
+                    10_000,
+                    huge_pod.clone(),
                 );
                 answers.note(&scheduler.submit_gang_group(r).await);
             }
             "live-groups" => {
-                let r = request(
-                    &format!("unfit-{loop_id}-{n}"),
-                    vec![gang(
-                        "team-a",
-                        &format!("unfit-{loop_id}-{n}"),
-                        1,
-                        r#"{"requests":{"cpu":"100000"}}"#.into(),
-                    )],
-                );
+                let unfit = json!({"requests": {"cpu": "100000"}});
+                let r = request(&format!("unfit-{loop_id}-{n}"), "team-a", 1, unfit);
                 answers.note(&scheduler.submit_gang_group(r).await);
             }
             "state-hash" => {
@@ -247,10 +231,7 @@ async fn open_watches(
 async fn victim_sample(victim: &Client, key: &str) -> anyhow::Result<u64> {
     let start = Instant::now();
     let id = victim
-        .submit(request(
-            key,
-            vec![gang("team-b", key, 4, r#"{"requests":{"cpu":"1"}}"#.into())],
-        ))
+        .submit(request(key, "team-b", 4, json!({"requests": {"cpu": "1"}})))
         .await?
         .id;
     loop {
@@ -342,12 +323,9 @@ pub async fn run(args: AbuseBenchArgs) -> anyhow::Result<()> {
     let target = attacker
         .submit(request(
             "attacker-own",
-            vec![gang(
-                "team-a",
-                "own",
-                1,
-                r#"{"requests":{"cpu":"1"}}"#.into(),
-            )],
+            "team-a",
+            1,
+            json!({"requests": {"cpu": "1"}}),
         ))
         .await?
         .id;

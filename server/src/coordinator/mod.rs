@@ -728,10 +728,11 @@ impl Coordinator {
         if !preempt::may_preempt(r) {
             return Ok(PreemptionChance::None);
         }
-        let lowest = match self
-            .groups
-            .meta_query_local(&MetaQuery::LowestPlacedPriority)?
-        {
+        let query = match &r.group.preempts_within {
+            Some(root) => MetaQuery::LowestPlacedPriorityWithin { root: root.clone() },
+            None => MetaQuery::LowestPlacedPriority,
+        };
+        let lowest = match self.groups.meta_query_local(&query)? {
             MetaReply::LowestPriority { priority } => priority,
             _ => None,
         };

@@ -98,15 +98,24 @@ impl Grounds {
         }
     }
 
-    /// Whether the group owning a victim gang may be displaced by `preemptor`; the
-    /// same rules meta checks at `BeginPreemption`.
-    fn displaceable(&self, owner: &GroupRecord, preemptor: &GroupRecord) -> bool {
+    /// Whether the group owning a victim gang may be displaced by `preemptor`, whose
+    /// boundary admits the queues `within` (`None`: any); the same rules meta checks at
+    /// `BeginPreemption`.
+    fn displaceable(
+        &self,
+        owner: &GroupRecord,
+        preemptor: &GroupRecord,
+        within: Option<&BTreeSet<String>>,
+    ) -> bool {
         let placed = owner.seq != preemptor.seq
             && owner.state == GroupState::Placed
             && owner.releasing.is_empty();
         placed
             && match self {
-                Self::Priority => owner.highest_priority() < preemptor.highest_priority(),
+                Self::Priority => {
+                    owner.highest_priority() < preemptor.highest_priority()
+                        && within.is_none_or(|queues| queues.contains(&owner.group.queue))
+                }
                 Self::Reclaim(groups) => groups.contains(&owner.seq),
             }
     }
@@ -133,6 +142,42 @@ impl Grounds {
 }
 
 impl Coordinator {
+    /// The queues `r`'s preemption boundary admits (`None`: no boundary): its root and
+    /// every queue under it, from this replica's meta state (meta checks again).
+    fn boundary(&self, r: &GroupRecord) -> Result<Option<BTreeSet<String>>, GroupError> {
+        let Some(root) = &r.group.preempts_within else {
+            return Ok(None);
+        };
+        let parents: BTreeMap<String, String> =
+            match self.groups.meta_query_local(&MetaQuery::Queues)? {
+                MetaReply::Queues { queues } => queues
+                    .into_iter()
+                    .map(|q| (q.spec.name, q.spec.parent))
+                    .collect(),
+                _ => BTreeMap::new(),
+            };
+        let under = |queue: &str| {
+            let mut next = queue;
+            for _ in 0..=parents.len() {
+                if next == root.as_str() {
+                    return true;
+                }
+                match parents.get(next) {
+                    Some(parent) if !parent.is_empty() => next = parent,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        Ok(Some(
+            parents
+                .keys()
+                .filter(|q| !root.is_empty() && under(q))
+                .cloned()
+                .collect(),
+        ))
+    }
+
     /// Tries to place `r` by preemption on `grounds`; see the module header.
     pub(super) async fn preempt(
         &self,
@@ -141,6 +186,7 @@ impl Coordinator {
     ) -> Result<Preemption, GroupError> {
         let started = Instant::now();
         let priority = grounds.offer_priority(r);
+        let within = self.boundary(r)?;
         let mut keep: BTreeSet<GangId> = BTreeSet::new();
         let mut round = 0;
         let (units, shard_offers, owners, ineligible) = loop {
@@ -159,7 +205,11 @@ impl Coordinator {
             }
             let owners = self.owners_of(units.keys()).await?;
             let before = units.len();
-            units.retain(|gang, _| owners.get(gang).is_some_and(|o| grounds.displaceable(o, r)));
+            units.retain(|gang, _| {
+                owners
+                    .get(gang)
+                    .is_some_and(|o| grounds.displaceable(o, r, within.as_ref()))
+            });
             for (gang, unit) in units.iter_mut() {
                 if let Some(o) = owners.get(gang) {
                     unit.priority = grounds.weight(o);
@@ -171,7 +221,7 @@ impl Coordinator {
             keep.extend(
                 owners
                     .iter()
-                    .filter(|(_, o)| !grounds.displaceable(o, r))
+                    .filter(|(_, o)| !grounds.displaceable(o, r, within.as_ref()))
                     .map(|(g, _)| g.clone()),
             );
             keep.extend(shard_offers_units(&offers).filter(|g| !owners.contains_key(g)));

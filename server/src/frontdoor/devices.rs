@@ -16,6 +16,8 @@
 use std::collections::BTreeSet;
 
 use gangway_proto::v1::{DeviceHealth as WireHealth, DeviceListAck, DeviceListReport};
+use std::time::Duration;
+
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
@@ -34,6 +36,8 @@ use crate::replicated::{now_ms, Groups};
 
 /// Acks queued for a slow agent before the stream stops reading its reports.
 pub const DEVICE_ACKS_QUEUED_MAX: usize = 8;
+/// Longest a device stream may stay open before its first report, in ms.
+pub const DEVICE_FIRST_REPORT_MS: u64 = 10_000;
 /// Longest device name (a DNS label).
 pub const DEVICE_NAME_LENGTH_MAX: usize = 63;
 /// Attribute holding the plugin's own device id.
@@ -219,7 +223,25 @@ pub fn spawn_stream(
         let (access, who, _slot) = reporter;
         let mut state = StreamState::default();
         loop {
-            let report = match inbound.message().await {
+            // A stream that names no node holds a slot for nothing: its first report is due
+            // within a bound.
+            let next = if state.node.is_none() {
+                let first = Duration::from_millis(DEVICE_FIRST_REPORT_MS);
+                match tokio::time::timeout(first, inbound.message()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        access.note_refusal(&who);
+                        let late = Status::deadline_exceeded(format!(
+                            "no device report within {DEVICE_FIRST_REPORT_MS} ms of opening the stream"
+                        ));
+                        let _ = acks.send(Err(late)).await;
+                        break;
+                    }
+                }
+            } else {
+                inbound.message().await
+            };
+            let report = match next {
                 Ok(Some(report)) => report,
                 Ok(None) => break,
                 Err(status) => {

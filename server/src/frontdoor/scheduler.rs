@@ -94,6 +94,16 @@ impl SchedulerService {
         who: &Principal,
         req: SubmitGangGroupRequest,
     ) -> Result<GangGroupStatus, Status> {
+        if self.groups.legacy_writer() && !who.is_admin() {
+            // Replicas of the release before would drop the owner and the bounds this
+            // submission is held to, and apply it otherwise than this one.
+            return Err(Status::unavailable(
+                "the cluster is being upgraded (a replica writes for the first rollout, \
+                 --wire-format json): only administrators submit until the second rollout",
+            ));
+        }
+        // Whom the gangs are for is checked before any member template is parsed.
+        self.authorize_gangs(who, &req).await?;
         let mut group = validate_submission(&req)?;
         self.authorize_submission(who, &mut group).await?;
         let key = if req.idempotency_key.is_empty() {
@@ -125,6 +135,10 @@ impl SchedulerService {
                     )));
                 }
             }
+        }
+        if self.groups.legacy_writer() {
+            // What the release before reads: no owner (its keys are not scoped).
+            group.owner.clear();
         }
         let cmd = MetaCommand::Submit {
             key,
@@ -164,7 +178,15 @@ impl SchedulerService {
         verb: Verb,
         seq: GroupSeq,
     ) -> Result<GroupSummary, Status> {
-        let record = self.record(seq).await?;
+        let record = match self.record(seq).await {
+            Ok(record) => record,
+            // A caller that may not see every group learns nothing of ids that are not
+            // its own, not even whether they exist.
+            Err(e) if e.code() == tonic::Code::NotFound && !sees_every_group(who) => {
+                return Err(not_its_group(who, verb, seq));
+            }
+            Err(e) => return Err(e),
+        };
         self.may_touch(who, verb, &record).await?;
         Ok(record)
     }
@@ -183,13 +205,7 @@ impl SchedulerService {
         {
             return Ok(());
         }
-        Err(Status::permission_denied(format!(
-            "{} may not {} gang group {} (API group {}, resource ganggroups): it is not one of its groups",
-            who_name(who),
-            verb.name(),
-            record.seq,
-            access::API_GROUP
-        )))
+        Err(not_its_group(who, verb, record.seq))
     }
 
     /// Checks the caller's rights on a submission and records what they imply: its
@@ -205,15 +221,6 @@ impl SchedulerService {
             return Ok(());
         }
         for (i, gang) in group.gangs.iter().enumerate() {
-            let ask = Ask::of(Verb::Create, Resource::GangGroups).in_namespace(&gang.namespace);
-            if !self.access.allows(who, &ask).await? {
-                return Err(refused_field(
-                    &format!("gangs[{i}].namespace"),
-                    self.access.denied(who, &ask),
-                ));
-            }
-            self.check_priority(who, &format!("gangs[{i}].priority"), gang.priority)
-                .await?;
             for (j, m) in gang.members.iter().enumerate() {
                 if m.spec.priority != gang.priority {
                     self.check_priority(
@@ -245,7 +252,37 @@ impl SchedulerService {
             .access
             .allows(who, &Ask::of(Verb::Preempt, Resource::Queues))
             .await?;
-        group.preempts_within = (!across && !group.queue.is_empty()).then(|| group.queue.clone());
+        // No queue and no right to preempt across queues: a boundary that admits none.
+        group.preempts_within = (!across).then(|| group.queue.clone());
+        Ok(())
+    }
+
+    /// The gangs' namespaces and priorities as the request names them: each namespace one
+    /// `who` may create groups in, each priority one it may use.
+    async fn authorize_gangs(
+        &self,
+        who: &Principal,
+        req: &SubmitGangGroupRequest,
+    ) -> Result<(), Status> {
+        if who.is_admin() {
+            return Ok(());
+        }
+        for (i, gang) in req.gangs.iter().enumerate().take(GROUP_GANGS_MAX) {
+            let namespace = if gang.namespace.is_empty() {
+                "default"
+            } else {
+                gang.namespace.as_str()
+            };
+            let ask = Ask::of(Verb::Create, Resource::GangGroups).in_namespace(namespace);
+            if !self.access.allows(who, &ask).await? {
+                return Err(refused_field(
+                    &format!("gangs[{i}].namespace"),
+                    self.access.denied(who, &ask),
+                ));
+            }
+            self.check_priority(who, &format!("gangs[{i}].priority"), gang.priority)
+                .await?;
+        }
         Ok(())
     }
 
@@ -471,6 +508,23 @@ fn group_namespaces(record: &GroupSummary) -> Vec<&str> {
     namespaces
 }
 
+/// Whether `who` may read every group (administrators and viewers of the policy).
+fn sees_every_group(who: &Principal) -> bool {
+    who.is_admin()
+        || who
+            .identity()
+            .is_some_and(|i| i.has(crate::auth::Role::Viewer))
+}
+
+fn not_its_group(who: &Principal, verb: Verb, seq: GroupSeq) -> Status {
+    Status::permission_denied(format!(
+        "{} may not {} gang group {seq} (API group {}, resource ganggroups): it is not one of its groups",
+        who_name(who),
+        verb.name(),
+        access::API_GROUP
+    ))
+}
+
 fn who_name(who: &Principal) -> &str {
     match who.name() {
         "" => "this caller",
@@ -587,7 +641,9 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
             serde_json::from_str(&m.pod_json)
                 .map_err(|e| invalid(format!("{field}.pod_json"), e))?
         };
-        spec.validate(&crate::model::FieldPath::new(&format!("{field}.pod_json")))
+        let at = crate::model::FieldPath::new(&format!("{field}.pod_json"));
+        spec.validate(&at)
+            .and_then(|pod| pod.within_bounds(&at))
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         for k in 0..count {
             let name = if m.count > 1 {

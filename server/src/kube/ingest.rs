@@ -1649,13 +1649,14 @@ impl Ingest {
             }
         }
         // A namespace's pods are charged to the queue its ElasticQuota keeps: only once
-        // meta holds it as kept (a queue the admin API made under that name is not it).
-        self.memory.kept_queues = wanted
+        // meta holds it as kept (a queue the admin API made under that name is not it),
+        // which is before this pass's writes, or by one of them.
+        let mut kept: BTreeSet<String> = wanted
             .keys()
             .filter(|n| kept_before.contains_key(n.as_str()))
             .cloned()
             .collect();
-        self.memory.queue_specs = current
+        let mut specs: BTreeMap<String, QueueSpec> = current
             .iter()
             .map(|q| (q.name.clone(), q.clone()))
             .collect();
@@ -1671,10 +1672,16 @@ impl Ingest {
                 }
                 Ok(_) => {
                     self.memory.reported.remove(&subject);
+                    if let MetaCommand::PutQueue { queue } = &cmd {
+                        kept.insert(queue.name.clone());
+                        specs.insert(queue.name.clone(), queue.clone());
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "syncing queues failed; retrying next pass"),
             }
         }
+        self.memory.kept_queues = kept;
+        self.memory.queue_specs = specs;
     }
 
     /// Submits the pending pods of ours not yet submitted, when something that decides

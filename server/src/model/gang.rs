@@ -243,8 +243,8 @@ impl Gang {
     }
 }
 
-/// Longest owner name, in bytes (as the access policy's identity names).
-pub const OWNER_BYTES_MAX: usize = 253;
+/// Longest owner name, in bytes (a Kubernetes ServiceAccount's username, prefixed, fits).
+pub const OWNER_BYTES_MAX: usize = 512;
 
 /// Gangs placed together: none is bound until every one reaches its minMember.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,8 +262,9 @@ pub struct GangGroup {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
     /// The preemption boundary: only groups charged to this queue or a queue under it
-    /// may be its victims (none: any group of lower priority, as for administrators and
-    /// Kubernetes pods).
+    /// may be its victims by priority (empty: none may; absent: any group of lower
+    /// priority, as for administrators and Kubernetes pods). A queue's reclaim of its
+    /// `min` is not bounded by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempts_within: Option<String>,
 }
@@ -275,7 +276,7 @@ impl GangGroup {
         if !self.queue.is_empty() {
             validate_dns_label(&path.child("queue"), &self.queue)?;
         }
-        if let Some(q) = &self.preempts_within {
+        if let Some(q) = self.preempts_within.as_ref().filter(|q| !q.is_empty()) {
             validate_dns_label(&path.child("preemptsWithin"), q)?;
         }
         if self.owner.len() > OWNER_BYTES_MAX || self.owner.chars().any(char::is_control) {

@@ -39,13 +39,23 @@ fn absolute(path: &FieldPath, value: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// `value` with empty and `.` components dropped (`/dev//./mem` is `/dev/mem`).
+fn normal_path(value: &str) -> String {
+    let parts: Vec<&str> = value
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
 fn host_path(path: &FieldPath, value: &str, prefixes: &[String]) -> Result<(), ValidationError> {
     absolute(path, value)?;
-    let normal = value.trim_end_matches('/');
-    if HOST_PATHS_REFUSED.contains(&normal) {
+    // Compared as the kernel reads it: `//` and `/./` change nothing there.
+    let normal = normal_path(value);
+    if HOST_PATHS_REFUSED.contains(&normal.as_str()) {
         return Err(path.error(format!("{normal} is never given to a container")));
     }
-    if !prefixes.iter().any(|p| value.starts_with(p.as_str())) {
+    if !prefixes.iter().any(|p| normal.starts_with(p.as_str())) {
         return Err(path.error(format!(
             "{:?} is not under an allowed prefix ({}; --allocation-host-path-prefix)",
             crate::model::error::clip(value),
@@ -340,10 +350,15 @@ mod tests {
         let mut up = base.clone();
         up.mounts[0].host_path = "/usr/../etc".into();
         refused(up, "allocation.mounts[0].host_path");
-        let mut mem = base.clone();
-        mem.devices[0].host_path = "/dev/mem".into();
-        mem.devices[0].permissions = "rwm".into();
-        refused(mem, "allocation.devices[0].host_path");
+        for sneaky in ["/dev/mem", "/dev//mem", "/dev/./mem", "/dev/mem/"] {
+            let mut mem = base.clone();
+            mem.devices[0].host_path = sneaky.into();
+            mem.devices[0].permissions = "rwm".into();
+            refused(mem, "allocation.devices[0].host_path");
+        }
+        let mut around = base.clone();
+        around.mounts[0].host_path = "/usr//../etc".into();
+        refused(around, "allocation.mounts[0].host_path");
         let mut perms = base.clone();
         perms.devices[0].permissions = "rwx".into();
         refused(perms, "allocation.devices[0].permissions");

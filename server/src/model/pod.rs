@@ -355,6 +355,25 @@ impl PodSpec {
                 .key("pods")
                 .error("pods cannot be requested: every pod counts as one"));
         }
+        validate_labels(&path.child("nodeSelector"), &self.node_selector)?;
+        validate_labels(&path.child("labels"), &self.labels)?;
+        let affinity = path.child("affinity");
+        validate_node_affinity(&affinity.child("nodeAffinity"), &self.node_affinity)?;
+        validate_pod_affinity(&affinity.child("podAffinity"), &self.pod_affinity)?;
+        validate_pod_affinity(&affinity.child("podAntiAffinity"), &self.pod_anti_affinity)?;
+        for (i, toleration) in self.tolerations.iter().enumerate() {
+            validate_toleration(&path.child("tolerations").index(i), toleration)?;
+        }
+        validate_host_ports(&path.child("hostPorts"), &self.host_ports)?;
+        validate_claims(&path.child("claims"), &self.claims)?;
+        validate_shares(&path.child("shares"), &self.shares)
+    }
+
+    /// Checks the sizes of its lists against the bounds a client's submission is held to
+    /// (labels, selectors, affinity terms and their expressions, tolerations, host ports).
+    /// The front door calls it before a template is copied; the replicated state machines
+    /// do not (an entry written before the bounds must replay as it was applied).
+    pub fn within_bounds(&self, path: &FieldPath) -> Result<(), ValidationError> {
         at_most(
             &path.child("nodeSelector"),
             self.node_selector.len(),
@@ -371,18 +390,71 @@ impl PodSpec {
             self.host_ports.len(),
             HOST_PORTS_MAX,
         )?;
-        validate_labels(&path.child("nodeSelector"), &self.node_selector)?;
-        validate_labels(&path.child("labels"), &self.labels)?;
         let affinity = path.child("affinity");
-        validate_node_affinity(&affinity.child("nodeAffinity"), &self.node_affinity)?;
-        validate_pod_affinity(&affinity.child("podAffinity"), &self.pod_affinity)?;
-        validate_pod_affinity(&affinity.child("podAntiAffinity"), &self.pod_anti_affinity)?;
-        for (i, toleration) in self.tolerations.iter().enumerate() {
-            validate_toleration(&path.child("tolerations").index(i), toleration)?;
+        let node = affinity.child("nodeAffinity");
+        if let Some(terms) = &self.node_affinity.required {
+            let at = node.child(REQUIRED).child("nodeSelectorTerms");
+            at_most(&at, terms.len(), AFFINITY_TERMS_MAX)?;
+            for (i, term) in terms.iter().enumerate() {
+                node_term_within_bounds(&at.index(i), term)?;
+            }
         }
-        validate_host_ports(&path.child("hostPorts"), &self.host_ports)?;
-        validate_claims(&path.child("claims"), &self.claims)?;
-        validate_shares(&path.child("shares"), &self.shares)
+        let preferred = node.child(PREFERRED);
+        at_most(
+            &preferred,
+            self.node_affinity.preferred.len(),
+            AFFINITY_TERMS_MAX,
+        )?;
+        for (i, p) in self.node_affinity.preferred.iter().enumerate() {
+            node_term_within_bounds(&preferred.index(i).child("preference"), &p.preference)?;
+        }
+        for (name, pod) in [
+            ("podAffinity", &self.pod_affinity),
+            ("podAntiAffinity", &self.pod_anti_affinity),
+        ] {
+            let at = affinity.child(name);
+            at_most(&at.child(REQUIRED), pod.required.len(), AFFINITY_TERMS_MAX)?;
+            at_most(
+                &at.child(PREFERRED),
+                pod.preferred.len(),
+                AFFINITY_TERMS_MAX,
+            )?;
+            let terms = pod
+                .required
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (at.child(REQUIRED).index(i), t))
+                .chain(pod.preferred.iter().enumerate().map(|(i, w)| {
+                    (
+                        at.child(PREFERRED).index(i).child("podAffinityTerm"),
+                        &w.term,
+                    )
+                }));
+            for (term_at, term) in terms {
+                if let Some(selector) = &term.label_selector {
+                    let sel = term_at.child("labelSelector");
+                    at_most(
+                        &sel.child("matchLabels"),
+                        selector.match_labels.len(),
+                        POD_LABELS_MAX,
+                    )?;
+                    let exprs = sel.child("matchExpressions");
+                    at_most(
+                        &exprs,
+                        selector.match_expressions.len(),
+                        MATCH_EXPRESSIONS_MAX,
+                    )?;
+                    for (j, e) in selector.match_expressions.iter().enumerate() {
+                        at_most(
+                            &exprs.index(j).child("values"),
+                            e.values.len(),
+                            MATCH_VALUES_MAX,
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The shared claims this pod carries (it names them and allocates them).
@@ -415,16 +487,10 @@ fn validate_node_affinity(
         if terms.is_empty() {
             return Err(terms_path.error("must have at least one term"));
         }
-        at_most(&terms_path, terms.len(), AFFINITY_TERMS_MAX)?;
         for (i, term) in terms.iter().enumerate() {
             validate_node_term(&terms_path.index(i), term)?;
         }
     }
-    at_most(
-        &path.child(PREFERRED),
-        affinity.preferred.len(),
-        AFFINITY_TERMS_MAX,
-    )?;
     for (i, preferred) in affinity.preferred.iter().enumerate() {
         let at = path.child(PREFERRED).index(i);
         validate_weight(&at.child("weight"), preferred.weight)?;
@@ -434,11 +500,6 @@ fn validate_node_affinity(
 }
 
 fn validate_node_term(path: &FieldPath, term: &NodeSelectorTerm) -> Result<(), ValidationError> {
-    at_most(
-        &path.child("matchExpressions"),
-        term.match_expressions.len(),
-        MATCH_EXPRESSIONS_MAX,
-    )?;
     for (i, req) in term.match_expressions.iter().enumerate() {
         let at = path.child("matchExpressions").index(i);
         validate_qualified_name(&at.child("key"), &req.key)?;
@@ -471,7 +532,6 @@ fn validate_value_list(path: &FieldPath, values: &[String]) -> Result<(), Valida
     if values.is_empty() {
         return Err(path.error("In and NotIn need at least one value"));
     }
-    at_most(path, values.len(), MATCH_VALUES_MAX)?;
     for (i, value) in values.iter().enumerate() {
         validate_label_value(&path.index(i), value)?;
     }
@@ -497,16 +557,6 @@ fn validate_weight(path: &FieldPath, weight: i32) -> Result<(), ValidationError>
 }
 
 fn validate_pod_affinity(path: &FieldPath, affinity: &PodAffinity) -> Result<(), ValidationError> {
-    at_most(
-        &path.child(REQUIRED),
-        affinity.required.len(),
-        AFFINITY_TERMS_MAX,
-    )?;
-    at_most(
-        &path.child(PREFERRED),
-        affinity.preferred.len(),
-        AFFINITY_TERMS_MAX,
-    )?;
     for (i, term) in affinity.required.iter().enumerate() {
         validate_pod_term(&path.child(REQUIRED).index(i), term)?;
     }
@@ -534,16 +584,6 @@ fn validate_label_selector(
     path: &FieldPath,
     selector: &LabelSelector,
 ) -> Result<(), ValidationError> {
-    at_most(
-        &path.child("matchLabels"),
-        selector.match_labels.len(),
-        POD_LABELS_MAX,
-    )?;
-    at_most(
-        &path.child("matchExpressions"),
-        selector.match_expressions.len(),
-        MATCH_EXPRESSIONS_MAX,
-    )?;
     validate_labels(&path.child("matchLabels"), &selector.match_labels)?;
     for (i, req) in selector.match_expressions.iter().enumerate() {
         let at = path.child("matchExpressions").index(i);
@@ -598,6 +638,22 @@ fn validate_host_ports(path: &FieldPath, ports: &[HostPort]) -> Result<(), Valid
         if !seen.insert(port) {
             return Err(at.error(format!("duplicate host port {port}")));
         }
+    }
+    Ok(())
+}
+
+fn node_term_within_bounds(
+    path: &FieldPath,
+    term: &NodeSelectorTerm,
+) -> Result<(), ValidationError> {
+    let exprs = path.child("matchExpressions");
+    at_most(&exprs, term.match_expressions.len(), MATCH_EXPRESSIONS_MAX)?;
+    for (i, e) in term.match_expressions.iter().enumerate() {
+        at_most(
+            &exprs.index(i).child("values"),
+            e.values.len(),
+            MATCH_VALUES_MAX,
+        )?;
     }
     Ok(())
 }
@@ -1223,9 +1279,12 @@ mod tests {
     #[test]
     fn lists_are_bounded_before_anything_is_done_with_them() {
         let spec = |json: serde_json::Value| {
-            serde_json::from_value::<RawPodSpec>(json)
+            let at = FieldPath::new("spec");
+            let parsed = serde_json::from_value::<RawPodSpec>(json)
                 .expect("parses")
-                .validate(&FieldPath::new("spec"))
+                .validate(&at)
+                .expect("valid: the bounds are checked apart");
+            parsed.within_bounds(&at)
         };
         let ports: Vec<_> = (1..=HOST_PORTS_MAX as u16 + 1)
             .map(|p| serde_json::json!({"port": p}))

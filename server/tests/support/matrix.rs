@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
 use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::queues_client::QueuesClient;
 use gangway_proto::admin::shards_client::ShardsClient;
@@ -20,9 +21,9 @@ use gangway_proto::admin::{
 use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
 use gangway_proto::v1::{
-    DeviceListReport, GangGroupRef, GangSpec, GetNodeRequest, HeartbeatRequest,
-    ListGangGroupsRequest, ListNodesRequest, ListShardsRequest, MemberSpec, NodeAllocation,
-    RegisterNodeRequest, ReleaseMembersRequest, ReportAllocationRequest, SubmitGangGroupRequest,
+    DeviceListReport, GangGroupRef, GetNodeRequest, HeartbeatRequest, ListGangGroupsRequest,
+    ListNodesRequest, ListShardsRequest, NodeAllocation, RegisterNodeRequest,
+    ReleaseMembersRequest, ReportAllocationRequest, SubmitGangGroupRequest,
 };
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
@@ -59,8 +60,12 @@ pub const ROLES: [Role; 6] = [
 /// How a call ended, as far as authorization goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Anything but a refusal of the caller (OK, or an error about the request).
+    /// OK, or an error about the request itself (malformed, unknown, in the wrong state,
+    /// over a bound): the caller got past authorization.
     Allowed,
+    /// Any other error (INTERNAL, UNAVAILABLE, ...): no answer about authorization, and
+    /// never what a cell expects.
+    Broken,
     /// PERMISSION_DENIED.
     Denied,
     /// UNAUTHENTICATED.
@@ -182,31 +187,21 @@ impl Caller {
 }
 
 /// A one-member gang `name` in `namespace` asking for `cpu` at `priority`.
-pub fn gang(namespace: &str, name: &str, cpu: &str, priority: i32) -> GangSpec {
-    GangSpec {
-        name: name.into(),
-        namespace: namespace.into(),
-        min_member: 1,
-        total_number: 0,
-        mode: String::new(),
-        wait_time_ms: 0,
-        priority,
-        members: vec![MemberSpec {
-            name: "m".into(),
-            count: 1,
-            pod_json: format!(r#"{{"requests":{{"cpu":"{cpu}"}}}}"#),
-        }],
-    }
+pub fn gang(namespace: &str, name: &str, cpu: &str, priority: i32) -> GangBuilder {
+    GangBuilder::new(namespace, name, 1)
+        .priority(priority)
+        .members("m", 1, serde_json::json!({"requests": {"cpu": cpu}}))
 }
 
 /// A submission of `gangs` under `key` (also its name), charged to `queue`.
-pub fn submission(key: &str, queue: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
-    SubmitGangGroupRequest {
-        idempotency_key: key.into(),
-        name: key.into(),
-        gangs,
-        queue: queue.into(),
-    }
+pub fn submission(key: &str, queue: &str, gangs: Vec<GangBuilder>) -> SubmitGangGroupRequest {
+    gangs
+        .into_iter()
+        .fold(
+            GangGroupBuilder::new(key).idempotency_key(key).queue(queue),
+            GangGroupBuilder::gang,
+        )
+        .build()
 }
 
 /// What the matrix needs before it runs: queues `team-a` and `team-b`, and a group of
@@ -240,9 +235,18 @@ pub async fn prepare(admin: &Caller, tenant_a: &Caller) -> u64 {
 
 fn classify(r: Result<(), Status>) -> Outcome {
     match r {
-        Err(s) if s.code() == Code::PermissionDenied => Outcome::Denied,
-        Err(s) if s.code() == Code::Unauthenticated => Outcome::Unauthenticated,
-        _ => Outcome::Allowed,
+        Ok(()) => Outcome::Allowed,
+        Err(s) => match s.code() {
+            Code::PermissionDenied => Outcome::Denied,
+            Code::Unauthenticated => Outcome::Unauthenticated,
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::AlreadyExists
+            | Code::ResourceExhausted
+            | Code::OutOfRange => Outcome::Allowed,
+            _ => Outcome::Broken,
+        },
     }
 }
 
@@ -497,5 +501,6 @@ fn short(o: Outcome) -> &'static str {
         Outcome::Allowed => "ok",
         Outcome::Denied => "deny",
         Outcome::Unauthenticated => "unauth",
+        Outcome::Broken => "ERROR",
     }
 }

@@ -23,6 +23,7 @@ pub mod chart;
 pub mod device_plugin;
 pub mod gangs;
 pub mod matrix;
+pub mod pki;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -581,6 +581,12 @@ pub enum MetaQuery {
     },
     /// The lowest priority of a Placed group (whether any group could be preempted).
     LowestPlacedPriority,
+    /// The lowest priority of a placed group charged to queue `root` or a queue under
+    /// it (a preemptor's boundary: `GangGroup::preempts_within`).
+    LowestPlacedPriorityWithin {
+        /// The boundary's queue (empty: no group is within it).
+        root: String,
+    },
     /// The live groups that declare these gangs (`namespace/name`), in seq order, each
     /// once: the groups a preemption would displace.
     OwnersOf {
@@ -700,8 +706,9 @@ pub struct MetaState {
 
 /// Owner -> the groups it submitted that may not have ended: built from the groups on
 /// first use (so a snapshot restores it without encoding it), added to at every
-/// submission, and pruned of ended and forgotten groups when counted, so each group
-/// costs one insertion and one removal. Compared equal always, being a cache.
+/// submission, pruned of ended groups when its owner's live groups are counted and of
+/// forgotten ones when they are forgotten, so it holds at most the groups meta keeps.
+/// Compared equal always, being a cache.
 #[derive(Debug, Clone, Default)]
 struct OwnedGroups(Option<BTreeMap<String, BTreeSet<GroupSeq>>>);
 
@@ -1402,6 +1409,15 @@ impl MetaState {
                     .map(GroupRecord::highest_priority)
                     .min(),
             },
+            MetaQuery::LowestPlacedPriorityWithin { root } => MetaReply::LowestPriority {
+                priority: self
+                    .groups
+                    .values()
+                    .filter(|g| g.state == GroupState::Placed)
+                    .filter(|g| !root.is_empty() && self.queues.within(&g.group.queue, root))
+                    .map(GroupRecord::highest_priority)
+                    .min(),
+            },
             MetaQuery::OwnersOf { gangs } => {
                 let seqs: BTreeSet<GroupSeq> =
                     gangs.iter().filter_map(|g| self.live_owner(g)).collect();
@@ -1808,8 +1824,10 @@ impl MetaState {
                     preemptor.group.queue
                 ));
             }
-            if let Some(root) = &preemptor.group.preempts_within {
-                if !self.queues.within(&victim.group.queue, root) {
+            // A queue's reclaim of its own `min` takes from borrowers wherever they are:
+            // the boundary bounds preemption by priority only.
+            if let (Some(root), false) = (&preemptor.group.preempts_within, reclaim) {
+                if root.is_empty() || !self.queues.within(&victim.group.queue, root) {
                     return Err(format!(
                         "victims[{i}]: gang group {v} is charged to queue {:?}, outside the preemptor's boundary (queue {root} and the queues under it)",
                         victim.group.queue
@@ -2274,6 +2292,14 @@ impl MetaState {
                     g.charge
                 );
                 self.keys.remove(&owned_key(&g.group.owner, &g.key));
+                if let Some(owned) = self.owned.0.as_mut() {
+                    if let Some(seqs) = owned.get_mut(&g.group.owner) {
+                        seqs.remove(&seq);
+                        if seqs.is_empty() {
+                            owned.remove(&g.group.owner);
+                        }
+                    }
+                }
                 self.forgotten += 1;
             }
         }

@@ -495,3 +495,158 @@ fn a_victims_gang_is_declared_again_only_once_the_preemption_committed() {
         MetaReply::Submitted { created: true, .. }
     ));
 }
+
+/// A placed group `name` charged to `queue`, of `owner`, at `priority`.
+fn placed_in(m: &mut MetaState, queue: &str, name: &str, priority: i32) -> GroupSeq {
+    let group = GangGroup {
+        id: name.into(),
+        gangs: vec![gang(name, 2, priority)],
+        queue: queue.into(),
+        ..Default::default()
+    };
+    let seq = match m.apply(&MetaCommand::Submit {
+        key: name.into(),
+        group,
+        at_ms: 1,
+        live_max: None,
+    }) {
+        MetaReply::Submitted { seq, .. } => seq,
+        other => panic!("submit: {other:?}"),
+    };
+    let MetaReply::TxnBegun { txn } = m.apply(&MetaCommand::BeginTxn {
+        seq,
+        participants: vec![1, 2],
+        at_ms: 2,
+    }) else {
+        panic!("begin");
+    };
+    decide(m, txn, Decision::Commit, placements(name, 2));
+    seq
+}
+
+/// A preemptor bounded to queue `within` (`Some("")`: to none) submitted by a tenant.
+fn bounded(m: &mut MetaState, queue: &str, name: &str, within: Option<&str>) -> GroupSeq {
+    let group = GangGroup {
+        id: name.into(),
+        gangs: vec![gang(name, 2, 50)],
+        queue: queue.into(),
+        owner: "team-a".into(),
+        preempts_within: within.map(String::from),
+    };
+    match m.apply(&MetaCommand::Submit {
+        key: name.into(),
+        group,
+        at_ms: 3,
+        live_max: None,
+    }) {
+        MetaReply::Submitted { seq, .. } => seq,
+        other => panic!("submit: {other:?}"),
+    }
+}
+
+/// By priority, a bounded preemptor displaces only groups of its queue's subtree; an
+/// empty boundary admits none; administrators' groups have no boundary.
+#[test]
+fn a_preemptors_boundary_holds_its_victims_to_its_queue_subtree() {
+    let mut m = MetaState::new(2);
+    for (name, parent) in [("team-a", ""), ("team-a-dev", "team-a"), ("team-b", "")] {
+        m.apply(&MetaCommand::PutQueue {
+            queue: crate::model::QueueSpec {
+                name: name.into(),
+                parent: parent.into(),
+                weight: 1,
+                ..Default::default()
+            },
+        });
+    }
+    let other = placed_in(&mut m, "team-b", "other", 0);
+    let own = placed_in(&mut m, "team-a-dev", "own", 0);
+    let unqueued = placed_in(&mut m, "", "unqueued", 0);
+    let a = bounded(&mut m, "team-a", "urgent", Some("team-a"));
+    for victim in [other, unqueued] {
+        let refused = preempt(&mut m, a, vec![victim]);
+        assert!(
+            matches!(&refused, MetaReply::Rejected { reason, .. } if reason.contains("outside the preemptor's boundary")),
+            "{refused:?}"
+        );
+        assert_eq!(
+            state_of(&m, victim),
+            GroupState::Placed,
+            "a refusal changes nothing"
+        );
+    }
+    let txn = begun(preempt(&mut m, a, vec![own]));
+    decide(&mut m, txn, Decision::Commit, placements("urgent", 2));
+    assert!(state_of(&m, own).is_terminal(), "inside the subtree");
+
+    let none = bounded(&mut m, "", "nowhere", Some(""));
+    assert!(matches!(
+        preempt(&mut m, none, vec![other]),
+        MetaReply::Rejected { .. }
+    ));
+    let admin = submit(&mut m, "admin-urgent", 2, 50);
+    let txn = begun(preempt(&mut m, admin, vec![other]));
+    decide(&mut m, txn, Decision::Commit, placements("admin-urgent", 2));
+    assert!(
+        state_of(&m, other).is_terminal(),
+        "an administrator's group has no boundary"
+    );
+}
+
+/// Keys are per owner, and an owner's live groups are bounded in apply: a group that
+/// ends frees its place.
+#[test]
+fn keys_are_per_owner_and_live_groups_are_bounded() {
+    let mut m = MetaState::new(2);
+    let of = |owner: &str, name: &str| GangGroup {
+        id: name.into(),
+        gangs: vec![gang(name, 1, 0)],
+        owner: owner.into(),
+        ..Default::default()
+    };
+    let submit = |m: &mut MetaState, owner: &str, name: &str, key: &str| {
+        m.apply(&MetaCommand::Submit {
+            key: key.into(),
+            group: of(owner, name),
+            at_ms: 1,
+            live_max: Some(2),
+        })
+    };
+    let seq = |r: MetaReply| match r {
+        MetaReply::Submitted { seq, created, .. } => (seq, created),
+        other => panic!("{other:?}"),
+    };
+    let (a1, new) = seq(submit(&mut m, "team-a", "a1", "k"));
+    assert!(new);
+    let (b1, new) = seq(submit(&mut m, "team-b", "b1", "k"));
+    assert!(
+        new && b1 != a1,
+        "the same key of another owner is another group"
+    );
+    assert_eq!(
+        seq(submit(&mut m, "team-a", "a1", "k")),
+        (a1, false),
+        "a retry"
+    );
+    seq(submit(&mut m, "team-a", "a2", "k2"));
+    let full = submit(&mut m, "team-a", "a3", "k3");
+    assert!(
+        matches!(&full, MetaReply::Rejected { kind: RejectionKind::Exhausted, reason } if reason.contains("team-a has 2")),
+        "{full:?}"
+    );
+    assert_eq!(
+        m.query(&MetaQuery::Owned {
+            owner: "team-a".into(),
+            key: "k".into()
+        }),
+        MetaReply::Owned {
+            live: 2,
+            has_key: true
+        }
+    );
+    m.apply(&MetaCommand::Cancel { seq: a1, at_ms: 2 });
+    assert!(
+        seq(submit(&mut m, "team-a", "a3", "k3")).1,
+        "a group that ended frees its place"
+    );
+}

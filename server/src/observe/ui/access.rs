@@ -4,9 +4,14 @@
 //! token, bounded in number and lifetime, `Secure` when the request came over TLS (a
 //! TLS-terminating proxy says so with `X-Forwarded-Proto: https`); scripts may send
 //! `Authorization: Bearer` on every request instead. Failed sign-ins are limited per
-//! client address. A replica that requires no credentials shows the view to anyone; one
-//! whose callers can only be recognised by a client certificate (mutual TLS without
-//! tokens) shows it to no one, since the HTTP port sees no certificate.
+//! client address. Every request of a session asks again whether its caller may read the
+//! cluster (a token withdrawn from its file, a role taken away, or RBAC changed ends it;
+//! a Kubernetes token that expires or is revoked is noticed only when the session
+//! ends). A replica that requires no credentials shows the view to anyone; one whose
+//! callers can only be recognised by a client certificate (mutual TLS without tokens)
+//! shows it to no one, since the HTTP port sees no certificate; one whose gRPC port
+//! speaks TLS takes tokens only over TLS (a proxy), unless its operator allows them on
+//! the plaintext port (`--ui-plaintext-tokens`, for a trusted network).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -42,7 +47,10 @@ pub enum Refusal {
 }
 
 struct Session {
-    name: String,
+    who: Principal,
+    /// SHA-256 of the token it signed in with (policy and tokens-file callers are looked
+    /// up by it again each request).
+    token: [u8; 32],
     expires: Instant,
 }
 
@@ -51,6 +59,9 @@ struct Session {
 pub struct UiAccess {
     credentials: Arc<Credentials>,
     access: Access,
+    /// Tokens only over TLS (the gRPC port speaks TLS and the operator did not allow
+    /// them on the plaintext HTTP port).
+    tokens_over_tls_only: bool,
     sessions: Arc<Mutex<HashMap<String, Session>>>,
     failures: Arc<Mutex<BTreeMap<IpAddr, (Instant, u32)>>>,
 }
@@ -61,9 +72,29 @@ impl UiAccess {
         Self {
             credentials,
             access,
+            tokens_over_tls_only: false,
             sessions: Arc::default(),
             failures: Arc::default(),
         }
+    }
+
+    /// Takes tokens only from requests that came over TLS when `on`.
+    pub fn tokens_over_tls_only(mut self, on: bool) -> Self {
+        self.tokens_over_tls_only = on;
+        self
+    }
+
+    /// Refuses a token sent over plaintext where tokens travel over TLS only.
+    pub fn check_transport(&self, over_tls: bool) -> Result<(), Refusal> {
+        if self.tokens_over_tls_only && !over_tls {
+            return Err(Refusal::Forbidden(
+                "this cluster speaks TLS: send tokens to the web view over TLS only (a \
+                 TLS-terminating proxy that sets X-Forwarded-Proto: https), or start gangway \
+                 with --ui-plaintext-tokens on a trusted network"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether anyone may see the view without signing in.
@@ -99,11 +130,17 @@ impl UiAccess {
                 tonic::Code::Unavailable => Refusal::Unavailable(s.message().to_string()),
                 _ => Refusal::Unauthenticated(s.message().to_string()),
             })?;
+        self.may_view(&who).await?;
+        Ok(who)
+    }
+
+    /// Whether `who` may read the cluster.
+    async fn may_view(&self, who: &Principal) -> Result<(), Refusal> {
         for ask in [
             Ask::of(Verb::Get, Resource::Cluster),
             Ask::of(Verb::List, Resource::Nodes),
         ] {
-            match self.access.allows(&who, &ask).await {
+            match self.access.allows(who, &ask).await {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(Refusal::Forbidden(format!(
@@ -111,10 +148,10 @@ impl UiAccess {
                         who.name()
                     )))
                 }
-                Err(s) => return Err(Refusal::Unavailable(s.message().to_string())),
+                                Err(s) => return Err(Refusal::Unavailable(s.message().to_string())),
             }
         }
-        Ok(who)
+        Ok(())
     }
 
     /// Signs in from `client` with `token`: a new session id, or why not.
@@ -154,20 +191,37 @@ impl UiAccess {
         sessions.insert(
             id.clone(),
             Session {
-                name: who.name().to_string(),
+                who,
+                token: crate::auth::policy::token_digest(token),
                 expires: now + Duration::from_millis(UI_SESSION_TTL_MS),
             },
         );
         Ok(id)
     }
 
-    /// The name signed in under session `id`, if it is live.
-    pub fn session(&self, id: &str, now: Instant) -> Option<String> {
-        let sessions = self.sessions.lock().ok()?;
-        sessions
-            .get(id)
-            .filter(|s| s.expires > now)
-            .map(|s| s.name.clone())
+    /// Whether session `id` is live and its caller may still read the cluster: the name
+    /// signed in, or why not.
+    pub async fn session(&self, id: &str, now: Instant) -> Result<String, Refusal> {
+        let ended = || Refusal::Unauthenticated("the session ended: sign in again".into());
+        let (who, token) = {
+            let sessions = self.sessions.lock().map_err(|_| ended())?;
+            let s = sessions
+                .get(id)
+                .filter(|s| s.expires > now)
+                .ok_or_else(ended)?;
+            (s.who.clone(), s.token)
+        };
+        let who = match who {
+            // Looked up again: the policy or the tokens file may have changed.
+            Principal::Policy(_) => {
+                Principal::Policy(self.credentials.identity_by_digest(&token).ok_or_else(|| {
+                    Refusal::Unauthenticated("the token was withdrawn: sign in again".into())
+                })?)
+            }
+            other => other,
+        };
+        self.may_view(&who).await?;
+        Ok(who.name().to_string())
     }
 
     /// Ends session `id`.
@@ -239,6 +293,7 @@ mod tests {
             peer_secret: Tokens::generated_peer_secret().expect("secret"),
             cluster_id: "gangway".into(),
             node_id: 1,
+            accept_legacy_secret: false,
         };
         (
             UiAccess::new(Arc::new(credentials), Access::policy_only()),
@@ -265,11 +320,11 @@ identities:
             .expect("a viewer signs in");
         assert_eq!(id.len(), 2 * UI_SESSION_ID_BYTES);
         assert!(!id.contains("viewer-token"));
-        assert_eq!(ui.session(&id, now).as_deref(), Some("watcher"));
+        assert_eq!(ui.session(&id, now).await, Ok("watcher".to_string()));
         let later = now + Duration::from_millis(UI_SESSION_TTL_MS + 1);
-        assert_eq!(ui.session(&id, later), None, "sessions expire");
+        assert!(ui.session(&id, later).await.is_err(), "sessions expire");
         ui.sign_out(&id);
-        assert_eq!(ui.session(&id, now), None);
+        assert!(ui.session(&id, now).await.is_err());
         let tenant = ui.sign_in(None, "tenant-token-0123456789", now).await;
         assert!(matches!(tenant, Err(Refusal::Forbidden(_))), "{tenant:?}");
     }
@@ -295,5 +350,36 @@ identities:
             .sign_in(Some(ip), "viewer-token-0123456789", later)
             .await
             .is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_session_ends_when_its_token_is_withdrawn_and_tokens_need_tls_on_a_tls_cluster() {
+        let (ui, dir) = ui(POLICY);
+        let now = Instant::now();
+        let id = ui
+            .sign_in(None, "viewer-token-0123456789", now)
+            .await
+            .expect("signed in");
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(
+            dir.path().join("policy.yaml"),
+            "identities: [{name: other, roles: [viewer], tokens: [other-token-0123456789]}]",
+        )
+        .expect("write");
+        if let Some(p) = &ui.credentials.policy {
+            p.reload_if_changed();
+        }
+        let refused = ui.session(&id, now).await;
+        assert!(
+            matches!(&refused, Err(Refusal::Unauthenticated(why)) if why.contains("withdrawn")),
+            "{refused:?}"
+        );
+        let strict = ui.clone().tokens_over_tls_only(true);
+        assert!(matches!(
+            strict.check_transport(false),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(strict.check_transport(true).is_ok());
+        assert!(ui.check_transport(false).is_ok());
     }
 }

@@ -142,24 +142,19 @@ async fn require_token(State(state): State<UiState>, request: Request, next: Nex
     let headers = request.headers();
     let path = request.uri().path().to_string();
     if let Some(token) = bearer_token(headers) {
+        if let Err(refusal) = state.access.check_transport(over_tls(headers)) {
+            return refused(&path, refusal);
+        }
         return match state.access.viewer(&token).await {
             Ok(_) => next.run(request).await,
             Err(refusal) => refused(&path, refusal),
         };
     }
     match session_cookie(headers) {
-        Some(id)
-            if state
-                .access
-                .session(&id, std::time::Instant::now())
-                .is_some() =>
-        {
-            next.run(request).await
-        }
-        Some(_) => refused(
-            &path,
-            Refusal::Unauthenticated("the session ended: sign in again".into()),
-        ),
+        Some(id) => match state.access.session(&id, std::time::Instant::now()).await {
+            Ok(_) => next.run(request).await,
+            Err(refusal) => refused(&path, refusal),
+        },
         None => {
             if path.starts_with("/ui/panel") || path == "/ui/events" {
                 (StatusCode::UNAUTHORIZED, "sign in first").into_response()
@@ -194,6 +189,9 @@ async fn login(
             "/ui/login",
             Refusal::Unauthenticated("token not accepted".into()),
         );
+    }
+    if let Err(refusal) = state.access.check_transport(over_tls(&headers)) {
+        return refused("/ui/login", refusal);
     }
     let client = client.map(|c| c.0 .0.ip());
     let id = match state
