@@ -324,7 +324,7 @@ fn print_group(s: &GangGroupStatus, output: Output) {
                 "{}",
                 json!({"id": s.id, "name": s.name, "key": s.idempotency_key, "state": s.state, "reason": s.reason,
                        "attempts": s.attempts, "members": s.members, "gangs": s.gangs, "placements": placements,
-                       "version": s.version})
+                       "version": s.version, "queue": s.queue, "owner": s.owner})
             );
         }
         Output::Table => print_groups(std::slice::from_ref(s), output),
@@ -336,14 +336,28 @@ fn print_groups(list: &[GangGroupStatus], output: Output) {
         Output::Json => list.iter().for_each(|s| print_group(s, output)),
         Output::Table => {
             println!(
-                "{:<6} {:<24} {:<10} {:<8} {:<8} REASON",
-                "ID", "NAME", "STATE", "MEMBERS", "PLACED"
+                "{:<6} {:<24} {:<10} {:<8} {:<8} {:<16} {:<16} REASON",
+                "ID", "NAME", "STATE", "MEMBERS", "PLACED", "QUEUE", "OWNER"
             );
+            let or_dash = |v: &str| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.to_string()
+                }
+            };
             for s in list {
                 let placed = s.placements.len();
                 println!(
-                    "{:<6} {:<24} {:<10} {:<8} {:<8} {}",
-                    s.id, s.name, s.state, s.members, placed, s.reason
+                    "{:<6} {:<24} {:<10} {:<8} {:<8} {:<16} {:<16} {}",
+                    s.id,
+                    s.name,
+                    s.state,
+                    s.members,
+                    placed,
+                    or_dash(&s.queue),
+                    or_dash(&s.owner),
+                    s.reason
                 );
             }
         }

@@ -12,12 +12,15 @@
 //! - With mutual TLS, a connection without a client certificate is refused, unless the
 //!   replica takes bearer tokens without one (`--tls-client-certs optional`) and the
 //!   request sends a token.
-//! - A bearer token from `--auth-tokens-file` is an administrator named `admin`; one the
+//! - A bearer token from `--auth-tokens-file` is an administrator named `tokens:admin`; one the
 //!   policy names is that identity; with `--kube-auth`, any other is left for the
 //!   Kubernetes API to review ([`Caller::Unreviewed`]); otherwise it is refused.
 //! - Without a token, a client certificate whose subject CN the policy names is that
 //!   identity; with no policy at all, any certificate the CA signed is an administrator
-//!   (named after its CN), as before policies existed.
+//!   (named `cert:` and its CN), as before policies existed.
+//! - Writing for the first rollout of an upgrade, the peer secret itself (as the release
+//!   before sends it) also makes a peer, over a connection that presented a certificate
+//!   if the port speaks TLS.
 //! - No credential at all is refused, except on a replica that requires none
 //!   (`gangway dev`, tests): there every caller is [`Caller::Open`].
 
@@ -182,7 +185,10 @@ impl Credentials {
         certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     ) -> Result<Caller, Status> {
         let subject = leaf_subject(certs);
-        if self.accept_legacy_secret && self.legacy_secret(metadata) {
+        if self.accept_legacy_secret
+            && (!self.tls || subject.is_some())
+            && self.legacy_secret(metadata)
+        {
             return Ok(Caller::Peer);
         }
         match self.peer_proof(metadata) {
@@ -191,8 +197,8 @@ impl Credentials {
             }
             Some(true) => {
                 return Err(Status::unauthenticated(format!(
-                    "a peer proof needs a peer certificate (subject O={PEER_ORGANIZATION}) on this \
-                     mutual-TLS cluster"
+                                        "a peer proof needs a peer certificate (subject O or CN {PEER_ORGANIZATION}) \
+                     on this mutual-TLS cluster"
                 )))
             }
             Some(false) => {
