@@ -9,10 +9,19 @@ use std::path::{Path, PathBuf};
 use gangway_raft::{NodeId, RaftTiming};
 use serde::Deserialize;
 
-use crate::wire::WireFormat;
+use gangway_core::wire::WireFormat;
 
-/// Most shards a cluster may have.
-pub const SHARDS_MAX: u32 = 256;
+/// `--wire-format`'s parser: the formats' names, each with its summary in `--help`.
+pub fn wire_format_parser() -> impl clap::builder::TypedValueParser<Value = WireFormat> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        WireFormat::ALL.map(|f| PossibleValue::new(f.name()).help(f.summary())),
+    )
+    .try_map(|name| name.parse::<WireFormat>())
+}
+
+/// Most shards a cluster may have (the shard map's bound).
+pub use gangway_core::ledger::meta::shard_map::SHARDS_MAX;
 /// Default number of shards.
 pub const SHARDS_DEFAULT: u32 = 4;
 /// Default sled page cache, in MiB.
@@ -123,7 +132,7 @@ pub struct ServeArgs {
     /// Format this replica writes commands, replies and snapshots in; it reads both.
     /// `json` only while upgrading a cluster from a release that reads nothing else
     /// (docs/ARCHITECTURE.md §3, "Encoding") [default: binary].
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = wire_format_parser())]
     pub wire_format: Option<WireFormat>,
     /// Whether the coordinator moves nodes between shards on its own when one shard
     /// holds more than `--rebalance-bound-percent` of the mean capacity
@@ -606,7 +615,7 @@ impl ServeConfig {
         ) {
             (false, _) => args.allocation_host_path_prefixes.clone(),
             (true, Some(list)) => list.clone(),
-            (true, None) => crate::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
+            (true, None) => gangway_core::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),

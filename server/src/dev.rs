@@ -23,7 +23,6 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::datadir::{self, Identity};
-use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::observe::ui::read::Source;
@@ -31,7 +30,8 @@ use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
-use crate::wire::WireFormat;
+use gangway_core::engine::Profile;
+use gangway_core::wire::WireFormat;
 
 /// Replicas `gangway dev` runs.
 pub const DEV_REPLICAS: u64 = 3;
@@ -59,7 +59,7 @@ pub struct DevArgs {
     #[arg(long)]
     pub http: Option<SocketAddr>,
     /// Format the replicas write commands, replies and snapshots in (they read both).
-    #[arg(long, value_enum, default_value_t = WireFormat::Binary)]
+    #[arg(long, value_parser = crate::config::wire_format_parser(), default_value = "binary")]
     pub wire_format: WireFormat,
 }
 

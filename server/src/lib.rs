@@ -1,5 +1,5 @@
-//! gangway-server: the scheduler's domain and services. `ledger` holds the
-//! deterministic state machines, `replicated` binds them to Raft groups,
+//! gangway-server: the scheduler's services around gangway-core (the model, ledgers,
+//! engine and plans). `replicated` binds the ledgers to Raft groups,
 //! `frontdoor` serves the public gRPC API, `replica` runs one replica,
 //! `serve` and `dev` are the process entry points, `observe` the HTTP
 //! endpoints and metrics, `bench` the benchmarks.
@@ -12,16 +12,12 @@ pub mod config;
 pub mod coordinator;
 pub mod datadir;
 pub mod dev;
-pub mod engine;
 pub mod failpoints;
 pub mod frontdoor;
 pub mod kube;
-pub mod ledger;
-pub mod model;
 pub mod observe;
+pub mod participant;
 pub mod replica;
 pub mod replicated;
 pub mod security;
 pub mod serve;
-pub mod shard;
-pub mod wire;

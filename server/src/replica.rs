@@ -20,20 +20,20 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::auth::limits::StreamLimits;
 use crate::auth::{ClientGate, PeerGate};
-use crate::coordinator::budgets::DisruptionBudgets;
 use crate::coordinator::Coordinator;
-use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::frontdoor::admin::AdminFront;
 use crate::frontdoor::inventory::InventoryService;
 use crate::frontdoor::queues::QueuesService;
 use crate::frontdoor::scheduler::SchedulerService;
+use crate::participant::resolver;
+use crate::replicated::growth::ShardCount;
+use crate::replicated::warmer::SelectorWarmer;
 use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, ServerSecurity, ServerTls};
-use crate::shard::growth::ShardCount;
-use crate::shard::resolver;
-use crate::shard::warmer::SelectorWarmer;
-use crate::wire::WireFormat;
+use gangway_core::engine::Profile;
+use gangway_core::plan::budgets::DisruptionBudgets;
+use gangway_core::wire::WireFormat;
 
 /// Period of the check for groups that stopped on their own.
 pub const STOPPED_GROUP_CHECK_MS: u64 = 200;
@@ -181,7 +181,7 @@ impl Replica {
                 gate.clone(),
             ))
             .add_service(InterceptedService::new(
-                crate::frontdoor::shards::ShardsService::new(
+                crate::frontdoor::shard_admin::ShardsService::new(
                     groups.clone(),
                     shard_count.clone(),
                     opts.rebalance,
@@ -247,7 +247,7 @@ impl Replica {
         let stop = replica.stop_services.subscribe();
         replica
             .services
-            .push(tokio::spawn(crate::shard::growth::run(
+            .push(tokio::spawn(crate::replicated::growth::run(
                 groups.clone(),
                 shard_count.clone(),
                 stop.clone(),

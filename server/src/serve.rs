@@ -14,15 +14,15 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Decision, StartMode};
 use crate::config::ServeConfig;
-use crate::coordinator::budgets::DisruptionBudgets;
 use crate::datadir::{self, Identity};
-use crate::engine::Profile;
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
 use crate::observe::ui::read::Source;
 use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
+use gangway_core::engine::Profile;
+use gangway_core::plan::budgets::DisruptionBudgets;
 
 /// Runs one replica until a shutdown signal.
 pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyhow::Result<()> {
@@ -58,7 +58,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     datadir::probe(&cfg.data, &identity)?;
     // Writing for the first rollout of an upgrade, replicas of the release before (which
     // send and expect the peer secret itself) are peers too.
-    let first_rollout = cfg.wire == crate::wire::WireFormat::Json;
+    let first_rollout = cfg.wire == gangway_core::wire::WireFormat::Json;
     let reviewer: Option<Arc<dyn crate::auth::access::Reviewer>> = match (&cfg.kube, cfg.kube_auth)
     {
         (Some((server, _)), true) => {

@@ -373,7 +373,7 @@ async fn a_replica_writing_for_the_first_rollout_moves_nothing() {
     let a = register_zone(&cl, "a", 6, "4").await;
     let shards: BTreeSet<u32> = a.values().copied().collect();
     assert_eq!(shards.len(), 1, "one zone, one shard: {a:?}");
-    let expected = gangway_server::ledger::meta::hashed_shard("x", Some("a"), 2);
+    let expected = gangway_core::ledger::meta::hashed_shard("x", Some("a"), 2);
     assert_eq!(shards.into_iter().next(), Some(expected));
     let refused = cl
         .move_nodes(Some("a".into()), Vec::new(), 3 - expected, true)

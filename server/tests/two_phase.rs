@@ -345,9 +345,9 @@ async fn conflicting_submissions_are_refused_naming_what_conflicts() {
 /// Every internal RPC called the way a client would (a client's credentials or
 /// none, the right envelope) and what each must answer: refused as unauthenticated.
 async fn raft_transport_as_a_client(c: &Cluster, node: u64, member: &str) -> Vec<String> {
+    use gangway_core::ledger::{LedgerCommand, LedgerOp, ReleaseTarget};
     use gangway_proto::raft::raft_transport_client::RaftTransportClient;
     use gangway_proto::raft::{Envelope, ProposeRequest, RaftRequest, ReadRequest};
-    use gangway_server::ledger::{LedgerCommand, LedgerOp, ReleaseTarget};
     let addr = format!("http://{}", c.procs[&node].grpc);
     let mut raft = RaftTransportClient::connect(addr)
         .await
@@ -359,7 +359,7 @@ async fn raft_transport_as_a_client(c: &Cluster, node: u64, member: &str) -> Vec
         to_node: node,
     });
     let key =
-        gangway_server::model::gang::MemberKey::try_from(member.to_string()).expect("member key");
+        gangway_core::model::gang::MemberKey::try_from(member.to_string()).expect("member key");
     let release = LedgerCommand::new(
         u64::MAX / 2,
         LedgerOp::Release {

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use super::plugins::{PluginHandle, Plugins};
 use crate::frontdoor::devices::driver_for;
 use crate::frontdoor::inventory::allocation_to_api;
-use crate::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
+use gangway_core::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
 
 /// Period between the agent's reads of its node's placements, in ms.
 pub const ALLOCATION_POLL_MS: u64 = 500;
@@ -431,7 +431,7 @@ fn collect_garbage(checkpoint: &mut Checkpoint, info: &NodeInfo) {
 /// large) is logged and not sent again; one refused because the member's group ended
 /// or moved waits for the garbage collection; others are tried again next poll.
 async fn report_pending(client: &Client, node: &str, checkpoint: &mut Checkpoint) {
-    use crate::model::FieldPath;
+    use gangway_core::model::FieldPath;
     for (member, resources) in checkpoint.entries.iter_mut() {
         for entry in resources.values_mut().filter(|e| !e.reported) {
             if let Err(e) = entry.allocation.validate(&FieldPath::new("allocation")) {

@@ -35,7 +35,7 @@ use std::time::SystemTime;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::model::names::is_dns_label;
+use gangway_core::model::names::is_dns_label;
 
 /// Most identities one policy may name.
 pub const POLICY_IDENTITIES_MAX: usize = 10_000;
@@ -357,7 +357,7 @@ fn identity(at: &str, doc: &IdentityDoc) -> Result<Identity, String> {
         ));
     }
     for (i, n) in doc.nodes.iter().enumerate() {
-        if !crate::model::names::is_dns_subdomain(n) {
+        if !gangway_core::model::names::is_dns_subdomain(n) {
             return Err(field_error(
                 &format!("{at}.nodes[{i}]"),
                 format!("{n:?} is not a DNS-1123 subdomain"),

@@ -33,7 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::e2e::{register_nodes, spawn_cluster_flags};
 use super::percentile;
-use crate::wire::WireFormat;
+use gangway_core::wire::WireFormat;
 
 /// Live groups the attacking tenant may have.
 pub const ATTACKER_LIVE_GROUPS_MAX: u32 = 64;

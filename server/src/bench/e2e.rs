@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::{percentile, rss_bytes};
-use crate::wire::WireFormat;
+use gangway_core::wire::WireFormat;
 
 /// Most nodes the benchmark registers.
 pub const E2E_NODES_MAX: usize = 100_000;
@@ -76,8 +76,9 @@ pub struct E2eBenchArgs {
 fn parse_formats(text: &str) -> anyhow::Result<Vec<WireFormat>> {
     text.split(',')
         .map(|v| {
-            <WireFormat as clap::ValueEnum>::from_str(v.trim(), true)
-                .map_err(|_| anyhow::anyhow!("--wire-formats: {v:?} is not binary or json"))
+            v.trim()
+                .parse::<WireFormat>()
+                .map_err(|e| anyhow::anyhow!("--wire-formats: {e}"))
         })
         .collect()
 }
@@ -654,9 +655,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     let queue_counts = parse_list("--queues", &args.queues)?;
     if queue_counts
         .iter()
-        .any(|q| *q > crate::model::queue::QUEUES_MAX)
+        .any(|q| *q > gangway_core::model::queue::QUEUES_MAX)
     {
-        bail!("--queues: at most {}", crate::model::queue::QUEUES_MAX);
+        bail!(
+            "--queues: at most {}",
+            gangway_core::model::queue::QUEUES_MAX
+        );
     }
     let sizes = parse_list("--gang-sizes", &args.gang_sizes)?;
     if args.nodes == 0 || args.nodes > E2E_NODES_MAX {

@@ -10,12 +10,12 @@ use anyhow::bail;
 
 use super::rss_bytes;
 
-use crate::engine::bench::{
+use gangway_core::engine::bench::{
     bench_gpus, run, run_device_gangs, run_devices, run_gangs, BenchReport, BENCH_DRIVER,
     BENCH_GPUS_PER_NODE,
 };
-use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
-use crate::model::{Node, Resources};
+use gangway_core::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
+use gangway_core::model::{Node, Resources};
 
 /// Most nodes any part of the benchmark builds.
 pub const BENCH_NODES_MAX: usize = 1_000_000;

@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::e2e::{spawn_cluster_with, wait_ready};
 use super::percentile;
 use crate::failpoints::SELECTORS_INLINE;
-use crate::model::cel::compile_selector;
+use gangway_core::model::cel::compile_selector;
 
 /// Most nodes the benchmark registers.
 pub const SELECTOR_BENCH_NODES_MAX: usize = 1_000;
@@ -253,7 +253,7 @@ pub async fn run(args: SelectorBenchArgs) -> anyhow::Result<()> {
         "selectors: {} nodes x {} GPUs, one shard; slow selector: {n}x{n} loop per device, estimated cost {cost} (budget {})",
         args.nodes,
         args.gpus,
-        crate::model::cel_cost::SELECTOR_COST_MAX,
+        gangway_core::model::cel_cost::SELECTOR_COST_MAX,
         n = args.loop_len
     );
     println!(

@@ -20,9 +20,9 @@ use gangway_proto::v1::NodeSpec;
 use serde_json::json;
 
 use crate::bench::e2e::{spawn_cluster_flags, wait_ready, wait_released};
-use crate::coordinator::rebalance::peak_percent;
-use crate::ledger::meta::hashed_shard;
-use crate::wire::WireFormat;
+use gangway_core::ledger::meta::hashed_shard;
+use gangway_core::plan::rebalance::peak_percent;
+use gangway_core::wire::WireFormat;
 
 /// The topology label the benchmark's nodes carry and its replicas partition by.
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::engine::bench::gang_workload;
-use crate::ledger::{LedgerCommand, LedgerOp, ShardLedger};
-use crate::wire::{self, WireFormat};
+use gangway_core::engine::bench::gang_workload;
+use gangway_core::ledger::{LedgerCommand, LedgerOp, ShardLedger};
+use gangway_core::wire::{self, WireFormat};
 
 /// Most nodes the benchmark builds.
 pub const WIRE_NODES_MAX: usize = 200_000;

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use crate::ledger::meta::Decision;
+use gangway_core::ledger::meta::Decision;
 
 /// A phase of a placement round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,14 +15,9 @@
 //! One task per replica, owned by the `Replica`; it acts only while this
 //! replica leads the meta group.
 
-pub mod assign;
-pub mod budgets;
 pub mod metrics;
 pub mod moves;
 pub mod preempt;
-pub mod rebalance;
-pub mod release;
-pub mod victims;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,20 +29,22 @@ use gangway_raft::META_GROUP;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::engine::{GangPlacement, Profile};
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::command::{HoldKind, NetworkHold};
-use crate::ledger::meta::{
+use crate::replicated::growth::ShardCount;
+use crate::replicated::release;
+use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
+use gangway_core::engine::{GangPlacement, Profile};
+use gangway_core::ledger::command::{HoldKind, NetworkHold};
+use gangway_core::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
     Placement,
 };
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
-use crate::model::{MemberKey, PodSpec};
-use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
-use crate::shard::growth::ShardCount;
-use assign::{assign, AssignOutcome, Assignment};
-use budgets::DisruptionBudgets;
+use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
+use gangway_core::model::{MemberKey, PodSpec};
+use gangway_core::plan::assign::{self, assign, AssignOutcome, Assignment};
+use gangway_core::plan::budgets::DisruptionBudgets;
+use gangway_core::plan::rebalance;
+use gangway_core::query::{ShardAnswer, ShardQuery};
 use metrics::{transaction_ended, Phase, PhaseTimer};
 
 /// Period between the coordinator's reads of the shards' capacity (recorded in meta
@@ -74,12 +71,12 @@ enum Activity {
 
 /// How long a participant holds a reservation before asking for the decision.
 pub const RESERVE_TTL_MS: u64 = 10_000;
-const _: () = assert!(RESERVE_TTL_MS <= crate::ledger::RESERVE_HOLD_MS_MAX);
+const _: () = assert!(RESERVE_TTL_MS <= gangway_core::ledger::RESERVE_HOLD_MS_MAX);
 /// Most groups looked at in one round.
 pub const GROUPS_PER_ROUND_MAX: usize = 256;
 // A round's batched writes carry one command per group: they must fit one batch.
-const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::meta::META_BATCH_MAX);
-const _: () = assert!(GROUPS_PER_ROUND_MAX <= crate::ledger::command::LEDGER_BATCH_MAX);
+const _: () = assert!(GROUPS_PER_ROUND_MAX <= gangway_core::ledger::meta::META_BATCH_MAX);
+const _: () = assert!(GROUPS_PER_ROUND_MAX <= gangway_core::ledger::command::LEDGER_BATCH_MAX);
 /// Most members planned together in one batched round.
 pub const BATCH_MEMBERS_MAX: usize = 8_192;
 /// Most preemption attempts in one round: each asks every shard for offers (up to
@@ -458,7 +455,7 @@ impl Coordinator {
                 _ => None,
             }
         });
-        let mut total = crate::model::Resources::zero();
+        let mut total = gangway_core::model::Resources::zero();
         for read in join_all(reads).await {
             // A shard that cannot answer now (an election, say) leaves the old record.
             let Some(allocatable) = read else {
@@ -1072,7 +1069,7 @@ impl Coordinator {
                 .armed(failpoints::COORDINATOR_SKIPS_DECISION)
         {
             tracing::error!(%txn, "bug switch {}: telling COMMIT with no recorded decision", failpoints::COORDINATOR_SKIPS_DECISION);
-            let ops = release::decision_ops(txn, Decision::Commit, false);
+            let ops = gangway_core::plan::decision::decision_ops(txn, Decision::Commit, false);
             for shard in participants {
                 let _ = self
                     .groups

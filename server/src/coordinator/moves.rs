@@ -16,13 +16,15 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
-use crate::coordinator::rebalance::{self, PlannedMove, WeightedNode};
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::command::Parcel;
-use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, ShardMove};
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerError, LedgerOp, LedgerReply};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
+use gangway_core::ledger::command::Parcel;
+use gangway_core::ledger::meta::{
+    MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, ShardMove,
+};
+use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply};
+use gangway_core::plan::rebalance::{self, PlannedMove, WeightedNode};
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// Longest a rebalance read of one shard's node weights waits, in ms.
 pub const WEIGHTS_READ_TIMEOUT_MS: u64 = 2_000;

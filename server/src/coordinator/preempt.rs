@@ -24,20 +24,20 @@ use std::time::Instant;
 
 use futures::future::join_all;
 
-use super::assign::{assign, AssignOutcome, Assignment};
-use super::budgets::{broken, placed_pods};
-use super::victims::{by_group, choose_victims, from_group_offers};
 use super::{placements, refusal_reason, Coordinator, Vote, RESERVE_TTL_MS};
-use crate::engine::group_preemption::GroupOffer;
-use crate::engine::GangPlacement;
 use crate::failpoints;
-use crate::ledger::meta::{
+use crate::replicated::{now_ms, GroupError, ShardOutcome};
+use gangway_core::engine::group_preemption::GroupOffer;
+use gangway_core::engine::GangPlacement;
+use gangway_core::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply,
 };
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerOp, LedgerReply, TxnId};
-use crate::model::{GangId, MemberKey, PodSpec};
-use crate::replicated::{now_ms, GroupError, ShardOutcome};
+use gangway_core::ledger::{LedgerOp, LedgerReply, TxnId};
+use gangway_core::model::{GangId, MemberKey, PodSpec};
+use gangway_core::plan::assign::{assign, AssignOutcome, Assignment};
+use gangway_core::plan::budgets::{broken, placed_pods};
+use gangway_core::plan::victims::{by_group, choose_victims, from_group_offers};
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// What a preemption attempt came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub(super) enum Grounds {
     /// The preemptor's priority is above every victim's.
     Priority,
     /// The preemptor's queue takes back its `min` from these groups of queues above
-    /// theirs, youngest first ([`crate::ledger::meta::MetaState::reclaimable`]); the
+    /// theirs, youngest first ([`gangway_core::ledger::meta::MetaState::reclaimable`]); the
     /// choice prefers the youngest.
     Reclaim(Vec<GroupSeq>),
 }

@@ -22,17 +22,17 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use crate::frontdoor::inventory::{apply_op, shard_of};
-use crate::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, PoolKey};
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerOp, LedgerReply, NodeEntry};
-use crate::model::device::{
+use crate::replicated::{now_ms, Groups};
+use gangway_core::ledger::devices::{DeviceEviction, DeviceHealth, DeviceHealthReport, PoolKey};
+use gangway_core::ledger::{LedgerOp, LedgerReply, NodeEntry};
+use gangway_core::model::device::{
     AttributeValue, CelSelector, Device, DeviceClass, DeviceId, ATTRIBUTE_VALUE_LENGTH_MAX,
     DRIVER_NAME_LENGTH_MAX, POOL_DEVICES_MAX,
 };
-use crate::model::error::FieldPath;
-use crate::model::names::validate_dns_subdomain;
-use crate::model::resources::ResourceName;
-use crate::replicated::{now_ms, Groups};
+use gangway_core::model::error::FieldPath;
+use gangway_core::model::names::validate_dns_subdomain;
+use gangway_core::model::resources::ResourceName;
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// Acks queued for a slow agent before the stream stops reading its reports.
 pub const DEVICE_ACKS_QUEUED_MAX: usize = 8;
@@ -94,7 +94,7 @@ impl PluginPool {
     }
 }
 
-pub use crate::model::node_allocation::{device_name, driver_for};
+pub use gangway_core::model::node_allocation::{device_name, driver_for};
 
 /// Checks a report and translates it; every error names the field.
 pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> {
@@ -517,7 +517,7 @@ mod tests {
         class
             .validate(&FieldPath::root())
             .expect("the class is valid");
-        crate::model::device::validate_pool(
+        gangway_core::model::device::validate_pool(
             &FieldPath::root(),
             &pool.driver,
             pool.pool(),

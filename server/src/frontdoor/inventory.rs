@@ -22,20 +22,20 @@ use crate::auth::access::{self, Access, Ask, Principal, Resource, Verb};
 use crate::auth::limits::StreamLimits;
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
-use crate::ledger::devices::{AgentLink, DeviceHealth};
-use crate::ledger::meta::{
+use crate::replicated::growth::ShardCount;
+use crate::replicated::{now_ms, Groups, ShardOutcome};
+use gangway_core::ledger::devices::{AgentLink, DeviceHealth};
+use gangway_core::ledger::meta::{
     domain_of, shard_command, MetaCommand, MetaQuery, MetaReply, RejectionKind,
 };
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::usage::SlotState;
-use crate::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
-use crate::model::device::DeviceId;
-use crate::model::node::RawTaint;
-use crate::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
-use crate::model::resources::RawQuantity;
-use crate::model::{Node, RawNode, Readiness, Resources, Schedulability};
-use crate::replicated::{now_ms, Groups, ShardOutcome};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::usage::SlotState;
+use gangway_core::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
+use gangway_core::model::device::DeviceId;
+use gangway_core::model::node::RawTaint;
+use gangway_core::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
+use gangway_core::model::resources::RawQuantity;
+use gangway_core::model::{Node, RawNode, Readiness, Resources, Schedulability};
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// A node lease's length when a heartbeat leaves it out, in ms (kubelet's node monitor
 /// grace period).
@@ -54,7 +54,7 @@ impl Default for InventoryOptions {
     fn default() -> Self {
         Self {
             topology_label: None,
-            host_path_prefixes: crate::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
+            host_path_prefixes: gangway_core::model::node_allocation::HOST_PATH_PREFIXES_DEFAULT
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
@@ -453,7 +453,7 @@ impl Inventory for InventoryService {
             .as_ref()
             .map(allocation_from_api)
             .ok_or_else(|| Status::invalid_argument("allocation: missing"))?;
-        let at = crate::model::FieldPath::new("allocation");
+        let at = gangway_core::model::FieldPath::new("allocation");
         allocation
             .validate(&at)
             .and_then(|()| allocation.validate_host_access(&at, &self.options.host_path_prefixes))

@@ -6,4 +6,4 @@ pub mod devices;
 pub mod inventory;
 pub mod queues;
 pub mod scheduler;
-pub mod shards;
+pub mod shard_admin;

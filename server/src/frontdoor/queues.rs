@@ -16,10 +16,10 @@ use gangway_proto::admin::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::ledger::meta::{MetaCommand, MetaQuery, MetaReply, QueueStatus, RejectionKind};
-use crate::model::queue::{Amount, Limits, QUEUE_WEIGHT_DEFAULT};
-use crate::model::{FieldPath, QueueSpec, Resources};
 use crate::replicated::Groups;
+use gangway_core::ledger::meta::{MetaCommand, MetaQuery, MetaReply, QueueStatus, RejectionKind};
+use gangway_core::model::queue::{Amount, Limits, QUEUE_WEIGHT_DEFAULT};
+use gangway_core::model::{FieldPath, QueueSpec, Resources};
 
 /// The Queues gRPC service over one replica's groups.
 pub struct QueuesService {
@@ -71,7 +71,7 @@ impl QueuesService {
 
 /// Reads an API queue into the model's, naming the field at fault.
 pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
-    let invalid = |e: crate::model::ValidationError| Status::invalid_argument(e.to_string());
+    let invalid = |e: gangway_core::model::ValidationError| Status::invalid_argument(e.to_string());
     let spec = QueueSpec {
         name: api.name.clone(),
         parent: api.parent.clone(),
@@ -93,7 +93,7 @@ pub fn queue_spec(api: &ApiQueueSpec) -> Result<QueueSpec, Status> {
 fn limits(
     path: &FieldPath,
     map: &std::collections::HashMap<String, String>,
-) -> Result<Limits, crate::model::ValidationError> {
+) -> Result<Limits, gangway_core::model::ValidationError> {
     let sorted: BTreeMap<String, String> =
         map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     Limits::from_quantities(path, &sorted)
@@ -245,7 +245,10 @@ mod tests {
         let spec =
             queue_spec(&api("team-a", &[("cpu", "8"), ("nvidia.com/gpu", "4")])).expect("valid");
         assert_eq!(spec.weight, QUEUE_WEIGHT_DEFAULT);
-        assert_eq!(spec.max.get(&crate::model::ResourceName::Cpu), Some(8_000));
+        assert_eq!(
+            spec.max.get(&gangway_core::model::ResourceName::Cpu),
+            Some(8_000)
+        );
         let bad = queue_spec(&api("team-a", &[("cpu", "eight")])).expect_err("bad quantity");
         assert_eq!(bad.code(), tonic::Code::InvalidArgument);
         assert!(

@@ -24,19 +24,19 @@ use tonic::{Request, Response, Status};
 use crate::auth::access::{self, Access, Ask, Principal, Resource, Verb};
 use crate::auth::limits::StreamLimits;
 use crate::auth::policy::LIVE_GROUPS_PER_IDENTITY_DEFAULT;
-use crate::coordinator::release::release_members;
 use crate::failpoints::{self, Failpoints};
-use crate::ledger::meta::{
+use crate::replicated::growth::ShardCount;
+use crate::replicated::release::release_members;
+use crate::replicated::{now_ms, GroupError, Groups};
+use gangway_core::ledger::meta::{
     GroupSeq, GroupSummary, MetaCommand, MetaQuery, MetaReply, RejectionKind,
 };
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerOp, ReleaseTarget};
-use crate::model::gang::{RawGang, RawGangSpec, RawMember};
-use crate::model::{
+use gangway_core::ledger::{LedgerOp, ReleaseTarget};
+use gangway_core::model::gang::{RawGang, RawGangSpec, RawMember};
+use gangway_core::model::{
     clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
 };
-use crate::replicated::{now_ms, GroupError, Groups};
-use crate::shard::growth::ShardCount;
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// Most members one gang group may have.
 pub const GROUP_MEMBERS_MAX: usize = 10_000;
@@ -550,7 +550,7 @@ fn ancestors(parents: &BTreeMap<String, String>, queue: &str) -> Option<Vec<Stri
 
 fn invalid(field: String, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(
-        crate::model::ValidationError {
+        gangway_core::model::ValidationError {
             path: clip_to(&field, PATH_CHARS_MAX).into_owned(),
             message: clip_to(&reason.to_string(), MESSAGE_CHARS_MAX).into_owned(),
         }
@@ -641,7 +641,7 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
             serde_json::from_str(&m.pod_json)
                 .map_err(|e| invalid(format!("{field}.pod_json"), e))?
         };
-        let at = crate::model::FieldPath::new(&format!("{field}.pod_json"));
+        let at = gangway_core::model::FieldPath::new(&format!("{field}.pod_json"));
         spec.validate(&at)
             .and_then(|pod| pod.within_bounds(&at))
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -983,7 +983,7 @@ impl Scheduler for SchedulerService {
             let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
             match tokio::time::timeout(Duration::from_millis(SHARD_READ_TIMEOUT_MS), read).await {
                 Ok(Ok(ShardAnswer::Capacity { allocatable })) => {
-                    allocatable.get(&crate::model::resources::ResourceName::Cpu)
+                    allocatable.get(&gangway_core::model::resources::ResourceName::Cpu)
                 }
                 _ => 0,
             }

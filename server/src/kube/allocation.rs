@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
-use crate::model::device::DeviceId;
-use crate::model::pod::TolerationOperator;
+use gangway_core::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
+use gangway_core::model::device::DeviceId;
+use gangway_core::model::pod::TolerationOperator;
 
 /// Why no allocation can be written yet.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -381,7 +381,7 @@ fn without_requests(config: &Value) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::device::{DeviceId, DeviceQuantity, DeviceTaintEffect};
+    use gangway_core::model::device::{DeviceId, DeviceQuantity, DeviceTaintEffect};
 
     fn device(request: &str, name: &str) -> DeviceAllocation {
         DeviceAllocation {

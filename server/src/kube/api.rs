@@ -10,10 +10,10 @@ use http::{Method, Request};
 use serde_json::{json, Value};
 
 use crate::kube::objects::{self, PodRef};
-use crate::model::error::FieldPath;
-use crate::model::node::Node;
-use crate::model::reach::NODE_NAME_FIELD;
-use crate::model::resources::Resources;
+use gangway_core::model::error::FieldPath;
+use gangway_core::model::node::Node;
+use gangway_core::model::reach::NODE_NAME_FIELD;
+use gangway_core::model::resources::Resources;
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]

@@ -26,12 +26,12 @@ use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType, JoinOutcome};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
-use crate::ledger::command::LEDGER_BATCH_MAX;
-use crate::ledger::query::{ShardAnswer, ShardQuery, UnboundMember};
-use crate::ledger::LedgerOp;
-use crate::model::{DeviceId, MemberKey};
+use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::command::LEDGER_BATCH_MAX;
+use gangway_core::ledger::LedgerOp;
+use gangway_core::model::{DeviceId, MemberKey};
+use gangway_core::query::{ShardAnswer, ShardQuery, UnboundMember};
 
 /// Period of the binder's look at its shards, in ms.
 pub const BIND_POLL_MS: u64 = 20;
@@ -325,7 +325,7 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
     }
     let _slot = ctx.slots.acquire().await;
     let _timer = PhaseTimer::start(Phase::Bind);
-    let mut claims: BTreeMap<&str, Vec<&crate::model::DeviceAllocation>> = BTreeMap::new();
+    let mut claims: BTreeMap<&str, Vec<&gangway_core::model::DeviceAllocation>> = BTreeMap::new();
     for d in &m.pod.devices {
         claims.entry(d.claim.as_str()).or_default().push(d);
     }

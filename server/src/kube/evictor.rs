@@ -23,12 +23,12 @@ use crate::kube::api::{self, EventType, EvictOutcome};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
-use crate::ledger::command::LEDGER_BATCH_MAX;
-use crate::ledger::query::{PodEviction, PreemptedPod, ShardAnswer, ShardQuery};
-use crate::ledger::{EvictionCause, LedgerOp};
-use crate::model::MemberKey;
+use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::command::LEDGER_BATCH_MAX;
+use gangway_core::ledger::{EvictionCause, LedgerOp};
+use gangway_core::model::MemberKey;
+use gangway_core::query::{PodEviction, PreemptedPod, ShardAnswer, ShardQuery};
 
 /// Period of the evictor's look at its shards, in ms.
 pub const EVICT_POLL_MS: u64 = 500;

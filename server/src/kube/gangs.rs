@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 
 use crate::kube::objects::{PodProblem, PodRef};
 use crate::kube::pod_index::Arrival;
-use crate::model::gang::DEFAULT_WAIT_TIME_MS;
-use crate::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec};
+use gangway_core::model::gang::DEFAULT_WAIT_TIME_MS;
+use gangway_core::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec};
 
 /// scheduler-plugins' pod label naming the PodGroup (scheduling.x-k8s.io).
 pub const LABEL_POD_GROUP: &str = "scheduling.x-k8s.io/pod-group";

@@ -30,8 +30,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::coordinator::budgets::DisruptionBudgets;
-use crate::coordinator::release::release_members;
 use crate::failpoints;
 use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::kube::api::{self, EventType};
@@ -45,20 +43,22 @@ use crate::kube::objects::{
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::queues;
 use crate::kube::KubeOptions;
-use crate::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
-use crate::ledger::meta::{
+use crate::replicated::growth::ShardCount;
+use crate::replicated::release::release_members;
+use crate::replicated::{now_ms, Groups, ShardOutcome};
+use gangway_core::ledger::command::{NetworkHold, LEDGER_BATCH_MAX, OBSERVED_NETWORK_HOLDS_MAX};
+use gangway_core::ledger::meta::{
     domain_of, shard_command, GroupSeq, GroupState, GroupSummary, MetaCommand, MetaQuery,
     MetaReply, RejectionKind, Terminal,
 };
-use crate::ledger::query::{ShardAnswer, ShardQuery};
-use crate::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
-use crate::model::claim::ClaimShare;
-use crate::model::device::{DeviceTaint, ResourcePool};
-use crate::model::pod::PodSpec;
-use crate::model::reach::PoolReach;
-use crate::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node, QueueSpec};
-use crate::replicated::{now_ms, Groups, ShardOutcome};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::{LedgerOp, LedgerReply, ObservedPod, OBSERVED_PODS_PER_NODE_MAX};
+use gangway_core::model::claim::ClaimShare;
+use gangway_core::model::device::{DeviceTaint, ResourcePool};
+use gangway_core::model::pod::PodSpec;
+use gangway_core::model::reach::PoolReach;
+use gangway_core::model::{DeviceClass, DeviceId, GangId, GangMode, MemberKey, Node, QueueSpec};
+use gangway_core::plan::budgets::DisruptionBudgets;
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// Longest gap between passes, in ms, when neither the informers nor the meta group
 /// change (a pass starts at once when either does).
@@ -316,7 +316,7 @@ impl Ingest {
                 return self.point_nodes(moved);
             }
             // A cancelled move moved nothing.
-            if m.phase == crate::ledger::meta::MovePhase::Done {
+            if m.phase == gangway_core::ledger::meta::MovePhase::Done {
                 moved.extend(m.nodes().map(|n| (n.clone(), m.to)));
             }
         }

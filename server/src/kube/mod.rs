@@ -28,9 +28,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::coordinator::budgets::DisruptionBudgets;
+use crate::replicated::growth::ShardCount;
 use crate::replicated::Groups;
-use crate::shard::growth::ShardCount;
+use gangway_core::plan::budgets::DisruptionBudgets;
 
 /// Default scheduler name (the `schedulerName` of the pods gangway schedules).
 pub const SCHEDULER_NAME_DEFAULT: &str = "gangway";

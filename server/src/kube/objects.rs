@@ -12,26 +12,26 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
-use crate::coordinator::budgets::DisruptionBudget;
 use crate::kube::api;
-use crate::ledger::command::{NetworkHold, OBSERVED_GANG};
-use crate::ledger::ObservedPod;
-use crate::model::claim::CLAIM_CONSUMERS_MAX;
-use crate::model::device::{DeviceTaint, DeviceTaintEffect};
-use crate::model::names::{validate_label_value, validate_qualified_name};
-use crate::model::pod::{
+use gangway_core::ledger::command::{NetworkHold, OBSERVED_GANG};
+use gangway_core::ledger::ObservedPod;
+use gangway_core::model::claim::CLAIM_CONSUMERS_MAX;
+use gangway_core::model::device::{DeviceTaint, DeviceTaintEffect};
+use gangway_core::model::names::{validate_label_value, validate_qualified_name};
+use gangway_core::model::pod::{
     convert_label_selector, NodeSelectorOperator, NodeSelectorRequirement, RawLabelSelector,
 };
-use crate::model::reach::{PoolReach, ReachTerm, NODE_NAME_FIELD};
-use crate::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
-use crate::model::DeviceClass;
-use crate::model::{
+use gangway_core::model::reach::{PoolReach, ReachTerm, NODE_NAME_FIELD};
+use gangway_core::model::resources::{RawQuantity, RawResourceList, ResourceListKind};
+use gangway_core::model::DeviceClass;
+use gangway_core::model::{
     AdminAccess, DeviceAllocation, DeviceId, DeviceQuantity, MemberKey, PodSummary,
 };
-use crate::model::{
+use gangway_core::model::{
     FieldPath, Node, PodSpec, RawDeviceClass, RawNode, RawPodClaim, RawPodSpec, RawResourcePool,
     ResourcePool, Resources, ValidationError,
 };
+use gangway_core::plan::budgets::DisruptionBudget;
 
 /// Identity of a pod.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1087,9 +1087,12 @@ mod tests {
         }))
         .expect("node");
         assert_eq!(n.name, "n1");
-        assert_eq!(n.readiness, crate::model::Readiness::Ready);
+        assert_eq!(n.readiness, gangway_core::model::Readiness::Ready);
         assert_eq!(n.taints.len(), 1);
-        assert_eq!(n.allocatable.get(&crate::model::ResourceName::Cpu), 8000);
+        assert_eq!(
+            n.allocatable.get(&gangway_core::model::ResourceName::Cpu),
+            8000
+        );
     }
 
     #[test]
@@ -1097,7 +1100,7 @@ mod tests {
         let n =
             node(&json!({"metadata": {"name": "n1"}, "status": {"allocatable": {"pods": "10"}}}))
                 .expect("node");
-        assert_eq!(n.readiness, crate::model::Readiness::NotReady);
+        assert_eq!(n.readiness, gangway_core::model::Readiness::NotReady);
     }
 
     #[test]
@@ -1152,11 +1155,11 @@ mod tests {
             ),
             Some((String::new(), "d".into(), "p".into()))
         );
-        let mut n1 = crate::model::Node::new("n1", crate::model::Resources::zero());
+        let mut n1 = gangway_core::model::Node::new("n1", gangway_core::model::Resources::zero());
         n1.labels.insert("rack".into(), "r2".into());
-        let mut n2 = crate::model::Node::new("n2", crate::model::Resources::zero());
+        let mut n2 = gangway_core::model::Node::new("n2", gangway_core::model::Resources::zero());
         n2.labels.insert("rack".into(), "r1".into());
-        let reached = |node: &crate::model::Node| -> Vec<&str> {
+        let reached = |node: &gangway_core::model::Node| -> Vec<&str> {
             (pool.devices.iter())
                 .filter(|d| PoolReach::PerDevice.admits_device(d, node))
                 .map(|d| d.name.as_str())
@@ -1195,7 +1198,7 @@ mod tests {
         let SliceScope::Network(reach) = scope else {
             panic!("{scope:?}")
         };
-        let mut n1 = crate::model::Node::new("n1", crate::model::Resources::zero());
+        let mut n1 = gangway_core::model::Node::new("n1", gangway_core::model::Resources::zero());
         n1.labels.insert("rack".into(), "r1".into());
         assert!(reach.admits(&n1));
         let mut n9 = n1.clone();
@@ -1224,7 +1227,10 @@ mod tests {
             }
         });
         let (spec, _) = pod_spec(&pod, &ClaimIndex::new()).expect("spec");
-        assert_eq!(spec.requests.get(&crate::model::ResourceName::Cpu), 2000);
+        assert_eq!(
+            spec.requests.get(&gangway_core::model::ResourceName::Cpu),
+            2000
+        );
     }
 
     #[test]

@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::model::queue::{Limits, QUEUE_WEIGHT_DEFAULT};
-use crate::model::{FieldPath, QueueSpec};
+use gangway_core::model::queue::{Limits, QUEUE_WEIGHT_DEFAULT};
+use gangway_core::model::{FieldPath, QueueSpec};
 
 /// The pod label naming the queue a pod is charged to.
 pub const QUEUE_LABEL: &str = "scheduling.gangway.dev/queue";
@@ -49,7 +49,7 @@ pub fn queue_of_elastic_quota(object: &Value) -> Result<QueueSpec, String> {
         weight: QUEUE_WEIGHT_DEFAULT,
         min: read("min")?,
         max: read("max")?,
-        lend: crate::model::queue::Limits::none(),
+        lend: gangway_core::model::queue::Limits::none(),
         managed_by: format!("ElasticQuota {namespace}/{name}"),
         namespaces: Vec::new(),
     };
@@ -137,7 +137,7 @@ pub fn queue_of_pod(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ResourceName;
+    use gangway_core::model::ResourceName;
     use serde_json::json;
 
     fn quota(namespace: &str, name: &str, min: Value, max: Value) -> Value {

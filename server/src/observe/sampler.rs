@@ -14,12 +14,12 @@ use tokio::sync::watch;
 
 use crate::coordinator::metrics as placement;
 use crate::kube::evictor;
-use crate::ledger::meta::queues::share;
-use crate::ledger::meta::{GroupState, MetaQuery, MetaReply, QueueStatus};
-use crate::ledger::query::{ShardAnswer, ShardQuery, ShardStats};
-use crate::model::ResourceName;
+use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::meta::queues::share;
+use gangway_core::ledger::meta::{GroupState, MetaQuery, MetaReply, QueueStatus};
+use gangway_core::model::ResourceName;
+use gangway_core::query::{ShardAnswer, ShardQuery, ShardStats};
 
 /// Period between samples, in ms.
 pub const SAMPLE_PERIOD_MS: u64 = 1_000;

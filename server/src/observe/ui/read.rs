@@ -14,10 +14,10 @@ use gangway_raft::RaftHost;
 
 use crate::frontdoor::inventory::node_info;
 use crate::frontdoor::scheduler::status_of;
-use crate::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
-use crate::ledger::query::{ShardAnswer, ShardQuery};
+use crate::replicated::growth::ShardCount;
 use crate::replicated::{GroupError, Groups};
-use crate::shard::growth::ShardCount;
+use gangway_core::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
+use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// Time a member's status may take before the cluster panel calls it unreachable, in ms.
 pub const UI_PEER_STATUS_TIMEOUT_MS: u64 = 500;

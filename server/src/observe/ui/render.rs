@@ -11,8 +11,8 @@ use gangway_proto::v1::{GangGroupStatus, NodeInfo};
 use maud::{html, Markup, DOCTYPE};
 
 use super::read::{ClusterView, FleetView, QueuesView, TxnsView};
-use crate::ledger::meta::Decision;
-use crate::model::quantity::parse_nano;
+use gangway_core::ledger::meta::Decision;
+use gangway_core::model::quantity::parse_nano;
 
 /// Rows a gangs section shows before it says how many more there are.
 pub const UI_ROWS_MAX: usize = 200;

@@ -1,0 +1,806 @@
+//! Filters: may this pod template go to this node, and how many copies of it fit?
+//!
+//! Owns [`FilterReason`], [`Diagnosis`] (the "0/N nodes are available: …" summary) and
+//! the filter pipeline, in Kubernetes' order: node readiness, NodeUnschedulable (only the
+//! `node.kubernetes.io/unschedulable:NoSchedule` toleration admits a cordoned node),
+//! nodeSelector and required node affinity, TaintToleration (NoSchedule and NoExecute),
+//! NodePorts, NodeResourcesFit (counting nominations of higher or equal priority),
+//! InterPodAffinity, and, for templates with device needs, DynamicResources (the
+//! node's devices must serve every claim; see [`crate::engine::devices`]), which also
+//! caps the copies. The first failing filter names the reason. Pure functions over a
+//! [`NodeState`], and [`Probe`], the same pipeline prepared once per pod template and run
+//! on a node of a [`Cluster`] in place: it reads the node's [`NodeFit`] summary and only
+//! looks at labels, taints, pods or extended resources when a summary flag or the
+//! template says they can matter, so it gives exactly `filter_node`'s answer. Called by
+//! placement, quoting and preemption.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::cluster::{Cluster, NodeState};
+use crate::engine::devices::DeviceDemand;
+use crate::engine::interpod::InterPodState;
+use crate::engine::taints::{first_untolerated, tolerates_unschedulable};
+use crate::ledger::view::{fixed_dims, NodeFit, FIXED_DIMS};
+use crate::model::gang::MemberKey;
+use crate::model::node::{Node, Readiness, Schedulability, TaintEffect};
+use crate::model::pod::PodSpec;
+use crate::model::resources::{ResourceName, Resources};
+use crate::model::selectors::{node_selector_matches, required_affinity_matches};
+
+/// Why a node cannot take a pod.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum FilterReason {
+    /// The node is not ready.
+    NodeNotReady,
+    /// The node is cordoned and the pod does not tolerate it.
+    NodeUnschedulable,
+    /// A shard move fences the node.
+    NodeMoving,
+    /// nodeSelector or required node affinity does not match.
+    NodeAffinityMismatch,
+    /// A NoSchedule or NoExecute taint is not tolerated.
+    UntoleratedTaint {
+        /// Taint key.
+        key: String,
+        /// Taint effect.
+        effect: TaintEffect,
+    },
+    /// A requested host port is taken.
+    HostPortConflict,
+    /// Not enough of a resource.
+    Insufficient(ResourceName),
+    /// Required pod affinity is not satisfied.
+    PodAffinityUnsatisfied,
+    /// The pod's required anti-affinity matches pods in the node's domain.
+    PodAntiAffinityConflict,
+    /// A pod in the node's domain has required anti-affinity against this pod.
+    ExistingPodAntiAffinity,
+    /// The node fitted, but earlier members of the same round took its room.
+    CapacityTakenByGang,
+    /// The node's devices cannot satisfy every claim (Kubernetes: "cannot allocate all claims").
+    CannotAllocateDevices,
+    /// A claim names a device class the ledger does not have.
+    DeviceClassNotFound(String),
+    /// A device selector failed at run time (a missing attribute, a non-bool result).
+    DeviceSelectorError(String),
+    /// The device search gave up after [`crate::engine::devices::SEARCH_STEPS_MAX`] steps.
+    DeviceSearchLimit,
+    /// A costly device selector is still being evaluated over the shard's devices; the
+    /// gang sits out plans until it is (see `shard::warmer`).
+    SelectorsWarming,
+    /// The pod shares a ResourceClaim (`namespace/name`) whose devices are not
+    /// allocated on the node (they are elsewhere, or not yet anywhere).
+    SharedClaimNotHere(String),
+}
+
+impl FilterReason {
+    /// Whether removing pods from the node could make this reason go away.
+    pub fn resolvable_by_preemption(&self) -> bool {
+        matches!(
+            self,
+            Self::HostPortConflict
+                | Self::Insufficient(_)
+                | Self::PodAntiAffinityConflict
+                | Self::ExistingPodAntiAffinity
+        )
+    }
+}
+
+impl fmt::Display for FilterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NodeNotReady => f.write_str("node(s) were not ready"),
+            Self::NodeUnschedulable => f.write_str("node(s) were unschedulable"),
+            Self::NodeMoving => f.write_str("node(s) were moving to another shard"),
+            Self::NodeAffinityMismatch => {
+                f.write_str("node(s) didn't match Pod's node affinity/selector")
+            }
+            Self::UntoleratedTaint { key, effect } => {
+                write!(f, "node(s) had untolerated taint {{{key}: {effect}}}")
+            }
+            Self::HostPortConflict => {
+                f.write_str("node(s) didn't have free ports for the requested pod ports")
+            }
+            Self::Insufficient(resource) => write!(f, "Insufficient {resource}"),
+            Self::PodAffinityUnsatisfied => f.write_str("node(s) didn't match pod affinity rules"),
+            Self::PodAntiAffinityConflict => {
+                f.write_str("node(s) didn't match pod anti-affinity rules")
+            }
+            Self::ExistingPodAntiAffinity => {
+                f.write_str("node(s) didn't satisfy existing pods anti-affinity rules")
+            }
+            Self::CapacityTakenByGang => {
+                f.write_str("node(s) were filled by other members of the gang")
+            }
+            Self::CannotAllocateDevices => f.write_str("cannot allocate all claims"),
+            Self::DeviceClassNotFound(name) => write!(f, "device class {name} does not exist"),
+            Self::DeviceSelectorError(message) => write!(f, "device selector failed: {message}"),
+            Self::DeviceSearchLimit => {
+                f.write_str("device allocation search exceeded its step limit")
+            }
+            Self::SelectorsWarming => f.write_str(
+                "a costly device selector is still being evaluated over this shard's devices",
+            ),
+            Self::SharedClaimNotHere(claim) => {
+                write!(f, "node(s) didn't hold the devices of shared claim {claim}")
+            }
+        }
+    }
+}
+
+/// How many nodes were examined and why each one failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// Nodes examined.
+    pub nodes: u64,
+    /// Failing nodes per reason.
+    #[serde(with = "reason_counts")]
+    pub reasons: BTreeMap<FilterReason, u64>,
+}
+
+/// Encodes the reason counts as a list of pairs: reasons are structured
+/// values, and JSON object keys must be strings.
+mod reason_counts {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::FilterReason;
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<FilterReason, u64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let pairs: Vec<(&FilterReason, &u64)> = map.iter().collect();
+        pairs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<FilterReason, u64>, D::Error> {
+        let pairs: Vec<(FilterReason, u64)> = Vec::deserialize(d)?;
+        Ok(pairs.into_iter().collect())
+    }
+}
+
+impl Diagnosis {
+    /// Counts one failing node.
+    pub fn record(&mut self, reason: FilterReason) {
+        *self.reasons.entry(reason).or_insert(0) += 1;
+    }
+
+    /// Adds `count` nodes failing for `reason`.
+    pub fn record_many(&mut self, reason: FilterReason, count: u64) {
+        if count > 0 {
+            *self.reasons.entry(reason).or_insert(0) += count;
+        }
+    }
+}
+
+impl fmt::Display for Diagnosis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "0/{} nodes are available", self.nodes)?;
+        let mut sep = ": ";
+        for (reason, count) in &self.reasons {
+            write!(f, "{sep}{count} {reason}")?;
+            sep = ", ";
+        }
+        f.write_str(".")
+    }
+}
+
+/// A pod template being filtered, with what it needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'s> {
+    /// The spec.
+    pub spec: &'s PodSpec,
+    /// Requests plus one pod slot.
+    pub footprint: &'s Resources,
+    /// Members placed in this round (their own nominations do not bind them).
+    pub own: &'s BTreeSet<MemberKey>,
+}
+
+/// Filters that depend on the node alone (not on what is placed on it).
+pub fn node_filter(node: &Node, spec: &PodSpec) -> Result<(), FilterReason> {
+    if node.readiness == Readiness::NotReady {
+        return Err(FilterReason::NodeNotReady);
+    }
+    if node.schedulability == Schedulability::Cordoned
+        && !tolerates_unschedulable(&spec.tolerations)
+    {
+        return Err(FilterReason::NodeUnschedulable);
+    }
+    if !node_selector_matches(&spec.node_selector, &node.labels)
+        || !required_affinity_matches(&spec.node_affinity, &node.labels)
+    {
+        return Err(FilterReason::NodeAffinityMismatch);
+    }
+    match first_untolerated(&node.taints, &spec.tolerations) {
+        Some(taint) => Err(FilterReason::UntoleratedTaint {
+            key: taint.key.clone(),
+            effect: taint.effect,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// NodePorts: every requested host port must be free (nominations of >= priority hold theirs).
+pub fn ports_filter(state: &NodeState<'_>, candidate: &Candidate<'_>) -> Result<(), FilterReason> {
+    let priority = candidate.spec.priority;
+    if candidate
+        .spec
+        .host_ports
+        .iter()
+        .any(|port| state.port_taken(port, priority, candidate.own))
+    {
+        Err(FilterReason::HostPortConflict)
+    } else {
+        Ok(())
+    }
+}
+
+/// NodeResourcesFit: how many copies fit beside what is held and nominated (>= priority).
+pub fn resources_filter(
+    state: &NodeState<'_>,
+    candidate: &Candidate<'_>,
+) -> Result<u64, FilterReason> {
+    let nominated = state.nominated_load(candidate.spec.priority, candidate.own);
+    let available = state.free().saturating_sub(&nominated);
+    copies_within(candidate.footprint, &available)
+}
+
+/// How many copies of `footprint` fit within `available`, if at least one does.
+fn copies_within(footprint: &Resources, available: &Resources) -> Result<u64, FilterReason> {
+    match footprint.shortfall(available) {
+        Some(resource) => Err(FilterReason::Insufficient(resource)),
+        None => Ok(footprint.copies_within(available)),
+    }
+}
+
+/// The built-in dimension at `NodeFit` position `d`.
+fn fixed_name(d: usize) -> ResourceName {
+    match d {
+        0 => ResourceName::Cpu,
+        1 => ResourceName::Memory,
+        2 => ResourceName::Pods,
+        _ => ResourceName::EphemeralStorage,
+    }
+}
+
+/// The whole pipeline: `Ok(copies)` if the node can take at least one copy.
+///
+/// Copies are capped at one when the pod uses host ports or has inter-pod terms, since
+/// a second copy would meet the first.
+pub fn filter_node(
+    state: &NodeState<'_>,
+    candidate: &Candidate<'_>,
+    interpod: &InterPodState,
+) -> Result<u64, FilterReason> {
+    node_filter(state.node, candidate.spec)?;
+    ports_filter(state, candidate)?;
+    let copies = resources_filter(state, candidate)?;
+    interpod.check(state.node, candidate.spec)?;
+    let single = !candidate.spec.host_ports.is_empty() || candidate.spec.has_pod_affinity_terms();
+    Ok(if single { copies.min(1) } else { copies })
+}
+
+/// A pod template prepared for filtering many nodes of one cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe<'s> {
+    candidate: Candidate<'s>,
+    interpod: &'s InterPodState,
+    /// The footprint's built-in dimensions, if it has no extended resource.
+    fixed: Option<[u64; FIXED_DIMS]>,
+    /// Whether node labels cannot refuse it (no nodeSelector, no required node affinity).
+    any_labels: bool,
+    /// Whether inter-pod affinity cannot refuse it.
+    any_neighbours: bool,
+    /// Whether copies are capped at one (host ports or inter-pod terms).
+    single: bool,
+    /// The template's device needs, if it has claims or device-served extended resources.
+    devices: Option<&'s DeviceDemand>,
+}
+
+impl<'s> Probe<'s> {
+    /// Prepares `candidate`, whose inter-pod state over the cluster is `interpod`.
+    pub fn new(candidate: Candidate<'s>, interpod: &'s InterPodState) -> Self {
+        let spec = candidate.spec;
+        Self {
+            candidate,
+            interpod,
+            fixed: candidate
+                .footprint
+                .extended
+                .is_empty()
+                .then(|| fixed_dims(candidate.footprint)),
+            any_labels: spec.node_selector.is_empty() && spec.node_affinity.required.is_none(),
+            any_neighbours: interpod.filters_nothing(spec),
+            single: !spec.host_ports.is_empty() || spec.has_pod_affinity_terms(),
+            devices: None,
+        }
+    }
+
+    /// The same probe, also allocating `devices` (the template's device needs) on each node.
+    pub fn with_devices(mut self, devices: Option<&'s DeviceDemand>) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// [`filter_node`] on node `idx` of `cluster`, with the copies capped at `cap`.
+    ///
+    /// Callers that need no more than `cap` copies pass it, which spares the division
+    /// when `cap` is one.
+    pub fn check(&self, cluster: &Cluster<'_>, idx: usize, cap: u64) -> Result<u64, FilterReason> {
+        match cluster.fit(idx) {
+            Some(fit) => self.check_fit(cluster, idx, &fit, cap),
+            None => Err(FilterReason::NodeNotReady),
+        }
+    }
+
+    /// [`Probe::check`] given node `idx`'s summary `fit` (`cluster.fit(idx)`).
+    pub fn check_fit(
+        &self,
+        cluster: &Cluster<'_>,
+        idx: usize,
+        fit: &NodeFit,
+        cap: u64,
+    ) -> Result<u64, FilterReason> {
+        self.check_fit_scored(cluster, idx, fit, cap)
+            .map(|(copies, _)| copies)
+    }
+
+    /// [`Probe::check_fit`], with the node's device score (the firstAvailable
+    /// preference of the devices it would allocate; 0 without claims).
+    pub fn check_fit_scored(
+        &self,
+        cluster: &Cluster<'_>,
+        idx: usize,
+        fit: &NodeFit,
+        cap: u64,
+    ) -> Result<(u64, u32), FilterReason> {
+        let node = cluster.node(idx);
+        let spec = self.candidate.spec;
+        if fit.has(NodeFit::MOVING) {
+            return Err(FilterReason::NodeMoving);
+        }
+        if fit.has(NodeFit::NODE_FILTERED) || !self.any_labels {
+            if let Some(node) = node {
+                node_filter(node, spec)?;
+            }
+        }
+        if !spec.host_ports.is_empty()
+            && (fit.has(NodeFit::HOST_PORTS) || cluster.has_nominations())
+            && spec
+                .host_ports
+                .iter()
+                .any(|port| cluster.port_taken(idx, port, spec.priority, self.candidate.own))
+        {
+            return Err(FilterReason::HostPortConflict);
+        }
+        let copies = match self.fixed {
+            Some(footprint) if cluster.nominations(idx).next().is_none() => {
+                fixed_copies(&footprint, fit, cap)?
+            }
+            _ => {
+                let nominated = cluster.nominated_load(idx, spec.priority, self.candidate.own);
+                let free = node
+                    .map(|n| n.allocatable.saturating_sub(&cluster.requested(idx)))
+                    .unwrap_or_default();
+                let available = free.saturating_sub(&nominated);
+                match (self.devices, node) {
+                    (Some(demand), Some(node)) if demand.serves_extended() => copies_within(
+                        &demand.footprint_on(node, self.candidate.footprint),
+                        &available,
+                    )?,
+                    _ => copies_within(self.candidate.footprint, &available)?,
+                }
+            }
+        };
+        if !self.any_neighbours {
+            if let Some(node) = node {
+                self.interpod.check(node, spec)?;
+            }
+        }
+        if let Some(share) = self
+            .candidate
+            .spec
+            .followed_shares()
+            .find(|share| !cluster.carries(idx, &share.claim))
+        {
+            return Err(FilterReason::SharedClaimNotHere(share.claim.clone()));
+        }
+        let copies = if self.single { copies.min(1) } else { copies };
+        let copies = copies.min(cap);
+        match self.devices {
+            None => Ok((copies, 0)),
+            Some(demand) => {
+                let fit = demand.fit(cluster, idx, copies)?;
+                Ok((fit.copies, fit.score))
+            }
+        }
+    }
+
+    /// Whether, without nominations, the outcome on a node whose summary has none of
+    /// the [`NodeFit::NODE_FILTERED`] flags depends on that summary alone.
+    pub fn reads_fit_only(&self) -> bool {
+        self.candidate.spec.shares.is_empty()
+            && self.any_labels
+            && self.fixed.is_some()
+            && self.any_neighbours
+            && self.candidate.spec.host_ports.is_empty()
+            && self.devices.is_none()
+    }
+
+    /// Whether, without nominations, the outcome on a node without the
+    /// [`NodeFit::NODE_FILTERED`] flags depends on that node's own state alone (its
+    /// summary, and for templates with device needs its devices), so that a result kept
+    /// for the node's stamp (and the template's device classes) can be reused.
+    pub fn reads_node_only(&self) -> bool {
+        self.reads_fit_only()
+            || (self.devices.is_some()
+                && self.candidate.spec.shares.is_empty()
+                && self.any_labels
+                && self.any_neighbours
+                && self.candidate.spec.host_ports.is_empty())
+    }
+}
+
+/// NodeResourcesFit on the built-in dimensions: copies of `footprint` that fit, up to `cap`.
+fn fixed_copies(
+    footprint: &[u64; FIXED_DIMS],
+    fit: &NodeFit,
+    cap: u64,
+) -> Result<u64, FilterReason> {
+    let mut available = [0u64; FIXED_DIMS];
+    for d in 0..FIXED_DIMS {
+        available[d] = fit.allocatable[d].saturating_sub(fit.requested[d]);
+        if footprint[d] > available[d] {
+            return Err(FilterReason::Insufficient(fixed_name(d)));
+        }
+    }
+    if cap <= 1 {
+        // Fitting at all means one copy fits.
+        return Ok(cap);
+    }
+    Ok((0..FIXED_DIMS)
+        .filter(|&d| footprint[d] > 0)
+        .map(|d| available[d] / footprint[d])
+        .min()
+        .unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cluster::Cluster;
+    use crate::engine::interpod::Counted;
+    use crate::ledger::command::{LedgerCommand, LedgerOp, ReserveMember, TxnId};
+    use crate::ledger::shard::ShardLedger;
+    use crate::model::node::Taint;
+    use crate::model::pod::{
+        footprint_of, NodeAffinity, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
+    };
+    use crate::model::pod::{
+        HostPort, LabelSelector, PodAffinityTerm, PodSummary, Protocol, Toleration,
+        TolerationOperator, WeightedPodAffinityTerm,
+    };
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+        let mut n = Node::new(
+            name,
+            Resources {
+                cpu_milli: 4000,
+                memory_bytes: 8 << 30,
+                pods: 10,
+                ..Resources::zero()
+            },
+        );
+        n.labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        n
+    }
+
+    fn ledger(nodes: &[Node], placed: &[(&str, &str, PodSummary)]) -> ShardLedger {
+        let mut l = ShardLedger::new();
+        for n in nodes {
+            l.apply(&LedgerCommand::new(
+                0,
+                LedgerOp::RegisterNode { node: n.clone() },
+            ));
+        }
+        for (i, (member, node, pod)) in placed.iter().enumerate() {
+            l.apply(&LedgerCommand::new(
+                1,
+                LedgerOp::ReserveAndCommit {
+                    txn_id: TxnId(i as u64),
+                    members: vec![ReserveMember {
+                        member: MemberKey::new("ns", *member, "0"),
+                        node: node.to_string(),
+                        pod: pod.clone(),
+                    }],
+                    network: Vec::new(),
+                },
+            ));
+        }
+        l
+    }
+
+    /// Filter outcome of `spec` on every node, in name order.
+    fn outcomes(l: &ShardLedger, spec: &PodSpec) -> Vec<Result<u64, FilterReason>> {
+        let cluster = Cluster::build(l, &[]);
+        let own = BTreeSet::new();
+        let footprint = footprint_of(&spec.requests);
+        let candidate = Candidate {
+            spec,
+            footprint: &footprint,
+            own: &own,
+        };
+        let interpod = InterPodState::build(&cluster, spec, |_, _| Counted::Yes);
+        let probe = Probe::new(candidate, &interpod);
+        (0..cluster.len())
+            .map(|i| {
+                let state = cluster.state(i).expect("node in range");
+                let full = filter_node(&state, &candidate, &interpod);
+                assert_eq!(probe.check(&cluster, i, u64::MAX), full, "probe agrees");
+                let one = full
+                    .as_ref()
+                    .map(|copies| (*copies).min(1))
+                    .map_err(Clone::clone);
+                assert_eq!(probe.check(&cluster, i, 1), one, "capped probe agrees");
+                full
+            })
+            .collect()
+    }
+
+    fn labelled(pairs: &[(&str, &str)]) -> PodSummary {
+        PodSummary {
+            labels: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PodSummary::default()
+        }
+    }
+
+    fn term(app: &str, topology_key: &str) -> PodAffinityTerm {
+        let mut selector = LabelSelector::default();
+        selector.match_labels.insert("app".into(), app.into());
+        PodAffinityTerm {
+            label_selector: Some(selector),
+            topology_key: topology_key.into(),
+        }
+    }
+
+    #[test]
+    fn node_conditions_and_cordon() {
+        let mut cordoned = node("a", &[]);
+        cordoned.schedulability = Schedulability::Cordoned;
+        let mut sick = node("b", &[]);
+        sick.readiness = Readiness::NotReady;
+        let l = ledger(&[cordoned, sick], &[]);
+        let plain = PodSpec::default();
+        assert_eq!(
+            outcomes(&l, &plain),
+            vec![
+                Err(FilterReason::NodeUnschedulable),
+                Err(FilterReason::NodeNotReady)
+            ]
+        );
+        let mut tolerant = PodSpec::default();
+        tolerant.tolerations.push(Toleration {
+            key: "node.kubernetes.io/unschedulable".into(),
+            operator: TolerationOperator::Exists,
+            value: String::new(),
+            effect: Some(TaintEffect::NoSchedule),
+            toleration_seconds: None,
+        });
+        assert!(outcomes(&l, &tolerant)[0].is_ok());
+    }
+
+    #[test]
+    fn taints_filter_no_schedule_and_no_execute_only() {
+        let mut a = node("a", &[]);
+        a.taints.push(Taint {
+            key: "soft".into(),
+            value: String::new(),
+            effect: TaintEffect::PreferNoSchedule,
+        });
+        let mut b = node("b", &[]);
+        b.taints.push(Taint {
+            key: "evict".into(),
+            value: "yes".into(),
+            effect: TaintEffect::NoExecute,
+        });
+        let l = ledger(&[a, b], &[]);
+        let result = outcomes(&l, &PodSpec::default());
+        assert!(result[0].is_ok());
+        assert_eq!(
+            result[1],
+            Err(FilterReason::UntoleratedTaint {
+                key: "evict".into(),
+                effect: TaintEffect::NoExecute
+            })
+        );
+        let mut everything = PodSpec::default();
+        everything.tolerations.push(Toleration {
+            key: String::new(),
+            operator: TolerationOperator::Exists,
+            value: String::new(),
+            effect: None,
+            toleration_seconds: None,
+        });
+        assert!(outcomes(&l, &everything)[1].is_ok());
+    }
+
+    #[test]
+    fn selector_affinity_resources_and_copies() {
+        let l = ledger(
+            &[
+                node("a", &[("zone", "z1"), ("cores", "4")]),
+                node("b", &[("zone", "z2")]),
+            ],
+            &[],
+        );
+        let mut spec = PodSpec::default();
+        spec.requests.cpu_milli = 1500;
+        spec.node_selector.insert("zone".into(), "z1".into());
+        assert_eq!(
+            outcomes(&l, &spec),
+            vec![Ok(2), Err(FilterReason::NodeAffinityMismatch)]
+        );
+        spec.node_selector.clear();
+        spec.node_affinity = NodeAffinity {
+            required: Some(vec![NodeSelectorTerm {
+                match_expressions: vec![NodeSelectorRequirement {
+                    key: "cores".into(),
+                    operator: NodeSelectorOperator::Lt,
+                    values: vec!["8".into()],
+                }],
+            }]),
+            preferred: vec![],
+        };
+        assert_eq!(
+            outcomes(&l, &spec),
+            vec![Ok(2), Err(FilterReason::NodeAffinityMismatch)]
+        );
+        spec.node_affinity = NodeAffinity::default();
+        spec.requests.cpu_milli = 5000;
+        assert_eq!(
+            outcomes(&l, &spec)[0],
+            Err(FilterReason::Insufficient(ResourceName::Cpu))
+        );
+        spec.requests.cpu_milli = 0;
+        assert_eq!(
+            outcomes(&l, &spec)[0],
+            Ok(10),
+            "pods allocatable bounds zero-request pods"
+        );
+    }
+
+    #[test]
+    fn host_ports() {
+        let used = PodSummary {
+            host_ports: vec![HostPort {
+                port: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            ..PodSummary::default()
+        };
+        let l = ledger(&[node("a", &[]), node("b", &[])], &[("x", "a", used)]);
+        let mut spec = PodSpec::default();
+        spec.host_ports.push(HostPort {
+            port: 8080,
+            protocol: Protocol::Tcp,
+        });
+        assert_eq!(
+            outcomes(&l, &spec),
+            vec![Err(FilterReason::HostPortConflict), Ok(1)]
+        );
+    }
+
+    #[test]
+    fn required_pod_affinity_by_topology() {
+        let host = "kubernetes.io/hostname";
+        let l = ledger(
+            &[
+                node("a", &[("zone", "z1"), (host, "a")]),
+                node("b", &[("zone", "z1"), (host, "b")]),
+                node("c", &[("zone", "z2"), (host, "c")]),
+                node("d", &[(host, "d")]),
+            ],
+            &[("db", "a", labelled(&[("app", "db")]))],
+        );
+        let mut spec = PodSpec::default();
+        spec.pod_affinity.required.push(term("db", "zone"));
+        assert_eq!(
+            outcomes(&l, &spec),
+            vec![
+                Ok(1),
+                Ok(1),
+                Err(FilterReason::PodAffinityUnsatisfied),
+                Err(FilterReason::PodAffinityUnsatisfied)
+            ]
+        );
+
+        let mut anti = PodSpec::default();
+        anti.pod_anti_affinity.required.push(term("db", "zone"));
+        assert_eq!(
+            outcomes(&l, &anti),
+            vec![
+                Err(FilterReason::PodAntiAffinityConflict),
+                Err(FilterReason::PodAntiAffinityConflict),
+                Ok(1),
+                Ok(1)
+            ],
+            "a node without the topology label is not constrained by anti-affinity"
+        );
+    }
+
+    #[test]
+    fn first_pod_of_a_self_affine_series_may_start() {
+        let l = ledger(&[node("a", &[("zone", "z1")]), node("b", &[])], &[]);
+        let mut spec = PodSpec::default();
+        spec.labels.insert("app".into(), "web".into());
+        spec.pod_affinity.required.push(term("web", "zone"));
+        assert_eq!(
+            outcomes(&l, &spec),
+            vec![Ok(1), Err(FilterReason::PodAffinityUnsatisfied)],
+            "no pod matches anywhere and the pod matches itself; the topology label is still required"
+        );
+        spec.labels.insert("app".into(), "other".into());
+        assert_eq!(
+            outcomes(&l, &spec)[0],
+            Err(FilterReason::PodAffinityUnsatisfied)
+        );
+    }
+
+    #[test]
+    fn existing_pods_anti_affinity_is_symmetric() {
+        let host = "kubernetes.io/hostname";
+        let mut guard = labelled(&[("app", "guard")]);
+        guard.anti_affinity.push(term("web", host));
+        let l = ledger(
+            &[node("a", &[(host, "a")]), node("b", &[(host, "b")])],
+            &[("g", "a", guard)],
+        );
+        let mut web = PodSpec::default();
+        web.labels.insert("app".into(), "web".into());
+        assert_eq!(
+            outcomes(&l, &web),
+            vec![Err(FilterReason::ExistingPodAntiAffinity), Ok(10)]
+        );
+    }
+
+    #[test]
+    fn preferred_terms_cap_copies_but_never_filter() {
+        let l = ledger(&[node("a", &[("zone", "z")])], &[]);
+        let mut spec = PodSpec::default();
+        spec.pod_affinity.preferred.push(WeightedPodAffinityTerm {
+            weight: 5,
+            term: term("x", "zone"),
+        });
+        assert_eq!(outcomes(&l, &spec), vec![Ok(1)]);
+    }
+
+    #[test]
+    fn diagnosis_reads_like_kubernetes() {
+        let mut d = Diagnosis {
+            nodes: 5,
+            ..Diagnosis::default()
+        };
+        d.record_many(FilterReason::Insufficient(ResourceName::Cpu), 3);
+        d.record(FilterReason::NodeUnschedulable);
+        d.record(FilterReason::NodeUnschedulable);
+        assert_eq!(
+            d.to_string(),
+            "0/5 nodes are available: 2 node(s) were unschedulable, 3 Insufficient cpu."
+        );
+        assert!(FilterReason::Insufficient(ResourceName::Memory).resolvable_by_preemption());
+        assert!(!FilterReason::NodeAffinityMismatch.resolvable_by_preemption());
+    }
+}
