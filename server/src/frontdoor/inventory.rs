@@ -23,11 +23,9 @@ use crate::auth::limits::StreamLimits;
 use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::replicated::growth::ShardCount;
-use crate::replicated::{now_ms, Groups, ShardOutcome};
+use crate::replicated::{now_ms, ApplyError, Groups};
 use gangway_core::ledger::devices::{AgentLink, DeviceHealth};
-use gangway_core::ledger::meta::{
-    domain_of, shard_command, MetaCommand, MetaQuery, MetaReply, RejectionKind,
-};
+use gangway_core::ledger::meta::{domain_of, shard_command, MetaCommand, MetaReply, RejectionKind};
 use gangway_core::ledger::usage::SlotState;
 use gangway_core::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
 use gangway_core::model::device::DeviceId;
@@ -118,13 +116,7 @@ impl InventoryService {
 
 /// The shard a node was assigned to, or `None` when it is not registered.
 pub async fn shard_of(groups: &Groups, node: &str) -> Result<Option<u32>, Status> {
-    let q = MetaQuery::ShardOf {
-        node: node.to_string(),
-    };
-    match groups.meta_query(&q).await.map_err(|e| e.to_status())? {
-        MetaReply::Shard { shard } => Ok(Some(shard)),
-        _ => Ok(None),
-    }
+    groups.shard_of_node(node).await.map_err(|e| e.to_status())
 }
 
 /// Checks a node spec and converts it to the model; every error names the field under `node.`.
@@ -354,11 +346,14 @@ pub async fn register(
 
 /// Applies one ledger operation on `shard`; a refusal becomes the status naming its cause.
 pub async fn apply_op(groups: &Groups, shard: u32, op: LedgerOp) -> Result<LedgerReply, Status> {
-    match groups.shard(shard, op).await.map_err(|e| e.to_status())? {
-        ShardOutcome::Applied(LedgerReply::Rejected { error }) => Err(refused(error)),
-        ShardOutcome::Applied(reply) => Ok(reply),
-        ShardOutcome::Malformed { reason } => Err(Status::internal(reason)),
-    }
+    groups
+        .apply_ledger_op(shard, op)
+        .await
+        .map_err(|e| match e {
+            ApplyError::Group(e) => e.to_status(),
+            ApplyError::Refused(error) => refused(error),
+            ApplyError::Malformed(reason) => Status::internal(reason),
+        })
 }
 
 /// The model's allocation from the API's.

@@ -31,7 +31,6 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::failpoints;
-use crate::frontdoor::inventory::{apply_op, shard_of};
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
     self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
@@ -523,16 +522,14 @@ impl Ingest {
             }
         }
         for name in gone {
-            let Ok(Some(shard)) = shard_of(&self.groups, &name).await else {
+            let Ok(Some(shard)) = self.groups.shard_of_node(&name).await else {
                 self.memory.nodes_retry.insert(name);
                 continue;
             };
-            match apply_op(
-                &self.groups,
-                shard,
-                LedgerOp::RemoveNode { name: name.clone() },
-            )
-            .await
+            match self
+                .groups
+                .apply_ledger_op(shard, LedgerOp::RemoveNode { name: name.clone() })
+                .await
             {
                 Ok(_) => {
                     self.memory.nodes.remove(&name);
@@ -543,7 +540,7 @@ impl Ingest {
                 Err(e) => {
                     self.warn_once(
                         &format!("node/{name}"),
-                        &format!("node {name} not removed yet: {}", e.message()),
+                        &format!("node {name} not removed yet: {}", e),
                     );
                     self.memory.nodes_retry.insert(name);
                 }
@@ -643,10 +640,10 @@ impl Ingest {
                 let op = LedgerOp::PutDeviceClass {
                     class: class.clone(),
                 };
-                if let Err(e) = apply_op(&self.groups, shard, op).await {
+                if let Err(e) = self.groups.apply_ledger_op(shard, op).await {
                     self.warn_once(
                         &format!("deviceclass/{name}"),
-                        &format!("DeviceClass {name}: {}", e.message()),
+                        &format!("DeviceClass {name}: {}", e),
                     );
                     ok = false;
                 }
@@ -815,7 +812,7 @@ impl Ingest {
             let shards = if node.is_empty() {
                 self.shards.ids().collect()
             } else {
-                match shard_of(&self.groups, &node).await {
+                match self.groups.shard_of_node(&node).await {
                     Ok(Some(shard)) => vec![shard],
                     // The node is gone, and its pools with it.
                     Ok(None) => Vec::new(),
@@ -828,8 +825,8 @@ impl Ingest {
             let op = LedgerOp::WithdrawPool { node, driver, pool };
             let mut failed = None;
             for shard in shards {
-                if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
-                    failed = Some(format!("shard {shard}: {}", e.message()));
+                if let Err(e) = self.groups.apply_ledger_op(shard, op.clone()).await {
+                    failed = Some(format!("shard {shard}: {}", e));
                 }
             }
             let memory = &mut self.memory;
@@ -858,7 +855,7 @@ impl Ingest {
             self.memory.pools_dirty.insert(key);
             return;
         }
-        let Ok(Some(shard)) = shard_of(&self.groups, &node).await else {
+        let Ok(Some(shard)) = self.groups.shard_of_node(&node).await else {
             self.memory.pools_dirty.insert(key);
             return;
         };
@@ -871,7 +868,7 @@ impl Ingest {
             devices: pool.devices,
             counter_sets: pool.counter_sets,
         };
-        match apply_op(&self.groups, shard, op).await {
+        match self.groups.apply_ledger_op(shard, op).await {
             Ok(_) => {
                 self.memory.withdrawn.remove(&key);
                 self.memory.offered_before.remove(&key);
@@ -882,7 +879,7 @@ impl Ingest {
             Err(e) => {
                 self.warn_once(
                     &format!("slice/{name}"),
-                    &format!("ResourceSlice {name}: {}", e.message()),
+                    &format!("ResourceSlice {name}: {}", e),
                 );
                 self.memory.pools_dirty.insert(key);
             }
@@ -907,8 +904,8 @@ impl Ingest {
         };
         let mut failed = None;
         for shard in self.shards.ids() {
-            if let Err(e) = apply_op(&self.groups, shard, op.clone()).await {
-                failed = Some(format!("shard {shard}: {}", e.message()));
+            if let Err(e) = self.groups.apply_ledger_op(shard, op.clone()).await {
+                failed = Some(format!("shard {shard}: {}", e));
             }
         }
         match failed {
@@ -1098,7 +1095,11 @@ impl Ingest {
                 taints: taints.clone(),
             })
             .collect();
-        let replies = match apply_op(&self.groups, shard, LedgerOp::Batch { ops }).await {
+        let replies = match self
+            .groups
+            .apply_ledger_op(shard, LedgerOp::Batch { ops })
+            .await
+        {
             Ok(LedgerReply::Batch { replies }) => replies,
             Ok(other) => {
                 tracing::warn!(shard, reply = ?other, "unexpected reply setting rule taints");
@@ -1106,7 +1107,7 @@ impl Ingest {
                 return;
             }
             Err(e) => {
-                tracing::warn!(shard, error = %e.message(), "setting rule taints failed; retrying next pass");
+                tracing::warn!(shard, error = %e, "setting rule taints failed; retrying next pass");
                 self.memory.rule_taints = None;
                 return;
             }
@@ -1254,7 +1255,7 @@ impl Ingest {
             let op = LedgerOp::SetObservedNetworkHolds {
                 holds: holds.clone(),
             };
-            match apply_op(&self.groups, shard, op).await {
+            match self.groups.apply_ledger_op(shard, op).await {
                 Ok(LedgerReply::ObservedNetworkHoldsSet { conflicts, .. }) => {
                     for (claim, devices) in conflicts {
                         tracing::warn!(shard, claim = %claim, ?devices,
@@ -1265,7 +1266,7 @@ impl Ingest {
                     tracing::warn!(shard, reply = ?other, "unexpected reply recording observed network holds")
                 }
                 Err(e) => {
-                    tracing::warn!(shard, error = %e.message(), "recording observed network holds failed; retrying next pass");
+                    tracing::warn!(shard, error = %e, "recording observed network holds failed; retrying next pass");
                     self.memory.observed_network_dirty = true;
                     return;
                 }

@@ -22,7 +22,7 @@ use gangway_core::engine::placement::Unplaced;
 use gangway_core::engine::{Diagnosis, FilterReason, Placer};
 use gangway_core::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use gangway_core::ledger::usage::HandOver;
-use gangway_core::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
+use gangway_core::ledger::{LedgerCommand, LedgerError, LedgerOp, LedgerReply, ShardLedger};
 use gangway_core::model::{Device, MemberKey, PodSpec};
 use gangway_core::query::{answer, unbound, ShardAnswer, ShardQuery, Victims};
 use gangway_core::wire::{decode, WireError, WireFormat};
@@ -414,6 +414,20 @@ impl GroupError {
     }
 }
 
+/// Why a ledger operation did not apply ([`Groups::apply_ledger_op`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The group could not be reached, or the request or reply not encoded.
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    /// The ledger refused the operation.
+    #[error(transparent)]
+    Refused(LedgerError),
+    /// The shard's state machine did not take the command for a ledger command.
+    #[error("malformed ledger command: {0}")]
+    Malformed(String),
+}
+
 /// The proposer's wall clock in ms, stamped on commands (apply never reads a clock).
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -546,6 +560,33 @@ impl Groups {
             .await
             .map_err(not_open_yet)?;
         Self::decode(group, &out.reply)
+    }
+
+    /// Commits a ledger operation on shard `shard` and returns the ledger's reply; a
+    /// refusal is the ledger's error, so every service reads it the same way.
+    pub async fn apply_ledger_op(
+        &self,
+        shard: u32,
+        op: LedgerOp,
+    ) -> Result<LedgerReply, ApplyError> {
+        match self.shard(shard, op).await? {
+            ShardOutcome::Applied(LedgerReply::Rejected { error }) => {
+                Err(ApplyError::Refused(error))
+            }
+            ShardOutcome::Applied(reply) => Ok(reply),
+            ShardOutcome::Malformed { reason } => Err(ApplyError::Malformed(reason)),
+        }
+    }
+
+    /// The shard that owns `node` in meta's shard map (`None`: no shard owns it yet).
+    pub async fn shard_of_node(&self, node: &str) -> Result<Option<u32>, GroupError> {
+        let q = MetaQuery::ShardOf {
+            node: node.to_string(),
+        };
+        match self.meta_query(&q).await? {
+            MetaReply::Shard { shard } => Ok(Some(shard)),
+            _ => Ok(None),
+        }
     }
 
     /// Reads shard `shard` linearizably: on its leader by typed access, elsewhere
