@@ -26,7 +26,7 @@ pub mod view;
 #[cfg(test)]
 mod device_tests;
 #[cfg(test)]
-mod displace_tests;
+mod displacement_tests;
 #[cfg(test)]
 mod network_claim_tests;
 #[cfg(test)]

@@ -1,0 +1,32 @@
+//! Unit tests of `workload.rs`.
+
+use super::*;
+
+#[test]
+fn the_fleet_fills_every_shard_with_one_device_node_first() {
+    let f = fleet(2);
+    assert_eq!(f.len(), 2 * NODES_PER_SHARD);
+    let devices: Vec<&str> = f
+        .iter()
+        .filter(|(_, d)| *d)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(devices, ["node-000", "node-001"]);
+}
+
+#[test]
+fn a_wide_group_needs_more_nodes_than_one_shard_has() {
+    let g = &gangs_of(Shape::Wide, 1)[0];
+    assert!(g.cpu * 2 > NODE_CPUS, "one member per node");
+    assert!(g.members as usize > NODES_PER_SHARD);
+}
+
+#[test]
+fn requests_carry_key_gangs_and_devices() {
+    let gangs = gangs_of(Shape::Devices, 7);
+    let r = request_of("k", &gangs);
+    assert_eq!(r.idempotency_key, "k");
+    assert_eq!(r.gangs[0].namespace, NAMESPACE);
+    assert_eq!(r.gangs[0].name, "op7-0");
+    assert!(r.gangs[0].members[0].pod_json.contains(GPU_RESOURCE));
+}

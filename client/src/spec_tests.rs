@@ -1,0 +1,43 @@
+//! Unit tests of `spec.rs`.
+
+use super::*;
+
+#[test]
+fn group_file_round_trip() {
+    let yaml = "name: g\nidempotencyKey: k1\ngangs:\n  - name: workers\n    namespace: team-a\n    minMember: 2\n    waitTime: 30s\n    members:\n      - name: w\n        count: 2\n        pod:\n          requests: {cpu: \"1\", memory: 1Gi}\n";
+    let req = from_yaml(yaml).expect("valid");
+    assert_eq!(req.idempotency_key, "k1");
+    assert_eq!(req.gangs[0].wait_time_ms, 30_000);
+    assert_eq!(req.gangs[0].members[0].count, 2);
+    assert!(req.gangs[0].members[0].pod_json.contains("\"cpu\":\"1\""));
+}
+
+#[test]
+fn malformed_yaml_names_the_line() {
+    let err = from_yaml("name: g\ngangs:\n  - name: [unclosed\n").expect_err("malformed");
+    assert!(err.to_string().contains("line 3"), "{err}");
+    let err = from_yaml(
+        "name: g\ngangs:\n  - name: a\n    minMember: 1\n    colour: red\n    members: []\n",
+    )
+    .expect_err("unknown field");
+    assert!(err.to_string().contains("colour"), "{err}");
+    let err = from_yaml(
+        "name: g\ngangs:\n  - name: a\n    minMember: 1\n    waitTime: soon\n    members: []\n",
+    )
+    .expect_err("bad duration");
+    assert!(err.to_string().starts_with("gangs[0].waitTime"), "{err}");
+}
+
+#[test]
+fn builder_builds_the_request() {
+    let req = GangGroupBuilder::new("g")
+        .idempotency_key("k")
+        .gang(GangBuilder::new("ns", "a", 4).members(
+            "w",
+            4,
+            serde_json::json!({"requests": {"cpu": "1"}}),
+        ))
+        .build();
+    assert_eq!(req.gangs[0].min_member, 4);
+    assert_eq!(req.gangs[0].mode, "Strict");
+}
