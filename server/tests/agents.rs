@@ -12,6 +12,7 @@ use gangway_proto::v1::{
     DeviceHealth, DeviceListAck, DeviceListReport, GangGroupStatus, GangSpec, MemberSpec, NodeInfo,
     NodeSpec, PluginDevice, SubmitGangGroupRequest,
 };
+use support::gangs::device_gang;
 use support::{client, wait_for, Cluster};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -19,23 +20,12 @@ use tokio_stream::wrappers::ReceiverStream;
 const GPU: &str = "nvidia.com/gpu";
 
 fn node_spec(name: &str, gpus_listed: bool) -> NodeSpec {
-    let mut allocatable: Vec<(&str, &str)> =
-        vec![("cpu", "16"), ("memory", "64Gi"), ("pods", "110")];
+    // A node that lists the GPUs is only there to be refused a stream: it takes no pods.
+    let mut spec = support::node_spec(name, "16", gpus_listed);
     if gpus_listed {
-        allocatable.push((GPU, "4"));
+        spec.allocatable.insert(GPU.to_string(), "4".to_string());
     }
-    NodeSpec {
-        name: name.into(),
-        labels: Default::default(),
-        taints: Vec::new(),
-        allocatable: allocatable
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        // A node that lists the GPUs is only there to be refused a stream: it takes no pods.
-        unschedulable: gpus_listed,
-        not_ready: false,
-    }
+    spec
 }
 
 fn report(node: &str, devices: &[(&str, DeviceHealth)]) -> DeviceListReport {
@@ -50,28 +40,6 @@ fn report(node: &str, devices: &[(&str, DeviceHealth)]) -> DeviceListReport {
                 numa_nodes: vec![0],
             })
             .collect(),
-    }
-}
-
-fn gpu_gang(key: &str, members: u32) -> SubmitGangGroupRequest {
-    SubmitGangGroupRequest {
-        queue: String::new(),
-        idempotency_key: key.into(),
-        name: key.into(),
-        gangs: vec![GangSpec {
-            name: key.into(),
-            namespace: "ml".into(),
-            min_member: members,
-            total_number: members,
-            mode: "Strict".into(),
-            wait_time_ms: 0,
-            priority: 0,
-            members: vec![MemberSpec {
-                name: "worker".into(),
-                count: members,
-                pod_json: format!(r#"{{"requests": {{"cpu": "1", "{GPU}": "1"}}}}"#),
-            }],
-        }],
     }
 }
 
@@ -167,7 +135,10 @@ async fn a_device_stream_feeds_the_ledger_and_its_devices_serve_gangs() {
     );
 
     // Three one-GPU members take the three healthy GPUs, one each.
-    let first = cl.submit(gpu_gang("three", 3)).await.expect("submit");
+    let first = cl
+        .submit(device_gang("three", GPU, 3))
+        .await
+        .expect("submit");
     let first = placed(&cl, first.id).await;
     let mut taken: Vec<String> = first
         .placements
@@ -178,7 +149,7 @@ async fn a_device_stream_feeds_the_ledger_and_its_devices_serve_gangs() {
     assert_eq!(taken, ["gpu-0", "gpu-1", "gpu-2"], "{first:?}");
 
     // A fourth member finds no healthy GPU and holds nothing while it waits.
-    let second = cl.submit(gpu_gang("one", 1)).await.expect("submit");
+    let second = cl.submit(device_gang("one", GPU, 1)).await.expect("submit");
     tokio::time::sleep(Duration::from_millis(800)).await;
     let waiting = cl.get(second.id).await.expect("get");
     assert_ne!(waiting.state, "Placed", "{waiting:?}");
@@ -272,9 +243,9 @@ async fn a_lapsed_heartbeat_lease_makes_the_node_not_ready() {
                 count: 1,
                 pod_json: r#"{"requests": {"cpu": "1"}}"#.into(),
             }],
-            ..gpu_gang("cpu", 1).gangs[0].clone()
+            ..device_gang("cpu", GPU, 1).gangs[0].clone()
         }],
-        ..gpu_gang("cpu", 1)
+        ..device_gang("cpu", GPU, 1)
     };
     let group = cl.submit(cpu_gang).await.expect("submit");
     tokio::time::sleep(Duration::from_millis(600)).await;

@@ -12,8 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gangway_client::Client;
-use gangway_proto::v1::{GangSpec, MemberSpec, NodeInfo, SubmitGangGroupRequest};
+use gangway_proto::v1::NodeInfo;
 use support::device_plugin::{register, TestPlugin};
+use support::gangs::device_gang;
 use support::{client, wait_for, Cluster};
 
 const RESOURCE: &str = "vendor.example/gpu";
@@ -98,28 +99,6 @@ fn health(info: &NodeInfo) -> Vec<(String, bool)> {
         .collect();
     out.sort();
     out
-}
-
-fn gpu_gang(key: &str) -> SubmitGangGroupRequest {
-    SubmitGangGroupRequest {
-        queue: String::new(),
-        idempotency_key: key.into(),
-        name: key.into(),
-        gangs: vec![GangSpec {
-            name: key.into(),
-            namespace: "ml".into(),
-            min_member: 1,
-            total_number: 1,
-            mode: "Strict".into(),
-            wait_time_ms: 0,
-            priority: 0,
-            members: vec![MemberSpec {
-                name: "worker".into(),
-                count: 1,
-                pod_json: format!(r#"{{"requests": {{"cpu": "1", "{RESOURCE}": "1"}}}}"#),
-            }],
-        }],
-    }
 }
 
 /// The member key of a one-member group's placement.
@@ -232,7 +211,10 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
 
     // A gang takes one healthy device: Allocate is called with exactly that device,
     // and its answer reaches the placement status and the checkpoint.
-    let one = cl.submit(gpu_gang("one")).await.expect("submit");
+    let one = cl
+        .submit(device_gang("one", RESOURCE, 1))
+        .await
+        .expect("submit");
     let one = allocated(&cl, one.id).await;
     let device = one.placements[0].devices[0].device.clone();
     let id = device.to_uppercase();
@@ -326,7 +308,10 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
         },
     )
     .await;
-    let two = cl.submit(gpu_gang("two")).await.expect("submit");
+    let two = cl
+        .submit(device_gang("two", RESOURCE, 1))
+        .await
+        .expect("submit");
     let two = allocated(&cl, two.id).await;
     let two_id = two.placements[0].allocations[0].device_ids.clone();
     assert_eq!(
@@ -342,7 +327,10 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
     register(dir.path(), "vendor.sock", RESOURCE)
         .await
         .expect("the plugin registers with the restarted agent");
-    let three = cl.submit(gpu_gang("three")).await.expect("submit");
+    let three = cl
+        .submit(device_gang("three", RESOURCE, 1))
+        .await
+        .expect("submit");
     let three = allocated(&cl, three.id).await;
     let three_id = three.placements[0].allocations[0].device_ids.clone();
     assert_eq!(
@@ -410,15 +398,6 @@ async fn a_device_plugin_feeds_gangway_through_the_agent() {
     plugin.stop().await;
 }
 
-/// A group of `members` members, each asking one device of the plugins' resource.
-fn gpu_gang_of(key: &str, members: u32) -> SubmitGangGroupRequest {
-    let mut g = gpu_gang(key);
-    g.gangs[0].min_member = members;
-    g.gangs[0].total_number = members;
-    g.gangs[0].members[0].count = members;
-    g
-}
-
 /// Three replicas and four agents, each with its own plugin of two devices: gangs
 /// are placed and released while one plugin restarts, and then while the replica the
 /// agents reached first is killed. Every placed member's devices
@@ -480,7 +459,7 @@ async fn four_agents_allocate_what_gangway_places_while_a_plugin_restarts() {
             );
         }
         let g = cl
-            .submit(gpu_gang_of(&format!("g{round}"), 2))
+            .submit(device_gang(&format!("g{round}"), RESOURCE, 2))
             .await
             .expect("submit");
         let s = wait_for(

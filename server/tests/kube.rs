@@ -24,6 +24,7 @@ use gangway_kube_double::store::{
 };
 use gangway_kube_env::{AuditEntry, ControlPlane, Options};
 use serde_json::{json, Value};
+use support::objects::node;
 use support::Cluster;
 
 /// One control plane at a time: each is a few hundred MB and a core while it starts.
@@ -33,10 +34,6 @@ const POLL_MS: u64 = 200;
 
 const DRIVER: &str = "gpu.example.com";
 const NS: &str = "train";
-
-fn node(name: &str) -> Value {
-    support::objects::node(name)
-}
 
 fn slice(node: &str, gpus: usize) -> Value {
     let devices: Vec<Value> = (0..gpus)

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use gangway_client::Client;
 use gangway_proto::v1::{GangGroupStatus, GangSpec, MemberSpec, SubmitGangGroupRequest};
+use support::gangs::wait_group;
 use support::{client, node_spec as spec, Cluster};
 
 const READY_S: u64 = 30;
@@ -75,30 +76,6 @@ async fn ledger_slots(c: &Client) -> BTreeMap<String, Vec<(String, String)>> {
     out
 }
 
-/// Waits until `done` holds for group `id`; an error with the last status after `timeout`.
-async fn wait_for(
-    c: &Client,
-    id: u64,
-    timeout: Duration,
-    what: &str,
-    done: impl Fn(&GangGroupStatus) -> bool,
-) -> Result<GangGroupStatus, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let s = c
-            .get(id)
-            .await
-            .map_err(|e| format!("get group {id}: {e}"))?;
-        if done(&s) {
-            return Ok(s);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("group {id}: not {what} within {timeout:?}: {s:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// I3 on the ledgers: the slots are exactly the group's placements, each member once.
 async fn ledgers_match(c: &Client, s: &GangGroupStatus) -> Result<(), String> {
     let slots = ledger_slots(c).await;
@@ -144,7 +121,7 @@ async fn release_while_queued(cl: &Client, place: Duration) -> Result<(), String
         .submit(nonstrict("accumulate", 3, "3"))
         .await
         .map_err(|e| format!("submit: {e}"))?;
-    let waiting = wait_for(cl, g.id, place, "holding two", |s| {
+    let waiting = wait_group(cl, g.id, place, "holding two", |s| {
         s.state == "Queued" && s.placements.len() == 2
     })
     .await?;
@@ -162,7 +139,7 @@ async fn release_while_queued(cl: &Client, place: Duration) -> Result<(), String
     // Room for the third: the group is placed whole, every member held once.
     let big = cordoned_node_on(cl, "big", 1, "4").await;
     uncordon(cl, &big, "4").await;
-    let placed = wait_for(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
+    let placed = wait_group(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
     if placed.placements.len() != 3 {
         return Err(format!(
             "placed with {} members: {placed:?}",
@@ -183,9 +160,9 @@ async fn replan_across_shards(cl: &Client, place: Duration) -> Result<(), String
         .submit(nonstrict("two-shards", 3, "3"))
         .await
         .map_err(|e| format!("submit: {e}"))?;
-    wait_for(cl, g.id, place, "holding two", |s| s.placements.len() == 2).await?;
+    wait_group(cl, g.id, place, "holding two", |s| s.placements.len() == 2).await?;
     uncordon(cl, &big, "16").await;
-    let placed = wait_for(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
+    let placed = wait_group(cl, g.id, place, "Placed", |s| s.state == "Placed").await?;
     if placed.placements.len() != 3 {
         return Err(format!(
             "placed with {} members: {placed:?}",
@@ -205,7 +182,7 @@ async fn replan_across_shards(cl: &Client, place: Duration) -> Result<(), String
     cl.release(g.id)
         .await
         .map_err(|e| format!("release: {e}"))?;
-    wait_for(cl, g.id, place, "Released", |s| s.state == "Released").await?;
+    wait_group(cl, g.id, place, "Released", |s| s.state == "Released").await?;
     let deadline = Instant::now() + place;
     loop {
         let slots = ledger_slots(cl).await;
@@ -259,12 +236,12 @@ async fn nonstrict_group_planned_again_on_one_shard_places_each_member_once() {
         .await
         .expect("submit");
     let place = Duration::from_secs(PLACE_S);
-    let two = wait_for(&cl, g.id, place, "holding two", |s| s.placements.len() == 2).await;
+    let two = wait_group(&cl, g.id, place, "holding two", |s| s.placements.len() == 2).await;
     two.unwrap_or_else(|e| panic!("{e}"));
     // A node that fits all three: only the one still waiting may go there.
     let big = cordoned_node_on(&cl, "big", 1, "16").await;
     uncordon(&cl, &big, "16").await;
-    let placed = wait_for(&cl, g.id, place, "Placed", |s| s.state == "Placed").await;
+    let placed = wait_group(&cl, g.id, place, "Placed", |s| s.state == "Placed").await;
     let placed = placed.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(placed.placements.len(), 3, "{placed:?}");
     if let Err(e) = ledgers_match(&cl, &placed).await {
@@ -418,7 +395,7 @@ async fn transport_refuses_clients(c: &Cluster) -> Result<(), String> {
         .submit(nonstrict("held", 2, "1"))
         .await
         .map_err(|e| format!("submit: {e}"))?;
-    let placed = wait_for(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
+    let placed = wait_group(&cl, g.id, Duration::from_secs(PLACE_S), "Placed", |s| {
         s.state == "Placed"
     })
     .await?;

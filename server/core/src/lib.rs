@@ -29,3 +29,6 @@ pub mod engine;
 pub mod query;
 
 pub mod plan;
+
+#[cfg(test)]
+mod fixtures;

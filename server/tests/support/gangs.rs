@@ -74,17 +74,59 @@ pub async fn held(c: &Client) -> BTreeMap<String, u32> {
         .collect()
 }
 
+/// Waits until group `id` is in `state`; panics naming the last status after `timeout`.
 pub async fn wait_state(c: &Client, id: u64, state: &str, timeout: Duration) -> GangGroupStatus {
+    match wait_group(c, id, timeout, state, |s| s.state == state).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Reads group `id` every 50 ms until `done` holds; after `timeout`, an error naming
+/// `what` and the last status.
+pub async fn wait_group(
+    c: &Client,
+    id: u64,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&GangGroupStatus) -> bool,
+) -> Result<GangGroupStatus, String> {
     let deadline = Instant::now() + timeout;
     loop {
-        let s = c.get(id).await.expect("get group");
-        if s.state == state {
-            return s;
+        let s = c
+            .get(id)
+            .await
+            .map_err(|e| format!("get group {id}: {e}"))?;
+        if done(&s) {
+            return Ok(s);
         }
-        assert!(
-            Instant::now() < deadline,
-            "group {id} not {state} within {timeout:?}: {s:?}"
-        );
+        if Instant::now() >= deadline {
+            return Err(format!("group {id}: not {what} within {timeout:?}: {s:?}"));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Strict gang of `members` pods in namespace `ml`, each asking one cpu and one
+/// device of `resource` (a device plugin's extended resource).
+pub fn device_gang(key: &str, resource: &str, members: u32) -> SubmitGangGroupRequest {
+    SubmitGangGroupRequest {
+        queue: String::new(),
+        idempotency_key: key.into(),
+        name: key.into(),
+        gangs: vec![GangSpec {
+            name: key.into(),
+            namespace: "ml".into(),
+            min_member: members,
+            total_number: members,
+            mode: "Strict".into(),
+            wait_time_ms: 0,
+            priority: 0,
+            members: vec![MemberSpec {
+                name: "worker".into(),
+                count: members,
+                pod_json: format!(r#"{{"requests": {{"cpu": "1", "{resource}": "1"}}}}"#),
+            }],
+        }],
     }
 }

@@ -28,22 +28,14 @@ use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, LABEL_HOSTNAME};
 use crate::model::pod::{PodSpec, TolerationOperator};
-use crate::model::resources::{ResourceName, Resources};
+use crate::model::resources::ResourceName;
 
 const DRIVER: &str = "gpu.example.com";
 const CLASS: &str = "gpu.example.com";
 const GIB: u64 = 1 << 30;
 
 fn node(name: &str) -> Node {
-    let mut n = Node::new(
-        name,
-        Resources {
-            cpu_milli: 64_000,
-            memory_bytes: 256 * GIB,
-            pods: 110,
-            ..Resources::zero()
-        },
-    );
+    let mut n = crate::fixtures::node_with(name, 64_000, 256 * GIB, 110);
     n.labels.insert(LABEL_HOSTNAME.into(), name.into());
     n
 }

@@ -15,19 +15,8 @@ use crate::model::pod::{
 };
 
 fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-    let mut n = Node::new(
-        name,
-        Resources {
-            cpu_milli: 4000,
-            memory_bytes: 8 << 30,
-            pods: 10,
-            ..Resources::zero()
-        },
-    );
-    n.labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut n = crate::fixtures::node_with(name, 4000, 8 << 30, 10);
+    n.labels = crate::fixtures::labels(labels);
     n
 }
 

@@ -25,15 +25,7 @@ use crate::model::pod::{
 use crate::model::resources::{ResourceName, Resources};
 
 fn node(name: &str, zone: &str, cpu_milli: u64) -> Node {
-    let mut n = Node::new(
-        name,
-        Resources {
-            cpu_milli,
-            memory_bytes: 64 << 30,
-            pods: 110,
-            ..Resources::zero()
-        },
-    );
+    let mut n = crate::fixtures::node_with(name, cpu_milli, 64 << 30, 110);
     n.labels.insert(LABEL_HOSTNAME.into(), name.into());
     n.labels.insert(LABEL_ZONE.into(), zone.into());
     n

@@ -24,20 +24,11 @@ use crate::model::device::{
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{PodSummary, TolerationOperator};
-use crate::model::resources::Resources;
 
 const DRIVER: &str = "gpu.example.com";
 
 fn node(name: &str) -> Node {
-    Node::new(
-        name,
-        Resources {
-            cpu_milli: 64_000,
-            memory_bytes: 1 << 40,
-            pods: 100,
-            ..Resources::zero()
-        },
-    )
+    crate::fixtures::node_with(name, 64_000, 1 << 40, 100)
 }
 
 fn key(member: &str) -> MemberKey {
@@ -52,9 +43,7 @@ fn id(pool: &str, device: &str) -> DeviceId {
     DeviceId::new(DRIVER, pool, device)
 }
 
-fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
-    ledger.apply(&LedgerCommand::new(at_ms, op))
-}
+use crate::fixtures::apply;
 
 fn publish(
     node: &str,

@@ -32,15 +32,7 @@ const DRIVER: &str = "gpu.example.com";
 const GPUS_PER_NODE: usize = 6;
 
 fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
-    Node::new(
-        name,
-        Resources {
-            cpu_milli,
-            memory_bytes: 1 << 30,
-            pods,
-            ..Resources::zero()
-        },
-    )
+    crate::fixtures::node_with(name, cpu_milli, 1 << 30, pods)
 }
 
 fn pod(cpu_milli: u64) -> PodSummary {
@@ -61,13 +53,7 @@ fn member(gang: &str, name: &str, node: &str, p: PodSummary) -> ReserveMember {
     }
 }
 
-fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
-    let reply = ledger.apply(&LedgerCommand::new(at_ms, op));
-    if let Err(e) = ledger.check_invariants() {
-        panic!("{e} after {reply:?}");
-    }
-    reply
-}
+use crate::fixtures::apply_checked as apply;
 
 fn ledger_with(nodes: &[Node]) -> ShardLedger {
     let mut ledger = ShardLedger::new();

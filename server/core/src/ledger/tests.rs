@@ -22,15 +22,7 @@ use crate::wire::WireFormat;
 const GPU: &str = "nvidia.com/gpu";
 
 fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
-    Node::new(
-        name,
-        Resources {
-            cpu_milli,
-            memory_bytes: 1 << 30,
-            pods,
-            ..Resources::zero()
-        },
-    )
+    crate::fixtures::node_with(name, cpu_milli, 1 << 30, pods)
 }
 
 fn key(member: &str) -> MemberKey {
@@ -63,9 +55,7 @@ fn rm(member: &str, node: &str, p: PodSummary) -> ReserveMember {
     }
 }
 
-fn apply(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> LedgerReply {
-    ledger.apply(&LedgerCommand::new(at_ms, op))
-}
+use crate::fixtures::apply;
 
 fn reserve(txn: u64, members: Vec<ReserveMember>, deadline_ms: u64) -> LedgerOp {
     LedgerOp::Reserve {

@@ -5,10 +5,7 @@ use crate::model::resources::Resources;
 
 fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     let mut n = Node::new(name, Resources::default());
-    n.labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    n.labels = crate::fixtures::labels(labels);
     n
 }
 

@@ -3,8 +3,8 @@
 
 use crate::engine::{place_gang, Profile};
 use crate::ledger::command::{
-    LedgerCommand, LedgerError, LedgerOp, LedgerReply, Parcel, RefusalCause, ReleaseTarget,
-    ReserveMember, MOVE_NODES_MAX,
+    LedgerError, LedgerOp, LedgerReply, Parcel, RefusalCause, ReleaseTarget, ReserveMember,
+    MOVE_NODES_MAX,
 };
 use crate::ledger::shard::ShardLedger;
 use crate::ledger::TxnId;
@@ -15,15 +15,7 @@ use crate::model::resources::Resources;
 use crate::model::{Gang, GangMode};
 
 fn node(name: &str) -> Node {
-    Node::new(
-        name,
-        Resources {
-            cpu_milli: 4_000,
-            memory_bytes: 1 << 30,
-            pods: 10,
-            ..Resources::zero()
-        },
-    )
+    crate::fixtures::node_with(name, 4_000, 1 << 30, 10)
 }
 
 fn key(member: &str) -> MemberKey {
@@ -45,10 +37,7 @@ fn member(name: &str, node: &str) -> ReserveMember {
 }
 
 fn apply(l: &mut ShardLedger, op: LedgerOp) -> LedgerReply {
-    let reply = l.apply(&LedgerCommand::new(10, op));
-    l.check_invariants()
-        .expect("invariants after every operation");
-    reply
+    crate::fixtures::apply_checked(l, 10, op)
 }
 
 fn ledger(nodes: &[&str]) -> ShardLedger {
