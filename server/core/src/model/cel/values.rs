@@ -238,10 +238,7 @@ impl<'a> Indexer for DeviceVal<'a> {
         }
     }
 
-    fn steal<'v>(
-        self: Box<Self>,
-        idx: &dyn Val,
-    ) -> Result<Box<dyn Val + 'v>, ExecutionError>
+    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
     where
         Self: 'v,
     {
@@ -286,10 +283,7 @@ impl<'a> Indexer for DomainsVal<'a> {
         }))
     }
 
-    fn steal<'v>(
-        self: Box<Self>,
-        idx: &dyn Val,
-    ) -> Result<Box<dyn Val + 'v>, ExecutionError>
+    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
     where
         Self: 'v,
     {
@@ -340,10 +334,7 @@ impl<'a> Indexer for DomainVal<'a> {
             .ok_or_else(|| ExecutionError::no_such_key(id))
     }
 
-    fn steal<'v>(
-        self: Box<Self>,
-        idx: &dyn Val,
-    ) -> Result<Box<dyn Val + 'v>, ExecutionError>
+    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
     where
         Self: 'v,
     {
