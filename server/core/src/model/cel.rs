@@ -26,6 +26,7 @@
 mod library;
 mod types;
 mod values;
+pub use library::domains_of;
 use library::*;
 use types::*;
 pub use values::*;
