@@ -53,8 +53,8 @@ fn rebalance_policy(
     auto: Option<bool>,
     bound_percent: Option<u64>,
     check_ms: Option<u64>,
-) -> Result<crate::coordinator::RebalancePolicy, ConfigError> {
-    let defaults = crate::coordinator::RebalancePolicy::default();
+) -> Result<gangway_core::plan::rebalance::RebalancePolicy, ConfigError> {
+    let defaults = gangway_core::plan::rebalance::RebalancePolicy::default();
     let bound_percent = bound_percent.unwrap_or(defaults.bound_percent);
     if !(101..=1_000).contains(&bound_percent) {
         return Err(invalid(
@@ -69,7 +69,7 @@ fn rebalance_policy(
             format!("{check_ms} is not in 100..=3600000"),
         ));
     }
-    Ok(crate::coordinator::RebalancePolicy {
+    Ok(gangway_core::plan::rebalance::RebalancePolicy {
         auto: auto.unwrap_or(defaults.auto),
         bound_percent,
         check_ms,
@@ -333,7 +333,7 @@ pub struct ServeConfig {
     /// The format this replica writes.
     pub wire: WireFormat,
     /// Automatic rebalancing of the shards.
-    pub rebalance: crate::coordinator::RebalancePolicy,
+    pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
     /// Raft timing.
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.

@@ -25,11 +25,11 @@ use tokio::net::TcpListener;
 use crate::datadir::{self, Identity};
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
-use crate::observe::ui::read::Source;
-use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{ServerSecurity, Tokens};
 use crate::serve::shutdown_signal;
+use crate::webview::read::Source;
+use crate::webview::UiDeps;
 use gangway_core::engine::Profile;
 use gangway_core::wire::WireFormat;
 
@@ -195,7 +195,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
                 .host_path_prefixes,
             profile: Profile::default(),
             wire: args.wire_format,
-            rebalance: crate::coordinator::RebalancePolicy::default(),
+            rebalance: gangway_core::plan::rebalance::RebalancePolicy::default(),
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),
@@ -222,20 +222,20 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
     let http_state = HttpState {
         hosts: hosts.clone(),
         prometheus,
-        ui: Some(UiDeps {
-            source: Source {
-                groups: replicas[0].groups(),
-                hosts: hosts.clone(),
-                shards: replicas[0].shard_count(),
-                topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
-            },
-            access: crate::observe::ui::access::UiAccess::new(
-                Arc::new(ServerSecurity::open(peer_secret.clone()).credentials(DEV_CLUSTER_ID, 1)),
-                crate::auth::Access::policy_only(),
-            ),
-        }),
     };
-    let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
+    let ui = crate::webview::mounted(UiDeps {
+        source: Source {
+            groups: replicas[0].groups(),
+            hosts: hosts.clone(),
+            shards: replicas[0].shard_count(),
+            topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
+        },
+        access: crate::webview::access::UiAccess::new(
+            Arc::new(ServerSecurity::open(peer_secret.clone()).credentials(DEV_CLUSTER_ID, 1)),
+            crate::auth::Access::policy_only(),
+        ),
+    });
+    let http_task = tokio::spawn(http::serve(http_listener, http_state, Some(ui), async {
         let _ = http_stopped.await;
     }));
 

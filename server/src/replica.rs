@@ -66,7 +66,7 @@ pub struct ReplicaOptions {
     /// The format this replica writes commands, replies and snapshots in (it reads both).
     pub wire: WireFormat,
     /// Whether and when the coordinator rebalances the shards.
-    pub rebalance: crate::coordinator::RebalancePolicy,
+    pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
@@ -263,6 +263,11 @@ impl Replica {
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));
+        // Every series the sampler and the services report starts at zero, so a scrape
+        // shows it before its first event.
+        crate::observe::placement::register();
+        crate::coordinator::preempt::register();
+        crate::kube::evictor::register_metrics();
         replica
             .services
             .push(tokio::spawn(crate::observe::sampler::run(

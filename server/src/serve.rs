@@ -17,10 +17,10 @@ use crate::config::ServeConfig;
 use crate::datadir::{self, Identity};
 use crate::failpoints::Failpoints;
 use crate::observe::http::{self, HttpState};
-use crate::observe::ui::read::Source;
-use crate::observe::ui::UiDeps;
 use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
+use crate::webview::read::Source;
+use crate::webview::UiDeps;
 use gangway_core::engine::Profile;
 use gangway_core::plan::budgets::DisruptionBudgets;
 
@@ -204,25 +204,25 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     let http_state = HttpState {
         hosts: vec![replica.host.clone()],
         prometheus,
-        ui: Some(UiDeps {
-            source: Source {
-                groups: replica.groups(),
-                hosts: vec![replica.host.clone()],
-                shards: replica.shard_count(),
-                topology_label: Some(
-                    cfg.topology_label
-                        .clone()
-                        .unwrap_or_else(|| crate::observe::ui::read::ZONE_LABEL.into()),
-                ),
-            },
-            access: crate::observe::ui::access::UiAccess::new(
-                Arc::new(ui_security.credentials(&cfg.cluster_id, cfg.id)),
-                ui_security.access(),
-            )
-            .tokens_over_tls_only(cfg.tls.is_some() && !cfg.ui_plaintext_tokens),
-        }),
     };
-    let http_task = tokio::spawn(http::serve(http_listener, http_state, async {
+    let ui = crate::webview::mounted(UiDeps {
+        source: Source {
+            groups: replica.groups(),
+            hosts: vec![replica.host.clone()],
+            shards: replica.shard_count(),
+            topology_label: Some(
+                cfg.topology_label
+                    .clone()
+                    .unwrap_or_else(|| crate::webview::read::ZONE_LABEL.into()),
+            ),
+        },
+        access: crate::webview::access::UiAccess::new(
+            Arc::new(ui_security.credentials(&cfg.cluster_id, cfg.id)),
+            ui_security.access(),
+        )
+        .tokens_over_tls_only(cfg.tls.is_some() && !cfg.ui_plaintext_tokens),
+    });
+    let http_task = tokio::spawn(http::serve(http_listener, http_state, Some(ui), async {
         let _ = http_stopped.await;
     }));
     let stopped = tokio::select! {

@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::plugins::{PluginHandle, Plugins};
-use crate::frontdoor::devices::driver_for;
-use crate::frontdoor::inventory::allocation_to_api;
+use crate::convert::allocation_to_api;
+use gangway_core::model::node_allocation::driver_for;
 use gangway_core::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
 
 /// Period between the agent's reads of its node's placements, in ms.

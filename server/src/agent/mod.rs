@@ -206,12 +206,16 @@ pub async fn run(
         let state = crate::observe::http::HttpState {
             hosts: Vec::new(),
             prometheus: prometheus.clone(),
-            ui: None,
         };
         let mut stop = stop_rx.clone();
-        tokio::spawn(crate::observe::http::serve(listener, state, async move {
-            let _ = stop.changed().await;
-        }))
+        tokio::spawn(crate::observe::http::serve(
+            listener,
+            state,
+            None,
+            async move {
+                let _ = stop.changed().await;
+            },
+        ))
     });
     let heartbeats = tokio::spawn(heartbeat(
         gangway.clone(),

@@ -29,7 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
-use crate::frontdoor::devices::device_name;
+use gangway_core::model::node_allocation::device_name;
 
 /// Time gangway has to acknowledge a device report, in ms.
 pub const ACK_TIMEOUT_MS: u64 = 10_000;

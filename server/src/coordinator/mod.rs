@@ -21,8 +21,6 @@
 
 mod admission;
 mod batch;
-pub mod metrics;
-pub mod moves;
 pub mod preempt;
 mod quotes;
 mod transaction;
@@ -38,7 +36,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::failpoints::{self, Failpoints};
+use crate::observe::placement::{transaction_ended, Phase, PhaseTimer};
 use crate::replicated::growth::ShardCount;
+use crate::replicated::moves;
 use crate::replicated::release;
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 use gangway_core::engine::{GangPlacement, Profile};
@@ -51,9 +51,8 @@ use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, Tx
 use gangway_core::model::{MemberKey, PodSpec};
 use gangway_core::plan::assign::{self, assign, AssignOutcome, Assignment};
 use gangway_core::plan::budgets::DisruptionBudgets;
-use gangway_core::plan::rebalance;
+use gangway_core::plan::rebalance::RebalancePolicy;
 use gangway_core::query::{ShardAnswer, ShardQuery};
-use metrics::{transaction_ended, Phase, PhaseTimer};
 
 /// Period between the coordinator's reads of the shards' capacity (recorded in meta
 /// when it changed: the pool top-level queues lend in), in ms.
@@ -93,31 +92,6 @@ pub const BATCH_MEMBERS_MAX: usize = 8_192;
 pub const PREEMPTION_ATTEMPTS_PER_ROUND_MAX: u32 = 2;
 /// Most undelivered decisions delivered in one round.
 pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
-
-/// Default period of the coordinator's checks of the shards' balance, in ms (when no
-/// move runs; right after a move ends, the next check comes at once).
-pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 30_000;
-
-/// Whether and when the coordinator rebalances shards on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RebalancePolicy {
-    /// Off: only `gangctl shards rebalance` and `move` move nodes.
-    pub auto: bool,
-    /// A shard above this percentage of the mean capacity starts a rebalance.
-    pub bound_percent: u64,
-    /// Period of the checks, in ms.
-    pub check_ms: u64,
-}
-
-impl Default for RebalancePolicy {
-    fn default() -> Self {
-        Self {
-            auto: true,
-            bound_percent: rebalance::REBALANCE_BOUND_PERCENT_DEFAULT,
-            check_ms: REBALANCE_CHECK_MS_DEFAULT,
-        }
-    }
-}
 
 /// What a round's batch did with the ready groups.
 struct BatchOutcome {

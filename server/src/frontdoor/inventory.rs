@@ -5,15 +5,11 @@
 //! only for the nodes it is granted (`auth::access`, resource `nodes`); what an
 //! allocation gives a container is held to the replica's host path prefixes.
 
-use std::collections::{BTreeMap, HashMap};
-
 use gangway_proto::v1::inventory_server::{Inventory, InventoryServer};
 use gangway_proto::v1::{
-    AllocationDevice as ApiAllocationDevice, AllocationMount as ApiAllocationMount, DeviceInfo,
     DeviceListAck, DeviceListReport, GetNodeRequest, HeartbeatReply, HeartbeatRequest,
-    ListNodesReply, ListNodesRequest, NodeAllocation as ApiNodeAllocation, NodeInfo, NodePod,
-    NodeSpec, RegisterNodeReply, RegisterNodeRequest, ReportAllocationReply,
-    ReportAllocationRequest, Taint,
+    ListNodesReply, ListNodesRequest, NodeInfo, NodeSpec, RegisterNodeReply, RegisterNodeRequest,
+    ReportAllocationReply, ReportAllocationRequest,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -24,15 +20,11 @@ use crate::frontdoor::devices::{spawn_stream, DEVICE_ACKS_QUEUED_MAX};
 
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, ApplyError, Groups};
-use gangway_core::ledger::devices::{AgentLink, DeviceHealth};
 use gangway_core::ledger::meta::{domain_of, shard_command, MetaCommand, MetaReply, RejectionKind};
-use gangway_core::ledger::usage::SlotState;
-use gangway_core::ledger::{LeaseState, LedgerError, LedgerOp, LedgerReply, NodeEntry};
-use gangway_core::model::device::DeviceId;
+use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, NodeEntry};
 use gangway_core::model::node::RawTaint;
-use gangway_core::model::node_allocation::{AllocationDevice, AllocationMount, NodeAllocation};
 use gangway_core::model::resources::RawQuantity;
-use gangway_core::model::{Node, RawNode, Readiness, Resources, Schedulability};
+use gangway_core::model::{Node, RawNode};
 use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// A node lease's length when a heartbeat leaves it out, in ms (kubelet's node monitor
@@ -145,143 +137,6 @@ pub fn validate_node(spec: &NodeSpec) -> Result<Node, Status> {
         .map_err(|e| Status::invalid_argument(format!("node.{e}")))
 }
 
-/// A resource vector as Kubernetes quantities (zero entries left out).
-pub fn quantities(r: &Resources) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    if r.cpu_milli > 0 {
-        let cpu = if r.cpu_milli.is_multiple_of(1000) {
-            (r.cpu_milli / 1000).to_string()
-        } else {
-            format!("{}m", r.cpu_milli)
-        };
-        out.insert("cpu".to_string(), cpu);
-    }
-    if r.memory_bytes > 0 {
-        out.insert("memory".to_string(), bytes(r.memory_bytes));
-    }
-    if r.ephemeral_storage_bytes > 0 {
-        out.insert(
-            "ephemeral-storage".to_string(),
-            bytes(r.ephemeral_storage_bytes),
-        );
-    }
-    if r.pods > 0 {
-        out.insert("pods".to_string(), r.pods.to_string());
-    }
-    for (name, n) in &r.extended {
-        out.insert(name.clone(), n.to_string());
-    }
-    out
-}
-
-fn bytes(n: u64) -> String {
-    for (suffix, unit) in [
-        ("Ti", 1u64 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ] {
-        if n.is_multiple_of(unit) {
-            return format!("{}{suffix}", n / unit);
-        }
-    }
-    n.to_string()
-}
-
-fn node_spec(node: &Node) -> NodeSpec {
-    NodeSpec {
-        name: node.name.clone(),
-        labels: node.labels.clone().into_iter().collect(),
-        taints: node
-            .taints
-            .iter()
-            .map(|t| Taint {
-                key: t.key.clone(),
-                value: t.value.clone(),
-                effect: t.effect.to_string(),
-            })
-            .collect(),
-        allocatable: quantities(&node.allocatable),
-        unschedulable: node.schedulability == Schedulability::Cordoned,
-        not_ready: node.readiness == Readiness::NotReady,
-    }
-}
-
-/// The API view of a node entry of shard `shard`.
-pub fn node_info(entry: &NodeEntry, shard: u32) -> NodeInfo {
-    let lease_until_ms = entry
-        .lease
-        .filter(|l| l.state == LeaseState::Live)
-        .map_or(0, |l| l.until_ms());
-    NodeInfo {
-        node: Some(node_spec(&entry.node)),
-        shard,
-        requested: quantities(&entry.usage.requested()),
-        pods: entry.usage.pods.len() as u32,
-        devices: device_infos(entry),
-        agent: match entry.usage.devices.agent {
-            AgentLink::Connected if entry.usage.devices.pools.is_empty() => "",
-            AgentLink::Connected => "Connected",
-            AgentLink::Disconnected { .. } => "Disconnected",
-            AgentLink::Lost { .. } => "Lost",
-        }
-        .to_string(),
-        lease_until_ms,
-        pod_slots: entry
-            .usage
-            .pods
-            .iter()
-            .map(|(member, slot)| NodePod {
-                member: member.to_string(),
-                state: slot_state_name(&slot.state).to_string(),
-                txn: slot
-                    .state
-                    .txn_id()
-                    .map(|t| t.to_string())
-                    .unwrap_or_default(),
-            })
-            .collect(),
-    }
-}
-
-fn slot_state_name(state: &SlotState) -> &'static str {
-    match state {
-        SlotState::Reserved { .. } => "Reserved",
-        SlotState::Committed { .. } => "Committed",
-        SlotState::Bound { .. } => "Bound",
-        SlotState::Observed => "Observed",
-    }
-}
-
-/// Every published device of the node with its health and the members holding it.
-fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
-    let mut holders: BTreeMap<&DeviceId, Vec<String>> = BTreeMap::new();
-    for (member, slot) in &entry.usage.pods {
-        for alloc in &slot.pod.devices {
-            holders
-                .entry(&alloc.device)
-                .or_default()
-                .push(member.to_string());
-        }
-    }
-    let devices = &entry.usage.devices;
-    let mut out = Vec::new();
-    for (key, pool) in &devices.pools {
-        for name in pool.devices.keys() {
-            let id = DeviceId::new(key.driver.clone(), key.pool.clone(), name.clone());
-            out.push(DeviceInfo {
-                driver: key.driver.clone(),
-                pool: key.pool.clone(),
-                name: name.clone(),
-                unhealthy: devices.health(&id, None) == DeviceHealth::Unhealthy,
-                held_by: holders.remove(&id).unwrap_or_default(),
-                withdrawn: !pool.standing.is_offered(),
-            });
-        }
-    }
-    out
-}
-
 /// The status for a ledger refusal, naming the field it concerns.
 fn refused(error: LedgerError) -> Status {
     match error {
@@ -356,72 +211,6 @@ pub async fn apply_op(groups: &Groups, shard: u32, op: LedgerOp) -> Result<Ledge
         })
 }
 
-/// The model's allocation from the API's.
-pub fn allocation_from_api(a: &ApiNodeAllocation) -> NodeAllocation {
-    NodeAllocation {
-        resource: a.resource.clone(),
-        device_ids: a.device_ids.clone(),
-        envs: a.envs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        mounts: a
-            .mounts
-            .iter()
-            .map(|m| AllocationMount {
-                container_path: m.container_path.clone(),
-                host_path: m.host_path.clone(),
-                read_only: m.read_only,
-            })
-            .collect(),
-        devices: a
-            .devices
-            .iter()
-            .map(|d| AllocationDevice {
-                container_path: d.container_path.clone(),
-                host_path: d.host_path.clone(),
-                permissions: d.permissions.clone(),
-            })
-            .collect(),
-        annotations: a
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        cdi_devices: a.cdi_devices.clone(),
-    }
-}
-
-/// The API's allocation from the model's.
-pub fn allocation_to_api(a: &NodeAllocation) -> ApiNodeAllocation {
-    ApiNodeAllocation {
-        resource: a.resource.clone(),
-        device_ids: a.device_ids.clone(),
-        envs: a.envs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        mounts: a
-            .mounts
-            .iter()
-            .map(|m| ApiAllocationMount {
-                container_path: m.container_path.clone(),
-                host_path: m.host_path.clone(),
-                read_only: m.read_only,
-            })
-            .collect(),
-        devices: a
-            .devices
-            .iter()
-            .map(|d| ApiAllocationDevice {
-                container_path: d.container_path.clone(),
-                host_path: d.host_path.clone(),
-                permissions: d.permissions.clone(),
-            })
-            .collect(),
-        annotations: a
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        cdi_devices: a.cdi_devices.clone(),
-    }
-}
-
 #[tonic::async_trait]
 impl Inventory for InventoryService {
     type ListAndWatchDevicesStream = ReceiverStream<Result<DeviceListAck, Status>>;
@@ -446,7 +235,7 @@ impl Inventory for InventoryService {
         let allocation = r
             .allocation
             .as_ref()
-            .map(allocation_from_api)
+            .map(crate::convert::allocation_from_api)
             .ok_or_else(|| Status::invalid_argument("allocation: missing"))?;
         let at = gangway_core::model::FieldPath::new("allocation");
         allocation
@@ -556,7 +345,7 @@ impl Inventory for InventoryService {
                 },
             )
             .await?;
-        let info = entry.first().map(|e| node_info(e, shard));
+        let info = entry.first().map(|e| crate::convert::node_info(e, shard));
         Ok(Response::new(RegisterNodeReply { node: info }))
     }
 
@@ -578,7 +367,7 @@ impl Inventory for InventoryService {
             .await?;
         nodes
             .first()
-            .map(|e| Response::new(node_info(e, shard)))
+            .map(|e| Response::new(crate::convert::node_info(e, shard)))
             .ok_or_else(not_found)
     }
 
@@ -600,7 +389,7 @@ impl Inventory for InventoryService {
         let mut nodes = Vec::new();
         for shard in shards {
             let entries = self.shard_nodes(shard, &ShardQuery::ListNodes).await?;
-            nodes.extend(entries.iter().map(|e| node_info(e, shard)));
+            nodes.extend(entries.iter().map(|e| crate::convert::node_info(e, shard)));
         }
         Ok(Response::new(ListNodesReply { nodes }))
     }

@@ -18,8 +18,8 @@ use tonic::{Request, Response, Status};
 
 use crate::replicated::Groups;
 use gangway_core::ledger::meta::{MetaCommand, MetaQuery, MetaReply, QueueStatus, RejectionKind};
-use gangway_core::model::queue::{Amount, Limits, QUEUE_WEIGHT_DEFAULT};
-use gangway_core::model::{FieldPath, QueueSpec, Resources};
+use gangway_core::model::queue::{Limits, QUEUE_WEIGHT_DEFAULT};
+use gangway_core::model::{FieldPath, QueueSpec};
 
 /// The Queues gRPC service over one replica's groups.
 pub struct QueuesService {
@@ -99,39 +99,6 @@ fn limits(
     Limits::from_quantities(path, &sorted)
 }
 
-fn quantities_of_limits(limits: &Limits) -> std::collections::HashMap<String, String> {
-    limits
-        .iter()
-        .map(|(name, amount)| (name.to_string(), Amount(&name, amount).to_string()))
-        .collect()
-}
-
-fn quantities_of(usage: &Resources) -> std::collections::HashMap<String, String> {
-    usage
-        .nonzero()
-        .map(|(name, amount)| (name.to_string(), Amount(&name, amount).to_string()))
-        .collect()
-}
-
-/// The API view of a queue's status.
-pub fn status_of(q: &QueueStatus) -> ApiQueueStatus {
-    ApiQueueStatus {
-        spec: Some(ApiQueueSpec {
-            name: q.spec.name.clone(),
-            parent: q.spec.parent.clone(),
-            weight: q.spec.weight,
-            min: quantities_of_limits(&q.spec.min),
-            max: quantities_of_limits(&q.spec.max),
-            lend: quantities_of_limits(&q.spec.lend),
-            managed_by: q.spec.managed_by.clone(),
-            namespaces: q.spec.namespaces.clone(),
-        }),
-        usage: quantities_of(&q.usage),
-        queued: q.queued,
-        admitted: q.admitted,
-    }
-}
-
 fn refusal(reason: String, kind: RejectionKind) -> Status {
     match kind {
         RejectionKind::NotFound => Status::not_found(reason),
@@ -157,7 +124,7 @@ impl Queues for QueuesService {
         let queue = queue_spec(&api)?;
         match self.meta(MetaCommand::PutQueue { queue }).await? {
             MetaReply::Queues { queues } => match queues.first() {
-                Some(q) => Ok(Response::new(status_of(q))),
+                Some(q) => Ok(Response::new(crate::convert::queue_status(q))),
                 None => Err(Status::internal("the queue was stored but not read back")),
             },
             MetaReply::Rejected { reason, kind } => Err(refusal(reason, kind)),
@@ -206,13 +173,13 @@ impl Queues for QueuesService {
                 let capacity = match self.groups.meta_query(&MetaQuery::Capacity).await {
                     Ok(MetaReply::Capacity {
                         capacity: Some(capacity),
-                    }) => quantities_of(&capacity),
+                    }) => crate::convert::quantities_of(&capacity),
                     _ => Default::default(),
                 };
                 let mut shown = Vec::with_capacity(queues.len());
                 for q in &queues {
                     if self.visible(who, q, &queues).await? {
-                        shown.push(status_of(q));
+                        shown.push(crate::convert::queue_status(q));
                     }
                 }
                 Ok(Response::new(ListQueuesReply {

@@ -1,6 +1,7 @@
 //! Unit tests of `queues.rs`.
 
 use super::*;
+use gangway_core::model::Resources;
 
 fn api(name: &str, max: &[(&str, &str)]) -> ApiQueueSpec {
     ApiQueueSpec {
@@ -41,7 +42,7 @@ fn statuses_print_cpu_in_cores_and_leave_zero_usage_out() {
     let spec = queue_spec(&api("team-a", &[("cpu", "1500m")])).expect("valid");
     let mut usage = Resources::zero();
     usage.cpu_milli = 2_000;
-    let shown = status_of(&QueueStatus {
+    let shown = crate::convert::queue_status(&QueueStatus {
         spec,
         usage,
         queued: 1,

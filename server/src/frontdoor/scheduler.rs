@@ -14,8 +14,7 @@ use std::time::Duration;
 use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
     GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
-    ListShardsReply, ListShardsRequest, MemberPlacement, PlacedDevice, ReleaseMembersRequest,
-    ShardInfo, SubmitGangGroupRequest,
+    ListShardsReply, ListShardsRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
 };
 use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
@@ -150,7 +149,7 @@ impl SchedulerService {
             MetaReply::Submitted {
                 summary: Some(summary),
                 ..
-            } => return Ok(status_of(&summary)),
+            } => return Ok(crate::convert::group_status(&summary)),
             // From a meta leader that predates summaries in replies.
             MetaReply::Submitted { seq, .. } => seq,
             MetaReply::Rejected {
@@ -168,7 +167,7 @@ impl SchedulerService {
             MetaReply::Rejected { reason, .. } => return Err(Status::invalid_argument(reason)),
             other => return Err(Status::internal(format!("unexpected meta reply {other:?}"))),
         };
-        Ok(status_of(&self.record(seq).await?))
+        Ok(crate::convert::group_status(&self.record(seq).await?))
     }
 
     /// Group `seq`, if `who` may `verb` it (PERMISSION_DENIED otherwise).
@@ -375,7 +374,7 @@ impl SchedulerService {
         let mut out = Vec::with_capacity(groups.len());
         for g in groups {
             if self.visible(who, &g).await? {
-                out.push(status_of(&g));
+                out.push(crate::convert::group_status(&g));
             }
         }
         Ok(out)
@@ -439,7 +438,7 @@ impl SchedulerService {
 /// A meta reply about one group as the API shows it.
 fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     match reply {
-        MetaReply::Group { group } => Ok(status_of(&group)),
+        MetaReply::Group { group } => Ok(crate::convert::group_status(&group)),
         MetaReply::Rejected {
             reason,
             kind: RejectionKind::NotFound,
@@ -691,55 +690,6 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
     })
 }
 
-/// The API view of a group record.
-pub fn status_of(r: &GroupSummary) -> GangGroupStatus {
-    let placements = r
-        .placements
-        .iter()
-        .filter_map(|(key, p)| {
-            let member = MemberKey::try_from(key.clone()).ok()?;
-            Some(MemberPlacement {
-                namespace: member.namespace,
-                gang: member.gang,
-                member: member.member,
-                node: p.node.clone(),
-                shard: p.shard,
-                devices: p
-                    .devices
-                    .iter()
-                    .map(|d| PlacedDevice {
-                        claim: d.claim.clone(),
-                        request: d.request.clone(),
-                        driver: d.device.driver.clone(),
-                        pool: d.device.pool.clone(),
-                        device: d.device.device.clone(),
-                    })
-                    .collect(),
-                allocations: p
-                    .allocations
-                    .iter()
-                    .map(crate::frontdoor::inventory::allocation_to_api)
-                    .collect(),
-            })
-        })
-        .collect();
-    GangGroupStatus {
-        id: r.seq,
-        name: r.name.clone(),
-        idempotency_key: r.key.clone(),
-        state: r.state.name().to_string(),
-        reason: r.reason.clone(),
-        attempts: r.attempts,
-        placements,
-        version: r.version,
-        submitted_at_ms: r.submitted_at_ms,
-        gangs: r.gangs.clone(),
-        members: r.members,
-        queue: r.queue.clone(),
-        owner: r.owner.clone(),
-    }
-}
-
 /// Sends `first`, then every new version of group `seq` until it ends or the receiver
 /// goes. Reads linearizably, when the meta group applies entries on this replica or
 /// every [`WATCH_CONFIRM_MS`] otherwise.
@@ -752,7 +702,11 @@ async fn watch_group(
 ) {
     let mut version = first.version;
     let mut done = first.state.is_terminal();
-    if tx.send(Ok(status_of(&first))).await.is_err() {
+    if tx
+        .send(Ok(crate::convert::group_status(&first)))
+        .await
+        .is_err()
+    {
         return;
     }
     let query = MetaQuery::Group { seq };
@@ -790,7 +744,11 @@ async fn watch_group(
         }
         version = group.version;
         done = group.state.is_terminal();
-        if tx.send(Ok(status_of(&group))).await.is_err() {
+        if tx
+            .send(Ok(crate::convert::group_status(&group)))
+            .await
+            .is_err()
+        {
             return;
         }
     }
@@ -833,7 +791,7 @@ impl Scheduler for SchedulerService {
         let admitted = self.access.begin(&request, access::GET_GROUP).await?;
         let seq = request.into_inner().id;
         let record = self.record_for(&admitted.principal, Verb::Get, seq).await?;
-        Ok(Response::new(status_of(&record)))
+        Ok(Response::new(crate::convert::group_status(&record)))
     }
     type WatchGangGroupStream = StatusStream;
 

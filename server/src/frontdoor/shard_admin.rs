@@ -20,14 +20,14 @@ use gangway_proto::admin::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::config::SHARDS_MAX;
-use crate::coordinator::moves;
-use crate::coordinator::RebalancePolicy;
 use crate::replicated::growth::ShardCount;
+use crate::replicated::moves;
 use crate::replicated::{now_ms, Groups};
+use gangway_core::ledger::meta::shard_map::SHARDS_MAX;
 use gangway_core::ledger::meta::{
     MetaCommand, MetaQuery, MetaReply, MovePhase, MoveTarget, RejectionKind, ShardMove,
 };
+use gangway_core::plan::rebalance::RebalancePolicy;
 use gangway_core::plan::rebalance::{self, PlannedMove};
 use gangway_raft::META_GROUP;
 

@@ -19,13 +19,13 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch, Mutex, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::coordinator::metrics::{self, Phase, PhaseTimer};
 use crate::failpoints;
 use crate::kube::allocation::{self, BindingState, SliceReach};
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType, JoinOutcome};
 use crate::kube::informer::{Cache, Slot};
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
+use crate::observe::placement::{self as placement_metrics, Phase, PhaseTimer};
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
 use gangway_core::ledger::command::LEDGER_BATCH_MAX;
@@ -439,7 +439,7 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
             return Ok(false);
         }
     }
-    metrics::pod_bound();
+    placement_metrics::pod_bound();
     let message = format!("Successfully assigned {pod} to {}", m.node);
     ctx.event(&pod, EventType::Normal, "Scheduled", &message)
         .await;

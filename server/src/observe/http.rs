@@ -1,7 +1,7 @@
 //! The HTTP endpoints of a process: `/healthz` (the process serves),
 //! `/readyz` (every hosted replica runs every group, and knows its leader) and
-//! `/metrics` (Prometheus text), and the web view under `/ui` (`observe::ui`) when
-//! the process gives it a replica to read.
+//! `/metrics` (Prometheus text), and beside them whatever routes the entry point
+//! mounts (the web view under `/ui`, see `webview::mounted`).
 
 use std::future::Future;
 
@@ -13,8 +13,7 @@ use gangway_raft::RaftHost;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::observe::ui::events::{self, Hub};
-use crate::observe::ui::{self, UiDeps};
+use tokio::task::JoinHandle;
 
 /// What the endpoints look at.
 #[derive(Clone)]
@@ -23,8 +22,17 @@ pub struct HttpState {
     pub hosts: Vec<RaftHost>,
     /// The Prometheus recorder's handle, if one is installed.
     pub prometheus: Option<PrometheusHandle>,
-    /// What the web view reads; `None` serves no `/ui`.
-    pub ui: Option<UiDeps>,
+}
+
+/// Routes served beside the endpoints (the web view), with the task that feeds them.
+pub struct MountedRoutes {
+    /// The routes.
+    pub router: Router,
+    /// Ends what the routes hold open (event streams) once shutdown begins, which
+    /// graceful shutdown would otherwise wait for until the drain bound.
+    pub close: Box<dyn FnOnce() + Send>,
+    /// The task that feeds them, aborted once serving ended.
+    pub task: Option<JoinHandle<()>>,
 }
 
 async fn healthz() -> &'static str {
@@ -76,26 +84,26 @@ async fn metrics(State(state): State<HttpState>) -> (StatusCode, String) {
 /// once shutdown begins; they would otherwise hold it forever.
 pub const HTTP_DRAIN_MS: u64 = 1_000;
 
-/// Serves the endpoints on `listener` until `shutdown` completes and the open
-/// connections finished, or `HTTP_DRAIN_MS` passed.
+/// Serves the endpoints, and `mounted` beside them, on `listener` until `shutdown`
+/// completes and the open connections finished, or `HTTP_DRAIN_MS` passed.
 pub async fn serve(
     listener: TcpListener,
     state: HttpState,
+    mounted: Option<MountedRoutes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let hub = Hub::default();
-    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state.clone());
-    let watcher = state.ui.map(|deps| {
-        let host = deps.source.groups.host().clone();
-        metrics::counter!("gangway_ui_clients_dropped_total").increment(0);
-        app = app.clone().merge(ui::router(deps, hub.clone()));
-        tokio::spawn(events::watch(host, hub.clone(), watch_stopped))
-    });
+        .with_state(state);
+    let (close, watcher) = match mounted {
+        Some(m) => {
+            app = app.merge(m.router);
+            (Some(m.close), m.task)
+        }
+        None => (None, None),
+    };
     let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
     let graceful = axum::serve(
         listener,
@@ -103,9 +111,9 @@ pub async fn serve(
     )
     .with_graceful_shutdown(async move {
         shutdown.await;
-        // Open event streams would hold graceful shutdown until the drain bound.
-        let _ = stop_watch.send(true);
-        hub.close();
+        if let Some(close) = close {
+            close();
+        }
         let _ = draining.send(());
     });
     let drain_bound = async {

@@ -3,8 +3,8 @@
 //! gauges. Metric names start with `gangway_`; docs/METRICS.md is the catalogue.
 
 pub mod http;
+pub mod placement;
 pub mod sampler;
-pub mod ui;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 

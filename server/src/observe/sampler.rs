@@ -3,8 +3,8 @@
 //! open reservations and the oldest one's age, and devices by node, driver and
 //! state (shard leaders). A replica that stops leading a group sets that group's
 //! gauges to zero, so a sum over replicas counts each group once. The meta leader also
-//! reports every queue's usage, min, max, share and gang groups. It also
-//! registers every labelled counter at zero, so rates exist before the first
+//! reports every queue's usage, min, max, share and gang groups. `Replica` registers
+//! every labelled counter at zero before starting it, so rates exist before the first
 //! event. docs/METRICS.md is the catalogue. Owned by `Replica`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::coordinator::metrics as placement;
-use crate::kube::evictor;
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
 use gangway_core::ledger::meta::queues::share;
@@ -32,9 +30,6 @@ type DeviceSeries = BTreeSet<(String, String)>;
 
 /// Samples until `stop` fires.
 pub async fn run(groups: Groups, shards: ShardCount, mut stop: watch::Receiver<bool>) {
-    placement::register();
-    crate::coordinator::preempt::register();
-    evictor::register_metrics();
     let mut leading_meta = false;
     let mut reported: BTreeMap<u32, DeviceSeries> = BTreeMap::new();
     let mut queue_series = QueueSeries::new();

@@ -5,6 +5,7 @@
 //! Group 0 is the meta group, 1..=S are shards.
 
 pub mod growth;
+pub mod moves;
 pub mod release;
 pub mod warmer;
 

@@ -15,6 +15,31 @@ use std::collections::BTreeMap;
 
 use crate::ledger::command::MOVE_NODES_MAX;
 
+/// Default period of the coordinator's checks of the shards' balance, in ms (when no
+/// move runs; right after a move ends, the next check comes at once).
+pub const REBALANCE_CHECK_MS_DEFAULT: u64 = 30_000;
+
+/// Whether and when the coordinator rebalances shards on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebalancePolicy {
+    /// Off: only `gangctl shards rebalance` and `move` move nodes.
+    pub auto: bool,
+    /// A shard above this percentage of the mean capacity starts a rebalance.
+    pub bound_percent: u64,
+    /// Period of the checks, in ms.
+    pub check_ms: u64,
+}
+
+impl Default for RebalancePolicy {
+    fn default() -> Self {
+        Self {
+            auto: true,
+            bound_percent: REBALANCE_BOUND_PERCENT_DEFAULT,
+            check_ms: REBALANCE_CHECK_MS_DEFAULT,
+        }
+    }
+}
+
 /// The default bound: a shard above 125% of the mean capacity is rebalanced.
 pub const REBALANCE_BOUND_PERCENT_DEFAULT: u64 = 125;
 /// Most steps one plan takes.

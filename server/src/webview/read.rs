@@ -12,8 +12,7 @@ use gangway_proto::admin::{QueueStatus as ApiQueueStatus, StatusReply};
 use gangway_proto::v1::{GangGroupStatus, NodeInfo};
 use gangway_raft::RaftHost;
 
-use crate::frontdoor::inventory::node_info;
-use crate::frontdoor::scheduler::status_of;
+use crate::convert::{group_status, node_info, quantities, queue_status};
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{GroupError, Groups};
 use gangway_core::ledger::meta::{MetaQuery, MetaReply, TxnRecord, Undelivered};
@@ -149,7 +148,7 @@ impl Source {
             .meta(what, &MetaQuery::Summaries { active_only: false })
             .await?
         {
-            MetaReply::Summaries { groups } => Ok(groups.iter().map(status_of).collect()),
+            MetaReply::Summaries { groups } => Ok(groups.iter().map(group_status).collect()),
             other => Err(unexpected(what, &other)),
         }
     }
@@ -205,18 +204,11 @@ impl Source {
     pub async fn queues(&self) -> Result<QueuesView, ReadError> {
         let what = "queues";
         let queues = match self.meta(what, &MetaQuery::Queues).await? {
-            MetaReply::Queues { queues } => queues
-                .iter()
-                .map(crate::frontdoor::queues::status_of)
-                .collect(),
+            MetaReply::Queues { queues } => queues.iter().map(queue_status).collect(),
             other => return Err(unexpected(what, &other)),
         };
         let capacity = match self.meta(what, &MetaQuery::Capacity).await? {
-            MetaReply::Capacity { capacity: Some(c) } => {
-                crate::frontdoor::inventory::quantities(&c)
-                    .into_iter()
-                    .collect()
-            }
+            MetaReply::Capacity { capacity: Some(c) } => quantities(&c).into_iter().collect(),
             _ => BTreeMap::new(),
         };
         Ok(QueuesView { queues, capacity })

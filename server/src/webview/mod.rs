@@ -9,7 +9,8 @@
 //!
 //! Unless the replica requires no credentials, every `/ui` path asks for a viewer
 //! (`access`): `Authorization: Bearer`, or the session cookie the sign-in form sets.
-//! Built by `observe::http::serve`; the state arrives through [`UiDeps`].
+//! Built by the entry points (`serve`, `dev`) with [`mounted`] and served beside the
+//! HTTP endpoints by `observe::http::serve`; the state arrives through [`UiDeps`].
 
 pub mod access;
 pub mod events;
@@ -30,6 +31,7 @@ use futures::Stream;
 use maud::Markup;
 use tokio_stream::StreamExt as _;
 
+use crate::observe::http::MountedRoutes;
 use crate::replicated::now_ms;
 use access::{Refusal, UiAccess};
 use events::{Hub, Panel};
@@ -58,7 +60,27 @@ struct UiState {
     hub: Hub,
 }
 
-/// The `/ui` routes, announcing changes from `hub`.
+/// The web view to mount beside the HTTP endpoints: the `/ui` routes and the task that
+/// follows the replica's groups for live updates.
+pub fn mounted(deps: UiDeps) -> MountedRoutes {
+    let hub = Hub::default();
+    let (stop_watch, watch_stopped) = tokio::sync::watch::channel(false);
+    let host = deps.source.groups.host().clone();
+    metrics::counter!("gangway_ui_clients_dropped_total").increment(0);
+    let router = router(deps, hub.clone());
+    let task = tokio::spawn(events::watch(host, hub.clone(), watch_stopped));
+    MountedRoutes {
+        router,
+        close: Box::new(move || {
+            // Open event streams would hold graceful shutdown until the drain bound.
+            let _ = stop_watch.send(true);
+            hub.close();
+        }),
+        task: Some(task),
+    }
+}
+
+/// The `/ui` routes over `deps`, announcing changes from `hub`.
 pub fn router(deps: UiDeps, hub: Hub) -> Router {
     let state = UiState {
         source: deps.source,
