@@ -329,14 +329,7 @@ async fn coordinator_crash(failpoint: &str) {
         .await
         .expect("submit");
     // The meta leader's coordinator reaches the failpoint and dies; another takes over.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !dir.path().join(failpoint).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "failpoint {failpoint} never fired"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::wait_for_failpoint(dir.path(), failpoint, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.kill(meta_leader);
     let placed = wait_state(&cl, g.id, "Placed", Duration::from_secs(30)).await;

@@ -214,14 +214,7 @@ async fn coordinator_killed_in_a_preemption(failpoint: &str) {
         ))
         .await
         .expect("submit high");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !dir.path().join(failpoint).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "failpoint {failpoint} never fired"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::wait_for_failpoint(dir.path(), failpoint, Duration::from_secs(15)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.kill(meta_leader);
     // Whatever the new coordinator finds, the end is the same: the high gang placed,

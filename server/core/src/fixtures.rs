@@ -4,8 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
 use crate::ledger::{LedgerCommand, LedgerOp, LedgerReply, ShardLedger};
-use crate::model::{Node, Resources};
+use crate::model::pod::{NodeSelectorOperator, NodeSelectorRequirement};
+use crate::model::{Node, PodSummary, Resources};
 
 /// `cpu_milli` CPU, `memory_bytes` memory and room for `pods` pods.
 pub fn resources(cpu_milli: u64, memory_bytes: u64, pods: u64) -> Resources {
@@ -20,6 +24,27 @@ pub fn resources(cpu_milli: u64, memory_bytes: u64, pods: u64) -> Resources {
 /// A node named `name` with those resources allocatable and no labels.
 pub fn node_with(name: &str, cpu_milli: u64, memory_bytes: u64, pods: u64) -> Node {
     Node::new(name, resources(cpu_milli, memory_bytes, pods))
+}
+
+/// A pod summary asking `cpu_milli` CPU and nothing else.
+pub fn pod_with_cpu(cpu_milli: u64) -> PodSummary {
+    PodSummary {
+        requests: resources(cpu_milli, 0, 0),
+        ..PodSummary::default()
+    }
+}
+
+/// A node selector requirement on `key`.
+pub fn requirement(
+    key: &str,
+    operator: NodeSelectorOperator,
+    values: &[&str],
+) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
 }
 
 /// `pairs` as a label map.
@@ -43,4 +68,29 @@ pub fn apply_checked(ledger: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> Ledg
         panic!("{e} after {reply:?}");
     }
     reply
+}
+
+/// Two ledgers that apply `commands` agree on every reply and on their snapshot (I6); the
+/// snapshot restores to an equal ledger, which keeps agreeing with the first on `then`.
+pub fn replicas_agree(
+    commands: &[LedgerCommand],
+    then: &[LedgerCommand],
+) -> Result<(), TestCaseError> {
+    let mut a = ShardLedger::new();
+    let mut b = ShardLedger::new();
+    for cmd in commands {
+        prop_assert_eq!(a.apply(cmd), b.apply(cmd));
+    }
+    let snap = a.snapshot();
+    prop_assert_eq!(&snap, &b.snapshot());
+    let restored = ShardLedger::restore(&snap);
+    prop_assert!(restored.is_ok(), "{:?}", restored);
+    let mut restored = restored.unwrap_or_default();
+    prop_assert_eq!(&restored.snapshot(), &snap);
+    prop_assert_eq!(&restored, &a);
+    for cmd in then {
+        prop_assert_eq!(restored.apply(cmd), a.apply(cmd));
+    }
+    prop_assert_eq!(restored.snapshot(), a.snapshot());
+    Ok(())
 }

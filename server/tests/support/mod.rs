@@ -61,6 +61,16 @@ pub fn gangway_bin() -> &'static str {
     env!("CARGO_BIN_EXE_gangway")
 }
 
+/// Waits until the failpoint `name` fired (its marker file appeared in `dir`, see
+/// `GANGWAY_TEST_FAILPOINT_DIR`), failing the test after `timeout`.
+pub async fn wait_for_failpoint(dir: &Path, name: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !dir.join(name).exists() {
+        assert!(Instant::now() < deadline, "failpoint {name} never fired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `probe` every 100 ms until it answers `Some`, failing the test after `timeout`.
 pub async fn wait_for<T>(
     what: &str,

@@ -24,7 +24,6 @@ use crate::model::device::{Device, DeviceId};
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
 use crate::model::pod::{HostPort, PodSummary, Protocol};
-use crate::model::resources::Resources;
 
 const DEADLINE_MS: u64 = 10_000;
 const DRIVER: &str = "gpu.example.com";
@@ -35,15 +34,7 @@ fn node(name: &str, cpu_milli: u64, pods: u64) -> Node {
     crate::fixtures::node_with(name, cpu_milli, 1 << 30, pods)
 }
 
-fn pod(cpu_milli: u64) -> PodSummary {
-    PodSummary {
-        requests: Resources {
-            cpu_milli,
-            ..Resources::zero()
-        },
-        ..PodSummary::default()
-    }
-}
+use crate::fixtures::pod_with_cpu as pod;
 
 fn member(gang: &str, name: &str, node: &str, p: PodSummary) -> ReserveMember {
     ReserveMember {

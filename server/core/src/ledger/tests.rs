@@ -29,15 +29,7 @@ fn key(member: &str) -> MemberKey {
     MemberKey::new("ns", "g", member)
 }
 
-fn pod(cpu_milli: u64) -> PodSummary {
-    PodSummary {
-        requests: Resources {
-            cpu_milli,
-            ..Resources::zero()
-        },
-        ..PodSummary::default()
-    }
-}
+use crate::fixtures::pod_with_cpu as pod;
 
 fn with_port(mut p: PodSummary, port: u16) -> PodSummary {
     p.host_ports.push(HostPort {
@@ -1023,24 +1015,9 @@ proptest! {
 
     #[test]
     fn replicas_agree_and_snapshots_round_trip(commands in arb_commands()) {
-        let mut a = ShardLedger::new();
-        let mut b = ShardLedger::new();
-        for cmd in &commands {
-            prop_assert_eq!(a.apply(cmd), b.apply(cmd));
-        }
-        let snap = a.snapshot();
-        prop_assert_eq!(&snap, &b.snapshot());
-        let restored = ShardLedger::restore(&snap);
-        prop_assert!(restored.is_ok());
-        let restored = restored.unwrap_or_default();
-        prop_assert_eq!(&restored.snapshot(), &snap);
-        prop_assert_eq!(&restored, &a);
         // The restored replica keeps agreeing with the original on further commands.
-        let mut restored = restored;
-        for cmd in commands.iter().take(10) {
-            prop_assert_eq!(restored.apply(cmd), a.apply(cmd));
-        }
-        prop_assert_eq!(restored.snapshot(), a.snapshot());
+        let first: Vec<_> = commands.iter().take(10).cloned().collect();
+        crate::fixtures::replicas_agree(&commands, &first)?;
     }
 
     #[test]

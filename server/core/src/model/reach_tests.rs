@@ -9,13 +9,7 @@ fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     n
 }
 
-fn req(key: &str, operator: NodeSelectorOperator, values: &[&str]) -> NodeSelectorRequirement {
-    NodeSelectorRequirement {
-        key: key.into(),
-        operator,
-        values: values.iter().map(|v| v.to_string()).collect(),
-    }
-}
+use crate::fixtures::requirement as req;
 
 #[test]
 fn all_nodes_admits_every_node() {

@@ -10,13 +10,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
-fn req(key: &str, operator: NodeSelectorOperator, values: &[&str]) -> NodeSelectorRequirement {
-    NodeSelectorRequirement {
-        key: key.into(),
-        operator,
-        values: values.iter().map(|v| v.to_string()).collect(),
-    }
-}
+use crate::fixtures::requirement as req;
 
 #[test]
 fn node_requirement_operators() {
