@@ -233,17 +233,17 @@ impl MetaState {
         if self.groups.len() <= FINISHED_GROUPS_MAX {
             return;
         }
-        let terminal: Vec<GroupSeq> = self
-            .groups
-            .values()
-            .filter(|g| g.state.is_terminal())
-            .map(|g| g.seq)
-            .collect();
-        if terminal.len() <= FINISHED_GROUPS_MAX {
+        self.refresh_ended();
+        let ended = self.ended_groups();
+        if ended.len() <= FINISHED_GROUPS_MAX {
             return;
         }
-        let excess = terminal.len() - FINISHED_GROUPS_MAX * 9 / 10;
-        for seq in terminal.into_iter().take(excess) {
+        let excess = ended.len() - FINISHED_GROUPS_MAX * 9 / 10;
+        let oldest: Vec<GroupSeq> = ended.iter().take(excess).copied().collect();
+        for seq in &oldest {
+            ended.remove(seq);
+        }
+        for seq in oldest {
             if let Some(g) = self.groups.remove(&seq) {
                 assert!(
                     g.charge.is_zero(),
@@ -308,7 +308,8 @@ impl MetaState {
                     t.unacked = unacked;
                 }
             }
-        }
+        } // Outside `apply`: the ended-groups index is built again from the groups.
+        self.ended.seqs = None;
     }
 
     /// Bug switch `meta-forgets-unacknowledged-decisions` only: forgets every decided

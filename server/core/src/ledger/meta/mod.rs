@@ -117,6 +117,9 @@ pub struct MetaState {
     /// Owner -> its groups that may be live (derived, never encoded).
     #[serde(skip)]
     owned: OwnedGroups,
+    /// The groups that ended, oldest first (derived, never encoded).
+    #[serde(skip)]
+    ended: EndedGroups,
 }
 
 /// Owner -> the groups it submitted that may not have ended: built from the groups on
@@ -128,6 +131,27 @@ pub struct MetaState {
 struct OwnedGroups(Option<BTreeMap<String, BTreeSet<GroupSeq>>>);
 
 impl PartialEq for OwnedGroups {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The groups that ended (`GroupState::Done`), by seq: what [`MetaState::forget_old_groups`]
+/// forgets from, so a command never scans every group to find them. Built from the
+/// groups on a state's first command (a restored snapshot builds it once), then kept
+/// exact for the groups each command touches (`touched`), refreshed before anything is
+/// forgotten in the command and again after it, and pruned as groups are forgotten;
+/// debug builds check it against the groups after every command. Being derived, it is
+/// never encoded and compares equal always. `scanned` counts the groups read by builds,
+/// so tests can tell a command that scanned every group.
+#[derive(Debug, Clone, Default)]
+struct EndedGroups {
+    seqs: Option<BTreeSet<GroupSeq>>,
+    touched: Vec<GroupSeq>,
+    scanned: u64,
+}
+
+impl PartialEq for EndedGroups {
     fn eq(&self, _: &Self) -> bool {
         true
     }
@@ -208,12 +232,73 @@ impl MetaState {
 
     /// Applies one command, then brings the charges of the groups it touched up to date.
     pub fn apply(&mut self, cmd: &MetaCommand) -> MetaReply {
+        self.ended_groups();
         let touched = self.touched_by(cmd);
+        self.ended.touched.clone_from(&touched);
         let reply = self.apply_one(cmd);
         for seq in touched {
             self.recharge(seq);
         }
+        self.refresh_ended();
+        #[cfg(debug_assertions)]
+        self.assert_ended_index(cmd);
         reply
+    }
+
+    /// The groups that ended, oldest first, built from every group on first use.
+    fn ended_groups(&mut self) -> &mut BTreeSet<GroupSeq> {
+        let EndedGroups { seqs, scanned, .. } = &mut self.ended;
+        let groups = &self.groups;
+        seqs.get_or_insert_with(|| {
+            *scanned += groups.len() as u64;
+            groups
+                .values()
+                .filter(|g| g.state.is_terminal())
+                .map(|g| g.seq)
+                .collect()
+        })
+    }
+
+    /// Records whether each group the command being applied touches has ended.
+    fn refresh_ended(&mut self) {
+        let touched = std::mem::take(&mut self.ended.touched);
+        for seq in &touched {
+            let ended = self.groups.get(seq).is_some_and(|g| g.state.is_terminal());
+            let seqs = self.ended_groups();
+            if ended {
+                seqs.insert(*seq);
+            } else {
+                seqs.remove(seq);
+            }
+        }
+        self.ended.touched = touched;
+    }
+
+    /// Debug builds: the ended-groups index is exactly the groups that ended (on states
+    /// small enough that the check does not dominate a test's time).
+    #[cfg(debug_assertions)]
+    fn assert_ended_index(&self, cmd: &MetaCommand) {
+        const CHECKED_GROUPS_MAX: usize = 4_096;
+        if self.groups.len() > CHECKED_GROUPS_MAX {
+            return;
+        }
+        let expected: BTreeSet<GroupSeq> = self
+            .groups
+            .values()
+            .filter(|g| g.state.is_terminal())
+            .map(|g| g.seq)
+            .collect();
+        assert!(
+            self.ended.seqs.as_ref() == Some(&expected),
+            "ended-groups index {:?} differs from the groups that ended {expected:?} after {cmd:?}",
+            self.ended.seqs
+        );
+    }
+
+    /// Groups read by full scans of the ended-groups index so far (tests).
+    #[cfg(test)]
+    pub(crate) fn groups_scanned(&self) -> u64 {
+        self.ended.scanned
     }
 
     /// The groups whose charge `cmd` may change (read before it applies, while its

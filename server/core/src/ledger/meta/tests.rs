@@ -937,6 +937,49 @@ fn a_batch_applies_each_command_as_if_alone() {
     assert_eq!(batched, alone);
 }
 
+/// Issue 51: with more groups than [`FINISHED_GROUPS_MAX`] (every lone pod is a group),
+/// a command must not read every group to find the ended ones. Only a state's first
+/// command builds the ended-groups index; a restored snapshot builds it once.
+#[test]
+fn commands_on_a_large_state_do_not_scan_every_group() {
+    let mut m = MetaState::new(1);
+    let live = FINISHED_GROUPS_MAX + 2_000;
+    for i in 0..live {
+        submit(
+            &mut m,
+            &format!("k{i}"),
+            group(&format!("g{i}"), vec![gang(&format!("a{i}"), 1, 1, 0, 0)]),
+            1,
+        );
+    }
+    let ended = submit(&mut m, "ended", group("e", vec![gang("e", 1, 1, 0, 0)]), 2);
+    m.apply(&MetaCommand::Cancel {
+        seq: ended,
+        at_ms: 3,
+    });
+    assert_eq!(
+        m.groups_scanned(),
+        0,
+        "{live} live groups: no command may scan them all"
+    );
+
+    let bytes = crate::wire::WireFormat::Binary.encode(&m).expect("encodes");
+    let mut restored: MetaState = crate::wire::decode(&bytes).expect("decodes");
+    for i in 0..100 {
+        submit(
+            &mut restored,
+            &format!("r{i}"),
+            group(&format!("r{i}"), vec![gang(&format!("r{i}"), 1, 1, 0, 0)]),
+            4,
+        );
+    }
+    assert_eq!(
+        restored.groups_scanned(),
+        (live + 1) as u64,
+        "a restored state builds its index once, on its first command"
+    );
+}
+
 #[test]
 fn old_finished_groups_are_forgotten_in_bulk() {
     let mut m = MetaState::new(1);
