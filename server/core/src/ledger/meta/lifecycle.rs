@@ -308,7 +308,8 @@ impl MetaState {
                     t.unacked = unacked;
                 }
             }
-        } // Outside `apply`: the ended-groups index is built again from the groups.
+        }
+        // Outside `apply`: the ended-groups index is built again from the groups.
         self.ended.seqs = None;
     }
 
