@@ -480,21 +480,7 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             gone: gone.to_vec(),
         };
-        let asks = self.shards.ids().map(|s| {
-            let query = &query;
-            async move { (s, self.groups.shard_query(s, query).await) }
-        });
-        let mut plans = BTreeMap::new();
-        for (shard, answer) in join_all(asks).await {
-            match answer {
-                Ok(ShardAnswer::Plan { placement }) => {
-                    plans.insert(shard, placement);
-                }
-                Ok(other) => tracing::warn!(shard, ?other, "unexpected plan answer"),
-                Err(e) => tracing::warn!(shard, error = %e, "shard could not plan; leaving it out"),
-            }
-        }
-        plans
+        self.ask_plans(self.shards.ids(), &query).await
     }
 }
 

@@ -72,10 +72,16 @@ impl Coordinator {
             profile: Box::new(self.profile.clone()),
             carried: carried.to_vec(),
         };
-        let asks = shards.iter().map(|&s| {
-            let query = &query;
-            async move { (s, self.groups.shard_query(s, query).await) }
-        });
+        self.ask_plans(shards.iter().copied(), &query).await
+    }
+
+    /// Asks `shards` the plan `query` at once; a shard that cannot answer is left out.
+    pub(super) async fn ask_plans(
+        &self,
+        shards: impl Iterator<Item = u32>,
+        query: &ShardQuery,
+    ) -> BTreeMap<u32, GangPlacement> {
+        let asks = shards.map(|s| async move { (s, self.groups.shard_query(s, query).await) });
         let mut plans = BTreeMap::new();
         for (shard, answer) in join_all(asks).await {
             match answer {
