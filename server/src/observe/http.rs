@@ -32,7 +32,7 @@ pub struct MountedRoutes {
     /// graceful shutdown would otherwise wait for until the drain bound.
     pub close: Box<dyn FnOnce() + Send>,
     /// The task that feeds them, aborted once serving ended.
-    pub task: Option<JoinHandle<()>>,
+    pub task: JoinHandle<()>,
 }
 
 async fn healthz() -> &'static str {
@@ -100,7 +100,7 @@ pub async fn serve(
     let (close, watcher) = match mounted {
         Some(m) => {
             app = app.merge(m.router);
-            (Some(m.close), m.task)
+            (Some(m.close), Some(m.task))
         }
         None => (None, None),
     };

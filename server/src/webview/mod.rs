@@ -76,7 +76,7 @@ pub fn mounted(deps: UiDeps) -> MountedRoutes {
             let _ = stop_watch.send(true);
             hub.close();
         }),
-        task: Some(task),
+        task,
     }
 }
 
