@@ -189,6 +189,7 @@ impl StateMachine for MetaMachine {
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.state = restore(snapshot)?;
+        self.state.index_groups();
         Ok(())
     }
     fn admission(&self) -> Option<Admission> {

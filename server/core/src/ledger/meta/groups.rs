@@ -266,12 +266,11 @@ pub struct GroupRecord {
 }
 
 impl GroupRecord {
-    /// Marks a change: the next stamp after both `last` and its own version (data from
-    /// before stamps were global had versions counted per group), recorded in `last`.
-    pub fn bump(&mut self, last: &mut u64) {
-        let stamp = (*last).max(self.version) + 1;
-        *last = stamp;
-        self.version = stamp;
+    /// Marks a change: the next stamp after both the log's last and its own version
+    /// (data from before stamps were global had versions counted per group), recorded
+    /// in `stamps` with the group, so meta's index catches up with it.
+    pub fn bump(&mut self, stamps: &mut super::ChangeStamps) {
+        self.version = stamps.next(self.seq, self.version);
     }
 
     /// Whether every gang has at least minMember placed members.

@@ -233,17 +233,16 @@ impl MetaState {
         if self.groups.len() <= FINISHED_GROUPS_MAX {
             return;
         }
-        self.refresh_ended();
-        let ended = self.ended_groups();
-        if ended.len() <= FINISHED_GROUPS_MAX {
-            return;
-        }
-        let excess = ended.len() - FINISHED_GROUPS_MAX * 9 / 10;
-        let oldest: Vec<GroupSeq> = ended.iter().take(excess).copied().collect();
-        for seq in &oldest {
-            ended.remove(seq);
-        }
-        for seq in oldest {
+        self.catch_up_index();
+        let oldest: Vec<GroupSeq> = {
+            let index = self.index.read(&self.groups);
+            if index.ended_count() <= FINISHED_GROUPS_MAX {
+                return;
+            }
+            let excess = index.ended_count() - FINISHED_GROUPS_MAX * 9 / 10;
+            index.ended().take(excess).collect()
+        };
+        for &seq in &oldest {
             if let Some(g) = self.groups.remove(&seq) {
                 assert!(
                     g.charge.is_zero(),
@@ -259,11 +258,16 @@ impl MetaState {
                         }
                     }
                 }
+                for gang in &g.group.gangs {
+                    let name = super::gang_name(gang);
+                    if self.gang_owners.get(&name) == Some(&seq) {
+                        self.gang_owners.remove(&name);
+                    }
+                }
                 self.forgotten += 1;
             }
         }
-        let groups = &self.groups;
-        self.gang_owners.retain(|_, seq| groups.contains_key(seq));
+        self.index.reindex(&self.groups, oldest);
     }
 
     /// Forgets the oldest decided transactions that every participant acknowledged,
@@ -309,8 +313,8 @@ impl MetaState {
                 }
             }
         }
-        // Outside `apply`: the ended-groups index is built again from the groups.
-        self.ended.seqs = None;
+        // Outside `apply`: the group index is built again from the groups.
+        self.index.invalidate();
     }
 
     /// Bug switch `meta-forgets-unacknowledged-decisions` only: forgets every decided

@@ -20,9 +20,11 @@
 
 pub mod decisions;
 pub mod groups;
+mod index;
 pub mod messages;
 pub mod queues;
 pub mod shard_map;
+mod table;
 
 mod admission;
 mod lifecycle;
@@ -31,6 +33,9 @@ mod transactions;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use index::GroupIndex;
+use table::GroupTable;
+
 use serde::{Deserialize, Serialize};
 
 pub use decisions::{Decision, TxnRecord, Undelivered};
@@ -38,6 +43,7 @@ pub use groups::{
     GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, SubmittedPods,
     Terminal,
 };
+pub use index::ChangeStamps;
 pub use messages::{MetaCommand, MetaQuery, MetaReply, RejectionKind};
 pub use queues::{QueueStatus, Queues};
 pub use shard_map::{
@@ -63,7 +69,7 @@ pub const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
 pub struct MetaState {
     shards: u32,
     shard_map: BTreeMap<String, u32>,
-    groups: BTreeMap<GroupSeq, GroupRecord>,
+    groups: GroupTable,
     keys: BTreeMap<String, GroupSeq>,
     txns: BTreeMap<TxnId, TxnRecord>,
     next_seq: GroupSeq,
@@ -77,7 +83,7 @@ pub struct MetaState {
     gang_owners: BTreeMap<String, GroupSeq>,
     /// The last change stamp given to a group ([`GroupRecord::bump`]).
     #[serde(default)]
-    last_version: u64,
+    last_version: ChangeStamps,
     /// Groups forgotten so far: a reader that keeps summaries compares it to learn
     /// that some of them are gone.
     #[serde(default)]
@@ -117,9 +123,13 @@ pub struct MetaState {
     /// Owner -> its groups that may be live (derived, never encoded).
     #[serde(skip)]
     owned: OwnedGroups,
-    /// The groups that ended, oldest first (derived, never encoded).
+    /// Ended, pending, by-stamp and by-priority indexes of the groups (derived, never
+    /// encoded).
     #[serde(skip)]
-    ended: EndedGroups,
+    index: GroupIndex,
+    /// The groups the command being applied touches (not state).
+    #[serde(skip)]
+    touched: Touched,
 }
 
 /// Owner -> the groups it submitted that may not have ended: built from the groups on
@@ -136,22 +146,13 @@ impl PartialEq for OwnedGroups {
     }
 }
 
-/// The groups that ended (`GroupState::Done`), by seq: what [`MetaState::forget_old_groups`]
-/// forgets from, so a command never scans every group to find them. Built from the
-/// groups on a state's first command (a restored snapshot builds it once), then kept
-/// exact for the groups each command touches (`touched`), refreshed before anything is
-/// forgotten in the command and again after it, and pruned as groups are forgotten;
-/// debug builds check it against the groups after every command. Being derived, it is
-/// never encoded and compares equal always. `scanned` counts the groups read by builds,
-/// so tests can tell a command that scanned every group.
+/// The groups the command being applied touches (their charges may change), kept so
+/// the index can catch up with them before old groups are forgotten mid-command.
+/// Compared equal always: it is emptied of meaning once the command ends.
 #[derive(Debug, Clone, Default)]
-struct EndedGroups {
-    seqs: Option<BTreeSet<GroupSeq>>,
-    touched: Vec<GroupSeq>,
-    scanned: u64,
-}
+struct Touched(Vec<GroupSeq>);
 
-impl PartialEq for EndedGroups {
+impl PartialEq for Touched {
     fn eq(&self, _: &Self) -> bool {
         true
     }
@@ -230,75 +231,49 @@ impl MetaState {
         }
     }
 
-    /// Applies one command, then brings the charges of the groups it touched up to date.
+    /// Applies one command, then brings the charges of the groups it touched, and the
+    /// index of every group it changed, up to date.
     pub fn apply(&mut self, cmd: &MetaCommand) -> MetaReply {
-        self.ended_groups();
+        self.index.ensure(&self.groups);
         let touched = self.touched_by(cmd);
-        self.ended.touched.clone_from(&touched);
+        self.touched.0.clone_from(&touched);
         let reply = self.apply_one(cmd);
         for seq in touched {
             self.recharge(seq);
         }
-        self.refresh_ended();
+        self.catch_up_index();
         #[cfg(debug_assertions)]
-        self.assert_ended_index(cmd);
+        self.check_index(cmd);
         reply
     }
 
-    /// The groups that ended, oldest first, built from every group on first use.
-    fn ended_groups(&mut self) -> &mut BTreeSet<GroupSeq> {
-        let EndedGroups { seqs, scanned, .. } = &mut self.ended;
-        let groups = &self.groups;
-        seqs.get_or_insert_with(|| {
-            *scanned += groups.len() as u64;
-            groups
-                .values()
-                .filter(|g| g.state.is_terminal())
-                .map(|g| g.seq)
-                .collect()
-        })
+    /// Builds the group index now (a restored state), so no read builds its own.
+    pub fn index_groups(&mut self) {
+        self.index.ensure(&self.groups);
     }
 
-    /// Records whether each group the command being applied touches has ended.
-    fn refresh_ended(&mut self) {
-        let touched = std::mem::take(&mut self.ended.touched);
-        for seq in &touched {
-            let ended = self.groups.get(seq).is_some_and(|g| g.state.is_terminal());
-            let seqs = self.ended_groups();
-            if ended {
-                seqs.insert(*seq);
-            } else {
-                seqs.remove(seq);
-            }
-        }
-        self.ended.touched = touched;
+    /// Reindexes the groups stamped or touched so far in the command being applied.
+    fn catch_up_index(&mut self) {
+        let changed = self.last_version.take_changed();
+        let touched = self.touched.0.iter().copied();
+        self.index.reindex(&self.groups, touched.chain(changed));
     }
 
-    /// Debug builds: the ended-groups index is exactly the groups that ended (on states
-    /// small enough that the check does not dominate a test's time).
+    /// Debug builds: the index equals one built from the groups (on states small enough
+    /// that the check does not dominate a test's time).
     #[cfg(debug_assertions)]
-    fn assert_ended_index(&self, cmd: &MetaCommand) {
-        const CHECKED_GROUPS_MAX: usize = 4_096;
-        if self.groups.len() > CHECKED_GROUPS_MAX {
-            return;
+    fn check_index(&self, cmd: &MetaCommand) {
+        const CHECKED_GROUPS_MAX: usize = 1_024;
+        if self.groups.len() <= CHECKED_GROUPS_MAX {
+            self.index.check(&self.groups, cmd);
         }
-        let expected: BTreeSet<GroupSeq> = self
-            .groups
-            .values()
-            .filter(|g| g.state.is_terminal())
-            .map(|g| g.seq)
-            .collect();
-        assert!(
-            self.ended.seqs.as_ref() == Some(&expected),
-            "ended-groups index {:?} differs from the groups that ended {expected:?} after {cmd:?}",
-            self.ended.seqs
-        );
     }
 
-    /// Groups read by full scans of the ended-groups index so far (tests).
+    /// Group records visited by passes over the groups so far, by commands and reads
+    /// alike (tests).
     #[cfg(test)]
     pub(crate) fn groups_scanned(&self) -> u64 {
-        self.ended.scanned
+        self.groups.visited()
     }
 
     /// The groups whose charge `cmd` may change (read before it applies, while its
@@ -570,7 +545,7 @@ fn same_body(stored: &GangGroup, offered: &GangGroup) -> bool {
 
 fn apply_decision(
     g: &mut GroupRecord,
-    last_version: &mut u64,
+    last_version: &mut ChangeStamps,
     txn: TxnId,
     decision: Decision,
     placements: &BTreeMap<String, Placement>,

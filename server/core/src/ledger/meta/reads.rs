@@ -76,39 +76,35 @@ impl MetaState {
                 }
             }
             MetaQuery::Pending { limit, due_at_ms } => {
-                // Ordered by reference and cut before cloning: the queue may hold
-                // thousands of groups while a round takes a few hundred.
-                let mut records: Vec<&GroupRecord> = self
-                    .groups
-                    .values()
-                    .filter(|r| r.is_pending() && r.is_due(*due_at_ms))
+                let index = self.index.read(&self.groups);
+                let records = index
+                    .pending()
+                    .filter_map(|seq| self.groups.get(&seq))
+                    .filter(|r| r.is_due(*due_at_ms))
+                    .take(*limit as usize)
+                    .cloned()
                     .collect();
-                let limit = (*limit as usize).min(records.len());
-                if limit < records.len() {
-                    records.select_nth_unstable_by_key(limit, |r| r.order_key());
-                    records.truncate(limit);
-                }
-                records.sort_by_key(|r| r.order_key());
-                MetaReply::Groups {
-                    records: records.into_iter().cloned().collect(),
-                }
+                MetaReply::Groups { records }
             }
             MetaQuery::LowestPlacedPriority => MetaReply::LowestPriority {
                 priority: self
-                    .groups
-                    .values()
-                    .filter(|g| g.state == GroupState::Placed)
-                    .map(GroupRecord::highest_priority)
-                    .min(),
+                    .index
+                    .read(&self.groups)
+                    .placed_by_priority()
+                    .next()
+                    .map(|(priority, _)| priority),
             },
             MetaQuery::LowestPlacedPriorityWithin { root } => MetaReply::LowestPriority {
-                priority: self
-                    .groups
-                    .values()
-                    .filter(|g| g.state == GroupState::Placed)
-                    .filter(|g| !root.is_empty() && self.queues.within(&g.group.queue, root))
-                    .map(GroupRecord::highest_priority)
-                    .min(),
+                priority: if root.is_empty() {
+                    None
+                } else {
+                    self.index
+                        .read(&self.groups)
+                        .placed_by_priority()
+                        .filter_map(|(priority, seq)| Some((priority, self.groups.get(&seq)?)))
+                        .find(|(_, g)| self.queues.within(&g.group.queue, root))
+                        .map(|(priority, _)| priority)
+                },
             },
             MetaQuery::OwnersOf { gangs } => {
                 let seqs: BTreeSet<GroupSeq> =
@@ -165,16 +161,14 @@ impl MetaState {
                     .cloned()
                     .collect(),
             },
-            MetaQuery::StateCounts => {
-                let mut counts: BTreeMap<String, u64> = GroupState::NAMES
-                    .iter()
-                    .map(|n| (n.to_string(), 0))
-                    .collect();
-                for r in self.groups.values() {
-                    *counts.entry(r.state.name().to_string()).or_default() += 1;
-                }
-                MetaReply::StateCounts { counts }
-            }
+            MetaQuery::StateCounts => MetaReply::StateCounts {
+                counts: self
+                    .index
+                    .read(&self.groups)
+                    .counts()
+                    .map(|(name, n)| (name.to_string(), n))
+                    .collect(),
+            },
             MetaQuery::Owned { owner, key } => {
                 let live =
                     |seq: &GroupSeq| self.groups.get(seq).is_some_and(|g| !g.state.is_terminal());
@@ -198,9 +192,12 @@ impl MetaState {
     }
 
     pub(super) fn changed_since(&self, after: u64, limit: u32) -> MetaReply {
-        let mut changed: Vec<&GroupRecord> =
-            self.groups.values().filter(|g| g.version > after).collect();
-        changed.sort_unstable_by_key(|g| g.version);
+        let index = self.index.read(&self.groups);
+        let mut changed: Vec<&GroupRecord> = index
+            .changed_after(after)
+            .take(limit as usize + 1)
+            .filter_map(|seq| self.groups.get(&seq))
+            .collect();
         let more = changed.len() > limit as usize;
         changed.truncate(limit as usize);
         let newest = changed.last().map_or(after, |g| g.version);
@@ -209,7 +206,7 @@ impl MetaState {
         let stamp = if more {
             newest
         } else {
-            newest.max(self.last_version)
+            newest.max(self.last_version.last())
         };
         MetaReply::Changed {
             groups: changed.into_iter().map(GroupSummary::of).collect(),
@@ -254,13 +251,13 @@ impl MetaState {
         limit: usize,
         due_at_ms: Option<u64>,
     ) -> Vec<GroupRecord> {
-        let (mut queued, mut rest): (Vec<&GroupRecord>, Vec<&GroupRecord>) = self
-            .groups
-            .values()
-            .filter(|r| r.is_pending() && r.is_due(due_at_ms))
+        let index = self.index.read(&self.groups);
+        let (queued, rest): (Vec<&GroupRecord>, Vec<&GroupRecord>) = index
+            .pending()
+            .filter_map(|seq| self.groups.get(&seq))
+            .filter(|r| r.is_due(due_at_ms))
             .partition(|r| r.state == GroupState::Queued);
-        rest.sort_by_key(|r| r.order_key());
-        queued.sort_by_key(|r| r.order_key());
+        // Both in queue order already: the pending index is ordered by `order_key`.
         // Lazy: only the groups this read takes are charged and ordered.
         let fair = self.queues.fair_order(
             queued

@@ -878,7 +878,7 @@ fn change_stamps_continue_above_versions_written_per_group() {
     let mut m = MetaState::new(2);
     let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 10);
     m.groups.get_mut(&seq).map(|g| g.version = 7);
-    m.last_version = 0;
+    m.last_version.set_last(0);
     let mut reader = StampReader::default();
     reader.refresh(&m, 10);
     assert_eq!(reader.stamp, 7);
@@ -940,43 +940,152 @@ fn a_batch_applies_each_command_as_if_alone() {
 /// Issue 51: with more groups than [`FINISHED_GROUPS_MAX`] (every lone pod is a group),
 /// a command must not read every group to find the ended ones. Only a state's first
 /// command builds the ended-groups index; a restored snapshot builds it once.
+/// Places group `seq` (one member of gang `gang`) on shard 1.
+fn place(m: &mut MetaState, seq: GroupSeq, gang: &str, at_ms: u64) -> TxnId {
+    let txn = begin(m, seq, at_ms);
+    let placements = BTreeMap::from([(
+        format!("default/{gang}/m0"),
+        Placement {
+            node: "n1".into(),
+            shard: 1,
+            devices: Vec::new(),
+            txn: None,
+            network_shards: Vec::new(),
+            allocations: Vec::new(),
+        },
+    )]);
+    let reply = m.apply(&MetaCommand::Decide {
+        txn,
+        decision: Decision::Commit,
+        placements,
+        reason: String::new(),
+        at_ms,
+        delivered: vec![1, 2],
+    });
+    assert!(matches!(reply, MetaReply::Decided { .. }), "{reply:?}");
+    assert_eq!(state(m, seq).state, GroupState::Placed);
+    txn
+}
+
 #[test]
-fn commands_on_a_large_state_do_not_scan_every_group() {
-    let mut m = MetaState::new(1);
-    let live = FINISHED_GROUPS_MAX + 2_000;
-    for i in 0..live {
-        submit(
+fn commands_and_rounds_on_a_large_state_visit_only_what_they_change() {
+    // Placed groups, then more ended ones than are kept, so forgetting runs below.
+    let mut m = MetaState::new(2);
+    let placed = 3_000;
+    for i in 0..placed {
+        let seq = submit(
             &mut m,
-            &format!("k{i}"),
-            group(&format!("g{i}"), vec![gang(&format!("a{i}"), 1, 1, 0, 0)]),
+            &format!("p{i}"),
+            group(
+                &format!("p{i}"),
+                vec![gang(&format!("p{i}"), 1, 1, 0, i % 7)],
+            ),
             1,
         );
+        place(&mut m, seq, &format!("p{i}"), 2);
     }
-    let ended = submit(&mut m, "ended", group("e", vec![gang("e", 1, 1, 0, 0)]), 2);
-    m.apply(&MetaCommand::Cancel {
-        seq: ended,
-        at_ms: 3,
-    });
-    assert_eq!(
-        m.groups_scanned(),
-        0,
-        "{live} live groups: no command may scan them all"
-    );
+    for i in 0..FINISHED_GROUPS_MAX {
+        let seq = submit(
+            &mut m,
+            &format!("e{i}"),
+            group(&format!("e{i}"), vec![gang(&format!("e{i}"), 1, 1, 0, 0)]),
+            3,
+        );
+        m.apply(&MetaCommand::Cancel { seq, at_ms: 3 });
+    }
+    let kept = m.groups.len();
+    let stamp = m.last_version.last();
+    let visited = m.groups_scanned();
 
+    // One group's whole life: submitted, aborted, retried, placed, released.
+    let seq = submit(
+        &mut m,
+        "x",
+        group("x", vec![gang("x", 1, 1, 60_000, 0)]),
+        10,
+    );
+    let txn = begin(&mut m, seq, 11);
+    decide(&mut m, txn, Decision::Abort, 12);
+    m.apply(&MetaCommand::Requeue {
+        seq,
+        reason: "no room".into(),
+        at_ms: 13,
+        attempts: None,
+    });
+    let txn = place(&mut m, seq, "x", 14);
+    m.apply(&MetaCommand::Delivered {
+        txn,
+        shards: vec![1, 2],
+    });
+    m.apply(&MetaCommand::Release { seq, at_ms: 15 });
+    m.apply(&MetaCommand::ReleaseDone { seq, at_ms: 16 });
+    // Others cancelled and timed out, the last past the bound of ended groups kept.
+    for i in 0..3 {
+        let seq = submit(
+            &mut m,
+            &format!("c{i}"),
+            group("c", vec![gang("c", 1, 1, 1, 0)]),
+            20,
+        );
+        m.apply(&MetaCommand::Expire { seq, at_ms: 30 });
+    }
+    let cancelled = submit(&mut m, "c", group("c", vec![gang("c", 1, 1, 0, 0)]), 40);
+    m.apply(&MetaCommand::Cancel {
+        seq: cancelled,
+        at_ms: 41,
+    });
+    assert!(m.groups.len() < kept, "old ended groups were forgotten");
+    // What a coordinator round, a status reader and the sampler read.
+    let reads = [
+        MetaQuery::Pending {
+            limit: 100,
+            due_at_ms: Some(50),
+        },
+        MetaQuery::ChangedSince {
+            after: stamp,
+            limit: 100,
+        },
+        MetaQuery::LowestPlacedPriority,
+        MetaQuery::StateCounts,
+    ];
+    for q in &reads {
+        m.query(q);
+    }
+    assert_eq!(
+        m.groups_scanned() - visited,
+        0,
+        "{kept} groups kept: no command or per-round read may visit them all"
+    );
+    match m.query(&MetaQuery::LowestPlacedPriority) {
+        MetaReply::LowestPriority { priority } => assert_eq!(priority, Some(0)),
+        other => panic!("{other:?}"),
+    }
+    match m.query(&MetaQuery::StateCounts) {
+        MetaReply::StateCounts { counts } => {
+            assert_eq!(counts["Placed"], placed as u64);
+            assert_eq!(counts["Released"], 1);
+            assert_eq!(counts["TimedOut"], 3);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A restored state builds its index once, when it is restored.
     let bytes = crate::wire::WireFormat::Binary.encode(&m).expect("encodes");
     let mut restored: MetaState = crate::wire::decode(&bytes).expect("decodes");
+    restored.index_groups();
+    assert_eq!(restored.groups_scanned(), restored.groups.len() as u64);
     for i in 0..100 {
         submit(
             &mut restored,
             &format!("r{i}"),
             group(&format!("r{i}"), vec![gang(&format!("r{i}"), 1, 1, 0, 0)]),
-            4,
+            60,
         );
     }
+    restored.query(&reads[0]);
     assert_eq!(
         restored.groups_scanned(),
-        (live + 1) as u64,
-        "a restored state builds its index once, on its first command"
+        restored.groups.len() as u64 - 100
     );
 }
 
@@ -1212,4 +1321,19 @@ fn a_node_agents_allocation_lands_on_its_members_placement_and_goes_with_it() {
         matches!(&after, MetaReply::Rejected { kind: RejectionKind::Conflict, reason } if reason.contains("has ended (Released)")),
         "{after:?}"
     );
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "meta's group index differs from its groups")]
+fn a_change_without_a_stamp_is_caught_by_the_index_check() {
+    let mut m = MetaState::new(1);
+    let seq = submit(&mut m, "k", group("g", vec![gang("a", 1, 1, 0, 0)]), 1);
+    // As a command that forgot to bump the group would leave it.
+    if let Some(g) = m.groups.get_mut(&seq) {
+        g.state = GroupState::Done {
+            how: Terminal::Cancelled,
+        };
+    }
+    submit(&mut m, "other", group("o", vec![gang("o", 1, 1, 0, 0)]), 2);
 }

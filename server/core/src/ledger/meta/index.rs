@@ -1,0 +1,267 @@
+//! Meta's derived indexes over its groups, so no command and no per-round read visits
+//! every group: the groups that ended (what old groups are forgotten from), the groups
+//! the coordinator has work on in queue order (its `Pending` read), every group by its
+//! change stamp (`ChangedSince`), the Placed groups by priority (the lowest preemption
+//! could take) and the count of groups in each state (the metrics sampler).
+//!
+//! Invariants: built from the groups on a state's first command or restore (never
+//! encoded, so a snapshot carries only the groups), then kept exact by reindexing every
+//! group a command changed ([`ChangeStamps`] records each change stamp given) or touched;
+//! [`GroupIndex::check`] compares it with a fresh build (debug builds, after every
+//! command on small states). Being derived, it compares equal always. Owned by
+//! [`super::MetaState`]; nothing outside meta sees it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::groups::{GroupRecord, GroupSeq, GroupState};
+use super::table::GroupTable;
+
+/// The last change stamp given to a group ([`GroupRecord::bump`]), and the groups
+/// stamped since the index last caught up (not state: never encoded).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ChangeStamps {
+    last: u64,
+    #[serde(skip)]
+    changed: Vec<GroupSeq>,
+}
+
+impl PartialEq for ChangeStamps {
+    fn eq(&self, other: &Self) -> bool {
+        self.last == other.last
+    }
+}
+
+impl ChangeStamps {
+    /// The last stamp given.
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Gives `seq`, now at `version`, the next stamp above both; returns it.
+    pub(super) fn next(&mut self, seq: GroupSeq, version: u64) -> u64 {
+        let stamp = self.last.max(version) + 1;
+        self.last = stamp;
+        self.changed.push(seq);
+        stamp
+    }
+
+    /// The groups stamped since the last call.
+    pub(super) fn take_changed(&mut self) -> Vec<GroupSeq> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Tests only: sets the last stamp, as data written before stamps were global.
+    #[cfg(test)]
+    pub(super) fn set_last(&mut self, last: u64) {
+        self.last = last;
+    }
+}
+
+/// What one group is indexed under, so it can be taken out again after it changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    version: u64,
+    /// Position of its state's name in [`GroupState::NAMES`].
+    state: u8,
+    /// Its queue order key, when the coordinator has work on it.
+    pending: Option<(i64, GroupSeq)>,
+    /// Its highest priority, when it is Placed.
+    placed: Option<i32>,
+    ended: bool,
+}
+
+impl Entry {
+    fn of(g: &GroupRecord) -> Self {
+        let name = g.state.name();
+        let state = GroupState::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or_else(|| panic!("group {}: state {name} has no index code", g.seq));
+        Entry {
+            version: g.version,
+            state: state as u8,
+            pending: g.is_pending().then(|| g.order_key()),
+            placed: (g.state == GroupState::Placed).then(|| g.highest_priority()),
+            ended: g.state.is_terminal(),
+        }
+    }
+}
+
+/// The indexes of one state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Indexes {
+    entries: HashMap<GroupSeq, Entry>,
+    by_stamp: BTreeSet<(u64, GroupSeq)>,
+    pending: BTreeSet<(i64, GroupSeq)>,
+    ended: BTreeSet<GroupSeq>,
+    placed: BTreeSet<(i32, GroupSeq)>,
+    counts: [u64; GroupState::NAMES.len()],
+}
+
+impl Indexes {
+    fn build(groups: &GroupTable) -> Self {
+        let mut built = Indexes::default();
+        for g in groups.values() {
+            built.insert(g.seq, Entry::of(g));
+        }
+        built
+    }
+
+    fn insert(&mut self, seq: GroupSeq, e: Entry) {
+        self.by_stamp.insert((e.version, seq));
+        if let Some(order) = e.pending {
+            self.pending.insert(order);
+        }
+        if e.ended {
+            self.ended.insert(seq);
+        }
+        if let Some(priority) = e.placed {
+            self.placed.insert((priority, seq));
+        }
+        self.counts[usize::from(e.state)] += 1;
+        self.entries.insert(seq, e);
+    }
+
+    fn remove(&mut self, seq: GroupSeq) {
+        let Some(e) = self.entries.remove(&seq) else {
+            return;
+        };
+        self.by_stamp.remove(&(e.version, seq));
+        if let Some(order) = e.pending {
+            self.pending.remove(&order);
+        }
+        self.ended.remove(&seq);
+        if let Some(priority) = e.placed {
+            self.placed.remove(&(priority, seq));
+        }
+        self.counts[usize::from(e.state)] -= 1;
+    }
+
+    fn reindex(&mut self, seq: GroupSeq, now: Option<&GroupRecord>) {
+        let entry = now.map(Entry::of);
+        if entry.is_some() && self.entries.get(&seq) == entry.as_ref() {
+            return;
+        }
+        self.remove(seq);
+        if let Some(e) = entry {
+            self.insert(seq, e);
+        }
+    }
+}
+
+/// Meta's derived indexes (see the module header), built on first use.
+#[derive(Debug, Clone, Default)]
+pub(super) struct GroupIndex {
+    built: Option<Indexes>,
+}
+
+impl PartialEq for GroupIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The indexes a read uses: the kept ones, or (on a state that has applied nothing
+/// since it was decoded) ones built for this read.
+pub(super) enum IndexRead<'a> {
+    Kept(&'a Indexes),
+    Built(Box<Indexes>),
+}
+
+impl std::ops::Deref for IndexRead<'_> {
+    type Target = Indexes;
+    fn deref(&self) -> &Indexes {
+        match self {
+            IndexRead::Kept(i) => i,
+            IndexRead::Built(i) => i,
+        }
+    }
+}
+
+impl GroupIndex {
+    /// Builds the indexes from `groups` unless they are kept already.
+    pub(super) fn ensure(&mut self, groups: &GroupTable) {
+        if self.built.is_none() {
+            self.built = Some(Indexes::build(groups));
+        }
+    }
+
+    /// Forgets the indexes (state changed outside `apply`): the next use builds them.
+    pub(super) fn invalidate(&mut self) {
+        self.built = None;
+    }
+
+    /// Brings `seqs` up to date with `groups` (a forgotten group leaves every index).
+    pub(super) fn reindex(
+        &mut self,
+        groups: &GroupTable,
+        seqs: impl IntoIterator<Item = GroupSeq>,
+    ) {
+        let Some(built) = self.built.as_mut() else {
+            return;
+        };
+        for seq in seqs {
+            built.reindex(seq, groups.get(&seq));
+        }
+    }
+
+    /// The indexes for a read (built for it when none are kept).
+    pub(super) fn read<'a>(&'a self, groups: &GroupTable) -> IndexRead<'a> {
+        match &self.built {
+            Some(built) => IndexRead::Kept(built),
+            None => IndexRead::Built(Box::new(Indexes::build(groups))),
+        }
+    }
+
+    /// Panics unless the kept indexes equal a fresh build from `groups` (after `what`).
+    #[cfg(debug_assertions)]
+    pub(super) fn check(&self, groups: &GroupTable, what: &dyn std::fmt::Debug) {
+        if let Some(built) = &self.built {
+            let fresh = Indexes::build(groups);
+            assert!(
+                *built == fresh,
+                "meta's group index differs from its groups after {what:?}: kept {built:?}, groups {fresh:?}"
+            );
+        }
+    }
+}
+
+impl Indexes {
+    /// The groups that ended, oldest first.
+    pub(super) fn ended(&self) -> impl Iterator<Item = GroupSeq> + '_ {
+        self.ended.iter().copied()
+    }
+
+    /// How many groups ended.
+    pub(super) fn ended_count(&self) -> usize {
+        self.ended.len()
+    }
+
+    /// The groups the coordinator has work on, in queue order.
+    pub(super) fn pending(&self) -> impl Iterator<Item = GroupSeq> + '_ {
+        self.pending.iter().map(|(_, seq)| *seq)
+    }
+
+    /// The groups changed after stamp `after`, oldest change first.
+    pub(super) fn changed_after(&self, after: u64) -> impl Iterator<Item = GroupSeq> + '_ {
+        self.by_stamp
+            .range((after.saturating_add(1), 0)..)
+            .map(|(_, seq)| *seq)
+    }
+
+    /// Placed groups, lowest priority first.
+    pub(super) fn placed_by_priority(&self) -> impl Iterator<Item = (i32, GroupSeq)> + '_ {
+        self.placed.iter().copied()
+    }
+
+    /// Groups per state name.
+    pub(super) fn counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        GroupState::NAMES
+            .iter()
+            .copied()
+            .zip(self.counts.iter().copied())
+    }
+}

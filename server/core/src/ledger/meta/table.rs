@@ -1,0 +1,98 @@
+//! Meta's groups by seq, with a count of the records that passes over them visited,
+//! so a test can tell a command or read whose work grows with every group kept
+//! (issue: meta work must be O(what a command changes), not O(history)).
+//!
+//! Invariants: behaves as the ordered map it wraps and encodes as it; lookups by seq
+//! are not counted, every record an iteration yields is. The count is never encoded
+//! and never compared. Owned by [`super::MetaState`].
+
+use std::collections::BTreeMap;
+use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::groups::{GroupRecord, GroupSeq};
+
+/// The groups meta keeps, by seq.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GroupTable {
+    records: BTreeMap<GroupSeq, GroupRecord>,
+    /// Records yielded by iterations so far (relaxed: a statistic for tests).
+    #[serde(skip)]
+    visited: AtomicU64,
+}
+
+impl Clone for GroupTable {
+    fn clone(&self) -> Self {
+        Self {
+            records: self.records.clone(),
+            visited: AtomicU64::new(0),
+        }
+    }
+}
+
+impl PartialEq for GroupTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.records == other.records
+    }
+}
+
+impl GroupTable {
+    /// The record of `seq`.
+    pub fn get(&self, seq: &GroupSeq) -> Option<&GroupRecord> {
+        self.records.get(seq)
+    }
+
+    /// The record of `seq`, to change (the caller bumps its version).
+    pub fn get_mut(&mut self, seq: &GroupSeq) -> Option<&mut GroupRecord> {
+        self.records.get_mut(seq)
+    }
+
+    /// Keeps `record` under `seq`.
+    pub fn insert(&mut self, seq: GroupSeq, record: GroupRecord) -> Option<GroupRecord> {
+        self.records.insert(seq, record)
+    }
+
+    /// Forgets `seq`.
+    pub fn remove(&mut self, seq: &GroupSeq) -> Option<GroupRecord> {
+        self.records.remove(seq)
+    }
+
+    /// How many groups are kept.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Every record in seq order (counted as visited as it is yielded).
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &GroupRecord> + '_ {
+        self.records.values().inspect(|_| self.note_visit())
+    }
+
+    /// Every record in seq order, to change (counted as visited).
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut GroupRecord> + '_ {
+        let visited = &self.visited;
+        self.records.values_mut().inspect(move |_| {
+            visited.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    /// The records whose seqs fall in `range`, in order (counted as visited).
+    pub fn range(
+        &self,
+        range: impl RangeBounds<GroupSeq>,
+    ) -> impl Iterator<Item = (&GroupSeq, &GroupRecord)> + '_ {
+        self.records.range(range).inspect(|_| self.note_visit())
+    }
+
+    /// Records yielded by iterations so far.
+    #[cfg(test)]
+    pub fn visited(&self) -> u64 {
+        self.visited.load(Ordering::Relaxed)
+    }
+
+    fn note_visit(&self) {
+        self.visited.fetch_add(1, Ordering::Relaxed);
+    }
+}
