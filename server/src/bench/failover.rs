@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::e2e::{fetch_metrics, parse_list, spawn_cluster, wait_ready, Processes};
-use super::percentile;
+use super::{percentile, rss_bytes};
 
 /// Most groups the benchmark places.
 pub const FAILOVER_PLACED_MAX: usize = 1_000_000;
@@ -36,8 +36,10 @@ pub const CATCH_UP_TIMEOUT_S: u64 = 600;
 pub const PROBE_CALL_TIMEOUT_MS: u64 = 500;
 /// How often the probe's state is read.
 pub const PROBE_POLL_MS: u64 = 5;
-/// How often fill progress and catch-up are read.
+/// How often catch-up is read.
 pub const PROGRESS_POLL_MS: u64 = 500;
+/// How often fill progress is read (short: it bounds the error of a timed window).
+pub const FILL_POLL_MS: u64 = 50;
 /// The meta group's id in `Status`.
 const META_GROUP_ID: u64 = 0;
 
@@ -60,6 +62,9 @@ pub struct FailoverBenchArgs {
     /// Submissions in flight at once while groups are placed.
     #[arg(long, default_value_t = 64)]
     pub submit_concurrency: usize,
+    /// The last groups of each count, timed alone: the admission rate at that count.
+    #[arg(long, default_value_t = 10_000)]
+    pub window: usize,
 }
 
 /// One group of one pod (10m cpu, 16Mi), its gang named like the group.
@@ -138,7 +143,7 @@ async fn fill(
         if Instant::now() > deadline {
             bail!("{to} groups not placed within {FILL_TIMEOUT_S} s");
         }
-        tokio::time::sleep(Duration::from_millis(PROGRESS_POLL_MS)).await;
+        tokio::time::sleep(Duration::from_millis(FILL_POLL_MS)).await;
     }
     Ok(())
 }
@@ -243,14 +248,23 @@ async fn replica_caught_up(clients: &[Client], i: usize) -> bool {
         })
 }
 
-/// Kills the meta leader `samples` times; returns kill → probe placed, sorted (ms).
+/// What the kills at one count measured, sorted (ms).
+struct KillFigures {
+    /// Kill → probe placed.
+    recovery_ms: Vec<u64>,
+    /// Restart of the killed replica → caught up with the others.
+    catch_up_ms: Vec<u64>,
+}
+
+/// Kills the meta leader `samples` times.
 async fn kill_samples(
     procs: &mut Processes,
     clients: &[Client],
     placed: usize,
     samples: usize,
-) -> anyhow::Result<Vec<u64>> {
+) -> anyhow::Result<KillFigures> {
     let mut recovery_ms = Vec::with_capacity(samples);
+    let mut catch_up_ms = Vec::with_capacity(samples);
     for k in 0..samples {
         let leader = meta_leader(clients)
             .await
@@ -265,8 +279,15 @@ async fn kill_samples(
             k + 1,
             leader + 1
         );
+        let restarted = Instant::now();
         procs.start(leader)?;
         caught_up(clients, leader).await?;
+        let caught = restarted.elapsed().as_millis() as u64;
+        catch_up_ms.push(caught);
+        eprintln!(
+            "  replica {} restarted and caught up in {caught} ms",
+            leader + 1
+        );
         let release = clients
             .iter()
             .enumerate()
@@ -279,7 +300,25 @@ async fn kill_samples(
         }
     }
     recovery_ms.sort_unstable();
-    Ok(recovery_ms)
+    catch_up_ms.sort_unstable();
+    Ok(KillFigures {
+        recovery_ms,
+        catch_up_ms,
+    })
+}
+
+/// One count's row of the table.
+struct Row {
+    placed: usize,
+    /// Groups timed alone at the end of the fill, and the seconds they took.
+    window: (usize, f64),
+    /// Each replica's resident bytes once the count was placed.
+    rss: Vec<u64>,
+    kills: KillFigures,
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Runs the benchmark and prints a markdown table.
@@ -297,8 +336,8 @@ pub async fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
             args.samples
         );
     }
-    if args.shards == 0 || args.nodes == 0 || args.submit_concurrency == 0 {
-        bail!("--shards, --nodes and --submit-concurrency must be >= 1");
+    if args.shards == 0 || args.nodes == 0 || args.submit_concurrency == 0 || args.window == 0 {
+        bail!("--shards, --nodes, --submit-concurrency and --window must be >= 1");
     }
     let room = args.nodes * NODE_PODS;
     let most = counts.last().copied().unwrap_or(0) + args.samples;
@@ -317,30 +356,90 @@ pub async fn run(args: FailoverBenchArgs) -> anyhow::Result<()> {
         clients.push(Client::connect(std::slice::from_ref(addr)).await?);
     }
     register_nodes(&client, args.nodes).await?;
+    let rss_empty: Vec<u64> = procs
+        .pids()
+        .iter()
+        .map(|p| rss_bytes(Some(*p)).unwrap_or(0))
+        .collect();
     let mut rows = Vec::new();
     let mut placed = 0;
     for &count in &counts {
         let t = Instant::now();
-        fill(&client, &procs.http, placed, count, args.submit_concurrency).await?;
+        let timed_from = count - args.window.min(count - placed);
+        fill(
+            &client,
+            &procs.http,
+            placed,
+            timed_from,
+            args.submit_concurrency,
+        )
+        .await?;
+        let w = Instant::now();
+        fill(
+            &client,
+            &procs.http,
+            timed_from,
+            count,
+            args.submit_concurrency,
+        )
+        .await?;
+        let window = (count - timed_from, w.elapsed().as_secs_f64());
         eprintln!(
-            "{count} groups placed ({} new in {:.1} s)",
+            "{count} groups placed ({} new in {:.1} s; the last {} in {:.2} s)",
             count - placed,
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            window.0,
+            window.1
         );
         placed = count;
-        let ms = kill_samples(&mut procs, &clients, count, args.samples).await?;
-        rows.push((count, ms));
+        let rss = procs
+            .pids()
+            .iter()
+            .map(|p| rss_bytes(Some(*p)).unwrap_or(0))
+            .collect();
+        let kills = kill_samples(&mut procs, &clients, count, args.samples).await?;
+        rows.push(Row {
+            placed: count,
+            window,
+            rss,
+            kills,
+        });
     }
     drop(procs);
-    println!("| placed groups | kills | p50 kill→placed | p99 | max |\n|---:|---:|---:|---:|---:|");
-    for (count, ms) in rows {
+    println!(
+        "| placed groups | admission (last groups) | replica RSS | RSS per placed group | kills | kill→placed p50 · p99 · max | restart→caught up p50 · max |"
+    );
+    println!("|---:|---:|---|---:|---:|---|---|");
+    for r in rows {
+        let rate = r.window.0 as f64 / r.window.1.max(1e-9);
+        let most = r.rss.iter().copied().max().unwrap_or(0);
+        let base = rss_empty.iter().copied().max().unwrap_or(0);
+        let per_group = most.saturating_sub(base) as f64 / r.placed.max(1) as f64;
+        let rss: Vec<String> = r.rss.iter().map(|b| format!("{:.0}", mib(*b))).collect();
+        let (rec, up) = (&r.kills.recovery_ms, &r.kills.catch_up_ms);
         println!(
-            "| {count} | {} | {} ms | {} ms | {} ms |",
-            ms.len(),
-            percentile(&ms, 50.0),
-            percentile(&ms, 99.0),
-            ms.last().copied().unwrap_or(0)
+            "| {} | {:.0}/s ({} in {:.2} s) | {} MiB | {:.0} B | {} | {} · {} · {} ms | {} · {} ms |",
+            r.placed,
+            rate,
+            r.window.0,
+            r.window.1,
+            rss.join(", "),
+            per_group,
+            rec.len(),
+            percentile(rec, 50.0),
+            percentile(rec, 99.0),
+            rec.last().copied().unwrap_or(0),
+            percentile(up, 50.0),
+            up.last().copied().unwrap_or(0)
         );
     }
+    println!(
+        "(replica RSS with nodes registered and no group: {} MiB)",
+        rss_empty
+            .iter()
+            .map(|b| format!("{:.0}", mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }

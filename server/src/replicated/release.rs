@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
 use gangway_core::ledger::command::LEDGER_BATCH_MAX;
 use gangway_core::ledger::meta::{
-    Decision, GroupSeq, MetaCommand, MetaReply, Placement, Undelivered, META_BATCH_MAX,
+    Decision, GroupSeq, MemberPlacements, MetaCommand, MetaReply, Undelivered, META_BATCH_MAX,
 };
 use gangway_core::ledger::{LedgerOp, LedgerReply, ReleaseTarget, TxnId};
 use gangway_core::model::MemberKey;
@@ -140,10 +140,7 @@ pub async fn tell(
 
 /// Frees held members on their shards: per shard, one entry commits every transaction
 /// that placed them (a no-op where already committed) and releases them.
-pub async fn free_members(
-    groups: &Groups,
-    held: &BTreeMap<String, Placement>,
-) -> Result<(), GroupError> {
+pub async fn free_members(groups: &Groups, held: &MemberPlacements) -> Result<(), GroupError> {
     let mut per_shard: BTreeMap<u32, (BTreeSet<TxnId>, Vec<MemberKey>)> = BTreeMap::new();
     for (key, p) in held {
         let Ok(member) = MemberKey::try_from(key.clone()) else {
@@ -207,7 +204,7 @@ pub async fn release_members(
     let MetaReply::Group { group } = &reply else {
         return Ok(reply);
     };
-    let held: BTreeMap<String, Placement> = names
+    let held: MemberPlacements = names
         .iter()
         .filter_map(|n| group.releasing.get(n).map(|p| (n.clone(), p.clone())))
         .collect();

@@ -90,6 +90,7 @@ mod handoff;
 #[cfg(test)]
 mod handoff_tests;
 mod invariants;
+mod member_set;
 mod nodes;
 mod placements;
 mod reads;
@@ -500,7 +501,7 @@ struct Indexes {
     /// Member → node holding it.
     locations: BTreeMap<MemberKey, String>,
     /// Transaction → members it holds (open or committed).
-    by_txn: BTreeMap<TxnId, BTreeSet<MemberKey>>,
+    by_txn: BTreeMap<TxnId, member_set::MemberSet>,
     /// Finish sequence → transaction.
     finish_order: BTreeMap<u64, TxnId>,
     /// Nodes whose agent is disconnected within its grace period.

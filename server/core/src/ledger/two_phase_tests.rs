@@ -991,7 +991,7 @@ impl World {
     /// transactions, then release the members.
     /// `release::free_members` on the model: whether every shard released (a refusal,
     /// such as a member whose node moved away, leaves the release to be finished).
-    fn free(&mut self, held: &BTreeMap<String, Placement>) -> bool {
+    fn free<'a>(&mut self, held: impl IntoIterator<Item = (&'a String, &'a Placement)>) -> bool {
         let mut freed = true;
         let mut per_shard: BTreeMap<u32, (BTreeSet<TxnId>, Vec<MemberKey>)> = BTreeMap::new();
         for (key, p) in held {

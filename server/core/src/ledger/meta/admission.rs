@@ -88,11 +88,11 @@ impl MetaState {
             attempts: 0,
             not_before_ms: at_ms,
             reason: String::new(),
-            placements: BTreeMap::new(),
+            placements: MemberPlacements::default(),
             version: 0,
             priority,
             txn: None,
-            releasing: BTreeMap::new(),
+            releasing: MemberPlacements::default(),
             charge: Resources::zero(),
         };
         record.bump(&mut self.last_version);

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::placements::MemberPlacements;
+
 use crate::ledger::TxnId;
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceId;
@@ -207,11 +209,11 @@ impl GroupSummary {
             state: r.state,
             reason: r.reason.clone(),
             attempts: r.attempts,
-            placements: r.placements.clone(),
+            placements: r.placements.to_map(),
             version: r.version,
             submitted_at_ms: r.submitted_at_ms,
             txn: r.txn,
-            releasing: r.releasing.clone(),
+            releasing: r.releasing.to_map(),
             gangs: r
                 .group
                 .gangs
@@ -247,7 +249,7 @@ pub struct GroupRecord {
     /// Why the last attempt failed, for people.
     pub reason: String,
     /// Member key (`ns/gang/member`) → placement, once placed.
-    pub placements: BTreeMap<String, Placement>,
+    pub placements: MemberPlacements,
     /// Bumped on every change, so watchers see each one: the meta log's change
     /// stamp at its last change, so "changed since stamp N" is a comparison.
     pub version: u64,
@@ -257,8 +259,8 @@ pub struct GroupRecord {
     pub txn: Option<TxnId>,
     /// Members taken out of `placements` by a release that the shards have not
     /// confirmed yet (ReleaseMembers' first phase); they still hold capacity.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub releasing: BTreeMap<String, Placement>,
+    #[serde(default, skip_serializing_if = "MemberPlacements::is_empty")]
+    pub releasing: MemberPlacements,
     /// What its queue is charged for it now ([`GroupRecord::charge_due`]); zero without
     /// a queue.
     #[serde(default, skip_serializing_if = "Resources::is_zero")]

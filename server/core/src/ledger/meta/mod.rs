@@ -22,6 +22,7 @@ pub mod decisions;
 pub mod groups;
 mod index;
 pub mod messages;
+mod placements;
 pub mod queues;
 pub mod shard_map;
 mod table;
@@ -45,6 +46,7 @@ pub use groups::{
 };
 pub use index::ChangeStamps;
 pub use messages::{MetaCommand, MetaQuery, MetaReply, RejectionKind};
+pub use placements::MemberPlacements;
 pub use queues::{QueueStatus, Queues};
 pub use shard_map::{
     domain_of, hashed_shard, shard_command, MappedNode, MovePhase, MoveTarget, ShardMove,

@@ -479,9 +479,8 @@ impl MetaState {
             .values()
             .find(|g| {
                 let releasing = matches!(g.state, super::GroupState::Releasing { .. });
-                let on_nodes = |ps: &BTreeMap<String, super::Placement>| {
-                    ps.values().any(|p| nodes.contains(&p.node))
-                };
+                let on_nodes =
+                    |ps: &super::MemberPlacements| ps.values().any(|p| nodes.contains(&p.node));
                 (releasing && on_nodes(&g.placements)) || on_nodes(&g.releasing)
             })
             .map(|g| g.seq)

@@ -14,11 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use super::groups::{GroupRecord, GroupSeq};
 
-/// The groups meta keeps, by seq.
+/// The groups meta keeps, by seq. Records are boxed: a map node holds eleven slots
+/// whether or not they are used, and a record is a few hundred bytes.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct GroupTable {
-    records: BTreeMap<GroupSeq, GroupRecord>,
+    records: BTreeMap<GroupSeq, Box<GroupRecord>>,
     /// Records yielded by iterations so far (relaxed: a statistic for tests).
     #[serde(skip)]
     visited: AtomicU64,
@@ -42,22 +43,22 @@ impl PartialEq for GroupTable {
 impl GroupTable {
     /// The record of `seq`.
     pub fn get(&self, seq: &GroupSeq) -> Option<&GroupRecord> {
-        self.records.get(seq)
+        self.records.get(seq).map(|r| &**r)
     }
 
     /// The record of `seq`, to change (the caller bumps its version).
     pub fn get_mut(&mut self, seq: &GroupSeq) -> Option<&mut GroupRecord> {
-        self.records.get_mut(seq)
+        self.records.get_mut(seq).map(|r| &mut **r)
     }
 
     /// Keeps `record` under `seq`.
     pub fn insert(&mut self, seq: GroupSeq, record: GroupRecord) -> Option<GroupRecord> {
-        self.records.insert(seq, record)
+        self.records.insert(seq, Box::new(record)).map(|r| *r)
     }
 
     /// Forgets `seq`.
     pub fn remove(&mut self, seq: &GroupSeq) -> Option<GroupRecord> {
-        self.records.remove(seq)
+        self.records.remove(seq).map(|r| *r)
     }
 
     /// How many groups are kept.
@@ -67,14 +68,18 @@ impl GroupTable {
 
     /// Every record in seq order (counted as visited as it is yielded).
     pub fn values(&self) -> impl DoubleEndedIterator<Item = &GroupRecord> + '_ {
-        self.records.values().inspect(|_| self.note_visit())
+        self.records
+            .values()
+            .map(|r| &**r)
+            .inspect(|_| self.note_visit())
     }
 
     /// Every record in seq order, to change (counted as visited).
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut GroupRecord> + '_ {
         let visited = &self.visited;
-        self.records.values_mut().inspect(move |_| {
+        self.records.values_mut().map(move |r| {
             visited.fetch_add(1, Ordering::Relaxed);
+            &mut **r
         })
     }
 
@@ -83,7 +88,10 @@ impl GroupTable {
         &self,
         range: impl RangeBounds<GroupSeq>,
     ) -> impl Iterator<Item = (&GroupSeq, &GroupRecord)> + '_ {
-        self.records.range(range).inspect(|_| self.note_visit())
+        self.records.range(range).map(|(seq, r)| {
+            self.note_visit();
+            (seq, &**r)
+        })
     }
 
     /// Records yielded by iterations so far.
