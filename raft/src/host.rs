@@ -73,7 +73,8 @@ pub struct RaftTiming {
     pub election_min_ms: u64,
     /// Upper bound of the election timeout; also the leader lease.
     pub election_max_ms: u64,
-    /// Entries applied since the last snapshot that trigger a new one.
+    /// Entries applied since the last snapshot before a new one is built (and at least
+    /// a quarter of the last snapshot's size in command bytes: `snapshot_cadence.rs`).
     pub snapshot_every_entries: u64,
     /// Entries kept in the log after a snapshot, for slow followers.
     pub keep_after_snapshot_entries: u64,
@@ -351,7 +352,8 @@ fn openraft_config(
         heartbeat_interval: t.heartbeat_ms,
         election_timeout_min: t.election_min_ms,
         election_timeout_max: t.election_max_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(t.snapshot_every_entries),
+        // Snapshots are triggered by `snapshot_cadence` (entries and bytes).
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: t.keep_after_snapshot_entries,
         install_snapshot_timeout: 10_000,
         ..Default::default()
@@ -489,9 +491,16 @@ impl RaftHost {
             Duration::from_millis(ATTEMPT_TIMEOUT_MS),
             stop.clone(),
         );
+        let cadence_task = crate::snapshot_cadence::run(
+            gid,
+            raft.clone(),
+            sm.clone(),
+            cfg.timing.snapshot_every_entries,
+            stop.clone(),
+        );
         let (forwarder, forwarder_task) = Forwarder::start(origin, pool.clone(), stop);
         let task = async move {
-            tokio::join!(proposer_task, gate_task, forwarder_task);
+            tokio::join!(proposer_task, gate_task, forwarder_task, cadence_task);
         };
         let group = Group {
             id: gid,

@@ -27,6 +27,7 @@ mod reachability;
 mod read_gate;
 mod service;
 mod sm_store;
+pub mod snapshot_cadence;
 pub mod state_machine;
 pub mod storage;
 mod types;

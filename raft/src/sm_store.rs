@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::codec;
+use crate::snapshot_cadence::SinceSnapshot;
 use crate::state_machine::StateMachine;
 use crate::storage::{KvTree, SyncHandle, WriteOp};
 use crate::types::{
@@ -37,6 +38,8 @@ pub(crate) struct SmInner {
     pub(crate) last_applied: Option<LogId>,
     pub(crate) membership: StoredMembership,
     snapshot_seq: u64,
+    /// What was applied since the last snapshot (its cadence, `snapshot_cadence.rs`).
+    since: SinceSnapshot,
 }
 
 /// A group's state machine, shared by openraft and the host.
@@ -52,6 +55,11 @@ impl SmShared {
             Ok(g) => g,
             Err(_) => panic!("state machine lock poisoned: an apply panicked on corrupted state"),
         }
+    }
+
+    /// What was applied since the last snapshot, and its size.
+    pub(crate) fn since_snapshot(&self) -> SinceSnapshot {
+        self.lock().since
     }
 
     /// (applied index, hex SHA-256 of the snapshot bytes) taken atomically.
@@ -88,18 +96,21 @@ impl SmStore {
     ) -> Result<Self, StorageError> {
         let mut last_applied = None;
         let mut membership = StoredMembership::default();
+        let mut since = SinceSnapshot::default();
         if let Some(bytes) = snapshots.get(KEY_SNAPSHOT).map_err(snap_read_err)? {
             let stored: StoredSnapshot =
                 codec::decode("snapshot", &bytes).map_err(snap_read_err)?;
             sm.restore(&stored.data).map_err(snap_read_err)?;
             last_applied = stored.meta.last_log_id;
             membership = stored.meta.last_membership.clone();
+            since.snapshot_bytes = stored.data.len() as u64;
         }
         let inner = SmInner {
             sm,
             last_applied,
             membership,
             snapshot_seq: 0,
+            since,
         };
         Ok(Self {
             shared: Arc::new(SmShared {
@@ -147,7 +158,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SmStore {
                 last_membership: inner.membership.clone(),
                 snapshot_id,
             };
-            (meta, inner.sm.snapshot())
+            let data = inner.sm.snapshot();
+            inner.since = SinceSnapshot {
+                snapshot_bytes: data.len() as u64,
+                ..SinceSnapshot::default()
+            };
+            (meta, data)
         };
         self.persist(&meta, &data).await?;
         Ok(Snapshot {
@@ -174,10 +190,13 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         let mut replies = Vec::new();
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
+            inner.since.entries += 1;
             let reply = match entry.payload {
                 EntryPayload::Blank => Reply::default(),
                 EntryPayload::Normal(batch) => {
                     let index = entry.log_id.index;
+                    let bytes: usize = batch.commands.iter().map(|c| c.len()).sum();
+                    inner.since.command_bytes += bytes as u64;
                     let replies = batch
                         .commands
                         .iter()
@@ -212,6 +231,10 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         {
             let mut inner = self.shared.lock();
             inner.sm.restore(&data).map_err(sm_err)?;
+            inner.since = SinceSnapshot {
+                snapshot_bytes: data.len() as u64,
+                ..SinceSnapshot::default()
+            };
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
         }

@@ -66,7 +66,11 @@ struct Replica {
 
 const GROUPS: u64 = 7;
 
-async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
+/// Entries between automatic snapshots in most tests: more than any writes, so only
+/// explicit compactions snapshot.
+const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
+
+async fn start_replica(id: NodeId, listener: TcpListener, snapshot_every_entries: u64) -> Replica {
     // RUST_LOG=info shows the hosts' logs when a run fails.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -80,7 +84,7 @@ async fn start_replica(id: NodeId, listener: TcpListener) -> Replica {
         groups: (0..GROUPS).collect(),
         timing: RaftTiming {
             balance_interval_ms: 0,
-            snapshot_every_entries: 100_000,
+            snapshot_every_entries,
             ..RaftTiming::default()
         },
         peer_security: Default::default(),
@@ -127,6 +131,11 @@ async fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
 
 /// Three replicas on loopback, bootstrapped, each group with a leader.
 async fn start_three() -> Vec<Replica> {
+    start_three_snapshotting_every(SNAPSHOT_EVERY_ENTRIES).await
+}
+
+/// [`start_three`] with automatic snapshots after `entries` entries.
+async fn start_three_snapshotting_every(entries: u64) -> Vec<Replica> {
     let listeners = [bind().await, bind().await, bind().await];
     let members: BTreeMap<NodeId, String> = listeners
         .iter()
@@ -135,7 +144,7 @@ async fn start_three() -> Vec<Replica> {
         .collect();
     let mut replicas = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
-        replicas.push(start_replica(i as NodeId + 1, l).await);
+        replicas.push(start_replica(i as NodeId + 1, l, entries).await);
     }
     for r in &replicas {
         r.host.bootstrap(&members).await.expect("bootstrap");
@@ -356,7 +365,7 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
     }
     let l4 = bind().await;
     let addr4 = l4.local_addr().expect("addr").to_string();
-    let r4 = start_replica(4, l4).await;
+    let r4 = start_replica(4, l4, SNAPSHOT_EVERY_ENTRIES).await;
     replicas[0]
         .host
         .add_learner(None, 4, &addr4)
@@ -379,13 +388,16 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
             .read_local(g, format!("after-compact-{g}").as_bytes())
             .expect("local read");
         assert_eq!(out.reply, b"x");
-        let voters_now: BTreeSet<NodeId> = r4.host.status(false)[g as usize]
-            .voters
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(voters_now, voters);
     }
+    // The change is committed on the leader when it answers; node 4 applies it a
+    // moment later.
+    wait_until("node 4 applies the new voters in every group", 10, || {
+        r4.host.status(false).iter().all(|g| {
+            let now: BTreeSet<NodeId> = g.voters.iter().copied().collect();
+            now == voters
+        })
+    })
+    .await;
 
     for mut r in replicas.into_iter().chain([r4]) {
         r.host.shutdown().await;
@@ -440,6 +452,85 @@ async fn concurrent_writes_through_a_follower_each_get_their_outcome() {
             .expect("read");
         assert_eq!(out.reply, format!("v{i}").into_bytes(), "fwd-{i}");
     }
+    for mut r in replicas {
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+        r.host.shutdown().await;
+    }
+}
+
+/// Group 1's snapshot index on every replica.
+fn snapshot_indexes(replicas: &[Replica]) -> Vec<u64> {
+    replicas
+        .iter()
+        .map(|r| r.host.status(false)[1].snapshot_index)
+        .collect()
+}
+
+async fn write_small(replicas: &[Replica], from: usize, count: usize) {
+    for i in from..from + count {
+        replicas[0]
+            .host
+            .write(1, format!("k{i}=v").into_bytes())
+            .await
+            .expect("write");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_follow_entries_on_a_small_state_and_bytes_on_a_large_one() {
+    let every = 20;
+    let replicas = start_three_snapshotting_every(every).await;
+    // A small state: the entry count decides.
+    write_small(&replicas, 0, 30).await;
+    wait_until("a snapshot after 20 entries", 10, || {
+        snapshot_indexes(&replicas).iter().all(|i| *i > 0)
+    })
+    .await;
+    // A large state: 4 MiB, then small writes until it is snapshotted whole.
+    let big = "x".repeat(4 << 20);
+    replicas[0]
+        .host
+        .write(1, format!("big={big}").into_bytes())
+        .await
+        .expect("write 4 MiB");
+    let big_at = replicas
+        .iter()
+        .map(|r| r.host.status(false)[1].applied_index)
+        .max()
+        .unwrap_or(0);
+    write_small(&replicas, 100, every as usize).await;
+    wait_until("a snapshot holding the 4 MiB value", 10, || {
+        snapshot_indexes(&replicas).iter().all(|i| *i >= big_at)
+    })
+    .await;
+    let large = snapshot_indexes(&replicas);
+    // Many entries but few bytes: no new snapshot (a quarter of 4 MiB is due first).
+    write_small(&replicas, 200, 3 * every as usize).await;
+    tokio::time::sleep(Duration::from_millis(
+        5 * gangway_raft::snapshot_cadence::SNAPSHOT_CHECK_MS,
+    ))
+    .await;
+    assert_eq!(
+        snapshot_indexes(&replicas),
+        large,
+        "60 small entries after a 4 MiB snapshot built none"
+    );
+    // A quarter of its size in commands: due again.
+    let quarter = "y".repeat((1 << 20) + 1);
+    replicas[0]
+        .host
+        .write(1, format!("q={quarter}").into_bytes())
+        .await
+        .expect("write 1 MiB");
+    wait_until("a snapshot after a quarter of its size", 10, || {
+        snapshot_indexes(&replicas)
+            .iter()
+            .zip(&large)
+            .all(|(now, before)| now > before)
+    })
+    .await;
     for mut r in replicas {
         if let Some(stop) = r.stop.take() {
             let _ = stop.send(());

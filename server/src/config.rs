@@ -155,7 +155,8 @@ pub struct ServeArgs {
     /// Raft election timeout upper bound (and leader lease) in ms [default: 600].
     #[arg(long)]
     pub election_max_ms: Option<u64>,
-    /// Entries between automatic snapshots [default: 10000].
+    /// Fewest entries between automatic snapshots [default: 10000]; a large state also
+    /// waits for a quarter of its last snapshot's size in commands.
     #[arg(long)]
     pub snapshot_every: Option<u64>,
     /// Period of automatic leader balancing in ms, 0 to disable [default: 30000].
