@@ -32,6 +32,15 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// What [`StoredSnapshot`] encodes as, borrowing the data: a snapshot is the whole
+/// state, so it is not copied once more to be written.
+#[derive(Serialize)]
+struct StoredSnapshotRef<'a> {
+    meta: &'a SnapshotMeta,
+    #[serde(with = "serde_bytes")]
+    data: &'a [u8],
+}
+
 /// The state machine and what Raft knows about it.
 pub(crate) struct SmInner {
     pub(crate) sm: Box<dyn StateMachine>,
@@ -126,10 +135,7 @@ impl SmStore {
     }
 
     async fn persist(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: data.to_vec(),
-        };
+        let stored = StoredSnapshotRef { meta, data };
         let write_err = |e: String| -> StorageError {
             StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e)).into()
         };

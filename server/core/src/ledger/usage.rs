@@ -134,6 +134,7 @@ pub enum HandOver {
 
 /// What the pods on one node hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredNodeUsage")]
 pub struct NodeUsage {
     /// Sum of reserved footprints.
     pub reserved: Resources,
@@ -147,9 +148,95 @@ pub struct NodeUsage {
     /// The node's devices and who holds them.
     #[serde(default, skip_serializing_if = "NodeDevices::is_empty")]
     pub devices: NodeDevices,
+    /// How many of `pods` hold host ports or required anti-affinity terms (derived,
+    /// never encoded, counted again when decoded): the node's summary needs only
+    /// whether any does, and reading every pod per change made each command cost the
+    /// node's pod count.
+    #[serde(skip)]
+    marks: PodMarks,
+}
+
+/// Pods of a node with host ports, and with required anti-affinity terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodMarks {
+    host_ports: u32,
+    anti_affinity: u32,
+}
+
+impl PodMarks {
+    fn of<'a>(pods: impl IntoIterator<Item = &'a PodSlot>) -> Self {
+        let mut marks = PodMarks::default();
+        for slot in pods {
+            marks.count(&slot.pod, true);
+        }
+        marks
+    }
+
+    fn count(&mut self, pod: &PodSummary, added: bool) {
+        let step = |n: &mut u32| {
+            *n = if added {
+                *n + 1
+            } else {
+                n.checked_sub(1)
+                    .unwrap_or_else(|| panic!("pod marks of a node went below zero"))
+            }
+        };
+        if !pod.host_ports.is_empty() {
+            step(&mut self.host_ports);
+        }
+        if !pod.anti_affinity.is_empty() {
+            step(&mut self.anti_affinity);
+        }
+    }
+
+    /// Whether a pod on the node holds a host port.
+    pub fn any_host_ports(&self) -> bool {
+        self.host_ports > 0
+    }
+
+    /// Whether a pod on the node has required anti-affinity terms.
+    pub fn any_anti_affinity(&self) -> bool {
+        self.anti_affinity > 0
+    }
+}
+
+/// [`NodeUsage`] as encoded: its marks are counted from its pods when it is decoded.
+#[derive(Deserialize)]
+struct StoredNodeUsage {
+    reserved: Resources,
+    committed: Resources,
+    #[serde(default)]
+    observed: Resources,
+    pods: BTreeMap<MemberKey, PodSlot>,
+    #[serde(default)]
+    devices: NodeDevices,
+}
+
+impl From<StoredNodeUsage> for NodeUsage {
+    fn from(s: StoredNodeUsage) -> Self {
+        let marks = PodMarks::of(s.pods.values());
+        NodeUsage {
+            reserved: s.reserved,
+            committed: s.committed,
+            observed: s.observed,
+            pods: s.pods,
+            devices: s.devices,
+            marks,
+        }
+    }
 }
 
 impl NodeUsage {
+    /// Which kinds of pods the node holds (host ports, anti-affinity).
+    pub fn marks(&self) -> PodMarks {
+        self.marks
+    }
+
+    /// The marks counted afresh from the pods (the invariant check compares them).
+    pub fn marks_counted(&self) -> PodMarks {
+        PodMarks::of(self.pods.values())
+    }
+
     /// Everything taken: reserved, committed and observed.
     pub fn requested(&self) -> Resources {
         self.held().saturating_add(&self.observed)
@@ -268,7 +355,15 @@ impl NodeUsage {
         let sum = self.sum_of(&slot.state);
         *sum = sum.saturating_add(&footprint);
         self.devices.hold(&slot.pod.devices);
-        self.pods.insert(member, slot);
+        self.insert_slot(member, slot);
+    }
+
+    /// Keeps `slot` under `member`, counting its marks (a slot it replaces uncounted).
+    fn insert_slot(&mut self, member: MemberKey, slot: PodSlot) {
+        self.marks.count(&slot.pod, true);
+        if let Some(old) = self.pods.insert(member, slot) {
+            self.marks.count(&old.pod, false);
+        }
     }
 
     /// Records a pod another scheduler bound here, unchecked (it is a fact): host ports
@@ -279,7 +374,7 @@ impl NodeUsage {
             pod.host_ports.iter().partition(|p| self.port_in_use(p));
         pod.host_ports = kept;
         let devices = self.devices.observe(&member, &pod.devices);
-        self.pods.insert(
+        self.insert_slot(
             member,
             PodSlot {
                 pod,
@@ -336,6 +431,7 @@ impl NodeUsage {
     /// [`NodeUsage::take`], handing shared claims over as `hand_over` says.
     pub fn take_as(&mut self, member: &MemberKey, hand_over: HandOver) -> Option<PodSlot> {
         let slot = self.pods.remove(member)?;
+        self.marks.count(&slot.pod, false);
         self.devices.release(member, &slot.pod.devices);
         if slot.state == SlotState::Observed {
             self.recount_observed();
@@ -463,3 +559,7 @@ impl ObservedConflicts {
         self.ports.is_empty() && self.devices.is_empty()
     }
 }
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;

@@ -110,13 +110,12 @@ impl NodeFit {
                 TaintEffect::NoSchedule | TaintEffect::NoExecute => Self::HARD_TAINTS,
             };
         }
-        for slot in usage.pods.values() {
-            if !slot.pod.host_ports.is_empty() {
-                flags |= Self::HOST_PORTS;
-            }
-            if !slot.pod.anti_affinity.is_empty() {
-                flags |= Self::ANTI_AFFINITY;
-            }
+        let marks = usage.marks();
+        if marks.any_host_ports() {
+            flags |= Self::HOST_PORTS;
+        }
+        if marks.any_anti_affinity() {
+            flags |= Self::ANTI_AFFINITY;
         }
         Self {
             allocatable: fixed_dims(&node.allocatable),

@@ -48,6 +48,13 @@ impl ShardLedger {
         if sums != entry.usage.sums() {
             return fail("usage sums differ from its slots".to_string());
         }
+        if entry.usage.marks() != entry.usage.marks_counted() {
+            return fail(format!(
+                "pod marks {:?} differ from its slots' {:?}",
+                entry.usage.marks(),
+                entry.usage.marks_counted()
+            ));
+        }
         let Some(total) = sums.reserved.checked_add(&sums.committed) else {
             return fail("usage overflows".to_string());
         };
