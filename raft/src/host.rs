@@ -390,9 +390,18 @@ impl RaftHost {
             pool: &pool,
             factory: &*factory,
         };
-        for &gid in &cfg.groups {
-            let stop = shutdown.subscribe();
-            let (group, task) = Self::open_group(&deps, gid, stop).await?;
+        // Opened together: each restores its state from its snapshot on the blocking
+        // pool, so a restart with a large state decodes its groups in parallel.
+        let opening = cfg
+            .groups
+            .iter()
+            .map(|&gid| Self::open_group(&deps, gid, shutdown.subscribe()));
+        for (&gid, opened) in cfg
+            .groups
+            .iter()
+            .zip(futures::future::join_all(opening).await)
+        {
+            let (group, task) = opened?;
             groups.insert(gid, Arc::new(group));
             proposer_tasks.push(task);
         }
@@ -455,15 +464,14 @@ impl RaftHost {
         );
         let machine = factory(gid);
         let admission = machine.admission();
-        let sm_store = SmStore::open(
-            machine,
-            store.tree(&format!("g{gid}/snapshot"))?,
-            sync.clone(),
-        )
-        .map_err(|e| HostError::Fatal {
-            group: gid,
-            detail: e.to_string(),
-        })?;
+        let snapshots = store.tree(&format!("g{gid}/snapshot"))?;
+        let sm_sync = sync.clone();
+        let fatal = |detail: String| HostError::Fatal { group: gid, detail };
+        let sm_store =
+            tokio::task::spawn_blocking(move || SmStore::open(machine, snapshots, sm_sync))
+                .await
+                .map_err(|e| fatal(format!("restoring the state machine stopped: {e}")))?
+                .map_err(|e| fatal(e.to_string()))?;
         let sm = sm_store.shared();
         let origin = Origin {
             cluster_id: cluster_id.clone(),
