@@ -8,6 +8,7 @@
 //! reads) through `SmShared`.
 
 use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
@@ -47,13 +48,31 @@ pub(crate) struct SmInner {
     pub(crate) last_applied: Option<LogId>,
     pub(crate) membership: StoredMembership,
     snapshot_seq: u64,
-    /// What was applied since the last snapshot (its cadence, `snapshot_cadence.rs`).
-    since: SinceSnapshot,
 }
 
 /// A group's state machine, shared by openraft and the host.
 pub(crate) struct SmShared {
     inner: Mutex<SmInner>,
+    /// What was applied since the last snapshot (its cadence, `snapshot_cadence.rs`);
+    /// written under the lock, read without it.
+    since: SinceCounters,
+}
+
+/// [`SinceSnapshot`] as counters.
+#[derive(Default)]
+struct SinceCounters {
+    entries: AtomicU64,
+    command_bytes: AtomicU64,
+    snapshot_bytes: AtomicU64,
+}
+
+impl SinceCounters {
+    /// A snapshot of `bytes` was taken or installed: nothing applied since.
+    fn restart(&self, bytes: usize) {
+        self.entries.store(0, Ordering::Relaxed);
+        self.command_bytes.store(0, Ordering::Relaxed);
+        self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
 }
 
 impl SmShared {
@@ -66,9 +85,14 @@ impl SmShared {
         }
     }
 
-    /// What was applied since the last snapshot, and its size.
+    /// What was applied since the last snapshot, and its size; read without the
+    /// state-machine lock, which a snapshot being encoded holds for seconds.
     pub(crate) fn since_snapshot(&self) -> SinceSnapshot {
-        self.lock().since
+        SinceSnapshot {
+            entries: self.since.entries.load(Ordering::Relaxed),
+            command_bytes: self.since.command_bytes.load(Ordering::Relaxed),
+            snapshot_bytes: self.since.snapshot_bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// (applied index, hex SHA-256 of the snapshot bytes) taken atomically.
@@ -105,25 +129,25 @@ impl SmStore {
     ) -> Result<Self, StorageError> {
         let mut last_applied = None;
         let mut membership = StoredMembership::default();
-        let mut since = SinceSnapshot::default();
+        let since = SinceCounters::default();
         if let Some(bytes) = snapshots.get(KEY_SNAPSHOT).map_err(snap_read_err)? {
             let stored: StoredSnapshot =
                 codec::decode("snapshot", &bytes).map_err(snap_read_err)?;
             sm.restore(&stored.data).map_err(snap_read_err)?;
             last_applied = stored.meta.last_log_id;
             membership = stored.meta.last_membership.clone();
-            since.snapshot_bytes = stored.data.len() as u64;
+            since.restart(stored.data.len());
         }
         let inner = SmInner {
             sm,
             last_applied,
             membership,
             snapshot_seq: 0,
-            since,
         };
         Ok(Self {
             shared: Arc::new(SmShared {
                 inner: Mutex::new(inner),
+                since,
             }),
             snapshots,
             sync,
@@ -165,10 +189,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SmStore {
                 snapshot_id,
             };
             let data = inner.sm.snapshot();
-            inner.since = SinceSnapshot {
-                snapshot_bytes: data.len() as u64,
-                ..SinceSnapshot::default()
-            };
+            self.shared.since.restart(data.len());
             (meta, data)
         };
         self.persist(&meta, &data).await?;
@@ -192,17 +213,21 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut inner = self.shared.lock();
+        let shared = self.shared.clone();
+        let mut inner = shared.lock();
+        let since = &shared.since;
         let mut replies = Vec::new();
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
-            inner.since.entries += 1;
+            since.entries.fetch_add(1, Ordering::Relaxed);
             let reply = match entry.payload {
                 EntryPayload::Blank => Reply::default(),
                 EntryPayload::Normal(batch) => {
                     let index = entry.log_id.index;
                     let bytes: usize = batch.commands.iter().map(|c| c.len()).sum();
-                    inner.since.command_bytes += bytes as u64;
+                    since
+                        .command_bytes
+                        .fetch_add(bytes as u64, Ordering::Relaxed);
                     let replies = batch
                         .commands
                         .iter()
@@ -237,10 +262,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         {
             let mut inner = self.shared.lock();
             inner.sm.restore(&data).map_err(sm_err)?;
-            inner.since = SinceSnapshot {
-                snapshot_bytes: data.len() as u64,
-                ..SinceSnapshot::default()
-            };
+            self.shared.since.restart(data.len());
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
         }
