@@ -42,5 +42,7 @@ pub use host::{
 pub use members_seen::holds_raft_state;
 pub use peer_proof::{peer_proof, proof_accepted, LEGACY_PEER_SECRET_HEADER, PEER_PROOF_HEADER};
 pub use service::TransportService;
-pub use state_machine::{Admission, RestoreError, StateMachine, StateMachineFactory};
+pub use state_machine::{
+    Admission, RestoreError, SnapshotWriter, StateMachine, StateMachineFactory,
+};
 pub use types::{GroupId, NodeId, META_GROUP};

@@ -67,10 +67,18 @@ struct SinceCounters {
 }
 
 impl SinceCounters {
-    /// A snapshot of `bytes` was taken or installed: nothing applied since.
-    fn restart(&self, bytes: usize) {
+    /// A snapshot was taken or installed (of `bytes`, when known yet): nothing
+    /// applied since.
+    fn restart(&self, bytes: Option<usize>) {
         self.entries.store(0, Ordering::Relaxed);
         self.command_bytes.store(0, Ordering::Relaxed);
+        if let Some(bytes) = bytes {
+            self.sized(bytes);
+        }
+    }
+
+    /// The last snapshot encoded to `bytes`.
+    fn sized(&self, bytes: usize) {
         self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 }
@@ -136,7 +144,7 @@ impl SmStore {
             sm.restore(&stored.data).map_err(snap_read_err)?;
             last_applied = stored.meta.last_log_id;
             membership = stored.meta.last_membership.clone();
-            since.restart(stored.data.len());
+            since.restart(Some(stored.data.len()));
         }
         let inner = SmInner {
             sm,
@@ -176,22 +184,32 @@ impl SmStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for SmStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (meta, data) = {
-            let mut inner = self.shared.lock();
-            inner.snapshot_seq += 1;
-            let snapshot_id = match inner.last_applied {
-                Some(l) => format!("{}-{}-{}", l.leader_id, l.index, inner.snapshot_seq),
-                None => format!("none-{}", inner.snapshot_seq),
+        // All of it on the blocking pool: the copy is taken under the lock, and
+        // encoded after it is released (applies go on meanwhile).
+        let shared = self.shared.clone();
+        let (meta, data) = tokio::task::spawn_blocking(move || {
+            let (meta, writer) = {
+                let mut inner = shared.lock();
+                inner.snapshot_seq += 1;
+                let snapshot_id = match inner.last_applied {
+                    Some(l) => format!("{}-{}-{}", l.leader_id, l.index, inner.snapshot_seq),
+                    None => format!("none-{}", inner.snapshot_seq),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: inner.last_applied,
+                    last_membership: inner.membership.clone(),
+                    snapshot_id,
+                };
+                let writer = inner.sm.snapshot_writer();
+                shared.since.restart(None);
+                (meta, writer)
             };
-            let meta = SnapshotMeta {
-                last_log_id: inner.last_applied,
-                last_membership: inner.membership.clone(),
-                snapshot_id,
-            };
-            let data = inner.sm.snapshot();
-            self.shared.since.restart(data.len());
+            let data = writer();
+            shared.since.sized(data.len());
             (meta, data)
-        };
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, AnyError::error(e.to_string())))?;
         self.persist(&meta, &data).await?;
         Ok(Snapshot {
             meta,
@@ -262,7 +280,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         {
             let mut inner = self.shared.lock();
             inner.sm.restore(&data).map_err(sm_err)?;
-            self.shared.since.restart(data.len());
+            self.shared.since.restart(Some(data.len()));
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
         }

@@ -13,11 +13,22 @@ pub struct RestoreError(pub String);
 /// yields byte-identical `snapshot()` output on every replica. `apply` must not
 /// read a clock, do I/O or use randomness; everything it needs is in the
 /// command. A malformed command is answered with an error reply, never a panic.
+/// Encodes a snapshot taken earlier ([`StateMachine::snapshot_writer`]).
+pub type SnapshotWriter = Box<dyn FnOnce() -> Vec<u8> + Send>;
+
 pub trait StateMachine: Send + 'static {
     /// Applies the committed command at log `index` and returns the reply.
     fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8>;
     /// The complete state, deterministically encoded.
     fn snapshot(&self) -> Vec<u8>;
+    /// The complete state as it is now, encoded by the returned writer after the
+    /// state-machine lock is released (so applies go on meanwhile). A machine whose
+    /// state copies cheaply returns a copy to encode; by default the state is encoded
+    /// at once.
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        let bytes = self.snapshot();
+        Box::new(move || bytes)
+    }
     /// Replaces the state with a snapshot produced by `snapshot`.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
     /// Answers a read-only query against the current state.

@@ -12,7 +12,7 @@ pub mod warmer;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gangway_raft::{
-    Admission, GroupId, HostError, RaftHost, RestoreError, StateMachine, META_GROUP,
+    Admission, GroupId, HostError, RaftHost, RestoreError, SnapshotWriter, StateMachine, META_GROUP,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -186,6 +186,12 @@ impl StateMachine for MetaMachine {
     }
     fn snapshot(&self) -> Vec<u8> {
         snapshot_bytes(self.format, "meta", &self.state)
+    }
+    fn snapshot_writer(&self) -> SnapshotWriter {
+        // Records are shared copy-on-write, so the copy costs the maps, not the groups.
+        let frozen = self.state.clone();
+        let format = self.format;
+        Box::new(move || snapshot_bytes(format, "meta", &frozen))
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.state = restore(snapshot)?;

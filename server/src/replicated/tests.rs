@@ -207,3 +207,59 @@ fn shard_snapshot_round_trips_through_restore() {
     other.restore(&snap).expect("restore");
     assert_eq!(other.snapshot(), snap);
 }
+
+/// A meta submission of a one-pod group named `name`.
+fn submit(name: &str, at_ms: u64) -> Vec<u8> {
+    let gang = gangway_core::model::Gang {
+        name: name.into(),
+        namespace: "ns".into(),
+        min_member: 1,
+        total_number: 1,
+        mode: gangway_core::model::GangMode::Strict,
+        wait_time_ms: 0,
+        priority: 0,
+        creation_order: 0,
+        members: vec![gangway_core::model::Member {
+            name: "w".into(),
+            spec: Default::default(),
+            uid: None,
+        }],
+    };
+    let cmd = MetaCommand::Submit {
+        key: name.into(),
+        group: gangway_core::model::GangGroup {
+            id: name.into(),
+            gangs: vec![gang],
+            ..Default::default()
+        },
+        at_ms,
+        live_max: None,
+    };
+    encode(&cmd).expect("encodes")
+}
+
+/// The copy a meta snapshot is encoded from, off the lock, is the state when it was
+/// taken: the commands applied while it is encoded do not reach it.
+#[test]
+fn a_meta_snapshot_writer_encodes_the_state_it_was_taken_at() {
+    let mut meta = meta_machine(WireFormat::Binary);
+    for i in 0..20 {
+        meta.apply(i + 1, &submit(&format!("g{i}"), i));
+    }
+    let then = meta.snapshot();
+    let writer = meta.snapshot_writer();
+    for i in 20..40 {
+        meta.apply(i + 1, &submit(&format!("g{i}"), i));
+    }
+    let cancel = MetaCommand::Cancel { seq: 1, at_ms: 50 };
+    meta.apply(41, &encode(&cancel).expect("encodes"));
+    assert_eq!(
+        writer(),
+        then,
+        "the writer encodes the state it was taken at"
+    );
+    assert_ne!(meta.snapshot(), then);
+    let mut restored = meta_machine(WireFormat::Binary);
+    restored.restore(&then).expect("restores");
+    assert_eq!(restored.snapshot(), then);
+}

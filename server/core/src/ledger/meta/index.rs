@@ -152,10 +152,18 @@ impl Indexes {
     }
 }
 
-/// Meta's derived indexes (see the module header), built on first use.
-#[derive(Debug, Clone, Default)]
+/// Meta's derived indexes (see the module header), built on first use. A clone
+/// starts unbuilt: the copy a snapshot is encoded from needs none, and a clone that
+/// applies commands builds its own from its groups.
+#[derive(Debug, Default)]
 pub(super) struct GroupIndex {
     built: Option<Indexes>,
+}
+
+impl Clone for GroupIndex {
+    fn clone(&self) -> Self {
+        GroupIndex::default()
+    }
 }
 
 impl PartialEq for GroupIndex {

@@ -138,9 +138,16 @@ pub struct MetaState {
 /// first use (so a snapshot restores it without encoding it), added to at every
 /// submission, pruned of ended groups when its owner's live groups are counted and of
 /// forgotten ones when they are forgotten, so it holds at most the groups meta keeps.
-/// Compared equal always, being a cache.
-#[derive(Debug, Clone, Default)]
+/// Compared equal always, being a cache; a clone starts without it (it is built again
+/// on first use), as the group index does.
+#[derive(Debug, Default)]
 struct OwnedGroups(Option<BTreeMap<String, BTreeSet<GroupSeq>>>);
+
+impl Clone for OwnedGroups {
+    fn clone(&self) -> Self {
+        OwnedGroups(None)
+    }
+}
 
 impl PartialEq for OwnedGroups {
     fn eq(&self, _: &Self) -> bool {
