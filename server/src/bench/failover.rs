@@ -5,8 +5,10 @@
 //! submitted at once, failing over across the live replicas. The figure is kill →
 //! probe `Placed`: election, the new coordinator's first round (delivering what is
 //! undelivered, recovering what is undecided) and one placement. The killed replica
-//! restarts and catches up before the next sample. Processes and data dirs are
-//! removed on every exit path.
+//! restarts and catches up before the next sample (timed: restart → caught up). Each
+//! count's last `--window` groups are timed alone (the admission rate at that count),
+//! and every replica's RSS is read once the count is placed. Processes and data dirs
+//! are removed on every exit path.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
