@@ -156,6 +156,25 @@ async fn start_three_snapshotting_every(entries: u64) -> Vec<Replica> {
     replicas
 }
 
+/// Stops every replica: its host, then its transport server.
+async fn stop_all(replicas: impl IntoIterator<Item = Replica>) {
+    for mut r in replicas {
+        r.host.shutdown().await;
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Writes `key=value` to group 1 through the first replica.
+async fn put(replicas: &[Replica], key: &str, value: &str) {
+    replicas[0]
+        .host
+        .write(1, format!("{key}={value}").into_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("write {key}: {e}"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_added_while_the_hosts_run_elects_a_leader_and_replicates() {
     let replicas = start_three().await;
@@ -237,12 +256,7 @@ async fn a_group_added_while_the_hosts_run_elects_a_leader_and_replicates() {
         .await
         .expect("write");
     assert_eq!(out.reply, b"ok");
-    for mut r in replicas {
-        r.host.shutdown().await;
-        if let Some(stop) = r.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+    stop_all(replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,11 +288,7 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
     // A reply past tonic's default 4 MiB comes back through a follower too (the
     // forwarding client once kept that default and refused it).
     let big = "x".repeat(6 << 20);
-    replicas[0]
-        .host
-        .write(1, format!("big={big}").into_bytes())
-        .await
-        .expect("write 6 MiB");
+    put(&replicas, "big", &big).await;
     for r in &replicas {
         let out = r.host.read(1, b"big".to_vec()).await.expect("read 6 MiB");
         assert_eq!(out.reply.len(), big.len());
@@ -399,12 +409,7 @@ async fn three_replicas_replicate_transfer_balance_and_snapshot() {
     })
     .await;
 
-    for mut r in replicas.into_iter().chain([r4]) {
-        r.host.shutdown().await;
-        if let Some(stop) = r.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+    stop_all(replicas.into_iter().chain([r4])).await;
 }
 
 /// Writes forwarded by a follower travel in batches: hundreds of concurrent writes
@@ -452,12 +457,7 @@ async fn concurrent_writes_through_a_follower_each_get_their_outcome() {
             .expect("read");
         assert_eq!(out.reply, format!("v{i}").into_bytes(), "fwd-{i}");
     }
-    for mut r in replicas {
-        if let Some(stop) = r.stop.take() {
-            let _ = stop.send(());
-        }
-        r.host.shutdown().await;
-    }
+    stop_all(replicas).await;
 }
 
 /// Group 1's snapshot index on every replica.
@@ -470,11 +470,7 @@ fn snapshot_indexes(replicas: &[Replica]) -> Vec<u64> {
 
 async fn write_small(replicas: &[Replica], from: usize, count: usize) {
     for i in from..from + count {
-        replicas[0]
-            .host
-            .write(1, format!("k{i}=v").into_bytes())
-            .await
-            .expect("write");
+        put(replicas, &format!("k{i}"), "v").await;
     }
 }
 
@@ -489,12 +485,7 @@ async fn snapshots_follow_entries_on_a_small_state_and_bytes_on_a_large_one() {
     })
     .await;
     // A large state: 4 MiB, then small writes until it is snapshotted whole.
-    let big = "x".repeat(4 << 20);
-    replicas[0]
-        .host
-        .write(1, format!("big={big}").into_bytes())
-        .await
-        .expect("write 4 MiB");
+    put(&replicas, "big", &"x".repeat(4 << 20)).await;
     let big_at = replicas
         .iter()
         .map(|r| r.host.status(false)[1].applied_index)
@@ -518,12 +509,7 @@ async fn snapshots_follow_entries_on_a_small_state_and_bytes_on_a_large_one() {
         "60 small entries after a 4 MiB snapshot built none"
     );
     // A quarter of its size in commands: due again.
-    let quarter = "y".repeat((1 << 20) + 1);
-    replicas[0]
-        .host
-        .write(1, format!("q={quarter}").into_bytes())
-        .await
-        .expect("write 1 MiB");
+    put(&replicas, "q", &"y".repeat((1 << 20) + 1)).await;
     wait_until("a snapshot after a quarter of its size", 10, || {
         snapshot_indexes(&replicas)
             .iter()
@@ -531,10 +517,5 @@ async fn snapshots_follow_entries_on_a_small_state_and_bytes_on_a_large_one() {
             .all(|(now, before)| now > before)
     })
     .await;
-    for mut r in replicas {
-        if let Some(stop) = r.stop.take() {
-            let _ = stop.send(());
-        }
-        r.host.shutdown().await;
-    }
+    stop_all(replicas).await;
 }

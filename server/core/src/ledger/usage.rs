@@ -167,25 +167,29 @@ impl PodMarks {
     fn of<'a>(pods: impl IntoIterator<Item = &'a PodSlot>) -> Self {
         let mut marks = PodMarks::default();
         for slot in pods {
-            marks.count(&slot.pod, true);
+            marks.add(&slot.pod);
         }
         marks
     }
 
-    fn count(&mut self, pod: &PodSummary, added: bool) {
-        let step = |n: &mut u32| {
-            *n = if added {
-                *n + 1
-            } else {
-                n.checked_sub(1)
-                    .unwrap_or_else(|| panic!("pod marks of a node went below zero"))
-            }
-        };
-        if !pod.host_ports.is_empty() {
-            step(&mut self.host_ports);
+    /// The counters `pod` is marked in.
+    fn counters_of<'a>(&'a mut self, pod: &PodSummary) -> impl Iterator<Item = &'a mut u32> {
+        let ports = (!pod.host_ports.is_empty()).then_some(&mut self.host_ports);
+        let apart = (!pod.anti_affinity.is_empty()).then_some(&mut self.anti_affinity);
+        ports.into_iter().chain(apart)
+    }
+
+    fn add(&mut self, pod: &PodSummary) {
+        for n in self.counters_of(pod) {
+            *n += 1;
         }
-        if !pod.anti_affinity.is_empty() {
-            step(&mut self.anti_affinity);
+    }
+
+    fn remove(&mut self, pod: &PodSummary) {
+        for n in self.counters_of(pod) {
+            *n = n
+                .checked_sub(1)
+                .unwrap_or_else(|| panic!("pod marks of a node went below zero"));
         }
     }
 
@@ -360,9 +364,9 @@ impl NodeUsage {
 
     /// Keeps `slot` under `member`, counting its marks (a slot it replaces uncounted).
     fn insert_slot(&mut self, member: MemberKey, slot: PodSlot) {
-        self.marks.count(&slot.pod, true);
+        self.marks.add(&slot.pod);
         if let Some(old) = self.pods.insert(member, slot) {
-            self.marks.count(&old.pod, false);
+            self.marks.remove(&old.pod);
         }
     }
 
@@ -431,7 +435,7 @@ impl NodeUsage {
     /// [`NodeUsage::take`], handing shared claims over as `hand_over` says.
     pub fn take_as(&mut self, member: &MemberKey, hand_over: HandOver) -> Option<PodSlot> {
         let slot = self.pods.remove(member)?;
-        self.marks.count(&slot.pod, false);
+        self.marks.remove(&slot.pod);
         self.devices.release(member, &slot.pod.devices);
         if slot.state == SlotState::Observed {
             self.recount_observed();

@@ -6,11 +6,12 @@
 //!
 //! Invariants: built from the groups on a state's first command or restore (never
 //! encoded, so a snapshot carries only the groups), then kept exact by reindexing every
-//! group a command changed ([`ChangeStamps`] records each change stamp given) or touched;
+//! group a command changed ([`ChangeStamps`] records each change stamp given);
 //! [`GroupIndex::check`] compares it with a fresh build (debug builds, after every
 //! command on small states). Being derived, it compares equal always. Owned by
 //! [`super::MetaState`]; nothing outside meta sees it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
@@ -172,23 +173,6 @@ impl PartialEq for GroupIndex {
     }
 }
 
-/// The indexes a read uses: the kept ones, or (on a state that has applied nothing
-/// since it was decoded) ones built for this read.
-pub(super) enum IndexRead<'a> {
-    Kept(&'a Indexes),
-    Built(Box<Indexes>),
-}
-
-impl std::ops::Deref for IndexRead<'_> {
-    type Target = Indexes;
-    fn deref(&self) -> &Indexes {
-        match self {
-            IndexRead::Kept(i) => i,
-            IndexRead::Built(i) => i,
-        }
-    }
-}
-
 impl GroupIndex {
     /// Builds the indexes from `groups` unless they are kept already.
     pub(super) fn ensure(&mut self, groups: &GroupTable) {
@@ -216,11 +200,12 @@ impl GroupIndex {
         }
     }
 
-    /// The indexes for a read (built for it when none are kept).
-    pub(super) fn read<'a>(&'a self, groups: &GroupTable) -> IndexRead<'a> {
+    /// The indexes for a read: the kept ones, or (on a state that has applied nothing
+    /// since it was decoded or cloned) ones built for this read.
+    pub(super) fn read<'a>(&'a self, groups: &GroupTable) -> Cow<'a, Indexes> {
         match &self.built {
-            Some(built) => IndexRead::Kept(built),
-            None => IndexRead::Built(Box::new(Indexes::build(groups))),
+            Some(built) => Cow::Borrowed(built),
+            None => Cow::Owned(Indexes::build(groups)),
         }
     }
 

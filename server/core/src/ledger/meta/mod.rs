@@ -129,9 +129,6 @@ pub struct MetaState {
     /// encoded).
     #[serde(skip)]
     index: GroupIndex,
-    /// The groups the command being applied touches (not state).
-    #[serde(skip)]
-    touched: Touched,
 }
 
 /// Owner -> the groups it submitted that may not have ended: built from the groups on
@@ -150,18 +147,6 @@ impl Clone for OwnedGroups {
 }
 
 impl PartialEq for OwnedGroups {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-/// The groups the command being applied touches (their charges may change), kept so
-/// the index can catch up with them before old groups are forgotten mid-command.
-/// Compared equal always: it is emptied of meaning once the command ends.
-#[derive(Debug, Clone, Default)]
-struct Touched(Vec<GroupSeq>);
-
-impl PartialEq for Touched {
     fn eq(&self, _: &Self) -> bool {
         true
     }
@@ -245,7 +230,6 @@ impl MetaState {
     pub fn apply(&mut self, cmd: &MetaCommand) -> MetaReply {
         self.index.ensure(&self.groups);
         let touched = self.touched_by(cmd);
-        self.touched.0.clone_from(&touched);
         let reply = self.apply_one(cmd);
         for seq in touched {
             self.recharge(seq);
@@ -261,11 +245,11 @@ impl MetaState {
         self.index.ensure(&self.groups);
     }
 
-    /// Reindexes the groups stamped or touched so far in the command being applied.
+    /// Reindexes the groups stamped so far in the command being applied (every change
+    /// of a group stamps it; a charge, which no index reads, may change unstamped).
     fn catch_up_index(&mut self) {
         let changed = self.last_version.take_changed();
-        let touched = self.touched.0.iter().copied();
-        self.index.reindex(&self.groups, touched.chain(changed));
+        self.index.reindex(&self.groups, changed);
     }
 
     /// Debug builds: the index equals one built from the groups (on states small enough

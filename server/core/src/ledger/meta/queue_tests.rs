@@ -87,19 +87,7 @@ fn begin(m: &mut MetaState, seq: GroupSeq) -> MetaReply {
 fn placed(name: &str, members: &[u32]) -> BTreeMap<String, Placement> {
     members
         .iter()
-        .map(|i| {
-            (
-                format!("default/{name}/m{i}"),
-                Placement {
-                    node: "n1".into(),
-                    shard: 1,
-                    devices: Vec::new(),
-                    txn: None,
-                    network_shards: Vec::new(),
-                    allocations: Vec::new(),
-                },
-            )
-        })
+        .map(|i| (format!("default/{name}/m{i}"), super::tests::on("n1")))
         .collect()
 }
 

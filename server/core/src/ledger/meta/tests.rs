@@ -49,18 +49,20 @@ fn begin(m: &mut MetaState, seq: GroupSeq, at_ms: u64) -> TxnId {
     }
 }
 
+/// Where these tests place a member: on `node`, shard 1, nothing else recorded.
+pub(super) fn on(node: &str) -> Placement {
+    Placement {
+        node: node.into(),
+        shard: 1,
+        devices: Vec::new(),
+        txn: None,
+        network_shards: Vec::new(),
+        allocations: Vec::new(),
+    }
+}
+
 fn decide(m: &mut MetaState, txn: TxnId, decision: Decision, at_ms: u64) -> Decision {
-    let placements = BTreeMap::from([(
-        "default/a/m0".to_string(),
-        Placement {
-            node: "n1".into(),
-            shard: 1,
-            devices: Vec::new(),
-            txn: None,
-            network_shards: Vec::new(),
-            allocations: Vec::new(),
-        },
-    )]);
+    let placements = BTreeMap::from([("default/a/m0".to_string(), on("n1"))]);
     match m.apply(&MetaCommand::Decide {
         txn,
         decision,
@@ -284,17 +286,7 @@ fn non_strict_members_accumulate_until_min_member() {
     let seq = submit(&mut m, "k", group("g", vec![g]), 0);
     let place = |m: &mut MetaState, member: &str, at_ms: u64| {
         let txn = begin(m, seq, at_ms);
-        let placements = BTreeMap::from([(
-            format!("default/a/{member}"),
-            Placement {
-                node: "n".into(),
-                shard: 1,
-                devices: Vec::new(),
-                txn: None,
-                network_shards: Vec::new(),
-                allocations: Vec::new(),
-            },
-        )]);
+        let placements = BTreeMap::from([(format!("default/a/{member}"), on("n"))]);
         m.apply(&MetaCommand::Decide {
             txn,
             decision: Decision::Commit,
@@ -316,17 +308,7 @@ fn non_strict_members_accumulate_until_min_member() {
     g.mode = GangMode::NonStrict;
     let seq = submit(&mut m, "k2", group("g2", vec![g]), 0);
     let txn = begin(&mut m, seq, 10);
-    let placements = BTreeMap::from([(
-        "default/b/m0".to_string(),
-        Placement {
-            node: "n".into(),
-            shard: 1,
-            devices: Vec::new(),
-            txn: None,
-            network_shards: Vec::new(),
-            allocations: Vec::new(),
-        },
-    )]);
+    let placements = BTreeMap::from([("default/b/m0".to_string(), on("n"))]);
     m.apply(&MetaCommand::Decide {
         txn,
         decision: Decision::Commit,
@@ -937,23 +919,10 @@ fn a_batch_applies_each_command_as_if_alone() {
     assert_eq!(batched, alone);
 }
 
-/// Issue 51: with more groups than [`FINISHED_GROUPS_MAX`] (every lone pod is a group),
-/// a command must not read every group to find the ended ones. Only a state's first
-/// command builds the ended-groups index; a restored snapshot builds it once.
 /// Places group `seq` (one member of gang `gang`) on shard 1.
 fn place(m: &mut MetaState, seq: GroupSeq, gang: &str, at_ms: u64) -> TxnId {
     let txn = begin(m, seq, at_ms);
-    let placements = BTreeMap::from([(
-        format!("default/{gang}/m0"),
-        Placement {
-            node: "n1".into(),
-            shard: 1,
-            devices: Vec::new(),
-            txn: None,
-            network_shards: Vec::new(),
-            allocations: Vec::new(),
-        },
-    )]);
+    let placements = BTreeMap::from([(format!("default/{gang}/m0"), on("n1"))]);
     let reply = m.apply(&MetaCommand::Decide {
         txn,
         decision: Decision::Commit,
@@ -967,6 +936,9 @@ fn place(m: &mut MetaState, seq: GroupSeq, gang: &str, at_ms: u64) -> TxnId {
     txn
 }
 
+/// Issue 51: with more groups than [`FINISHED_GROUPS_MAX`] (every lone pod is a group),
+/// no command and no per-round read may visit every group; a restored snapshot builds
+/// the group index once.
 #[test]
 fn commands_and_rounds_on_a_large_state_visit_only_what_they_change() {
     // Placed groups, then more ended ones than are kept, so forgetting runs below.
