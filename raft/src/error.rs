@@ -94,6 +94,15 @@ pub enum HostError {
         /// What the transport said.
         detail: String,
     },
+    /// A peer had the request longer than this side waits: it may or may not have
+    /// been applied, so it is not retried here; the caller sees DEADLINE_EXCEEDED.
+    #[error("replica {addr} did not answer in time ({detail}); the request may or may not have been applied")]
+    PeerTimedOut {
+        /// The peer's address.
+        addr: String,
+        /// What the transport said.
+        detail: String,
+    },
 }
 
 fn leader_hint(leader: &Option<(NodeId, String)>) -> String {
@@ -139,6 +148,7 @@ impl HostError {
             HostError::Transferring { .. }
             | HostError::Unavailable { .. }
             | HostError::ConnectionLost { .. } => tonic::Status::unavailable(msg),
+            HostError::PeerTimedOut { .. } => tonic::Status::deadline_exceeded(msg),
             HostError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HostError::Membership { .. } | HostError::WrongCluster(_) => {
                 tonic::Status::failed_precondition(msg)
@@ -230,12 +240,16 @@ impl HostError {
                 detail: format!("on replica {node} at {addr}: {}", status.message()),
             };
         }
-        // A status with a source was made by this side's transport, not sent by the peer.
-        if status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some() {
-            return HostError::ConnectionLost {
-                addr: addr.to_string(),
-                detail: status.message().to_string(),
-            };
+        // A status with a source was made by this side's transport, not sent by the
+        // peer: UNKNOWN when the connection broke, CANCELLED when its timeout expired
+        // (which would tell the caller it cancelled the call itself).
+        if std::error::Error::source(status).is_some() {
+            let (addr, detail) = (addr.to_string(), status.message().to_string());
+            match status.code() {
+                tonic::Code::Unknown => return HostError::ConnectionLost { addr, detail },
+                tonic::Code::Cancelled => return HostError::PeerTimedOut { addr, detail },
+                _ => {}
+            }
         }
         HostError::Peer {
             addr: addr.to_string(),

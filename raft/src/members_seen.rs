@@ -108,7 +108,12 @@ pub fn holds_raft_state(store: &dyn KvStore, groups: &[GroupId]) -> Result<bool,
         let log = store.tree(&format!("g{gid}/log"))?;
         let meta = store.tree(&format!("g{gid}/meta"))?;
         let snapshot = store.tree(&format!("g{gid}/snapshot"))?;
-        if log.last()?.is_some() || meta.last()?.is_some() || snapshot.last()?.is_some() {
+        let snapshot_file = store.snapshot_slot(&format!("g{gid}"))?;
+        if log.last()?.is_some()
+            || meta.last()?.is_some()
+            || snapshot.last()?.is_some()
+            || snapshot_file.is_written()?
+        {
             return Ok(true);
         }
     }

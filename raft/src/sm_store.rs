@@ -1,11 +1,13 @@
 //! openraft's `RaftStateMachine` around a domain `StateMachine`, with the
-//! group's current snapshot kept durable in a `KvTree`.
+//! group's current snapshot kept durable in a `SnapshotSlot` (a file).
 //!
 //! The state machine itself lives in memory; on start it is restored from the
 //! stored snapshot and openraft re-applies the log from there up to the saved
 //! committed id. Invariant: a snapshot is durable before openraft learns of
-//! it, so it may purge the log it covers. Shared with the `RaftHost` (status,
-//! reads) through `SmShared`.
+//! it, so it may purge the log it covers. A data dir written before snapshots
+//! were files holds its snapshot in the `g{N}/snapshot` tree; it is read from
+//! there until the first snapshot file is written. Shared with the `RaftHost`
+//! (status, reads) through `SmShared`.
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,33 +15,94 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::codec;
 use crate::snapshot_cadence::SinceSnapshot;
 use crate::state_machine::StateMachine;
-use crate::storage::{KvTree, SyncHandle, WriteOp};
+use crate::storage::{KvTree, SnapshotSlot, WriteOp};
 use crate::types::{
-    Entry, LogId, Reply, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    Entry, GroupId, LogId, Reply, Snapshot, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig,
 };
 
-const KEY_SNAPSHOT: &[u8] = b"current";
+/// Key of the snapshot in the `g{N}/snapshot` tree of a data dir written before
+/// snapshots were files.
+const LEGACY_KEY_SNAPSHOT: &[u8] = b"current";
 
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
+/// First bytes of a snapshot file; then the length of the encoded `SnapshotMeta`
+/// (u32, little-endian), the meta, and the state machine's bytes to the end.
+const SNAPSHOT_FILE_MAGIC: &[u8; 8] = b"GWSNAP\x00\x01";
+/// Bytes of the meta's length.
+const META_LEN_BYTES: usize = 4;
+
+/// A snapshot as the data dir written before snapshots were files stored it.
+#[derive(Deserialize)]
+struct LegacySnapshot {
     meta: SnapshotMeta,
     #[serde(with = "serde_bytes")]
     data: Vec<u8>,
 }
 
-/// What [`StoredSnapshot`] encodes as, borrowing the data: a snapshot is the whole
-/// state, so it is not copied once more to be written.
-#[derive(Serialize)]
-struct StoredSnapshotRef<'a> {
-    meta: &'a SnapshotMeta,
-    #[serde(with = "serde_bytes")]
-    data: &'a [u8],
+/// A stored snapshot: its meta and the bytes that hold the state from `data_at` on.
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    bytes: Vec<u8>,
+    data_at: usize,
+}
+
+impl StoredSnapshot {
+    fn data(&self) -> &[u8] {
+        &self.bytes[self.data_at..]
+    }
+
+    /// The state's bytes alone (moved down in place, not copied elsewhere).
+    fn into_data(mut self) -> Vec<u8> {
+        self.bytes.drain(..self.data_at);
+        self.bytes
+    }
+}
+
+/// The header a snapshot file starts with, before the state's bytes.
+fn snapshot_file_header(meta: &SnapshotMeta) -> Result<Vec<u8>, codec::CodecError> {
+    let encoded = codec::encode("snapshot meta", meta)?;
+    let mut header = Vec::with_capacity(SNAPSHOT_FILE_MAGIC.len() + META_LEN_BYTES + encoded.len());
+    header.extend_from_slice(SNAPSHOT_FILE_MAGIC);
+    header.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    header.extend_from_slice(&encoded);
+    Ok(header)
+}
+
+/// A snapshot file that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error("snapshot file: {0}")]
+struct BadSnapshotFile(String);
+
+fn parse_snapshot_file(bytes: Vec<u8>) -> Result<StoredSnapshot, BadSnapshotFile> {
+    let fixed = SNAPSHOT_FILE_MAGIC.len() + META_LEN_BYTES;
+    if bytes.len() < fixed || &bytes[..SNAPSHOT_FILE_MAGIC.len()] != SNAPSHOT_FILE_MAGIC {
+        return Err(BadSnapshotFile(format!(
+            "does not start with {SNAPSHOT_FILE_MAGIC:?} ({} bytes)",
+            bytes.len()
+        )));
+    }
+    let mut len = [0u8; META_LEN_BYTES];
+    len.copy_from_slice(&bytes[SNAPSHOT_FILE_MAGIC.len()..fixed]);
+    let data_at = fixed + u32::from_le_bytes(len) as usize;
+    if data_at > bytes.len() {
+        return Err(BadSnapshotFile(format!(
+            "its meta ends at byte {data_at}, past its end ({} bytes)",
+            bytes.len()
+        )));
+    }
+    let meta = codec::decode("snapshot meta", &bytes[fixed..data_at])
+        .map_err(|e| BadSnapshotFile(e.to_string()))?;
+    Ok(StoredSnapshot {
+        meta,
+        bytes,
+        data_at,
+    })
 }
 
 /// The state machine and what Raft knows about it.
@@ -120,31 +183,50 @@ fn snap_read_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::read_snapshot(None, AnyError::new(&e)).into()
 }
 
+/// What restoring a group's state machine at start took.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RestoreTimes {
+    /// Size of the stored snapshot's state (0: none stored).
+    pub(crate) bytes: usize,
+    /// Reading the stored snapshot and its envelope.
+    pub(crate) read_ms: u64,
+    /// Decoding the state and rebuilding what is derived from it.
+    pub(crate) restore_ms: u64,
+}
+
 /// openraft's view of one group's state machine.
 #[derive(Clone)]
 pub(crate) struct SmStore {
+    /// The group, as logs name it.
+    group: GroupId,
     shared: Arc<SmShared>,
-    snapshots: Arc<dyn KvTree>,
-    sync: SyncHandle,
+    /// Where the current snapshot is kept.
+    slot: Arc<dyn SnapshotSlot>,
+    /// Where a data dir written before snapshot files kept it.
+    legacy: Arc<dyn KvTree>,
 }
 
 impl SmStore {
     /// Builds the store and restores the state machine from the stored snapshot, if any.
     pub(crate) fn open(
+        group: GroupId,
         mut sm: Box<dyn StateMachine>,
-        snapshots: Arc<dyn KvTree>,
-        sync: SyncHandle,
-    ) -> Result<Self, StorageError> {
+        slot: Arc<dyn SnapshotSlot>,
+        legacy: Arc<dyn KvTree>,
+    ) -> Result<(Self, RestoreTimes), StorageError> {
         let mut last_applied = None;
         let mut membership = StoredMembership::default();
         let since = SinceCounters::default();
-        if let Some(bytes) = snapshots.get(KEY_SNAPSHOT).map_err(snap_read_err)? {
-            let stored: StoredSnapshot =
-                codec::decode("snapshot", &bytes).map_err(snap_read_err)?;
-            sm.restore(&stored.data).map_err(snap_read_err)?;
+        let mut times = RestoreTimes::default();
+        let started = std::time::Instant::now();
+        if let Some(stored) = read_snapshot(&*slot, &*legacy)? {
+            times.read_ms = started.elapsed().as_millis() as u64;
+            times.bytes = stored.data().len();
+            sm.restore(stored.data()).map_err(snap_read_err)?;
+            times.restore_ms = started.elapsed().as_millis() as u64 - times.read_ms;
             last_applied = stored.meta.last_log_id;
             membership = stored.meta.last_membership.clone();
-            since.restart(Some(stored.data.len()));
+            since.restart(Some(stored.data().len()));
         }
         let inner = SmInner {
             sm,
@@ -152,34 +234,60 @@ impl SmStore {
             membership,
             snapshot_seq: 0,
         };
-        Ok(Self {
+        let store = Self {
+            group,
             shared: Arc::new(SmShared {
                 inner: Mutex::new(inner),
                 since,
             }),
-            snapshots,
-            sync,
-        })
+            slot,
+            legacy,
+        };
+        Ok((store, times))
     }
 
     pub(crate) fn shared(&self) -> Arc<SmShared> {
         self.shared.clone()
     }
 
-    async fn persist(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
-        let stored = StoredSnapshotRef { meta, data };
+    /// Makes `data` the group's durable snapshot (on the blocking pool: writing a
+    /// large state takes seconds), and hands it back.
+    async fn persist(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<Vec<u8>, StorageError> {
         let write_err = |e: String| -> StorageError {
             StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e)).into()
         };
-        let bytes = codec::encode("snapshot", &stored).map_err(|e| write_err(e.to_string()))?;
-        self.snapshots
-            .apply(vec![WriteOp::Put(KEY_SNAPSHOT.to_vec(), bytes)])
-            .map_err(|e| write_err(e.to_string()))?;
-        self.sync
-            .sync_wait()
-            .await
-            .map_err(|e| write_err(e.to_string()))
+        let header = snapshot_file_header(meta).map_err(|e| write_err(e.to_string()))?;
+        let (slot, legacy) = (self.slot.clone(), self.legacy.clone());
+        tokio::task::spawn_blocking(move || {
+            slot.replace(&[&header, &data])?;
+            // The file supersedes a snapshot stored before snapshots were files.
+            legacy.apply(vec![WriteOp::Delete(LEGACY_KEY_SNAPSHOT.to_vec())])?;
+            Ok::<_, crate::storage::StoreError>(data)
+        })
+        .await
+        .map_err(|e| write_err(e.to_string()))?
+        .map_err(|e| write_err(e.to_string()))
     }
+}
+
+/// The stored snapshot: the file, or else the one a data dir written before
+/// snapshot files kept in its tree.
+fn read_snapshot(
+    slot: &dyn SnapshotSlot,
+    legacy: &dyn KvTree,
+) -> Result<Option<StoredSnapshot>, StorageError> {
+    if let Some(bytes) = slot.read().map_err(snap_read_err)? {
+        return parse_snapshot_file(bytes).map(Some).map_err(snap_read_err);
+    }
+    let Some(bytes) = legacy.get(LEGACY_KEY_SNAPSHOT).map_err(snap_read_err)? else {
+        return Ok(None);
+    };
+    let stored: LegacySnapshot = codec::decode("snapshot", &bytes).map_err(snap_read_err)?;
+    Ok(Some(StoredSnapshot {
+        meta: stored.meta,
+        bytes: stored.data,
+        data_at: 0,
+    }))
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SmStore {
@@ -187,7 +295,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SmStore {
         // All of it on the blocking pool: the copy is taken under the lock, and
         // encoded after it is released (applies go on meanwhile).
         let shared = self.shared.clone();
-        let (meta, data) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let (meta, data, copy_ms) = tokio::task::spawn_blocking(move || {
             let (meta, writer) = {
                 let mut inner = shared.lock();
                 inner.snapshot_seq += 1;
@@ -204,13 +313,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SmStore {
                 shared.since.restart(None);
                 (meta, writer)
             };
+            let copy_ms = started.elapsed().as_millis() as u64;
             let data = writer();
             shared.since.sized(data.len());
-            (meta, data)
+            (meta, data, copy_ms)
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, AnyError::error(e.to_string())))?;
-        self.persist(&meta, &data).await?;
+        let encoded_ms = started.elapsed().as_millis() as u64;
+        let data = self.persist(&meta, data).await?;
+        // Applies wait for the copy (under the lock); the log's syncs, for the persist.
+        tracing::info!(
+            group = self.group,
+            snapshot = %meta.snapshot_id,
+            bytes = data.len(),
+            copy_ms,
+            encode_ms = encoded_ms - copy_ms,
+            persist_ms = started.elapsed().as_millis() as u64 - encoded_ms,
+            "snapshot built"
+        );
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -284,17 +405,21 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
         }
-        self.persist(meta, &data).await
+        self.persist(meta, data).await.map(drop)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let Some(bytes) = self.snapshots.get(KEY_SNAPSHOT).map_err(snap_read_err)? else {
-            return Ok(None);
-        };
-        let stored: StoredSnapshot = codec::decode("snapshot", &bytes).map_err(snap_read_err)?;
-        Ok(Some(Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+        let (slot, legacy) = (self.slot.clone(), self.legacy.clone());
+        let stored = tokio::task::spawn_blocking(move || read_snapshot(&*slot, &*legacy))
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, AnyError::error(e.to_string())))??;
+        Ok(stored.map(|stored| Snapshot {
+            meta: stored.meta.clone(),
+            snapshot: Box::new(Cursor::new(stored.into_data())),
         }))
     }
 }
+
+#[cfg(test)]
+#[path = "sm_store_tests.rs"]
+mod tests;

@@ -101,8 +101,13 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
     };
     let ui_security = server_security.clone();
     datadir::open(&cfg.data, &identity)?;
+    let store_opened = std::time::Instant::now();
     let store = SledStore::open(&datadir::store_path(&cfg.data), cfg.sled_cache_bytes)
         .with_context(|| format!("cannot open the store in {} (--data)", cfg.data.display()))?;
+    tracing::info!(
+        ms = store_opened.elapsed().as_millis() as u64,
+        "store opened"
+    );
     let groups: Vec<u64> = (0..=u64::from(cfg.shards)).collect();
     let holds_state = gangway_raft::holds_raft_state(&store, &groups)
         .with_context(|| format!("cannot read the store in {} (--data)", cfg.data.display()))?;

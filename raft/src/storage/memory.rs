@@ -5,12 +5,46 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{KvPair, KvStore, KvTree, StoreError, WriteOp};
+use super::{KvPair, KvStore, KvTree, SnapshotSlot, StoreError, WriteOp};
 
 /// A store whose trees live in memory.
 #[derive(Default)]
 pub struct MemoryStore {
     trees: Mutex<HashMap<String, Arc<MemoryTree>>>,
+    slots: Mutex<HashMap<String, Arc<MemorySlot>>>,
+}
+
+/// A snapshot slot in memory.
+#[derive(Default)]
+struct MemorySlot {
+    bytes: Mutex<Option<Vec<u8>>>,
+}
+
+impl SnapshotSlot for MemorySlot {
+    fn read(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let bytes = self
+            .bytes
+            .lock()
+            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
+        Ok(bytes.clone())
+    }
+
+    fn is_written(&self) -> Result<bool, StoreError> {
+        let bytes = self
+            .bytes
+            .lock()
+            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
+        Ok(bytes.is_some())
+    }
+
+    fn replace(&self, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let mut bytes = self
+            .bytes
+            .lock()
+            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
+        *bytes = Some(parts.concat());
+        Ok(())
+    }
 }
 
 impl MemoryStore {
@@ -90,6 +124,15 @@ impl KvStore for MemoryStore {
             .map_err(|_| StoreError::Io("memory store lock poisoned".into()))?;
         let tree = trees.entry(name.to_string()).or_default().clone();
         Ok(tree)
+    }
+
+    fn snapshot_slot(&self, name: &str) -> Result<Arc<dyn SnapshotSlot>, StoreError> {
+        let mut slots = self
+            .slots
+            .lock()
+            .map_err(|_| StoreError::Io("memory store lock poisoned".into()))?;
+        let slot: Arc<dyn SnapshotSlot> = slots.entry(name.to_string()).or_default().clone();
+        Ok(slot)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

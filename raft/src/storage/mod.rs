@@ -9,6 +9,7 @@
 
 mod memory;
 mod sled_store;
+mod snapshot_file;
 mod sync;
 
 pub use memory::MemoryStore;
@@ -62,10 +63,24 @@ pub trait KvTree: Send + Sync + 'static {
     fn last(&self) -> Result<Option<KvPair>, StoreError>;
 }
 
+/// Where a group keeps its current snapshot: whole, replaced atomically, and made
+/// durable on its own (not by the store's `flush`, which the log's appends wait on).
+pub trait SnapshotSlot: Send + Sync + 'static {
+    /// The stored bytes, if any.
+    fn read(&self) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Whether a snapshot is stored (without reading it).
+    fn is_written(&self) -> Result<bool, StoreError>;
+    /// Replaces the stored bytes with `parts` concatenated; returns once that is
+    /// durable. Blocks (for seconds with a large state): call it off the runtime.
+    fn replace(&self, parts: &[&[u8]]) -> Result<(), StoreError>;
+}
+
 /// A process-wide store holding many trees.
 pub trait KvStore: Send + Sync + 'static {
     /// Opens (creating if needed) the tree called `name`.
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StoreError>;
+    /// Opens the snapshot slot called `name` (empty if never written).
+    fn snapshot_slot(&self, name: &str) -> Result<Arc<dyn SnapshotSlot>, StoreError>;
     /// Makes every write issued so far durable; blocks.
     fn flush(&self) -> Result<(), StoreError>;
     /// Whether `flush` does anything (false for the memory store).

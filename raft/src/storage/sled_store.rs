@@ -4,7 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{KvPair, KvStore, KvTree, StoreError, WriteOp};
+use super::snapshot_file::SnapshotFile;
+use super::{KvPair, KvStore, KvTree, SnapshotSlot, StoreError, WriteOp};
+
+/// Folder, inside the store's directory, of the groups' snapshot files.
+pub const SNAPSHOT_DIR: &str = "group-snapshots";
 
 /// Default bound on sled's page cache.
 pub const SLED_CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -12,6 +16,8 @@ pub const SLED_CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// A sled database opened on a directory.
 pub struct SledStore {
     db: sled::Db,
+    /// Where snapshots are kept (beside sled's own files, in its directory).
+    snapshot_dir: std::path::PathBuf,
 }
 
 impl SledStore {
@@ -25,7 +31,10 @@ impl SledStore {
             // flusher would only contend with it.
             .flush_every_ms(None)
             .open()?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            snapshot_dir: dir.join(SNAPSHOT_DIR),
+        })
     }
 }
 
@@ -73,6 +82,13 @@ impl KvTree for SledTree {
 impl KvStore for SledStore {
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StoreError> {
         Ok(Arc::new(SledTree(self.db.open_tree(name)?)))
+    }
+
+    fn snapshot_slot(&self, name: &str) -> Result<Arc<dyn SnapshotSlot>, StoreError> {
+        Ok(Arc::new(SnapshotFile::open(
+            self.snapshot_dir.clone(),
+            name,
+        )?))
     }
 
     fn flush(&self) -> Result<(), StoreError> {
