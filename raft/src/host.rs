@@ -497,6 +497,11 @@ impl RaftHost {
                 group: gid,
                 detail: e.to_string(),
             })?;
+        // No campaign on openraft's own timer before the election gate has looked: the
+        // other groups may take seconds to restore, and meanwhile this replica serves
+        // nothing, hears no leader, and would campaign in a higher term that deposes
+        // the live leaders once it answers them.
+        raft.runtime_config().elect(false);
         // Where a restart's time goes: the snapshot, then the log re-applied over it.
         tracing::info!(
             group = gid,

@@ -71,6 +71,25 @@ const GROUPS: u64 = 7;
 const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
 
 async fn start_replica(id: NodeId, listener: TcpListener, snapshot_every_entries: u64) -> Replica {
+    let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
+    start_replica_on(
+        id,
+        listener,
+        snapshot_every_entries,
+        Arc::new(MemoryStore::new()),
+        Arc::new(factory),
+    )
+    .await
+}
+
+/// [`start_replica`] on `store`, its machines built by `factory`.
+async fn start_replica_on(
+    id: NodeId,
+    listener: TcpListener,
+    snapshot_every_entries: u64,
+    store: Arc<MemoryStore>,
+    factory: Arc<gangway_raft::StateMachineFactory>,
+) -> Replica {
     // RUST_LOG=info shows the hosts' logs when a run fails.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -91,8 +110,7 @@ async fn start_replica(id: NodeId, listener: TcpListener, snapshot_every_entries
         peer_routes: Default::default(),
         transport: Default::default(),
     };
-    let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
-    let host = RaftHost::start(cfg, Arc::new(MemoryStore::new()), Arc::new(factory))
+    let host = RaftHost::start(cfg, store, factory)
         .await
         .expect("host starts");
     let (tx, rx) = oneshot::channel::<()>();
@@ -517,5 +535,141 @@ async fn snapshots_follow_entries_on_a_small_state_and_bytes_on_a_large_one() {
             .all(|(now, before)| now > before)
     })
     .await;
+    stop_all(replicas).await;
+}
+
+/// A [`KvMachine`] whose restore from a snapshot takes [`SLOW_RESTORE_MS`], as a large
+/// state's does.
+#[derive(Default)]
+struct SlowRestore(KvMachine);
+
+/// How long [`SlowRestore`] restores: several election timeouts.
+const SLOW_RESTORE_MS: u64 = 2_000;
+
+impl StateMachine for SlowRestore {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8> {
+        self.0.apply(index, command)
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        self.0.snapshot()
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        std::thread::sleep(Duration::from_millis(SLOW_RESTORE_MS));
+        self.0.restore(snapshot)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn query(&self, query: &[u8]) -> Vec<u8> {
+        self.0.query(query)
+    }
+}
+
+/// Each group's (leader, term) as `replica` sees it.
+fn leaders_and_terms(replica: &Replica) -> Vec<(u64, u64)> {
+    replica
+        .host
+        .status(false)
+        .iter()
+        .map(|g| (g.leader, g.term))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_restarts_slowly_deposes_no_leader() {
+    let listeners = [bind().await, bind().await, bind().await];
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect();
+    let members: BTreeMap<NodeId, String> = (1..=3).zip(addrs.iter().cloned()).collect();
+    let stores: Vec<Arc<MemoryStore>> = (0..3).map(|_| Arc::new(MemoryStore::new())).collect();
+    let plain = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
+    let mut replicas = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let (id, store) = (i as NodeId + 1, stores[i].clone());
+        replicas
+            .push(start_replica_on(id, l, SNAPSHOT_EVERY_ENTRIES, store, Arc::new(plain)).await);
+    }
+    for r in &replicas {
+        r.host.bootstrap(&members).await.expect("bootstrap");
+    }
+    wait_until("a leader in every group", 10, || {
+        replicas.iter().all(|r| r.host.knows_every_leader())
+    })
+    .await;
+    // Replica 3 holds a snapshot of group 0 and leads nothing.
+    for i in 0..5 {
+        let out = replicas[0]
+            .host
+            .write(0, format!("k{i}=v").into_bytes())
+            .await
+            .expect("write");
+        assert_eq!(out.reply, b"ok");
+    }
+    wait_until("replica 3 applied group 0", 10, || {
+        replicas[2].host.status(false)[0].applied_index
+            >= replicas[0].host.status(false)[0].applied_index
+    })
+    .await;
+    replicas[2].host.compact(Some(0)).await.expect("compact");
+    for g in 0..GROUPS {
+        if replicas[0].host.status(false)[g as usize].leader == 3 {
+            replicas[2]
+                .host
+                .transfer_leader(g, 1)
+                .await
+                .expect("transfer off replica 3");
+        }
+    }
+    let mut third = replicas.pop().expect("three replicas");
+    third.host.shutdown().await;
+    if let Some(stop) = third.stop.take() {
+        let _ = stop.send(());
+    }
+    drop(third);
+    wait_until("replicas 1 and 2 agree on every leader", 10, || {
+        let (a, b) = (
+            leaders_and_terms(&replicas[0]),
+            leaders_and_terms(&replicas[1]),
+        );
+        a == b && a.iter().all(|(leader, _)| *leader == 1 || *leader == 2)
+    })
+    .await;
+    let before = leaders_and_terms(&replicas[0]);
+
+    // Restarted on its data: group 0 restores for seconds while the other groups wait.
+    let slow = |g: GroupId| -> Box<dyn StateMachine> {
+        if g == 0 {
+            Box::new(SlowRestore::default())
+        } else {
+            Box::new(KvMachine::default())
+        }
+    };
+    let listener = TcpListener::bind(&addrs[2])
+        .await
+        .expect("rebind replica 3");
+    let restarted = start_replica_on(
+        3,
+        listener,
+        SNAPSHOT_EVERY_ENTRIES,
+        stores[2].clone(),
+        Arc::new(slow),
+    )
+    .await;
+    wait_until("replica 3 knows every leader", 10, || {
+        restarted.host.knows_every_leader()
+    })
+    .await;
+    // Several election timeouts in which a campaign it started would show.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for r in replicas.iter().chain(std::iter::once(&restarted)) {
+        assert_eq!(
+            leaders_and_terms(r),
+            before,
+            "a restarted replica campaigned and moved a leader or a term (leader, term per group)"
+        );
+    }
+    replicas.push(restarted);
     stop_all(replicas).await;
 }
