@@ -565,6 +565,21 @@ impl StateMachine for SlowRestore {
     }
 }
 
+/// Binds `addr` again once the stopped server that held it has let it go (its task
+/// ends shortly after its stop signal).
+async fn rebind(addr: &str) -> TcpListener {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("rebind {addr}: {e}"),
+        }
+    }
+}
+
 /// Each group's (leader, term) as `replica` sees it.
 fn leaders_and_terms(replica: &Replica) -> Vec<(u64, u64)> {
     replica
@@ -646,9 +661,7 @@ async fn a_replica_that_restarts_slowly_deposes_no_leader() {
             Box::new(KvMachine::default())
         }
     };
-    let listener = TcpListener::bind(&addrs[2])
-        .await
-        .expect("rebind replica 3");
+    let listener = rebind(&addrs[2]).await;
     let restarted = start_replica_on(
         3,
         listener,

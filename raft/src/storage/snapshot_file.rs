@@ -5,35 +5,51 @@
 //! of megabytes, and writing it through the store made the process-wide group commit
 //! (`SyncHandle`) flush it, so every group's appends waited seconds for it. A file is
 //! made durable on its own. Invariant: the file at the slot's path is always a whole
-//! snapshot (the old one or the new one), never a partial write. Called by `sm_store`
+//! snapshot (the old one or the new one), never a partial write; a partial file is never
+//! read, and is removed when the slot is next opened. Called by `sm_store`
 //! through [`super::SnapshotSlot`]; opened by the sled store.
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{SnapshotSlot, StoreError};
 
-/// Suffix of the file a new snapshot is written to before it replaces the current one.
-const PARTIAL_SUFFIX: &str = ".partial";
+/// Suffix (then a number) of a file a new snapshot is written to before it replaces the
+/// current one.
+const PARTIAL_SUFFIX: &str = ".partial.";
 
 /// One snapshot file.
 pub(super) struct SnapshotFile {
     path: PathBuf,
+    /// Numbers the partial files, so two writes at once (a snapshot built while one is
+    /// installed) never share one; the last rename wins, and each file is whole.
+    writes: AtomicU64,
 }
 
 impl SnapshotFile {
-    /// The slot `name` in `dir` (created if missing).
+    /// The slot `name` in `dir` (created if missing); partial files a stopped write left
+    /// behind are removed.
     pub(super) fn open(dir: PathBuf, name: &str) -> Result<Self, StoreError> {
         fs::create_dir_all(&dir).map_err(|e| io(&dir, "cannot create", e))?;
+        let left = format!("{name}{PARTIAL_SUFFIX}");
+        let entries = fs::read_dir(&dir).map_err(|e| io(&dir, "cannot list", e))?;
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&left) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| io(&path, "cannot remove", e))?;
+            }
+        }
         Ok(Self {
             path: dir.join(name),
+            writes: AtomicU64::new(0),
         })
     }
 
-    fn partial(&self) -> PathBuf {
+    fn partial(&self, write: u64) -> PathBuf {
         let mut p = self.path.clone().into_os_string();
-        p.push(PARTIAL_SUFFIX);
+        p.push(format!("{PARTIAL_SUFFIX}{write}"));
         PathBuf::from(p)
     }
 }
@@ -58,7 +74,7 @@ impl SnapshotSlot for SnapshotFile {
     }
 
     fn replace(&self, parts: &[&[u8]]) -> Result<(), StoreError> {
-        let partial = self.partial();
+        let partial = self.partial(self.writes.fetch_add(1, Ordering::Relaxed));
         let mut file = File::create(&partial).map_err(|e| io(&partial, "cannot create", e))?;
         for part in parts {
             file.write_all(part)
@@ -83,7 +99,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_holds_the_last_whole_snapshot_and_ignores_a_partial_one() {
+    fn a_slot_holds_the_last_whole_snapshot_and_removes_a_partial_one() {
         let dir =
             std::env::temp_dir().join(format!("gangway-snapshot-file-test-{}", std::process::id()));
         let slot = SnapshotFile::open(dir.clone(), "g0").expect("open");
@@ -95,22 +111,30 @@ mod tests {
             Some(&b"head-body"[..])
         );
         assert!(slot.is_written().expect("look"));
-        // A write that stopped halfway left only its partial file behind.
-        fs::write(slot.partial(), b"half").expect("write partial");
+        // A write that stopped halfway left only its partial file behind, which the
+        // next open removes.
+        let half = slot.partial(7);
+        fs::write(&half, b"half").expect("write partial");
         let reopened = SnapshotFile::open(dir.clone(), "g0").expect("reopen");
         assert_eq!(
             reopened.read().expect("read").as_deref(),
             Some(&b"head-body"[..])
+        );
+        assert!(
+            !half.exists(),
+            "a stopped write's partial file is removed at open"
         );
         reopened.replace(&[b"next"]).expect("replace again");
         assert_eq!(
             reopened.read().expect("read").as_deref(),
             Some(&b"next"[..])
         );
-        assert!(
-            !reopened.partial().exists(),
-            "the partial file became the snapshot"
-        );
-        let _ = fs::remove_dir_all(dir);
+        let names: Vec<String> = fs::read_dir(&dir)
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["g0"], "the partial file became the snapshot");
+        let _ = fs::remove_dir_all(&dir);
     }
 }
