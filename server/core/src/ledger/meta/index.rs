@@ -2,7 +2,8 @@
 //! every group: the groups that ended (what old groups are forgotten from), the groups
 //! the coordinator has work on in queue order (its `Pending` read), every group by its
 //! change stamp (`ChangedSince`), the Placed groups by priority (the lowest preemption
-//! could take) and the count of groups in each state (the metrics sampler).
+//! could take), the count of groups in each state, and each queue's queued and admitted
+//! groups (the metrics sampler reads both every second on every replica).
 //!
 //! Invariants: built from the groups on a state's first command or restore (never
 //! encoded, so a snapshot carries only the groups), then kept exact by reindexing every
@@ -12,7 +13,8 @@
 //! [`super::MetaState`]; nothing outside meta sees it.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -61,8 +63,17 @@ impl ChangeStamps {
     }
 }
 
-/// What one group is indexed under, so it can be taken out again after it changed.
+/// How a group counts in its queue's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QueueCount {
+    /// Queued, holding nothing.
+    Queued,
+    /// Being placed, placed, or holding members (anything but queued-empty and done).
+    Admitted,
+}
+
+/// What one group is indexed under, so it can be taken out again after it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     version: u64,
     /// Position of its state's name in [`GroupState::NAMES`].
@@ -72,6 +83,8 @@ struct Entry {
     /// Its highest priority, when it is Placed.
     placed: Option<i32>,
     ended: bool,
+    /// Its queue and how it counts there (None without a queue, or once done).
+    queue: Option<(Arc<str>, QueueCount)>,
 }
 
 impl Entry {
@@ -81,15 +94,25 @@ impl Entry {
             .iter()
             .position(|n| *n == name)
             .unwrap_or_else(|| panic!("group {}: state {name} has no index code", g.seq));
+        let queue_count = match g.state {
+            _ if g.group.queue.is_empty() => None,
+            GroupState::Queued if g.holds_nothing() => Some(QueueCount::Queued),
+            GroupState::Done { .. } => None,
+            _ => Some(QueueCount::Admitted),
+        };
         Entry {
             version: g.version,
             state: state as u8,
             pending: g.is_pending().then(|| g.order_key()),
             placed: (g.state == GroupState::Placed).then(|| g.highest_priority()),
             ended: g.state.is_terminal(),
+            queue: queue_count.map(|c| (Arc::from(g.group.queue.as_str()), c)),
         }
     }
 }
+
+/// A queue's groups: (queued holding nothing, admitted).
+pub(super) type QueueGroups = (u64, u64);
 
 /// The indexes of one state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -100,6 +123,8 @@ pub(super) struct Indexes {
     ended: BTreeSet<GroupSeq>,
     placed: BTreeSet<(i32, GroupSeq)>,
     counts: [u64; GroupState::NAMES.len()],
+    /// Per queue with any counted group.
+    queues: BTreeMap<Arc<str>, QueueGroups>,
 }
 
 impl Indexes {
@@ -123,6 +148,13 @@ impl Indexes {
             self.placed.insert((priority, seq));
         }
         self.counts[usize::from(e.state)] += 1;
+        if let Some((queue, count)) = &e.queue {
+            let groups = self.queues.entry(queue.clone()).or_default();
+            match count {
+                QueueCount::Queued => groups.0 += 1,
+                QueueCount::Admitted => groups.1 += 1,
+            }
+        }
         self.entries.insert(seq, e);
     }
 
@@ -139,6 +171,17 @@ impl Indexes {
             self.placed.remove(&(priority, seq));
         }
         self.counts[usize::from(e.state)] -= 1;
+        if let Some((queue, count)) = &e.queue {
+            if let Some(groups) = self.queues.get_mut(queue) {
+                match count {
+                    QueueCount::Queued => groups.0 -= 1,
+                    QueueCount::Admitted => groups.1 -= 1,
+                }
+                if *groups == (0, 0) {
+                    self.queues.remove(queue);
+                }
+            }
+        }
     }
 
     fn reindex(&mut self, seq: GroupSeq, now: Option<&GroupRecord>) {
@@ -248,6 +291,11 @@ impl Indexes {
     /// Placed groups, lowest priority first.
     pub(super) fn placed_by_priority(&self) -> impl Iterator<Item = (i32, GroupSeq)> + '_ {
         self.placed.iter().copied()
+    }
+
+    /// A queue's groups, (queued holding nothing, admitted); zeros if it has none.
+    pub(super) fn queue_groups(&self, queue: &str) -> QueueGroups {
+        self.queues.get(queue).copied().unwrap_or_default()
     }
 
     /// Groups per state name.

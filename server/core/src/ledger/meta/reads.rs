@@ -218,20 +218,12 @@ impl MetaState {
 
     /// The status of one queue (`only`) or of all, in name order.
     pub(super) fn queue_statuses(&self, only: Option<&str>) -> Vec<QueueStatus> {
-        let mut counts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-        for g in self.groups.values().filter(|g| !g.group.queue.is_empty()) {
-            let entry = counts.entry(g.group.queue.as_str()).or_default();
-            match g.state {
-                GroupState::Queued if g.holds_nothing() => entry.0 += 1,
-                GroupState::Done { .. } => {}
-                _ => entry.1 += 1,
-            }
-        }
+        let index = self.index.read(&self.groups);
         self.queues
             .specs()
             .filter(|q| only.is_none_or(|n| n == q.name))
             .map(|q| {
-                let (queued, admitted) = counts.get(q.name.as_str()).copied().unwrap_or_default();
+                let (queued, admitted) = index.queue_groups(&q.name);
                 QueueStatus {
                     spec: q.clone(),
                     usage: self.queues.usage(&q.name),

@@ -1019,6 +1019,7 @@ fn commands_and_rounds_on_a_large_state_visit_only_what_they_change() {
         },
         MetaQuery::LowestPlacedPriority,
         MetaQuery::StateCounts,
+        MetaQuery::Queues,
     ];
     for q in &reads {
         m.query(q);
