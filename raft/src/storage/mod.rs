@@ -79,7 +79,9 @@ pub trait SnapshotSlot: Send + Sync + 'static {
 pub trait KvStore: Send + Sync + 'static {
     /// Opens (creating if needed) the tree called `name`.
     fn tree(&self, name: &str) -> Result<Arc<dyn KvTree>, StoreError>;
-    /// Opens the snapshot slot called `name` (empty if never written).
+    /// Opens the snapshot slot called `name` (empty if never written). Opening removes
+    /// what a stopped write left behind, so a slot is opened only while no write to it
+    /// runs: at start, or for a group not open yet.
     fn snapshot_slot(&self, name: &str) -> Result<Arc<dyn SnapshotSlot>, StoreError>;
     /// Makes every write issued so far durable; blocks.
     fn flush(&self) -> Result<(), StoreError>;
