@@ -57,10 +57,10 @@ impl StoredSnapshot {
         &self.bytes[self.data_at..]
     }
 
-    /// The state's bytes alone (moved down in place, not copied elsewhere).
-    fn into_data(mut self) -> Vec<u8> {
+    /// The meta, and the state's bytes alone (moved down in place, not copied elsewhere).
+    fn into_parts(mut self) -> (SnapshotMeta, Vec<u8>) {
         self.bytes.drain(..self.data_at);
-        self.bytes
+        (self.meta, self.bytes)
     }
 }
 
@@ -322,7 +322,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SmStore {
         .map_err(|e| StorageIOError::write_snapshot(None, AnyError::error(e.to_string())))?;
         let encoded_ms = started.elapsed().as_millis() as u64;
         let data = self.persist(&meta, data).await?;
-        // Applies wait for the copy (under the lock); the log's syncs, for the persist.
+        // Applies wait only for the copy (under the lock); the encode and the write
+        // run after it is released.
         tracing::info!(
             group = self.group,
             snapshot = %meta.snapshot_id,
@@ -413,9 +414,12 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         let stored = tokio::task::spawn_blocking(move || read_snapshot(&*slot, &*legacy))
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, AnyError::error(e.to_string())))??;
-        Ok(stored.map(|stored| Snapshot {
-            meta: stored.meta.clone(),
-            snapshot: Box::new(Cursor::new(stored.into_data())),
+        Ok(stored.map(|stored| {
+            let (meta, data) = stored.into_parts();
+            Snapshot {
+                meta,
+                snapshot: Box::new(Cursor::new(data)),
+            }
         }))
     }
 }

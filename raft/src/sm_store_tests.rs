@@ -141,5 +141,7 @@ fn a_file_that_is_not_a_snapshot_is_refused_with_why() {
     let header = snapshot_file_header(&meta_at(3)).expect("header");
     let whole = parse_snapshot_file([header, b"data".to_vec()].concat()).expect("parses");
     assert_eq!(whole.data(), b"data");
-    assert_eq!(whole.into_data(), b"data");
+    let (meta, data) = whole.into_parts();
+    assert_eq!(meta.snapshot_id, "s-3");
+    assert_eq!(data, b"data");
 }

@@ -7,15 +7,15 @@
 #[error("cannot restore the state machine: {0}")]
 pub struct RestoreError(pub String);
 
+/// Encodes a snapshot taken earlier ([`StateMachine::snapshot_writer`]).
+pub type SnapshotWriter = Box<dyn FnOnce() -> Vec<u8> + Send>;
+
 /// A replicated, deterministic state machine.
 ///
 /// Invariant: the same sequence of `apply` calls on the same starting state
 /// yields byte-identical `snapshot()` output on every replica. `apply` must not
 /// read a clock, do I/O or use randomness; everything it needs is in the
 /// command. A malformed command is answered with an error reply, never a panic.
-/// Encodes a snapshot taken earlier ([`StateMachine::snapshot_writer`]).
-pub type SnapshotWriter = Box<dyn FnOnce() -> Vec<u8> + Send>;
-
 pub trait StateMachine: Send + 'static {
     /// Applies the committed command at log `index` and returns the reply.
     fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8>;

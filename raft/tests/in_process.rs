@@ -61,6 +61,8 @@ impl StateMachine for KvMachine {
 
 struct Replica {
     host: RaftHost,
+    /// Where its transport listens.
+    addr: String,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -70,19 +72,25 @@ const GROUPS: u64 = 7;
 /// explicit compactions snapshot.
 const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
 
+/// A key-value machine for any group.
+fn kv_machine(_group: GroupId) -> Box<dyn StateMachine> {
+    Box::new(KvMachine::default())
+}
+
+/// Starts replica `id` on a new store, with key-value machines.
 async fn start_replica(id: NodeId, listener: TcpListener, snapshot_every_entries: u64) -> Replica {
-    let factory = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
+    let store = Arc::new(MemoryStore::new());
     start_replica_on(
         id,
         listener,
         snapshot_every_entries,
-        Arc::new(MemoryStore::new()),
-        Arc::new(factory),
+        store,
+        Arc::new(kv_machine),
     )
     .await
 }
 
-/// [`start_replica`] on `store`, its machines built by `factory`.
+/// Starts replica `id` on `store`, its machines built by `factory`.
 async fn start_replica_on(
     id: NodeId,
     listener: TcpListener,
@@ -99,7 +107,7 @@ async fn start_replica_on(
     let cfg = HostConfig {
         cluster_id: "test".into(),
         node_id: id,
-        advertise_addr: addr,
+        advertise_addr: addr.clone(),
         groups: (0..GROUPS).collect(),
         timing: RaftTiming {
             balance_interval_ms: 0,
@@ -126,6 +134,7 @@ async fn start_replica_on(
     });
     Replica {
         host,
+        addr,
         stop: Some(tx),
     }
 }
@@ -154,6 +163,12 @@ async fn start_three() -> Vec<Replica> {
 
 /// [`start_three`] with automatic snapshots after `entries` entries.
 async fn start_three_snapshotting_every(entries: u64) -> Vec<Replica> {
+    let stores = [(); 3].map(|_| Arc::new(MemoryStore::new()));
+    start_three_on(entries, &stores).await
+}
+
+/// [`start_three_snapshotting_every`] on the given stores, one per replica.
+async fn start_three_on(entries: u64, stores: &[Arc<MemoryStore>; 3]) -> Vec<Replica> {
     let listeners = [bind().await, bind().await, bind().await];
     let members: BTreeMap<NodeId, String> = listeners
         .iter()
@@ -162,7 +177,8 @@ async fn start_three_snapshotting_every(entries: u64) -> Vec<Replica> {
         .collect();
     let mut replicas = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
-        replicas.push(start_replica(i as NodeId + 1, l, entries).await);
+        let (id, store) = (i as NodeId + 1, stores[i].clone());
+        replicas.push(start_replica_on(id, l, entries, store, Arc::new(kv_machine)).await);
     }
     for r in &replicas {
         r.host.bootstrap(&members).await.expect("bootstrap");
@@ -592,27 +608,8 @@ fn leaders_and_terms(replica: &Replica) -> Vec<(u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_restarts_slowly_deposes_no_leader() {
-    let listeners = [bind().await, bind().await, bind().await];
-    let addrs: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect();
-    let members: BTreeMap<NodeId, String> = (1..=3).zip(addrs.iter().cloned()).collect();
-    let stores: Vec<Arc<MemoryStore>> = (0..3).map(|_| Arc::new(MemoryStore::new())).collect();
-    let plain = |_g: GroupId| -> Box<dyn StateMachine> { Box::new(KvMachine::default()) };
-    let mut replicas = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        let (id, store) = (i as NodeId + 1, stores[i].clone());
-        replicas
-            .push(start_replica_on(id, l, SNAPSHOT_EVERY_ENTRIES, store, Arc::new(plain)).await);
-    }
-    for r in &replicas {
-        r.host.bootstrap(&members).await.expect("bootstrap");
-    }
-    wait_until("a leader in every group", 10, || {
-        replicas.iter().all(|r| r.host.knows_every_leader())
-    })
-    .await;
+    let stores = [(); 3].map(|_| Arc::new(MemoryStore::new()));
+    let mut replicas = start_three_on(SNAPSHOT_EVERY_ENTRIES, &stores).await;
     // Replica 3 holds a snapshot of group 0 and leads nothing.
     for i in 0..5 {
         let out = replicas[0]
@@ -637,12 +634,9 @@ async fn a_replica_that_restarts_slowly_deposes_no_leader() {
                 .expect("transfer off replica 3");
         }
     }
-    let mut third = replicas.pop().expect("three replicas");
-    third.host.shutdown().await;
-    if let Some(stop) = third.stop.take() {
-        let _ = stop.send(());
-    }
-    drop(third);
+    let third = replicas.pop().expect("three replicas");
+    let third_addr = third.addr.clone();
+    stop_all([third]).await;
     wait_until("replicas 1 and 2 agree on every leader", 10, || {
         let (a, b) = (
             leaders_and_terms(&replicas[0]),
@@ -658,10 +652,10 @@ async fn a_replica_that_restarts_slowly_deposes_no_leader() {
         if g == 0 {
             Box::new(SlowRestore::default())
         } else {
-            Box::new(KvMachine::default())
+            kv_machine(g)
         }
     };
-    let listener = rebind(&addrs[2]).await;
+    let listener = rebind(&third_addr).await;
     let restarted = start_replica_on(
         3,
         listener,

@@ -20,29 +20,25 @@ struct MemorySlot {
     bytes: Mutex<Option<Vec<u8>>>,
 }
 
+impl MemorySlot {
+    fn lock(&self) -> Result<MutexGuard<'_, Option<Vec<u8>>>, StoreError> {
+        self.bytes
+            .lock()
+            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))
+    }
+}
+
 impl SnapshotSlot for MemorySlot {
     fn read(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        let bytes = self
-            .bytes
-            .lock()
-            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
-        Ok(bytes.clone())
+        Ok(self.lock()?.clone())
     }
 
     fn is_written(&self) -> Result<bool, StoreError> {
-        let bytes = self
-            .bytes
-            .lock()
-            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
-        Ok(bytes.is_some())
+        Ok(self.lock()?.is_some())
     }
 
     fn replace(&self, parts: &[&[u8]]) -> Result<(), StoreError> {
-        let mut bytes = self
-            .bytes
-            .lock()
-            .map_err(|_| StoreError::Io("memory slot lock poisoned".into()))?;
-        *bytes = Some(parts.concat());
+        *self.lock()? = Some(parts.concat());
         Ok(())
     }
 }
