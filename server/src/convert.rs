@@ -68,7 +68,11 @@ fn bytes(n: u64) -> String {
 fn node_spec(node: &Node) -> NodeSpec {
     NodeSpec {
         name: node.name.clone(),
-        labels: node.labels.clone().into_iter().collect(),
+        labels: node
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         taints: node
             .taints
             .iter()

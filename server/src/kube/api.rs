@@ -356,7 +356,7 @@ fn reachable_from(allocation: &Value, (node, labels): (&str, &BTreeMap<String, S
             return false;
         };
         let mut named = Node::new(node, Resources::zero());
-        named.labels = labels.clone();
+        named.labels = labels.clone().into();
         (!reach.match_fields.is_empty() || !reach.match_expressions.is_empty())
             && reach.match_expressions.iter().all(|r| !r.key.is_empty())
             && reach.match_fields.iter().all(|f| f.key == NODE_NAME_FIELD)

@@ -84,9 +84,11 @@ pub fn fleet(count: usize) -> Vec<Node> {
                     ..Resources::zero()
                 },
             );
-            node.labels.insert(LABEL_HOSTNAME.to_string(), name);
-            node.labels
-                .insert(LABEL_ZONE.to_string(), format!("zone-{}", i % BENCH_ZONES));
+            node.labels.insert(LABEL_HOSTNAME.into(), name.into());
+            node.labels.insert(
+                LABEL_ZONE.into(),
+                format!("zone-{}", i % BENCH_ZONES).into(),
+            );
             node
         })
         .collect()

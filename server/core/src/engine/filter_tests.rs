@@ -16,7 +16,7 @@ use crate::model::pod::{
 
 fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     let mut n = crate::fixtures::node_with(name, 4000, 8 << 30, 10);
-    n.labels = crate::fixtures::labels(labels);
+    n.labels = crate::fixtures::labels(labels).into();
     n
 }
 

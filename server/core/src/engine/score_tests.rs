@@ -237,7 +237,8 @@ fn prepared_scoring_equals_the_plugin_by_plugin_sum() {
             alloc.set(&ResourceName::Extended(FOO.into()), 4);
         }
         let mut node = Node::new(format!("n{i:02}"), alloc);
-        node.labels.insert("zone".into(), format!("z{}", i % 3));
+        node.labels
+            .insert("zone".into(), format!("z{}", i % 3).into());
         if i % 4 == 0 {
             node.labels.insert("disk".into(), "ssd".into());
         }

@@ -68,6 +68,7 @@ use crate::ledger::network::NetworkPools;
 use crate::ledger::usage::{BatchLoad, HandOver, NodeUsage, PodSlot, SlotState};
 use crate::ledger::view::{next_stamp, IndexedView, LedgerView, NodeFit, NodeView};
 use crate::model::claim::{validate_allocations, validate_shares};
+use crate::model::compact::SymbolTable;
 use crate::model::device::{
     validate_device_reach, validate_device_taint, validate_pool, CounterSet, Device, DeviceClass,
     DeviceId, DeviceTaint, DEVICE_TAINTS_MAX,
@@ -253,7 +254,9 @@ pub enum SnapshotError {
 /// `stamps[i]` was drawn from [`next_stamp`] after entry `i` last changed (stamps are
 /// not state: equality and snapshots ignore them); `anti_affinity_nodes` counts the
 /// summaries with the anti-affinity flag. Every change goes through
-/// [`NodeTable::update`], `insert` or `remove`, which keep them in step.
+/// [`NodeTable::update`], `insert`, `replace_node` or `remove`, which keep them in step.
+/// Nodes come in through `insert` and `replace_node` only, which intern their labels in
+/// `symbols`: a label key or value the fleet repeats is kept once (not state either).
 #[derive(Debug, Clone, Default)]
 struct NodeTable {
     #[allow(
@@ -264,6 +267,7 @@ struct NodeTable {
     fits: Vec<NodeFit>,
     stamps: Vec<u64>,
     anti_affinity_nodes: usize,
+    symbols: SymbolTable,
 }
 
 impl NodeTable {
@@ -308,11 +312,19 @@ impl NodeTable {
         }
     }
 
-    /// Adds a node that is not in the table yet.
-    fn insert(&mut self, entry: NodeEntry) {
+    /// Replaces the node of the entry with the same name (if any), labels interned.
+    fn replace_node(&mut self, node: &Node) {
+        let mut node = node.clone();
+        self.symbols.intern_map(&mut node.labels);
+        self.update(&node.name.clone(), |entry| entry.node = node);
+    }
+
+    /// Adds a node that is not in the table yet, labels interned.
+    fn insert(&mut self, mut entry: NodeEntry) {
         let Err(i) = self.position(&entry.node.name) else {
             return;
         };
+        self.symbols.intern_map(&mut entry.node.labels);
         self.entries.insert(i, Box::new(entry));
         self.fits.insert(i, NodeFit::default());
         self.stamps.insert(i, 0);

@@ -1248,3 +1248,51 @@ fn a_node_with_only_observed_pods_can_be_removed_and_bad_lists_change_nothing() 
     );
     ledger.check_invariants().expect("invariants");
 }
+
+/// The label of `key` on `node`, as the ledger keeps it.
+fn kept_label(ledger: &ShardLedger, node: &str, key: &str) -> crate::model::Symbol {
+    let view = ledger.node_view(node).expect("registered");
+    let (_, value) = view
+        .node
+        .labels
+        .iter()
+        .find(|(k, _)| k.as_str() == key)
+        .expect("labelled");
+    value.clone()
+}
+
+fn zoned(name: &str, zone: &str) -> Node {
+    let mut n = node(name, 1000, 10);
+    n.labels.insert("zone".into(), zone.into());
+    n
+}
+
+#[test]
+fn nodes_share_the_labels_they_repeat_after_registration_update_and_restore() {
+    let mut ledger = ledger_with(&[zoned("a", "z1"), zoned("b", "z1"), zoned("c", "z2")]);
+    let shared = |l: &ShardLedger, x: &str, y: &str| {
+        kept_label(l, x, "zone").shares(&kept_label(l, y, "zone"))
+    };
+    assert!(shared(&ledger, "a", "b"));
+    assert!(!shared(&ledger, "a", "c"));
+
+    let reply = apply(
+        &mut ledger,
+        1,
+        LedgerOp::RegisterNode {
+            node: zoned("c", "z1"),
+        },
+    );
+    assert!(
+        matches!(reply, LedgerReply::NodeRegistered { .. }),
+        "{reply:?}"
+    );
+    assert!(
+        shared(&ledger, "a", "c"),
+        "an updated node's labels are interned too"
+    );
+
+    let restored = ShardLedger::restore(&ledger.snapshot()).expect("restores");
+    assert!(shared(&restored, "a", "b") && shared(&restored, "b", "c"));
+    assert_eq!(restored.snapshot(), ledger.snapshot());
+}

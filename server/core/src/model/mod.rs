@@ -5,13 +5,14 @@
 //! resource claims and their allocations, with CEL selectors and semver versions. Every submitted document has a `Raw*` form
 //! (Kubernetes JSON field names, strings for enums and quantities) whose `validate`
 //! returns the domain type or a [`ValidationError`] naming the field path. Domain types
-//! are plain data (serde, `BTreeMap`s only) so the ledger can log and snapshot them
-//! deterministically. Called by the front door, the kube adapter, the ledger and the
+//! are plain data (serde; `BTreeMap`s, or the sorted [`SmallMap`] for the small maps
+//! every node carries) so the ledger can log and snapshot them deterministically. Called by the front door, the kube adapter, the ledger and the
 //! engine.
 
 pub mod cel;
 pub mod cel_cost;
 pub mod claim;
+pub mod compact;
 pub mod device;
 pub mod error;
 pub mod gang;
@@ -30,6 +31,7 @@ pub use claim::{
     AdminAccess, AllocationMode, ConstraintRule, DeviceAllocation, DeviceConstraint, DeviceRequest,
     DeviceToleration, ExactRequest, PodClaim, RawPodClaim, RequestSpec, SubRequest,
 };
+pub use compact::{SmallMap, Symbol, SymbolTable};
 pub use device::{
     AllocationSharing, AttributeValue, CelSelector, CounterConsumption, CounterSet, Device,
     DeviceCapacity, DeviceClass, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,

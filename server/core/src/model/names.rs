@@ -58,11 +58,12 @@ pub fn validate_label_value(path: &FieldPath, value: &str) -> Result<(), Validat
 }
 
 /// Checks every key and value of a label map.
-pub fn validate_labels<'a>(
+pub fn validate_labels<K: AsRef<str>, V: AsRef<str>>(
     path: &FieldPath,
-    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+    labels: impl IntoIterator<Item = (K, V)>,
 ) -> Result<(), ValidationError> {
     for (key, value) in labels {
+        let (key, value) = (key.as_ref(), value.as_ref());
         let entry = path.key(key);
         validate_qualified_name(&entry, key)?;
         validate_label_value(&entry, value)?;

@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::compact::{SmallMap, Symbol};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{
     validate_dns_subdomain, validate_label_value, validate_labels, validate_qualified_name,
@@ -90,13 +91,17 @@ pub enum Readiness {
     NotReady,
 }
 
+/// A node's labels: keys and values shared with every other node that has them, once
+/// the shard ledger has interned them.
+pub type Labels = SmallMap<Symbol, Symbol>;
+
 /// A node: what it offers and what it demands of pods.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     /// Node name (DNS-1123 subdomain).
     pub name: String,
     /// Node labels.
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// Node taints.
     pub taints: Vec<Taint>,
     /// Resources available to pods.
@@ -149,7 +154,7 @@ impl Node {
     pub fn new(name: impl Into<String>, allocatable: Resources) -> Self {
         Self {
             name: name.into(),
-            labels: BTreeMap::new(),
+            labels: Labels::new(),
             taints: Vec::new(),
             allocatable,
             schedulability: Schedulability::Schedulable,
@@ -159,7 +164,7 @@ impl Node {
 
     /// The value of label `key`, if set.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
+        self.labels.get(key).map(Symbol::as_str)
     }
 
     /// Checks a node built in code or decoded from a command.
@@ -248,7 +253,7 @@ impl RawNode {
             .collect::<Result<Vec<_>, ValidationError>>()?;
         let node = Node {
             name: self.name.clone(),
-            labels: self.labels.clone(),
+            labels: self.labels.iter().collect(),
             taints,
             allocatable: Resources::from_raw(
                 &root.child("allocatable"),

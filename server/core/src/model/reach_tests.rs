@@ -5,7 +5,7 @@ use crate::model::resources::Resources;
 
 fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     let mut n = Node::new(name, Resources::default());
-    n.labels = crate::fixtures::labels(labels);
+    n.labels = crate::fixtures::labels(labels).into();
     n
 }
 

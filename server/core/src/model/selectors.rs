@@ -6,28 +6,51 @@
 //! non-integer label), terms (requirements ANDed; an empty term matches nothing),
 //! required node affinity (terms ORed), label selectors (matchLabels and
 //! matchExpressions ANDed; an empty selector matches everything, an absent one nothing).
-//! Pure functions; called by filters, scores and inter-pod affinity.
+//! Pure functions over anything that looks labels up ([`LabelSource`]: a pod's
+//! `BTreeMap`, a node's interned [`crate::model::node::Labels`]); called by filters,
+//! scores and inter-pod affinity.
 
 use std::collections::BTreeMap;
 
+use crate::model::compact::{SmallMap, Symbol};
 use crate::model::pod::{
     LabelSelector, LabelSelectorOperator, NodeAffinity, NodeSelectorOperator,
     NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm,
 };
 
-/// Labels of a node or a pod.
+/// Labels of a pod (and of a selector's `matchLabels`).
 pub type Labels = BTreeMap<String, String>;
 
+/// Labels that can be looked up by key.
+pub trait LabelSource {
+    /// The value of `key`, if set.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelSource for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl LabelSource for SmallMap<Symbol, Symbol> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(Symbol::as_str)
+    }
+}
+
 /// Whether every `key: value` of a nodeSelector is on the node.
-pub fn node_selector_matches(selector: &Labels, labels: &Labels) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+pub fn node_selector_matches(selector: &Labels, labels: &impl LabelSource) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| labels.label(k) == Some(v.as_str()))
 }
 
 /// Whether one node selector requirement holds for `labels`.
-pub fn requirement_matches(req: &NodeSelectorRequirement, labels: &Labels) -> bool {
-    let value = labels.get(&req.key);
+pub fn requirement_matches(req: &NodeSelectorRequirement, labels: &impl LabelSource) -> bool {
+    let value = labels.label(&req.key);
     match req.operator {
-        NodeSelectorOperator::In => value.is_some_and(|v| req.values.contains(v)),
+        NodeSelectorOperator::In => value.is_some_and(|v| req.values.iter().any(|x| x == v)),
         NodeSelectorOperator::NotIn => absent_or_not_in(value, &req.values),
         NodeSelectorOperator::Exists => value.is_some(),
         NodeSelectorOperator::DoesNotExist => value.is_none(),
@@ -37,7 +60,7 @@ pub fn requirement_matches(req: &NodeSelectorRequirement, labels: &Labels) -> bo
 }
 
 /// The label and the single requirement value as integers, if both parse.
-fn compare_int(value: Option<&String>, values: &[String]) -> Option<(i64, i64)> {
+fn compare_int(value: Option<&str>, values: &[String]) -> Option<(i64, i64)> {
     let label: i64 = value?.parse().ok()?;
     match values {
         [only] => Some((label, only.parse().ok()?)),
@@ -46,15 +69,15 @@ fn compare_int(value: Option<&String>, values: &[String]) -> Option<(i64, i64)> 
 }
 
 /// NotIn semantics: an absent label, or a value outside `values`.
-fn absent_or_not_in(value: Option<&String>, values: &[String]) -> bool {
+fn absent_or_not_in(value: Option<&str>, values: &[String]) -> bool {
     match value {
         None => true,
-        Some(v) => !values.contains(v),
+        Some(v) => !values.iter().any(|x| x == v),
     }
 }
 
 /// Whether every requirement of a term holds; an empty term matches nothing.
-pub fn term_matches(term: &NodeSelectorTerm, labels: &Labels) -> bool {
+pub fn term_matches(term: &NodeSelectorTerm, labels: &impl LabelSource) -> bool {
     !term.match_expressions.is_empty()
         && term
             .match_expressions
@@ -63,7 +86,7 @@ pub fn term_matches(term: &NodeSelectorTerm, labels: &Labels) -> bool {
 }
 
 /// Whether the required node affinity (terms ORed) admits the node; none admits all.
-pub fn required_affinity_matches(affinity: &NodeAffinity, labels: &Labels) -> bool {
+pub fn required_affinity_matches(affinity: &NodeAffinity, labels: &impl LabelSource) -> bool {
     match &affinity.required {
         None => true,
         Some(terms) => terms.iter().any(|t| term_matches(t, labels)),
@@ -71,7 +94,7 @@ pub fn required_affinity_matches(affinity: &NodeAffinity, labels: &Labels) -> bo
 }
 
 /// Sum of the weights of the preferred node affinity terms the node matches.
-pub fn preferred_affinity_weight(affinity: &NodeAffinity, labels: &Labels) -> u64 {
+pub fn preferred_affinity_weight(affinity: &NodeAffinity, labels: &impl LabelSource) -> u64 {
     affinity
         .preferred
         .iter()
@@ -81,12 +104,14 @@ pub fn preferred_affinity_weight(affinity: &NodeAffinity, labels: &Labels) -> u6
 }
 
 /// Whether a label selector matches `labels`.
-pub fn label_selector_matches(selector: &LabelSelector, labels: &Labels) -> bool {
+pub fn label_selector_matches(selector: &LabelSelector, labels: &impl LabelSource) -> bool {
     node_selector_matches(&selector.match_labels, labels)
         && selector.match_expressions.iter().all(|req| {
-            let value = labels.get(&req.key);
+            let value = labels.label(&req.key);
             match req.operator {
-                LabelSelectorOperator::In => value.is_some_and(|v| req.values.contains(v)),
+                LabelSelectorOperator::In => {
+                    value.is_some_and(|v| req.values.iter().any(|x| x == v))
+                }
                 LabelSelectorOperator::NotIn => absent_or_not_in(value, &req.values),
                 LabelSelectorOperator::Exists => value.is_some(),
                 LabelSelectorOperator::DoesNotExist => value.is_none(),
@@ -95,7 +120,7 @@ pub fn label_selector_matches(selector: &LabelSelector, labels: &Labels) -> bool
 }
 
 /// Whether a pod affinity term selects a pod with `labels`; a term without selector selects none.
-pub fn pod_term_matches(term: &PodAffinityTerm, labels: &Labels) -> bool {
+pub fn pod_term_matches(term: &PodAffinityTerm, labels: &impl LabelSource) -> bool {
     term.label_selector
         .as_ref()
         .is_some_and(|selector| label_selector_matches(selector, labels))

@@ -13,6 +13,7 @@
 //! time. The coordinator drives the shards' side (fence, handoff, adopt, drop) between
 //! these steps. Called by [`super::MetaState::apply`] and `query`.
 
+use crate::model::node::Labels;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -171,14 +172,11 @@ pub fn shard_command(
 }
 
 /// A node's topology domain: the value of its `topology_label`, if set and present.
-pub fn domain_of(
-    labels: &BTreeMap<String, String>,
-    topology_label: Option<&str>,
-) -> Option<String> {
+pub fn domain_of(labels: &Labels, topology_label: Option<&str>) -> Option<String> {
     topology_label
         .and_then(|l| labels.get(l))
         .filter(|v| !v.is_empty())
-        .cloned()
+        .map(|v| v.to_string())
 }
 
 impl MetaState {

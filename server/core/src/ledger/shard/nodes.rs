@@ -43,9 +43,7 @@ impl ShardLedger {
                         resource,
                     });
                 }
-                self.state
-                    .nodes
-                    .update(&node.name, |entry| entry.node = node.clone());
+                self.state.nodes.replace_node(node);
                 NodeChange::Updated
             }
             None => {
