@@ -153,7 +153,7 @@ fn device_infos(entry: &NodeEntry) -> Vec<DeviceInfo> {
             out.push(DeviceInfo {
                 driver: key.driver.clone(),
                 pool: key.pool.clone(),
-                name: name.clone(),
+                name: name.to_string(),
                 unhealthy: devices.health(&id, None) == DeviceHealth::Unhealthy,
                 held_by: holders.remove(&id).unwrap_or_default(),
                 withdrawn: !pool.standing.is_offered(),

@@ -170,13 +170,13 @@ pub fn validate_report(report: &DeviceListReport) -> Result<PluginPool, Status> 
         };
         let mut device = Device::new(name.clone());
         device.attributes.insert(
-            DEVICE_ID_ATTRIBUTE.to_string(),
-            AttributeValue::String(d.id.clone()),
+            DEVICE_ID_ATTRIBUTE.into(),
+            AttributeValue::String(d.id.as_str().into()),
         );
         if let Some(numa) = d.numa_nodes.first() {
             device
                 .attributes
-                .insert(NUMA_NODE_ATTRIBUTE.to_string(), AttributeValue::Int(*numa));
+                .insert(NUMA_NODE_ATTRIBUTE.into(), AttributeValue::Int(*numa));
         }
         devices.push(device);
         health.push(DeviceHealthReport {

@@ -211,7 +211,7 @@ pub fn slice(object: &Value) -> Result<Option<(SliceScope, ResourcePool)>, Valid
         serde_json::from_value(raw).map_err(|e| FieldPath::new("spec").error(e.to_string()))?;
     let mut pool = raw.validate()?;
     for (device, reach) in pool.devices.iter_mut().zip(reaches.into_iter().flatten()) {
-        device.reach = Some(reach);
+        device.reach = Some(Box::new(reach));
     }
     Ok(Some((scope, pool)))
 }

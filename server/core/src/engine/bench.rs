@@ -426,8 +426,8 @@ pub fn bench_mig_pool() -> (Vec<Device>, Vec<CounterSet>) {
                 d.attributes
                     .insert("profile".into(), AttributeValue::String(profile.into()));
                 d.attributes
-                    .insert("parent".into(), AttributeValue::String(set.clone()));
-                d.consumes_counters.push(CounterConsumption {
+                    .insert("parent".into(), AttributeValue::String(set.clone().into()));
+                d.push_counter_use(CounterConsumption {
                     counter_set: set.clone(),
                     counters: BTreeMap::from([
                         (

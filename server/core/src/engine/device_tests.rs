@@ -510,7 +510,7 @@ fn first_available_takes_the_first_satisfiable_and_scores_it() {
 fn taints_need_tolerations() {
     let mut f = Fixture::new(&["n1"]);
     let mut tainted = gpu("gpu-0", "a100", 40, 0);
-    tainted.taints.push(DeviceTaint {
+    tainted.push_taint(DeviceTaint {
         key: "example.com/maintenance".into(),
         value: "soon".into(),
         effect: DeviceTaintEffect::NoSchedule,
@@ -575,7 +575,7 @@ fn mig_gpu(g: usize) -> (Vec<Device>, CounterSet) {
         let mut d = Device::new(format!("gpu-{g}-{name}"));
         d.attributes
             .insert("profile".into(), AttributeValue::String(name.into()));
-        d.consumes_counters.push(CounterConsumption {
+        d.push_counter_use(CounterConsumption {
             counter_set: set.clone(),
             counters: BTreeMap::from([
                 (
@@ -647,14 +647,14 @@ fn consumable_capacity_shares_a_device_up_to_its_capacity() {
         "bandwidth".into(),
         DeviceCapacity {
             value: DeviceQuantity::from_units(10),
-            request_policy: Some(CapacityRequestPolicy {
+            request_policy: Some(Box::new(CapacityRequestPolicy {
                 default: Some(DeviceQuantity::from_units(1)),
                 valid: CapacityValidity::Range {
                     min: DeviceQuantity::from_units(1),
                     max: None,
                     step: Some(DeviceQuantity::from_units(2)),
                 },
-            }),
+            })),
         },
     );
     f.publish("n1", vec![nic], vec![]);
@@ -884,7 +884,7 @@ mod agreement {
                     );
                 }
                 if counter > 0 {
-                    d.consumes_counters.push(CounterConsumption {
+                    d.push_counter_use(CounterConsumption {
                         counter_set: "s".into(),
                         counters: BTreeMap::from([(
                             "slices".to_string(),
@@ -893,7 +893,7 @@ mod agreement {
                     });
                 }
                 if taint == 0 {
-                    d.taints.push(DeviceTaint {
+                    d.push_taint(DeviceTaint {
                         key: "example.com/t".into(),
                         value: String::new(),
                         effect: DeviceTaintEffect::NoSchedule,

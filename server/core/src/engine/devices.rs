@@ -698,7 +698,7 @@ fn record(
             slot.device
                 .capacity
                 .keys()
-                .cloned()
+                .map(|name| name.to_string())
                 .zip(pick.consumed.iter().copied())
                 .collect()
         } else {

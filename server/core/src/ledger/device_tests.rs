@@ -12,14 +12,14 @@ use crate::ledger::command::{
     RefusalCause, ReleaseTarget, ReserveMember, TxnId,
 };
 use crate::ledger::devices::{
-    AgentLink, DeviceHealth, DeviceHealthReport, EvictionCause, PoolChange, PoolWithdrawal,
-    AGENT_GRACE_MS_DEFAULT,
+    AgentLink, DeviceHealth, DeviceHealthReport, EvictionCause, PoolChange, PoolKey,
+    PoolWithdrawal, AGENT_GRACE_MS_DEFAULT,
 };
 use crate::ledger::shard::ShardLedger;
 use crate::model::claim::{AdminAccess, DeviceAllocation, DeviceToleration};
 use crate::model::device::{
-    AllocationSharing, CelSelector, CounterConsumption, CounterSet, Device, DeviceCapacity,
-    DeviceClass, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,
+    AllocationSharing, AttributeValue, CelSelector, CounterConsumption, CounterSet, Device,
+    DeviceCapacity, DeviceClass, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,
 };
 use crate::model::gang::MemberKey;
 use crate::model::node::Node;
@@ -218,7 +218,7 @@ fn bad_pools_name_the_field_and_change_nothing() {
     assert_eq!(message, "devices[2].name: duplicate device name \"gpu-0\"");
     assert_eq!(l.snapshot(), before);
     let mut counters = gpus(1);
-    counters[0].consumes_counters.push(CounterConsumption {
+    counters[0].push_counter_use(CounterConsumption {
         counter_set: "missing".into(),
         counters: BTreeMap::from([("memory".to_string(), q(1))]),
     });
@@ -334,7 +334,7 @@ fn mig_pool() -> (Vec<Device>, Vec<CounterSet>) {
     };
     let slice = |name: &str, memory: u64| {
         let mut d = Device::new(name);
-        d.consumes_counters.push(CounterConsumption {
+        d.push_counter_use(CounterConsumption {
             counter_set: "gpu-0".into(),
             counters: BTreeMap::from([("memory".to_string(), q(memory))]),
         });
@@ -480,7 +480,7 @@ fn no_execute_taints_evict_unless_tolerated() {
     );
     let mut tainted = gpus(3);
     for d in &mut tainted {
-        d.taints.push(DeviceTaint {
+        d.push_taint(DeviceTaint {
             key: "example.com/maintenance".into(),
             value: String::new(),
             effect: DeviceTaintEffect::NoExecute,
@@ -745,13 +745,13 @@ fn arb_device(name: &'static str) -> impl Strategy<Value = Device> {
                     .insert("mem".into(), DeviceCapacity::fixed(q(capacity)));
             }
             if let Some(c) = counter {
-                d.consumes_counters.push(CounterConsumption {
+                d.push_counter_use(CounterConsumption {
                     counter_set: "s".into(),
                     counters: BTreeMap::from([("mem".to_string(), q(c))]),
                 });
             }
             if taint_roll == 0 {
-                d.taints.push(taint);
+                d.push_taint(taint);
             }
             d
         })
@@ -1145,4 +1145,67 @@ fn the_eviction_query_lists_placed_kubernetes_pods_on_bad_devices_once() {
         vec![("a".into(), "uid-a".into(), EvictionCause::Unhealthy)],
         "one line for a, though both its devices are sick"
     );
+}
+
+/// The device `name` of `pool` on `node`, as the ledger keeps it.
+fn kept_device(ledger: &ShardLedger, node: &str, pool: &str, name: &str) -> Device {
+    let view = crate::ledger::view::LedgerView::node_view(ledger, node).expect("registered");
+    let key = PoolKey {
+        driver: DRIVER.into(),
+        pool: pool.into(),
+    };
+    view.usage
+        .devices
+        .pools
+        .get(&key)
+        .expect("published")
+        .devices[name]
+        .clone()
+}
+
+fn a100(name: &str) -> Device {
+    let mut d = Device::new(name);
+    d.attributes
+        .insert("model".into(), AttributeValue::String("a100".into()));
+    d.capacity
+        .insert("memory".into(), DeviceCapacity::fixed(q(40 << 30)));
+    d
+}
+
+#[test]
+fn devices_share_the_names_and_strings_they_repeat_across_nodes_and_restores() {
+    let mut ledger = ShardLedger::new();
+    for n in ["a", "b"] {
+        apply(&mut ledger, 0, LedgerOp::RegisterNode { node: node(n) });
+        let reply = apply(
+            &mut ledger,
+            1,
+            publish(n, n, 1, vec![a100("gpu-0")], Vec::new()),
+        );
+        assert!(
+            matches!(reply, LedgerReply::PoolPublished { .. }),
+            "{reply:?}"
+        );
+    }
+    let shared = |l: &ShardLedger| {
+        let (x, y) = (
+            kept_device(l, "a", "a", "gpu-0"),
+            kept_device(l, "b", "b", "gpu-0"),
+        );
+        let model = |d: &Device| match d.attributes.get("model") {
+            Some(AttributeValue::String(s)) => s.clone(),
+            other => panic!("model is {other:?}"),
+        };
+        let first_key = |m: Vec<&crate::model::Symbol>| m[0].clone();
+        x.name.shares(&y.name)
+            && model(&x).shares(&model(&y))
+            && first_key(x.attributes.keys().collect())
+                .shares(&first_key(y.attributes.keys().collect()))
+            && first_key(x.capacity.keys().collect())
+                .shares(&first_key(y.capacity.keys().collect()))
+    };
+    assert!(shared(&ledger));
+    let restored = ShardLedger::restore(&ledger.snapshot()).expect("restores");
+    assert!(shared(&restored));
+    assert_eq!(restored.snapshot(), ledger.snapshot());
 }

@@ -29,6 +29,7 @@ use crate::ledger::command::{DeviceRefusal, RefusalCause};
 use crate::ledger::usage::PodSlot;
 use crate::ledger::view::next_stamp;
 use crate::model::claim::{AdminAccess, DeviceAllocation};
+use crate::model::compact::{SmallMap, Symbol, SymbolTable};
 use crate::model::device::{
     AllocationSharing, CounterSet, Device, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,
 };
@@ -91,7 +92,7 @@ pub struct PublishedPool {
     /// Its generation.
     pub generation: u64,
     /// Devices by name.
-    pub devices: BTreeMap<String, Device>,
+    pub devices: SmallMap<Symbol, Device>,
     /// Counter sets by name: counter → total.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_sets: BTreeMap<String, BTreeMap<String, DeviceQuantity>>,
@@ -132,6 +133,14 @@ pub enum PoolWithdrawal {
 }
 
 impl PublishedPool {
+    /// Shares its devices' repeated strings through `symbols` (see [`Device::intern`]).
+    pub fn intern(&mut self, symbols: &mut SymbolTable) {
+        symbols.intern_keys(&mut self.devices);
+        for device in self.devices.values_mut() {
+            device.intern(symbols);
+        }
+    }
+
     /// The ledger's form of a validated pool's generation, devices and counter sets.
     pub fn of(generation: u64, devices: &[Device], counter_sets: &[CounterSet]) -> Self {
         Self {
@@ -239,9 +248,13 @@ pub struct DeviceHealthReport {
 /// Devices, health and holdings of one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDevices {
-    /// Published pools.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", with = "pairs")]
-    pub pools: BTreeMap<PoolKey, PublishedPool>,
+    /// Published pools (a node has a few).
+    #[serde(
+        default,
+        skip_serializing_if = "SmallMap::is_empty",
+        with = "small_pairs"
+    )]
+    pub pools: SmallMap<PoolKey, PublishedPool>,
     /// Devices reported unhealthy (absent: healthy).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub unhealthy: BTreeSet<DeviceId>,
@@ -299,6 +312,31 @@ pub(crate) mod pairs {
     }
 
     pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let pairs: Vec<(K, V)> = Vec::deserialize(d)?;
+        Ok(pairs.into_iter().collect())
+    }
+}
+
+/// [`pairs`] for a [`SmallMap`]: the same encoding.
+pub(crate) mod small_pairs {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::model::compact::SmallMap;
+
+    pub fn serialize<K: Serialize + Ord, V: Serialize, S: Serializer>(
+        map: &SmallMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let pairs: Vec<(&K, &V)> = map.iter().collect();
+        pairs.serialize(s)
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<SmallMap<K, V>, D::Error>
     where
         K: Deserialize<'de> + Ord,
         V: Deserialize<'de>,
@@ -372,6 +410,13 @@ impl DeviceBatch {
 }
 
 impl NodeDevices {
+    /// Shares the published devices' repeated strings through `symbols`.
+    pub fn intern(&mut self, symbols: &mut SymbolTable) {
+        for pool in self.pools.values_mut() {
+            pool.intern(symbols);
+        }
+    }
+
     /// The stamp of the current definitions (pools, health, rule taints, agent link):
     /// equal stamps mean the same devices qualify for the same requests.
     pub fn definition_stamp(&self) -> u64 {
@@ -409,7 +454,7 @@ impl NodeDevices {
                 pool: id.pool.clone(),
             })?
             .devices
-            .get(&id.device)
+            .get(id.device.as_str())
     }
 
     /// The device named by `id`, if published in a pool that offers it (see
@@ -422,7 +467,7 @@ impl NodeDevices {
         if !pool.standing.is_offered() {
             return None;
         }
-        pool.devices.get(&id.device)
+        pool.devices.get(id.device.as_str())
     }
 
     /// The device's health at `at_ms` (`None`: ignore a pending agent expiry).
@@ -561,14 +606,14 @@ impl NodeDevices {
                     return Err(refuse(DeviceRefusal::ShareIdMissing));
                 }
                 for name in device.capacity.keys() {
-                    if !a.consumed_capacity.contains_key(name) {
+                    if !a.consumed_capacity.contains_key(name.as_str()) {
                         return Err(refuse(DeviceRefusal::CapacityNotConsumed {
-                            capacity: name.clone(),
+                            capacity: name.to_string(),
                         }));
                     }
                 }
                 for (name, amount) in &a.consumed_capacity {
-                    let Some(capacity) = device.capacity.get(name) else {
+                    let Some(capacity) = device.capacity.get(name.as_str()) else {
                         return Err(refuse(DeviceRefusal::CapacityNotConsumed {
                             capacity: name.clone(),
                         }));
@@ -1010,7 +1055,7 @@ impl NodeDevices {
                     for (name, amount) in &usage.consumed {
                         let fits = device
                             .capacity
-                            .get(name)
+                            .get(name.as_str())
                             .is_some_and(|c| *amount <= c.value);
                         if !fits {
                             return Err(format!("I1: {id} capacity {name} over-consumed"));

@@ -255,8 +255,9 @@ pub enum SnapshotError {
 /// not state: equality and snapshots ignore them); `anti_affinity_nodes` counts the
 /// summaries with the anti-affinity flag. Every change goes through
 /// [`NodeTable::update`], `insert`, `replace_node` or `remove`, which keep them in step.
-/// Nodes come in through `insert` and `replace_node` only, which intern their labels in
-/// `symbols`: a label key or value the fleet repeats is kept once (not state either).
+/// Nodes come in through `insert` and `replace_node` only, which intern their labels and
+/// devices in `symbols` (as does `interned_devices`, for pools published later): a label,
+/// attribute or device name the fleet repeats is kept once (not state either).
 #[derive(Debug, Clone, Default)]
 struct NodeTable {
     #[allow(
@@ -319,12 +320,22 @@ impl NodeTable {
         self.update(&node.name.clone(), |entry| entry.node = node);
     }
 
-    /// Adds a node that is not in the table yet, labels interned.
+    /// `devices` with their repeated strings shared with the table's other devices.
+    fn interned_devices(&mut self, devices: &[Device]) -> Vec<Device> {
+        let mut devices = devices.to_vec();
+        for device in &mut devices {
+            device.intern(&mut self.symbols);
+        }
+        devices
+    }
+
+    /// Adds a node that is not in the table yet, labels and devices interned.
     fn insert(&mut self, mut entry: NodeEntry) {
         let Err(i) = self.position(&entry.node.name) else {
             return;
         };
         self.symbols.intern_map(&mut entry.node.labels);
+        entry.usage.devices.intern(&mut self.symbols);
         self.entries.insert(i, Box::new(entry));
         self.fits.insert(i, NodeFit::default());
         self.stamps.insert(i, 0);

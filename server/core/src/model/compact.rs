@@ -80,6 +80,12 @@ impl From<Symbol> for String {
     }
 }
 
+impl From<&Symbol> for String {
+    fn from(symbol: &Symbol) -> Self {
+        symbol.0.to_string()
+    }
+}
+
 impl PartialEq<str> for Symbol {
     fn eq(&self, other: &str) -> bool {
         &*self.0 == other
@@ -122,17 +128,19 @@ impl<'de> Deserialize<'de> for Symbol {
     }
 }
 
-/// A map kept as a vector sorted by key: for the small maps every node and device
-/// carries (labels, attributes), where a `BTreeMap` allocates a whole node.
+/// A map kept as a slice sorted by key: for the small maps every node and device
+/// carries (labels, attributes), where a `BTreeMap` allocates a whole node. A boxed
+/// slice, not a vector: no spare room and no capacity word, since these maps are built
+/// once and read many times (a change reallocates).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SmallMap<K, V> {
-    entries: Vec<(K, V)>,
+    entries: Box<[(K, V)]>,
 }
 
 impl<K, V> Default for SmallMap<K, V> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            entries: Box::default(),
         }
     }
 }
@@ -190,8 +198,7 @@ impl<K: Ord, V> SmallMap<K, V> {
         self.position(key).is_ok()
     }
 
-    /// Sets `key` to `value`, returning the value it replaced. The vector keeps no spare
-    /// room: maps are built once and read many times.
+    /// Sets `key` to `value`, returning the value it replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         match self.position(&key) {
             Ok(i) => self
@@ -199,8 +206,12 @@ impl<K: Ord, V> SmallMap<K, V> {
                 .get_mut(i)
                 .map(|(_, old)| std::mem::replace(old, value)),
             Err(i) => {
-                self.entries.reserve_exact(1);
-                self.entries.insert(i, (key, value));
+                let mut old = std::mem::take(&mut self.entries).into_vec().into_iter();
+                let mut entries = Vec::with_capacity(old.len() + 1);
+                entries.extend(old.by_ref().take(i));
+                entries.push((key, value));
+                entries.extend(old);
+                self.entries = entries.into_boxed_slice();
                 None
             }
         }
@@ -213,8 +224,9 @@ impl<K: Ord, V> SmallMap<K, V> {
         Q: Ord + ?Sized,
     {
         let i = self.position(key).ok()?;
-        let (_, value) = self.entries.remove(i);
-        self.entries.shrink_to_fit();
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
+        let (_, value) = entries.remove(i);
+        self.entries = entries.into_boxed_slice();
         Some(value)
     }
 
@@ -247,8 +259,9 @@ impl<K: Ord, V> SmallMap<K, V> {
 
     /// Keeps the entries `keep` says yes to.
     pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
-        self.entries.retain_mut(|(k, v)| keep(k, v));
-        self.entries.shrink_to_fit();
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
+        entries.retain_mut(|(k, v)| keep(k, v));
+        self.entries = entries.into_boxed_slice();
     }
 
     /// Builds from entries in any order; of duplicate keys the last wins (as in a
@@ -258,8 +271,21 @@ impl<K: Ord, V> SmallMap<K, V> {
         entries.reverse();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|later, first| later.0 == first.0);
-        entries.shrink_to_fit();
-        Self { entries }
+        Self {
+            entries: entries.into_boxed_slice(),
+        }
+    }
+}
+
+impl<K: Ord + Borrow<Q>, Q: Ord + ?Sized, V> std::ops::Index<&Q> for SmallMap<K, V> {
+    type Output = V;
+
+    /// The value of `key`; panics if there is none, as indexing a `BTreeMap` does.
+    fn index(&self, key: &Q) -> &V {
+        match self.get(key) {
+            Some(value) => value,
+            None => panic!("SmallMap: no entry for the key"),
+        }
     }
 }
 
@@ -303,7 +329,7 @@ impl<K, V> IntoIterator for SmallMap<K, V> {
     type IntoIter = std::vec::IntoIter<(K, V)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
+        self.entries.into_vec().into_iter()
     }
 }
 
@@ -319,7 +345,7 @@ impl<K: Ord, V, A: Into<K>, B: Into<V>> FromIterator<(A, B)> for SmallMap<K, V> 
 
 impl<K: Ord, V, A: Into<K>, B: Into<V>> Extend<(A, B)> for SmallMap<K, V> {
     fn extend<I: IntoIterator<Item = (A, B)>>(&mut self, iter: I) {
-        let mut entries = std::mem::take(&mut self.entries);
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
         entries.extend(iter.into_iter().map(|(k, v)| (k.into(), v.into())));
         // Existing entries come first, so a later duplicate replaces them.
         *self = Self::from_entries(entries);
@@ -335,12 +361,13 @@ impl<K: Ord, V, A: Into<K>, B: Into<V>, const N: usize> From<[(A, B); N]> for Sm
 impl From<BTreeMap<String, String>> for SmallMap<Symbol, Symbol> {
     fn from(map: BTreeMap<String, String>) -> Self {
         // Already sorted and unique: no sort needed.
-        let mut entries: Vec<(Symbol, Symbol)> = map
+        let entries: Vec<(Symbol, Symbol)> = map
             .into_iter()
             .map(|(k, v)| (Symbol::from(k), Symbol::from(v)))
             .collect();
-        entries.shrink_to_fit();
-        Self { entries }
+        Self {
+            entries: entries.into_boxed_slice(),
+        }
     }
 }
 
@@ -432,6 +459,13 @@ impl SymbolTable {
         for (k, v) in map.entries.iter_mut() {
             *k = self.intern(k);
             *v = self.intern(v);
+        }
+    }
+
+    /// Interns every key of `map` in place (the same texts: the order holds).
+    pub fn intern_keys<V>(&mut self, map: &mut SmallMap<Symbol, V>) {
+        for (k, _) in map.entries.iter_mut() {
+            *k = self.intern(k);
         }
     }
 

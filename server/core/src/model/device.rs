@@ -29,6 +29,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::model::cel::compile_selector;
+use crate::model::compact::{SmallMap, Symbol, SymbolTable};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{
     validate_dns_label, validate_dns_subdomain, validate_label_value, validate_qualified_name,
@@ -71,51 +72,63 @@ pub const CONFIGS_MAX: usize = 32;
 pub const CONFIG_PARAMETERS_LENGTH_MAX: usize = 10 * 1024;
 
 /// A capacity or counter amount in nano-units (10^-9), exact.
+///
+/// Kept as two 64-bit halves (high first, so the derived order is the numeric one):
+/// a `u128` field would align every capacity entry, and every device holding one, to
+/// 16 bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceQuantity(u128);
+pub struct DeviceQuantity {
+    high: u64,
+    low: u64,
+}
 
 impl DeviceQuantity {
     /// Zero.
-    pub const ZERO: Self = Self(0);
+    pub const ZERO: Self = Self { high: 0, low: 0 };
 
     /// A quantity of `nano` nano-units.
     pub fn from_nano(nano: u128) -> Self {
-        Self(nano)
+        Self {
+            high: (nano >> 64) as u64,
+            low: nano as u64,
+        }
     }
 
     /// A quantity of whole units.
     pub fn from_units(units: u64) -> Self {
-        Self(u128::from(units) * 1_000_000_000)
+        Self::from_nano(u128::from(units) * 1_000_000_000)
     }
 
     /// The amount in nano-units.
     pub fn nano(&self) -> u128 {
-        self.0
+        (u128::from(self.high) << 64) | u128::from(self.low)
     }
 
     /// Parses a Kubernetes quantity (`"40Gi"`, `"1500m"`); negative values are refused.
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
         let nano = parse_nano(input)?;
-        u128::try_from(nano).map(Self).map_err(|_| QuantityError {
-            input: input.to_string(),
-            kind: QuantityErrorKind::Negative,
-        })
+        u128::try_from(nano)
+            .map(Self::from_nano)
+            .map_err(|_| QuantityError {
+                input: input.to_string(),
+                kind: QuantityErrorKind::Negative,
+            })
     }
 
     /// `self + other`, or `None` on overflow.
     pub fn checked_add(&self, other: &Self) -> Option<Self> {
-        self.0.checked_add(other.0).map(Self)
+        self.nano().checked_add(other.nano()).map(Self::from_nano)
     }
 
     /// `self - other`, floored at zero.
     pub fn saturating_sub(&self, other: &Self) -> Self {
-        Self(self.0.saturating_sub(other.0))
+        Self::from_nano(self.nano().saturating_sub(other.nano()))
     }
 }
 
 impl fmt::Display for DeviceQuantity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0;
+        let n = self.nano();
         if n % 1_000_000_000 == 0 {
             write!(f, "{}", n / 1_000_000_000)
         } else if n % 1_000_000 == 0 {
@@ -185,9 +198,9 @@ pub enum AttributeValue {
     /// A boolean.
     Bool(bool),
     /// A string of at most [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes.
-    String(String),
+    String(Symbol),
     /// A semver 2.0.0 version.
-    Version(String),
+    Version(Symbol),
     /// Integers.
     Ints(Vec<i64>),
     /// Booleans.
@@ -292,7 +305,7 @@ pub struct DeviceCapacity {
     pub value: DeviceQuantity,
     /// How shared allocations consume it (shared devices only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_policy: Option<CapacityRequestPolicy>,
+    pub request_policy: Option<Box<CapacityRequestPolicy>>,
 }
 
 impl DeviceCapacity {
@@ -328,10 +341,12 @@ impl DeviceCapacity {
                     *min
                 } else {
                     match step {
-                        Some(step) if step.0 > 0 => {
-                            let above = requested.0 - min.0;
-                            let steps = above.div_ceil(step.0);
-                            DeviceQuantity(min.0.checked_add(steps.checked_mul(step.0)?)?)
+                        Some(step) if step.nano() > 0 => {
+                            let above = requested.nano() - min.nano();
+                            let steps = above.div_ceil(step.nano());
+                            DeviceQuantity::from_nano(
+                                min.nano().checked_add(steps.checked_mul(step.nano())?)?,
+                            )
                         }
                         _ => requested,
                     }
@@ -423,26 +438,27 @@ pub enum AllocationSharing {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Device {
     /// Name, unique in the pool (a DNS label).
-    pub name: String,
+    pub name: Symbol,
     /// Qualified attribute name → value.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub attributes: BTreeMap<String, AttributeValue>,
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub attributes: SmallMap<Symbol, AttributeValue>,
     /// Qualified capacity name → capacity.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub capacity: BTreeMap<String, DeviceCapacity>,
-    /// Shared counters it consumes while allocated (partitionable devices).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub consumes_counters: Vec<CounterConsumption>,
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub capacity: SmallMap<Symbol, DeviceCapacity>,
+    /// Shared counters it consumes while allocated (partitionable devices). Boxed slices
+    /// here and in `taints`: most devices have none, and a fleet holds many devices.
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    pub consumes_counters: Box<[CounterConsumption]>,
     /// Taints.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub taints: Vec<DeviceTaint>,
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    pub taints: Box<[DeviceTaint]>,
     /// Whether claims may share it.
     #[serde(default, skip_serializing_if = "is_exclusive")]
     pub sharing: AllocationSharing,
     /// The nodes it is reachable from, in a network-attached pool whose devices each
     /// say (`perDeviceNodeSelection`); `None` everywhere else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reach: Option<PoolReach>,
+    pub reach: Option<Box<PoolReach>>,
 }
 
 fn is_exclusive(sharing: &AllocationSharing) -> bool {
@@ -453,13 +469,40 @@ impl Device {
     /// A device without attributes, capacity, counters or taints.
     pub fn new(name: impl Into<String>) -> Self {
         Self {
-            name: name.into(),
-            attributes: BTreeMap::new(),
-            capacity: BTreeMap::new(),
-            consumes_counters: Vec::new(),
-            taints: Vec::new(),
+            name: name.into().into(),
+            attributes: SmallMap::new(),
+            capacity: SmallMap::new(),
+            consumes_counters: Box::default(),
+            taints: Box::default(),
             sharing: AllocationSharing::Exclusive,
             reach: None,
+        }
+    }
+
+    /// Adds a shared counter use (reallocates: devices are built once).
+    pub fn push_counter_use(&mut self, consumption: CounterConsumption) {
+        let mut all = std::mem::take(&mut self.consumes_counters).into_vec();
+        all.push(consumption);
+        self.consumes_counters = all.into_boxed_slice();
+    }
+
+    /// Adds a taint (reallocates: devices are built once).
+    pub fn push_taint(&mut self, taint: DeviceTaint) {
+        let mut all = std::mem::take(&mut self.taints).into_vec();
+        all.push(taint);
+        self.taints = all.into_boxed_slice();
+    }
+
+    /// Shares its repeated strings (name, attribute and capacity names, string and
+    /// version values) with every other device interned through `symbols`.
+    pub fn intern(&mut self, symbols: &mut SymbolTable) {
+        self.name = symbols.intern(&self.name);
+        symbols.intern_keys(&mut self.attributes);
+        symbols.intern_keys(&mut self.capacity);
+        for value in self.attributes.values_mut() {
+            if let AttributeValue::String(text) | AttributeValue::Version(text) = value {
+                *text = symbols.intern(text);
+            }
         }
     }
 

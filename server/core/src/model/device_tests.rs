@@ -23,14 +23,14 @@ fn quantities_round_trip_and_order_exactly() {
 fn request_policies_round_up_and_refuse() {
     let range = DeviceCapacity {
         value: q("40Gi"),
-        request_policy: Some(CapacityRequestPolicy {
+        request_policy: Some(Box::new(CapacityRequestPolicy {
             default: Some(q("1Gi")),
             valid: CapacityValidity::Range {
                 min: q("1Gi"),
                 max: Some(q("20Gi")),
                 step: Some(q("1Gi")),
             },
-        }),
+        })),
     };
     assert_eq!(range.consumed_by(None), Some(q("1Gi")));
     assert_eq!(range.consumed_by(Some(q("100Mi"))), Some(q("1Gi")));
@@ -38,10 +38,10 @@ fn request_policies_round_up_and_refuse() {
     assert_eq!(range.consumed_by(Some(q("21Gi"))), None);
     let values = DeviceCapacity {
         value: q("8"),
-        request_policy: Some(CapacityRequestPolicy {
+        request_policy: Some(Box::new(CapacityRequestPolicy {
             default: None,
             valid: CapacityValidity::Values(vec![q("1"), q("2"), q("4")]),
-        }),
+        })),
     };
     assert_eq!(values.consumed_by(Some(q("3"))), Some(q("4")));
     assert_eq!(values.consumed_by(Some(q("5"))), None);

@@ -338,7 +338,7 @@ fn a_node_that_serves_a_pod_from_its_own_devices_scores_above_one_that_takes_the
 fn per_device_fixture() -> Fixture {
     let mut f = fixture(0);
     let reach = |reach: PoolReach, name: &str| Device {
-        reach: Some(reach),
+        reach: Some(Box::new(reach)),
         ..Device::new(name)
     };
     let reply = f.apply(LedgerOp::PublishNetworkPool {
@@ -435,7 +435,7 @@ fn a_per_device_pool_needs_every_device_to_say_where_it_is() {
         (
             PoolReach::AllNodes,
             vec![Device {
-                reach: Some(PoolReach::AllNodes),
+                reach: Some(Box::new(PoolReach::AllNodes)),
                 ..Device::new("says")
             }],
         ),

@@ -95,7 +95,12 @@ impl<'t, 'a, 'd> Search<'t, 'a, 'd> {
                 .device
                 .capacity
                 .keys()
-                .map(|name| a.consumed_capacity.get(name).copied().unwrap_or_default())
+                .map(|name| {
+                    a.consumed_capacity
+                        .get(name.as_str())
+                        .copied()
+                        .unwrap_or_default()
+                })
                 .collect();
             self.take(slot, &amounts);
         }

@@ -168,7 +168,7 @@ impl<'a> Table<'a> {
                     .capacity
                     .keys()
                     .map(|c| {
-                        use_.and_then(|u| u.consumed.get(c))
+                        use_.and_then(|u| u.consumed.get(c.as_str()))
                             .copied()
                             .unwrap_or_default()
                     })

@@ -24,11 +24,12 @@ impl ShardLedger {
             .map_err(|e| LedgerError::InvalidPool {
                 message: e.to_string(),
             })?;
+        let devices = self.state.nodes.interned_devices(devices);
         let published = PoolParts {
             driver,
             name: pool,
             generation,
-            devices,
+            devices: &devices,
             counter_sets,
         };
         let key = PoolKey {

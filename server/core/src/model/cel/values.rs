@@ -172,21 +172,21 @@ impl<'a> DomainVal<'a> {
 
     pub(super) fn count(&self) -> usize {
         let driver = self.device.driver;
-        let in_domain = |name: &String| split_qualified(driver, name).0 == self.domain;
+        let in_domain = |name: &str| split_qualified(driver, name).0 == self.domain;
         match self.part {
             Part::Attributes => self
                 .device
                 .device
                 .attributes
                 .keys()
-                .filter(|n| in_domain(n))
+                .filter(|n| in_domain(n.as_str()))
                 .count(),
             Part::Capacity => self
                 .device
                 .device
                 .capacity
                 .keys()
-                .filter(|n| in_domain(n))
+                .filter(|n| in_domain(n.as_str()))
                 .count(),
         }
     }

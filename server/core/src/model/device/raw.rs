@@ -200,7 +200,7 @@ pub(super) fn convert_capacity(
     };
     Ok(DeviceCapacity {
         value,
-        request_policy,
+        request_policy: request_policy.map(Box::new),
     })
 }
 
@@ -244,8 +244,8 @@ pub(super) fn convert_device(path: &FieldPath, raw: &RawDevice) -> Result<Device
         })
         .collect::<Result<_, ValidationError>>()?;
     Ok(Device {
-        name: raw.name.clone(),
-        attributes: raw.attributes.clone(),
+        name: raw.name.clone().into(),
+        attributes: raw.attributes.iter().map(|(k, v)| (k, v.clone())).collect(),
         capacity,
         consumes_counters,
         taints,

@@ -118,7 +118,7 @@ pub(super) fn validate_device(
         || path().child("name"),
         |p| validate_dns_label(p, &device.name),
     )?;
-    match &device.reach {
+    match device.reach.as_deref() {
         None => {}
         Some(PoolReach::PerDevice) => {
             return Err(path().error("a device's own reach is nodeName, nodeSelector or allNodes"))
@@ -314,7 +314,7 @@ pub(super) fn validate_capacity(
                 }
             }
             if let Some(step) = step {
-                if step.0 == 0 {
+                if step.nano() == 0 {
                     return Err(range.child("step").error("step must be positive"));
                 }
             }
