@@ -29,11 +29,14 @@ use crate::ledger::command::{DeviceRefusal, RefusalCause};
 use crate::ledger::usage::PodSlot;
 use crate::ledger::view::next_stamp;
 use crate::model::claim::{AdminAccess, DeviceAllocation};
-use crate::model::compact::{SmallMap, Symbol, SymbolTable};
+use crate::model::compact::{SmallMap, SymbolTable};
 use crate::model::device::{
     AllocationSharing, CounterSet, Device, DeviceId, DeviceQuantity, DeviceTaint, DeviceTaintEffect,
 };
 use crate::model::gang::MemberKey;
+
+mod pool_devices;
+pub use pool_devices::PoolDevices;
 
 /// How long a disconnected node agent's devices stay healthy, in ms (the kubelet's
 /// device-plugin grace period: 5 minutes).
@@ -92,7 +95,7 @@ pub struct PublishedPool {
     /// Its generation.
     pub generation: u64,
     /// Devices by name.
-    pub devices: SmallMap<Symbol, Device>,
+    pub devices: PoolDevices,
     /// Counter sets by name: counter → total.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_sets: BTreeMap<String, BTreeMap<String, DeviceQuantity>>,
@@ -135,7 +138,6 @@ pub enum PoolWithdrawal {
 impl PublishedPool {
     /// Shares its devices' repeated strings through `symbols` (see [`Device::intern`]).
     pub fn intern(&mut self, symbols: &mut SymbolTable) {
-        symbols.intern_keys(&mut self.devices);
         for device in self.devices.values_mut() {
             device.intern(symbols);
         }
@@ -145,10 +147,7 @@ impl PublishedPool {
     pub fn of(generation: u64, devices: &[Device], counter_sets: &[CounterSet]) -> Self {
         Self {
             generation,
-            devices: devices
-                .iter()
-                .map(|d| (d.name.clone(), d.clone()))
-                .collect(),
+            devices: PoolDevices::of(devices.to_vec()),
             counter_sets: counter_sets
                 .iter()
                 .map(|CounterSet { name, counters }| (name.clone(), counters.clone()))

@@ -38,17 +38,17 @@ fn list_attributes_and_includes() {
     let mut d = gpu("a100", "40Gi");
     d.attributes.insert(
         "models".into(),
-        AttributeValue::Strings(vec!["a100".into(), "a100-sxm".into()]),
+        AttributeValue::Strings(vec!["a100".into(), "a100-sxm".into()].into()),
     );
     d.attributes.insert(
         "numa.example.com/nodes".into(),
-        AttributeValue::Ints(vec![0, 1]),
+        AttributeValue::Ints(vec![0, 1].into()),
     );
     d.attributes
-        .insert("flags".into(), AttributeValue::Bools(vec![true]));
+        .insert("flags".into(), AttributeValue::Bools(vec![true].into()));
     d.attributes.insert(
         "firmware".into(),
-        AttributeValue::Versions(vec!["1.2.3".into(), "2.0.0".into()]),
+        AttributeValue::Versions(vec!["1.2.3".into(), "2.0.0".into()].into()),
     );
     let attr = |name: &str| format!(r#"device.attributes["gpu.example.com"].{name}"#);
     let yes = [

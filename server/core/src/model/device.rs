@@ -201,14 +201,14 @@ pub enum AttributeValue {
     String(Symbol),
     /// A semver 2.0.0 version.
     Version(Symbol),
-    /// Integers.
-    Ints(Vec<i64>),
+    /// Integers. Lists are boxed slices, so a value is 24 bytes, not 32.
+    Ints(Box<[i64]>),
     /// Booleans.
-    Bools(Vec<bool>),
+    Bools(Box<[bool]>),
     /// Strings of at most [`ATTRIBUTE_VALUE_LENGTH_MAX`] bytes each.
-    Strings(Vec<String>),
+    Strings(Box<[String]>),
     /// Semver 2.0.0 versions.
-    Versions(Vec<String>),
+    Versions(Box<[String]>),
 }
 
 /// One value of an attribute: a scalar, or one item of a list.

@@ -77,13 +77,13 @@ fn list_attributes_decode_validate_and_compare_as_sets() {
     let roots = &attrs["pcieRoots"];
     assert_eq!(
         roots,
-        &AttributeValue::Strings(vec!["pci0000:00".into(), "pci0000:40".into()])
+        &AttributeValue::Strings(vec!["pci0000:00".into(), "pci0000:40".into()].into())
     );
     assert_eq!(roots.value_count(), 2);
     let scalar = AttributeValue::String("pci0000:40".into());
     assert!(roots.overlaps(&scalar) && scalar.overlaps(roots));
     assert!(!roots.overlaps(&AttributeValue::String("pci0000:80".into())));
-    assert!(!attrs["numaNodes"].overlaps(&AttributeValue::Strings(vec!["0".into()])));
+    assert!(!attrs["numaNodes"].overlaps(&AttributeValue::Strings(vec!["0".into()].into())));
     assert!(attrs["numaNodes"].holds(AttributeItem::Int(1)));
 
     let bad = |value: AttributeValue| {
@@ -93,17 +93,19 @@ fn list_attributes_decode_validate_and_compare_as_sets() {
             .expect_err("invalid")
             .to_string()
     };
-    let empty = bad(AttributeValue::Ints(Vec::new()));
+    let empty = bad(AttributeValue::Ints(Vec::new().into()));
     assert!(
         empty.starts_with("pool.devices[0].attributes.x.ints"),
         "{empty}"
     );
-    let long = bad(AttributeValue::Strings(vec!["a".into(), "b".repeat(65)]));
+    let long = bad(AttributeValue::Strings(
+        vec!["a".into(), "b".repeat(65)].into(),
+    ));
     assert!(
         long.starts_with("pool.devices[0].attributes.x.strings[1]"),
         "{long}"
     );
-    let version = bad(AttributeValue::Versions(vec!["1.2".into()]));
+    let version = bad(AttributeValue::Versions(vec!["1.2".into()].into()));
     assert!(
         version.starts_with("pool.devices[0].attributes.x.versions[0]"),
         "{version}"
