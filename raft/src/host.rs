@@ -63,6 +63,9 @@ pub const MEMBERSHIP_TIMEOUT_MS: u64 = 60_000;
 pub const PROBE_TIMEOUT_MS: u64 = 1_000;
 /// Time a compaction waits for its snapshot.
 pub const COMPACT_TIMEOUT_MS: u64 = 30_000;
+/// A group (or all groups together) that took at least this long to open is logged at
+/// info, with where the time went; a quicker open is routine and logged at debug.
+pub const SLOW_OPEN_LOG_MS: u64 = 1_000;
 
 /// Raft timing and log-retention settings of a host.
 #[derive(Debug, Clone)]
@@ -319,8 +322,11 @@ fn peer_group_view(v: &pb_raft::GroupView) -> PeerGroupView {
     }
 }
 
-/// Logs a change of the gate (a leader heard again is the normal state, logged at debug).
-fn log_gate_change(group: GroupId, reason: GateReason) {
+/// Logs a change of the gate: at debug while the group forms (no leader heard yet since
+/// this replica started: a healthy start logs nothing a person must read), when a leader
+/// is heard again (the normal state), and for reach (reported by `report_reach` only
+/// once a majority has been out of reach for a while); at info otherwise.
+fn log_gate_change(group: GroupId, reason: GateReason, forming: bool) {
     let (enabled, why) = match reason {
         GateReason::MayCampaign => ("enabled", "this replica may campaign".to_string()),
         GateReason::OutOfReach => (
@@ -335,10 +341,16 @@ fn log_gate_change(group: GroupId, reason: GateReason) {
         ),
     };
     match reason {
-        GateReason::LeaderHeard(_) | GateReason::TransferHold => {
+        _ if forming => tracing::debug!(group, elections = enabled, "election gate: {why}"),
+        GateReason::LeaderHeard(_)
+        | GateReason::TransferHold
+        | GateReason::OutOfReach
+        | GateReason::MayCampaign => {
             tracing::debug!(group, elections = enabled, "election gate: {why}")
         }
-        _ => tracing::info!(group, elections = enabled, "election gate: {why}"),
+        GateReason::DefersTo(_) => {
+            tracing::info!(group, elections = enabled, "election gate: {why}")
+        }
     }
 }
 
@@ -406,11 +418,12 @@ impl RaftHost {
             groups.insert(gid, Arc::new(group));
             proposer_tasks.push(task);
         }
-        tracing::info!(
-            groups = groups.len(),
-            ms = opening_started.elapsed().as_millis() as u64,
-            "every group opened"
-        );
+        let ms = opening_started.elapsed().as_millis() as u64;
+        if ms >= SLOW_OPEN_LOG_MS {
+            tracing::info!(groups = groups.len(), ms, "every group opened");
+        } else {
+            tracing::debug!(groups = groups.len(), ms, "every group opened");
+        }
         let members_seen = MembersSeen::open(store.clone())?;
         let transport_open = AtomicBool::new(cfg.transport == TransportStart::Open);
         let host = RaftHost {
@@ -503,15 +516,29 @@ impl RaftHost {
         // the live leaders once it answers them.
         raft.runtime_config().elect(false);
         // Where a restart's time goes: the snapshot, then the log re-applied over it.
-        tracing::info!(
-            group = gid,
-            snapshot_bytes = restored.bytes,
-            read_ms = restored.read_ms,
-            restore_ms = restored.restore_ms,
-            replay_ms = raft_started.elapsed().as_millis() as u64,
-            applied = sm.lock().last_applied.map(|l| l.index).unwrap_or(0),
-            "group opened"
-        );
+        let replay_ms = raft_started.elapsed().as_millis() as u64;
+        let applied = sm.lock().last_applied.map(|l| l.index).unwrap_or(0);
+        if restored.read_ms + restored.restore_ms + replay_ms >= SLOW_OPEN_LOG_MS {
+            tracing::info!(
+                group = gid,
+                snapshot_bytes = restored.bytes,
+                read_ms = restored.read_ms,
+                restore_ms = restored.restore_ms,
+                replay_ms,
+                applied,
+                "group opened"
+            );
+        } else {
+            tracing::debug!(
+                group = gid,
+                snapshot_bytes = restored.bytes,
+                read_ms = restored.read_ms,
+                restore_ms = restored.restore_ms,
+                replay_ms,
+                applied,
+                "group opened"
+            );
+        }
         let (proposer, proposer_task) = Proposer::start(raft.clone(), stop.clone());
         let checked = raft.clone();
         let (read_gate, gate_task) = ReadGate::start(

@@ -33,7 +33,7 @@
 //! started directly and is not gated. Owned by the host (`RaftHost::start`
 //! spawns the ping and gate loops; they stop at shutdown).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -287,6 +287,13 @@ pub(crate) struct GateState {
     pub(crate) enabled: BTreeMap<GroupId, bool>,
     /// When this replica last heard the group's leader (or first looked).
     pub(crate) heard_at: BTreeMap<GroupId, Instant>,
+    /// Since when a majority of each group's voters has been out of reach, and whether
+    /// that was logged (only once it lasted [`crate::host::PEER_SILENT_WARN_MS`]).
+    pub(crate) unreachable: BTreeMap<GroupId, (Instant, bool)>,
+    /// Groups whose leader this replica has heard, with more than one voter, since it
+    /// started: before that the group is forming, and its gate's changes are routine
+    /// (logged at debug).
+    pub(crate) led: BTreeSet<GroupId>,
     /// When this replica last campaigned ahead of its timer.
     pub(crate) campaigned_at: BTreeMap<GroupId, Instant>,
     /// The last vote seen per group, and when it was first seen.

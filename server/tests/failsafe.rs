@@ -332,6 +332,17 @@ async fn gangway_dev_is_quiet_stops_on_sigterm_and_refuses_a_lost_replica() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // A healthy start logs nothing a person must read (it once printed an election
+    // gate line per group and replica while the groups formed, and one per group opened).
+    let started = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let noisy: Vec<&str> = started
+        .lines()
+        .filter(|l| l.contains(" INFO ") || l.contains(" WARN "))
+        .collect();
+    assert!(
+        noisy.is_empty(),
+        "a healthy dev start logs lines a person must read: {noisy:#?}"
+    );
     let status = Command::new("kill")
         .args(["-s", "TERM", &child.id().to_string()])
         .status()

@@ -182,9 +182,11 @@ impl RaftHost {
                     g.raft.runtime_config().elect(decision.enable);
                     let was = state.enabled.insert(*gid, decision.enable);
                     if was.is_some() {
-                        log_gate_change(*gid, decision.reason);
+                        let forming = !state.led.contains(gid);
+                        log_gate_change(*gid, decision.reason, forming);
                     }
                 }
+                report_reach(*gid, decision.reason, now, &mut state);
                 if decision.campaign_now && state.may_campaign_again(*gid, now, timing) {
                     state.campaigned_at.insert(*gid, now);
                     tracing::info!(
@@ -233,6 +235,10 @@ impl RaftHost {
                     self.shared.reach.last_answer(l).unwrap_or(now)
                 };
                 state.heard_at.insert(g.id, at);
+                // A lone voter leading itself is a cluster still being formed.
+                if voters.len() > 1 {
+                    state.led.insert(g.id);
+                }
                 None
             }
             None => {
@@ -410,12 +416,37 @@ impl RaftHost {
                 tokio::task::spawn_blocking(move || host.shared.members_seen.record(&seen)).await;
             match recorded {
                 Ok(Ok(new)) if !new.is_empty() => {
-                    tracing::info!(members = ?new, "recorded members that stored Raft state")
+                    tracing::debug!(members = ?new, "recorded members that stored Raft state")
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot record the members seen"),
                 Err(e) => tracing::warn!(error = %e, "members-seen task failed"),
             }
         }
+    }
+}
+
+/// Logs a majority of `group`'s voters out of reach once it has lasted
+/// [`PEER_SILENT_WARN_MS`], and its return after that: a blip of a few pings (a peer
+/// starting, a leader moving) is routine and logged by the gate at debug only.
+fn report_reach(group: GroupId, reason: GateReason, now: Instant, state: &mut GateState) {
+    let bound = Duration::from_millis(PEER_SILENT_WARN_MS);
+    if reason == GateReason::OutOfReach {
+        let (since, reported) = state.unreachable.entry(group).or_insert((now, false));
+        let lasted = now.saturating_duration_since(*since);
+        if !*reported && lasted >= bound {
+            *reported = true;
+            tracing::info!(
+                group,
+                ms = lasted.as_millis() as u64,
+                "election gate: a majority of voters has been out of reach; no election here"
+            );
+        }
+    } else if let Some((since, true)) = state.unreachable.remove(&group) {
+        tracing::info!(
+            group,
+            ms = now.saturating_duration_since(since).as_millis() as u64,
+            "election gate: a majority of voters is in reach again"
+        );
     }
 }
