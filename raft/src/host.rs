@@ -518,26 +518,24 @@ impl RaftHost {
         // Where a restart's time goes: the snapshot, then the log re-applied over it.
         let replay_ms = raft_started.elapsed().as_millis() as u64;
         let applied = sm.lock().last_applied.map(|l| l.index).unwrap_or(0);
+        // tracing's levels are fixed per call site: one event, written at either level.
+        macro_rules! opened {
+            ($level:ident) => {
+                tracing::$level!(
+                    group = gid,
+                    snapshot_bytes = restored.bytes,
+                    read_ms = restored.read_ms,
+                    restore_ms = restored.restore_ms,
+                    replay_ms,
+                    applied,
+                    "group opened"
+                )
+            };
+        }
         if restored.read_ms + restored.restore_ms + replay_ms >= SLOW_OPEN_LOG_MS {
-            tracing::info!(
-                group = gid,
-                snapshot_bytes = restored.bytes,
-                read_ms = restored.read_ms,
-                restore_ms = restored.restore_ms,
-                replay_ms,
-                applied,
-                "group opened"
-            );
+            opened!(info);
         } else {
-            tracing::debug!(
-                group = gid,
-                snapshot_bytes = restored.bytes,
-                read_ms = restored.read_ms,
-                restore_ms = restored.restore_ms,
-                replay_ms,
-                applied,
-                "group opened"
-            );
+            opened!(debug);
         }
         let (proposer, proposer_task) = Proposer::start(raft.clone(), stop.clone());
         let checked = raft.clone();

@@ -248,11 +248,7 @@ pub struct DeviceHealthReport {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDevices {
     /// Published pools (a node has a few).
-    #[serde(
-        default,
-        skip_serializing_if = "SmallMap::is_empty",
-        with = "small_pairs"
-    )]
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty", with = "pairs")]
     pub pools: SmallMap<PoolKey, PublishedPool>,
     /// Devices reported unhealthy (absent: healthy).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
@@ -302,47 +298,60 @@ pub(crate) mod pairs {
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
-        map: &BTreeMap<K, V>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let pairs: Vec<(&K, &V)> = map.iter().collect();
-        pairs.serialize(s)
-    }
-
-    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        let pairs: Vec<(K, V)> = Vec::deserialize(d)?;
-        Ok(pairs.into_iter().collect())
-    }
-}
-
-/// [`pairs`] for a [`SmallMap`]: the same encoding.
-pub(crate) mod small_pairs {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
     use crate::model::compact::SmallMap;
 
-    pub fn serialize<K: Serialize + Ord, V: Serialize, S: Serializer>(
-        map: &SmallMap<K, V>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let pairs: Vec<(&K, &V)> = map.iter().collect();
-        pairs.serialize(s)
+    /// A map encoded as a list of pairs.
+    pub trait PairMap: Sized {
+        /// Its keys.
+        type Key: Ord;
+        /// Its values.
+        type Value;
+        /// Its entries in key order.
+        fn pairs(&self) -> Vec<(&Self::Key, &Self::Value)>;
+        /// The map of `pairs` (of duplicate keys the last wins).
+        fn of_pairs(pairs: Vec<(Self::Key, Self::Value)>) -> Self;
     }
 
-    pub fn deserialize<'de, K, V, D>(d: D) -> Result<SmallMap<K, V>, D::Error>
+    impl<K: Ord, V> PairMap for BTreeMap<K, V> {
+        type Key = K;
+        type Value = V;
+        fn pairs(&self) -> Vec<(&K, &V)> {
+            self.iter().collect()
+        }
+        fn of_pairs(pairs: Vec<(K, V)>) -> Self {
+            pairs.into_iter().collect()
+        }
+    }
+
+    impl<K: Ord, V> PairMap for SmallMap<K, V> {
+        type Key = K;
+        type Value = V;
+        fn pairs(&self) -> Vec<(&K, &V)> {
+            self.iter().collect()
+        }
+        fn of_pairs(pairs: Vec<(K, V)>) -> Self {
+            pairs.into_iter().collect()
+        }
+    }
+
+    pub fn serialize<M, S>(map: &M, s: S) -> Result<S::Ok, S::Error>
     where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
+        M: PairMap,
+        M::Key: Serialize,
+        M::Value: Serialize,
+        S: Serializer,
+    {
+        map.pairs().serialize(s)
+    }
+
+    pub fn deserialize<'de, M, D>(d: D) -> Result<M, D::Error>
+    where
+        M: PairMap,
+        M::Key: Deserialize<'de>,
+        M::Value: Deserialize<'de>,
         D: Deserializer<'de>,
     {
-        let pairs: Vec<(K, V)> = Vec::deserialize(d)?;
-        Ok(pairs.into_iter().collect())
+        Vec::deserialize(d).map(M::of_pairs)
     }
 }
 
