@@ -5,7 +5,7 @@
 //! them and measures memory. Memory is measured in a child process of the same
 //! binary (`--memory-probe`): the 100,000 nodes it registers and frees would
 //! otherwise leave the placement runs a fragmented heap, which made them about
-//! 1.5× slower than in a process that had not measured memory.
+//! half as fast as in a process that had not measured memory.
 
 use std::time::Instant;
 
