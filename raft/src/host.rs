@@ -322,10 +322,11 @@ fn peer_group_view(v: &pb_raft::GroupView) -> PeerGroupView {
     }
 }
 
-/// Logs a change of the gate: at debug while the group forms (no leader heard yet since
-/// this replica started: a healthy start logs nothing a person must read), when a leader
-/// is heard again (the normal state), and for reach (reported by `report_reach` only
-/// once a majority has been out of reach for a while); at info otherwise.
+/// Logs a change of the gate. Only deferring to a longer log, once the group has formed,
+/// is at info; the rest is at debug: anything while the group forms (no leader heard yet
+/// since this replica started: a healthy start logs nothing a person must read), a leader
+/// heard again (the normal state), a transfer hold, and reach (reported by `report_reach`
+/// only once a majority has been out of reach for a while).
 fn log_gate_change(group: GroupId, reason: GateReason, forming: bool) {
     let (enabled, why) = match reason {
         GateReason::MayCampaign => ("enabled", "this replica may campaign".to_string()),
@@ -341,16 +342,10 @@ fn log_gate_change(group: GroupId, reason: GateReason, forming: bool) {
         ),
     };
     match reason {
-        _ if forming => tracing::debug!(group, elections = enabled, "election gate: {why}"),
-        GateReason::LeaderHeard(_)
-        | GateReason::TransferHold
-        | GateReason::OutOfReach
-        | GateReason::MayCampaign => {
-            tracing::debug!(group, elections = enabled, "election gate: {why}")
-        }
-        GateReason::DefersTo(_) => {
+        GateReason::DefersTo(_) if !forming => {
             tracing::info!(group, elections = enabled, "election gate: {why}")
         }
+        _ => tracing::debug!(group, elections = enabled, "election gate: {why}"),
     }
 }
 

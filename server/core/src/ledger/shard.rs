@@ -256,7 +256,7 @@ pub enum SnapshotError {
 /// summaries with the anti-affinity flag. Every change goes through
 /// [`NodeTable::update`], `insert`, `replace_node` or `remove`, which keep them in step.
 /// Nodes come in through `insert` and `replace_node` only, which intern their labels and
-/// devices in `symbols` (as does `interned_devices`, for pools published later): a label,
+/// devices in `symbols` (as does `intern_devices_of`, after a pool is published): a label,
 /// attribute or device name the fleet repeats is kept once (not state either).
 #[derive(Debug, Clone, Default)]
 struct NodeTable {
@@ -320,13 +320,16 @@ impl NodeTable {
         self.update(&node.name.clone(), |entry| entry.node = node);
     }
 
-    /// `devices` with their repeated strings shared with the table's other devices.
-    fn interned_devices(&mut self, devices: &[Device]) -> Vec<Device> {
-        let mut devices = devices.to_vec();
-        for device in &mut devices {
-            device.intern(&mut self.symbols);
+    /// Shares the repeated strings of the devices of `name` (if registered) with the
+    /// table's other devices; what they encode does not change, so the summary and
+    /// stamp stay.
+    fn intern_devices_of(&mut self, name: &str) {
+        let Ok(i) = self.position(name) else {
+            return;
+        };
+        if let Some(entry) = self.entries.get_mut(i) {
+            entry.usage.devices.intern(&mut self.symbols);
         }
-        devices
     }
 
     /// Adds a node that is not in the table yet, labels and devices interned.

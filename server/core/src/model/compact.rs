@@ -266,15 +266,21 @@ impl<K: Ord, V> SmallMap<K, V> {
 
     /// Builds from entries in any order; of duplicate keys the last wins (as in a
     /// `BTreeMap` built by inserting in order).
-    fn from_entries(mut entries: Vec<(K, V)>) -> Self {
-        // Stable: equal keys keep their order, so reversing first keeps the last.
-        entries.reverse();
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
-        entries.dedup_by(|later, first| later.0 == first.0);
+    fn from_entries(entries: Vec<(K, V)>) -> Self {
         Self {
-            entries: entries.into_boxed_slice(),
+            entries: sorted_last_wins(entries, |(k, _)| k).into_boxed_slice(),
         }
     }
+}
+
+/// `items` sorted by `key`, of items with equal keys only the last given: how a map
+/// built by inserting them in order would hold them.
+pub fn sorted_last_wins<T, K: Ord + ?Sized>(mut items: Vec<T>, key: impl Fn(&T) -> &K) -> Vec<T> {
+    // Stable: equal keys keep their order, so reversing first keeps the last.
+    items.reverse();
+    items.sort_by(|a, b| key(a).cmp(key(b)));
+    items.dedup_by(|later, first| key(later) == key(first));
+    items
 }
 
 impl<K: Ord + Borrow<Q>, Q: Ord + ?Sized, V> std::ops::Index<&Q> for SmallMap<K, V> {

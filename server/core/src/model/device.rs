@@ -467,9 +467,9 @@ fn is_exclusive(sharing: &AllocationSharing) -> bool {
 
 impl Device {
     /// A device without attributes, capacity, counters or taints.
-    pub fn new(name: impl Into<String>) -> Self {
+    pub fn new(name: impl Into<Symbol>) -> Self {
         Self {
-            name: name.into().into(),
+            name: name.into(),
             attributes: SmallMap::new(),
             capacity: SmallMap::new(),
             consumes_counters: Box::default(),

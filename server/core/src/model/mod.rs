@@ -6,8 +6,8 @@
 //! (Kubernetes JSON field names, strings for enums and quantities) whose `validate`
 //! returns the domain type or a [`ValidationError`] naming the field path. Domain types
 //! are plain data (serde; `BTreeMap`s, or the sorted [`SmallMap`] for the small maps
-//! every node carries) so the ledger can log and snapshot them deterministically. Called by the front door, the kube adapter, the ledger and the
-//! engine.
+//! every node carries) so the ledger can log and snapshot them deterministically.
+//! Called by the front door, the kube adapter, the ledger and the engine.
 
 pub mod cel;
 pub mod cel_cost;

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::compact::{SmallMap, Symbol};
+use crate::model::compact::{sorted_last_wins, SmallMap, Symbol};
 use crate::model::device::Device;
 
 /// A pool's devices sorted by name: each device's own name is its key, kept once.
@@ -22,12 +22,9 @@ pub struct PoolDevices {
 impl PoolDevices {
     /// The devices, sorted by name; of two with one name the last is kept (validated
     /// pools have none).
-    pub fn of(mut devices: Vec<Device>) -> Self {
-        devices.reverse();
-        devices.sort_by(|a, b| a.name.cmp(&b.name));
-        devices.dedup_by(|later, first| later.name == first.name);
+    pub fn of(devices: Vec<Device>) -> Self {
         Self {
-            devices: devices.into_boxed_slice(),
+            devices: sorted_last_wins(devices, |d| &d.name).into_boxed_slice(),
         }
     }
 

@@ -24,12 +24,11 @@ impl ShardLedger {
             .map_err(|e| LedgerError::InvalidPool {
                 message: e.to_string(),
             })?;
-        let devices = self.state.nodes.interned_devices(devices);
         let published = PoolParts {
             driver,
             name: pool,
             generation,
-            devices: &devices,
+            devices,
             counter_sets,
         };
         let key = PoolKey {
@@ -47,6 +46,7 @@ impl ShardLedger {
             let usage = &mut entry.usage;
             usage.devices.publish(node, published, &usage.pods, at_ms)
         })?;
+        self.state.nodes.intern_devices_of(node);
         match outcome {
             Ok((change, evictions)) => Ok(LedgerReply::PoolPublished {
                 node: node.to_string(),
