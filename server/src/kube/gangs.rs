@@ -1,8 +1,10 @@
 //! Gang recognition: which pending pods form which gang, and when a gang (or a
-//! GangGroup of gangs) has enough ready members to be submitted. Reads the PodGroups
-//! of scheduler-plugins (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the
-//! labels and annotations Koordinator accepts. Pure: the ingest loop passes the
-//! informers' objects in and gets submissions and per-pod problems out.
+//! GangGroup of gangs) has enough ready members to be submitted. Reads Kubernetes' own
+//! PodGroups (`scheduling.k8s.io/v1alpha2`, named by a pod's
+//! `spec.schedulingGroup.podGroupName`), the PodGroups of scheduler-plugins
+//! (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the labels and annotations
+//! Koordinator accepts. Pure: the ingest loop passes the informers' objects in and gets
+//! submissions and per-pod problems out.
 //!
 //! Invariants: a pod is in at most one submission; a submission's idempotency key is
 //! a function of its pods' uids only, so re-deriving it after a failover finds the
@@ -58,6 +60,9 @@ pub struct GangParams {
     pub group: BTreeSet<GangId>,
     /// How its bound pods count toward minMember.
     pub match_policy: MatchPolicy,
+    /// The priority its PodGroup declares (`spec.priority` of a Kubernetes PodGroup);
+    /// none: its pods' highest.
+    pub priority: Option<i32>,
 }
 
 /// How a gang's bound pods count toward its minMember when more pods arrive
@@ -112,8 +117,30 @@ pub fn apply_match_policies(
     satisfied
 }
 
-/// PodGroups by (namespace, name), from either API group.
+/// PodGroups by (namespace, name).
 pub type PodGroupIndex = BTreeMap<(String, String), std::sync::Arc<Value>>;
+
+/// Which API a pod's PodGroup belongs to: a pod names one kind or the other, never both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PodGroupApi {
+    /// Kubernetes' own (`scheduling.k8s.io/v1alpha2`), named by `spec.schedulingGroup`.
+    Kubernetes,
+    /// scheduler-plugins' CRDs (either API group), named by a label or annotation.
+    SchedulerPlugins,
+}
+
+/// The PodGroups known, by API.
+#[derive(Debug, Clone, Default)]
+pub struct PodGroups {
+    /// Kubernetes' own.
+    pub kubernetes: PodGroupIndex,
+    /// scheduler-plugins' (both API groups).
+    pub plugins: PodGroupIndex,
+}
+
+/// Kubernetes' PodGroup condition that says whether the group's scheduling
+/// requirement is met.
+pub const CONDITION_POD_GROUP_SCHEDULED: &str = "PodGroupScheduled";
 
 fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     pod["metadata"]["annotations"][key].as_str()
@@ -268,9 +295,77 @@ fn declared(
         wait_time_ms,
         group: BTreeSet::new(),
         match_policy: MatchPolicy::default(),
+        priority: None,
     };
     koordinator_overrides(object, namespace, &mut params)?;
     Ok(params)
+}
+
+/// How the pods of Kubernetes' PodGroup `namespace/name` are scheduled: a `gang` policy
+/// is a Strict gang of `minCount` that waits as long as it takes (kube-scheduler retries
+/// such a gang until it fits) and counts its running pods toward `minCount` (a pod
+/// re-created by its Job joins the running ones); a `basic` policy leaves its pods alone.
+/// A topology constraint is refused by name rather than ignored.
+fn kubernetes_pod_group(
+    namespace: &str,
+    name: &str,
+    group: &Value,
+) -> Result<Identity, PodProblem> {
+    let what = format!("PodGroup {namespace}/{name}");
+    let spec = &group["spec"];
+    if let Some(topology) = spec["schedulingConstraints"]["topology"]
+        .as_array()
+        .filter(|t| !t.is_empty())
+    {
+        let keys: Vec<&str> = topology.iter().filter_map(|t| t["key"].as_str()).collect();
+        return Err(PodProblem::Invalid(format!(
+            "{what}: spec.schedulingConstraints.topology (key {}) is not supported by gangway yet; its pods stay pending rather than be placed without it",
+            keys.join(", ")
+        )));
+    }
+    let policy = &spec["schedulingPolicy"];
+    if policy["gang"].is_object() {
+        let min = &policy["gang"]["minCount"];
+        let min_member = min
+            .as_u64()
+            .and_then(|m| u32::try_from(m).ok())
+            .filter(|m| *m >= 1)
+            .ok_or_else(|| {
+                PodProblem::Invalid(format!(
+                    "{what}: spec.schedulingPolicy.gang.minCount {min} is not a positive integer"
+                ))
+            })?;
+        let priority = match &spec["priority"] {
+            Value::Null => None,
+            p => Some(
+                p.as_i64()
+                    .and_then(|p| i32::try_from(p).ok())
+                    .ok_or_else(|| {
+                        PodProblem::Invalid(format!(
+                            "{what}: spec.priority {p} is not a 32-bit integer"
+                        ))
+                    })?,
+            ),
+        };
+        let mut params = GangParams {
+            id: GangId::new(namespace, name),
+            min_member,
+            total_number: None,
+            mode: GangMode::Strict,
+            wait_time_ms: 0,
+            group: BTreeSet::new(),
+            match_policy: MatchPolicy::WaitingAndRunning,
+            priority,
+        };
+        koordinator_overrides(group, namespace, &mut params)?;
+        return Ok(Identity::Gang(params));
+    }
+    if policy["basic"].is_object() {
+        return Ok(Identity::Single);
+    }
+    Err(PodProblem::Invalid(format!(
+        "{what}: spec.schedulingPolicy sets neither gang nor basic"
+    )))
 }
 
 fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangParams, PodProblem> {
@@ -288,12 +383,23 @@ fn pod_group_params(namespace: &str, name: &str, group: &Value) -> Result<GangPa
     declared(group, namespace, name, min_member, wait_time_ms)
 }
 
-/// The PodGroup a pod names (label or annotation, either API group's spelling).
-pub fn pod_group_name(pod: &Value) -> Option<&str> {
+/// The PodGroup a pod names and its API: Kubernetes' `spec.schedulingGroup.podGroupName`
+/// first (an immutable field of the pod), else scheduler-plugins' label or annotation
+/// (either API group's spelling).
+pub fn pod_group_ref(pod: &Value) -> Option<(PodGroupApi, &str)> {
+    if let Some(name) = pod["spec"]["schedulingGroup"]["podGroupName"].as_str() {
+        return Some((PodGroupApi::Kubernetes, name));
+    }
     label(pod, LABEL_POD_GROUP)
         .or_else(|| label(pod, LABEL_POD_GROUP_SIGS))
         .or_else(|| annotation(pod, ANNOTATION_POD_GROUP_NAME))
         .or_else(|| annotation(pod, LABEL_POD_GROUP_SIGS))
+        .map(|name| (PodGroupApi::SchedulerPlugins, name))
+}
+
+/// The PodGroup a pod names, of either API.
+pub fn pod_group_name(pod: &Value) -> Option<&str> {
+    pod_group_ref(pod).map(|(_, name)| name)
 }
 
 /// The status scheduler-plugins shows for a PodGroup of `min_member` whose pods are
@@ -326,10 +432,93 @@ pub fn pod_group_status(min_member: u64, pods: &[&Value]) -> Value {
     })
 }
 
+/// What Kubernetes' `PodGroupScheduled` condition says of a PodGroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupScheduled {
+    /// `True`, reason `Scheduled`: `minCount` of its pods are bound.
+    Scheduled,
+    /// `False`, reason `Unschedulable`: gangway tried and could not place the gang.
+    Unschedulable(String),
+}
+
+impl GroupScheduled {
+    /// The condition's status, reason and message as kube-scheduler writes them.
+    pub fn condition(&self) -> (&'static str, &'static str, &str) {
+        match self {
+            Self::Scheduled => ("True", "Scheduled", ""),
+            Self::Unschedulable(why) => ("False", "Unschedulable", why),
+        }
+    }
+}
+
+/// The `PodGroupScheduled` condition of a Kubernetes PodGroup of `min_count` whose pods
+/// are `pods`, given why gangway last failed to place its gang; none before anything
+/// is known (no attempt yet), and no `Unschedulable` once `min_count` pods are bound.
+pub fn pod_group_scheduled(
+    min_count: u64,
+    pods: &[&Value],
+    unschedulable: Option<&str>,
+) -> Option<GroupScheduled> {
+    let bound = pods
+        .iter()
+        .filter(|p| {
+            p["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty())
+        })
+        .count() as u64;
+    if bound >= min_count {
+        return Some(GroupScheduled::Scheduled);
+    }
+    unschedulable.map(|why| GroupScheduled::Unschedulable(why.to_string()))
+}
+
+/// The `status.conditions` of Kubernetes PodGroup `group` with its `PodGroupScheduled`
+/// condition set to `now`; none when the condition already says so. The transition
+/// time moves only when the status does, as upstream's condition helpers keep it.
+pub fn with_scheduled_condition(group: &Value, now: &GroupScheduled, at: &str) -> Option<Value> {
+    let (status, reason, message) = now.condition();
+    let mut conditions: Vec<Value> = group["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let old = conditions
+        .iter()
+        .position(|c| c["type"] == CONDITION_POD_GROUP_SCHEDULED);
+    let transition = match old.map(|i| &conditions[i]) {
+        Some(c) if c["status"] == status && c["reason"] == reason && c["message"] == message => {
+            return None;
+        }
+        Some(c) if c["status"] == status => c["lastTransitionTime"].clone(),
+        _ => Value::String(at.to_string()),
+    };
+    let condition = serde_json::json!({
+        "type": CONDITION_POD_GROUP_SCHEDULED, "status": status, "reason": reason,
+        "message": message, "lastTransitionTime": transition,
+    });
+    match old {
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+    Some(Value::Array(conditions))
+}
+
 /// How `pod` is to be scheduled, given the PodGroups known.
-pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, PodProblem> {
+pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-    if let Some(name) = pod_group_name(pod) {
+    let reference = pod_group_ref(pod);
+    if let Some((PodGroupApi::Kubernetes, name)) = reference {
+        let group = pod_groups
+            .kubernetes
+            .get(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| {
+                PodProblem::Missing(format!(
+                    "waiting for PodGroup {namespace}/{name} (scheduling.k8s.io), named by spec.schedulingGroup.podGroupName, to be created"
+                ))
+            })?;
+        return kubernetes_pod_group(namespace, name, group);
+    }
+    if let Some((_, name)) = reference {
         if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
             // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
             let min_member = count(ANNOTATION_POD_GROUP_MIN, min)?;
@@ -337,6 +526,7 @@ pub fn identify(pod: &Value, pod_groups: &PodGroupIndex) -> Result<Identity, Pod
                 .map(Identity::Gang);
         }
         let group = pod_groups
+            .plugins
             .get(&(namespace.to_string(), name.to_string()))
             .ok_or_else(|| {
                 PodProblem::Waiting(format!("waiting for PodGroup {namespace}/{name}"))
@@ -398,7 +588,7 @@ fn submission(gangs: Vec<Gang>, pods: Vec<PodRef>) -> Submission {
 }
 
 fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang {
-    let (min_member, total, mode, wait) = match params {
+    let (min_member, total, mode, wait, declared_priority) = match params {
         Some(p) => (
             p.min_member,
             p.total_number
@@ -406,8 +596,9 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
                 .max(pods.len() as u32),
             p.mode,
             p.wait_time_ms,
+            p.priority,
         ),
-        None => (1, 1, GangMode::Strict, 0),
+        None => (1, 1, GangMode::Strict, 0, None),
     };
     Gang {
         name: id.name.clone(),
@@ -416,7 +607,8 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
         total_number: total,
         mode,
         wait_time_ms: wait,
-        priority: pods.iter().map(|p| p.spec.priority).max().unwrap_or(0),
+        priority: declared_priority
+            .unwrap_or_else(|| pods.iter().map(|p| p.spec.priority).max().unwrap_or(0)),
         creation_order: 0,
         members: pods
             .iter()

@@ -10,7 +10,15 @@ fn pod(name: &str, annotations: Value, labels: Value) -> Value {
                "spec": {"containers": []}})
 }
 
-fn ready(p: &Value, groups: &PodGroupIndex) -> ReadyPod {
+/// scheduler-plugins' PodGroups `index` and no Kubernetes ones.
+fn plugins(index: PodGroupIndex) -> PodGroups {
+    PodGroups {
+        plugins: index,
+        ..PodGroups::default()
+    }
+}
+
+fn ready(p: &Value, groups: &PodGroups) -> ReadyPod {
     ReadyPod {
         pod: pod_ref(p).expect("ref"),
         spec: PodSpec::default(),
@@ -30,7 +38,7 @@ fn match_policies_count_bound_pods_their_own_way() {
             json!({}),
         )
     };
-    let groups = PodGroupIndex::new();
+    let groups = PodGroups::default();
     let mut pending: Vec<ReadyPod> = ["once-satisfied", "only-waiting", "waiting-and-running"]
         .iter()
         .map(|policy| ready(&annotated(&format!("p-{policy}"), policy), &groups))
@@ -78,7 +86,7 @@ fn koordinator_annotations_make_a_gang() {
                                 "gang.scheduling.koordinator.sh/mode": "NonStrict", "gang.scheduling.koordinator.sh/waiting-time": "1m30s"}),
         json!({}),
     );
-    let Identity::Gang(params) = identify(&p, &PodGroupIndex::new()).expect("gang") else {
+    let Identity::Gang(params) = identify(&p, &PodGroups::default()).expect("gang") else {
         panic!("gang expected")
     };
     assert_eq!(
@@ -94,7 +102,7 @@ fn bad_annotations_name_the_annotation() {
         json!({"gang.scheduling.koordinator.sh/name": "g", "gang.scheduling.koordinator.sh/min-available": "two"}),
         json!({}),
     );
-    let err = identify(&p, &PodGroupIndex::new()).expect_err("bad");
+    let err = identify(&p, &PodGroups::default()).expect_err("bad");
     assert!(err.to_string().contains("min-available"), "{err}");
     let p = pod(
         "a",
@@ -102,7 +110,7 @@ fn bad_annotations_name_the_annotation() {
                                 "gang.scheduling.koordinator.sh/groups": "[not json"}),
         json!({}),
     );
-    assert!(identify(&p, &PodGroupIndex::new())
+    assert!(identify(&p, &PodGroups::default())
         .expect_err("bad")
         .to_string()
         .contains("groups"));
@@ -112,13 +120,13 @@ fn bad_annotations_name_the_annotation() {
 fn pod_group_label_waits_for_its_pod_group() {
     let p = pod("a", json!({}), json!({LABEL_POD_GROUP: "pg"}));
     assert!(matches!(
-        identify(&p, &PodGroupIndex::new()),
+        identify(&p, &PodGroups::default()),
         Err(PodProblem::Waiting(_))
     ));
-    let groups = PodGroupIndex::from([(
+    let groups = plugins(PodGroupIndex::from([(
         ("ns".into(), "pg".into()),
         std::sync::Arc::new(json!({"spec": {"minMember": 3, "scheduleTimeoutSeconds": 60}})),
-    )]);
+    )]));
     let Ok(Identity::Gang(params)) = identify(&p, &groups) else {
         panic!("gang")
     };
@@ -127,10 +135,10 @@ fn pod_group_label_waits_for_its_pod_group() {
 
 #[test]
 fn gangs_wait_for_min_member_then_submit_once_with_a_stable_key() {
-    let groups = PodGroupIndex::from([(
+    let groups = plugins(PodGroupIndex::from([(
         ("ns".into(), "pg".into()),
         std::sync::Arc::new(json!({"spec": {"minMember": 2}})),
-    )]);
+    )]));
     let a = ready(
         &pod("a", json!({}), json!({LABEL_POD_GROUP: "pg"})),
         &groups,
@@ -160,7 +168,7 @@ fn groups_are_submitted_in_the_order_their_first_pod_arrived() {
         },
         ..p
     };
-    let none = PodGroupIndex::new();
+    let none = PodGroups::default();
     let g0 = at(
         ready(&pod("g0", ann.clone(), json!({})), &none),
         "2026-01-01T00:00:01Z",
@@ -200,8 +208,8 @@ fn gang_groups_wait_for_every_gang() {
         json!({"gang.scheduling.koordinator.sh/name": name, "gang.scheduling.koordinator.sh/min-available": "1",
                                       "gang.scheduling.koordinator.sh/groups": "[\"ns/x\", \"ns/y\"]"})
     };
-    let x = ready(&pod("x0", ann("x"), json!({})), &PodGroupIndex::new());
-    let y = ready(&pod("y0", ann("y"), json!({})), &PodGroupIndex::new());
+    let x = ready(&pod("x0", ann("x"), json!({})), &PodGroups::default());
+    let y = ready(&pod("y0", ann("y"), json!({})), &PodGroups::default());
     assert!(submissions(std::slice::from_ref(&x), &BTreeSet::new()).is_empty());
     let both = submissions(&[x, y], &BTreeSet::new());
     assert_eq!(both.len(), 1);
@@ -231,4 +239,162 @@ fn durations_follow_go() {
     assert_eq!(parse_duration_ms("1500ms"), Some(1_500));
     assert_eq!(parse_duration_ms("10"), None);
     assert_eq!(parse_duration_ms("5d"), None);
+}
+
+fn kubernetes_pod(name: &str, group: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+           "spec": {"containers": [], "schedulingGroup": {"podGroupName": group}}})
+}
+
+/// Kubernetes' PodGroup `pg` in `ns` with `spec`.
+fn kubernetes(spec: Value) -> PodGroups {
+    PodGroups {
+        kubernetes: PodGroupIndex::from([(
+            ("ns".into(), "pg".into()),
+            std::sync::Arc::new(json!({ "spec": spec })),
+        )]),
+        ..PodGroups::default()
+    }
+}
+
+#[test]
+fn a_kubernetes_pod_group_is_a_strict_gang_that_waits_as_long_as_it_takes() {
+    let p = kubernetes_pod("a", "pg");
+    let groups = kubernetes(json!({"schedulingPolicy": {"gang": {"minCount": 4}}, "priority": 7}));
+    let Ok(Identity::Gang(params)) = identify(&p, &groups) else {
+        panic!("gang")
+    };
+    assert_eq!(params.id, GangId::new("ns", "pg"));
+    assert_eq!(params.min_member, 4);
+    assert_eq!(params.mode, GangMode::Strict);
+    assert_eq!(
+        params.wait_time_ms, 0,
+        "no deadline: upstream retries a gang until it fits"
+    );
+    assert_eq!(params.match_policy, MatchPolicy::WaitingAndRunning);
+    assert_eq!(params.priority, Some(7));
+    let basic = kubernetes(json!({"schedulingPolicy": {"basic": {}}}));
+    assert_eq!(identify(&p, &basic), Ok(Identity::Single));
+}
+
+#[test]
+fn a_pod_naming_a_missing_kubernetes_pod_group_waits_and_says_so_whatever_else_exists() {
+    let p = kubernetes_pod("a", "pg");
+    // A scheduler-plugins PodGroup of the same name is another object.
+    let other = plugins(PodGroupIndex::from([(
+        ("ns".into(), "pg".into()),
+        std::sync::Arc::new(json!({"spec": {"minMember": 1}})),
+    )]));
+    for groups in [PodGroups::default(), other] {
+        let Err(PodProblem::Missing(why)) = identify(&p, &groups) else {
+            panic!("missing expected")
+        };
+        assert!(
+            why.contains("ns/pg") && why.contains("spec.schedulingGroup.podGroupName"),
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn bad_kubernetes_pod_groups_are_refused_naming_the_field() {
+    let p = kubernetes_pod("a", "pg");
+    for (spec, field) in [
+        (
+            json!({"schedulingPolicy": {"gang": {"minCount": 0}}}),
+            "spec.schedulingPolicy.gang.minCount",
+        ),
+        (json!({"schedulingPolicy": {}}), "spec.schedulingPolicy"),
+        (
+            json!({"schedulingPolicy": {"gang": {"minCount": 2}},
+                   "schedulingConstraints": {"topology": [{"key": "example.com/rack"}]}}),
+            "spec.schedulingConstraints.topology (key example.com/rack)",
+        ),
+        (
+            json!({"schedulingPolicy": {"gang": {"minCount": 2}}, "priority": 1u64 << 40}),
+            "spec.priority",
+        ),
+    ] {
+        let Err(PodProblem::Invalid(why)) = identify(&p, &kubernetes(spec)) else {
+            panic!("invalid expected for {field}")
+        };
+        assert!(
+            why.contains(field) && why.contains("PodGroup ns/pg"),
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn a_kubernetes_gang_counts_its_running_pods_toward_min_count() {
+    let groups = kubernetes(json!({"schedulingPolicy": {"gang": {"minCount": 4}}}));
+    let mut three: Vec<ReadyPod> = (0..3)
+        .map(|i| ready(&kubernetes_pod(&format!("p{i}"), "pg"), &groups))
+        .collect();
+    let none = BTreeMap::new();
+    assert!(apply_match_policies(&mut three, &none).is_empty());
+    assert!(
+        submissions(&three, &BTreeSet::new()).is_empty(),
+        "3 of 4: nothing submitted"
+    );
+    // A Job re-creates one failed pod of a gang whose three others still run.
+    let mut replacement = vec![ready(&kubernetes_pod("p3b", "pg"), &groups)];
+    let running = BTreeMap::from([(
+        GangId::new("ns", "pg"),
+        BoundPods {
+            running: 3,
+            ever: 4,
+        },
+    )]);
+    assert!(apply_match_policies(&mut replacement, &running).is_empty());
+    let out = submissions(&replacement, &BTreeSet::new());
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].group.gangs[0].min_member, 1);
+}
+
+#[test]
+fn the_scheduled_condition_follows_bindings_and_the_last_reason() {
+    let bound = json!({"spec": {"nodeName": "n1"}});
+    let pending = json!({"spec": {}});
+    assert_eq!(pod_group_scheduled(2, &[&bound, &pending], None), None);
+    assert_eq!(
+        pod_group_scheduled(2, &[&bound, &pending], Some("no room")),
+        Some(GroupScheduled::Unschedulable("no room".into()))
+    );
+    assert_eq!(
+        pod_group_scheduled(2, &[&bound, &bound], Some("no room")),
+        Some(GroupScheduled::Scheduled)
+    );
+}
+
+#[test]
+fn the_scheduled_condition_keeps_other_conditions_and_its_transition_time() {
+    let group = json!({"status": {"conditions": [
+        {"type": "DisruptionTarget", "status": "False"},
+        {"type": CONDITION_POD_GROUP_SCHEDULED, "status": "False", "reason": "Unschedulable",
+         "message": "old", "lastTransitionTime": "T0"},
+    ]}});
+    let same = GroupScheduled::Unschedulable("old".into());
+    assert_eq!(with_scheduled_condition(&group, &same, "T1"), None);
+    let reworded = GroupScheduled::Unschedulable("new".into());
+    let conditions = with_scheduled_condition(&group, &reworded, "T1").expect("changed");
+    assert_eq!(conditions[0]["type"], "DisruptionTarget");
+    assert_eq!(conditions[1]["message"], "new");
+    assert_eq!(
+        conditions[1]["lastTransitionTime"], "T0",
+        "status did not change"
+    );
+    let conditions =
+        with_scheduled_condition(&group, &GroupScheduled::Scheduled, "T1").expect("changed");
+    assert_eq!(
+        (
+            &conditions[1]["status"],
+            &conditions[1]["reason"],
+            &conditions[1]["lastTransitionTime"]
+        ),
+        (&json!("True"), &json!("Scheduled"), &json!("T1"))
+    );
+    let fresh =
+        with_scheduled_condition(&json!({}), &GroupScheduled::Scheduled, "T2").expect("new");
+    assert_eq!(fresh.as_array().map(Vec::len), Some(1));
 }

@@ -25,6 +25,9 @@ pub enum Slot {
     PodGroupsX,
     /// PodGroups of scheduling.sigs.k8s.io.
     PodGroupsSigs,
+    /// Kubernetes' own PodGroups (scheduling.k8s.io/v1alpha2, served where the cluster
+    /// turned that API version on).
+    PodGroupsK8s,
     /// DRA ResourceSlices.
     ResourceSlices,
     /// DRA DeviceClasses.
@@ -41,7 +44,7 @@ pub enum Slot {
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 10] = [
+pub const SLOTS: [Slot; 11] = [
     Slot::Nodes,
     Slot::ElasticQuotas,
     Slot::PodDisruptionBudgets,
@@ -50,6 +53,7 @@ pub const SLOTS: [Slot; 10] = [
     Slot::ResourceSlices,
     Slot::PodGroupsX,
     Slot::PodGroupsSigs,
+    Slot::PodGroupsK8s,
     Slot::ResourceClaims,
     Slot::Pods,
 ];
@@ -67,6 +71,7 @@ impl Slot {
                 "PodGroup",
                 "podgroups",
             ),
+            Slot::PodGroupsK8s => ("scheduling.k8s.io", "v1alpha2", "PodGroup", "podgroups"),
             Slot::ResourceSlices => ("resource.k8s.io", "v1", "ResourceSlice", "resourceslices"),
             Slot::DeviceClasses => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
             Slot::ResourceClaims => ("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"),
@@ -100,6 +105,7 @@ impl Slot {
             self,
             Slot::PodGroupsX
                 | Slot::PodGroupsSigs
+                | Slot::PodGroupsK8s
                 | Slot::PodDisruptionBudgets
                 | Slot::DeviceTaintRules
                 | Slot::ElasticQuotas

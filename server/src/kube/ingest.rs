@@ -45,7 +45,7 @@ use tokio::sync::watch;
 use crate::failpoints;
 use crate::kube::api::{self, EventType};
 use crate::kube::gangs::{
-    self, BoundPods, GangParams, Identity, PodGroupIndex, ReadyPod, ANNOTATION_TIMEOUT,
+    self, BoundPods, GangParams, Identity, PodGroupApi, PodGroups, ReadyPod, ANNOTATION_TIMEOUT,
 };
 use crate::kube::informer::{Cache, Changes, Key, Slot};
 use crate::kube::objects::{
@@ -91,7 +91,7 @@ type Summaries = BTreeMap<GroupSeq, GroupSummary>;
 pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
 /// The kinds whose change sets the ingest reads (drained while it does not lead).
-const CHANGE_SLOTS: [Slot; 7] = [
+const CHANGE_SLOTS: [Slot; 8] = [
     Slot::Nodes,
     Slot::ResourceSlices,
     Slot::DeviceTaintRules,
@@ -99,6 +99,7 @@ const CHANGE_SLOTS: [Slot; 7] = [
     Slot::ResourceClaims,
     Slot::PodGroupsSigs,
     Slot::PodGroupsX,
+    Slot::PodGroupsK8s,
 ];
 
 /// What the leader remembers between passes; rebuilt when it becomes leader.
@@ -147,6 +148,8 @@ struct Memory {
     timed_out: HashSet<String>,
     /// PodGroup (slot, namespace, name) → the status last written.
     pod_group_status: HashMap<(Slot, String, String), Value>,
+    /// Kubernetes PodGroup (namespace, name) → why its gang was last found unplaceable.
+    pod_group_unschedulable: HashMap<Key, String>,
     /// The meta log's groups as last read (refreshed by change stamp each pass).
     summaries: Summaries,
     /// The meta log's change stamp the summaries are up to.

@@ -65,6 +65,9 @@ pub fn pod_ref(pod: &Value) -> Option<PodRef> {
 pub enum PodProblem {
     /// Something it needs does not exist yet (a claim, a PodGroup); not an error.
     Waiting(String),
+    /// An object it names does not exist, and nothing but a person or a controller will
+    /// create it (Kubernetes' PodGroup): it waits, and an event says what for.
+    Missing(String),
     /// The pod (or an object it names) is invalid; a person must fix it.
     Invalid(String),
 }
@@ -72,7 +75,7 @@ pub enum PodProblem {
 impl std::fmt::Display for PodProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Waiting(why) | Self::Invalid(why) => f.write_str(why),
+            Self::Waiting(why) | Self::Missing(why) | Self::Invalid(why) => f.write_str(why),
         }
     }
 }

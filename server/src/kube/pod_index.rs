@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::kube::gangs::{self, ANNOTATION_TIMEOUT, GANG_PREFIX};
+use crate::kube::gangs::{self, PodGroupApi, ANNOTATION_TIMEOUT, GANG_PREFIX};
 use crate::kube::informer::Key;
 use crate::kube::objects::{claim_object_names, pod_ref, PodRef};
 
@@ -34,8 +34,10 @@ pub struct PodFacts {
     pub terminating: bool,
     /// Marked with Koordinator's timeout annotation.
     pub timed_out: bool,
-    /// The PodGroup it names (label or annotation).
+    /// The PodGroup it names (`spec.schedulingGroup`, a label or an annotation).
     pub pod_group: Option<String>,
+    /// The API of that PodGroup.
+    pub pod_group_api: Option<PodGroupApi>,
     /// The gang it names: its PodGroup, else Koordinator's gang name.
     pub gang: Option<String>,
     /// Lists ResourceClaims (its devices depend on claim objects too).
@@ -75,7 +77,9 @@ impl PodFacts {
         let terminating = !object["metadata"]["deletionTimestamp"].is_null();
         let timed_out =
             object["metadata"]["annotations"][ANNOTATION_TIMEOUT].as_str() == Some("true");
-        let pod_group = gangs::pod_group_name(&object).map(str::to_string);
+        let reference = gangs::pod_group_ref(&object);
+        let pod_group_api = reference.map(|(api, _)| api);
+        let pod_group = reference.map(|(_, name)| name.to_string());
         let gang = pod_group.clone().or_else(|| {
             object["metadata"]["annotations"][format!("{GANG_PREFIX}name").as_str()]
                 .as_str()
@@ -101,6 +105,7 @@ impl PodFacts {
             terminating,
             timed_out,
             pod_group,
+            pod_group_api,
             gang,
             uses_claims,
             claims,
@@ -329,9 +334,14 @@ impl PodIndex {
         self.members(self.in_gang.get(&(namespace.to_string(), name.to_string())))
     }
 
-    /// The pods naming PodGroup `group`.
-    pub fn in_pod_group<'a>(&'a self, group: &Key) -> impl Iterator<Item = &'a PodFacts> + 'a {
+    /// The pods naming PodGroup `group` of `api`.
+    pub fn in_pod_group<'a>(
+        &'a self,
+        api: PodGroupApi,
+        group: &Key,
+    ) -> impl Iterator<Item = &'a PodFacts> + 'a {
         self.members(self.in_pod_group.get(group))
+            .filter(move |f| f.pod_group_api == Some(api))
     }
 
     /// The nodes of bound pods that list ResourceClaims (their devices change with claims).

@@ -42,7 +42,12 @@ fn a_binding_touches_the_node_and_the_pod_group() {
     assert_eq!(touched.pod_groups, BTreeSet::from([key("pg")]));
     assert!(touched.deleted.is_empty());
     assert_eq!(index.on_node("n1").count(), 1);
-    assert_eq!(index.in_pod_group(&key("pg")).count(), 1);
+    assert_eq!(
+        index
+            .in_pod_group(PodGroupApi::SchedulerPlugins, &key("pg"))
+            .count(),
+        1
+    );
     assert_eq!(index.in_gang("ns", "pg").count(), 1);
 }
 

@@ -125,7 +125,7 @@ impl Ingest {
     /// A PodGroup changed: its status may need writing, and waiting pods may now be
     /// able to name their gang.
     pub(super) fn take_pod_group_changes(&mut self) {
-        for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX] {
+        for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX, Slot::PodGroupsK8s] {
             let keys: BTreeSet<Key> = match self.cache.take_changes(slot) {
                 Changes::All => {
                     let mut keys: BTreeSet<Key> =

@@ -52,9 +52,11 @@ impl Ingest {
                         list.push(observed)
                     }
                     Ok(_) => {}
-                    Err(PodProblem::Invalid(why) | PodProblem::Waiting(why)) => {
-                        unreadable.push((facts.pod.clone(), why))
-                    }
+                    Err(
+                        PodProblem::Invalid(why)
+                        | PodProblem::Waiting(why)
+                        | PodProblem::Missing(why),
+                    ) => unreadable.push((facts.pod.clone(), why)),
                 }
             }
             list.sort_by(|a, b| a.uid.cmp(&b.uid));

@@ -5,23 +5,30 @@
 use super::*;
 
 impl Ingest {
-    pub(super) fn pod_groups(&self) -> PodGroupIndex {
-        let mut index = PodGroupIndex::new();
+    pub(super) fn pod_groups(&self) -> PodGroups {
+        let mut groups = PodGroups::default();
         for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX] {
             self.cache.read(slot, |o| {
                 for (k, v) in o {
-                    index.insert(k.clone(), v.clone());
+                    groups.plugins.insert(k.clone(), v.clone());
                 }
             });
         }
-        index
+        groups.kubernetes = self.cache.read(Slot::PodGroupsK8s, |o| o.clone());
+        groups
     }
 
-    /// Writes the status (phase, scheduled, running, succeeded, failed) of the
-    /// PodGroups marked since the last pass, where it changed; a failed write stays marked.
+    /// Writes the status of the PodGroups marked since the last pass, where it changed:
+    /// scheduler-plugins' phase and counts, Kubernetes' `PodGroupScheduled` condition. A
+    /// failed write stays marked.
     pub(super) async fn write_pod_group_status(&mut self) {
         let dirty = std::mem::take(&mut self.memory.pod_groups_dirty);
         for (ns, name) in dirty {
+            if !self.write_scheduled_condition(&ns, &name).await {
+                self.memory
+                    .pod_groups_dirty
+                    .insert((ns.clone(), name.clone()));
+            }
             for slot in [Slot::PodGroupsX, Slot::PodGroupsSigs] {
                 let key = (slot, ns.clone(), name.clone());
                 let Some(group) = self.cache.get(slot, &ns, &name) else {
@@ -32,7 +39,7 @@ impl Ingest {
                 let members: Vec<&Value> = self
                     .memory
                     .pods
-                    .in_pod_group(&(ns.clone(), name.clone()))
+                    .in_pod_group(PodGroupApi::SchedulerPlugins, &(ns.clone(), name.clone()))
                     .map(|f| f.object.as_ref())
                     .collect();
                 let status = gangs::pod_group_status(min, &members);
@@ -65,12 +72,93 @@ impl Ingest {
         }
     }
 
+    /// Writes the `PodGroupScheduled` condition of Kubernetes PodGroup `ns/name` (a gang
+    /// policy's) where it changed; false when the write failed.
+    async fn write_scheduled_condition(&mut self, ns: &str, name: &str) -> bool {
+        let key = (ns.to_string(), name.to_string());
+        let memo = (Slot::PodGroupsK8s, key.0.clone(), key.1.clone());
+        let Some(group) = self.cache.get(Slot::PodGroupsK8s, ns, name) else {
+            self.memory.pod_group_status.remove(&memo);
+            self.memory.pod_group_unschedulable.remove(&key);
+            return true;
+        };
+        let Some(min) = group["spec"]["schedulingPolicy"]["gang"]["minCount"].as_u64() else {
+            return true;
+        };
+        let members: Vec<&Value> = self
+            .memory
+            .pods
+            .in_pod_group(PodGroupApi::Kubernetes, &key)
+            .map(|f| f.object.as_ref())
+            .collect();
+        let why = self.memory.pod_group_unschedulable.get(&key);
+        let Some(now) = gangs::pod_group_scheduled(min, &members, why.map(String::as_str)) else {
+            return true;
+        };
+        let (status, reason, message) = now.condition();
+        let said = json!({"status": status, "reason": reason, "message": message});
+        if self.memory.pod_group_status.get(&memo) == Some(&said) {
+            return true;
+        }
+        let Some(conditions) =
+            gangs::with_scheduled_condition(&group, &now, &api::rfc3339(now_ms()))
+        else {
+            self.memory.pod_group_status.insert(memo, said);
+            return true;
+        };
+        let path = format!(
+            "/apis/{}/namespaces/{ns}/podgroups/{name}/status",
+            Slot::PodGroupsK8s.resource().api_version
+        );
+        let patch = json!({"status": {"conditions": conditions}});
+        match api::merge_patch(&self.client, &path, &patch).await {
+            Ok(_) => {
+                self.memory.pod_group_status.insert(memo, said);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(pod_group = %format!("{ns}/{name}"), error = %e, "PodGroup condition not written");
+                false
+            }
+        }
+    }
+
+    /// Records why the gang of the Kubernetes PodGroup of `pods` cannot be placed, for
+    /// its `PodGroupScheduled` condition.
+    pub(super) fn pod_group_unschedulable(&mut self, pods: &[PodRef], why: &str) {
+        for p in pods {
+            let Some(facts) = self.memory.pods.same(p) else {
+                continue;
+            };
+            if facts.pod_group_api != Some(PodGroupApi::Kubernetes) {
+                continue;
+            }
+            let Some(group) = facts.pod_group.clone() else {
+                continue;
+            };
+            let key = (p.namespace.clone(), group);
+            if self
+                .memory
+                .pod_group_unschedulable
+                .get(&key)
+                .map(String::as_str)
+                != Some(why)
+            {
+                self.memory
+                    .pod_group_unschedulable
+                    .insert(key.clone(), why.to_string());
+                self.memory.pod_groups_dirty.insert(key);
+            }
+        }
+    }
+
     /// Events for a group that cannot be placed, and the timeout mark for a timed-out
     /// one. False when a write failed.
     pub(super) async fn report(&mut self, s: &GroupSummary, pods: &[PodRef]) -> bool {
         let mut done = true;
         match s.state {
             GroupState::Queued if s.attempts > 0 && !s.reason.is_empty() => {
+                self.pod_group_unschedulable(pods, &s.reason);
                 for p in pods {
                     done &= self.failed_scheduling(p, &s.reason).await;
                 }

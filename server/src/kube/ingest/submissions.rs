@@ -136,8 +136,15 @@ impl Ingest {
         let bound_per_gang = self.bound_per_gang(&ready, &pod_groups);
         let satisfied = gangs::apply_match_policies(&mut ready, &bound_per_gang);
         for (pod, problem) in problems {
-            if let PodProblem::Invalid(why) = problem {
-                self.failed_scheduling(&pod, &why).await;
+            match problem {
+                PodProblem::Invalid(why) => {
+                    self.pod_group_unschedulable(std::slice::from_ref(&pod), &why);
+                    self.failed_scheduling(&pod, &why).await;
+                }
+                PodProblem::Missing(why) => {
+                    self.failed_scheduling(&pod, &why).await;
+                }
+                PodProblem::Waiting(_) => {}
             }
         }
         let mut submissions = gangs::submissions(&ready, &satisfied);
@@ -209,7 +216,7 @@ impl Ingest {
     pub(super) fn bound_per_gang(
         &self,
         ready: &[ReadyPod],
-        pod_groups: &PodGroupIndex,
+        pod_groups: &PodGroups,
     ) -> BTreeMap<GangId, BoundPods> {
         let mut counted: BTreeMap<GangId, BoundPods> = BTreeMap::new();
         for pod in ready {
