@@ -133,8 +133,14 @@ pub const META_ADMITS_TWINS_OF_PLACED: &str = "meta-admits-twins-of-placed-group
 /// as before identities had roles (the permission matrix must catch it).
 pub const AUTHORIZATION_OFF: &str = "access-allows-every-caller";
 
+/// A fixed bug, back for checking its test: a shard's plan says it read its members'
+/// labels even where no filter did, so members that differ only in labels (an Indexed
+/// Job's pods) never take each other's slots, and a gang spread over shards collides on
+/// the same members and never reaches minMember.
+pub const PLANS_READ_EVERY_LABEL: &str = "plans-read-every-label";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -162,6 +168,7 @@ pub const ALL: [&str; 27] = [
     MOVE_SEALS_IN_FLIGHT,
     META_ADMITS_TWINS_OF_PLACED,
     AUTHORIZATION_OFF,
+    PLANS_READ_EVERY_LABEL,
 ];
 
 /// The armed crash points of a process.

@@ -121,6 +121,33 @@ pub struct Options {
     pub identities: Vec<Identity>,
     /// Extra kube-apiserver flags (e.g. `--runtime-config` for APIs off by default).
     pub apiserver_args: Vec<String>,
+    /// Extra kube-controller-manager flags (e.g. `--feature-gates`).
+    pub controller_args: Vec<String>,
+}
+
+/// The feature gates that turn on Kubernetes' own gang API (alpha in v1.36): the
+/// Workload and PodGroup kinds, kube-scheduler's GangScheduling plugin and the Job
+/// controller's Workloads.
+pub const WORKLOAD_API_GATES: &str = "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,WorkloadWithJob=true";
+
+impl Options {
+    /// These options with Kubernetes' gang API on: the gates on the API server and the
+    /// controller manager, `scheduling.k8s.io/v1alpha2` served, and the Job and
+    /// PodGroup-protection controllers running.
+    pub fn with_workload_api(mut self) -> Self {
+        let gates = format!("--feature-gates={WORKLOAD_API_GATES}");
+        self.apiserver_args.push(gates.clone());
+        self.apiserver_args.push(
+            "--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1alpha2=true".into(),
+        );
+        self.controller_args.push(gates);
+        for controller in ["job-controller", "podgroup-protection-controller"] {
+            if !self.controllers.iter().any(|c| c == controller) {
+                self.controllers.push(controller.to_string());
+            }
+        }
+        self
+    }
 }
 
 impl Default for Options {
@@ -132,6 +159,7 @@ impl Default for Options {
             ],
             identities: Vec::new(),
             apiserver_args: Vec::new(),
+            controller_args: Vec::new(),
         }
     }
 }
@@ -274,13 +302,14 @@ impl ControlPlane {
         if !options.controllers.is_empty() {
             let kubeconfig = plane.dir.path().join("admin.kubeconfig");
             plane.write_kubeconfig(&kubeconfig, ADMIN_USER)?;
-            let args = vec![
+            let mut args = vec![
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--controllers={}", options.controllers.join(",")),
                 "--use-service-account-credentials=false".into(),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
             ];
+            args.extend(options.controller_args.iter().cloned());
             let kcm = spawn(
                 "kube-controller-manager",
                 &plane.assets,

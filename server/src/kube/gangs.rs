@@ -63,7 +63,47 @@ pub struct GangParams {
     /// The priority its PodGroup declares (`spec.priority` of a Kubernetes PodGroup);
     /// none: its pods' highest.
     pub priority: Option<i32>,
+    /// Its pods join a gang others of which are bound already: submitted as a gang of
+    /// its own ([`topped_up`]), since the gang's first group still declares the gang.
+    pub top_up: bool,
 }
+
+impl MatchPolicy {
+    /// How many of a gang's `bound` pods count toward its minMember.
+    pub fn credit(self, bound: BoundPods) -> u32 {
+        match self {
+            MatchPolicy::OnceSatisfied => bound.ever,
+            MatchPolicy::OnlyWaiting => 0,
+            MatchPolicy::WaitingAndRunning => bound.running,
+        }
+    }
+}
+
+/// The name under which pods joining gang `id` (others of which are bound) are submitted
+/// in the group of key `key`: a gang belongs to one live group at a time (I4), and the
+/// gang's first group lives on while its pods run. A function of the group's key, so
+/// the ingest recognises the gang again after a failover.
+pub fn topped_up(id: &GangId, key: &str) -> GangId {
+    let hex = key.strip_prefix("kube:").unwrap_or(key);
+    let suffix = &hex[..hex.len().min(TOP_UP_SUFFIX_LEN)];
+    // A DNS subdomain, as gang names are: cut the base to fit, at a character boundary.
+    let room = GANG_NAME_LEN_MAX.saturating_sub(suffix.len() + 1);
+    let mut base = id.name.as_str();
+    while base.len() > room {
+        let mut end = room.min(base.len() - 1);
+        while !base.is_char_boundary(end) {
+            end -= 1;
+        }
+        base = &base[..end];
+    }
+    let base = base.trim_end_matches(['-', '.']);
+    GangId::new(id.namespace.clone(), format!("{base}.{suffix}"))
+}
+
+/// Hex digits of a group's key in the name of a gang that tops up another.
+const TOP_UP_SUFFIX_LEN: usize = 8;
+/// The longest gang name (a DNS subdomain).
+const GANG_NAME_LEN_MAX: usize = 253;
 
 /// How a gang's bound pods count toward its minMember when more pods arrive
 /// (Koordinator's `match-policy` annotation).
@@ -100,14 +140,12 @@ pub fn apply_match_policies(
             continue;
         };
         let counted = bound.get(&params.id).copied().unwrap_or_default();
-        let credit = match params.match_policy {
-            MatchPolicy::OnceSatisfied => counted.ever,
-            MatchPolicy::OnlyWaiting => 0,
-            MatchPolicy::WaitingAndRunning => counted.running,
-        };
+        let credit = params.match_policy.credit(counted);
         if credit >= params.min_member {
             satisfied.insert(params.id.clone());
         } else if params.match_policy == MatchPolicy::WaitingAndRunning && credit > 0 {
+            params.top_up = true;
+            params.group.clear();
             params.min_member -= credit;
             params.total_number = params
                 .total_number
@@ -296,6 +334,7 @@ fn declared(
         group: BTreeSet::new(),
         match_policy: MatchPolicy::default(),
         priority: None,
+        top_up: false,
     };
     koordinator_overrides(object, namespace, &mut params)?;
     Ok(params)
@@ -356,6 +395,7 @@ fn kubernetes_pod_group(
             group: BTreeSet::new(),
             match_policy: MatchPolicy::WaitingAndRunning,
             priority,
+            top_up: false,
         };
         koordinator_overrides(group, namespace, &mut params)?;
         return Ok(Identity::Gang(params));
@@ -570,13 +610,22 @@ pub struct Submission {
     pub pods: Vec<PodRef>,
 }
 
-fn submission(gangs: Vec<Gang>, pods: Vec<PodRef>) -> Submission {
+/// A group of `gangs` for `pods`; `top_ups` name the gangs that join others of their
+/// gang already bound, renamed by the group's key ([`topped_up`]).
+fn submission(mut gangs: Vec<Gang>, pods: Vec<PodRef>, top_ups: &BTreeSet<GangId>) -> Submission {
     let mut uids: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
     uids.sort_unstable();
     let digest = Sha256::digest(uids.join(",").as_bytes());
     let hex = hex::encode(&digest[..10]);
+    let key = format!("kube:{hex}");
+    for gang in &mut gangs {
+        let id = GangId::new(gang.namespace.clone(), gang.name.clone());
+        if top_ups.contains(&id) {
+            gang.name = topped_up(&id, &key).name;
+        }
+    }
     Submission {
-        key: format!("kube:{hex}"),
+        key,
         group: GangGroup {
             queue: String::new(),
             id: format!("kube-{hex}"),
@@ -636,9 +685,11 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
                     .push(pod);
             }
             Identity::Gang(params) => {
+                // Its gang reached minMember once: it goes alone, under a name of its own.
                 out.push(submission(
                     vec![gang_of(&params.id, None, &[pod])],
                     vec![pod.pod.clone()],
+                    &BTreeSet::from([params.id.clone()]),
                 ));
             }
             Identity::Single => {
@@ -646,6 +697,7 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
                 out.push(submission(
                     vec![gang_of(&id, None, &[pod])],
                     vec![pod.pod.clone()],
+                    &BTreeSet::new(),
                 ));
             }
         }
@@ -667,8 +719,12 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
         }
         let mut group_gangs = Vec::new();
         let mut pods = Vec::new();
+        let mut top_ups = BTreeSet::new();
         for gid in &members {
             if let Some((p, list)) = gangs.get(gid) {
+                if p.top_up {
+                    top_ups.insert(gid.clone());
+                }
                 let cap = p.total_number.map(|t| t as usize).unwrap_or(list.len());
                 let list: Vec<&ReadyPod> = list.iter().take(cap).copied().collect();
                 pods.extend(list.iter().map(|r| r.pod.clone()));
@@ -676,7 +732,7 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
             }
             taken.insert(gid.clone());
         }
-        out.push(submission(group_gangs, pods));
+        out.push(submission(group_gangs, pods, &top_ups));
     }
     // Groups go in the order their first pod arrived, as kube-scheduler's queue takes
     // pods (a gang's seq, its place in the queue, must not depend on being a gang).

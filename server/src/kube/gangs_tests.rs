@@ -349,7 +349,45 @@ fn a_kubernetes_gang_counts_its_running_pods_toward_min_count() {
     assert!(apply_match_policies(&mut replacement, &running).is_empty());
     let out = submissions(&replacement, &BTreeSet::new());
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].group.gangs[0].min_member, 1);
+    let topping = &out[0].group.gangs[0];
+    assert_eq!(topping.min_member, 1);
+    // The gang's first group still declares "pg" while its pods run.
+    assert_eq!(
+        GangId::new(topping.namespace.clone(), topping.name.clone()),
+        topped_up(&GangId::new("ns", "pg"), &out[0].key)
+    );
+    assert!(topping.name.starts_with("pg.") && topping.name.len() == "pg.".len() + 8);
+    let labels: Vec<String> = (0..5)
+        .map(|_| format!("{}-", "a".repeat(59)) + "b")
+        .collect();
+    let long = GangId::new("ns", labels.join("."));
+    let name = topped_up(&long, "kube:0123456789abcdef").name;
+    assert_eq!(name.len(), 253, "{name}");
+    assert!(
+        name.ends_with(".01234567") && !name.contains("-."),
+        "{name}"
+    );
+    let validated = Gang {
+        name: name.clone(),
+        namespace: "ns".into(),
+        min_member: 1,
+        total_number: 1,
+        mode: GangMode::Strict,
+        wait_time_ms: 0,
+        priority: 0,
+        creation_order: 0,
+        members: vec![Member {
+            name: "m".into(),
+            spec: PodSpec::default(),
+            uid: None,
+        }],
+    };
+    assert!(
+        validated
+            .validate(&gangway_core::model::FieldPath::root())
+            .is_ok(),
+        "{name} is a valid gang name"
+    );
 }
 
 #[test]

@@ -113,6 +113,18 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// What it means that the API server does not serve the kind, for a kind a cluster
+    /// may leave off without anything being wrong (an API version off by default).
+    pub fn when_unserved(self) -> Option<&'static str> {
+        match self {
+            Slot::DeviceTaintRules => Some("no device taint rules apply"),
+            Slot::PodGroupsK8s => Some("no pod names a Kubernetes PodGroup"),
+            _ => None,
+        }
+    }
+}
+
 /// Objects by (namespace, name); cluster-scoped objects have an empty namespace.
 /// Shared, so a reader's copy of a whole kind costs a pointer per object.
 pub type Objects = BTreeMap<(String, String), Arc<Value>>;
@@ -319,9 +331,10 @@ pub async fn run(
             Some(Err(e)) => {
                 failures = failures.saturating_add(1);
                 let delay_ms = retry_delay_ms(failures);
-                if failures == 1 && slot == Slot::DeviceTaintRules && not_served(&e) {
-                    // Off by default in Kubernetes 1.36: no rules, nothing wrong.
-                    tracing::info!(kind = %resource.plural, group = %resource.group, version = %resource.version, "not served by this API server; no device taint rules apply (asked for again with backoff)");
+                let unserved = slot.when_unserved().filter(|_| not_served(&e));
+                if let (1, Some(meaning)) = (failures, unserved) {
+                    // Off by default in Kubernetes 1.36: nothing wrong.
+                    tracing::info!(kind = %resource.plural, group = %resource.group, version = %resource.version, "not served by this API server; {meaning} (asked for again with backoff)");
                 } else if failures == 1 {
                     tracing::warn!(kind = %resource.plural, group = %resource.group, error = %e, "watch failed; retrying with backoff (logged once until it recovers)");
                 } else {

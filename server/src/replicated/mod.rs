@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::failpoints::{self, Failpoints};
 use crate::replicated::warmer::SelectorWarmer;
 use gangway_core::engine::placement::Unplaced;
-use gangway_core::engine::{Diagnosis, FilterReason, Placer};
+use gangway_core::engine::{Diagnosis, FilterReason, MemberLabels, Placer};
 use gangway_core::ledger::meta::{MetaCommand, MetaQuery, MetaReply, MetaState, RejectionKind};
 use gangway_core::ledger::usage::HandOver;
 use gangway_core::ledger::{LedgerCommand, LedgerError, LedgerOp, LedgerReply, ShardLedger};
@@ -233,6 +233,9 @@ impl ShardMachine {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut answered = answer(&self.ledger, &q, &mut placer);
         if let ShardAnswer::Plan { placement } = &mut answered {
+            if self.failpoints.armed(failpoints::PLANS_READ_EVERY_LABEL) {
+                placement.member_labels = MemberLabels::Read;
+            }
             placement
                 .unplaced
                 .extend(cold.into_iter().map(|member| Unplaced {

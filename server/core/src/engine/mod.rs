@@ -34,8 +34,8 @@ pub use cluster::{Cluster, Nomination};
 pub use devices::{DeviceDemand, DeviceFit};
 pub use filter::{Diagnosis, FilterReason};
 pub use placement::{
-    place_gang, place_group, place_members, quote, quote_many, GangPlacement, MemberRef, Placer,
-    Quote, TopologyDomain, Unplaced,
+    place_gang, place_group, place_members, quote, quote_many, GangPlacement, MemberLabels,
+    MemberRef, Placer, Quote, TopologyDomain, Unplaced,
 };
 pub use preemption::{preempt, PreemptionOutcome, PreemptionPlan, Victim};
 pub use profile::{PluginWeight, Profile, ResourceWeight, ScorePlugin, ShapePoint};

@@ -88,6 +88,31 @@ pub struct GangPlacement {
     /// rule 15).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkHold>,
+    /// Whether the plan read its members' labels (`Read` from peers that do not say).
+    #[serde(default, skip_serializing_if = "MemberLabels::is_read")]
+    pub member_labels: MemberLabels,
+}
+
+/// Whether a plan's feasibility depended on its members' own labels. When no filter read
+/// them (no member has pod affinity terms, no pod on the shard has required
+/// anti-affinity terms, no nomination names a member), members that differ only in
+/// labels (an Indexed Job's completion index, a StatefulSet's pod name) are
+/// interchangeable in it: a slot planned for one may go to another (`plan::assign`).
+/// Only scores could differ then (other pods' preferred terms), never what fits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberLabels {
+    /// A filter may have read them.
+    #[default]
+    Read,
+    /// No filter read them.
+    Unread,
+}
+
+impl MemberLabels {
+    /// Whether this is `Read`.
+    pub fn is_read(&self) -> bool {
+        *self == Self::Read
+    }
 }
 
 impl GangPlacement {
@@ -684,6 +709,7 @@ impl Round<'_, '_> {
             unplaced,
             domain,
             network,
+            member_labels: MemberLabels::Read,
         }
     }
 }
@@ -817,6 +843,13 @@ impl Placer {
         } else {
             BTreeSet::new()
         };
+        let labels = match cluster.has_anti_affinity
+            || cluster.has_nominations()
+            || members.iter().any(|m| m.spec.has_pod_affinity_terms())
+        {
+            true => MemberLabels::Read,
+            false => MemberLabels::Unread,
+        };
         let templates = templates(members, view.device_classes(), self.cache.as_mut());
         let mut round = Round {
             members,
@@ -829,7 +862,8 @@ impl Placer {
             },
             cursor: self.next_start,
         };
-        let placement = place_round(&mut round, &mut cluster);
+        let mut placement = place_round(&mut round, &mut cluster);
+        placement.member_labels = labels;
         self.next_start = round.cursor;
         self.spare = round.searcher.spare;
         placement

@@ -1197,3 +1197,36 @@ proptest::proptest! {
         }
     }
 }
+
+/// A plan says whether a filter could have read its members' labels: not for plain
+/// members on a shard without anti-affinity; yes once a pod there holds a required
+/// anti-affinity term, or a member has affinity terms (`plan::assign` swaps members
+/// that differ only in labels only in the first case).
+#[test]
+fn a_plan_says_whether_its_members_labels_were_read() {
+    let mut f = Fixture::new(&[node("a", "z", 8000), node("b", "z", 8000)]);
+    let plain = cpu_spec(100);
+    let labels_of = |f: &Fixture, spec: &PodSpec| {
+        place_gang(
+            &f.ledger,
+            &gang("g", &[spec.clone()]),
+            &Profile::default(),
+            &[],
+        )
+        .member_labels
+    };
+    assert_eq!(labels_of(&f, &plain), crate::engine::MemberLabels::Unread);
+    let mut affine = plain.clone();
+    affine.pod_affinity.required.push(PodAffinityTerm {
+        label_selector: Some(app_selector("x")),
+        topology_key: LABEL_HOSTNAME.into(),
+    });
+    assert_eq!(labels_of(&f, &affine), crate::engine::MemberLabels::Read);
+    let mut guard = summary(100, 0);
+    guard.anti_affinity.push(PodAffinityTerm {
+        label_selector: Some(app_selector("x")),
+        topology_key: LABEL_HOSTNAME.into(),
+    });
+    f.place("other", &[("o", "a", guard)]);
+    assert_eq!(labels_of(&f, &plain), crate::engine::MemberLabels::Read);
+}

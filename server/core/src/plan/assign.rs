@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::engine::{Diagnosis, GangPlacement};
+use crate::engine::{Diagnosis, GangPlacement, MemberLabels};
 use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::ReserveMember;
 use crate::model::device::DeviceId;
@@ -96,16 +96,91 @@ pub fn assign(
     AssignOutcome::Ready(Assignment { per_shard, network })
 }
 
+/// Members not assigned yet, by spec (a template), each with its spec without labels.
+struct Waiting<'a> {
+    templates: Vec<(&'a PodSpec, PodSpec, VecDeque<MemberKey>)>,
+}
+
+impl<'a> Waiting<'a> {
+    fn push(&mut self, spec: &'a PodSpec, key: MemberKey) {
+        match self.templates.iter_mut().find(|(s, _, _)| *s == spec) {
+            Some((_, _, queue)) => queue.push_back(key),
+            None => {
+                let unlabelled = PodSpec {
+                    labels: BTreeMap::new(),
+                    ..spec.clone()
+                };
+                self.templates
+                    .push((spec, unlabelled, VecDeque::from([key])));
+            }
+        }
+    }
+
+    /// The next member for a slot planned for a member of `spec`: one of the same spec,
+    /// else, where the plan read no labels, one whose spec differs only in labels.
+    fn take(&mut self, spec: &PodSpec, labels: MemberLabels) -> Option<(MemberKey, &'a PodSpec)> {
+        if let Some((s, _, queue)) = self
+            .templates
+            .iter_mut()
+            .find(|(s, _, queue)| *s == spec && !queue.is_empty())
+        {
+            return queue.pop_front().map(|k| (k, *s));
+        }
+        if labels == MemberLabels::Read {
+            return None;
+        }
+        let (s, _, queue) = self.templates.iter_mut().find(|(_, unlabelled, queue)| {
+            !queue.is_empty() && same_but_labels(spec, unlabelled)
+        })?;
+        queue.pop_front().map(|k| (k, *s))
+    }
+}
+
+/// Whether `spec` equals `unlabelled` (a spec with its labels cleared) but for labels.
+fn same_but_labels(spec: &PodSpec, unlabelled: &PodSpec) -> bool {
+    let PodSpec {
+        requests,
+        node_selector,
+        node_affinity,
+        pod_affinity,
+        pod_anti_affinity,
+        tolerations,
+        host_ports,
+        priority,
+        labels: _,
+        claims,
+        preemption_policy,
+        shares,
+    } = spec;
+    *requests == unlabelled.requests
+        && *node_selector == unlabelled.node_selector
+        && *node_affinity == unlabelled.node_affinity
+        && *pod_affinity == unlabelled.pod_affinity
+        && *pod_anti_affinity == unlabelled.pod_anti_affinity
+        && *tolerations == unlabelled.tolerations
+        && *host_ports == unlabelled.host_ports
+        && *priority == unlabelled.priority
+        && *claims == unlabelled.claims
+        && *preemption_policy == unlabelled.preemption_policy
+        && *shares == unlabelled.shares
+}
+
 /// Combines partial plans, shards that place most first. Members with the
 /// same spec are interchangeable, and every shard planned the whole group, so
-/// each planned slot goes to the next unassigned member of its template.
+/// each planned slot goes to the next unassigned member of its template; where a
+/// shard's plan read no labels, to one whose spec differs only in labels (every
+/// shard plans the first members that fit, so without this, pods that differ in a
+/// label, as an Indexed Job's do, collide on the same members and a gang spread over
+/// shards never reaches minMember), the slot then carrying that member's labels.
 fn merge(
     group: &GangGroup,
     plans: &BTreeMap<u32, GangPlacement>,
     placed_before: &BTreeSet<String>,
 ) -> (BTreeMap<u32, Vec<ReserveMember>>, Vec<NetworkHold>) {
     let mut spec_of: BTreeMap<MemberKey, &PodSpec> = BTreeMap::new();
-    let mut waiting: Vec<(&PodSpec, VecDeque<MemberKey>)> = Vec::new();
+    let mut waiting = Waiting {
+        templates: Vec::new(),
+    };
     for gang in &group.gangs {
         for m in &gang.members {
             let key = gang.member_key(m);
@@ -113,10 +188,7 @@ fn merge(
             if placed_before.contains(&key.to_string()) {
                 continue;
             }
-            match waiting.iter_mut().find(|(spec, _)| **spec == m.spec) {
-                Some((_, queue)) => queue.push_back(key),
-                None => waiting.push((&m.spec, VecDeque::from([key]))),
-            }
+            waiting.push(&m.spec, key);
         }
     }
     let mut order: Vec<(&u32, &GangPlacement)> = plans.iter().collect();
@@ -168,10 +240,11 @@ fn merge(
                 let Some(spec) = spec_of.get(&slot.member) else {
                     continue;
                 };
-                let Some((_, queue)) = waiting.iter_mut().find(|(s, _)| *s == *spec) else {
-                    continue;
-                };
-                if let Some(member) = queue.pop_front() {
+                if let Some((member, member_spec)) = waiting.take(spec, plan.member_labels) {
+                    let mut pod = slot.pod.clone();
+                    if member_spec.labels != spec.labels {
+                        pod.labels = member_spec.labels.clone();
+                    }
                     carried.extend(
                         slot.pod
                             .shares
@@ -191,7 +264,7 @@ fn merge(
                         ReserveMember {
                             member,
                             node: slot.node.clone(),
-                            pod: slot.pod.clone(),
+                            pod,
                         },
                     ));
                 }

@@ -40,6 +40,7 @@ fn plan(placed: &[u32], unplaced: &[u32]) -> GangPlacement {
             .collect(),
         domain: None,
         network: Vec::new(),
+        member_labels: MemberLabels::Read,
     }
 }
 
@@ -98,6 +99,7 @@ fn followers_of_a_shared_claim_are_taken_only_beside_the_carrier_taken() {
             }],
             domain: None,
             network: Vec::new(),
+            member_labels: MemberLabels::Read,
         }
     };
     let plans = BTreeMap::from([(1, shard_plan("a")), (2, shard_plan("b"))]);
@@ -181,6 +183,7 @@ fn a_chain_of_shared_claims_is_taken_whole_from_one_plan() {
                 unplaced: vec![unplaced(3)],
                 domain: None,
                 network: Vec::new(),
+                member_labels: MemberLabels::Read,
             },
         ),
         (
@@ -190,6 +193,7 @@ fn a_chain_of_shared_claims_is_taken_whole_from_one_plan() {
                 unplaced: vec![unplaced(0), unplaced(1), unplaced(2)],
                 domain: None,
                 network: Vec::new(),
+                member_labels: MemberLabels::Read,
             },
         ),
     ]);
@@ -354,6 +358,7 @@ fn a_short_gang_says_why_per_template_over_every_shard() {
             .collect(),
         domain: None,
         network: Vec::new(),
+        member_labels: MemberLabels::Read,
     };
     let plans = BTreeMap::from([(1, shard_plan(100, true)), (2, shard_plan(60, false))]);
     let AssignOutcome::Short { reason, .. } = assign(&g, &plans, &BTreeSet::new()) else {
@@ -378,4 +383,91 @@ fn a_short_gang_says_why_per_template_over_every_shard() {
     assert_eq!(template_label("worker-12"), "worker");
     assert_eq!(template_label("ps"), "ps");
     assert_eq!(template_label("a-b"), "a-b");
+}
+
+/// A gang of `n` members whose pods differ only in one label (an Indexed Job's
+/// completion index).
+fn indexed_group(n: u32) -> GangGroup {
+    let mut g = group(n, n);
+    for (i, m) in g.gangs[0].members.iter_mut().enumerate() {
+        m.spec.labels.insert(
+            "batch.kubernetes.io/job-completion-index".into(),
+            i.to_string(),
+        );
+    }
+    g
+}
+
+#[test]
+fn pods_differing_only_in_labels_fill_every_shards_slots_where_no_filter_read_labels() {
+    let group = indexed_group(4);
+    let labelled = |p: GangPlacement, labels: MemberLabels| GangPlacement {
+        member_labels: labels,
+        assignments: p
+            .assignments
+            .into_iter()
+            .map(|mut m| {
+                let i: usize = m
+                    .member
+                    .member
+                    .trim_start_matches('m')
+                    .parse()
+                    .expect("index");
+                m.pod.labels = group.gangs[0].members[i].spec.labels.clone();
+                m
+            })
+            .collect(),
+        ..p
+    };
+    // Two shards of two nodes: each planned the first two members.
+    let plans = |labels| {
+        BTreeMap::from([
+            (1, labelled(plan(&[0, 1], &[2, 3]), labels)),
+            (2, labelled(plan(&[0, 1], &[2, 3]), labels)),
+        ])
+    };
+    let AssignOutcome::Ready(a) = assign(&group, &plans(MemberLabels::Unread), &BTreeSet::new())
+    else {
+        panic!("four slots over two shards hold four interchangeable members")
+    };
+    let mut seen = BTreeSet::new();
+    for m in a.per_shard.values().flatten() {
+        let i: usize = m
+            .member
+            .member
+            .trim_start_matches('m')
+            .parse()
+            .expect("index");
+        assert_eq!(
+            m.pod.labels, group.gangs[0].members[i].spec.labels,
+            "a slot given to another member carries that member's labels"
+        );
+        assert!(seen.insert(m.member.clone()), "{} twice", m.member);
+    }
+    assert_eq!(seen.len(), 4);
+    // Where a filter may have read them, a slot stays with its own member.
+    assert!(matches!(
+        assign(&group, &plans(MemberLabels::Read), &BTreeSet::new()),
+        AssignOutcome::Short { .. }
+    ));
+}
+
+#[test]
+fn members_differing_in_more_than_labels_never_swap() {
+    let mut group = indexed_group(4);
+    for m in &mut group.gangs[0].members[2..] {
+        m.spec.priority = 5;
+    }
+    let unread = |p: GangPlacement| GangPlacement {
+        member_labels: MemberLabels::Unread,
+        ..p
+    };
+    let plans = BTreeMap::from([
+        (1, unread(plan(&[0, 1], &[2, 3]))),
+        (2, unread(plan(&[0, 1], &[2, 3]))),
+    ]);
+    assert!(matches!(
+        assign(&group, &plans, &BTreeSet::new()),
+        AssignOutcome::Short { .. }
+    ));
 }

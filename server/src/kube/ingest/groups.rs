@@ -218,8 +218,10 @@ impl Ingest {
     }
 
     /// Why a placed group must be released whole: one of its Strict gangs has fewer
-    /// live pods than its minMember and none of the group's pods is bound yet (a bound
-    /// pod cannot be taken back, so after the first binding the group stays).
+    /// live pods than its minMember (less what its match policy credits it for pods of
+    /// the gang bound before, for a group that tops a gang up) and none of the group's
+    /// pods is bound yet (a bound pod cannot be taken back, so after the first binding
+    /// the group stays).
     pub(super) fn strict_gang_broken(&self, s: &GroupSummary, pods: &[PodRef]) -> Option<String> {
         let pod_groups = self.pod_groups();
         let mut live: BTreeMap<GangId, (u32, GangParams)> = BTreeMap::new();
@@ -234,17 +236,22 @@ impl Ingest {
                 live.entry(g.id.clone()).or_insert((0, g)).0 += 1;
             }
         }
+        // The group declares each gang under its own name, or topping it up.
+        let declares = |id: &GangId, name: &str| {
+            id.to_string() == name || gangs::topped_up(id, &s.key).to_string() == name
+        };
         // A gang of the group with no live pod at all cannot reach any minMember.
         if let Some(gone) = s
             .gangs
             .iter()
-            .find(|g| !live.keys().any(|id| &id.to_string() == *g))
+            .find(|g| !live.keys().any(|id| declares(id, g)))
         {
             return Some(format!(
                 "gang {gone} lost every pod before binding; the group's placement is released and it waits for members again"
             ));
         }
         live.values()
+            .map(|(n, g)| (n + g.match_policy.credit(self.bound_of_gang(&g.id, &pod_groups)), g))
             .find(|(n, g)| g.mode == GangMode::Strict && *n < g.min_member)
             .map(|(n, g)| {
                 format!(

@@ -95,6 +95,10 @@ impl Ingest {
         let Some(now) = gangs::pod_group_scheduled(min, &members, why.map(String::as_str)) else {
             return true;
         };
+        if now == gangs::GroupScheduled::Scheduled {
+            // Once bound, a later shortfall (a pod gone) is no reason to say otherwise.
+            self.memory.pod_group_unschedulable.remove(&key);
+        }
         let (status, reason, message) = now.condition();
         let said = json!({"status": status, "reason": reason, "message": message});
         if self.memory.pod_group_status.get(&memo) == Some(&said) {

@@ -223,24 +223,28 @@ impl Ingest {
             let Identity::Gang(g) = &pod.identity else {
                 continue;
             };
-            if counted.contains_key(&g.id) {
-                continue;
+            if !counted.contains_key(&g.id) {
+                counted.insert(g.id.clone(), self.bound_of_gang(&g.id, pod_groups));
             }
-            let mut bound = BoundPods::default();
-            let members = self.memory.pods.in_gang(&g.id.namespace, &g.id.name);
-            for facts in members.filter(|f| f.ours && f.bound()) {
-                if let Ok(Identity::Gang(p)) = gangs::identify(&facts.object, pod_groups) {
-                    if p.id == g.id {
-                        bound.ever += 1;
-                        if !facts.finished {
-                            bound.running += 1;
-                        }
+        }
+        counted
+    }
+
+    /// The bound pods of ours that gang `id` counts as its own.
+    pub(super) fn bound_of_gang(&self, id: &GangId, pod_groups: &PodGroups) -> BoundPods {
+        let mut bound = BoundPods::default();
+        let members = self.memory.pods.in_gang(&id.namespace, &id.name);
+        for facts in members.filter(|f| f.ours && f.bound()) {
+            if let Ok(Identity::Gang(p)) = gangs::identify(&facts.object, pod_groups) {
+                if p.id == *id {
+                    bound.ever += 1;
+                    if !facts.finished {
+                        bound.running += 1;
                     }
                 }
             }
-            counted.insert(g.id.clone(), bound);
         }
-        counted
+        bound
     }
 
     /// Proposes one batch of submissions; false when the meta group did not answer.

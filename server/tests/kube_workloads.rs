@@ -1,0 +1,570 @@
+//! Kubernetes' own gangs end to end: the v1.36 Workload and PodGroup API
+//! (`scheduling.k8s.io/v1alpha2`, with the `GenericWorkload`, `GangScheduling`,
+//! `TopologyAwareWorkloadScheduling` and `WorkloadWithJob` gates on) against a real control
+//! plane (etcd, kube-apiserver, kube-controller-manager with the Job controller, from
+//! `GANGWAY_K8S_ASSETS`) and three `gangway serve` processes. A PodGroup with a gang
+//! policy binds all of its pods or none, says why in its `PodGroupScheduled` condition,
+//! and binds once room frees; a pod naming a missing PodGroup waits with an event; a Job
+//! is a gang end to end, including a pod the Job controller re-creates (its pods differ
+//! in a label, so the two shards' plans must share them out: bug switch
+//! `plans-read-every-label`); two gangs competing for the same room never both bind in
+//! part.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gangway_kube_double::store::{Kind, EVENTS, NODES, PODS};
+use gangway_kube_env::{ControlPlane, Options};
+use serde_json::{json, Value};
+use support::Cluster;
+
+/// One control plane at a time: each is a few hundred MB and a core while it starts.
+static KUBE_SERIAL: Mutex<()> = Mutex::new(());
+/// How often waits look at the API server.
+const POLL_MS: u64 = 200;
+/// How long a gang that must not bind is watched not binding.
+const NOT_BOUND_WATCH_MS: u64 = 6_000;
+const NS: &str = "train";
+
+/// Kubernetes' PodGroups.
+const POD_GROUPS: Kind = Kind {
+    group: "scheduling.k8s.io",
+    version: "v1alpha2",
+    plural: "podgroups",
+    kind: "PodGroup",
+    namespaced: true,
+    status_subresource: true,
+};
+
+/// Kubernetes' Workloads.
+const WORKLOADS: Kind = Kind {
+    group: "scheduling.k8s.io",
+    version: "v1alpha2",
+    plural: "workloads",
+    kind: "Workload",
+    namespaced: true,
+    status_subresource: false,
+};
+
+/// batch/v1 Jobs.
+const JOBS: Kind = Kind {
+    group: "batch",
+    version: "v1",
+    plural: "jobs",
+    kind: "Job",
+    namespaced: true,
+    status_subresource: true,
+};
+
+struct Env {
+    api: ControlPlane,
+    cluster: Cluster,
+    _dir: tempfile::TempDir,
+    _serial: MutexGuard<'static, ()>,
+}
+
+/// A node of `cpu` CPUs, ready.
+fn node(name: &str, cpu: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
+            "capacity": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    })
+}
+
+/// A pod of `cpu` CPUs; scheduled by gangway, in PodGroup `group` if given.
+fn pod(name: &str, cpu: &str, group: Option<&str>) -> Value {
+    let mut pod = json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "schedulerName": "gangway",
+            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
+        }
+    });
+    if let Some(group) = group {
+        pod["spec"]["schedulingGroup"] = json!({"podGroupName": group});
+    }
+    pod
+}
+
+/// A pod of another scheduler's, already bound to `node` (it holds `cpu` CPUs there).
+fn filler(name: &str, node: &str, cpu: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": "filler", "resources": {"requests": {"cpu": cpu}}}]
+        }
+    })
+}
+
+/// A PodGroup with a gang policy of `min_count`.
+fn gang(name: &str, min_count: u32) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+    })
+}
+
+/// A control plane with the gang API on, `nodes` nodes of `cpu` CPUs, and three gangway
+/// replicas (two shards) running as the admin.
+async fn start(nodes: usize, cpu: &str) -> Env {
+    start_armed(nodes, cpu, &[]).await
+}
+
+/// `start`, every gangway process with these test bug switches armed.
+async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
+    let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let api = ControlPlane::start(Options::default().with_workload_api())
+        .await
+        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    api.ensure_namespace(NS).await.expect("namespace");
+    for i in 0..nodes {
+        api.create(&NODES, node(&format!("node-{i}"), cpu))
+            .await
+            .expect("node");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, gangway_kube_env::ADMIN_USER)
+        .expect("kubeconfig");
+    let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+    let vars = support::arm_failpoints(&mut args, failpoints);
+    let cluster = Cluster::start_with(3, 2, args, vars);
+    cluster
+        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
+        .await;
+    Env {
+        api,
+        cluster,
+        _dir: dir,
+        _serial: serial,
+    }
+}
+
+/// The test namespace as the API server has it now.
+struct View {
+    pods: BTreeMap<String, Value>,
+    pod_groups: BTreeMap<String, Value>,
+    events: Vec<Value>,
+}
+
+fn by_name(items: Vec<Value>) -> BTreeMap<String, Value> {
+    items
+        .into_iter()
+        .filter_map(|o| Some((o["metadata"]["name"].as_str()?.to_string(), o)))
+        .collect()
+}
+
+impl View {
+    async fn read(api: &ControlPlane) -> Self {
+        Self {
+            pods: by_name(api.list(&PODS, Some(NS)).await.unwrap_or_default()),
+            pod_groups: by_name(api.list(&POD_GROUPS, Some(NS)).await.unwrap_or_default()),
+            events: api.list(&EVENTS, Some(NS)).await.unwrap_or_default(),
+        }
+    }
+
+    fn node_of(&self, pod: &str) -> Option<&str> {
+        self.pods.get(pod)?["spec"]["nodeName"].as_str()
+    }
+
+    /// How many of `pods` are bound.
+    fn bound(&self, pods: &[String]) -> usize {
+        pods.iter().filter(|p| self.node_of(p).is_some()).count()
+    }
+
+    /// The pods whose names start with `prefix`, live ones only.
+    fn named(&self, prefix: &str) -> Vec<String> {
+        self.pods
+            .iter()
+            .filter(|(n, p)| n.starts_with(prefix) && p["metadata"]["deletionTimestamp"].is_null())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// `PodGroupScheduled` of PodGroup `group`: (status, reason, message).
+    fn scheduled(&self, group: &str) -> Option<(String, String, String)> {
+        let conditions = self.pod_groups.get(group)?["status"]["conditions"].as_array()?;
+        let c = conditions
+            .iter()
+            .find(|c| c["type"] == "PodGroupScheduled")?;
+        let text = |f: &str| c[f].as_str().unwrap_or_default().to_string();
+        Some((text("status"), text("reason"), text("message")))
+    }
+
+    fn events_for(&self, pod: &str, reason: &str) -> Vec<String> {
+        self.events
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
+            .filter_map(|e| e["message"].as_str().map(String::from))
+            .collect()
+    }
+}
+
+/// Waits until `done` holds for the API server's view; answers that view.
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    env: &Env,
+    mut done: impl FnMut(&View) -> bool,
+) -> View {
+    let start = Instant::now();
+    loop {
+        let now = View::read(&env.api).await;
+        if done(&now) {
+            return now;
+        }
+        if start.elapsed() > timeout {
+            let pods: Vec<(&String, Option<&str>)> =
+                now.pods.keys().map(|p| (p, now.node_of(p))).collect();
+            let conditions: Vec<(&String, &Value)> = now
+                .pod_groups
+                .iter()
+                .map(|(n, g)| (n, &g["status"]))
+                .collect();
+            let groups = match env.cluster.live().first() {
+                Some(id) => format!(
+                    "{:#?}",
+                    support::client(&env.cluster, *id)
+                        .await
+                        .list_groups(true)
+                        .await
+                ),
+                None => "no live process".into(),
+            };
+            let nodes = match env.cluster.live().first() {
+                Some(id) => format!(
+                    "{:#?}",
+                    env.cluster
+                        .inventory(*id)
+                        .await
+                        .list_nodes(gangway_proto::v1::ListNodesRequest::default())
+                        .await
+                        .map(|r| r.into_inner())
+                ),
+                None => String::new(),
+            };
+            eprintln!("gangway's nodes: {nodes}");
+            let events: Vec<String> = now
+                .events
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {}: {}",
+                        e["involvedObject"]["name"], e["reason"], e["message"]
+                    )
+                })
+                .collect();
+            eprintln!("events: {events:#?}");
+            for id in 1..=3 {
+                let log = env.cluster.log(id);
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("ingest") || l.contains("WARN"))
+                    .collect();
+                eprintln!(
+                    "--- node {id}: ingest and warnings ---\n{}",
+                    lines.join("\n")
+                );
+            }
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\npods: {pods:?}\npod groups: {conditions:#?}\ngang groups: {groups}\n--- node 1 log ---\n{}\n--- kube-controller-manager ---\n{}",
+                tail(&env.cluster.log(1)),
+                env.api.log_tail("kube-controller-manager"),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// Watches `pods` for `NOT_BOUND_WATCH_MS`: none of them may bind. Answers the last view.
+async fn stays_unbound(env: &Env, pods: &[String]) -> View {
+    let until = Instant::now() + Duration::from_millis(NOT_BOUND_WATCH_MS);
+    loop {
+        let now = View::read(&env.api).await;
+        let bound: Vec<(&String, Option<&str>)> = pods
+            .iter()
+            .map(|p| (p, now.node_of(p)))
+            .filter(|(_, n)| n.is_some())
+            .collect();
+        assert!(bound.is_empty(), "part of a gang was bound: {bound:?}");
+        if Instant::now() > until {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+async fn create_pods(
+    api: &ControlPlane,
+    prefix: &str,
+    n: usize,
+    cpu: &str,
+    group: &str,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        api.create(&PODS, pod(&name, cpu, Some(group)))
+            .await
+            .expect("pod");
+        names.push(name);
+    }
+    names
+}
+
+/// The case the gang API exists for: 5 nodes of 4 CPUs, pods of 3. With two nodes
+/// taken, a gang of 4 binds none (kube-scheduler's answer; each pod alone would bind 3)
+/// and its PodGroup says why; a freed node binds all 4; a gang that fits binds whole;
+/// a pod naming a PodGroup not made yet waits, with an event, until it is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_pod_group_binds_all_of_its_pods_or_none() {
+    let env = start(5, "4").await;
+    let api = &env.api;
+    for (name, node) in [("filler-0", "node-0"), ("filler-1", "node-1")] {
+        api.create(&PODS, filler(name, node, "3"))
+            .await
+            .expect("filler");
+    }
+    api.create(&POD_GROUPS, gang("four", 4))
+        .await
+        .expect("PodGroup");
+    let four = create_pods(api, "four", 4, "3", "four").await;
+
+    // Three nodes have room: the gang must not bind in part, and says why.
+    let view = wait_for(
+        "the PodGroup to say its gang is unschedulable",
+        Duration::from_secs(60),
+        &env,
+        |v| v.scheduled("four").is_some_and(|(s, _, _)| s == "False"),
+    )
+    .await;
+    let (_, reason, message) = view.scheduled("four").expect("condition");
+    assert_eq!(reason, "Unschedulable");
+    assert!(!message.is_empty(), "the condition says why");
+    let view = stays_unbound(&env, &four).await;
+    assert!(
+        four.iter()
+            .all(|p| !view.events_for(p, "FailedScheduling").is_empty()),
+        "every pod of the waiting gang has a FailedScheduling event"
+    );
+
+    // A node frees: all four bind, each on its own node, and the PodGroup says so.
+    api.delete(&PODS, Some(NS), "filler-0")
+        .await
+        .expect("delete");
+    let view = wait_for(
+        "the gang of four to bind once a node freed",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&four) == 4 && v.scheduled("four").is_some_and(|(s, _, _)| s == "True"),
+    )
+    .await;
+    let nodes: std::collections::BTreeSet<&str> =
+        four.iter().filter_map(|p| view.node_of(p)).collect();
+    assert_eq!(nodes.len(), 4, "pods of 3 CPUs on nodes of 4: one per node");
+    assert_eq!(
+        view.scheduled("four").map(|(_, r, _)| r),
+        Some("Scheduled".to_string())
+    );
+
+    // A pod naming a PodGroup that does not exist waits, and says what for.
+    api.create(&PODS, pod("orphan", "100m", Some("later")))
+        .await
+        .expect("pod");
+    let view = wait_for(
+        "an event on the pod naming a missing PodGroup",
+        Duration::from_secs(30),
+        &env,
+        |v| !v.events_for("orphan", "FailedScheduling").is_empty(),
+    )
+    .await;
+    assert_eq!(view.node_of("orphan"), None);
+    let said = view.events_for("orphan", "FailedScheduling").join(" | ");
+    assert!(said.contains("PodGroup train/later"), "{said}");
+    // A basic policy: the pod is scheduled on its own once its PodGroup exists.
+    api.create(
+        &POD_GROUPS,
+        json!({"metadata": {"name": "later", "namespace": NS},
+               "spec": {"schedulingPolicy": {"basic": {}}}}),
+    )
+    .await
+    .expect("PodGroup");
+    wait_for(
+        "the pod to bind once its PodGroup exists",
+        Duration::from_secs(30),
+        &env,
+        |v| v.node_of("orphan").is_some(),
+    )
+    .await;
+}
+
+/// A Job with the gates on: the Job controller makes the Workload and PodGroup, and the
+/// pods are one gang that binds whole once the room is there; a pod deleted after binding
+/// is re-created by the controller and binds alone (its gang's others still run). Two
+/// PodGroups competing for room only one of them fits: one binds whole, the other none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
+    let env = start(4, "4").await;
+    let api = &env.api;
+    api.create(&PODS, filler("filler-0", "node-0", "3"))
+        .await
+        .expect("filler");
+    let job = json!({
+        "metadata": {"name": "train", "namespace": NS},
+        "spec": {
+            "parallelism": 4, "completions": 4, "completionMode": "Indexed", "backoffLimit": 6,
+            "template": {"spec": {
+                "schedulerName": "gangway", "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": "3"}}}]
+            }}
+        }
+    });
+    api.create(&JOBS, job).await.expect("job");
+    let view = wait_for(
+        "the Job controller to make a Workload, a PodGroup and four pods",
+        Duration::from_secs(60),
+        &env,
+        |v| v.named("train-").len() == 4 && !v.pod_groups.is_empty(),
+    )
+    .await;
+    let workloads = api.list(&WORKLOADS, Some(NS)).await.expect("workloads");
+    assert_eq!(workloads.len(), 1, "the Job controller made one Workload");
+    let group = view.pod_groups.keys().next().cloned().expect("PodGroup");
+    let pods = view.named("train-");
+    for p in &pods {
+        assert_eq!(
+            view.pods[p]["spec"]["schedulingGroup"]["podGroupName"],
+            json!(group),
+            "the Job's pods name its PodGroup"
+        );
+    }
+    // One node is 3 CPUs short: the Job's gang of 4 binds none of its pods.
+    stays_unbound(&env, &pods).await;
+    api.delete(&PODS, Some(NS), "filler-0")
+        .await
+        .expect("delete");
+    let view = wait_for(
+        "the Job's four pods to bind together",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&pods) == 4,
+    )
+    .await;
+    assert_eq!(
+        view.scheduled(&group).map(|(s, r, _)| (s, r)),
+        Some(("True".to_string(), "Scheduled".to_string()))
+    );
+
+    // A pod of the running gang goes: the Job controller makes another, which binds on
+    // the room its predecessor left, alone (three of its gang still run).
+    let gone = pods[0].clone();
+    let node = view.node_of(&gone).map(String::from).expect("bound");
+    api.update(&PODS, Some(NS), &gone, |p| {
+        p["metadata"]["finalizers"] = json!([]);
+    })
+    .await
+    .expect("finalizers dropped");
+    api.delete(&PODS, Some(NS), &gone).await.expect("delete");
+    let view = wait_for(
+        "the re-created pod to bind where the deleted one was",
+        Duration::from_secs(60),
+        &env,
+        |v| {
+            let live = v.named("train-");
+            live.len() == 4 && !live.contains(&gone) && v.bound(&live) == 4
+        },
+    )
+    .await;
+    let fresh: Vec<String> = view
+        .named("train-")
+        .into_iter()
+        .filter(|p| !pods.contains(p))
+        .collect();
+    assert_eq!(fresh.len(), 1, "one pod re-created");
+    assert_eq!(view.node_of(&fresh[0]), Some(node.as_str()));
+
+    // The Job holds 3 CPUs on every node; delete it and its pods, then let two gangs of
+    // three 3-CPU pods compete for four nodes: only one fits.
+    api.delete(&JOBS, Some(NS), "train")
+        .await
+        .expect("job deleted");
+    for p in view.named("train-") {
+        api.update(&PODS, Some(NS), &p, |o| {
+            o["metadata"]["finalizers"] = json!([])
+        })
+        .await
+        .ok();
+        api.delete(&PODS, Some(NS), &p).await.ok();
+    }
+    wait_for("the Job's pods gone", Duration::from_secs(60), &env, |v| {
+        v.named("train-").is_empty()
+    })
+    .await;
+    for g in ["red", "blue"] {
+        api.create(&POD_GROUPS, gang(g, 3)).await.expect("PodGroup");
+    }
+    let red = create_pods(api, "red", 3, "3", "red").await;
+    let blue = create_pods(api, "blue", 3, "3", "blue").await;
+    let view = wait_for(
+        "one of two competing gangs to bind",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&red) == 3 || v.bound(&blue) == 3,
+    )
+    .await;
+    let (winner, loser) = if view.bound(&red) == 3 {
+        (&red, &blue)
+    } else {
+        (&blue, &red)
+    };
+    assert_eq!(view.bound(winner), 3);
+    let view = stays_unbound(&env, loser).await;
+    let loser_group = if loser == &red { "red" } else { "blue" };
+    assert_eq!(
+        view.scheduled(loser_group).map(|(s, r, _)| (s, r)),
+        Some(("False".to_string(), "Unschedulable".to_string()))
+    );
+}
+
+/// Bug switch `plans-read-every-label`: shards' plans keep each slot to its own member,
+/// so a gang of pods that differ only in a label (as a Job's do), spread over two
+/// shards of two nodes, collides on the same two members in both plans and never binds.
+/// The Job test above binds such a gang; here it must stay unbound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_plans_that_keep_slots_to_their_own_members() {
+    let env = start_armed(4, "4", &["plans-read-every-label"]).await;
+    let api = &env.api;
+    api.create(&POD_GROUPS, gang("indexed", 4))
+        .await
+        .expect("PodGroup");
+    let mut pods = Vec::new();
+    for i in 0..4 {
+        let name = format!("indexed-{i}");
+        let mut object = pod(&name, "3", Some("indexed"));
+        object["metadata"]["labels"] =
+            json!({"batch.kubernetes.io/job-completion-index": i.to_string()});
+        api.create(&PODS, object).await.expect("pod");
+        pods.push(name);
+    }
+    wait_for(
+        "the gang to be tried and found short",
+        Duration::from_secs(60),
+        &env,
+        |v| v.scheduled("indexed").is_some_and(|(s, _, _)| s == "False"),
+    )
+    .await;
+    stays_unbound(&env, &pods).await;
+}
