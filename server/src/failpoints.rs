@@ -139,8 +139,13 @@ pub const AUTHORIZATION_OFF: &str = "access-allows-every-caller";
 /// the same members and never reaches minMember.
 pub const PLANS_READ_EVERY_LABEL: &str = "plans-read-every-label";
 
+/// A fixed bug, back for checking the checks: the ingest takes no notice of Kubernetes'
+/// own PodGroups (as before it read them), so each pod naming one is scheduled alone and
+/// a gang that does not fit binds in part.
+pub const KUBERNETES_POD_GROUPS_IGNORED: &str = "ingest-ignores-kubernetes-pod-groups";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 29] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -169,6 +174,7 @@ pub const ALL: [&str; 28] = [
     META_ADMITS_TWINS_OF_PLACED,
     AUTHORIZATION_OFF,
     PLANS_READ_EVERY_LABEL,
+    KUBERNETES_POD_GROUPS_IGNORED,
 ];
 
 /// The armed crash points of a process.

@@ -109,7 +109,13 @@ impl Ingest {
                 unhonoured.push((subject, why));
             }
             queue_of.insert(facts.pod.uid.clone(), queue);
+            let ignored = facts.pod_group_api == Some(PodGroupApi::Kubernetes)
+                && self
+                    .opts
+                    .failpoints
+                    .armed(failpoints::KUBERNETES_POD_GROUPS_IGNORED);
             let identity = match gangs::identify(&facts.object, &pod_groups) {
+                _ if ignored => Identity::Single,
                 Ok(i) => i,
                 Err(p) => {
                     problems.push((facts.pod.clone(), p));
