@@ -86,9 +86,17 @@ fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
 /// Flags of `gangway serve`.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// TOML file with the same keys as these flags (flags override it).
+    /// TOML file with the same keys as these flags (flags override it); or a
+    /// kube-scheduler `KubeSchedulerConfiguration` file, taken as --scheduler-config.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// kube-scheduler configuration file (`KubeSchedulerConfiguration`,
+    /// kubescheduler.config.k8s.io/v1): the score plugins, their weights,
+    /// NodeResourcesFit's scoring strategy and percentageOfNodesToScore of the profile
+    /// whose schedulerName is gangway's; what gangway does not implement is refused by
+    /// name [default: kube-scheduler's default profile].
+    #[arg(long)]
+    pub scheduler_config: Option<PathBuf>,
     /// This replica's node id (>= 1; never reuse one after a replica loses its disk).
     #[arg(long)]
     pub id: Option<NodeId>,
@@ -266,6 +274,7 @@ struct FileConfig {
     kubeconfig: Option<PathBuf>,
     in_cluster: Option<bool>,
     scheduler_name: Option<String>,
+    scheduler_config: Option<PathBuf>,
     bind_qps: Option<u32>,
     bind_concurrency: Option<usize>,
     tls_cert: Option<PathBuf>,
@@ -361,15 +370,42 @@ pub struct ServeConfig {
     pub test_failpoints: bool,
     /// Fault tests only: advertised peer address -> address dialled.
     pub peer_routes: BTreeMap<String, String>,
+    /// How nodes are scored (from --scheduler-config).
+    pub profile: gangway_core::engine::Profile,
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// What `--config` names: gangway's own TOML, or a kube-scheduler configuration.
+enum ConfigFile {
+    Gangway(Box<FileConfig>),
+    Scheduler(PathBuf),
+}
+
+fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
     let file_err = |reason: String| ConfigError::File {
         path: path.display().to_string(),
         reason,
     };
     let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
-    toml::from_str(&text).map_err(|e| file_err(e.to_string()))
+    if crate::scheduler_config::is_scheduler_config(&text) {
+        return Ok(ConfigFile::Scheduler(path.to_path_buf()));
+    }
+    toml::from_str(&text)
+        .map(|f| ConfigFile::Gangway(Box::new(f)))
+        .map_err(|e| file_err(e.to_string()))
+}
+
+/// The scoring profile the kube-scheduler configuration at `path` gives pods named
+/// `scheduler_name`; errors name the file and the field in it.
+pub fn read_scheduler_config(
+    path: &Path,
+    scheduler_name: &str,
+) -> Result<gangway_core::engine::Profile, ConfigError> {
+    let file_err = |reason: String| ConfigError::File {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+    crate::scheduler_config::parse(&text, scheduler_name).map_err(|e| file_err(e.to_string()))
 }
 
 /// Parses `ID=HOST:PORT`.
@@ -503,11 +539,36 @@ fn resolve_kube(
 impl ServeConfig {
     /// Merges flags over the config file and checks the result.
     pub fn resolve(args: ServeArgs) -> Result<Self, ConfigError> {
-        let file = match &args.config {
-            Some(p) => read_file(p)?,
-            None => FileConfig::default(),
+        let (file, scheduler_file) = match &args.config {
+            Some(p) => match read_file(p)? {
+                ConfigFile::Gangway(f) => (*f, None),
+                ConfigFile::Scheduler(path) => (FileConfig::default(), Some(path)),
+            },
+            None => (FileConfig::default(), None),
+        };
+        let scheduler_config = match (
+            args.scheduler_config.clone(),
+            scheduler_file,
+            file.scheduler_config.clone(),
+        ) {
+            (Some(_), Some(_), _) => {
+                return Err(invalid(
+                    "--config/--scheduler-config",
+                    "both name a kube-scheduler configuration; give one",
+                ))
+            }
+            (Some(p), None, _) | (None, Some(p), _) | (None, None, Some(p)) => Some(p),
+            (None, None, None) => None,
         };
         let kube = resolve_kube(&args, &file)?;
+        let scheduler_name = match &kube {
+            Some((_, opts)) => opts.scheduler_name.clone(),
+            None => crate::kube::KubeOptions::default().scheduler_name,
+        };
+        let profile = match &scheduler_config {
+            Some(path) => read_scheduler_config(path, &scheduler_name)?,
+            None => gangway_core::engine::Profile::default(),
+        };
         let tls = resolve_tls(&args, &file)?;
         let auth_tokens_file = args
             .auth_tokens_file
@@ -728,6 +789,7 @@ impl ServeConfig {
             ui_plaintext_tokens: args.ui_plaintext_tokens
                 || file.ui_plaintext_tokens.unwrap_or(false),
             peer_secret_file,
+            profile,
             test_failpoints: args.test_failpoints,
             peer_routes,
             wire,

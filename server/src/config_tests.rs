@@ -163,3 +163,50 @@ fn wire_format_defaults_to_binary_and_a_bad_one_names_the_key() {
     let err = ServeConfig::resolve(file(&path)).expect_err("unknown format");
     assert!(err.to_string().contains("wire-format"), "{err}");
 }
+
+const PACKING: &str = "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: gangway
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+";
+
+#[test]
+fn a_kube_scheduler_configuration_sets_the_profile_through_either_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("scheduler.yaml");
+    std::fs::write(&path, PACKING).expect("write");
+    let mut a = args(1, &[]);
+    a.scheduler_config = Some(path.clone());
+    let cfg = ServeConfig::resolve(a.clone()).expect("scheduler config");
+    let most = gangway_core::engine::ScorePlugin::MostAllocated;
+    assert_eq!(cfg.profile.weight_of(most), Some(1));
+    // kube-scheduler users pass it as --config.
+    let mut b = args(1, &[]);
+    b.config = Some(path.clone());
+    assert_eq!(
+        ServeConfig::resolve(b.clone())
+            .expect("as --config")
+            .profile,
+        cfg.profile
+    );
+    b.scheduler_config = Some(path.clone());
+    let both = ServeConfig::resolve(b).expect_err("twice").to_string();
+    assert!(both.contains("--config/--scheduler-config"), "{both}");
+    // Another scheduler name's profile is refused, naming the file and the field.
+    a.scheduler_name = Some("batch".into());
+    a.kubeconfig = Some(dir.path().join("kubeconfig"));
+    let err = ServeConfig::resolve(a).expect_err("other name").to_string();
+    assert!(
+        err.contains("scheduler.yaml") && err.contains("profiles[0].schedulerName"),
+        "{err}"
+    );
+    assert_eq!(
+        ServeConfig::resolve(args(1, &[])).expect("default").profile,
+        gangway_core::engine::Profile::default()
+    );
+}

@@ -61,6 +61,11 @@ pub struct DevArgs {
     /// Format the replicas write commands, replies and snapshots in (they read both).
     #[arg(long, value_parser = crate::config::wire_format_parser(), default_value = "binary")]
     pub wire_format: WireFormat,
+    /// kube-scheduler configuration file (`KubeSchedulerConfiguration`): the score
+    /// plugins and NodeResourcesFit strategy of its profile for schedulerName `gangway`,
+    /// as `gangway serve --scheduler-config` takes it.
+    #[arg(long)]
+    pub scheduler_config: Option<PathBuf>,
 }
 
 /// Ports of a persistent dev cluster.
@@ -96,6 +101,14 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
     if args.nodes > DEV_NODES_MAX {
         bail!("--nodes: {} is more than {DEV_NODES_MAX}", args.nodes);
     }
+    let profile = match &args.scheduler_config {
+        Some(path) => crate::config::read_scheduler_config(
+            path,
+            &crate::kube::KubeOptions::default().scheduler_name,
+        )
+        .context("--scheduler-config")?,
+        None => Profile::default(),
+    };
     let (data, _temp) = match &args.data {
         Some(d) => (d.clone(), None),
         None => {
@@ -193,7 +206,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
             host_path_prefixes: crate::frontdoor::inventory::InventoryOptions::default()
                 .host_path_prefixes,
-            profile: Profile::default(),
+            profile: profile.clone(),
             wire: args.wire_format,
             rebalance: gangway_core::plan::rebalance::RebalancePolicy::default(),
             failpoints: Failpoints::disabled(),

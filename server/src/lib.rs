@@ -20,6 +20,7 @@ pub mod observe;
 pub mod participant;
 pub mod replica;
 pub mod replicated;
+pub mod scheduler_config;
 pub mod security;
 pub mod serve;
 pub mod webview;

@@ -21,7 +21,6 @@ use crate::replica::{host_config, Replica, ReplicaOptions};
 use crate::security::{self, ServerSecurity, ServerTls, Tokens};
 use crate::webview::read::Source;
 use crate::webview::UiDeps;
-use gangway_core::engine::Profile;
 use gangway_core::plan::budgets::DisruptionBudgets;
 
 /// Runs one replica until a shutdown signal.
@@ -127,7 +126,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         shards: cfg.shards,
         topology_label: cfg.topology_label.clone(),
         host_path_prefixes: cfg.allocation_host_path_prefixes.clone(),
-        profile: Profile::default(),
+        profile: cfg.profile.clone(),
         wire: cfg.wire,
         rebalance: cfg.rebalance,
         failpoints: if cfg.test_failpoints {

@@ -28,6 +28,8 @@ const POLL_MS: u64 = 200;
 /// How long a gang that must not bind is watched not binding.
 const NOT_BOUND_WATCH_MS: u64 = 6_000;
 const NS: &str = "train";
+/// The chart's ServiceAccount (namespace, name) in these tests.
+const CHART_SA: (&str, &str) = ("gangway", "gangway");
 
 /// Kubernetes' PodGroups.
 const POD_GROUPS: Kind = Kind {
@@ -113,7 +115,8 @@ fn gang(name: &str, min_count: u32) -> Value {
 }
 
 /// A control plane with the gang API on, `nodes` nodes of `cpu` CPUs, and three gangway
-/// replicas (two shards) running as the admin.
+/// replicas (two shards) running as the chart's ServiceAccount with exactly the chart's
+/// ClusterRole (reading Kubernetes' PodGroups and writing their status is in it).
 async fn start(nodes: usize, cpu: &str) -> Env {
     start_armed(nodes, cpu, &[]).await
 }
@@ -121,10 +124,20 @@ async fn start(nodes: usize, cpu: &str) -> Env {
 /// `start`, every gangway process with these test bug switches armed.
 async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let api = ControlPlane::start(Options::default().with_workload_api())
-        .await
-        .unwrap_or_else(|e| panic!("control plane starts: {e}"));
-    api.ensure_namespace(NS).await.expect("namespace");
+    let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
+    let api = ControlPlane::start(
+        Options {
+            identities: vec![sa.clone()],
+            ..Options::default()
+        }
+        .with_workload_api(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    for ns in [NS, CHART_SA.0] {
+        api.ensure_namespace(ns).await.expect("namespace");
+    }
+    support::chart::apply_gangway_rbac(&api, "gangway", CHART_SA.0, CHART_SA.1).await;
     for i in 0..nodes {
         api.create(&NODES, node(&format!("node-{i}"), cpu))
             .await
@@ -132,7 +145,7 @@ async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, gangway_kube_env::ADMIN_USER)
+    api.write_kubeconfig(&kubeconfig, &sa.user)
         .expect("kubeconfig");
     let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
     let vars = support::arm_failpoints(&mut args, failpoints);
