@@ -161,6 +161,33 @@ async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
     }
 }
 
+impl Env {
+    /// This control plane with the gangway processes replaced by new ones (fresh data):
+    /// `shards` shards, these extra flags.
+    async fn with_gangway(self, shards: u32, extra: &[String]) -> Env {
+        let Env {
+            api,
+            cluster,
+            _dir,
+            _serial,
+        } = self;
+        drop(cluster);
+        let kubeconfig = _dir.path().join("kubeconfig");
+        let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+        args.extend(extra.iter().cloned());
+        let cluster = Cluster::start_with(3, shards, args, Vec::new());
+        cluster
+            .wait_ready(&[1, 2, 3], Duration::from_secs(30))
+            .await;
+        Env {
+            api,
+            cluster,
+            _dir,
+            _serial,
+        }
+    }
+}
+
 /// The test namespace as the API server has it now.
 struct View {
     pods: BTreeMap<String, Value>,
@@ -580,4 +607,85 @@ async fn the_check_catches_plans_that_keep_slots_to_their_own_members() {
     )
     .await;
     stays_unbound(&env, &pods).await;
+}
+
+/// A kube-scheduler configuration that packs GPUs: NodeResourcesFit scores MostAllocated
+/// over `nvidia.com/gpu`.
+const GPU_PACKING: &str = "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: gangway
+  plugins:
+    score:
+      disabled:
+      - name: NodeResourcesBalancedAllocation
+      enabled:
+      - name: NodeResourcesFit
+        weight: 5
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - name: nvidia.com/gpu
+          weight: 1
+";
+
+/// Creates twelve pods of two GPUs named `prefix-N`, one at a time (each bound before the
+/// next is made, so each is scored against the room the earlier ones left), and answers
+/// how many nodes they went to.
+async fn twelve_two_gpu_pods(env: &Env, prefix: &str) -> usize {
+    let mut names = Vec::new();
+    for i in 0..12 {
+        let name = format!("{prefix}-{i}");
+        let mut object = pod(&name, "100m", None);
+        object["spec"]["containers"][0]["resources"]["limits"] = json!({"nvidia.com/gpu": "2"});
+        env.api.create(&PODS, object).await.expect("pod");
+        names.push(name);
+        wait_for("a two-GPU pod bound", Duration::from_secs(30), env, |v| {
+            v.bound(&names) == names.len()
+        })
+        .await;
+    }
+    let view = View::read(&env.api).await;
+    let nodes: std::collections::BTreeSet<&str> =
+        names.iter().filter_map(|p| view.node_of(p)).collect();
+    for name in &names {
+        env.api.delete(&PODS, Some(NS), name).await.expect("delete");
+    }
+    nodes.len()
+}
+
+/// `--scheduler-config` with a bin-packing profile: twelve pods of two GPUs on six nodes
+/// of eight go onto three nodes, where gangway's default profile spreads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bin_packing_profile_packs_gpu_pods_where_the_default_spreads_them() {
+    let env = start(0, "8").await;
+    for i in 0..6 {
+        let mut gpu_node = node(&format!("gpu-{i}"), "8");
+        gpu_node["status"]["allocatable"]["nvidia.com/gpu"] = json!("8");
+        gpu_node["status"]["capacity"]["nvidia.com/gpu"] = json!("8");
+        env.api.create(&NODES, gpu_node).await.expect("node");
+    }
+    // One shard, so the default's choice is not split by the shard map.
+    let env = env.with_gangway(1, &[]).await;
+    let spread = twelve_two_gpu_pods(&env, "spread").await;
+    assert!(spread > 3, "the default profile spreads: {spread} nodes");
+    let config = env._dir.path().join("scheduler.yaml");
+    std::fs::write(&config, GPU_PACKING).expect("config");
+    let env = env
+        .with_gangway(
+            1,
+            &["--scheduler-config".into(), config.display().to_string()],
+        )
+        .await;
+    let packed = twelve_two_gpu_pods(&env, "packed").await;
+    eprintln!(
+        "twelve two-GPU pods: default profile on {spread} nodes, packing profile on {packed}"
+    );
+    assert_eq!(
+        packed, 3,
+        "MostAllocated over GPUs fills a node before the next"
+    );
 }
