@@ -73,7 +73,7 @@ CONFIG_KEYS = {
     "rebalance-check-ms", "heartbeat-ms", "election-min-ms", "election-max-ms",
     "snapshot-every", "balance-interval-ms", "kubeconfig", "in-cluster", "scheduler-name",
     "bind-qps", "bind-concurrency", "tls-cert", "tls-key", "tls-client-ca", "auth-tokens-file",
-    "peer-secret-file",
+    "peer-secret-file", "scheduler-config",
 }
 
 # (API group, resource, verb) the Kubernetes adapter uses; the ClusterRole must grant exactly these.
@@ -87,9 +87,11 @@ for _group, _resources, _verbs in [
     ("policy", ["poddisruptionbudgets"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.sigs.k8s.io", ["podgroups"], ["get", "list", "watch"]),
+    ("scheduling.k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["elasticquotas"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.sigs.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
+    ("scheduling.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("resource.k8s.io", ["resourceslices", "deviceclasses", "resourceclaims", "devicetaintrules"], ["get", "list", "watch"]),
     ("resource.k8s.io", ["resourceclaims"], ["patch"]),
     ("resource.k8s.io", ["resourceclaims/status"], ["get", "update", "patch"]),
@@ -1110,6 +1112,30 @@ POLICY_EXAMPLE = POLICY_TENANTS.replace("identities:\n", """identities:
 # --- cases ----------------------------------------------------------------------------------
 
 
+SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: gangway
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+"""
+
+
+def check_scheduler_config(objs: dict) -> str:
+    """scheduler.config lands beside gangway.toml, which names it as scheduler-config."""
+    data = next(o for (k, n), o in objs.items() if k == "ConfigMap" and n.endswith("-config"))["data"]
+    check(data.get("scheduler-config.yaml", "").strip() == SCHEDULER_CONFIG.strip(),
+          "the ConfigMap holds scheduler.config as scheduler-config.yaml")
+    if tomllib is not None:
+        config = tomllib.loads(data["gangway.toml"])
+        check(config.get("scheduler-config") == "/etc/gangway/config/scheduler-config.yaml",
+              "gangway.toml names the scheduler configuration")
+    return "scheduler-config.yaml in the ConfigMap and named by gangway.toml"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--show", metavar="CASE",
@@ -1225,6 +1251,9 @@ def main() -> int:
         valid_case("optional", "podGroupCRD, elasticQuotaCRD, serviceMonitor and dashboards enabled",
                    {"podGroupCRD": {"enabled": True}, "elasticQuotaCRD": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
                     "dashboards": {"enabled": True}}, check_optional)
+
+        valid_case("scheduler-config", "scheduler.config: a kube-scheduler configuration in the ConfigMap",
+                   {"scheduler": {"config": SCHEDULER_CONFIG}}, check_scheduler_config)
 
         # Authorization modes.
         valid_case("policy-inline", "auth.mode=policy, auth.policy.inline (generated certificates)",
