@@ -88,10 +88,12 @@ for _group, _resources, _verbs in [
     ("scheduling.x-k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.sigs.k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.k8s.io", ["podgroups"], ["get", "list", "watch"]),
+    ("scheduling.volcano.sh", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["elasticquotas"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.sigs.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
+    ("scheduling.volcano.sh", ["podgroups/status"], ["get", "patch", "update"]),
     ("resource.k8s.io", ["resourceslices", "deviceclasses", "resourceclaims", "devicetaintrules"], ["get", "list", "watch"]),
     ("resource.k8s.io", ["resourceclaims"], ["patch"]),
     ("resource.k8s.io", ["resourceclaims/status"], ["get", "update", "patch"]),
@@ -1019,6 +1021,12 @@ def check_optional(objs: dict) -> str:
     check(eq_version["name"] == "v1alpha1", "ElasticQuota CRD version")
     eq_props = eq_version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     check({"min", "max"} <= set(eq_props), "ElasticQuota CRD spec fields")
+    volcano = objs[("CustomResourceDefinition", "podgroups.scheduling.volcano.sh")]
+    v_version = volcano["spec"]["versions"][0]
+    check(v_version["name"] == "v1beta1" and v_version["subresources"] == {"status": {}},
+          "Volcano PodGroup CRD version")
+    v_props = v_version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    check({"minMember", "minTaskMember", "queue"} <= set(v_props), "Volcano PodGroup CRD spec fields")
     monitor = objs[("ServiceMonitor", RELEASE)]["spec"]
     metrics_svc = objs[("Service", f"{RELEASE}-metrics")]
     labels = metrics_svc["metadata"]["labels"]
@@ -1248,8 +1256,8 @@ def main() -> int:
             own = tls.get("secretName") or tls.get("enabled") is False
             valid_case(case, f"ci/{values_file.name}" + (" (cluster without cert-manager)" if own else ""),
                        override, server=api if own else api_cm)
-        valid_case("optional", "podGroupCRD, elasticQuotaCRD, serviceMonitor and dashboards enabled",
-                   {"podGroupCRD": {"enabled": True}, "elasticQuotaCRD": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
+        valid_case("optional", "podGroupCRD, volcanoPodGroupCRD, elasticQuotaCRD, serviceMonitor and dashboards enabled",
+                   {"podGroupCRD": {"enabled": True}, "volcanoPodGroupCRD": {"enabled": True}, "elasticQuotaCRD": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
                     "dashboards": {"enabled": True}}, check_optional)
 
         valid_case("scheduler-config", "scheduler.config: a kube-scheduler configuration in the ConfigMap",

@@ -118,11 +118,12 @@ fn gang(name: &str, min_count: u32) -> Value {
 /// replicas (two shards) running as the chart's ServiceAccount with exactly the chart's
 /// ClusterRole (reading Kubernetes' PodGroups and writing their status is in it).
 async fn start(nodes: usize, cpu: &str) -> Env {
-    start_armed(nodes, cpu, &[]).await
+    start_armed(nodes, cpu, &[], &[]).await
 }
 
-/// `start`, every gangway process with these test bug switches armed.
-async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
+/// `start`, with the CRDs of these chart templates installed first and every gangway
+/// process with these test bug switches armed.
+async fn start_armed(nodes: usize, cpu: &str, crds: &[&str], failpoints: &[&str]) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
     let api = ControlPlane::start(
@@ -138,6 +139,11 @@ async fn start_armed(nodes: usize, cpu: &str, failpoints: &[&str]) -> Env {
         api.ensure_namespace(ns).await.expect("namespace");
     }
     support::chart::apply_gangway_rbac(&api, "gangway", CHART_SA.0, CHART_SA.1).await;
+    for crd in crds {
+        api.install_crd(support::chart::chart_object(crd))
+            .await
+            .unwrap_or_else(|e| panic!("the chart's {crd} is accepted: {e}"));
+    }
     for i in 0..nodes {
         api.create(&NODES, node(&format!("node-{i}"), cpu))
             .await
@@ -585,7 +591,7 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
 /// The Job test above binds such a gang; here it must stay unbound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_check_catches_plans_that_keep_slots_to_their_own_members() {
-    let env = start_armed(4, "4", &["plans-read-every-label"]).await;
+    let env = start_armed(4, "4", &[], &["plans-read-every-label"]).await;
     let api = &env.api;
     api.create(&POD_GROUPS, gang("indexed", 4))
         .await
@@ -688,4 +694,132 @@ async fn a_bin_packing_profile_packs_gpu_pods_where_the_default_spreads_them() {
         packed, 3,
         "MostAllocated over GPUs fills a node before the next"
     );
+}
+
+/// Volcano's PodGroups.
+const VOLCANO_POD_GROUPS: Kind = Kind {
+    group: "scheduling.volcano.sh",
+    version: "v1beta1",
+    plural: "podgroups",
+    kind: "PodGroup",
+    namespaced: true,
+    status_subresource: true,
+};
+
+/// A pod of Volcano's PodGroup `group`, task `task`, of `cpu` CPUs.
+fn volcano_pod(name: &str, group: &str, task: &str, cpu: &str) -> Value {
+    let mut object = pod(name, cpu, None);
+    object["metadata"]["annotations"] =
+        json!({"scheduling.k8s.io/group-name": group, "volcano.sh/task-spec": task});
+    object
+}
+
+/// A Volcano PodGroup (the chart's CRD, `volcanoPodGroupCRD.enabled`) with `minTaskMember`
+/// and a queue: its pods wait until every task has its minimum, then bind together,
+/// charged to the gangway queue of that name; the PodGroup shows `Running` and
+/// `Scheduled` as Volcano writes them. A PodGroup naming a queue gangway does not have
+/// is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volcano_pod_group_binds_every_task_at_its_minimum_in_its_queue() {
+    let env = start_armed(4, "4", &["volcano-podgroup-crd.yaml"], &[]).await;
+    let api = &env.api;
+    let admin = support::client(&env.cluster, 1).await;
+    admin
+        .put_queue(gangway_client::admin_api::QueueSpec {
+            name: "research".into(),
+            weight: 1,
+            max: [("cpu".to_string(), "16".to_string())].into(),
+            namespaces: vec![NS.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("queue");
+    api.create(
+        &VOLCANO_POD_GROUPS,
+        json!({"metadata": {"name": "job", "namespace": NS},
+               "spec": {"minMember": 3, "minTaskMember": {"ps": 1, "worker": 2}, "queue": "research"}}),
+    )
+    .await
+    .expect("PodGroup");
+    let first = ["job-ps-0".to_string(), "job-worker-0".to_string()];
+    api.create(&PODS, volcano_pod(&first[0], "job", "ps", "1"))
+        .await
+        .expect("pod");
+    api.create(&PODS, volcano_pod(&first[1], "job", "worker", "3"))
+        .await
+        .expect("pod");
+    // Three pods would meet minMember only with a second worker: nothing binds yet.
+    stays_unbound(&env, &first).await;
+    api.create(&PODS, volcano_pod("job-worker-1", "job", "worker", "3"))
+        .await
+        .expect("pod");
+    let all = [
+        first[0].clone(),
+        first[1].clone(),
+        "job-worker-1".to_string(),
+    ];
+    wait_for(
+        "the Volcano job's three pods bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&all) == 3,
+    )
+    .await;
+    let groups = admin.list_groups(true).await.expect("groups");
+    let group = groups
+        .iter()
+        .find(|g| g.gangs.iter().any(|n| n.contains("job.worker")))
+        .expect("the job's group");
+    assert_eq!(group.queue, "research");
+    assert_eq!(group.gangs.len(), 2, "one gang per task: {:?}", group.gangs);
+    let status = wait_for_volcano_phase(&env, "job", "Running").await;
+    assert_eq!(status["conditions"][0]["type"], "Scheduled");
+    assert_eq!(status["running"], json!(0), "no kubelet runs the pods here");
+
+    api.create(
+        &VOLCANO_POD_GROUPS,
+        json!({"metadata": {"name": "elsewhere", "namespace": NS},
+               "spec": {"minMember": 1, "queue": "nope"}}),
+    )
+    .await
+    .expect("PodGroup");
+    api.create(&PODS, volcano_pod("elsewhere-0", "elsewhere", "main", "1"))
+        .await
+        .expect("pod");
+    let view = wait_for(
+        "a FailedScheduling event on the pod of a PodGroup naming no gangway queue",
+        Duration::from_secs(30),
+        &env,
+        |v| !v.events_for("elsewhere-0", "FailedScheduling").is_empty(),
+    )
+    .await;
+    let said = view
+        .events_for("elsewhere-0", "FailedScheduling")
+        .join(" | ");
+    assert!(
+        said.contains("spec.queue \"nope\"") && said.contains("no gangway queue nope"),
+        "{said}"
+    );
+    assert_eq!(view.node_of("elsewhere-0"), None);
+}
+
+/// Waits until Volcano PodGroup `name` shows `phase`; answers its status.
+async fn wait_for_volcano_phase(env: &Env, name: &str, phase: &str) -> Value {
+    let start = Instant::now();
+    loop {
+        let group = env
+            .api
+            .get(&VOLCANO_POD_GROUPS, Some(NS), name)
+            .await
+            .expect("PodGroup");
+        if group["status"]["phase"] == phase {
+            return group["status"].clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "PodGroup {name} never showed {phase}: {:#}",
+            group["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
 }

@@ -31,6 +31,10 @@ pub const ANNOTATION_POD_GROUP_NAME: &str = "pod-group.scheduling.sigs.k8s.io/na
 pub const ANNOTATION_POD_GROUP_MIN: &str = "pod-group.scheduling.sigs.k8s.io/min-available";
 /// Koordinator gang annotations.
 pub const GANG_PREFIX: &str = "gang.scheduling.koordinator.sh/";
+/// Volcano's pod annotation naming its PodGroup (`scheduling.volcano.sh`).
+pub const ANNOTATION_VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
+/// Volcano's pod annotation naming the task of its job the pod belongs to.
+pub const ANNOTATION_VOLCANO_TASK: &str = "volcano.sh/task-spec";
 /// Marks a pod whose gang timed out (Koordinator's spelling).
 pub const ANNOTATION_TIMEOUT: &str = "gang.scheduling.koordinator.sh/timeout";
 
@@ -165,6 +169,9 @@ pub enum PodGroupApi {
     Kubernetes,
     /// scheduler-plugins' CRDs (either API group), named by a label or annotation.
     SchedulerPlugins,
+    /// Volcano's CRD (`scheduling.volcano.sh/v1beta1`), named by the annotation
+    /// `scheduling.k8s.io/group-name`.
+    Volcano,
 }
 
 /// The PodGroups known, by API.
@@ -174,6 +181,8 @@ pub struct PodGroups {
     pub kubernetes: PodGroupIndex,
     /// scheduler-plugins' (both API groups).
     pub plugins: PodGroupIndex,
+    /// Volcano's.
+    pub volcano: PodGroupIndex,
 }
 
 /// Kubernetes' PodGroup condition that says whether the group's scheduling
@@ -430,6 +439,9 @@ pub fn pod_group_ref(pod: &Value) -> Option<(PodGroupApi, &str)> {
     if let Some(name) = pod["spec"]["schedulingGroup"]["podGroupName"].as_str() {
         return Some((PodGroupApi::Kubernetes, name));
     }
+    if let Some(name) = annotation(pod, ANNOTATION_VOLCANO_GROUP) {
+        return Some((PodGroupApi::Volcano, name));
+    }
     label(pod, LABEL_POD_GROUP)
         .or_else(|| label(pod, LABEL_POD_GROUP_SIGS))
         .or_else(|| annotation(pod, ANNOTATION_POD_GROUP_NAME))
@@ -470,6 +482,80 @@ pub fn pod_group_status(min_member: u64, pods: &[&Value]) -> Value {
         "phase": phase, "scheduled": scheduled, "running": running,
         "succeeded": succeeded, "failed": failed,
     })
+}
+
+/// The gang a pod of Volcano's PodGroup `namespace/name` belongs to: the whole PodGroup,
+/// a Strict gang of `minMember` (default 1) that waits until it fits and counts its
+/// running pods, as Volcano's gang plugin does; or, where `minTaskMember` names tasks, the
+/// gang of the pod's task (`volcano.sh/task-spec`), `NAME.TASK` of that task's minimum,
+/// in one GangGroup with the other tasks' gangs, so every task reaches its minimum in one
+/// decision. A task without a minimum, or a `minMember` more than the tasks' minimums add
+/// up to, is refused by name (gangway cannot ask the rest of any task).
+fn volcano_pod_group(
+    pod: &Value,
+    namespace: &str,
+    name: &str,
+    group: &Value,
+) -> Result<GangParams, PodProblem> {
+    let what = format!("PodGroup {namespace}/{name} (scheduling.volcano.sh)");
+    let spec = &group["spec"];
+    let positive = |field: &str, v: &Value| {
+        v.as_u64()
+            .and_then(|m| u32::try_from(m).ok())
+            .ok_or_else(|| {
+                PodProblem::Invalid(format!("{what}: {field} {v} is not a whole number"))
+            })
+    };
+    let min_member = match &spec["minMember"] {
+        Value::Null => 1,
+        v => positive("spec.minMember", v)?.max(1),
+    };
+    let mut params = GangParams {
+        id: GangId::new(namespace, name),
+        min_member,
+        total_number: None,
+        mode: GangMode::Strict,
+        wait_time_ms: 0,
+        group: BTreeSet::new(),
+        match_policy: MatchPolicy::WaitingAndRunning,
+        priority: None,
+        top_up: false,
+    };
+    let Some(tasks) = spec["minTaskMember"].as_object().filter(|t| !t.is_empty()) else {
+        return Ok(params);
+    };
+    let mut minimums = BTreeMap::new();
+    for (task, min) in tasks {
+        let min = positive(&format!("spec.minTaskMember.{task}"), min)?;
+        if min > 0 {
+            minimums.insert(task.as_str(), min);
+        }
+    }
+    let sum: u32 = minimums.values().sum();
+    if min_member > sum {
+        return Err(PodProblem::Invalid(format!(
+            "{what}: spec.minMember {min_member} is more than spec.minTaskMember adds up to ({sum}); gangway needs each pod counted toward one task's minimum"
+        )));
+    }
+    let task = annotation(pod, ANNOTATION_VOLCANO_TASK).ok_or_else(|| {
+        PodProblem::Invalid(format!(
+            "{what} sets spec.minTaskMember, but the pod has no annotation {ANNOTATION_VOLCANO_TASK} naming its task"
+        ))
+    })?;
+    let Some(min) = minimums.get(task) else {
+        return Err(PodProblem::Invalid(format!(
+            "{what}: task \"{task}\" (annotation {ANNOTATION_VOLCANO_TASK}) has no spec.minTaskMember entry; give it one"
+        )));
+    };
+    let task_gang = |t: &str| GangId::new(namespace, format!("{name}.{t}"));
+    params.id = task_gang(task);
+    params.min_member = *min;
+    params.group = minimums
+        .keys()
+        .filter(|t| **t != task)
+        .map(|t| task_gang(t))
+        .collect();
+    Ok(params)
 }
 
 /// What Kubernetes' `PodGroupScheduled` condition says of a PodGroup.
@@ -543,6 +629,61 @@ pub fn with_scheduled_condition(group: &Value, now: &GroupScheduled, at: &str) -
     Some(Value::Array(conditions))
 }
 
+/// The `status` Volcano shows for a PodGroup of `min_member` whose pods are `pods`, given
+/// why gangway last failed to place it: counts, a phase (`Running` once `minMember` pods
+/// are bound, `Completed` once that many succeeded and none runs, `Unknown` while only some
+/// are bound, else `Pending`) and one condition, `Scheduled` or `Unschedulable`
+/// (`NotEnoughResources`), whose transition time moves only with its type. `current` is
+/// the PodGroup's status now.
+pub fn volcano_status(
+    min_member: u64,
+    pods: &[&Value],
+    unschedulable: Option<&str>,
+    current: &Value,
+    at: &str,
+) -> Value {
+    let counts = pod_group_status(min_member, pods);
+    let number = |f: &str| counts[f].as_u64().unwrap_or(0);
+    let (scheduled, running, succeeded) =
+        (number("scheduled"), number("running"), number("succeeded"));
+    let phase = if succeeded >= min_member && running == 0 {
+        "Completed"
+    } else if scheduled >= min_member {
+        "Running"
+    } else if scheduled > 0 {
+        "Unknown"
+    } else {
+        "Pending"
+    };
+    let condition = if scheduled >= min_member {
+        Some((
+            "Scheduled",
+            "tasks in gang are ready to be scheduled",
+            String::new(),
+        ))
+    } else {
+        unschedulable.map(|why| ("Unschedulable", "NotEnoughResources", why.to_string()))
+    };
+    let conditions = match condition {
+        None => current["conditions"].clone(),
+        Some((kind, reason, message)) => {
+            let since = current["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == kind))
+                .map(|c| c["lastTransitionTime"].clone())
+                .unwrap_or_else(|| Value::String(at.to_string()));
+            serde_json::json!([{
+                "type": kind, "status": "True", "reason": reason, "message": message,
+                "transitionID": "", "lastTransitionTime": since,
+            }])
+        }
+    };
+    serde_json::json!({
+        "phase": phase, "running": running, "succeeded": succeeded,
+        "failed": number("failed"), "conditions": conditions,
+    })
+}
+
 /// How `pod` is to be scheduled, given the PodGroups known.
 pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
@@ -557,6 +698,17 @@ pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProb
                 ))
             })?;
         return kubernetes_pod_group(namespace, name, group);
+    }
+    if let Some((PodGroupApi::Volcano, name)) = reference {
+        let group = pod_groups
+            .volcano
+            .get(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| {
+                PodProblem::Waiting(format!(
+                    "waiting for PodGroup {namespace}/{name} (scheduling.volcano.sh)"
+                ))
+            })?;
+        return volcano_pod_group(pod, namespace, name, group).map(Identity::Gang);
     }
     if let Some((_, name)) = reference {
         if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {

@@ -436,3 +436,106 @@ fn the_scheduled_condition_keeps_other_conditions_and_its_transition_time() {
         with_scheduled_condition(&json!({}), &GroupScheduled::Scheduled, "T2").expect("new");
     assert_eq!(fresh.as_array().map(Vec::len), Some(1));
 }
+
+fn volcano_pod(name: &str, task: Option<&str>) -> Value {
+    let mut annotations = json!({ANNOTATION_VOLCANO_GROUP: "job"});
+    if let Some(task) = task {
+        annotations[ANNOTATION_VOLCANO_TASK] = json!(task);
+    }
+    pod(name, annotations, json!({}))
+}
+
+/// Volcano's PodGroup `job` in `ns` with `spec`.
+fn volcano(spec: Value) -> PodGroups {
+    PodGroups {
+        volcano: PodGroupIndex::from([(
+            ("ns".into(), "job".into()),
+            std::sync::Arc::new(json!({"metadata": {"name": "job"}, "spec": spec})),
+        )]),
+        ..PodGroups::default()
+    }
+}
+
+#[test]
+fn a_volcano_pod_group_is_a_gang_of_min_member_or_one_gang_per_task() {
+    let whole = volcano(json!({"minMember": 3, "queue": "research"}));
+    let Ok(Identity::Gang(params)) = identify(&volcano_pod("a", None), &whole) else {
+        panic!("gang")
+    };
+    assert_eq!((params.id.name.as_str(), params.min_member), ("job", 3));
+    assert_eq!(params.match_policy, MatchPolicy::WaitingAndRunning);
+    assert_eq!(params.wait_time_ms, 0);
+    let tasks = volcano(json!({"minMember": 3, "minTaskMember": {"ps": 1, "worker": 2}}));
+    let Ok(Identity::Gang(ps)) = identify(&volcano_pod("p", Some("ps")), &tasks) else {
+        panic!("gang")
+    };
+    assert_eq!((ps.id.name.as_str(), ps.min_member), ("job.ps", 1));
+    assert_eq!(ps.group, BTreeSet::from([GangId::new("ns", "job.worker")]));
+    // Both tasks' gangs go in one group once each has its minimum.
+    let ready_pods: Vec<ReadyPod> = [("p", "ps"), ("w0", "worker"), ("w1", "worker")]
+        .iter()
+        .map(|(n, t)| ready(&volcano_pod(n, Some(t)), &tasks))
+        .collect();
+    assert!(submissions(&ready_pods[..2], &BTreeSet::new()).is_empty());
+    let out = submissions(&ready_pods, &BTreeSet::new());
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].group.gangs.len(), 2);
+    assert!(matches!(
+        identify(&volcano_pod("a", None), &PodGroups::default()),
+        Err(PodProblem::Waiting(_))
+    ));
+}
+
+#[test]
+fn volcano_task_minimums_gangway_cannot_honour_are_refused_by_name() {
+    let tasks = volcano(json!({"minMember": 3, "minTaskMember": {"ps": 1, "worker": 2}}));
+    for (pod, field) in [
+        (volcano_pod("a", None), "annotation volcano.sh/task-spec"),
+        (volcano_pod("a", Some("chief")), "task \"chief\""),
+    ] {
+        let Err(PodProblem::Invalid(why)) = identify(&pod, &tasks) else {
+            panic!("invalid expected")
+        };
+        assert!(
+            why.contains(field) && why.contains("PodGroup ns/job"),
+            "{why}"
+        );
+    }
+    let short = volcano(json!({"minMember": 4, "minTaskMember": {"ps": 1, "worker": 2}}));
+    let Err(PodProblem::Invalid(why)) = identify(&volcano_pod("a", Some("ps")), &short) else {
+        panic!("invalid expected")
+    };
+    assert!(
+        why.contains("spec.minMember 4") && why.contains("(3)"),
+        "{why}"
+    );
+}
+
+#[test]
+fn volcano_status_follows_bindings_and_keeps_its_transition_time() {
+    let bound = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
+    let pending = json!({"spec": {}, "status": {"phase": "Pending"}});
+    let waiting = volcano_status(2, &[&pending, &pending], Some("no room"), &json!({}), "T1");
+    assert_eq!(waiting["phase"], "Pending");
+    assert_eq!(waiting["conditions"][0]["type"], "Unschedulable");
+    assert_eq!(waiting["conditions"][0]["reason"], "NotEnoughResources");
+    let again = volcano_status(
+        2,
+        &[&bound, &pending],
+        Some("still no room"),
+        &waiting,
+        "T2",
+    );
+    assert_eq!(again["phase"], "Unknown");
+    assert_eq!(again["conditions"][0]["lastTransitionTime"], "T1");
+    let running = volcano_status(2, &[&bound, &bound], None, &again, "T3");
+    assert_eq!(
+        (
+            &running["phase"],
+            &running["running"],
+            &running["conditions"][0]["type"]
+        ),
+        (&json!("Running"), &json!(2), &json!("Scheduled"))
+    );
+    assert_eq!(running["conditions"][0]["lastTransitionTime"], "T3");
+}

@@ -28,6 +28,8 @@ pub enum Slot {
     /// Kubernetes' own PodGroups (scheduling.k8s.io/v1alpha2, served where the cluster
     /// turned that API version on).
     PodGroupsK8s,
+    /// Volcano's PodGroups (scheduling.volcano.sh/v1beta1, a CRD).
+    PodGroupsVolcano,
     /// DRA ResourceSlices.
     ResourceSlices,
     /// DRA DeviceClasses.
@@ -44,7 +46,7 @@ pub enum Slot {
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 11] = [
+pub const SLOTS: [Slot; 12] = [
     Slot::Nodes,
     Slot::ElasticQuotas,
     Slot::PodDisruptionBudgets,
@@ -54,6 +56,7 @@ pub const SLOTS: [Slot; 11] = [
     Slot::PodGroupsX,
     Slot::PodGroupsSigs,
     Slot::PodGroupsK8s,
+    Slot::PodGroupsVolcano,
     Slot::ResourceClaims,
     Slot::Pods,
 ];
@@ -72,6 +75,7 @@ impl Slot {
                 "podgroups",
             ),
             Slot::PodGroupsK8s => ("scheduling.k8s.io", "v1alpha2", "PodGroup", "podgroups"),
+            Slot::PodGroupsVolcano => ("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups"),
             Slot::ResourceSlices => ("resource.k8s.io", "v1", "ResourceSlice", "resourceslices"),
             Slot::DeviceClasses => ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses"),
             Slot::ResourceClaims => ("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"),
@@ -106,6 +110,7 @@ impl Slot {
             Slot::PodGroupsX
                 | Slot::PodGroupsSigs
                 | Slot::PodGroupsK8s
+                | Slot::PodGroupsVolcano
                 | Slot::PodDisruptionBudgets
                 | Slot::DeviceTaintRules
                 | Slot::ElasticQuotas
@@ -120,6 +125,7 @@ impl Slot {
         match self {
             Slot::DeviceTaintRules => Some("no device taint rules apply"),
             Slot::PodGroupsK8s => Some("no pod names a Kubernetes PodGroup"),
+            Slot::PodGroupsVolcano => Some("Volcano is not installed; no pod names a Volcano PodGroup"),
             _ => None,
         }
     }

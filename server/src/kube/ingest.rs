@@ -91,7 +91,7 @@ type Summaries = BTreeMap<GroupSeq, GroupSummary>;
 pub const SUMMARIES_PER_READ_MAX: usize = 1_024;
 
 /// The kinds whose change sets the ingest reads (drained while it does not lead).
-const CHANGE_SLOTS: [Slot; 8] = [
+const CHANGE_SLOTS: [Slot; 9] = [
     Slot::Nodes,
     Slot::ResourceSlices,
     Slot::DeviceTaintRules,
@@ -100,6 +100,7 @@ const CHANGE_SLOTS: [Slot; 8] = [
     Slot::PodGroupsSigs,
     Slot::PodGroupsX,
     Slot::PodGroupsK8s,
+    Slot::PodGroupsVolcano,
 ];
 
 /// What the leader remembers between passes; rebuilt when it becomes leader.
@@ -148,8 +149,9 @@ struct Memory {
     timed_out: HashSet<String>,
     /// PodGroup (slot, namespace, name) → the status last written.
     pod_group_status: HashMap<(Slot, String, String), Value>,
-    /// Kubernetes PodGroup (namespace, name) → why its gang was last found unplaceable.
-    pod_group_unschedulable: HashMap<Key, String>,
+    /// Kubernetes or Volcano PodGroup (API, namespace, name) → why its gang was last found
+    /// unplaceable.
+    pod_group_unschedulable: HashMap<(PodGroupApi, Key), String>,
     /// The meta log's groups as last read (refreshed by change stamp each pass).
     summaries: Summaries,
     /// The meta log's change stamp the summaries are up to.

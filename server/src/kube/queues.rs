@@ -134,6 +134,40 @@ pub fn queue_of_pod(
     }
 }
 
+/// The queue a Volcano PodGroup's `spec.queue` names for its pods in `namespace`: none
+/// when it names none, or Volcano's `default` that gangway does not have; the queue when
+/// gangway has it and it lists the namespace; else why not (the pods are then refused
+/// rather than charged elsewhere).
+pub fn queue_of_volcano_group(
+    group: &Value,
+    namespace: &str,
+    specs: &BTreeMap<String, QueueSpec>,
+) -> Result<Option<String>, String> {
+    let name = group["spec"]["queue"].as_str().unwrap_or_default();
+    let what = || {
+        format!(
+            "PodGroup {namespace}/{} (scheduling.volcano.sh): spec.queue \"{name}\"",
+            group["metadata"]["name"].as_str().unwrap_or_default()
+        )
+    };
+    match specs.get(name) {
+        _ if name.is_empty() => Ok(None),
+        None if name == VOLCANO_DEFAULT_QUEUE => Ok(None),
+        None => Err(format!(
+            "{}: there is no gangway queue {name} (gangctl queues put {name} --namespace {namespace})",
+            what()
+        )),
+        Some(spec) if spec.admits_namespace(namespace) => Ok(Some(name.to_string())),
+        Some(_) => Err(format!(
+            "{}: queue {name} does not list namespace {namespace} (gangctl queues put {name} --namespace {namespace})",
+            what()
+        )),
+    }
+}
+
+/// The queue Volcano gives PodGroups that name none.
+pub const VOLCANO_DEFAULT_QUEUE: &str = "default";
+
 #[cfg(test)]
 #[path = "queues_tests.rs"]
 mod tests;

@@ -99,3 +99,31 @@ fn a_label_is_honoured_only_for_a_queue_that_lists_the_namespace() {
         );
     }
 }
+
+#[test]
+fn a_volcano_pod_group_is_charged_to_its_queue_or_refused_with_the_reason() {
+    let mut spec = QueueSpec {
+        name: "research".into(),
+        ..QueueSpec::default()
+    };
+    spec.namespaces = vec!["ml".into()];
+    let specs = BTreeMap::from([("research".to_string(), spec)]);
+    let group = |queue: &str| json!({"metadata": {"name": "job"}, "spec": {"queue": queue}});
+    assert_eq!(
+        queue_of_volcano_group(&group("research"), "ml", &specs),
+        Ok(Some("research".into()))
+    );
+    assert_eq!(queue_of_volcano_group(&group(""), "ml", &specs), Ok(None));
+    assert_eq!(
+        queue_of_volcano_group(&group("default"), "ml", &specs),
+        Ok(None)
+    );
+    let none = queue_of_volcano_group(&group("batch"), "ml", &specs).expect_err("no queue");
+    assert!(
+        none.contains("spec.queue \"batch\"") && none.contains("no gangway queue"),
+        "{none}"
+    );
+    let foreign =
+        queue_of_volcano_group(&group("research"), "web", &specs).expect_err("not listed");
+    assert!(foreign.contains("does not list namespace web"), "{foreign}");
+}

@@ -125,7 +125,12 @@ impl Ingest {
     /// A PodGroup changed: its status may need writing, and waiting pods may now be
     /// able to name their gang.
     pub(super) fn take_pod_group_changes(&mut self) {
-        for slot in [Slot::PodGroupsSigs, Slot::PodGroupsX, Slot::PodGroupsK8s] {
+        for slot in [
+            Slot::PodGroupsSigs,
+            Slot::PodGroupsX,
+            Slot::PodGroupsK8s,
+            Slot::PodGroupsVolcano,
+        ] {
             let keys: BTreeSet<Key> = match self.cache.take_changes(slot) {
                 Changes::All => {
                     let mut keys: BTreeSet<Key> =
@@ -224,7 +229,7 @@ impl Ingest {
     /// the group stays).
     pub(super) fn strict_gang_broken(&self, s: &GroupSummary, pods: &[PodRef]) -> Option<String> {
         let pod_groups = self.pod_groups();
-        let mut live: BTreeMap<GangId, (u32, GangParams)> = BTreeMap::new();
+        let mut live: BTreeMap<GangId, (u32, GangParams, String)> = BTreeMap::new();
         for p in pods {
             let Some(facts) = self.memory.pods.same(p).filter(|f| !f.finished) else {
                 continue;
@@ -233,7 +238,8 @@ impl Ingest {
                 return None;
             }
             if let Ok(Identity::Gang(g)) = gangs::identify(&facts.object, &pod_groups) {
-                live.entry(g.id.clone()).or_insert((0, g)).0 += 1;
+                let indexed = facts.gang.clone().unwrap_or_default();
+                live.entry(g.id.clone()).or_insert((0, g, indexed)).0 += 1;
             }
         }
         // The group declares each gang under its own name, or topping it up.
@@ -251,7 +257,10 @@ impl Ingest {
             ));
         }
         live.values()
-            .map(|(n, g)| (n + g.match_policy.credit(self.bound_of_gang(&g.id, &pod_groups)), g))
+            .map(|(n, g, indexed)| {
+                let bound = self.bound_of_gang(&g.id, indexed, &pod_groups);
+                (n + g.match_policy.credit(bound), g)
+            })
             .find(|(n, g)| g.mode == GangMode::Strict && *n < g.min_member)
             .map(|(n, g)| {
                 format!(

@@ -15,6 +15,7 @@ impl Ingest {
             });
         }
         groups.kubernetes = self.cache.read(Slot::PodGroupsK8s, |o| o.clone());
+        groups.volcano = self.cache.read(Slot::PodGroupsVolcano, |o| o.clone());
         groups
     }
 
@@ -24,7 +25,9 @@ impl Ingest {
     pub(super) async fn write_pod_group_status(&mut self) {
         let dirty = std::mem::take(&mut self.memory.pod_groups_dirty);
         for (ns, name) in dirty {
-            if !self.write_scheduled_condition(&ns, &name).await {
+            let written = self.write_scheduled_condition(&ns, &name).await
+                && self.write_volcano_status(&ns, &name).await;
+            if !written {
                 self.memory
                     .pod_groups_dirty
                     .insert((ns.clone(), name.clone()));
@@ -77,9 +80,10 @@ impl Ingest {
     async fn write_scheduled_condition(&mut self, ns: &str, name: &str) -> bool {
         let key = (ns.to_string(), name.to_string());
         let memo = (Slot::PodGroupsK8s, key.0.clone(), key.1.clone());
+        let reason_key = (PodGroupApi::Kubernetes, key.clone());
         let Some(group) = self.cache.get(Slot::PodGroupsK8s, ns, name) else {
             self.memory.pod_group_status.remove(&memo);
-            self.memory.pod_group_unschedulable.remove(&key);
+            self.memory.pod_group_unschedulable.remove(&reason_key);
             return true;
         };
         let Some(min) = group["spec"]["schedulingPolicy"]["gang"]["minCount"].as_u64() else {
@@ -91,13 +95,13 @@ impl Ingest {
             .in_pod_group(PodGroupApi::Kubernetes, &key)
             .map(|f| f.object.as_ref())
             .collect();
-        let why = self.memory.pod_group_unschedulable.get(&key);
+        let why = self.memory.pod_group_unschedulable.get(&reason_key);
         let Some(now) = gangs::pod_group_scheduled(min, &members, why.map(String::as_str)) else {
             return true;
         };
         if now == gangs::GroupScheduled::Scheduled {
             // Once bound, a later shortfall (a pod gone) is no reason to say otherwise.
-            self.memory.pod_group_unschedulable.remove(&key);
+            self.memory.pod_group_unschedulable.remove(&reason_key);
         }
         let (status, reason, message) = now.condition();
         let said = json!({"status": status, "reason": reason, "message": message});
@@ -127,20 +131,85 @@ impl Ingest {
         }
     }
 
-    /// Records why the gang of the Kubernetes PodGroup of `pods` cannot be placed, for
-    /// its `PodGroupScheduled` condition.
+    /// Writes the status of Volcano PodGroup `ns/name` (phase, counts, condition) where it
+    /// changed; false when the write failed.
+    async fn write_volcano_status(&mut self, ns: &str, name: &str) -> bool {
+        let key = (ns.to_string(), name.to_string());
+        let memo = (Slot::PodGroupsVolcano, key.0.clone(), key.1.clone());
+        let reason_key = (PodGroupApi::Volcano, key.clone());
+        let Some(group) = self.cache.get(Slot::PodGroupsVolcano, ns, name) else {
+            self.memory.pod_group_status.remove(&memo);
+            self.memory.pod_group_unschedulable.remove(&reason_key);
+            return true;
+        };
+        let min = group["spec"]["minMember"].as_u64().unwrap_or(1).max(1);
+        let members: Vec<&Value> = self
+            .memory
+            .pods
+            .in_pod_group(PodGroupApi::Volcano, &key)
+            .map(|f| f.object.as_ref())
+            .collect();
+        let why = self.memory.pod_group_unschedulable.get(&reason_key);
+        let at = api::rfc3339(now_ms());
+        let status = gangs::volcano_status(
+            min,
+            &members,
+            why.map(String::as_str),
+            &group["status"],
+            &at,
+        );
+        if status["phase"] == "Running" {
+            self.memory.pod_group_unschedulable.remove(&reason_key);
+        }
+        let current = &group["status"];
+        let same = |f: &str| current[f] == status[f] || (current[f].is_null() && status[f] == 0);
+        let said_conditions = |c: &Value| {
+            c.as_array()
+                .map(|list| {
+                    list.iter()
+                        .map(|c| (c["type"].clone(), c["reason"].clone(), c["message"].clone()))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let unchanged = ["phase", "running", "succeeded", "failed"]
+            .iter()
+            .all(|f| same(f))
+            && said_conditions(&current["conditions"]) == said_conditions(&status["conditions"]);
+        if unchanged || self.memory.pod_group_status.get(&memo) == Some(&status) {
+            return true;
+        }
+        let path = format!(
+            "/apis/{}/namespaces/{ns}/podgroups/{name}/status",
+            Slot::PodGroupsVolcano.resource().api_version
+        );
+        match api::merge_patch(&self.client, &path, &json!({"status": status})).await {
+            Ok(_) => {
+                self.memory.pod_group_status.insert(memo, status);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(pod_group = %format!("{ns}/{name}"), error = %e, "Volcano PodGroup status not written");
+                false
+            }
+        }
+    }
+
+    /// Records why the gang of the Kubernetes or Volcano PodGroup of `pods` cannot be
+    /// placed, for the status gangway writes there.
     pub(super) fn pod_group_unschedulable(&mut self, pods: &[PodRef], why: &str) {
         for p in pods {
             let Some(facts) = self.memory.pods.same(p) else {
                 continue;
             };
-            if facts.pod_group_api != Some(PodGroupApi::Kubernetes) {
+            let Some(api @ (PodGroupApi::Kubernetes | PodGroupApi::Volcano)) = facts.pod_group_api
+            else {
                 continue;
-            }
+            };
             let Some(group) = facts.pod_group.clone() else {
                 continue;
             };
-            let key = (p.namespace.clone(), group);
+            let key = (api, (p.namespace.clone(), group));
             if self
                 .memory
                 .pod_group_unschedulable
@@ -151,7 +220,7 @@ impl Ingest {
                 self.memory
                     .pod_group_unschedulable
                     .insert(key.clone(), why.to_string());
-                self.memory.pod_groups_dirty.insert(key);
+                self.memory.pod_groups_dirty.insert(key.1);
             }
         }
     }

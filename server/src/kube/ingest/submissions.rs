@@ -108,6 +108,14 @@ impl Ingest {
                 let subject = format!("queue label in namespace {}", facts.pod.namespace);
                 unhonoured.push((subject, why));
             }
+            let queue = match volcano_queue(facts, &pod_groups, &self.memory.queue_specs) {
+                Ok(Some(q)) => q,
+                Ok(None) => queue,
+                Err(why) => {
+                    problems.push((facts.pod.clone(), PodProblem::Invalid(why)));
+                    continue;
+                }
+            };
             queue_of.insert(facts.pod.uid.clone(), queue);
             let ignored = facts.pod_group_api == Some(PodGroupApi::Kubernetes)
                 && self
@@ -229,17 +237,31 @@ impl Ingest {
             let Identity::Gang(g) = &pod.identity else {
                 continue;
             };
-            if !counted.contains_key(&g.id) {
-                counted.insert(g.id.clone(), self.bound_of_gang(&g.id, pod_groups));
+            if counted.contains_key(&g.id) {
+                continue;
             }
+            let Some(indexed) = self.memory.pods.same(&pod.pod).and_then(|f| f.gang.clone()) else {
+                continue;
+            };
+            counted.insert(
+                g.id.clone(),
+                self.bound_of_gang(&g.id, &indexed, pod_groups),
+            );
         }
         counted
     }
 
-    /// The bound pods of ours that gang `id` counts as its own.
-    pub(super) fn bound_of_gang(&self, id: &GangId, pod_groups: &PodGroups) -> BoundPods {
+    /// The bound pods of ours that gang `id` counts as its own, among the pods the pod
+    /// index files under gang name `indexed` (a PodGroup's name, for every gang of its
+    /// tasks).
+    pub(super) fn bound_of_gang(
+        &self,
+        id: &GangId,
+        indexed: &str,
+        pod_groups: &PodGroups,
+    ) -> BoundPods {
         let mut bound = BoundPods::default();
-        let members = self.memory.pods.in_gang(&id.namespace, &id.name);
+        let members = self.memory.pods.in_gang(&id.namespace, indexed);
         for facts in members.filter(|f| f.ours && f.bound()) {
             if let Ok(Identity::Gang(p)) = gangs::identify(&facts.object, pod_groups) {
                 if p.id == *id {
@@ -297,5 +319,27 @@ impl Ingest {
             }
         }
         true
+    }
+}
+
+/// The queue the Volcano PodGroup of `facts` names for it, if it is in one (see
+/// [`queues::queue_of_volcano_group`]).
+fn volcano_queue(
+    facts: &PodFacts,
+    pod_groups: &PodGroups,
+    specs: &BTreeMap<String, gangway_core::model::queue::QueueSpec>,
+) -> Result<Option<String>, String> {
+    if facts.pod_group_api != Some(PodGroupApi::Volcano) {
+        return Ok(None);
+    }
+    let Some(name) = &facts.pod_group else {
+        return Ok(None);
+    };
+    match pod_groups
+        .volcano
+        .get(&(facts.pod.namespace.clone(), name.clone()))
+    {
+        Some(group) => queues::queue_of_volcano_group(group, &facts.pod.namespace, specs),
+        None => Ok(None),
     }
 }
