@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use gangway_kube_double::store::{Kind, NODES, PODS};
 use gangway_kube_env::{ControlPlane, Options, ADMIN_USER, WORKLOAD_API_GATES};
-use serde_json::{json, Value};
+use serde_json::json;
 use support::Cluster;
 
 /// One control plane at a time: each is a few hundred MB and a core while it starts.
@@ -363,11 +363,21 @@ async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, Serial) {
     cluster
         .wait_ready(&[1, 2, 3], Duration::from_secs(30))
         .await;
-    (api, cluster, Serial(dir, serial))
+    (
+        api,
+        cluster,
+        Serial {
+            _dir: dir,
+            _turn: serial,
+        },
+    )
 }
 
 /// What a test keeps while its control plane runs: the kubeconfig's folder and its turn.
-struct Serial(tempfile::TempDir, MutexGuard<'static, ()>);
+struct Serial {
+    _dir: tempfile::TempDir,
+    _turn: MutexGuard<'static, ()>,
+}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)

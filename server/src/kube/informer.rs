@@ -125,7 +125,9 @@ impl Slot {
         match self {
             Slot::DeviceTaintRules => Some("no device taint rules apply"),
             Slot::PodGroupsK8s => Some("no pod names a Kubernetes PodGroup"),
-            Slot::PodGroupsVolcano => Some("Volcano is not installed; no pod names a Volcano PodGroup"),
+            Slot::PodGroupsVolcano => {
+                Some("Volcano is not installed; no pod names a Volcano PodGroup")
+            }
             _ => None,
         }
     }

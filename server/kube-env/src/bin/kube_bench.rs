@@ -15,6 +15,12 @@
 //!
 //! Usage: gangway-kube-bench [--gangway PATH] [--nodes N] [--pods M] [--gang-size K]
 //!        [--shards S] [--schedulers gangway,kube-scheduler] [--load] [--timeout-s T]
+//!        [--workload-api]
+//!
+//! `--workload-api` turns on Kubernetes' own gang API (the v1.36 alpha gates, served on the
+//! API server and, for kube-scheduler, its GangScheduling plugin) and declares each gang
+//! as a `scheduling.k8s.io/v1alpha2` PodGroup of `minCount` K that its pods name in
+//! `spec.schedulingGroup`, for both schedulers alike.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -69,6 +75,9 @@ struct Args {
     schedulers: Vec<Scheduler>,
     load: bool,
     timeout: Duration,
+    /// Gangs declared through Kubernetes' own Workload/PodGroup API (gates on), for both
+    /// schedulers; otherwise as scheduler-plugins PodGroups, for gangway only.
+    workload_api: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -84,6 +93,7 @@ fn parse_args() -> anyhow::Result<Args> {
         schedulers: vec![Scheduler::KubeScheduler, Scheduler::Gangway],
         load: false,
         timeout: Duration::from_secs(600),
+        workload_api: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -109,6 +119,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     .collect::<anyhow::Result<_>>()?
             }
             "--load" => args.load = true,
+            "--workload-api" => args.workload_api = true,
             "--timeout-s" => {
                 args.timeout =
                     Duration::from_secs(value()?.parse().context("--timeout-s: not a number")?)
@@ -208,17 +219,40 @@ fn node(i: usize) -> Value {
     })
 }
 
-fn pod(scheduler: Scheduler, name: String, group: Option<&str>) -> Value {
+/// How a pod names its gang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GangDeclaration {
+    /// scheduler-plugins' PodGroup label.
+    PluginsLabel,
+    /// Kubernetes' `spec.schedulingGroup.podGroupName`.
+    SchedulingGroup,
+}
+
+fn pod(scheduler: Scheduler, name: String, group: Option<(&str, GangDeclaration)>) -> Value {
     let labels = match group {
-        Some(g) => json!({"scheduling.x-k8s.io/pod-group": g}),
-        None => json!({}),
+        Some((g, GangDeclaration::PluginsLabel)) => json!({"scheduling.x-k8s.io/pod-group": g}),
+        _ => json!({}),
     };
-    json!({
+    let mut pod = json!({
         "metadata": {"name": name, "namespace": NS, "labels": labels},
         "spec": {"schedulerName": scheduler.pod_scheduler_name(),
                  "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
-    })
+    });
+    if let Some((g, GangDeclaration::SchedulingGroup)) = group {
+        pod["spec"]["schedulingGroup"] = json!({"podGroupName": g});
+    }
+    pod
 }
+
+/// Kubernetes' own PodGroups (`scheduling.k8s.io/v1alpha2`).
+const POD_GROUPS_K8S: gangway_kube_double::Kind = gangway_kube_double::Kind {
+    group: "scheduling.k8s.io",
+    version: "v1alpha2",
+    plural: "podgroups",
+    kind: "PodGroup",
+    namespaced: true,
+    status_subresource: true,
+};
 
 /// What one run measured.
 struct Run {
@@ -476,9 +510,13 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
     if args.load {
         start_load(&mut procs)?;
     }
-    let api = ControlPlane::start(Options {
+    let options = Options {
         controllers: Vec::new(),
         ..Options::default()
+    };
+    let api = ControlPlane::start(match args.workload_api {
+        true => options.with_workload_api(),
+        false => options,
     })
     .await?;
     let dir = tempfile::tempdir()?;
@@ -489,18 +527,35 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
     let filled = Instant::now();
     create_all(&api, &NODES, (0..args.nodes).map(node).collect()).await?;
     let gangs = args.pods / args.gang_size;
-    let grouped = args.gang_size > 1 && scheduler == Scheduler::Gangway;
-    if grouped {
-        let groups = (0..gangs)
-            .map(|g| json!({"metadata": {"name": format!("gang-{g:05}"), "namespace": NS}, "spec": {"minMember": args.gang_size}}))
-            .collect();
-        create_all(&api, &POD_GROUPS_X, groups).await?;
+    let declaration = match (args.gang_size > 1, args.workload_api, scheduler) {
+        (false, _, _) => None,
+        (true, true, _) => Some(GangDeclaration::SchedulingGroup),
+        (true, false, Scheduler::Gangway) => Some(GangDeclaration::PluginsLabel),
+        (true, false, Scheduler::KubeScheduler) => None,
+    };
+    match declaration {
+        Some(GangDeclaration::PluginsLabel) => {
+            let groups = (0..gangs)
+                .map(|g| json!({"metadata": {"name": format!("gang-{g:05}"), "namespace": NS}, "spec": {"minMember": args.gang_size}}))
+                .collect();
+            create_all(&api, &POD_GROUPS_X, groups).await?;
+        }
+        Some(GangDeclaration::SchedulingGroup) => {
+            let groups = (0..gangs)
+                .map(|g| json!({"metadata": {"name": format!("gang-{g:05}"), "namespace": NS},
+                                "spec": {"schedulingPolicy": {"gang": {"minCount": args.gang_size}}}}))
+                .collect();
+            create_all(&api, &POD_GROUPS_K8S, groups).await?;
+        }
+        None => {}
     }
     let pods: Vec<Value> = (0..gangs)
         .flat_map(|g| {
-            let group = grouped.then(|| format!("gang-{g:05}"));
-            (0..args.gang_size)
-                .map(move |m| pod(scheduler, format!("pod-{g:05}-{m:03}"), group.as_deref()))
+            let group = declaration.map(|d| (format!("gang-{g:05}"), d));
+            (0..args.gang_size).map(move |m| {
+                let group = group.as_ref().map(|(name, d)| (name.as_str(), *d));
+                pod(scheduler, format!("pod-{g:05}-{m:03}"), group)
+            })
         })
         .collect();
     create_all(&api, &PODS, pods).await?;
@@ -527,6 +582,9 @@ async fn run_one(args: &Args, scheduler: Scheduler) -> anyhow::Result<Run> {
                 Command::new(api.program("kube-scheduler"))
                     .arg(format!("--config={}", config.display()))
                     .args(gangway_kube_env::KUBE_SCHEDULER_FLAGS)
+                    .args(args.workload_api.then(|| {
+                        format!("--feature-gates={}", gangway_kube_env::WORKLOAD_API_GATES)
+                    }))
                     .stdout(log.try_clone()?)
                     .stderr(log)
                     .spawn()
@@ -601,7 +659,10 @@ async fn main() -> anyhow::Result<()> {
             r.scheduler.name(),
             args.nodes,
             args.pods,
-            args.gang_size,
+            match (args.gang_size > 1, args.workload_api) {
+                (true, true) => format!("{} (Workload API)", args.gang_size),
+                _ => args.gang_size.to_string(),
+            },
             if args.load { "1 busy process per core" } else { "none" },
             r.first_s,
             r.all_s,
