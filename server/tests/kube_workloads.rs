@@ -7,8 +7,9 @@
 //! and binds once room frees; a pod naming a missing PodGroup waits with an event; a Job
 //! is a gang end to end, including a pod the Job controller re-creates (its pods differ
 //! in a label, so the two shards' plans must share them out: bug switch
-//! `plans-read-every-label`); two gangs competing for the same room never both bind in
-//! part.
+//! `plans-read-every-label`) and a Job deleted while its gang waits; two gangs competing
+//! for the same room never both bind in part. Also Volcano's PodGroups (the chart's CRD)
+//! with `minTaskMember` and a queue, and a bin-packing `--scheduler-config`.
 
 mod support;
 
@@ -459,8 +460,10 @@ async fn a_kubernetes_pod_group_binds_all_of_its_pods_or_none() {
 
 /// A Job with the gates on: the Job controller makes the Workload and PodGroup, and the
 /// pods are one gang that binds whole once the room is there; a pod deleted after binding
-/// is re-created by the controller and binds alone (its gang's others still run). Two
-/// PodGroups competing for room only one of them fits: one binds whole, the other none.
+/// is re-created by the controller and binds alone (its gang's others still run); the API
+/// server refuses to scale such a Job. Two PodGroups competing for room only one of them
+/// fits: one binds whole, the other none. A Job deleted while its gang waits leaves
+/// nothing bound and no group behind in gangway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
     let env = start(4, "4").await;
@@ -517,7 +520,7 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
     // A pod of the running gang goes: the Job controller makes another, which binds on
     // the room its predecessor left, alone (three of its gang still run).
     let gone = pods[0].clone();
-    let node = view.node_of(&gone).map(String::from).expect("bound");
+    let gone_from = view.node_of(&gone).map(String::from).expect("bound");
     api.update(&PODS, Some(NS), &gone, |p| {
         p["metadata"]["finalizers"] = json!([]);
     })
@@ -540,7 +543,22 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
         .filter(|p| !pods.contains(p))
         .collect();
     assert_eq!(fresh.len(), 1, "one pod re-created");
-    assert_eq!(view.node_of(&fresh[0]), Some(node.as_str()));
+    assert_eq!(view.node_of(&fresh[0]), Some(gone_from.as_str()));
+
+    // Kubernetes refuses to scale a Job whose PodGroup is gang-scheduled (its minCount was
+    // fixed from the parallelism it was made with), so a gang never changes size under
+    // gangway.
+    let scaled = api
+        .update(&JOBS, Some(NS), "train", |j| {
+            j["spec"]["parallelism"] = json!(5);
+            j["spec"]["completions"] = json!(5);
+        })
+        .await
+        .expect_err("a gang's Job cannot be scaled");
+    assert!(
+        scaled.to_string().contains("gang-scheduled PodGroup"),
+        "{scaled}"
+    );
 
     // The Job holds 3 CPUs on every node; delete it and its pods, then let two gangs of
     // three 3-CPU pods compete for four nodes: only one fits.
@@ -583,6 +601,73 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
         view.scheduled(loser_group).map(|(s, r, _)| (s, r)),
         Some(("False".to_string(), "Unschedulable".to_string()))
     );
+
+    // A Job whose gang waits for room is deleted mid-way: its pods go with it (garbage
+    // collector), and so does gangway's group for them; nothing of it is bound.
+    let late = json!({
+        "metadata": {"name": "late", "namespace": NS},
+        "spec": {
+            "parallelism": 2, "completions": 2, "completionMode": "Indexed",
+            "template": {"spec": {
+                "schedulerName": "gangway", "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": "3"}}}]
+            }}
+        }
+    });
+    api.create(&JOBS, late).await.expect("job");
+    let view = wait_for(
+        "the late Job's two pods",
+        Duration::from_secs(60),
+        &env,
+        |v| v.named("late-").len() == 2,
+    )
+    .await;
+    let late_pods = view.named("late-");
+    stays_unbound(&env, &late_pods).await;
+    api.call(
+        http::Method::DELETE,
+        &format!("/apis/batch/v1/namespaces/{NS}/jobs/late"),
+        "application/json",
+        Some(&json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground", "gracePeriodSeconds": 0})),
+    )
+    .await
+    .expect("job deleted");
+    for p in &late_pods {
+        // No kubelet: drop the Job's tracking finalizer so the pods can go.
+        api.update(&PODS, Some(NS), p, |o| {
+            o["metadata"]["finalizers"] = json!([])
+        })
+        .await
+        .ok();
+    }
+    wait_for(
+        "the late Job's pods gone",
+        Duration::from_secs(60),
+        &env,
+        |v| v.named("late-").is_empty(),
+    )
+    .await;
+    let admin = support::client(&env.cluster, 1).await;
+    let start = Instant::now();
+    loop {
+        let groups = admin.list_groups(false).await.expect("groups");
+        let live_late = groups
+            .iter()
+            .filter(|g| {
+                g.gangs
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{NS}/late-")))
+            })
+            .count();
+        if live_late == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gangway still holds the deleted Job's group: {groups:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
 }
 
 /// Bug switch `plans-read-every-label`: shards' plans keep each slot to its own member,
