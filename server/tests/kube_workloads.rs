@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gangway_kube_double::store::{Kind, EVENTS, NODES, PODS};
+use gangway_kube_double::store::{
+    EVENTS, JOBS, NODES, PODS, POD_GROUPS_K8S as POD_GROUPS,
+    POD_GROUPS_VOLCANO as VOLCANO_POD_GROUPS, WORKLOADS,
+};
 use gangway_kube_env::{ControlPlane, Options};
 use serde_json::{json, Value};
 use support::Cluster;
@@ -31,36 +34,6 @@ const NOT_BOUND_WATCH_MS: u64 = 6_000;
 const NS: &str = "train";
 /// The chart's ServiceAccount (namespace, name) in these tests.
 const CHART_SA: (&str, &str) = ("gangway", "gangway");
-
-/// Kubernetes' PodGroups.
-const POD_GROUPS: Kind = Kind {
-    group: "scheduling.k8s.io",
-    version: "v1alpha2",
-    plural: "podgroups",
-    kind: "PodGroup",
-    namespaced: true,
-    status_subresource: true,
-};
-
-/// Kubernetes' Workloads.
-const WORKLOADS: Kind = Kind {
-    group: "scheduling.k8s.io",
-    version: "v1alpha2",
-    plural: "workloads",
-    kind: "Workload",
-    namespaced: true,
-    status_subresource: false,
-};
-
-/// batch/v1 Jobs.
-const JOBS: Kind = Kind {
-    group: "batch",
-    version: "v1",
-    plural: "jobs",
-    kind: "Job",
-    namespaced: true,
-    status_subresource: true,
-};
 
 struct Env {
     api: ControlPlane,
@@ -780,16 +753,6 @@ async fn a_bin_packing_profile_packs_gpu_pods_where_the_default_spreads_them() {
         "MostAllocated over GPUs fills a node before the next"
     );
 }
-
-/// Volcano's PodGroups.
-const VOLCANO_POD_GROUPS: Kind = Kind {
-    group: "scheduling.volcano.sh",
-    version: "v1beta1",
-    plural: "podgroups",
-    kind: "PodGroup",
-    namespaced: true,
-    status_subresource: true,
-};
 
 /// A pod of Volcano's PodGroup `group`, task `task`, of `cpu` CPUs.
 fn volcano_pod(name: &str, group: &str, task: &str, cpu: &str) -> Value {

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gangway_kube_double::store::{Kind, NODES, PODS};
+use gangway_kube_double::store::{NODES, PODS, POD_GROUPS_K8S as POD_GROUPS};
 use gangway_kube_env::{ControlPlane, Options, ADMIN_USER, WORKLOAD_API_GATES};
 use serde_json::json;
 use support::Cluster;
@@ -41,16 +41,6 @@ const WORLD_TIMEOUT_MS: u64 = 90_000;
 const POLL_MS: u64 = 250;
 /// The node label that keeps the two copies of a world apart.
 const COPY_LABEL: &str = "diff.gangway.dev/copy";
-
-/// Kubernetes' PodGroups.
-const POD_GROUPS: Kind = Kind {
-    group: "scheduling.k8s.io",
-    version: "v1alpha2",
-    plural: "podgroups",
-    kind: "PodGroup",
-    namespaced: true,
-    status_subresource: true,
-};
 
 /// splitmix64: the worlds must be the same on every machine.
 struct Rng(u64);

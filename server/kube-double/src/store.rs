@@ -83,6 +83,36 @@ pub const POD_GROUPS_X: Kind = kind(
     true,
     true,
 );
+/// Kubernetes' own PodGroups (the v1.36 gang API; the real server's tests use it, the
+/// double does not serve it).
+pub const POD_GROUPS_K8S: Kind = kind(
+    "scheduling.k8s.io",
+    "v1alpha2",
+    "podgroups",
+    "PodGroup",
+    true,
+    true,
+);
+/// Kubernetes' Workloads (the v1.36 gang API; not served by the double).
+pub const WORKLOADS: Kind = kind(
+    "scheduling.k8s.io",
+    "v1alpha2",
+    "workloads",
+    "Workload",
+    true,
+    false,
+);
+/// Volcano's PodGroups (not served by the double).
+pub const POD_GROUPS_VOLCANO: Kind = kind(
+    "scheduling.volcano.sh",
+    "v1beta1",
+    "podgroups",
+    "PodGroup",
+    true,
+    true,
+);
+/// batch/v1 Jobs (not served by the double).
+pub const JOBS: Kind = kind("batch", "v1", "jobs", "Job", true, true);
 /// DRA ResourceSlices.
 pub const RESOURCE_SLICES: Kind = kind(
     "resource.k8s.io",

@@ -687,55 +687,58 @@ pub fn volcano_status(
 /// How `pod` is to be scheduled, given the PodGroups known.
 pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-    let reference = pod_group_ref(pod);
-    if let Some((PodGroupApi::Kubernetes, name)) = reference {
-        let group = pod_groups
-            .kubernetes
+    // The PodGroup `name` of `index`, or `absent()` saying which one the pod waits for.
+    let find = |index: &'_ PodGroupIndex, name: &str, absent: &dyn Fn() -> PodProblem| {
+        index
             .get(&(namespace.to_string(), name.to_string()))
-            .ok_or_else(|| {
+            .cloned()
+            .ok_or_else(absent)
+    };
+    match pod_group_ref(pod) {
+        Some((PodGroupApi::Kubernetes, name)) => {
+            let group = find(&pod_groups.kubernetes, name, &|| {
                 PodProblem::Missing(format!(
-                    "waiting for PodGroup {namespace}/{name} (scheduling.k8s.io), named by spec.schedulingGroup.podGroupName, to be created"
-                ))
+                "waiting for PodGroup {namespace}/{name} (scheduling.k8s.io), named by spec.schedulingGroup.podGroupName, to be created"
+            ))
             })?;
-        return kubernetes_pod_group(namespace, name, group);
-    }
-    if let Some((PodGroupApi::Volcano, name)) = reference {
-        let group = pod_groups
-            .volcano
-            .get(&(namespace.to_string(), name.to_string()))
-            .ok_or_else(|| {
+            kubernetes_pod_group(namespace, name, &group)
+        }
+        Some((PodGroupApi::Volcano, name)) => {
+            let group = find(&pod_groups.volcano, name, &|| {
                 PodProblem::Waiting(format!(
                     "waiting for PodGroup {namespace}/{name} (scheduling.volcano.sh)"
                 ))
             })?;
-        return volcano_pod_group(pod, namespace, name, group).map(Identity::Gang);
-    }
-    if let Some((_, name)) = reference {
-        if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
-            // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
-            let min_member = count(ANNOTATION_POD_GROUP_MIN, min)?;
-            return declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS)
-                .map(Identity::Gang);
+            volcano_pod_group(pod, namespace, name, &group).map(Identity::Gang)
         }
-        let group = pod_groups
-            .plugins
-            .get(&(namespace.to_string(), name.to_string()))
-            .ok_or_else(|| {
+        Some((PodGroupApi::SchedulerPlugins, name)) => {
+            if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
+                // Koordinator's lightweight form: the pod declares the PodGroup's minimum itself.
+                let min_member = count(ANNOTATION_POD_GROUP_MIN, min)?;
+                return declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS)
+                    .map(Identity::Gang);
+            }
+            let group = find(&pod_groups.plugins, name, &|| {
                 PodProblem::Waiting(format!("waiting for PodGroup {namespace}/{name}"))
             })?;
-        return pod_group_params(namespace, name, group).map(Identity::Gang);
+            pod_group_params(namespace, name, &group).map(Identity::Gang)
+        }
+        None => koordinator_identity(pod, namespace),
     }
-    if let Some(name) = annotation(pod, &format!("{GANG_PREFIX}name")) {
-        let min = annotation(pod, &format!("{GANG_PREFIX}min-available")).ok_or_else(|| {
-            PodProblem::Invalid(format!(
-                "annotation {GANG_PREFIX}min-available: required with {GANG_PREFIX}name"
-            ))
-        })?;
-        let min_member = count(&format!("{GANG_PREFIX}min-available"), min)?;
-        return declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS)
-            .map(Identity::Gang);
-    }
-    Ok(Identity::Single)
+}
+
+/// A pod that names no PodGroup: a Koordinator gang by its annotations, else alone.
+fn koordinator_identity(pod: &Value, namespace: &str) -> Result<Identity, PodProblem> {
+    let Some(name) = annotation(pod, &format!("{GANG_PREFIX}name")) else {
+        return Ok(Identity::Single);
+    };
+    let min = annotation(pod, &format!("{GANG_PREFIX}min-available")).ok_or_else(|| {
+        PodProblem::Invalid(format!(
+            "annotation {GANG_PREFIX}min-available: required with {GANG_PREFIX}name"
+        ))
+    })?;
+    let min_member = count(&format!("{GANG_PREFIX}min-available"), min)?;
+    declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS).map(Identity::Gang)
 }
 
 /// A pending pod ready to be a member: its identity, spec and how it is scheduled.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use futures::{StreamExt, TryStreamExt};
-use gangway_kube_double::store::{NODES, PODS, POD_GROUPS_X};
+use gangway_kube_double::store::{NODES, PODS, POD_GROUPS_K8S, POD_GROUPS_X};
 use gangway_kube_env::{ControlPlane, Options, ADMIN_USER};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -243,16 +243,6 @@ fn pod(scheduler: Scheduler, name: String, group: Option<(&str, GangDeclaration)
     }
     pod
 }
-
-/// Kubernetes' own PodGroups (`scheduling.k8s.io/v1alpha2`).
-const POD_GROUPS_K8S: gangway_kube_double::Kind = gangway_kube_double::Kind {
-    group: "scheduling.k8s.io",
-    version: "v1alpha2",
-    plural: "podgroups",
-    kind: "PodGroup",
-    namespaced: true,
-    status_subresource: true,
-};
 
 /// What one run measured.
 struct Run {
