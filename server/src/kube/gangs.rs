@@ -1,10 +1,13 @@
 //! Gang recognition: which pending pods form which gang, and when a gang (or a
 //! GangGroup of gangs) has enough ready members to be submitted. Reads Kubernetes' own
 //! PodGroups (`scheduling.k8s.io/v1alpha2`, named by a pod's
-//! `spec.schedulingGroup.podGroupName`), the PodGroups of scheduler-plugins
-//! (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the labels and annotations
-//! Koordinator accepts. Pure: the ingest loop passes the informers' objects in and gets
-//! submissions and per-pod problems out.
+//! `spec.schedulingGroup.podGroupName`), Volcano's (`scheduling.volcano.sh/v1beta1`,
+//! named by the annotation `scheduling.k8s.io/group-name`), the PodGroups of
+//! scheduler-plugins (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the labels
+//! and annotations Koordinator accepts; works out the status each PodGroup API shows
+//! ([`pod_group_status`], [`pod_group_scheduled`], [`volcano_status`]), which the ingest
+//! writes. Pure: the ingest loop passes the informers' objects in and gets submissions,
+//! statuses and per-pod problems out.
 //!
 //! Invariants: a pod is in at most one submission; a submission's idempotency key is
 //! a function of its pods' uids only, so re-deriving it after a failover finds the
@@ -91,16 +94,14 @@ pub fn topped_up(id: &GangId, key: &str) -> GangId {
     let hex = key.strip_prefix("kube:").unwrap_or(key);
     let suffix = &hex[..hex.len().min(TOP_UP_SUFFIX_LEN)];
     // A DNS subdomain, as gang names are: cut the base to fit, at a character boundary.
-    let room = GANG_NAME_LEN_MAX.saturating_sub(suffix.len() + 1);
-    let mut base = id.name.as_str();
-    while base.len() > room {
-        let mut end = room.min(base.len() - 1);
-        while !base.is_char_boundary(end) {
-            end -= 1;
-        }
-        base = &base[..end];
+    let mut end = id
+        .name
+        .len()
+        .min(GANG_NAME_LEN_MAX.saturating_sub(suffix.len() + 1));
+    while !id.name.is_char_boundary(end) {
+        end -= 1;
     }
-    let base = base.trim_end_matches(['-', '.']);
+    let base = id.name[..end].trim_end_matches(['-', '.']);
     GangId::new(id.namespace.clone(), format!("{base}.{suffix}"))
 }
 
@@ -162,7 +163,7 @@ pub fn apply_match_policies(
 /// PodGroups by (namespace, name).
 pub type PodGroupIndex = BTreeMap<(String, String), std::sync::Arc<Value>>;
 
-/// Which API a pod's PodGroup belongs to: a pod names one kind or the other, never both.
+/// Which API a pod's PodGroup belongs to: a pod names one kind, never two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PodGroupApi {
     /// Kubernetes' own (`scheduling.k8s.io/v1alpha2`), named by `spec.schedulingGroup`.

@@ -1,6 +1,6 @@
-//! What the ingest tells Kubernetes: PodGroup status, pod conditions and events for
-//! groups that cannot be placed, and warnings logged once. Part of [`Ingest`]'s
-//! `impl`.
+//! What the ingest tells Kubernetes: PodGroup status (of every PodGroup API), pod
+//! conditions and events for groups that cannot be placed, and warnings logged once.
+//! Part of [`Ingest`]'s `impl`.
 
 use super::*;
 
@@ -20,8 +20,8 @@ impl Ingest {
     }
 
     /// Writes the status of the PodGroups marked since the last pass, where it changed:
-    /// scheduler-plugins' phase and counts, Kubernetes' `PodGroupScheduled` condition. A
-    /// failed write stays marked.
+    /// scheduler-plugins' phase and counts, Kubernetes' `PodGroupScheduled` condition,
+    /// Volcano's phase, counts and condition. A failed write stays marked.
     pub(super) async fn write_pod_group_status(&mut self) {
         let dirty = std::mem::take(&mut self.memory.pod_groups_dirty);
         for (ns, name) in dirty {
