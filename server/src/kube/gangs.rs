@@ -75,6 +75,23 @@ pub struct GangParams {
     pub top_up: bool,
 }
 
+impl GangParams {
+    /// A Strict gang `id` of `min_member` in no GangGroup, with no declared priority.
+    fn strict(id: GangId, min_member: u32, wait_time_ms: u64, match_policy: MatchPolicy) -> Self {
+        Self {
+            id,
+            min_member,
+            total_number: None,
+            mode: GangMode::Strict,
+            wait_time_ms,
+            group: BTreeSet::new(),
+            match_policy,
+            priority: None,
+            top_up: false,
+        }
+    }
+}
+
 impl MatchPolicy {
     /// How many of a gang's `bound` pods count toward its minMember.
     pub fn credit(self, bound: BoundPods) -> u32 {
@@ -335,17 +352,12 @@ fn declared(
     min_member: u32,
     wait_time_ms: u64,
 ) -> Result<GangParams, PodProblem> {
-    let mut params = GangParams {
-        id: GangId::new(namespace, name),
+    let mut params = GangParams::strict(
+        GangId::new(namespace, name),
         min_member,
-        total_number: None,
-        mode: GangMode::Strict,
         wait_time_ms,
-        group: BTreeSet::new(),
-        match_policy: MatchPolicy::default(),
-        priority: None,
-        top_up: false,
-    };
+        MatchPolicy::default(),
+    );
     koordinator_overrides(object, namespace, &mut params)?;
     Ok(params)
 }
@@ -397,15 +409,13 @@ fn kubernetes_pod_group(
             ),
         };
         let mut params = GangParams {
-            id: GangId::new(namespace, name),
-            min_member,
-            total_number: None,
-            mode: GangMode::Strict,
-            wait_time_ms: 0,
-            group: BTreeSet::new(),
-            match_policy: MatchPolicy::WaitingAndRunning,
             priority,
-            top_up: false,
+            ..GangParams::strict(
+                GangId::new(namespace, name),
+                min_member,
+                0,
+                MatchPolicy::WaitingAndRunning,
+            )
         };
         koordinator_overrides(group, namespace, &mut params)?;
         return Ok(Identity::Gang(params));
@@ -511,17 +521,12 @@ fn volcano_pod_group(
         Value::Null => 1,
         v => positive("spec.minMember", v)?.max(1),
     };
-    let mut params = GangParams {
-        id: GangId::new(namespace, name),
+    let mut params = GangParams::strict(
+        GangId::new(namespace, name),
         min_member,
-        total_number: None,
-        mode: GangMode::Strict,
-        wait_time_ms: 0,
-        group: BTreeSet::new(),
-        match_policy: MatchPolicy::WaitingAndRunning,
-        priority: None,
-        top_up: false,
-    };
+        0,
+        MatchPolicy::WaitingAndRunning,
+    );
     let Some(tasks) = spec["minTaskMember"].as_object().filter(|t| !t.is_empty()) else {
         return Ok(params);
     };
