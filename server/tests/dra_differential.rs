@@ -1643,15 +1643,7 @@ async fn start(failpoints: &[&str]) -> (ControlPlane, Cluster, tempfile::TempDir
     api.start_kube_scheduler_with(&[LIST_ATTRIBUTES_GATE])
         .expect("kube-scheduler starts");
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, ADMIN_USER)
-        .expect("kubeconfig");
-    let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-    let vars = support::arm_failpoints(&mut args, failpoints);
-    let cluster = Cluster::start_with(3, 2, args, vars);
-    cluster
-        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
-        .await;
+    let cluster = support::kube::gangway_on(&api, ADMIN_USER, dir.path(), 2, &[], failpoints).await;
     (api, cluster, dir)
 }
 

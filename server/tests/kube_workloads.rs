@@ -80,6 +80,21 @@ fn filler(name: &str, node: &str, cpu: &str) -> Value {
     })
 }
 
+/// An Indexed Job of `pods` pods of `cpu` CPUs scheduled by gangway (its Workload and
+/// PodGroup made by the Job controller, the gates on).
+fn indexed_job(name: &str, pods: u32, cpu: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 6,
+            "template": {"spec": {
+                "schedulerName": "gangway", "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
+            }}
+        }
+    })
+}
+
 /// A PodGroup with a gang policy of `min_count`.
 fn gang(name: &str, min_count: u32) -> Value {
     json!({
@@ -124,15 +139,7 @@ async fn start_armed(nodes: usize, cpu: &str, crds: &[&str], failpoints: &[&str]
             .expect("node");
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, &sa.user)
-        .expect("kubeconfig");
-    let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-    let vars = support::arm_failpoints(&mut args, failpoints);
-    let cluster = Cluster::start_with(3, 2, args, vars);
-    cluster
-        .wait_ready(&[1, 2, 3], Duration::from_secs(30))
-        .await;
+    let cluster = support::kube::gangway_on(&api, &sa.user, dir.path(), 2, &[], failpoints).await;
     Env {
         api,
         cluster,
@@ -152,13 +159,8 @@ impl Env {
             _serial,
         } = self;
         drop(cluster);
-        let kubeconfig = _dir.path().join("kubeconfig");
-        let mut args = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-        args.extend(extra.iter().cloned());
-        let cluster = Cluster::start_with(3, shards, args, Vec::new());
-        cluster
-            .wait_ready(&[1, 2, 3], Duration::from_secs(30))
-            .await;
+        let user = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1).user;
+        let cluster = support::kube::gangway_on(&api, &user, _dir.path(), shards, extra, &[]).await;
         Env {
             api,
             cluster,
@@ -444,17 +446,9 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
     api.create(&PODS, filler("filler-0", "node-0", "3"))
         .await
         .expect("filler");
-    let job = json!({
-        "metadata": {"name": "train", "namespace": NS},
-        "spec": {
-            "parallelism": 4, "completions": 4, "completionMode": "Indexed", "backoffLimit": 6,
-            "template": {"spec": {
-                "schedulerName": "gangway", "restartPolicy": "Never",
-                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": "3"}}}]
-            }}
-        }
-    });
-    api.create(&JOBS, job).await.expect("job");
+    api.create(&JOBS, indexed_job("train", 4, "3"))
+        .await
+        .expect("job");
     let view = wait_for(
         "the Job controller to make a Workload, a PodGroup and four pods",
         Duration::from_secs(60),
@@ -577,17 +571,9 @@ async fn a_job_is_a_gang_and_competing_gangs_never_both_bind_in_part() {
 
     // A Job whose gang waits for room is deleted mid-way: its pods go with it (garbage
     // collector), and so does gangway's group for them; nothing of it is bound.
-    let late = json!({
-        "metadata": {"name": "late", "namespace": NS},
-        "spec": {
-            "parallelism": 2, "completions": 2, "completionMode": "Indexed",
-            "template": {"spec": {
-                "schedulerName": "gangway", "restartPolicy": "Never",
-                "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": "3"}}}]
-            }}
-        }
-    });
-    api.create(&JOBS, late).await.expect("job");
+    api.create(&JOBS, indexed_job("late", 2, "3"))
+        .await
+        .expect("job");
     let view = wait_for(
         "the late Job's two pods",
         Duration::from_secs(60),

@@ -22,6 +22,7 @@ use tonic::transport::{Channel, Endpoint};
 pub mod chart;
 pub mod device_plugin;
 pub mod gangs;
+pub mod kube;
 pub mod matrix;
 pub mod pki;
 
