@@ -237,6 +237,7 @@ impl Workload {
                         pod_json: r#"{"requests":{"cpu":"1000"}}"#.into(),
                     },
                 ],
+                topology: None,
             }],
         };
         let op = self.invoke("place", key, vec![shape], vec![]);

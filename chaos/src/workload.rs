@@ -447,6 +447,7 @@ pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupReque
                         count: g.members,
                         pod_json: pod.to_string(),
                     }],
+                    topology: None,
                 }
             })
             .collect(),

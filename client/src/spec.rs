@@ -14,6 +14,10 @@
 //!     mode: Strict                   # or NonStrict
 //!     waitTime: 10m                  # 0 or absent: the server's default
 //!     priority: 100
+//!     topology:                      # optional; node label keys of topology levels
+//!       required: example.com/block  # every member in one block
+//!       preferred: example.com/rack  # in as few racks as possible
+//!       slice: {key: example.com/nvlink, size: 4}  # each 4 members in one NVLink domain
 //!     members:
 //!       - name: worker
 //!         count: 8
@@ -22,7 +26,7 @@
 //!           nodeSelector: {topology.kubernetes.io/zone: zone-a}
 //! ```
 
-use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest};
+use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest, TopologySpec};
 use serde::Deserialize;
 
 /// A group file that cannot be used; the message names the line or field.
@@ -67,7 +71,42 @@ struct GangFile {
     wait_time: Option<String>,
     #[serde(default)]
     priority: i32,
+    #[serde(default)]
+    topology: Option<TopologyFile>,
     members: Vec<MemberFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TopologyFile {
+    #[serde(default)]
+    required: Option<String>,
+    #[serde(default)]
+    preferred: Option<String>,
+    #[serde(default)]
+    slice: Option<SliceFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SliceFile {
+    key: String,
+    size: u32,
+}
+
+impl TopologyFile {
+    fn to_spec(&self) -> TopologySpec {
+        TopologySpec {
+            required: self.required.clone().unwrap_or_default(),
+            preferred: self.preferred.clone().unwrap_or_default(),
+            slice_key: self
+                .slice
+                .as_ref()
+                .map(|s| s.key.clone())
+                .unwrap_or_default(),
+            slice_size: self.slice.as_ref().map_or(0, |s| s.size),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +166,7 @@ pub fn from_yaml(text: &str) -> Result<SubmitGangGroupRequest, SpecError> {
             wait_time_ms,
             priority: g.priority,
             members,
+            topology: g.topology.as_ref().map(TopologyFile::to_spec),
         });
     }
     Ok(SubmitGangGroupRequest {
@@ -213,6 +253,32 @@ impl GangBuilder {
     /// Queue priority (higher first).
     pub fn priority(mut self, priority: i32) -> Self {
         self.spec.priority = priority;
+        self
+    }
+
+    /// Every member in one domain of the node label `key` (one rack, say), or none placed.
+    pub fn required_topology(mut self, key: impl Into<String>) -> Self {
+        self.spec
+            .topology
+            .get_or_insert_with(Default::default)
+            .required = key.into();
+        self
+    }
+
+    /// Members in as few domains of the node label `key` as possible.
+    pub fn preferred_topology(mut self, key: impl Into<String>) -> Self {
+        self.spec
+            .topology
+            .get_or_insert_with(Default::default)
+            .preferred = key.into();
+        self
+    }
+
+    /// Members in consecutive slices of `size`, each in one domain of the node label `key`.
+    pub fn topology_slices(mut self, key: impl Into<String>, size: u32) -> Self {
+        let topology = self.spec.topology.get_or_insert_with(Default::default);
+        topology.slice_key = key.into();
+        topology.slice_size = size;
         self
     }
 

@@ -238,6 +238,7 @@ async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
                     count: 1,
                     pod_json: r#"{"requests": {"cpu": "1000"}}"#.into(),
                 }],
+                topology: None,
             }],
         })
         .await
@@ -603,6 +604,7 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
                 count: 1,
                 pod_json: pod_json.into(),
             }],
+            topology: None,
         }],
     };
     let expect = |what: &str,

@@ -58,6 +58,7 @@ fn nonstrict(name: &str, members: u32, cpu: &str) -> SubmitGangGroupRequest {
                 count: members,
                 pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
             }],
+            topology: None,
         }],
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::group_preemption::{group_offer_keeping, GroupOffer, WithoutGangs};
-use crate::engine::placement::place_members;
+use crate::engine::placement::GangTopologies;
 use crate::engine::{GangPlacement, MemberRef, Placer, Profile};
 use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::devices::{with_followers, DeviceEviction, DeviceHealth, EvictionCause};
@@ -22,7 +22,10 @@ use crate::ledger::view::{IndexedView, LedgerView, NodeView};
 use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceTaint;
-use crate::model::{DeviceId, GangGroup, GangId, MemberKey, PodSpec, PodSummary, Resources};
+use crate::model::{
+    DeviceId, Gang, GangGroup, GangId, MemberKey, PodSpec, PodSummary, Resources,
+    TopologyConstraint,
+};
 
 /// A read-only question to a shard.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +49,10 @@ pub enum ShardQuery {
         /// use them where their pools reach (the coordinator's second pass, rule 15).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         carried: Vec<NetworkHold>,
+        /// The topology constraints of the members' gangs, as (namespace, gang,
+        /// constraint); gangs not listed have none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        topologies: Vec<ListedTopology>,
     },
     /// What this shard could host of a preemptor group of `priority` now and as its
     /// cheapest lower-priority gangs leave, one per step (`engine::group_preemption`).
@@ -69,6 +76,9 @@ pub enum ShardQuery {
         profile: Box<Profile>,
         /// The victims' gangs.
         gone: Vec<GangId>,
+        /// The topology constraints of the members' gangs (as in `Plan`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        topologies: Vec<ListedTopology>,
     },
     /// Reservations not yet committed or aborted, with their deadlines.
     OpenTxns,
@@ -283,6 +293,26 @@ pub enum ShardAnswer {
     },
 }
 
+/// A plan query's constraints as the engine takes them.
+fn gang_topologies(listed: &[ListedTopology]) -> GangTopologies {
+    listed
+        .iter()
+        .map(|(ns, gang, c)| ((ns.clone(), gang.clone()), c.clone()))
+        .collect()
+}
+
+/// A gang's topology constraint as a plan query lists it: (namespace, gang, constraint).
+pub type ListedTopology = (String, String, TopologyConstraint);
+
+/// The constraints of `gangs` as a plan query lists them.
+pub fn listed_topologies<'g>(gangs: impl IntoIterator<Item = &'g Gang>) -> Vec<ListedTopology> {
+    gangs
+        .into_iter()
+        .filter(|g| !g.topology.is_none())
+        .map(|g| (g.namespace.clone(), g.name.clone(), g.topology.clone()))
+        .collect()
+}
+
 /// Answers `q` from `ledger`; plans go through `placer`, which keeps kube-scheduler's
 /// round-robin start and the engine's caches between plans (they change speed and the
 /// node a search starts at, never whether a plan is valid: Reserve re-checks it).
@@ -309,16 +339,18 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             members,
             profile,
             carried,
+            topologies,
         } => {
             let refs: Vec<MemberRef<'_>> = members
                 .iter()
                 .map(|(key, spec)| MemberRef { key, spec })
                 .collect();
+            let topologies = gang_topologies(topologies);
             let placement = if carried.is_empty() {
-                placer.place_members(ledger, &refs, profile, &[])
+                placer.place_members_with(ledger, &refs, profile, &[], &topologies)
             } else {
                 let view = WithCarried::new(ledger, carried);
-                placer.place_members(&view, &refs, profile, &[])
+                placer.place_members_with(&view, &refs, profile, &[], &topologies)
             };
             ShardAnswer::Plan { placement }
         }
@@ -337,6 +369,7 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             members,
             profile,
             gone,
+            topologies,
         } => {
             let refs: Vec<MemberRef<'_>> = members
                 .iter()
@@ -344,8 +377,15 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .collect();
             let gone: BTreeSet<GangId> = gone.iter().cloned().collect();
             let view = WithoutGangs::new(ledger, &gone);
+            let topologies = gang_topologies(topologies);
             ShardAnswer::Plan {
-                placement: place_members(&view, &refs, profile, &[]),
+                placement: Placer::uncached(0).place_members_with(
+                    &view,
+                    &refs,
+                    profile,
+                    &[],
+                    &topologies,
+                ),
             }
         }
         ShardQuery::OpenTxns => ShardAnswer::OpenTxns {

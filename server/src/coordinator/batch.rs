@@ -53,7 +53,8 @@ impl Coordinator {
             let members: Vec<(MemberKey, PodSpec)> =
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
             let timer = PhaseTimer::start(Phase::Quote);
-            let Some(plan) = self.plan(shard, &members).await else {
+            let topologies = listed_topologies(left.iter().flat_map(|(r, _)| &r.group.gangs));
+            let Some(plan) = self.plan(shard, &members, &topologies).await else {
                 continue;
             };
             drop(timer);

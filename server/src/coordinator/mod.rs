@@ -52,7 +52,7 @@ use gangway_core::model::{MemberKey, PodSpec};
 use gangway_core::plan::assign::{self, assign, AssignOutcome, Assignment};
 use gangway_core::plan::budgets::DisruptionBudgets;
 use gangway_core::plan::rebalance::RebalancePolicy;
-use gangway_core::query::{ShardAnswer, ShardQuery};
+use gangway_core::query::{listed_topologies, ListedTopology, ShardAnswer, ShardQuery};
 
 /// Period between the coordinator's reads of the shards' capacity (recorded in meta
 /// when it changed: the pool top-level queues lend in), in ms.

@@ -37,6 +37,7 @@ use gangway_core::model::{GangId, MemberKey, PodSpec};
 use gangway_core::plan::assign::{assign, AssignOutcome, Assignment};
 use gangway_core::plan::budgets::{broken, placed_pods};
 use gangway_core::plan::victims::{by_group, choose_victims, from_group_offers};
+use gangway_core::query::{listed_topologies, ListedTopology};
 use gangway_core::query::{ShardAnswer, ShardQuery};
 
 /// What a preemption attempt came to.
@@ -281,7 +282,8 @@ impl Coordinator {
             .flat_map(|v| v.group.gangs.iter().map(|g| g.id()))
             .collect();
         let members = Self::members(r);
-        let plans = self.plans_without(&members, &gone).await;
+        let topologies = listed_topologies(&r.group.gangs);
+        let plans = self.plans_without(&members, &gone, &topologies).await;
         let assignment = match assign(&r.group, &plans, &BTreeSet::new()) {
             AssignOutcome::Ready(a) => a,
             AssignOutcome::Short { reason, .. } => {
@@ -474,11 +476,13 @@ impl Coordinator {
         &self,
         members: &[(MemberKey, PodSpec)],
         gone: &[GangId],
+        topologies: &[ListedTopology],
     ) -> BTreeMap<u32, GangPlacement> {
         let query = ShardQuery::PlanWithout {
             members: members.to_vec(),
             profile: Box::new(self.profile.clone()),
             gone: gone.to_vec(),
+            topologies: topologies.to_vec(),
         };
         self.ask_plans(self.shards.ids(), &query).await
     }

@@ -32,11 +32,13 @@ impl Coordinator {
         &self,
         shard: u32,
         members: &[(MemberKey, PodSpec)],
+        topologies: &[ListedTopology],
     ) -> Option<GangPlacement> {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
             profile: Box::new(self.profile.clone()),
             carried: Vec::new(),
+            topologies: topologies.to_vec(),
         };
         match self.groups.shard_query(shard, &query).await {
             Ok(ShardAnswer::Plan { placement }) => Some(placement),
@@ -54,9 +56,10 @@ impl Coordinator {
     pub(super) async fn plans(
         &self,
         members: &[(MemberKey, PodSpec)],
+        topologies: &[ListedTopology],
     ) -> BTreeMap<u32, GangPlacement> {
         let every: Vec<u32> = self.shards.ids().collect();
-        self.plans_on(&every, members, &[]).await
+        self.plans_on(&every, members, &[], topologies).await
     }
 
     /// The plans of `shards` for `members`, with `carried` (shared claims other
@@ -66,11 +69,13 @@ impl Coordinator {
         shards: &[u32],
         members: &[(MemberKey, PodSpec)],
         carried: &[NetworkHold],
+        topologies: &[ListedTopology],
     ) -> BTreeMap<u32, GangPlacement> {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
             profile: Box::new(self.profile.clone()),
             carried: carried.to_vec(),
+            topologies: topologies.to_vec(),
         };
         self.ask_plans(shards.iter().copied(), &query).await
     }
@@ -134,7 +139,8 @@ impl Coordinator {
         if carried.is_empty() || rest.is_empty() || others.is_empty() {
             return None;
         }
-        let plans = self.plans_on(&others, &rest, &carried).await;
+        let topologies = listed_topologies(&r.group.gangs);
+        let plans = self.plans_on(&others, &rest, &carried, &topologies).await;
         let mut before = placed_before.clone();
         before.extend(assigned.iter().map(|k| k.to_string()));
         let (second, ready) = match assign(&r.group, &plans, &before) {

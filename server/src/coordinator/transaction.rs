@@ -14,7 +14,9 @@ impl Coordinator {
         );
         let members = self.members_to_plan(r);
         let timer = PhaseTimer::start(Phase::Quote);
-        let plans = self.plans(&members).await;
+        let plans = self
+            .plans(&members, &listed_topologies(&r.group.gangs))
+            .await;
         drop(timer);
         let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();
         let mut outcome = assign(&r.group, &plans, &placed_before);

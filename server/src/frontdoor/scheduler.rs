@@ -15,6 +15,7 @@ use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
     GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
     ListShardsReply, ListShardsRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
+    TopologySpec,
 };
 use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
@@ -33,7 +34,8 @@ use gangway_core::ledger::meta::{
 use gangway_core::ledger::{LedgerOp, ReleaseTarget};
 use gangway_core::model::gang::{RawGang, RawGangSpec, RawMember};
 use gangway_core::model::{
-    clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
+    clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, TopologyConstraint, TopologySlice,
+    MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
 };
 use gangway_core::query::{ShardAnswer, ShardQuery};
 
@@ -686,7 +688,34 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
             wait_time_ms: (g.wait_time_ms > 0).then_some(g.wait_time_ms),
             priority: g.priority,
             members,
+            topology: topology_of(g.topology.as_ref(), &format!("{at}.topology"))?,
         },
+    })
+}
+
+/// A gang's topology constraint from its message; a slice needs both its fields.
+fn topology_of(t: Option<&TopologySpec>, at: &str) -> Result<TopologyConstraint, Status> {
+    let Some(t) = t else {
+        return Ok(TopologyConstraint::default());
+    };
+    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let slice = match (t.slice_key.is_empty(), t.slice_size) {
+        (true, 0) => None,
+        (false, size) if size > 0 => Some(TopologySlice {
+            key: t.slice_key.clone(),
+            size,
+        }),
+        _ => {
+            return Err(invalid(
+                format!("{at}.slice_key"),
+                "slice_key and slice_size are given together (a key and a size of at least 1)",
+            ))
+        }
+    };
+    Ok(TopologyConstraint {
+        required: text(&t.required),
+        preferred: text(&t.preferred),
+        slice,
     })
 }
 

@@ -828,6 +828,7 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
                 uid: Some(p.pod.uid.clone()),
             })
             .collect(),
+        topology: Default::default(),
     }
 }
 

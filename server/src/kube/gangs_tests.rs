@@ -381,6 +381,7 @@ fn a_kubernetes_gang_counts_its_running_pods_toward_min_count() {
             spec: PodSpec::default(),
             uid: None,
         }],
+        topology: Default::default(),
     };
     assert!(
         validated

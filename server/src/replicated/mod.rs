@@ -256,6 +256,7 @@ impl ShardMachine {
             members,
             profile,
             carried,
+            topologies,
         } = q
         else {
             return (q, Vec::new());
@@ -303,6 +304,7 @@ impl ShardMachine {
                 members,
                 profile,
                 carried,
+                topologies,
             };
             return (plan, Vec::new());
         }
@@ -315,6 +317,7 @@ impl ShardMachine {
             members,
             profile,
             carried,
+            topologies,
         };
         (plan, left_out)
     }

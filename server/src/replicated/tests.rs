@@ -224,6 +224,7 @@ fn submit(name: &str, at_ms: u64) -> Vec<u8> {
             spec: Default::default(),
             uid: None,
         }],
+        topology: Default::default(),
     };
     let cmd = MetaCommand::Submit {
         key: name.into(),

@@ -52,6 +52,7 @@ pub fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) ->
             count: members,
             pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
         }],
+        topology: None,
     }
 }
 
@@ -127,6 +128,7 @@ pub fn device_gang(key: &str, resource: &str, members: u32) -> SubmitGangGroupRe
                 count: members,
                 pod_json: format!(r#"{{"requests": {{"cpu": "1", "{resource}": "1"}}}}"#),
             }],
+            topology: None,
         }],
     }
 }

@@ -267,6 +267,7 @@ fn bench_gang(index: usize, members: usize) -> Gang {
                 uid: None,
             })
             .collect(),
+        topology: Default::default(),
     }
 }
 

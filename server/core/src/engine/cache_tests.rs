@@ -70,6 +70,7 @@ fn templates_are_bounded_least_recently_used_first() {
     assert_eq!(seen(&cache.template(&spec(1), &profile, 1), 0, 1), None);
     let other = Profile {
         percentage_of_nodes_to_score: 100,
+        topologies: Vec::new(),
         ..Profile::default()
     };
     assert_eq!(

@@ -74,6 +74,18 @@ pub enum FilterReason {
     /// The pod shares a ResourceClaim (`namespace/name`) whose devices are not
     /// allocated on the node (they are elsewhere, or not yet anywhere).
     SharedClaimNotHere(String),
+    /// The gang (or one of its slices) must lie in one domain of the node label `key`,
+    /// and no domain holds its `need` members; the best one, if any, holds `holds`.
+    TopologyDomainTooSmall {
+        /// The level (node label key).
+        key: String,
+        /// Members that must share a domain.
+        need: u64,
+        /// The domain (label value) that holds most of them.
+        best: Option<String>,
+        /// How many of them it holds.
+        holds: u64,
+    },
 }
 
 impl FilterReason {
@@ -85,6 +97,7 @@ impl FilterReason {
                 | Self::Insufficient(_)
                 | Self::PodAntiAffinityConflict
                 | Self::ExistingPodAntiAffinity
+                | Self::TopologyDomainTooSmall { .. }
         )
     }
 }
@@ -126,6 +139,18 @@ impl fmt::Display for FilterReason {
             ),
             Self::SharedClaimNotHere(claim) => {
                 write!(f, "node(s) didn't hold the devices of shared claim {claim}")
+            }
+            Self::TopologyDomainTooSmall {
+                key,
+                need,
+                best,
+                holds,
+            } => {
+                write!(f, "node(s) in no {key} that holds {need} members")?;
+                match best {
+                    Some(best) => write!(f, " (the best, {best}, holds {holds})"),
+                    None => write!(f, " (no node has the label)"),
+                }
             }
         }
     }

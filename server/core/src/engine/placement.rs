@@ -46,6 +46,21 @@ use crate::model::device::DeviceClass;
 use crate::model::gang::{Gang, GangGroup, MemberKey};
 use crate::model::pod::{footprint_of, PodSpec, PodSummary};
 use crate::model::resources::Resources;
+use crate::model::topology::TopologyConstraint;
+
+mod topology;
+
+/// The topology constraints of the gangs being placed, by gang (absent: none).
+pub type GangTopologies = BTreeMap<(String, String), TopologyConstraint>;
+
+/// The constraints of `gangs` that ask something, by (namespace, name).
+pub fn topologies_of<'g>(gangs: impl IntoIterator<Item = &'g Gang>) -> GangTopologies {
+    gangs
+        .into_iter()
+        .filter(|g| !g.topology.is_none())
+        .map(|g| ((g.namespace.clone(), g.name.clone()), g.topology.clone()))
+        .collect()
+}
 
 /// A member to place: its key and its spec.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +131,17 @@ impl MemberLabels {
 }
 
 impl GangPlacement {
+    /// A placement of nothing.
+    pub fn empty() -> Self {
+        Self {
+            assignments: Vec::new(),
+            unplaced: Vec::new(),
+            domain: None,
+            network: Vec::new(),
+            member_labels: MemberLabels::Read,
+        }
+    }
+
     /// Whether every member was placed.
     pub fn is_complete(&self) -> bool {
         self.unplaced.is_empty()
@@ -427,6 +453,8 @@ struct Fill {
 /// Shared inputs of one placement round.
 struct Round<'r, 'a> {
     members: &'r [MemberRef<'a>],
+    /// The view's device classes (templates of a part of the round resolve against them).
+    classes: &'r BTreeMap<String, DeviceClass>,
     templates: &'r [Template<'a>],
     searcher: Searcher<'r>,
     /// Where the next sampled search starts.
@@ -772,6 +800,68 @@ pub fn split_network_devices(
     holds
 }
 
+/// The members split into what is placed together: each constrained gang alone, and
+/// the runs of members between them.
+fn units<'m, 'a>(
+    members: &'m [MemberRef<'a>],
+    topologies: &'m GangTopologies,
+) -> Vec<(Vec<MemberRef<'a>>, Option<&'m TopologyConstraint>)> {
+    if topologies.is_empty() {
+        return vec![(members.to_vec(), None)];
+    }
+    let mut units: Vec<(Vec<MemberRef<'a>>, Option<&'m TopologyConstraint>)> = Vec::new();
+    let mut gang_unit: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for m in members {
+        let gang = (m.key.namespace.as_str(), m.key.gang.as_str());
+        let constraint = topologies
+            .iter()
+            .find(|((ns, name), _)| ns == gang.0 && name == gang.1)
+            .map(|(_, c)| c);
+        match constraint {
+            Some(c) => match gang_unit.get(&gang) {
+                Some(&u) => units[u].0.push(*m),
+                None => {
+                    gang_unit.insert(gang, units.len());
+                    units.push((vec![*m], Some(c)));
+                }
+            },
+            None => match units.last_mut() {
+                Some((unit, None)) => unit.push(*m),
+                _ => units.push((vec![*m], None)),
+            },
+        }
+    }
+    units
+}
+
+/// The placements of the units as one, in the members' order.
+fn join(members: &[MemberRef<'_>], parts: Vec<GangPlacement>) -> GangPlacement {
+    if parts.len() == 1 {
+        if let Some(only) = parts.into_iter().next() {
+            return only;
+        }
+        return GangPlacement::empty();
+    }
+    let position: BTreeMap<&MemberKey, usize> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.key, i))
+        .collect();
+    let at = |key: &MemberKey| position.get(key).copied().unwrap_or(usize::MAX);
+    let mut out = GangPlacement::empty();
+    for part in parts {
+        out.assignments.extend(part.assignments);
+        out.unplaced.extend(part.unplaced);
+        out.network.extend(part.network);
+        if out.domain.is_none() {
+            out.domain = part.domain;
+        }
+    }
+    out.assignments.sort_by_key(|a| at(&a.member));
+    out.unplaced.sort_by_key(|u| at(&u.member));
+    out
+}
+
 /// Undoes a fill's planned pods, last first.
 fn rollback(cluster: &mut Cluster<'_>, fill: &Fill) {
     for &(_, node) in fill.planned.iter().rev() {
@@ -836,6 +926,20 @@ impl Placer {
         profile: &Profile,
         nominations: &[Nomination],
     ) -> GangPlacement {
+        self.place_members_with(view, members, profile, nominations, &GangTopologies::new())
+    }
+
+    /// Places a list of members as one batch, each gang of `topologies` under its
+    /// constraint: such a gang is placed on its own (`placement::topology`), in the
+    /// order its first member comes; the members between them are placed together.
+    pub fn place_members_with<V: LedgerView + ?Sized>(
+        &mut self,
+        view: &V,
+        members: &[MemberRef<'_>],
+        profile: &Profile,
+        nominations: &[Nomination],
+        topologies: &GangTopologies,
+    ) -> GangPlacement {
         let mut cluster = Cluster::build(view, nominations);
         // Only nominations look at who is being placed.
         let own: BTreeSet<MemberKey> = if cluster.has_nominations() {
@@ -850,22 +954,33 @@ impl Placer {
             true => MemberLabels::Read,
             false => MemberLabels::Unread,
         };
-        let templates = templates(members, view.device_classes(), self.cache.as_mut());
-        let mut round = Round {
-            members,
-            templates: &templates,
-            searcher: Searcher {
-                own: &own,
-                profile,
-                cache: self.cache.as_mut(),
-                spare: std::mem::take(&mut self.spare),
-            },
-            cursor: self.next_start,
-        };
-        let mut placement = place_round(&mut round, &mut cluster);
+        let units = units(members, topologies);
+        let mut parts = Vec::with_capacity(units.len());
+        for (unit, constraint) in &units {
+            let templates = templates(unit, view.device_classes(), self.cache.as_mut());
+            let mut round = Round {
+                members: unit,
+                classes: view.device_classes(),
+                templates: &templates,
+                searcher: Searcher {
+                    own: &own,
+                    profile,
+                    cache: self.cache.as_mut(),
+                    spare: std::mem::take(&mut self.spare),
+                },
+                cursor: self.next_start,
+            };
+            parts.push(match constraint {
+                Some(constraint) => {
+                    topology::place_constrained(&mut round, &mut cluster, constraint)
+                }
+                None => place_round(&mut round, &mut cluster),
+            });
+            self.next_start = round.cursor;
+            self.spare = round.searcher.spare;
+        }
+        let mut placement = join(members, parts);
         placement.member_labels = labels;
-        self.next_start = round.cursor;
-        self.spare = round.searcher.spare;
         placement
     }
 
@@ -884,7 +999,8 @@ impl Placer {
             .zip(&keys)
             .map(|(m, key)| MemberRef { key, spec: &m.spec })
             .collect();
-        self.place_members(view, &members, profile, nominations)
+        let topologies = topologies_of([gang]);
+        self.place_members_with(view, &members, profile, nominations, &topologies)
     }
 
     /// Places every member of every gang of a group as one batch.
@@ -904,7 +1020,8 @@ impl Placer {
             .iter()
             .map(|(key, spec)| MemberRef { key, spec })
             .collect();
-        self.place_members(view, &members, profile, nominations)
+        let topologies = topologies_of(&group.gangs);
+        self.place_members_with(view, &members, profile, nominations, &topologies)
     }
 }
 

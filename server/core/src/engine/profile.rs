@@ -4,7 +4,7 @@
 //! enabled score plugins with weights (the default adds DynamicResources, weight 1), the resources and weights the resource-fit
 //! strategies score, the RequestedToCapacityRatio shape (utilization 0..=100 → score
 //! 0..=10, scaled to 0..=100 as Kubernetes does), the node label used to pack a gang
-//! into one topology domain, and `percentageOfNodesToScore` (how much of the cluster a
+//! into one topology domain, the cluster's topology hierarchies, and `percentageOfNodesToScore` (how much of the cluster a
 //! node search looks at, as kube-scheduler's setting of that name). Invariants of a
 //! validated profile: weights within 1..=[`PLUGIN_WEIGHT_MAX`], at most one resource-fit
 //! strategy, no plugin twice, a shape with strictly increasing utilizations, a
@@ -18,6 +18,7 @@ use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::validate_qualified_name;
 use crate::model::node::LABEL_ZONE;
 use crate::model::resources::ResourceName;
+use crate::model::topology::{TopologyHierarchy, TOPOLOGY_HIERARCHIES_MAX};
 
 /// Largest plugin or resource weight.
 pub const PLUGIN_WEIGHT_MAX: u32 = 100;
@@ -106,6 +107,11 @@ pub struct Profile {
     /// `50 - nodes/125` percent but at least 5; 100 searches every node.
     #[serde(default)]
     pub percentage_of_nodes_to_score: u32,
+    /// The cluster's topology hierarchies (label keys widest first): a gang's preferred
+    /// level falls back to the levels above it in its hierarchy, and a required level is
+    /// packed into the level below it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topologies: Vec<TopologyHierarchy>,
 }
 
 impl Default for Profile {
@@ -139,6 +145,7 @@ impl Default for Profile {
             ],
             gang_topology_key: Some(LABEL_ZONE.to_string()),
             percentage_of_nodes_to_score: 0,
+            topologies: Vec::new(),
         }
     }
 }
@@ -172,10 +179,20 @@ impl Profile {
                 self.percentage_of_nodes_to_score
             )));
         }
-        match &self.gang_topology_key {
-            Some(key) => validate_qualified_name(&root.child("gangTopologyKey"), key),
-            None => Ok(()),
+        if let Some(key) = &self.gang_topology_key {
+            validate_qualified_name(&root.child("gangTopologyKey"), key)?;
         }
+        let topologies = root.child("topologies");
+        if self.topologies.len() > TOPOLOGY_HIERARCHIES_MAX {
+            return Err(topologies.error(format!(
+                "{} topologies exceed the limit of {TOPOLOGY_HIERARCHIES_MAX}",
+                self.topologies.len()
+            )));
+        }
+        for (i, hierarchy) in self.topologies.iter().enumerate() {
+            hierarchy.validate(&topologies.index(i))?;
+        }
+        Ok(())
     }
 
     fn validate_plugins(&self, path: &FieldPath) -> Result<(), ValidationError> {

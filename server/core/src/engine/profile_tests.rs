@@ -70,6 +70,7 @@ fn bad_profiles_name_the_field() {
 
     let p = Profile {
         percentage_of_nodes_to_score: 101,
+        topologies: Vec::new(),
         ..Profile::default()
     };
     assert_eq!(

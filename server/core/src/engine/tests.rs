@@ -129,6 +129,7 @@ fn gang(name: &str, specs: &[PodSpec]) -> Gang {
                 uid: None,
             })
             .collect(),
+        topology: Default::default(),
     }
 }
 
@@ -697,6 +698,7 @@ fn fleet_with_big(count: usize, cpu_milli: u64, big: usize) -> Vec<Node> {
 fn sampling(percentage: u32) -> Profile {
     Profile {
         percentage_of_nodes_to_score: percentage,
+        topologies: Vec::new(),
         ..no_packing()
     }
 }

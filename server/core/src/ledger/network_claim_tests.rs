@@ -316,6 +316,7 @@ fn a_shard_plans_followers_beside_a_claim_another_shard_carries_once_told() {
             members: vec![(key("m2"), follower.clone()), (key("m3"), follower.clone())],
             profile: Box::new(Profile::default()),
             carried,
+            topologies: Vec::new(),
         };
         match answer(&b, &query, &mut Placer::new()) {
             ShardAnswer::Plan { placement } => placement,

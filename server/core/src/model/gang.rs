@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{validate_dns_label, validate_dns_subdomain};
 use crate::model::pod::{PodSpec, RawPodSpec};
+use crate::model::topology::TopologyConstraint;
 
 /// Wait time used when a submission names none (Koordinator's default, 600 s).
 pub const DEFAULT_WAIT_TIME_MS: u64 = 600_000;
@@ -183,6 +184,9 @@ pub struct Gang {
     pub creation_order: u64,
     /// Members that have arrived so far.
     pub members: Vec<Member>,
+    /// Where its members may go in the cluster's topology (none: anywhere).
+    #[serde(default, skip_serializing_if = "TopologyConstraint::is_none")]
+    pub topology: TopologyConstraint,
 }
 
 impl Gang {
@@ -214,6 +218,7 @@ impl Gang {
                 self.min_member, self.total_number
             )));
         }
+        self.topology.validate(&spec.child("topology"))?;
         self.validate_members(&spec.child("members"))
     }
 
@@ -331,6 +336,9 @@ pub struct RawGangSpec {
     /// Members.
     #[serde(default)]
     pub members: Vec<RawMember>,
+    /// Topology constraint (none: anywhere).
+    #[serde(default)]
+    pub topology: TopologyConstraint,
 }
 
 /// A gang as submitted.
@@ -391,6 +399,7 @@ impl RawGang {
             priority: self.spec.priority,
             creation_order: self.creation_order,
             members,
+            topology: self.spec.topology.clone(),
         };
         gang.validate(path)?;
         Ok(gang)
@@ -463,6 +472,7 @@ impl Gang {
                     uid: None,
                 })
                 .collect(),
+            topology: Default::default(),
         }
     }
 }

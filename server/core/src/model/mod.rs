@@ -26,6 +26,7 @@ pub mod reach;
 pub mod resources;
 pub mod selectors;
 pub mod semver;
+pub mod topology;
 
 pub use claim::{
     AdminAccess, AllocationMode, ConstraintRule, DeviceAllocation, DeviceConstraint, DeviceRequest,
@@ -49,3 +50,4 @@ pub use pod::{
 pub use quantity::{Quantity, QuantityError};
 pub use queue::{Limits, QueueSpec};
 pub use resources::{ResourceName, Resources};
+pub use topology::{TopologyConstraint, TopologyHierarchy, TopologySlice};

@@ -4,8 +4,10 @@
 //! of how many members they place. The group is ready only if every gang
 //! reaches its minMember. Network-attached devices (held on every shard) go with the
 //! members taken: a plan's slot whose network devices another plan's slot already
-//! took is not taken, since every shard would refuse the pair. Pure and deterministic
-//! (ties by shard id).
+//! took is not taken, since every shard would refuse the pair. A gang whose topology
+//! confines its members to one domain (a required level, slices) takes its members from
+//! one plan only: a shard's engine checks domains among its own nodes alone. Pure and
+//! deterministic (ties by shard id).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -96,44 +98,95 @@ pub fn assign(
     AssignOutcome::Ready(Assignment { per_shard, network })
 }
 
+/// A waiting template: its spec, the spec without labels, the gang it is confined to
+/// (a gang whose topology confines its members takes slots planned for it only), and
+/// its members not assigned yet.
+type WaitingTemplate<'a> = (
+    &'a PodSpec,
+    PodSpec,
+    Option<(String, String)>,
+    VecDeque<MemberKey>,
+);
+
 /// Members not assigned yet, by spec (a template), each with its spec without labels.
 struct Waiting<'a> {
-    templates: Vec<(&'a PodSpec, PodSpec, VecDeque<MemberKey>)>,
+    templates: Vec<WaitingTemplate<'a>>,
 }
 
 impl<'a> Waiting<'a> {
-    fn push(&mut self, spec: &'a PodSpec, key: MemberKey) {
-        match self.templates.iter_mut().find(|(s, _, _)| *s == spec) {
-            Some((_, _, queue)) => queue.push_back(key),
+    fn push(&mut self, spec: &'a PodSpec, key: MemberKey, confined: Option<(String, String)>) {
+        match self
+            .templates
+            .iter_mut()
+            .find(|(s, _, c, _)| *s == spec && *c == confined)
+        {
+            Some((_, _, _, queue)) => queue.push_back(key),
             None => {
                 let unlabelled = PodSpec {
                     labels: BTreeMap::new(),
                     ..spec.clone()
                 };
                 self.templates
-                    .push((spec, unlabelled, VecDeque::from([key])));
+                    .push((spec, unlabelled, confined, VecDeque::from([key])));
             }
         }
     }
 
-    /// The next member for a slot planned for a member of `spec`: one of the same spec,
-    /// else, where the plan read no labels, one whose spec differs only in labels.
-    fn take(&mut self, spec: &PodSpec, labels: MemberLabels) -> Option<(MemberKey, &'a PodSpec)> {
-        if let Some((s, _, queue)) = self
+    /// The next member for a slot planned for a member of `spec` (of the gang
+    /// `confined`, if its topology confines it): one of the same spec, else, where the
+    /// plan read no labels, one whose spec differs only in labels.
+    fn take(
+        &mut self,
+        spec: &PodSpec,
+        labels: MemberLabels,
+        confined: &Option<(String, String)>,
+    ) -> Option<(MemberKey, &'a PodSpec)> {
+        if let Some((s, _, _, queue)) = self
             .templates
             .iter_mut()
-            .find(|(s, _, queue)| *s == spec && !queue.is_empty())
+            .find(|(s, _, c, queue)| *s == spec && c == confined && !queue.is_empty())
         {
             return queue.pop_front().map(|k| (k, *s));
         }
         if labels == MemberLabels::Read {
             return None;
         }
-        let (s, _, queue) = self.templates.iter_mut().find(|(_, unlabelled, queue)| {
-            !queue.is_empty() && same_but_labels(spec, unlabelled)
-        })?;
+        let (s, _, _, queue) = self
+            .templates
+            .iter_mut()
+            .find(|(_, unlabelled, c, queue)| {
+                c == confined && !queue.is_empty() && same_but_labels(spec, unlabelled)
+            })?;
         queue.pop_front().map(|k| (k, *s))
     }
+}
+
+/// For each gang whose topology confines its members to single domains (a required
+/// level, slices), the one shard whose plan takes them: a domain is checked by one
+/// shard's engine only, so its members never come from two plans. The plan that places
+/// most of the gang's members (all, if one does), ties to the lowest shard.
+fn confining_shards(
+    group: &GangGroup,
+    plans: &BTreeMap<u32, GangPlacement>,
+) -> BTreeMap<(String, String), u32> {
+    let mut out = BTreeMap::new();
+    for gang in group.gangs.iter().filter(|g| g.topology.confines()) {
+        let best = plans
+            .iter()
+            .map(|(shard, plan)| {
+                let placed = plan
+                    .assignments
+                    .iter()
+                    .filter(|a| a.member.namespace == gang.namespace && a.member.gang == gang.name)
+                    .count();
+                (placed, std::cmp::Reverse(*shard))
+            })
+            .max();
+        if let Some((_, std::cmp::Reverse(shard))) = best {
+            out.insert((gang.namespace.clone(), gang.name.clone()), shard);
+        }
+    }
+    out
 }
 
 /// Whether `spec` equals `unlabelled` (a spec with its labels cleared) but for labels.
@@ -181,6 +234,11 @@ fn merge(
     let mut waiting = Waiting {
         templates: Vec::new(),
     };
+    let confining = confining_shards(group, plans);
+    let confined_of = |key: &MemberKey| {
+        let gang = (key.namespace.clone(), key.gang.clone());
+        confining.contains_key(&gang).then_some(gang)
+    };
     for gang in &group.gangs {
         for m in &gang.members {
             let key = gang.member_key(m);
@@ -188,7 +246,8 @@ fn merge(
             if placed_before.contains(&key.to_string()) {
                 continue;
             }
-            waiting.push(&m.spec, key);
+            let confined = confined_of(&key);
+            waiting.push(&m.spec, key, confined);
         }
     }
     let mut order: Vec<(&u32, &GangPlacement)> = plans.iter().collect();
@@ -240,7 +299,15 @@ fn merge(
                 let Some(spec) = spec_of.get(&slot.member) else {
                     continue;
                 };
-                if let Some((member, member_spec)) = waiting.take(spec, plan.member_labels) {
+                let confined = confined_of(&slot.member);
+                if let Some(gang) = &confined {
+                    if confining.get(gang) != Some(shard) {
+                        continue;
+                    }
+                }
+                if let Some((member, member_spec)) =
+                    waiting.take(spec, plan.member_labels, &confined)
+                {
                     let mut pod = slot.pod.clone();
                     if member_spec.labels != spec.labels {
                         pod.labels = member_spec.labels.clone();

@@ -116,6 +116,7 @@ fn preemptor(name: &str, members: usize, priority: i32) -> GangGroup {
                     uid: None,
                 })
                 .collect(),
+            topology: Default::default(),
         }],
         ..Default::default()
     }
