@@ -131,9 +131,16 @@ pub struct ServeArgs {
     /// [default: existing]. Ignored once the data dir holds Raft state.
     #[arg(long, value_enum)]
     pub initial_cluster_state: Option<InitialClusterState>,
-    /// Node label that partitions nodes into shards (e.g. topology.kubernetes.io/zone).
+    /// Node label that partitions nodes into shards (e.g. topology.kubernetes.io/zone):
+    /// a domain of it stays on one shard, so give the widest level a gang may require.
     #[arg(long)]
     pub topology_label: Option<String>,
+    /// A topology hierarchy: node label keys from the widest level to the narrowest,
+    /// comma-separated (e.g. example.com/block,example.com/rack,kubernetes.io/hostname).
+    /// Repeat for several (the first also gives Volcano's network tiers, narrowest
+    /// first). A gang's preferred level falls back through the levels above it.
+    #[arg(long = "topology-levels", value_name = "KEYS")]
+    pub topology_levels: Vec<String>,
     /// sled page cache bound in MiB [default: 64].
     #[arg(long)]
     pub sled_cache_mb: Option<u64>,
@@ -261,6 +268,7 @@ struct FileConfig {
     join: Option<bool>,
     initial_cluster_state: Option<InitialClusterState>,
     topology_label: Option<String>,
+    topology_levels: Option<Vec<String>>,
     sled_cache_mb: Option<u64>,
     wire_format: Option<WireFormat>,
     auto_rebalance: Option<bool>,
@@ -372,6 +380,33 @@ pub struct ServeConfig {
     pub peer_routes: BTreeMap<String, String>,
     /// How nodes are scored (from --scheduler-config).
     pub profile: gangway_core::engine::Profile,
+}
+
+/// The hierarchies `--topology-levels` gives (each comma-separated, widest first).
+pub fn parse_topologies(
+    flags: &[String],
+) -> Result<Vec<gangway_core::model::TopologyHierarchy>, ConfigError> {
+    let hierarchies: Vec<gangway_core::model::TopologyHierarchy> = flags
+        .iter()
+        .enumerate()
+        .map(|(i, text)| gangway_core::model::TopologyHierarchy {
+            name: format!("topology-{i}"),
+            levels: text
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect(),
+        })
+        .collect();
+    let profile = gangway_core::engine::Profile {
+        topologies: hierarchies,
+        ..gangway_core::engine::Profile::default()
+    };
+    profile
+        .validate()
+        .map_err(|e| invalid("--topology-levels", e.to_string()))?;
+    Ok(profile.topologies)
 }
 
 /// What `--config` names: gangway's own TOML, or a kube-scheduler configuration.
@@ -532,6 +567,7 @@ fn resolve_kube(
         bind_qps: args.bind_qps.or(file.bind_qps).unwrap_or(defaults.bind_qps),
         bind_concurrency,
         failpoints: crate::failpoints::Failpoints::disabled(),
+        topologies: Vec::new(),
     };
     Ok(Some((server, opts)))
 }
@@ -565,10 +601,19 @@ impl ServeConfig {
             Some((_, opts)) => opts.scheduler_name.clone(),
             None => crate::kube::KubeOptions::default().scheduler_name,
         };
-        let profile = match &scheduler_config {
+        let mut profile = match &scheduler_config {
             Some(path) => read_scheduler_config(path, &scheduler_name)?,
             None => gangway_core::engine::Profile::default(),
         };
+        let levels = match (args.topology_levels.is_empty(), &file.topology_levels) {
+            (true, Some(levels)) => levels.clone(),
+            _ => args.topology_levels.clone(),
+        };
+        profile.topologies = parse_topologies(&levels)?;
+        let mut kube = kube;
+        if let Some((_, opts)) = kube.as_mut() {
+            opts.topologies = profile.topologies.clone();
+        }
         let tls = resolve_tls(&args, &file)?;
         let auth_tokens_file = args
             .auth_tokens_file

@@ -31,6 +31,8 @@ use crate::serve::shutdown_signal;
 use crate::webview::read::Source;
 use crate::webview::UiDeps;
 use gangway_core::engine::Profile;
+use gangway_core::model::node::LABEL_HOSTNAME;
+use gangway_core::model::TopologyHierarchy;
 use gangway_core::wire::WireFormat;
 
 /// Replicas `gangway dev` runs.
@@ -42,6 +44,10 @@ pub const DEV_READY_TIMEOUT_MS: u64 = 20_000;
 const DEV_CLUSTER_ID: &str = "dev";
 /// The label the simulated nodes' zones go under (their shard and fleet-grid domain).
 const DEV_TOPOLOGY_LABEL: &str = "topology.kubernetes.io/zone";
+/// The simulated nodes' rack label: racks of [`DEV_RACK_NODES`] nodes inside each zone.
+const DEV_RACK_LABEL: &str = "gangway.io/rack";
+/// Simulated nodes per rack.
+const DEV_RACK_NODES: u32 = 4;
 
 /// Flags of `gangway dev`.
 #[derive(Debug, clap::Args)]
@@ -108,6 +114,15 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
         )
         .context("--scheduler-config")?,
         None => Profile::default(),
+    };
+    let profile = Profile {
+        topologies: vec![TopologyHierarchy {
+            name: "dev".into(),
+            levels: [DEV_TOPOLOGY_LABEL, DEV_RACK_LABEL, LABEL_HOSTNAME]
+                .map(str::to_string)
+                .to_vec(),
+        }],
+        ..profile
     };
     let (data, _temp) = match &args.data {
         Some(d) => (d.clone(), None),
@@ -320,10 +335,14 @@ async fn register_fleet(addr: SocketAddr, count: u32) -> anyhow::Result<BTreeMap
     let mut per_shard = BTreeMap::new();
     for i in 0..count {
         let zone = ["zone-a", "zone-b", "zone-c"][i as usize % 3];
+        let name = format!("sim-node-{i:04}");
+        let rack = format!("{zone}-rack-{}", i / 3 / DEV_RACK_NODES);
         let node = NodeSpec {
-            name: format!("sim-node-{i:04}"),
+            name: name.clone(),
             labels: [
-                ("topology.kubernetes.io/zone".to_string(), zone.to_string()),
+                (DEV_TOPOLOGY_LABEL.to_string(), zone.to_string()),
+                (DEV_RACK_LABEL.to_string(), rack),
+                (LABEL_HOSTNAME.to_string(), name),
                 ("gangway.io/simulated".to_string(), "true".to_string()),
             ]
             .into_iter()

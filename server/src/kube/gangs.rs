@@ -3,8 +3,9 @@
 //! PodGroups (`scheduling.k8s.io/v1alpha2`, named by a pod's
 //! `spec.schedulingGroup.podGroupName`), Volcano's (`scheduling.volcano.sh/v1beta1`,
 //! named by the annotation `scheduling.k8s.io/group-name`), the PodGroups of
-//! scheduler-plugins (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`) and the labels
-//! and annotations Koordinator accepts; works out the status each PodGroup API shows
+//! scheduler-plugins (`scheduling.x-k8s.io` and `scheduling.sigs.k8s.io`), the labels
+//! and annotations Koordinator accepts, and Kueue's plain pod groups, each gang with its
+//! topology constraint ([`crate::kube::topology`]); works out the status each PodGroup API shows
 //! ([`pod_group_status`], [`pod_group_scheduled`], [`volcano_status`]), which the ingest
 //! writes. Pure: the ingest loop passes the informers' objects in and gets submissions,
 //! statuses and per-pod problems out.
@@ -21,8 +22,9 @@ use sha2::{Digest, Sha256};
 
 use crate::kube::objects::{PodProblem, PodRef};
 use crate::kube::pod_index::Arrival;
+use crate::kube::topology::{kubernetes_topology, kueue_topology, volcano_topology};
 use gangway_core::model::gang::DEFAULT_WAIT_TIME_MS;
-use gangway_core::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec};
+use gangway_core::model::{Gang, GangGroup, GangId, GangMode, Member, PodSpec, TopologyConstraint};
 
 /// scheduler-plugins' pod label naming the PodGroup (scheduling.x-k8s.io).
 pub const LABEL_POD_GROUP: &str = "scheduling.x-k8s.io/pod-group";
@@ -38,6 +40,10 @@ pub const GANG_PREFIX: &str = "gang.scheduling.koordinator.sh/";
 pub const ANNOTATION_VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
 /// Volcano's pod annotation naming the task of its job the pod belongs to.
 pub const ANNOTATION_VOLCANO_TASK: &str = "volcano.sh/task-spec";
+/// Kueue's pod label naming a plain pod group.
+pub const LABEL_KUEUE_POD_GROUP: &str = "kueue.x-k8s.io/pod-group-name";
+/// Kueue's pod annotation with the pod group's size.
+pub const ANNOTATION_KUEUE_POD_GROUP_TOTAL: &str = "kueue.x-k8s.io/pod-group-total-count";
 /// Marks a pod whose gang timed out (Koordinator's spelling).
 pub const ANNOTATION_TIMEOUT: &str = "gang.scheduling.koordinator.sh/timeout";
 
@@ -73,6 +79,8 @@ pub struct GangParams {
     /// Its pods join a gang others of which are bound already: submitted as a gang of
     /// its own ([`topped_up`]), since the gang's first group still declares the gang.
     pub top_up: bool,
+    /// Where its pods may go in the cluster's topology.
+    pub topology: TopologyConstraint,
 }
 
 impl GangParams {
@@ -88,6 +96,7 @@ impl GangParams {
             match_policy,
             priority: None,
             top_up: false,
+            topology: TopologyConstraint::default(),
         }
     }
 }
@@ -201,6 +210,9 @@ pub struct PodGroups {
     pub plugins: PodGroupIndex,
     /// Volcano's.
     pub volcano: PodGroupIndex,
+    /// The node label of each of Volcano's network tiers, tier 1 first
+    /// ([`crate::kube::topology::volcano_tiers`]).
+    pub volcano_tiers: Vec<String>,
 }
 
 /// Kubernetes' PodGroup condition that says whether the group's scheduling
@@ -366,7 +378,8 @@ fn declared(
 /// is a Strict gang of `minCount` that waits as long as it takes (kube-scheduler retries
 /// such a gang until it fits) and counts its running pods toward `minCount` (a pod
 /// re-created by its Job joins the running ones); a `basic` policy leaves its pods alone.
-/// A topology constraint is refused by name rather than ignored.
+/// A gang's topology constraint keeps it in one domain of its key; a `basic` PodGroup's
+/// is refused by name rather than ignored (gangway places such pods one by one).
 fn kubernetes_pod_group(
     namespace: &str,
     name: &str,
@@ -374,16 +387,7 @@ fn kubernetes_pod_group(
 ) -> Result<Identity, PodProblem> {
     let what = format!("PodGroup {namespace}/{name}");
     let spec = &group["spec"];
-    if let Some(topology) = spec["schedulingConstraints"]["topology"]
-        .as_array()
-        .filter(|t| !t.is_empty())
-    {
-        let keys: Vec<&str> = topology.iter().filter_map(|t| t["key"].as_str()).collect();
-        return Err(PodProblem::Invalid(format!(
-            "{what}: spec.schedulingConstraints.topology (key {}) is not supported by gangway yet; its pods stay pending rather than be placed without it",
-            keys.join(", ")
-        )));
-    }
+    let topology = kubernetes_topology(&what, spec)?;
     let policy = &spec["schedulingPolicy"];
     if policy["gang"].is_object() {
         let min = &policy["gang"]["minCount"];
@@ -410,6 +414,7 @@ fn kubernetes_pod_group(
         };
         let mut params = GangParams {
             priority,
+            topology,
             ..GangParams::strict(
                 GangId::new(namespace, name),
                 min_member,
@@ -421,6 +426,11 @@ fn kubernetes_pod_group(
         return Ok(Identity::Gang(params));
     }
     if policy["basic"].is_object() {
+        if !topology.is_none() {
+            return Err(PodProblem::Invalid(format!(
+                "{what}: spec.schedulingConstraints.topology needs schedulingPolicy.gang (a basic PodGroup's pods are placed one by one)"
+            )));
+        }
         return Ok(Identity::Single);
     }
     Err(PodProblem::Invalid(format!(
@@ -507,9 +517,11 @@ fn volcano_pod_group(
     namespace: &str,
     name: &str,
     group: &Value,
+    tiers: &[String],
 ) -> Result<GangParams, PodProblem> {
     let what = format!("PodGroup {namespace}/{name} (scheduling.volcano.sh)");
     let spec = &group["spec"];
+    let topology = volcano_topology(&what, spec, tiers)?;
     let positive = |field: &str, v: &Value| {
         v.as_u64()
             .and_then(|m| u32::try_from(m).ok())
@@ -521,12 +533,15 @@ fn volcano_pod_group(
         Value::Null => 1,
         v => positive("spec.minMember", v)?.max(1),
     };
-    let mut params = GangParams::strict(
-        GangId::new(namespace, name),
-        min_member,
-        0,
-        MatchPolicy::WaitingAndRunning,
-    );
+    let mut params = GangParams {
+        topology,
+        ..GangParams::strict(
+            GangId::new(namespace, name),
+            min_member,
+            0,
+            MatchPolicy::WaitingAndRunning,
+        )
+    };
     let Some(tasks) = spec["minTaskMember"].as_object().filter(|t| !t.is_empty()) else {
         return Ok(params);
     };
@@ -690,8 +705,20 @@ pub fn volcano_status(
     })
 }
 
-/// How `pod` is to be scheduled, given the PodGroups known.
+/// How `pod` is to be scheduled, given the PodGroups known; a gang takes Kueue's
+/// pod-set topology annotations of its pods over what its PodGroup says.
 pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProblem> {
+    let mut identity = identify_gang(pod, pod_groups)?;
+    if let Identity::Gang(params) = &mut identity {
+        if let Some(topology) = kueue_topology(pod)? {
+            params.topology = topology;
+        }
+    }
+    Ok(identity)
+}
+
+/// The gang (or none) `pod` belongs to, by the first PodGroup API or annotations it uses.
+fn identify_gang(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProblem> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
     // The PodGroup `name` of `index`, or `absent()` saying which one the pod waits for.
     let find = |index: &'_ PodGroupIndex, name: &str, absent: &dyn Fn() -> PodProblem| {
@@ -715,7 +742,8 @@ pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProb
                     "waiting for PodGroup {namespace}/{name} (scheduling.volcano.sh)"
                 ))
             })?;
-            volcano_pod_group(pod, namespace, name, &group).map(Identity::Gang)
+            volcano_pod_group(pod, namespace, name, &group, &pod_groups.volcano_tiers)
+                .map(Identity::Gang)
         }
         Some((PodGroupApi::SchedulerPlugins, name)) => {
             if let Some(min) = annotation(pod, ANNOTATION_POD_GROUP_MIN) {
@@ -733,10 +761,11 @@ pub fn identify(pod: &Value, pod_groups: &PodGroups) -> Result<Identity, PodProb
     }
 }
 
-/// A pod that names no PodGroup: a Koordinator gang by its annotations, else alone.
+/// A pod that names no PodGroup: a Koordinator gang by its annotations, else a Kueue
+/// pod group by its label, else alone.
 fn koordinator_identity(pod: &Value, namespace: &str) -> Result<Identity, PodProblem> {
     let Some(name) = annotation(pod, &format!("{GANG_PREFIX}name")) else {
-        return Ok(Identity::Single);
+        return kueue_pod_group(pod, namespace);
     };
     let min = annotation(pod, &format!("{GANG_PREFIX}min-available")).ok_or_else(|| {
         PodProblem::Invalid(format!(
@@ -745,6 +774,29 @@ fn koordinator_identity(pod: &Value, namespace: &str) -> Result<Identity, PodPro
     })?;
     let min_member = count(&format!("{GANG_PREFIX}min-available"), min)?;
     declared(pod, namespace, name, min_member, DEFAULT_WAIT_TIME_MS).map(Identity::Gang)
+}
+
+/// A pod of a Kueue plain pod group (label `kueue.x-k8s.io/pod-group-name`): a Strict
+/// gang of the annotation `kueue.x-k8s.io/pod-group-total-count`, as Kueue admits the
+/// group whole; else alone.
+fn kueue_pod_group(pod: &Value, namespace: &str) -> Result<Identity, PodProblem> {
+    let Some(name) = label(pod, LABEL_KUEUE_POD_GROUP) else {
+        return Ok(Identity::Single);
+    };
+    let total = annotation(pod, ANNOTATION_KUEUE_POD_GROUP_TOTAL).ok_or_else(|| {
+        PodProblem::Invalid(format!(
+            "annotation {ANNOTATION_KUEUE_POD_GROUP_TOTAL}: required with label {LABEL_KUEUE_POD_GROUP}"
+        ))
+    })?;
+    let min_member = count(ANNOTATION_KUEUE_POD_GROUP_TOTAL, total)?;
+    let mut params = GangParams::strict(
+        GangId::new(namespace, name),
+        min_member,
+        0,
+        MatchPolicy::WaitingAndRunning,
+    );
+    params.total_number = Some(min_member);
+    Ok(Identity::Gang(params))
 }
 
 /// A pending pod ready to be a member: its identity, spec and how it is scheduled.
@@ -798,6 +850,7 @@ fn submission(mut gangs: Vec<Gang>, pods: Vec<PodRef>, top_ups: &BTreeSet<GangId
 }
 
 fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang {
+    let topology = params.map(|p| p.topology.clone()).unwrap_or_default();
     let (min_member, total, mode, wait, declared_priority) = match params {
         Some(p) => (
             p.min_member,
@@ -828,7 +881,7 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
                 uid: Some(p.pod.uid.clone()),
             })
             .collect(),
-        topology: Default::default(),
+        topology,
     }
 }
 

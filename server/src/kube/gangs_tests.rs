@@ -273,6 +273,16 @@ fn a_kubernetes_pod_group_is_a_strict_gang_that_waits_as_long_as_it_takes() {
     );
     assert_eq!(params.match_policy, MatchPolicy::WaitingAndRunning);
     assert_eq!(params.priority, Some(7));
+    assert!(params.topology.is_none());
+    let racked = kubernetes(json!({"schedulingPolicy": {"gang": {"minCount": 4}},
+        "schedulingConstraints": {"topology": [{"key": "example.com/rack"}]}}));
+    let Ok(Identity::Gang(params)) = identify(&p, &racked) else {
+        panic!("gang")
+    };
+    assert_eq!(
+        params.topology.required.as_deref(),
+        Some("example.com/rack")
+    );
     let basic = kubernetes(json!({"schedulingPolicy": {"basic": {}}}));
     assert_eq!(identify(&p, &basic), Ok(Identity::Single));
 }
@@ -307,8 +317,13 @@ fn bad_kubernetes_pod_groups_are_refused_naming_the_field() {
         (json!({"schedulingPolicy": {}}), "spec.schedulingPolicy"),
         (
             json!({"schedulingPolicy": {"gang": {"minCount": 2}},
+                   "schedulingConstraints": {"topology": [{"key": "example.com/rack"}, {"key": "example.com/block"}]}}),
+            "spec.schedulingConstraints.topology lists 2 keys (example.com/rack, example.com/block)",
+        ),
+        (
+            json!({"schedulingPolicy": {"basic": {}},
                    "schedulingConstraints": {"topology": [{"key": "example.com/rack"}]}}),
-            "spec.schedulingConstraints.topology (key example.com/rack)",
+            "spec.schedulingConstraints.topology needs schedulingPolicy.gang",
         ),
         (
             json!({"schedulingPolicy": {"gang": {"minCount": 2}}, "priority": 1u64 << 40}),

@@ -53,6 +53,7 @@ use crate::kube::objects::{
 };
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::queues;
+use crate::kube::topology::volcano_tiers;
 use crate::kube::KubeOptions;
 use crate::replicated::growth::ShardCount;
 use crate::replicated::release::release_members;

@@ -5,7 +5,8 @@
 //! (`binder`, each shard leader) write claim allocations and pod bindings back;
 //! evictors (`evictor`, each shard leader) delete placed pods whose devices went bad
 //! and the victims of committed preemptions.
-//! `objects` and `gangs` are the pure conversions both use, `queues` the queues
+//! `objects` and `gangs` are the pure conversions both use (`topology` the constraints
+//! gangs carry), `queues` the queues
 //! ElasticQuotas keep and the queue of a pod, `allocation` the claim
 //! allocations the binder writes; `api` the REST writes.
 //! Started by `gangway serve --kubeconfig` (or `--in-cluster`); every task it
@@ -21,6 +22,7 @@ pub mod ingest;
 pub mod objects;
 pub mod pod_index;
 pub mod queues;
+pub mod topology;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,6 +52,8 @@ pub struct KubeOptions {
     pub bind_concurrency: usize,
     /// Test crash points (none in production).
     pub failpoints: crate::failpoints::Failpoints,
+    /// The cluster's topology hierarchies (Volcano's network tiers are read from them).
+    pub topologies: Vec<gangway_core::model::TopologyHierarchy>,
 }
 
 impl Default for KubeOptions {
@@ -59,6 +63,7 @@ impl Default for KubeOptions {
             bind_qps: BIND_QPS_DEFAULT,
             bind_concurrency: BIND_CONCURRENCY_DEFAULT,
             failpoints: crate::failpoints::Failpoints::disabled(),
+            topologies: Vec::new(),
         }
     }
 }

@@ -86,7 +86,8 @@ pub fn is_dns_subdomain(value: &str) -> bool {
     !value.is_empty() && value.len() <= DNS1123_SUBDOMAIN_MAX && value.split('.').all(is_dns_label)
 }
 
-fn is_qualified_name(value: &str) -> bool {
+/// Whether `value` is a qualified name (a label key: an optional DNS subdomain and `/`, then a name).
+pub fn is_qualified_name(value: &str) -> bool {
     match value.split_once('/') {
         Some((prefix, name)) => is_dns_subdomain(prefix) && is_name_part(name),
         None => is_name_part(value),

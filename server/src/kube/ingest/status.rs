@@ -16,6 +16,7 @@ impl Ingest {
         }
         groups.kubernetes = self.cache.read(Slot::PodGroupsK8s, |o| o.clone());
         groups.volcano = self.cache.read(Slot::PodGroupsVolcano, |o| o.clone());
+        groups.volcano_tiers = volcano_tiers(&self.opts.topologies);
         groups
     }
 
