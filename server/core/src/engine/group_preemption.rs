@@ -9,7 +9,9 @@
 //! step, up to `OFFER_STEPS_MAX` steps or until the shard could host the whole group;
 //! each step's counts come from placing the group on the shard as it would be with
 //! every unit so far gone ([`WithoutGangs`]: their pods, footprints and devices given
-//! back). Pure; the shard leader answers the coordinator's `ShardQuery::PreemptionOffer`
+//! back). A preemptor that must lie in one domain of a level (a required topology)
+//! takes its victims from one domain only, the one where they cost least
+//! ([`cheapest_in_one_domain`]). Pure; the shard leader answers the coordinator's `ShardQuery::PreemptionOffer`
 //! with it, and plans a chosen preemption on [`WithoutGangs`] (`ShardQuery::PlanWithout`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -253,21 +255,101 @@ pub fn group_offer_keeping<V: LedgerView + ?Sized>(
         ineligible,
         ..GroupOffer::default()
     };
-    let mut gone: BTreeSet<GangId> = BTreeSet::new();
-    let mut counts = hostable_now;
-    for (gang, unit) in order.into_iter().take(OFFER_STEPS_MAX) {
-        if counts == total {
-            break;
+    let fits = |order: &[(&GangId, &LocalUnit)], budget: &mut usize| {
+        let mut gone: BTreeSet<GangId> = BTreeSet::new();
+        let mut counts = hostable_now.clone();
+        let mut steps = Vec::new();
+        for (gang, _) in order.iter().take(OFFER_STEPS_MAX) {
+            if counts == total || *budget == 0 {
+                break;
+            }
+            *budget -= 1;
+            gone.insert((*gang).clone());
+            counts = hostable(&WithoutGangs::new(view, &gone), group, profile, nominations);
+            steps.push(OfferedStep {
+                gang: (*gang).clone(),
+                hostable: counts.clone(),
+            });
         }
-        gone.insert(gang.clone());
-        counts = hostable(&WithoutGangs::new(view, &gone), group, profile, nominations);
-        offer.units.insert(gang.clone(), unit.clone());
-        offer.steps.push(OfferedStep {
-            gang: gang.clone(),
-            hostable: counts.clone(),
-        });
+        (counts == total, steps)
+    };
+    let confined = group
+        .gangs
+        .iter()
+        .find_map(|g| g.topology.required.as_deref());
+    let steps = match confined.and_then(|key| cheapest_in_one_domain(view, key, &order, fits)) {
+        Some(steps) => steps,
+        None => {
+            let mut unbounded = usize::MAX;
+            fits(&order, &mut unbounded).1
+        }
+    };
+    for step in &steps {
+        if let Some(unit) = units.get(&step.gang) {
+            offer.units.insert(step.gang.clone(), unit.clone());
+        }
     }
+    offer.steps = steps;
     offer
+}
+
+/// Placements one offer spends at most looking for victims inside single domains.
+pub const OFFER_DOMAIN_PLACEMENTS_MAX: usize = 256;
+
+/// For a preemptor whose gang must lie in one domain of `key`: the victims, cheapest
+/// first, of the domain whose cheapest victims make the group fit at the least cost
+/// (the highest priority evicted, then pods evicted, then name), only units with pods in
+/// that domain; `None` when no domain frees enough. Evicting the cheapest units of the
+/// whole shard instead frees room spread over domains the gang cannot use. Domains with
+/// the most evictable pods are tried first, within [`OFFER_DOMAIN_PLACEMENTS_MAX`].
+fn cheapest_in_one_domain<V: LedgerView + ?Sized>(
+    view: &V,
+    key: &str,
+    order: &[(&GangId, &LocalUnit)],
+    fits: impl Fn(&[(&GangId, &LocalUnit)], &mut usize) -> (bool, Vec<OfferedStep>),
+) -> Option<Vec<OfferedStep>> {
+    let domain_of: BTreeMap<String, String> = view
+        .node_views()
+        .iter()
+        .filter_map(|n| Some((n.node.name.clone(), n.node.label(key)?.to_string())))
+        .collect();
+    let mut evictable: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, unit) in order {
+        for (_, node) in &unit.members {
+            if let Some(d) = domain_of.get(node) {
+                *evictable.entry(d.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let mut domains: Vec<(&str, usize)> = evictable.into_iter().collect();
+    domains.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut budget = OFFER_DOMAIN_PLACEMENTS_MAX;
+    let mut best: Option<((i32, usize, Vec<GangId>), Vec<OfferedStep>)> = None;
+    for (domain, _) in domains {
+        let inside: Vec<(&GangId, &LocalUnit)> = order
+            .iter()
+            .filter(|(_, u)| {
+                u.members
+                    .iter()
+                    .any(|(_, n)| domain_of.get(n).map(String::as_str) == Some(domain))
+            })
+            .copied()
+            .collect();
+        let (fit, steps) = fits(&inside, &mut budget);
+        if !fit {
+            continue;
+        }
+        let chosen: Vec<&LocalUnit> = inside.iter().take(steps.len()).map(|(_, u)| *u).collect();
+        let cost = (
+            chosen.iter().map(|u| u.priority).max().unwrap_or(i32::MIN),
+            chosen.iter().map(|u| u.members.len()).sum::<usize>(),
+            steps.iter().map(|s| s.gang.clone()).collect::<Vec<_>>(),
+        );
+        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+            best = Some((cost, steps));
+        }
+    }
+    best.map(|(_, steps)| steps)
 }
 
 #[cfg(test)]

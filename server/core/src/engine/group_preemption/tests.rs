@@ -256,3 +256,33 @@ fn gangs_the_coordinator_keeps_are_never_steps() {
     assert_eq!(offer.steps[0].gang, GangId::new("ns", "y"), "x is kept");
     assert!(offer.ineligible.contains(&GangId::new("ns", "x")));
 }
+
+#[test]
+fn a_preemptor_that_needs_one_rack_evicts_inside_one_rack_only() {
+    const RACK: &str = "example.com/rack";
+    let mut a = ShardLedger::new();
+    for (i, rack) in ["r0", "r0", "r1", "r1"].iter().enumerate() {
+        let mut node = Node::new(format!("a-{i}"), cpu(CPU_PER_NODE_MILLI));
+        node.labels.insert(RACK.into(), (*rack).into());
+        a.apply(&LedgerCommand::new(1, LedgerOp::RegisterNode { node }));
+    }
+    let node = |i: usize| vec![format!("a-{i}")];
+    // Cheapest first over the shard: p1 (r0), p2 (r1), p4 (r1), p3 (r0).
+    hold(&mut a, 1, "p1", &node(0), 1, true);
+    hold(&mut a, 2, "p2", &node(2), 1, true);
+    hold(&mut a, 3, "p3", &node(1), 3, true);
+    hold(&mut a, 4, "p4", &node(3), 2, true);
+    let mut racked = preemptor("high", 2, 10);
+    racked.gangs[0].topology.required = Some(RACK.into());
+    let offer = group_offer(&a, &racked, 10, &Profile::default(), &[]);
+    let victims: Vec<&str> = offer.steps.iter().map(|s| s.gang.name.as_str()).collect();
+    assert_eq!(victims, ["p2", "p4"], "r1's victims cost least: {offer:?}");
+    assert_eq!(
+        offer.steps.last().and_then(|s| s.hostable.get(&GangId::new("ns", "high"))),
+        Some(&2)
+    );
+    // Unconstrained, the two cheapest anywhere make room.
+    let free = group_offer(&a, &preemptor("high", 2, 10), 10, &Profile::default(), &[]);
+    let victims: Vec<&str> = free.steps.iter().map(|s| s.gang.name.as_str()).collect();
+    assert_eq!(victims, ["p1", "p2"], "{free:?}");
+}
