@@ -69,6 +69,8 @@ enum Bench {
     Ui(UiBenchArgs),
     /// The shard map: unequal zones laid out and rebalanced, placement while a zone moves.
     Shards(gangway_server::bench::shards::ShardsBenchArgs),
+    /// Topology-aware gangs on blocks of racks: one-domain share, stranded GPUs, rate.
+    Topology(gangway_server::bench::topology::TopologyBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -92,6 +94,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Engine(args),
         } => bench::engine::run_bench(args),
+        Command::Bench {
+            which: Bench::Topology(args),
+        } => bench::topology::run_bench(args),
         Command::Bench {
             which: Bench::Wire(args),
         } => bench::wire::run_bench(args),

@@ -46,7 +46,12 @@ fn with_topology(mut g: GangSpec, topology: TopologySpec) -> GangSpec {
 fn racks(status: &GangGroupStatus) -> Vec<String> {
     let mut placements = status.placements.clone();
     placements.sort_by_key(|p| {
-        let n: u32 = p.member.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let n: u32 = p
+            .member
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         n
     });
     placements
@@ -71,7 +76,10 @@ async fn topology_constraints_hold_across_two_shards() {
     );
     let c = client(&cluster, 1).await;
     let shard_of_rack = register_racks(&c).await;
-    assert_ne!(shard_of_rack["r0"], shard_of_rack["r1"], "{shard_of_rack:?}");
+    assert_ne!(
+        shard_of_rack["r0"], shard_of_rack["r1"],
+        "{shard_of_rack:?}"
+    );
 
     // Six of one cpu fit a rack (8 cpu): one rack.
     let required = |name: &str, members: u32| {
@@ -96,7 +104,8 @@ async fn topology_constraints_hold_across_two_shards() {
         .await
         .expect("submit");
     let waiting = wait_group(&c, ten.id, WAIT, "refused by topology", |s| {
-        s.reason.contains("in no example.com/rack that holds 10 members")
+        s.reason
+            .contains("in no example.com/rack that holds 10 members")
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -154,5 +163,8 @@ async fn topology_constraints_hold_across_two_shards() {
         .submit(submission("bad", vec![bad]))
         .await
         .expect_err("a slice key without a size");
-    assert!(err.to_string().contains("gangs[0].topology.slice_key"), "{err}");
+    assert!(
+        err.to_string().contains("gangs[0].topology.slice_key"),
+        "{err}"
+    );
 }

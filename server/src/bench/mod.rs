@@ -9,6 +9,7 @@ pub mod preemption;
 pub mod raft;
 pub mod selectors;
 pub mod shards;
+pub mod topology;
 pub mod ui;
 pub mod webdriver;
 pub mod wire;

@@ -24,6 +24,7 @@ pub mod profile;
 pub mod score;
 pub mod search;
 pub mod taints;
+pub mod topology_bench;
 
 #[cfg(test)]
 mod device_tests;

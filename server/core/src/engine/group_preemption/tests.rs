@@ -278,7 +278,10 @@ fn a_preemptor_that_needs_one_rack_evicts_inside_one_rack_only() {
     let victims: Vec<&str> = offer.steps.iter().map(|s| s.gang.name.as_str()).collect();
     assert_eq!(victims, ["p2", "p4"], "r1's victims cost least: {offer:?}");
     assert_eq!(
-        offer.steps.last().and_then(|s| s.hostable.get(&GangId::new("ns", "high"))),
+        offer
+            .steps
+            .last()
+            .and_then(|s| s.hostable.get(&GangId::new("ns", "high"))),
         Some(&2)
     );
     // Unconstrained, the two cheapest anywhere make room.

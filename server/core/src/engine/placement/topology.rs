@@ -252,20 +252,26 @@ impl Round<'_, '_> {
     ) -> Result<(Fill, TopologyDomain), FilterReason> {
         let need = self.needs();
         let estimates = self.estimate(cluster, key, scope);
-        let mut candidates: Vec<(usize, u64, &DomainEstimate)> = Vec::new();
-        for e in estimates.iter().filter(|e| e.holds(&need)) {
-            // How many domains of the level below it would take (1 without one).
-            let spread = match inner {
-                Some(inner) => {
-                    let below = self.estimate(cluster, inner, &e.nodes);
-                    let refs: Vec<&DomainEstimate> = below.iter().collect();
-                    fewest(&refs, &need).map_or(usize::MAX, |d| d.len())
-                }
-                None => 1,
-            };
-            candidates.push((spread, e.spare(&need), e));
+        let mut candidates: Vec<(u64, usize, &DomainEstimate)> = estimates
+            .iter()
+            .filter(|e| e.holds(&need))
+            .map(|e| (e.spare(&need), 1, e))
+            .collect();
+        candidates.sort_by(|a, b| (a.0, &a.2.value).cmp(&(b.0, &b.2.value)));
+        // Ties on room to spare go to the domain needing fewest domains of the level
+        // below; only the tied best are estimated at that level (each costs a search).
+        let tied = candidates
+            .iter()
+            .take_while(|c| Some(c.0) == candidates.first().map(|f| f.0))
+            .count();
+        if let (Some(inner), true) = (inner, tied > 1) {
+            for candidate in candidates.iter_mut().take(tied) {
+                let below = self.estimate(cluster, inner, &candidate.2.nodes);
+                let refs: Vec<&DomainEstimate> = below.iter().collect();
+                candidate.1 = fewest(&refs, &need).map_or(usize::MAX, |d| d.len());
+            }
+            candidates[..tied].sort_by(|a, b| (a.1, &a.2.value).cmp(&(b.1, &b.2.value)));
         }
-        candidates.sort_by(|a, b| (a.1, a.0, &a.2.value).cmp(&(b.1, b.0, &b.2.value)));
         for (_, _, domain) in candidates {
             let fill = match inner {
                 Some(inner) => self.fill_preferred(cluster, &domain.nodes, inner, hierarchy),
