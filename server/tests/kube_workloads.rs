@@ -113,6 +113,14 @@ async fn start(nodes: usize, cpu: &str) -> Env {
 /// `start`, with the CRDs of these chart templates installed first and every gangway
 /// process with these test bug switches armed.
 async fn start_armed(nodes: usize, cpu: &str, crds: &[&str], failpoints: &[&str]) -> Env {
+    let nodes = (0..nodes)
+        .map(|i| node(&format!("node-{i}"), cpu))
+        .collect();
+    start_on(nodes, crds, failpoints, &[]).await
+}
+
+/// `start_armed` on these nodes, every gangway process given `extra` flags too.
+async fn start_on(nodes: Vec<Value>, crds: &[&str], failpoints: &[&str], extra: &[String]) -> Env {
     let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
     let api = ControlPlane::start(
@@ -133,13 +141,11 @@ async fn start_armed(nodes: usize, cpu: &str, crds: &[&str], failpoints: &[&str]
             .await
             .unwrap_or_else(|e| panic!("the chart's {crd} is accepted: {e}"));
     }
-    for i in 0..nodes {
-        api.create(&NODES, node(&format!("node-{i}"), cpu))
-            .await
-            .expect("node");
+    for node in nodes {
+        api.create(&NODES, node).await.expect("node");
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let cluster = support::kube::gangway_on(&api, &sa.user, dir.path(), 2, &[], failpoints).await;
+    let cluster = support::kube::gangway_on(&api, &sa.user, dir.path(), 2, extra, failpoints).await;
     Env {
         api,
         cluster,
@@ -856,4 +862,264 @@ async fn wait_for_volcano_phase(env: &Env, name: &str, phase: &str) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
+}
+
+// ---- topology ------------------------------------------------------------------------------
+
+const RACK: &str = "example.com/rack";
+const BLOCK: &str = "example.com/block";
+/// Racks (each two nodes of 4 CPUs) and their blocks.
+const RACKS: [(&str, &str); 3] = [("r0", "b0"), ("r1", "b0"), ("r2", "b1")];
+
+/// Node `i` of `rack` (in `block`), 4 CPUs.
+fn rack_node(rack: &str, block: &str, i: usize) -> Value {
+    let mut n = node(&format!("{rack}-n{i}"), "4");
+    n["metadata"]["labels"][RACK] = json!(rack);
+    n["metadata"]["labels"][BLOCK] = json!(block);
+    n
+}
+
+/// A pod of `cpu` CPUs in Kueue's plain pod group `group` of `total`, with Kueue's
+/// pod-set topology `annotations`.
+fn kueue_pod(name: &str, group: &str, total: usize, cpu: &str, annotations: Value) -> Value {
+    let mut object = pod(name, cpu, None);
+    object["metadata"]["labels"] = json!({"kueue.x-k8s.io/pod-group-name": group});
+    let mut all = json!({"kueue.x-k8s.io/pod-group-total-count": total.to_string()});
+    if let (Some(all), Some(more)) = (all.as_object_mut(), annotations.as_object()) {
+        all.extend(more.clone());
+    }
+    object["metadata"]["annotations"] = all;
+    object
+}
+
+/// The rack of each pod's node (node names start with their rack).
+fn racks_of(view: &View, pods: &[String]) -> std::collections::BTreeSet<String> {
+    pods.iter()
+        .filter_map(|p| view.node_of(p))
+        .filter_map(|n| n.split('-').next())
+        .map(String::from)
+        .collect()
+}
+
+/// Deletes `pods` for good (no kubelet finishes a bound pod's deletion here).
+async fn delete_pods(api: &ControlPlane, pods: &[String]) {
+    for name in pods {
+        match api.delete(&PODS, Some(NS), name).await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(404) => {}
+            Err(e) => panic!("deleting {name}: {e}"),
+        }
+    }
+}
+
+/// Topology through every Kubernetes dialect, against the real API server: three racks
+/// in two blocks on two shards (the rack is the shard label). Kueue's required-rack
+/// annotation keeps a pod group in one rack; a Kubernetes PodGroup requiring a rack no
+/// rack can hold binds nothing and says why, though both shards' racks together could
+/// hold it; a soft Volcano `networkTopology` gang stays in one rack while one holds it
+/// and spreads over the fewest racks when none does; a high-priority pod group that
+/// needs one rack evicts low pods inside one rack only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_constraints_from_kueue_kubernetes_and_volcano_hold_on_a_real_cluster() {
+    let nodes = RACKS
+        .iter()
+        .flat_map(|(rack, block)| (0..2).map(move |i| rack_node(rack, block, i)))
+        .collect();
+    let extra: Vec<String> = [
+        "--topology-label",
+        RACK,
+        "--topology-levels",
+        "example.com/block,example.com/rack,kubernetes.io/hostname",
+    ]
+    .map(String::from)
+    .to_vec();
+    let env = start_on(nodes, &["volcano-podgroup-crd.yaml"], &[], &extra).await;
+    let api = &env.api;
+
+    // Kueue: six pods of one CPU that must share a rack.
+    let kueue: Vec<String> = (0..6).map(|i| format!("kq-{i}")).collect();
+    for name in &kueue {
+        let required = json!({"kueue.x-k8s.io/podset-required-topology": RACK});
+        api.create(&PODS, kueue_pod(name, "kq", 6, "1", required))
+            .await
+            .expect("pod");
+    }
+    let view = wait_for(
+        "the Kueue pod group bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&kueue) == kueue.len(),
+    )
+    .await;
+    assert_eq!(
+        racks_of(&view, &kueue).len(),
+        1,
+        "{:?}",
+        racks_of(&view, &kueue)
+    );
+
+    // A Kubernetes PodGroup of ten that must share a rack: no rack has ten CPUs free
+    // (18 are free over both shards), so nothing binds and the PodGroup says why.
+    api.create(&POD_GROUPS, {
+        let mut g = gang("big", 10);
+        g["spec"]["schedulingConstraints"] = json!({"topology": [{"key": RACK}]});
+        g
+    })
+    .await
+    .expect("PodGroup");
+    let big = create_pods(api, "big", 10, "1", "big").await;
+    let view = wait_for(
+        "PodGroup big Unschedulable naming the rack",
+        Duration::from_secs(60),
+        &env,
+        |v| {
+            v.scheduled("big").is_some_and(|(status, _, message)| {
+                status == "False"
+                    && message.contains("in no example.com/rack that holds 10 members")
+            })
+        },
+    )
+    .await;
+    assert_eq!(view.bound(&big), 0);
+    stays_unbound(&env, &big).await;
+    delete_pods(api, &big).await;
+
+    // Volcano, soft: four fit one rack, so one rack; then twelve, which no rack holds
+    // (2 + 4 + 8 CPUs free): the fewest racks, two.
+    for (name, size) in [("soft4", 4), ("soft12", 12)] {
+        api.create(
+            &VOLCANO_POD_GROUPS,
+            json!({"metadata": {"name": name, "namespace": NS},
+                   "spec": {"minMember": size, "networkTopology": {"mode": "soft"}}}),
+        )
+        .await
+        .expect("PodGroup");
+        let pods: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
+        for p in &pods {
+            let mut object = pod(p, "1", None);
+            object["metadata"]["annotations"] = json!({"scheduling.k8s.io/group-name": name});
+            api.create(&PODS, object).await.expect("pod");
+        }
+        let view = wait_for(
+            &format!("Volcano gang {name} bound"),
+            Duration::from_secs(60),
+            &env,
+            |v| v.bound(&pods) == pods.len(),
+        )
+        .await;
+        let want = if size == 4 { 1 } else { 2 };
+        assert_eq!(
+            racks_of(&view, &pods).len(),
+            want,
+            "{name}: {:?}",
+            racks_of(&view, &pods)
+        );
+        if size == 4 {
+            // Room for twelve below: the Kueue group goes.
+            delete_pods(api, &kueue).await;
+        }
+        delete_pods(api, &pods).await;
+    }
+
+    // Preemption: a low pod on every node (r1's a little less low, so the victims come
+    // from the shard of r0 and r2), pinned so that the cheapest victims of that shard
+    // (by name) alternate racks; a high pod group needing one rack of two whole nodes
+    // evicts the two low pods of one rack, no others.
+    for (name, value) in [("low", 10), ("mid", 100), ("high", 1000)] {
+        let class = json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+        });
+        api.call(
+            http::Method::POST,
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "application/json",
+            Some(&class),
+        )
+        .await
+        .expect("PriorityClass");
+    }
+    let mut low = Vec::new();
+    for (k, (i, (rack, _))) in [0, 1]
+        .iter()
+        .flat_map(|i| RACKS.iter().map(move |r| (*i, r)))
+        .enumerate()
+    {
+        let name = format!("v{k}");
+        let mut object = pod(&name, "4", None);
+        let class = if *rack == "r1" { "mid" } else { "low" };
+        object["spec"]["priorityClassName"] = json!(class);
+        object["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": format!("{rack}-n{i}")});
+        api.create(&PODS, object).await.expect("pod");
+        low.push(name);
+    }
+    wait_for("every low pod bound", Duration::from_secs(60), &env, |v| {
+        v.bound(&low) == low.len()
+    })
+    .await;
+    let high: Vec<String> = (0..2).map(|i| format!("hi-{i}")).collect();
+    for name in &high {
+        let mut object = kueue_pod(
+            name,
+            "hi",
+            2,
+            "4",
+            json!({"kueue.x-k8s.io/podset-required-topology": RACK}),
+        );
+        object["spec"]["priorityClassName"] = json!("high");
+        api.create(&PODS, object).await.expect("pod");
+    }
+    let going = |v: &View| -> Vec<String> {
+        low.iter()
+            .filter(|p| {
+                v.pods
+                    .get(*p)
+                    .is_none_or(|o| !o["metadata"]["deletionTimestamp"].is_null())
+            })
+            .cloned()
+            .collect()
+    };
+    let before = wait_for("two low pods evicted", Duration::from_secs(60), &env, |v| {
+        going(v).len() >= 2
+    })
+    .await;
+    let racks_before: BTreeMap<String, String> = low
+        .iter()
+        .filter_map(|p| Some((p.clone(), before.node_of(p)?.split('-').next()?.to_string())))
+        .collect();
+    // Watch a while: no third victim.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_millis(NOT_BOUND_WATCH_MS) {
+        let now = View::read(api).await;
+        assert_eq!(
+            going(&now).len(),
+            2,
+            "more victims than one rack needs: {:?}",
+            going(&now)
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    let victims = going(&View::read(api).await);
+    let victim_racks: std::collections::BTreeSet<&String> =
+        victims.iter().filter_map(|p| racks_before.get(p)).collect();
+    assert_eq!(
+        victim_racks.len(),
+        1,
+        "victims {victims:?} in racks {victim_racks:?}"
+    );
+    delete_pods(api, &victims).await;
+    let view = wait_for(
+        "the high pod group bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&high) == high.len(),
+    )
+    .await;
+    let rack = racks_of(&view, &high);
+    assert_eq!(rack.len(), 1, "{rack:?}");
+    assert_eq!(
+        rack.iter().next(),
+        victim_racks.iter().next().copied(),
+        "in the victims' rack"
+    );
 }
