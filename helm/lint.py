@@ -69,7 +69,7 @@ SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 # Keys `gangway serve --config` accepts (server/src/config.rs, FileConfig: kebab-case).
 CONFIG_KEYS = {
     "id", "listen", "advertise", "http", "peers", "data", "shards", "cluster-id", "join",
-    "topology-label", "sled-cache-mb", "wire-format", "auto-rebalance", "rebalance-bound-percent",
+    "topology-label", "topology-levels", "sled-cache-mb", "wire-format", "auto-rebalance", "rebalance-bound-percent",
     "rebalance-check-ms", "heartbeat-ms", "election-min-ms", "election-max-ms",
     "snapshot-every", "balance-interval-ms", "kubeconfig", "in-cluster", "scheduler-name",
     "bind-qps", "bind-concurrency", "tls-cert", "tls-key", "tls-client-ca", "auth-tokens-file",
@@ -812,6 +812,8 @@ def check_release(objs: dict, values: dict, scratch: Path, cert_manager: bool = 
         check(isinstance(config["auto-rebalance"], bool), "auto-rebalance is a boolean")
         check(101 <= config["rebalance-bound-percent"] <= 1000, "rebalance-bound-percent in 101..=1000")
         check(config["data"].startswith("/var/lib/gangway/"), "data dir outside the volume")
+        check(config.get("topology-levels", []) == values["cluster"]["topologyLevels"],
+              "topology-levels as cluster.topologyLevels gives them")
 
     # The NetworkPolicy: the peer port from this release's pods only.
     netpol = objs.get(("NetworkPolicy", full))
@@ -1355,6 +1357,11 @@ def main() -> int:
         refused_case("scaling 3 -> 5 without cluster.initialReplicas refused", {"replicaCount": 5},
                      "this cluster was created with 3 members", preset=live)
         preset_case("scaling 3 -> 5 with cluster.initialReplicas=3", {"replicaCount": 5, "cluster": {"initialReplicas": 3}}, live)
+
+        preset_case("cluster.topologyLevels: two hierarchies", {"cluster": {
+            "topologyLabel": "example.com/rack",
+            "topologyLevels": ["example.com/block,example.com/rack,kubernetes.io/hostname",
+                               "example.com/nvlink"]}}, {})
 
         # A replica that lost its disk comes back under a new node id, joining.
         preset_case('cluster.idOverrides {"1": 101}', {"cluster": {"idOverrides": {"1": 101}}}, {})

@@ -210,3 +210,52 @@ fn a_kube_scheduler_configuration_sets_the_profile_through_either_flag() {
         gangway_core::engine::Profile::default()
     );
 }
+
+#[test]
+fn topology_levels_come_from_flags_or_the_file_and_a_bad_one_names_the_flag() {
+    let cfg = ServeConfig::resolve(ServeArgs {
+        topology_levels: vec![
+            "example.com/block, example.com/rack,kubernetes.io/hostname".into(),
+            "example.com/nvlink".into(),
+        ],
+        ..args(1, &[])
+    })
+    .expect("valid");
+    let levels: Vec<Vec<String>> = cfg
+        .profile
+        .topologies
+        .iter()
+        .map(|h| h.levels.clone())
+        .collect();
+    assert_eq!(
+        levels,
+        vec![
+            vec![
+                "example.com/block",
+                "example.com/rack",
+                "kubernetes.io/hostname"
+            ],
+            vec!["example.com/nvlink"],
+        ]
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gangway.toml");
+    std::fs::write(&path, "id = 1\ntopology-levels = [\"example.com/rack\"]\n").expect("write");
+    let cfg = ServeConfig::resolve(ServeArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(cfg.profile.topologies.len(), 1);
+    for bad in ["example.com/rack,example.com/rack", "not a key!", ","] {
+        let err = ServeConfig::resolve(ServeArgs {
+            topology_levels: vec![bad.into()],
+            ..args(1, &[])
+        })
+        .expect_err(bad);
+        assert!(
+            err.to_string().contains("--topology-levels"),
+            "{bad}: {err}"
+        );
+    }
+}
