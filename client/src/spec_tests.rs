@@ -41,3 +41,25 @@ fn builder_builds_the_request() {
     assert_eq!(req.gangs[0].min_member, 4);
     assert_eq!(req.gangs[0].mode, "Strict");
 }
+
+#[test]
+fn a_gang_topology_comes_from_the_file_and_the_builder() {
+    let yaml = "name: g\ngangs:\n  - name: w\n    minMember: 8\n    topology:\n      required: example.com/block\n      preferred: example.com/rack\n      slice: {key: example.com/nvlink, size: 4}\n    members:\n      - name: w\n        count: 8\n";
+    let req = from_yaml(yaml).expect("valid");
+    let want = TopologySpec {
+        required: "example.com/block".into(),
+        preferred: "example.com/rack".into(),
+        slice_key: "example.com/nvlink".into(),
+        slice_size: 4,
+    };
+    assert_eq!(req.gangs[0].topology, Some(want.clone()));
+    let built = GangBuilder::new("ns", "w", 8)
+        .required_topology("example.com/block")
+        .preferred_topology("example.com/rack")
+        .topology_slices("example.com/nvlink", 4);
+    let req = GangGroupBuilder::new("g").gang(built).build();
+    assert_eq!(req.gangs[0].topology, Some(want));
+    let err = from_yaml("name: g\ngangs:\n  - name: w\n    minMember: 1\n    topology: {requird: x}\n    members: []\n")
+        .expect_err("unknown field");
+    assert!(err.to_string().contains("requird"), "{err}");
+}
