@@ -257,6 +257,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             hosts: hosts.clone(),
             shards: replicas[0].shard_count(),
             topology_label: Some(DEV_TOPOLOGY_LABEL.into()),
+            topology_levels: crate::webview::read::grid_levels(&profile.topologies),
         },
         access: crate::webview::access::UiAccess::new(
             Arc::new(ServerSecurity::open(peer_secret.clone()).credentials(DEV_CLUSTER_ID, 1)),

@@ -219,6 +219,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                     .clone()
                     .unwrap_or_else(|| crate::webview::read::ZONE_LABEL.into()),
             ),
+            topology_levels: crate::webview::read::grid_levels(&cfg.profile.topologies),
         },
         access: crate::webview::access::UiAccess::new(
             Arc::new(ui_security.credentials(&cfg.cluster_id, cfg.id)),

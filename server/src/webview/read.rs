@@ -48,6 +48,20 @@ pub enum ReadError {
     },
 }
 
+/// The fleet grid's levels for `hierarchies`: the first one's, without the host level.
+pub fn grid_levels(hierarchies: &[gangway_core::model::TopologyHierarchy]) -> Vec<String> {
+    hierarchies
+        .first()
+        .map(|h| {
+            h.levels
+                .iter()
+                .filter(|l| l.as_str() != gangway_core::model::node::LABEL_HOSTNAME)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Where the web view reads from.
 #[derive(Clone)]
 pub struct Source {
@@ -60,6 +74,9 @@ pub struct Source {
     /// The node label that names a node's topology domain (the fleet grid's rows):
     /// the shard topology label, else [`ZONE_LABEL`].
     pub topology_label: Option<String>,
+    /// The first topology hierarchy's levels above the host, widest first: when given,
+    /// the grid's rows are their domains (block › rack) instead.
+    pub topology_levels: Vec<String>,
 }
 
 /// One member of the cluster as its own status tells.
@@ -93,6 +110,8 @@ pub struct FleetView {
     pub unreadable: Vec<(u32, String)>,
     /// The label naming a node's topology domain.
     pub topology_label: Option<String>,
+    /// The hierarchy levels naming a node's row instead, widest first (may be empty).
+    pub topology_levels: Vec<String>,
     /// Number of shard groups.
     pub shards: u32,
 }
@@ -159,6 +178,7 @@ impl Source {
             nodes: Vec::new(),
             unreadable: Vec::new(),
             topology_label: self.topology_label.clone(),
+            topology_levels: self.topology_levels.clone(),
             shards: self.shards.get(),
         };
         for (shard, answer) in self.each_shard(&ShardQuery::ListNodes).await {

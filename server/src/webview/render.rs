@@ -320,18 +320,15 @@ fn is_fenced(node: &NodeInfo) -> bool {
     })
 }
 
-/// The fleet panel: a summary line, then per shard and topology domain a grid of
-/// node cells coloured by how much of their devices (or cpu) is held.
+/// The fleet panel: a summary line, then per shard and topology domain (the hierarchy's
+/// domains above the host, widest first, "b0 › b0-r03"; else the topology label's) a
+/// grid of node cells coloured by how much of their devices (or cpu) is held.
 pub fn fleet(view: &FleetView, leaders: &BTreeMap<u64, u64>) -> Markup {
     let mut by_shard: BTreeMap<u32, BTreeMap<String, Vec<&NodeInfo>>> = BTreeMap::new();
     let mut totals = DeviceCounts::default();
     let mut fenced = 0usize;
     for node in &view.nodes {
-        let domain = view
-            .topology_label
-            .as_ref()
-            .and_then(|l| node.node.as_ref()?.labels.get(l).cloned())
-            .unwrap_or_else(|| "(no domain)".into());
+        let domain = domain_of(view, node);
         by_shard
             .entry(node.shard)
             .or_default()
@@ -383,6 +380,25 @@ pub fn fleet(view: &FleetView, leaders: &BTreeMap<u64, u64>) -> Markup {
             }
         }
     }
+}
+
+/// A node's row in the fleet grid: its domain at each hierarchy level, else its
+/// topology label's value.
+fn domain_of(view: &FleetView, node: &NodeInfo) -> String {
+    let labels = node.node.as_ref().map(|n| &n.labels);
+    let value = |key: &String| labels.and_then(|l| l.get(key)).cloned();
+    if !view.topology_levels.is_empty() {
+        let path: Vec<String> = view
+            .topology_levels
+            .iter()
+            .map(|k| value(k).unwrap_or_else(|| "-".into()))
+            .collect();
+        return path.join(" › ");
+    }
+    view.topology_label
+        .as_ref()
+        .and_then(value)
+        .unwrap_or_else(|| "(no domain)".into())
 }
 
 fn cell(node: &NodeInfo) -> Markup {

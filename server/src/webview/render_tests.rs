@@ -151,3 +151,42 @@ fn the_lag_of_a_member_is_read_from_the_leaders_matched_index() {
     assert_eq!(lag_text(&g, 3), "nothing yet");
     assert_eq!(lag_text(&g, 4), "not a member");
 }
+
+#[test]
+fn the_fleet_grid_groups_nodes_by_block_then_rack_when_the_hierarchy_is_known() {
+    let racked = |name: &str, block: &str, rack: &str| {
+        let mut n = node(name, 0, false);
+        if let Some(s) = n.node.as_mut() {
+            s.labels.insert("example.com/block".into(), block.into());
+            s.labels.insert("example.com/rack".into(), rack.into());
+        }
+        n
+    };
+    let view = FleetView {
+        nodes: vec![
+            racked("a", "b1", "r2"),
+            racked("b", "b0", "r1"),
+            racked("c", "b0", "r0"),
+            racked("d", "b0", "r0"),
+        ],
+        unreadable: Vec::new(),
+        topology_label: Some("example.com/rack".into()),
+        topology_levels: vec!["example.com/block".into(), "example.com/rack".into()],
+        shards: 1,
+    };
+    let html = fleet(&view, &BTreeMap::new()).into_string();
+    let at = |text: &str| {
+        html.find(text)
+            .unwrap_or_else(|| panic!("{text} missing: {html}"))
+    };
+    assert!(
+        at("b0 › r0") < at("b0 › r1") && at("b0 › r1") < at("b1 › r2"),
+        "{html}"
+    );
+    let flat = FleetView {
+        topology_levels: Vec::new(),
+        ..view
+    };
+    let html = fleet(&flat, &BTreeMap::new()).into_string();
+    assert!(html.contains(">r0<") && !html.contains("›"), "{html}");
+}
