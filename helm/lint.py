@@ -90,6 +90,7 @@ for _group, _resources, _verbs in [
     ("scheduling.k8s.io", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.volcano.sh", ["podgroups"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["elasticquotas"], ["get", "list", "watch"]),
+    ("kueue.x-k8s.io", ["topologies"], ["get", "list", "watch"]),
     ("scheduling.x-k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.sigs.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),
     ("scheduling.k8s.io", ["podgroups/status"], ["get", "patch", "update"]),

@@ -568,6 +568,7 @@ fn resolve_kube(
         bind_concurrency,
         failpoints: crate::failpoints::Failpoints::disabled(),
         topologies: Vec::new(),
+        learned_topologies: std::sync::Arc::default(),
     };
     Ok(Some((server, opts)))
 }

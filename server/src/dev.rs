@@ -227,6 +227,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),
+            learned_topologies: Arc::default(),
         };
         opts.host.peer_security.peer_secret = Some(peer_secret.own_shared());
         replicas.push(Replica::start(opts, Arc::new(store), listener).await?);

@@ -74,6 +74,8 @@ pub struct ReplicaOptions {
     /// PodDisruptionBudgets the coordinator chooses preemption victims by (the
     /// Kubernetes ingest of the same process fills them; empty without Kubernetes).
     pub budgets: Arc<DisruptionBudgets>,
+    /// Topology hierarchies Kueue's Topology objects define, kept by the ingest.
+    pub learned_topologies: Arc<gangway_core::model::LearnedHierarchies>,
 }
 
 /// A running replica.
@@ -258,6 +260,7 @@ impl Replica {
             opts.profile,
             opts.failpoints,
             opts.budgets,
+            opts.learned_topologies,
         )
         .with_rebalance(opts.rebalance);
         replica

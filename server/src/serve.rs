@@ -115,6 +115,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         bootstrap::check_joiner(&cfg, &peer_security).await?;
     }
     let budgets: Arc<DisruptionBudgets> = Arc::default();
+    let learned_topologies: Arc<gangway_core::model::LearnedHierarchies> = Arc::default();
     let mut opts = ReplicaOptions {
         host: host_config(
             &cfg.cluster_id,
@@ -136,6 +137,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         },
         security: server_security,
         budgets: budgets.clone(),
+        learned_topologies: learned_topologies.clone(),
     };
     opts.host.peer_security = peer_security.clone();
     opts.host.peer_routes = cfg.peer_routes.clone();
@@ -196,6 +198,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
                     } else {
                         Failpoints::disabled()
                     },
+                    learned_topologies: learned_topologies.clone(),
                     ..kube_opts.clone()
                 },
                 kube_stopped,

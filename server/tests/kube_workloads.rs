@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gangway_kube_double::store::{
-    EVENTS, JOBS, NODES, PODS, POD_GROUPS_K8S as POD_GROUPS,
+    EVENTS, JOBS, KUEUE_TOPOLOGIES, NODES, PODS, POD_GROUPS_K8S as POD_GROUPS,
     POD_GROUPS_VOLCANO as VOLCANO_POD_GROUPS, WORKLOADS,
 };
 use gangway_kube_env::{ControlPlane, Options};
@@ -1121,5 +1121,82 @@ async fn topology_constraints_from_kueue_kubernetes_and_volcano_hold_on_a_real_c
         rack.iter().next(),
         victim_racks.iter().next().copied(),
         "in the victims' rack"
+    );
+}
+
+/// Kueue's Topology CRD as far as gangway reads it (Kueue itself is not installed here).
+fn kueue_topology_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "topologies.kueue.x-k8s.io"},
+        "spec": {
+            "group": "kueue.x-k8s.io", "scope": "Cluster",
+            "names": {"plural": "topologies", "singular": "topology", "kind": "Topology", "listKind": "TopologyList"},
+            "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    })
+}
+
+/// Without `--topology-levels`, the hierarchy a Kueue Topology object defines is the
+/// cluster's: a Volcano PodGroup whose hard `networkTopology` names tier 1 (the rack, the
+/// narrowest level above the host) binds in one rack once the Topology exists, where it
+/// was refused before ("0 tiers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kueue_topology_object_gives_the_hierarchy() {
+    let nodes = RACKS
+        .iter()
+        .flat_map(|(rack, block)| (0..2).map(move |i| rack_node(rack, block, i)))
+        .collect();
+    let extra: Vec<String> = ["--topology-label", RACK].map(String::from).to_vec();
+    let env = start_on(nodes, &["volcano-podgroup-crd.yaml"], &[], &extra).await;
+    let api = &env.api;
+    api.install_crd(kueue_topology_crd())
+        .await
+        .expect("Kueue's Topology CRD");
+    api.create(
+        &VOLCANO_POD_GROUPS,
+        json!({"metadata": {"name": "tier1", "namespace": NS},
+               "spec": {"minMember": 3, "networkTopology": {"mode": "hard", "highestTierAllowed": 1}}}),
+    )
+    .await
+    .expect("PodGroup");
+    let pods: Vec<String> = (0..3).map(|i| format!("tier1-{i}")).collect();
+    for p in &pods {
+        let mut object = pod(p, "2", None);
+        object["metadata"]["annotations"] = json!({"scheduling.k8s.io/group-name": "tier1"});
+        api.create(&PODS, object).await.expect("pod");
+    }
+    let view = wait_for(
+        "the tier refused while no hierarchy is known",
+        Duration::from_secs(60),
+        &env,
+        |v| {
+            v.events_for("tier1-0", "FailedScheduling")
+                .iter()
+                .any(|m| m.contains("names tier 1") && m.contains("0 tiers"))
+        },
+    )
+    .await;
+    assert_eq!(view.bound(&pods), 0);
+    api.create(
+        &KUEUE_TOPOLOGIES,
+        json!({"metadata": {"name": "default"}, "spec": {"levels": [
+            {"nodeLabel": BLOCK}, {"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]}}),
+    )
+    .await
+    .expect("Topology");
+    let view = wait_for(
+        "the Volcano gang bound",
+        Duration::from_secs(60),
+        &env,
+        |v| v.bound(&pods) == pods.len(),
+    )
+    .await;
+    assert_eq!(
+        racks_of(&view, &pods).len(),
+        1,
+        "{:?}",
+        racks_of(&view, &pods)
     );
 }

@@ -111,6 +111,15 @@ pub const POD_GROUPS_VOLCANO: Kind = kind(
     true,
     true,
 );
+/// Kueue's Topologies (cluster-scoped; not served by the double).
+pub const KUEUE_TOPOLOGIES: Kind = kind(
+    "kueue.x-k8s.io",
+    "v1beta1",
+    "topologies",
+    "Topology",
+    false,
+    false,
+);
 /// batch/v1 Jobs (not served by the double).
 pub const JOBS: Kind = kind("batch", "v1", "jobs", "Job", true, true);
 /// DRA ResourceSlices.

@@ -48,6 +48,7 @@ use gangway_core::ledger::meta::{
     Placement,
 };
 use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
+use gangway_core::model::LearnedHierarchies;
 use gangway_core::model::{MemberKey, PodSpec};
 use gangway_core::plan::assign::{self, assign, AssignOutcome, Assignment};
 use gangway_core::plan::budgets::DisruptionBudgets;
@@ -114,6 +115,8 @@ pub struct Coordinator {
     preemptions_left: AtomicU32,
     /// The PodDisruptionBudgets victims are chosen by (filled by the Kubernetes ingest).
     budgets: Arc<DisruptionBudgets>,
+    /// Topology hierarchies Kueue's Topology objects define (the ingest keeps them).
+    learned: Arc<LearnedHierarchies>,
     /// When the shards' capacity was last read (a monotonic clock; None: never).
     capacity_read_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Automatic rebalancing.
@@ -152,6 +155,14 @@ enum Vote {
 }
 
 impl Coordinator {
+    /// The profile plans are made with: the configured one, with the hierarchies Kueue's
+    /// Topology objects define after the configured ones.
+    pub(super) fn plan_profile(&self) -> Profile {
+        let mut profile = self.profile.clone();
+        profile.topologies = self.learned.merged(&self.profile.topologies);
+        profile
+    }
+
     /// A coordinator over `shards` shards, choosing preemption victims by `budgets`.
     pub fn new(
         groups: Groups,
@@ -159,11 +170,13 @@ impl Coordinator {
         profile: Profile,
         failpoints: Failpoints,
         budgets: Arc<DisruptionBudgets>,
+        learned: Arc<LearnedHierarchies>,
     ) -> Self {
         Self {
             groups,
             shards,
             profile,
+            learned,
             failpoints,
             rounds: AtomicU32::new(0),
             preemptions_left: AtomicU32::new(0),

@@ -425,7 +425,7 @@ impl Coordinator {
         let query = ShardQuery::PreemptionOffer {
             group: Box::new(r.group.clone()),
             priority,
-            profile: Box::new(self.profile.clone()),
+            profile: Box::new(self.plan_profile()),
             keep: keep.iter().cloned().collect(),
         };
         let asks = self.shards.ids().map(|s| {
@@ -480,7 +480,7 @@ impl Coordinator {
     ) -> BTreeMap<u32, GangPlacement> {
         let query = ShardQuery::PlanWithout {
             members: members.to_vec(),
-            profile: Box::new(self.profile.clone()),
+            profile: Box::new(self.plan_profile()),
             gone: gone.to_vec(),
             topologies: topologies.to_vec(),
         };

@@ -36,7 +36,7 @@ impl Coordinator {
     ) -> Option<GangPlacement> {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
-            profile: Box::new(self.profile.clone()),
+            profile: Box::new(self.plan_profile()),
             carried: Vec::new(),
             topologies: topologies.to_vec(),
         };
@@ -73,7 +73,7 @@ impl Coordinator {
     ) -> BTreeMap<u32, GangPlacement> {
         let query = ShardQuery::Plan {
             members: members.to_vec(),
-            profile: Box::new(self.profile.clone()),
+            profile: Box::new(self.plan_profile()),
             carried: carried.to_vec(),
             topologies: topologies.to_vec(),
         };

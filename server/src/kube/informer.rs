@@ -43,11 +43,14 @@ pub enum Slot {
     DeviceTaintRules,
     /// scheduler-plugins' ElasticQuotas (scheduling.x-k8s.io), kept as queues.
     ElasticQuotas,
+    /// Kueue's Topologies (kueue.x-k8s.io/v1beta1, a CRD), read as topology hierarchies.
+    KueueTopologies,
 }
 
 /// Every slot, in watch start order.
-pub const SLOTS: [Slot; 12] = [
+pub const SLOTS: [Slot; 13] = [
     Slot::Nodes,
+    Slot::KueueTopologies,
     Slot::ElasticQuotas,
     Slot::PodDisruptionBudgets,
     Slot::DeviceClasses,
@@ -97,6 +100,7 @@ impl Slot {
                 "ElasticQuota",
                 "elasticquotas",
             ),
+            Slot::KueueTopologies => ("kueue.x-k8s.io", "v1beta1", "Topology", "topologies"),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
@@ -114,6 +118,7 @@ impl Slot {
                 | Slot::PodDisruptionBudgets
                 | Slot::DeviceTaintRules
                 | Slot::ElasticQuotas
+                | Slot::KueueTopologies
         )
     }
 }
@@ -128,6 +133,9 @@ impl Slot {
             Slot::PodGroupsVolcano => {
                 Some("Volcano is not installed; no pod names a Volcano PodGroup")
             }
+            Slot::KueueTopologies => Some(
+                "Kueue is not installed; topology hierarchies come from --topology-levels only",
+            ),
             _ => None,
         }
     }

@@ -53,7 +53,7 @@ use crate::kube::objects::{
 };
 use crate::kube::pod_index::{PodFacts, PodIndex, Touched};
 use crate::kube::queues;
-use crate::kube::topology::volcano_tiers;
+use crate::kube::topology::{kueue_hierarchy, volcano_tiers};
 use crate::kube::KubeOptions;
 use crate::replicated::growth::ShardCount;
 use crate::replicated::release::release_members;
@@ -260,6 +260,7 @@ impl Ingest {
         }
         // Every replica keeps them, so a new meta leader's coordinator has them at once.
         self.sync_budgets();
+        self.sync_kueue_topologies();
         let me = self.groups.host().node_id();
         if self.groups.host().leader_of(0) != Some(me) {
             self.memory = Memory::default();
@@ -322,6 +323,37 @@ impl Ingest {
                 .collect()
         });
         self.budgets.replace(budgets);
+    }
+
+    /// Keeps the hierarchies of Kueue's Topology objects for the coordinator; one that
+    /// cannot be read is logged and left out.
+    fn sync_kueue_topologies(&mut self) {
+        if matches!(
+            self.cache.take_changes(Slot::KueueTopologies),
+            Changes::Keys(keys) if keys.is_empty()
+        ) {
+            return;
+        }
+        let hierarchies = self.cache.read(Slot::KueueTopologies, |objects| {
+            objects
+                .values()
+                .filter_map(|o| match kueue_hierarchy(o) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Kueue Topology left out");
+                        None
+                    }
+                })
+                .collect()
+        });
+        if self.opts.learned_topologies.replace(hierarchies) {
+            // Pods refused for a tier no hierarchy had are looked at again.
+            self.memory.waiting_dirty = true;
+            tracing::info!(
+                topologies = ?self.opts.learned_topologies.merged(&self.opts.topologies),
+                "topology hierarchies changed"
+            );
+        }
     }
 
     /// Brings the kept group summaries up to the meta log's: reads the groups changed

@@ -54,6 +54,9 @@ pub struct KubeOptions {
     pub failpoints: crate::failpoints::Failpoints,
     /// The cluster's topology hierarchies (Volcano's network tiers are read from them).
     pub topologies: Vec<gangway_core::model::TopologyHierarchy>,
+    /// The hierarchies Kueue's Topology objects define, which the ingest keeps for the
+    /// coordinator of its replica.
+    pub learned_topologies: Arc<gangway_core::model::LearnedHierarchies>,
 }
 
 impl Default for KubeOptions {
@@ -64,6 +67,7 @@ impl Default for KubeOptions {
             bind_concurrency: BIND_CONCURRENCY_DEFAULT,
             failpoints: crate::failpoints::Failpoints::disabled(),
             topologies: Vec::new(),
+            learned_topologies: Arc::default(),
         }
     }
 }

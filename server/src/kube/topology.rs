@@ -1,7 +1,8 @@
 //! Topology constraints as Kubernetes users already write them: Kueue's pod-set
 //! annotations, the topology constraint of Kubernetes' own PodGroup
 //! (`spec.schedulingConstraints.topology`), and Volcano's `spec.networkTopology`
-//! (tiers counted from the narrowest level of the cluster's first topology hierarchy).
+//! (tiers counted from the narrowest level of the cluster's first topology hierarchy);
+//! and the hierarchies Kueue's `Topology` objects define ([`kueue_hierarchy`]).
 //! Pure: [`crate::kube::gangs`] calls it while it works out a pod's gang, and a problem
 //! is a [`PodProblem::Invalid`] naming the annotation or field, so the pod stays pending
 //! with the reason rather than be placed without its constraint.
@@ -173,6 +174,32 @@ pub fn volcano_topology(
             "{what}: spec.networkTopology.mode \"{other}\" is not hard or soft"
         ))),
     }
+}
+
+/// The hierarchy a Kueue `Topology` object (`kueue.x-k8s.io/v1beta1`) gives: its
+/// `spec.levels[].nodeLabel`, widest first, named `kueue:NAME`.
+pub fn kueue_hierarchy(object: &Value) -> Result<TopologyHierarchy, String> {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let levels = object["spec"]["levels"]
+        .as_array()
+        .ok_or_else(|| format!("Topology {name}: spec.levels is missing"))?
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            l["nodeLabel"]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("Topology {name}: spec.levels[{i}].nodeLabel is missing"))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
+    let hierarchy = TopologyHierarchy {
+        name: format!("kueue:{name}"),
+        levels,
+    };
+    hierarchy
+        .validate(&gangway_core::model::FieldPath::root().child("spec"))
+        .map_err(|e| format!("Topology {name}: {e}"))?;
+    Ok(hierarchy)
 }
 
 #[cfg(test)]

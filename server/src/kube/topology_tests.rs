@@ -129,3 +129,24 @@ fn a_volcano_pod_group_carries_its_network_topology() {
         Some("example.com/rack")
     );
 }
+
+#[test]
+fn a_kueue_topology_is_a_hierarchy_and_a_bad_one_names_the_field() {
+    let t = json!({"metadata": {"name": "default"}, "spec": {"levels": [
+        {"nodeLabel": "example.com/block"}, {"nodeLabel": "example.com/rack"},
+        {"nodeLabel": "kubernetes.io/hostname"}]}});
+    let h = kueue_hierarchy(&t).expect("valid");
+    assert_eq!(h.name, "kueue:default");
+    assert_eq!(
+        h.levels,
+        vec!["example.com/block", "example.com/rack", LABEL_HOSTNAME]
+    );
+    let missing = json!({"metadata": {"name": "x"}, "spec": {"levels": [{"label": "a"}]}});
+    let why = kueue_hierarchy(&missing).expect_err("no nodeLabel");
+    assert!(why.contains("spec.levels[0].nodeLabel"), "{why}");
+    let twice = json!({"metadata": {"name": "x"}, "spec": {"levels": [
+        {"nodeLabel": "a"}, {"nodeLabel": "a"}]}});
+    assert!(kueue_hierarchy(&twice)
+        .expect_err("twice")
+        .contains("levels[1]"));
+}

@@ -50,4 +50,4 @@ pub use pod::{
 pub use quantity::{Quantity, QuantityError};
 pub use queue::{Limits, QueueSpec};
 pub use resources::{ResourceName, Resources};
-pub use topology::{TopologyConstraint, TopologyHierarchy, TopologySlice};
+pub use topology::{LearnedHierarchies, TopologyConstraint, TopologyHierarchy, TopologySlice};

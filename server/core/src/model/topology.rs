@@ -11,6 +11,8 @@
 //! slice is at least one member. Called by the gang model (validation), the engine
 //! (placement) and every dialect that writes a constraint (gRPC, Kubernetes ingest).
 
+use std::sync::RwLock;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{FieldPath, ValidationError};
@@ -68,6 +70,43 @@ impl TopologyHierarchy {
     pub fn below(&self, key: &str) -> Option<&str> {
         let at = self.levels.iter().position(|l| l == key)?;
         self.levels.get(at + 1).map(String::as_str)
+    }
+}
+
+/// Hierarchies learned at run time (Kueue's `Topology` objects), shared between the
+/// Kubernetes ingest, which writes them, and the coordinator and ingest of the same
+/// replica, which read them after the configured ones.
+#[derive(Debug, Default)]
+pub struct LearnedHierarchies {
+    learned: RwLock<Vec<TopologyHierarchy>>,
+}
+
+impl LearnedHierarchies {
+    /// Replaces what was learned; whether it changed.
+    pub fn replace(&self, hierarchies: Vec<TopologyHierarchy>) -> bool {
+        let mut learned = self
+            .learned
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = *learned != hierarchies;
+        *learned = hierarchies;
+        changed
+    }
+
+    /// `configured`, then each learned hierarchy whose levels none of them has already.
+    pub fn merged(&self, configured: &[TopologyHierarchy]) -> Vec<TopologyHierarchy> {
+        let learned = self
+            .learned
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = configured.to_vec();
+        for h in learned.iter() {
+            if !out.iter().any(|c| c.levels == h.levels) {
+                out.push(h.clone());
+            }
+        }
+        out.truncate(TOPOLOGY_HIERARCHIES_MAX);
+        out
     }
 }
 

@@ -70,3 +70,21 @@ fn constraint_reads_the_json_names() {
     );
     assert!(serde_json::from_str::<TopologyConstraint>(r#"{"requird":"x"}"#).is_err());
 }
+
+#[test]
+fn learned_hierarchies_follow_the_configured_ones_without_repeating_them() {
+    let learned = LearnedHierarchies::default();
+    let configured = [hierarchy(&["block", "rack"])];
+    assert_eq!(learned.merged(&configured), configured.to_vec());
+    assert!(learned.replace(vec![hierarchy(&["block", "rack"]), hierarchy(&["nvlink"])]));
+    assert!(!learned.replace(vec![hierarchy(&["block", "rack"]), hierarchy(&["nvlink"])]));
+    let merged = learned.merged(&configured);
+    let levels: Vec<&[String]> = merged.iter().map(|h| h.levels.as_slice()).collect();
+    assert_eq!(
+        levels,
+        [
+            &["block".to_string(), "rack".to_string()][..],
+            &["nvlink".to_string()][..]
+        ]
+    );
+}

@@ -16,7 +16,8 @@ impl Ingest {
         }
         groups.kubernetes = self.cache.read(Slot::PodGroupsK8s, |o| o.clone());
         groups.volcano = self.cache.read(Slot::PodGroupsVolcano, |o| o.clone());
-        groups.volcano_tiers = volcano_tiers(&self.opts.topologies);
+        groups.volcano_tiers =
+            volcano_tiers(&self.opts.learned_topologies.merged(&self.opts.topologies));
         groups
     }
 
