@@ -2375,23 +2375,10 @@ async fn a_device_taint_rule_on_a_network_device_evicts_its_holder() {
 
 // ---- preemption ---------------------------------------------------------------------------
 
-/// Makes PriorityClasses `low` (10), `high` (1000) and `highest` (2000); the API
-/// server's Priority admission resolves a pod's `priorityClassName` into `spec.priority`.
+/// Makes PriorityClasses `low` (10), `high` (1000) and `highest` (2000).
 async fn create_priority_classes(api: &ControlPlane) {
-    for (name, value) in [("low", 10), ("high", 1000), ("highest", 2000)] {
-        let class = json!({
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": name}, "value": value,
-        });
-        api.call(
-            http::Method::POST,
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            "application/json",
-            Some(&class),
-        )
-        .await
-        .expect("PriorityClass");
-    }
+    support::kube::create_priority_classes(api, &[("low", 10), ("high", 1000), ("highest", 2000)])
+        .await;
 }
 
 /// Creates a Koordinator gang `gang` of `size` pods of `cpu` CPUs each, of PriorityClass

@@ -1025,20 +1025,7 @@ async fn topology_constraints_from_kueue_kubernetes_and_volcano_hold_on_a_real_c
     // from the shard of r0 and r2), pinned so that the cheapest victims of that shard
     // (by name) alternate racks; a high pod group needing one rack of two whole nodes
     // evicts the two low pods of one rack, no others.
-    for (name, value) in [("low", 10), ("mid", 100), ("high", 1000)] {
-        let class = json!({
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": name}, "value": value,
-        });
-        api.call(
-            http::Method::POST,
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            "application/json",
-            Some(&class),
-        )
-        .await
-        .expect("PriorityClass");
-    }
+    support::kube::create_priority_classes(api, &[("low", 10), ("mid", 100), ("high", 1000)]).await;
     let mut low = Vec::new();
     for (k, (i, (rack, _))) in [0, 1]
         .iter()

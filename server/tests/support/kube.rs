@@ -1,6 +1,7 @@
 //! Three `gangway serve` processes scheduling a real control plane (gangway-kube-env),
-//! as the Kubernetes tests start them. Used by `kube_workloads.rs`,
-//! `workload_differential.rs` and `dra_differential.rs`.
+//! as the Kubernetes tests start them, and the PriorityClasses their preemptions use.
+//! Used by `kube.rs`, `kube_workloads.rs`, `workload_differential.rs` and
+//! `dra_differential.rs`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -30,4 +31,23 @@ pub async fn gangway_on(
         .wait_ready(&[1, 2, 3], Duration::from_secs(30))
         .await;
     cluster
+}
+
+/// Makes these PriorityClasses (name, value); the API server's Priority admission then
+/// resolves a pod's `priorityClassName` into `spec.priority`.
+pub async fn create_priority_classes(api: &ControlPlane, classes: &[(&str, i32)]) {
+    for (name, value) in classes {
+        let class = serde_json::json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+        });
+        api.call(
+            http::Method::POST,
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "application/json",
+            Some(&class),
+        )
+        .await
+        .expect("PriorityClass");
+    }
 }
