@@ -811,12 +811,20 @@ fn units<'m, 'a>(
     }
     let mut units: Vec<(Vec<MemberRef<'a>>, Option<&'m TopologyConstraint>)> = Vec::new();
     let mut gang_unit: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    // A gang's members come one after the other: its constraint is looked up once.
+    let mut last: Option<((&str, &str), Option<&'m TopologyConstraint>)> = None;
     for m in members {
         let gang = (m.key.namespace.as_str(), m.key.gang.as_str());
-        let constraint = topologies
-            .iter()
-            .find(|((ns, name), _)| ns == gang.0 && name == gang.1)
-            .map(|(_, c)| c);
+        let constraint = match last {
+            Some((g, c)) if g == gang => c,
+            _ => {
+                let c = topologies
+                    .get(&(gang.0.to_string(), gang.1.to_string()))
+                    .filter(|c| !c.is_none());
+                last = Some((gang, c));
+                c
+            }
+        };
         match constraint {
             Some(c) => match gang_unit.get(&gang) {
                 Some(&u) => units[u].0.push(*m),

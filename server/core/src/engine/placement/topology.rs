@@ -203,7 +203,7 @@ impl Round<'_, '_> {
         let mut chosen = union(&all, &least);
         // Inside one domain of a wider level, when that takes no more domains of `key`.
         let wider = hierarchy.map_or_else(Vec::new, |h| h.wider_than(key));
-        'levels: for level in wider {
+        for level in wider {
             let mut by_value: BTreeMap<&str, Vec<&DomainEstimate>> = BTreeMap::new();
             for e in &estimates {
                 let outer = e
@@ -233,7 +233,7 @@ impl Round<'_, '_> {
             }
             if let Some((_, nodes)) = best {
                 chosen = nodes;
-                break 'levels;
+                break;
             }
         }
         self.fill_whole(cluster, &chosen)
