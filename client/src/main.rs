@@ -320,14 +320,29 @@ fn print_group(s: &GangGroupStatus, output: Output) {
                 .iter()
                 .map(|p| json!({"namespace": p.namespace, "gang": p.gang, "member": p.member, "node": p.node, "shard": p.shard}))
                 .collect();
+            let spread: serde_json::Map<String, serde_json::Value> = s
+                .spread
+                .iter()
+                .map(|d| (d.key.clone(), json!(d.domains)))
+                .collect();
             println!(
                 "{}",
                 json!({"id": s.id, "name": s.name, "key": s.idempotency_key, "state": s.state, "reason": s.reason,
                        "attempts": s.attempts, "members": s.members, "gangs": s.gangs, "placements": placements,
-                       "version": s.version, "queue": s.queue, "owner": s.owner})
+                       "version": s.version, "queue": s.queue, "owner": s.owner, "spread": spread})
             );
         }
-        Output::Table => print_groups(std::slice::from_ref(s), output),
+        Output::Table => {
+            print_groups(std::slice::from_ref(s), output);
+            for d in &s.spread {
+                println!(
+                    "  {}: {} ({})",
+                    d.key,
+                    d.domains.len(),
+                    d.domains.join(", ")
+                );
+            }
+        }
     }
 }
 

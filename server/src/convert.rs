@@ -271,6 +271,7 @@ pub fn group_status(r: &GroupSummary) -> GangGroupStatus {
         members: r.members,
         queue: r.queue.clone(),
         owner: r.owner.clone(),
+        spread: Vec::new(),
     }
 }
 

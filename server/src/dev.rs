@@ -365,7 +365,9 @@ async fn register_fleet(addr: SocketAddr, count: u32) -> anyhow::Result<BTreeMap
         let reply = client
             .register_node(RegisterNodeRequest {
                 node: Some(node),
-                update: false,
+                // The simulated fleet is this build's: a data dir from an earlier one
+                // (other labels) takes the new spec instead of refusing it.
+                update: true,
             })
             .await?
             .into_inner();

@@ -198,6 +198,10 @@ impl Replica {
                     opts.failpoints.clone(),
                     access.clone(),
                     streams,
+                    crate::frontdoor::scheduler::Topology {
+                        configured: opts.profile.topologies.clone(),
+                        learned: opts.learned_topologies.clone(),
+                    },
                 ),
                 gate,
             ));

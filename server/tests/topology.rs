@@ -3,7 +3,7 @@
 //! rack lives on one shard). A required-rack gang lands in one rack; one that no rack can
 //! hold waits with the reason and holds nothing, although the racks of both shards
 //! together could hold it; slices each stay in one rack; a preferred-rack gang too large
-//! for a rack takes the fewest racks.
+//! for a rack takes the fewest racks; GetGangGroup names the domains a group uses.
 
 mod support;
 
@@ -95,6 +95,14 @@ async fn topology_constraints_hold_across_two_shards() {
         .expect("submit");
     let placed = wait_state(&c, six.id, "Placed", WAIT).await;
     assert_eq!(distinct(&racks(&placed)), 1, "{placed:?}");
+    // GetGangGroup says where it went, per level (the host level left out).
+    let got = c.get(six.id).await.expect("get");
+    let spread: Vec<(&str, usize)> = got
+        .spread
+        .iter()
+        .map(|d| (d.key.as_str(), d.domains.len()))
+        .collect();
+    assert_eq!(spread, [(BLOCK, 1), (RACK, 1)], "{got:?}");
 
     // Ten fit no rack, though the free cpu of both shards (18) would hold them: the gang
     // waits with the reason and holds nothing.
@@ -150,6 +158,13 @@ async fn topology_constraints_hold_across_two_shards() {
         .expect("submit");
     let placed = wait_state(&c, spread.id, "Placed", WAIT).await;
     assert_eq!(distinct(&racks(&placed)), 2, "{placed:?}");
+    let got = c.get(spread.id).await.expect("get");
+    let racks_used = got
+        .spread
+        .iter()
+        .find(|d| d.key == RACK)
+        .map(|d| d.domains.len());
+    assert_eq!(racks_used, Some(2), "{got:?}");
 
     // A slice without a size is refused by name at the door.
     let bad = with_topology(

@@ -36,6 +36,13 @@ pub enum ShardQuery {
         /// Node name.
         name: String,
     },
+    /// The values of node label `keys` on these nodes (those the shard has).
+    NodeLabels {
+        /// Node names.
+        nodes: Vec<String>,
+        /// Label keys.
+        keys: Vec<String>,
+    },
     /// Every node of the shard, in name order.
     ListNodes,
     /// Where this shard would place these members now (nothing is held).
@@ -224,6 +231,11 @@ pub enum ShardAnswer {
         /// In name order.
         weights: Vec<(String, u64)>,
     },
+    /// Label values per node asked for: (node, the value of each key asked, in order).
+    NodeLabels {
+        /// Nodes the shard has, in the order asked.
+        labels: Vec<(String, Vec<Option<String>>)>,
+    },
     /// The nodes asked for (empty: no such node).
     Nodes {
         /// Node and usage, in name order.
@@ -320,6 +332,19 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
     match q {
         ShardQuery::GetNode { name } => ShardAnswer::Nodes {
             nodes: ledger.node(name).cloned().into_iter().collect(),
+        },
+        ShardQuery::NodeLabels { nodes, keys } => ShardAnswer::NodeLabels {
+            labels: nodes
+                .iter()
+                .filter_map(|name| {
+                    let entry = ledger.node(name)?;
+                    let values = keys
+                        .iter()
+                        .map(|k| entry.node.label(k).map(str::to_string))
+                        .collect();
+                    Some((name.clone(), values))
+                })
+                .collect(),
         },
         ShardQuery::ListNodes => ShardAnswer::Nodes {
             nodes: ledger.nodes().cloned().collect(),

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
-    GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply, ListGangGroupsRequest,
-    ListShardsReply, ListShardsRequest, ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest,
-    TopologySpec,
+    DomainSpread, GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply,
+    ListGangGroupsRequest, ListShardsReply, ListShardsRequest, MemberPlacement,
+    ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest, TopologySpec,
 };
 use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
@@ -33,9 +33,10 @@ use gangway_core::ledger::meta::{
 };
 use gangway_core::ledger::{LedgerOp, ReleaseTarget};
 use gangway_core::model::gang::{RawGang, RawGangSpec, RawMember};
+use gangway_core::model::node::LABEL_HOSTNAME;
 use gangway_core::model::{
-    clip_to, GangGroup, MemberKey, RawGangGroup, RawPodSpec, TopologyConstraint, TopologySlice,
-    MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
+    clip_to, GangGroup, LearnedHierarchies, MemberKey, RawGangGroup, RawPodSpec,
+    TopologyConstraint, TopologyHierarchy, TopologySlice, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
 };
 use gangway_core::query::{ShardAnswer, ShardQuery};
 
@@ -68,17 +69,90 @@ pub struct SchedulerService {
     failpoints: Failpoints,
     access: Access,
     streams: StreamLimits,
+    topology: Topology,
 }
 
+/// The cluster's topology hierarchies as the front door reads them: the configured ones,
+/// then those Kueue's Topology objects define (kept by the Kubernetes ingest).
+#[derive(Debug, Clone, Default)]
+pub struct Topology {
+    /// `--topology-levels`.
+    pub configured: Vec<TopologyHierarchy>,
+    /// Kueue's.
+    pub learned: std::sync::Arc<LearnedHierarchies>,
+}
+
+impl Topology {
+    /// Every level of every hierarchy but the host's, each once, widest first.
+    fn levels(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for h in self.learned.merged(&self.configured) {
+            for level in h.levels {
+                if level != LABEL_HOSTNAME && !out.contains(&level) {
+                    out.push(level);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Most nodes a group's spread is read for (a larger group shows none).
+pub const SPREAD_NODES_MAX: usize = 10_000;
+
 impl SchedulerService {
-    /// A service over `groups` with `shards` shards, authorizing with `access` and
-    /// bounding watches with `streams` (`failpoints` only in fault tests).
+    /// The domains, per topology level, of the nodes `placements` name, read from the
+    /// shards that hold them; nodes a shard no longer has (moved since) are left out, as
+    /// is every node of a shard that cannot answer.
+    async fn spread(&self, placements: &[MemberPlacement]) -> Vec<DomainSpread> {
+        let keys = self.topology.levels();
+        if keys.is_empty() || placements.is_empty() || placements.len() > SPREAD_NODES_MAX {
+            return Vec::new();
+        }
+        let mut by_shard: BTreeMap<u32, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for p in placements {
+            by_shard.entry(p.shard).or_default().insert(p.node.clone());
+        }
+        let mut domains: Vec<std::collections::BTreeSet<String>> =
+            vec![Default::default(); keys.len()];
+        for (shard, nodes) in by_shard {
+            let query = ShardQuery::NodeLabels {
+                nodes: nodes.into_iter().collect(),
+                keys: keys.clone(),
+            };
+            let Ok(ShardAnswer::NodeLabels { labels }) =
+                self.groups.shard_query(shard, &query).await
+            else {
+                continue;
+            };
+            for (_, values) in labels {
+                for (i, value) in values.into_iter().enumerate() {
+                    if let (Some(value), Some(set)) = (value, domains.get_mut(i)) {
+                        set.insert(value);
+                    }
+                }
+            }
+        }
+        keys.into_iter()
+            .zip(domains)
+            .filter(|(_, d)| !d.is_empty())
+            .map(|(key, d)| DomainSpread {
+                key,
+                domains: d.into_iter().collect(),
+            })
+            .collect()
+    }
+
+    /// A service over `groups` with `shards` shards, authorizing with `access`,
+    /// bounding watches with `streams` and reading placed groups' spread over `topology`
+    /// (`failpoints` only in fault tests).
     pub fn new(
         groups: Groups,
         shards: ShardCount,
         failpoints: Failpoints,
         access: Access,
         streams: StreamLimits,
+        topology: Topology,
     ) -> SchedulerServer<Self> {
         SchedulerServer::new(Self {
             groups,
@@ -86,6 +160,7 @@ impl SchedulerService {
             failpoints,
             access,
             streams,
+            topology,
         })
     }
 
@@ -820,7 +895,9 @@ impl Scheduler for SchedulerService {
         let admitted = self.access.begin(&request, access::GET_GROUP).await?;
         let seq = request.into_inner().id;
         let record = self.record_for(&admitted.principal, Verb::Get, seq).await?;
-        Ok(Response::new(crate::convert::group_status(&record)))
+        let mut status = crate::convert::group_status(&record);
+        status.spread = self.spread(&status.placements).await;
+        Ok(Response::new(status))
     }
     type WatchGangGroupStream = StatusStream;
 
