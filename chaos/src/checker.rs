@@ -7,7 +7,8 @@
 //! acknowledged submission (and release, cancel) is there, and a group that ended
 //! Preempted names a preemptor of higher priority that was placed; I5 no reservation
 //! outlives its deadline; I6 replicas' state hashes are equal; I7 every fault is
-//! followed by a successful placement within [`RECOVERY_MAX_MS`].
+//! followed by a successful placement within [`RECOVERY_MAX_MS`]; I9 a placed gang with a
+//! required topology level has its members on nodes sharing one value of that label.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,7 +24,7 @@ pub const RECOVERY_MAX_MS: u64 = 30_000;
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// I1 .. I7.
+    /// I1 .. I7, I9.
     pub invariant: String,
     /// What was seen.
     pub detail: String,
@@ -89,6 +90,7 @@ pub fn check(history: &[Entry], fin: &FinalState) -> Verdict {
     check_devices(fin, &mut v);
     check_capacity(fin, &mut v);
     check_groups(&ops, fin, &mut v);
+    check_topology(&ops, fin, &mut v);
     check_acknowledged(&ops, fin, &mut v);
     check_preempted(&ops, fin, &mut v);
     check_refusals(&ops, &mut v);
@@ -439,6 +441,54 @@ fn declarer_live_after(ops: &Ops, gangs: &[GangShape], after_ms: u64) -> Option<
         }
     }
     None
+}
+
+/// I9: the members of a gang with a required level were placed on nodes of one domain,
+/// in every placement the history answered and in the final state's groups.
+fn check_topology(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {
+    let labels: BTreeMap<&str, &std::collections::HashMap<String, String>> = fin
+        .nodes
+        .iter()
+        .filter_map(|n| n.node.as_ref().map(|s| (s.name.as_str(), &s.labels)))
+        .collect();
+    let mut seen: Vec<(String, &[GangShape], Vec<crate::history::Placed>)> = Vec::new();
+    for (op, (_, result)) in &ops.results {
+        let (Some((_, Event::Invoke { f, gangs, .. })), Event::Ok { group, placed, .. }) =
+            (ops.invokes.get(op), result)
+        else {
+            continue;
+        };
+        if f == "place" && !placed.is_empty() {
+            seen.push((format!("group {group} (op {op})"), gangs, placed.clone()));
+        }
+    }
+    let shapes = ops.shapes();
+    for g in fin.groups.iter().filter(|g| !g.placements.is_empty()) {
+        if let Some(gangs) = shapes.get(&g.idempotency_key) {
+            let what = format!("group {} ({} at the end)", g.id, g.state);
+            seen.push((what, gangs.as_slice(), placed_of(g)));
+        }
+    }
+    for (what, gangs, placed) in seen {
+        for gang in gangs {
+            let Some(key) = &gang.required else { continue };
+            let prefix = format!("{}/", gang.name);
+            let domains: BTreeSet<Option<&String>> = placed
+                .iter()
+                .filter(|p| p.member.starts_with(&prefix))
+                .map(|p| labels.get(p.node.as_str()).and_then(|l| l.get(key)))
+                .collect();
+            if domains.len() > 1 {
+                v.push(violation(
+                    "I9",
+                    format!(
+                        "{what}: gang {} (required {key}) spread over {domains:?}",
+                        gang.name
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 fn check_groups(ops: &Ops, fin: &FinalState, v: &mut Vec<Violation>) {

@@ -62,6 +62,7 @@ fn place(op: u64, key: &str, min: u32) -> Event {
             cpu: 1,
             gpu: 0,
             priority: 0,
+            required: None,
         }],
         members: vec![],
     }
@@ -441,4 +442,22 @@ fn quantities_and_percentiles() {
     assert_eq!(percentile(&v, 99), Some(99));
     assert_eq!(percentile(&[7], 99), Some(7));
     assert_eq!(percentile(&[], 50), None);
+}
+
+#[test]
+fn a_gang_required_in_one_rack_on_two_racks_is_i9() {
+    let (mut h, mut fin) = consistent();
+    if let Event::Invoke { gangs, .. } = &mut h[0].event {
+        gangs[0].required = Some("chaos/rack".into());
+    }
+    let rack = |fin: &mut FinalState, i: usize, value: &str| {
+        if let Some(spec) = fin.nodes[i].node.as_mut() {
+            spec.labels.insert("chaos/rack".into(), value.into());
+        }
+    };
+    rack(&mut fin, 0, "rack-0");
+    rack(&mut fin, 1, "rack-0");
+    assert!(check(&h, &fin).violations.is_empty(), "one rack");
+    rack(&mut fin, 1, "rack-1");
+    assert_eq!(invariants(&check(&h, &fin)), ["I9"]);
 }

@@ -50,8 +50,10 @@ pub const BUG_FORGET_UNACKED: &str = "meta-forgets-unacknowledged-decisions";
 pub const BUG_BIND_BEFORE_VICTIMS: &str = "binder-binds-before-victims-leave";
 /// Bug switch: meta accepts a new group declaring a gang a Placed group declares.
 pub const BUG_TWINS_OF_PLACED: &str = "meta-admits-twins-of-placed-groups";
+/// Bug switch: plans leave out the gangs' topology constraints.
+pub const BUG_PLANS_WITHOUT_TOPOLOGY: &str = "coordinator-plans-without-topology";
 /// Every bug switch a drill may arm.
-pub const BUGS: [&str; 7] = [
+pub const BUGS: [&str; 8] = [
     BUG_SKIP_DECISION,
     BUG_RELEASE_SHARDS_FIRST,
     BUG_BIND_BEFORE_VICTIMS,
@@ -59,6 +61,7 @@ pub const BUGS: [&str; 7] = [
     BUG_TRANSPORT_OPEN,
     BUG_FORGET_UNACKED,
     BUG_TWINS_OF_PLACED,
+    BUG_PLANS_WITHOUT_TOPOLOGY,
 ];
 /// The bug switches the self-test arms, one per drill; the checker must catch each.
 /// Not `BUG_REPLAN_HELD`: meta's commit point refuses the double placement it
@@ -68,11 +71,12 @@ pub const BUGS: [&str; 7] = [
 /// deadline (10 s) after a participant missed COMMIT, and the workload's groups are
 /// released long before; the release commits first, so the final state is clean.
 /// `server/tests/two_phase.rs` finds both without faults.
-pub const SELF_TEST_BUGS: [&str; 4] = [
+pub const SELF_TEST_BUGS: [&str; 5] = [
     BUG_SKIP_DECISION,
     BUG_RELEASE_SHARDS_FIRST,
     BUG_TRANSPORT_OPEN,
     BUG_TWINS_OF_PLACED,
+    BUG_PLANS_WITHOUT_TOPOLOGY,
 ];
 /// Crash points every drill's replicas honour (disarmed until a fault arms one).
 pub const CRASH_POINTS: [&str; 7] = [

@@ -39,6 +39,10 @@ pub struct GangShape {
     /// The gang's priority (a group of higher priority may preempt it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: i32,
+    /// The node label whose one value every member must share (a required topology
+    /// level), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<String>,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -212,6 +212,7 @@ impl Workload {
             cpu: 1,
             gpu: 0,
             priority: 0,
+            required: None,
         };
         let request = SubmitGangGroupRequest {
             queue: String::new(),

@@ -169,6 +169,7 @@ impl KubeWorkload {
                 cpu: POD_CPUS,
                 gpu: 0,
                 priority,
+                required: None,
             }],
             members: vec![],
         });

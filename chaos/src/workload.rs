@@ -18,7 +18,7 @@ use std::time::Duration;
 use gangway_client::{Client, ClientError};
 use gangway_proto::v1::{
     DeviceHealth, DeviceListReport, GangGroupStatus, GangSpec, MemberSpec, NodeSpec, PluginDevice,
-    SubmitGangGroupRequest,
+    SubmitGangGroupRequest, TopologySpec,
 };
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -206,7 +206,17 @@ pub fn fleet(shards: u32) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn node_spec(name: &str, devices: bool) -> NodeSpec {
+/// The node label naming a node's rack.
+pub const RACK_LABEL: &str = "chaos/rack";
+
+/// The rack of node `i` of a fleet over `shards` shards: two nodes of one shard (node `i`
+/// lands on shard `i % shards + 1`), so a shard holds whole racks until a move.
+pub fn rack_of(i: usize, shards: u32) -> String {
+    let shards = shards.max(1) as usize;
+    format!("rack-{}", i % shards + shards * (i / (2 * shards)))
+}
+
+fn node_spec(name: &str, devices: bool, rack: &str) -> NodeSpec {
     let mut allocatable = std::collections::HashMap::new();
     allocatable.insert("cpu".to_string(), NODE_CPUS.to_string());
     allocatable.insert("memory".to_string(), "64Gi".to_string());
@@ -215,6 +225,7 @@ fn node_spec(name: &str, devices: bool) -> NodeSpec {
     if devices {
         labels.insert("chaos/devices".to_string(), "true".to_string());
     }
+    labels.insert(RACK_LABEL.to_string(), rack.to_string());
     NodeSpec {
         name: name.to_string(),
         labels,
@@ -240,8 +251,8 @@ fn device_report(node: &str) -> DeviceListReport {
 /// Registers the fleet; returns the device nodes.
 pub async fn register_fleet(replicas: &Replicas, shards: u32) -> Result<Vec<String>, String> {
     let mut device_nodes = Vec::new();
-    for (name, devices) in fleet(shards) {
-        let spec = node_spec(&name, devices);
+    for (i, (name, devices)) in fleet(shards).into_iter().enumerate() {
+        let spec = node_spec(&name, devices, &rack_of(i, shards));
         let r = replicas
             .call(|c| {
                 let spec = spec.clone();
@@ -310,7 +321,8 @@ pub async fn device_agent(
 /// The kinds of group the workers submit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
-    /// A GangGroup of two Strict gangs of two 3-CPU members.
+    /// A GangGroup of two Strict gangs: two 3-CPU members, and two 9-CPU members (a
+    /// node each) required to lie in one rack.
     PairGroup,
     /// A NonStrict gang: 2 of 3 two-CPU members.
     NonStrict,
@@ -402,9 +414,16 @@ pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
         cpu,
         gpu,
         priority: 0,
+        required: None,
     };
     match shape {
-        Shape::PairGroup => vec![gang(0, 2, 2, "Strict", 3, 0), gang(1, 2, 2, "Strict", 3, 0)],
+        Shape::PairGroup => vec![
+            gang(0, 2, 2, "Strict", 3, 0),
+            GangShape {
+                required: Some(RACK_LABEL.to_string()),
+                ..gang(1, 2, 2, "Strict", 9, 0)
+            },
+        ],
         Shape::NonStrict => vec![gang(0, 2, 3, "NonStrict", 2, 0)],
         Shape::Devices => vec![gang(0, 2, 2, "Strict", 1, 1)],
         Shape::Wide => vec![gang(0, 5, 5, "Strict", 12, 0)],
@@ -447,7 +466,10 @@ pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupReque
                         count: g.members,
                         pod_json: pod.to_string(),
                     }],
-                    topology: None,
+                    topology: g.required.as_ref().map(|key| TopologySpec {
+                        required: key.clone(),
+                        ..TopologySpec::default()
+                    }),
                 }
             })
             .collect(),

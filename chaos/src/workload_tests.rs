@@ -30,3 +30,22 @@ fn requests_carry_key_gangs_and_devices() {
     assert_eq!(r.gangs[0].name, "op7-0");
     assert!(r.gangs[0].members[0].pod_json.contains(GPU_RESOURCE));
 }
+
+#[test]
+fn a_rack_is_two_nodes_of_one_shard() {
+    for shards in [1u32, 2, 3] {
+        let racks: Vec<String> = (0..fleet(shards).len())
+            .map(|i| rack_of(i, shards))
+            .collect();
+        for (i, rack) in racks.iter().enumerate() {
+            let mates: Vec<usize> = (0..racks.len()).filter(|j| racks[*j] == *rack).collect();
+            assert_eq!(mates.len(), 2, "{shards} shards: {racks:?}");
+            assert!(
+                mates
+                    .iter()
+                    .all(|j| j % shards as usize == i % shards as usize),
+                "{racks:?}"
+            );
+        }
+    }
+}

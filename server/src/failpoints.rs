@@ -144,8 +144,12 @@ pub const PLANS_READ_EVERY_LABEL: &str = "plans-read-every-label";
 /// a gang that does not fit binds in part.
 pub const KUBERNETES_POD_GROUPS_IGNORED: &str = "ingest-ignores-kubernetes-pod-groups";
 
+/// A bug switch for checking the checks: the coordinator's plans leave out the gangs'
+/// topology constraints, so a gang that must lie in one rack lands on any nodes (I9).
+pub const PLANS_IGNORE_TOPOLOGY: &str = "coordinator-plans-without-topology";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 30] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -175,6 +179,7 @@ pub const ALL: [&str; 29] = [
     AUTHORIZATION_OFF,
     PLANS_READ_EVERY_LABEL,
     KUBERNETES_POD_GROUPS_IGNORED,
+    PLANS_IGNORE_TOPOLOGY,
 ];
 
 /// The armed crash points of a process.

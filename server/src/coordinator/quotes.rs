@@ -38,7 +38,7 @@ impl Coordinator {
             members: members.to_vec(),
             profile: Box::new(self.plan_profile()),
             carried: Vec::new(),
-            topologies: topologies.to_vec(),
+            topologies: self.planned_topologies(topologies),
         };
         match self.groups.shard_query(shard, &query).await {
             Ok(ShardAnswer::Plan { placement }) => Some(placement),
@@ -51,6 +51,15 @@ impl Coordinator {
                 None
             }
         }
+    }
+
+    /// The constraints a plan query carries: `topologies`, or none under the bug switch
+    /// [`failpoints::PLANS_IGNORE_TOPOLOGY`].
+    fn planned_topologies(&self, topologies: &[ListedTopology]) -> Vec<ListedTopology> {
+        if self.failpoints.armed(failpoints::PLANS_IGNORE_TOPOLOGY) {
+            return Vec::new();
+        }
+        topologies.to_vec()
     }
 
     pub(super) async fn plans(
@@ -75,7 +84,7 @@ impl Coordinator {
             members: members.to_vec(),
             profile: Box::new(self.plan_profile()),
             carried: carried.to_vec(),
-            topologies: topologies.to_vec(),
+            topologies: self.planned_topologies(topologies),
         };
         self.ask_plans(shards.iter().copied(), &query).await
     }
