@@ -209,13 +209,11 @@ pub fn fleet(shards: u32) -> Vec<(String, bool)> {
 /// The node label naming a node's rack.
 pub const RACK_LABEL: &str = "chaos/rack";
 
-/// The rack of node `i` of a fleet over `shards` shards: a shard's nodes (node `i` lands
-/// on shard `i % shards + 1`) alternate between its two racks in name order, so a shard
-/// holds whole racks until a move, and the two emptiest nodes of a shard (name order breaks
-/// ties) are in different racks: a plan that ignores a rack constraint shows at once.
+/// The rack of node `i` of a fleet over `shards` shards: two nodes of one shard (node `i`
+/// lands on shard `i % shards + 1`), so a shard holds whole racks until a move.
 pub fn rack_of(i: usize, shards: u32) -> String {
     let shards = shards.max(1) as usize;
-    format!("rack-{}", i % shards + shards * ((i / shards) % 2))
+    format!("rack-{}", i % shards + shards * (i / (2 * shards)))
 }
 
 fn node_spec(name: &str, devices: bool, rack: &str) -> NodeSpec {

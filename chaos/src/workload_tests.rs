@@ -32,18 +32,14 @@ fn requests_carry_key_gangs_and_devices() {
 }
 
 #[test]
-fn a_shard_holds_two_whole_racks_that_alternate_in_name_order() {
+fn a_rack_is_two_nodes_of_one_shard() {
     for shards in [1u32, 2, 3] {
         let racks: Vec<String> = (0..fleet(shards).len())
             .map(|i| rack_of(i, shards))
             .collect();
         for (i, rack) in racks.iter().enumerate() {
             let mates: Vec<usize> = (0..racks.len()).filter(|j| racks[*j] == *rack).collect();
-            assert_eq!(
-                mates.len(),
-                NODES_PER_SHARD / 2,
-                "{shards} shards: {racks:?}"
-            );
+            assert_eq!(mates.len(), 2, "{shards} shards: {racks:?}");
             assert!(
                 mates
                     .iter()
