@@ -97,7 +97,7 @@ impl Topology {
     }
 }
 
-/// Most nodes a group's spread is read for (a larger group shows none).
+/// Most placed members a group's spread is read for (a larger group shows none).
 pub const SPREAD_NODES_MAX: usize = 10_000;
 
 impl SchedulerService {
