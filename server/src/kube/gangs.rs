@@ -219,7 +219,8 @@ pub struct PodGroups {
 /// requirement is met.
 pub const CONDITION_POD_GROUP_SCHEDULED: &str = "PodGroupScheduled";
 
-fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
+/// The annotation `key` of `pod` (or any object), if it has one.
+pub(crate) fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     pod["metadata"]["annotations"][key].as_str()
 }
 

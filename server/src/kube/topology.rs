@@ -9,6 +9,7 @@
 
 use serde_json::Value;
 
+use crate::kube::gangs::annotation;
 use crate::kube::objects::PodProblem;
 use gangway_core::model::names::is_qualified_name;
 use gangway_core::model::node::LABEL_HOSTNAME;
@@ -37,10 +38,6 @@ pub fn volcano_tiers(hierarchies: &[TopologyHierarchy]) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
-    pod["metadata"]["annotations"][key].as_str()
 }
 
 /// A node label key named by `field`, checked.

@@ -327,38 +327,28 @@ pub(super) fn place_constrained(
         let key = constraint.required.as_deref()?;
         hierarchy.as_ref()?.below(key).map(str::to_string)
     });
-    let (scope, domain) = match (constraint.required.as_deref(), &constraint.slice) {
-        (Some(key), Some(slice)) => {
-            return match place_slices_required(round, cluster, key, slice) {
-                Ok((fill, domain)) => round.result(cluster, fill, Some(domain)),
-                Err(reason) => {
-                    let fill = round.refused(cluster, reason);
-                    round.result(cluster, fill, None)
-                }
-            };
-        }
-        (Some(key), None) => {
-            let fill =
-                round.fill_required(cluster, &all, key, inner.as_deref(), hierarchy.as_ref());
-            return match fill {
-                Ok((fill, domain)) => round.result(cluster, fill, Some(domain)),
-                Err(reason) => {
-                    let fill = round.refused(cluster, reason);
-                    round.result(cluster, fill, None)
-                }
-            };
-        }
-        (None, _) => (all, None),
-    };
+    if let Some(key) = constraint.required.as_deref() {
+        let placed = match &constraint.slice {
+            Some(slice) => place_slices_required(round, cluster, key, slice),
+            None => round.fill_required(cluster, &all, key, inner.as_deref(), hierarchy.as_ref()),
+        };
+        return match placed {
+            Ok((fill, domain)) => round.result(cluster, fill, Some(domain)),
+            Err(reason) => {
+                let fill = round.refused(cluster, reason);
+                round.result(cluster, fill, None)
+            }
+        };
+    }
     if let Some(slice) = &constraint.slice {
-        let fill = match place_slices(round, cluster, &scope, &slice.key, slice.size) {
+        let fill = match place_slices(round, cluster, &all, &slice.key, slice.size) {
             Ok(fill) => fill,
             Err(reason) => round.refused(cluster, reason),
         };
-        return round.result(cluster, fill, domain);
+        return round.result(cluster, fill, None);
     }
     if let Some(key) = constraint.preferred.as_deref() {
-        if let Some(fill) = round.fill_preferred(cluster, &scope, key, hierarchy.as_ref()) {
+        if let Some(fill) = round.fill_preferred(cluster, &all, key, hierarchy.as_ref()) {
             return round.result(cluster, fill, None);
         }
     }
