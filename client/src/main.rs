@@ -742,7 +742,7 @@ async fn queues(
                 namespaces,
             };
             let status = client.put_queue(spec).await?;
-            print_queues(&[status], &Default::default(), output);
+            print_queues(&[status], &Default::default(), 0, output);
         }
         Some(QueuesCommand::Delete { name }) => {
             client.delete_queue(&name).await?;
@@ -750,18 +750,25 @@ async fn queues(
         }
         None => {
             let list = client.queue_list().await?;
-            print_queues(&list.queues, &list.capacity, output)
+            print_queues(
+                &list.queues,
+                &list.capacity,
+                list.fair_share_half_life_ms,
+                output,
+            )
         }
     }
     Ok(())
 }
 
 /// Queues as a table (usage/max per resource named in min, max or usage; `-`: no
-/// limit; the min, and what of it the queue lends when it names a limit), then the
-/// cluster's capacity when recorded; or as JSON.
+/// limit; the min, and what of it the queue lends when it names a limit; the decayed
+/// usage while fair sharing over time is on), then the cluster's capacity when
+/// recorded and the fair-share half-life when set; or as JSON.
 fn print_queues(
     queues: &[gangway_client::admin_api::QueueStatus],
     capacity: &std::collections::HashMap<String, String>,
+    half_life_ms: u64,
     output: Output,
 ) {
     if let Output::Json = output {
@@ -773,6 +780,7 @@ fn print_queues(
                     "name": spec.name, "parent": spec.parent, "weight": spec.weight,
                     "min": spec.min, "max": spec.max, "lend": spec.lend, "usage": q.usage,
                     "queued": q.queued, "admitted": q.admitted, "managedBy": spec.managed_by,
+                    "decayedUsage": q.decayed_usage,
                 })
             })
             .collect();
@@ -810,8 +818,19 @@ fn print_queues(
         } else {
             spec.parent.as_str()
         };
+        let mut decayed: Vec<String> = q
+            .decayed_usage
+            .iter()
+            .map(|(n, a)| format!("{n}={a}"))
+            .collect();
+        decayed.sort();
+        let decayed = if half_life_ms > 0 {
+            format!(" decayed[{}]", decayed.join(" "))
+        } else {
+            String::new()
+        };
         println!(
-            "{:<20} {:<20} {:<6} {:<7} {:<8} {}",
+            "{:<20} {:<20} {:<6} {:<7} {:<8} {}{decayed}",
             spec.name,
             parent,
             spec.weight,
@@ -824,6 +843,12 @@ fn print_queues(
         let mut cells: Vec<String> = capacity.iter().map(|(n, a)| format!("{n}={a}")).collect();
         cells.sort();
         println!("cluster capacity: {}", cells.join(" "));
+    }
+    if half_life_ms > 0 {
+        println!(
+            "fair share over time: half-life {} s (the order measures usage + decayed)",
+            half_life_ms as f64 / 1_000.0
+        );
     }
 }
 

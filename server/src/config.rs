@@ -83,6 +83,22 @@ fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `--fair-share-half-life-ms`, checked: 0 (off) or within the range meta accepts.
+pub fn fair_share_half_life(half_life_ms: Option<u64>) -> Result<u64, ConfigError> {
+    use gangway_core::ledger::meta::{FAIR_SHARE_HALF_LIFE_MS_MAX, FAIR_SHARE_HALF_LIFE_MS_MIN};
+    let half_life_ms = half_life_ms.unwrap_or(0);
+    let range = FAIR_SHARE_HALF_LIFE_MS_MIN..=FAIR_SHARE_HALF_LIFE_MS_MAX;
+    if half_life_ms != 0 && !range.contains(&half_life_ms) {
+        return Err(invalid(
+            "--fair-share-half-life-ms",
+            format!(
+                "{half_life_ms} is not 0 (off) or in {FAIR_SHARE_HALF_LIFE_MS_MIN}..={FAIR_SHARE_HALF_LIFE_MS_MAX}"
+            ),
+        ));
+    }
+    Ok(half_life_ms)
+}
+
 /// Flags of `gangway serve`.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -161,6 +177,12 @@ pub struct ServeArgs {
     /// Period of the coordinator's balance checks in ms, in 100..=3600000 [default: 30000].
     #[arg(long)]
     pub rebalance_check_ms: Option<u64>,
+    /// Fair sharing over time: the half-life, in ms, with which each queue's past usage
+    /// is forgotten; the fair order then measures a queue by its usage now plus its
+    /// decayed usage (docs/ARCHITECTURE.md §5a). 0 turns it off; else in
+    /// 1000..=31536000000 (one year) [default: 0].
+    #[arg(long)]
+    pub fair_share_half_life_ms: Option<u64>,
     /// Raft heartbeat period in ms [default: 100].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -274,6 +296,7 @@ struct FileConfig {
     auto_rebalance: Option<bool>,
     rebalance_bound_percent: Option<u64>,
     rebalance_check_ms: Option<u64>,
+    fair_share_half_life_ms: Option<u64>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -352,6 +375,8 @@ pub struct ServeConfig {
     pub wire: WireFormat,
     /// Automatic rebalancing of the shards.
     pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
+    /// The half-life of fair sharing over time, in ms; 0: off.
+    pub fair_share_half_life_ms: u64,
     /// Raft timing.
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.
@@ -766,6 +791,10 @@ impl ServeConfig {
                 .or(file.rebalance_bound_percent),
             args.rebalance_check_ms.or(file.rebalance_check_ms),
         )?;
+        let fair_share_half_life_ms = fair_share_half_life(
+            args.fair_share_half_life_ms
+                .or(file.fair_share_half_life_ms),
+        )?;
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
             heartbeat_ms: args
@@ -840,6 +869,7 @@ impl ServeConfig {
             peer_routes,
             wire,
             rebalance,
+            fair_share_half_life_ms,
         })
     }
 

@@ -137,6 +137,34 @@ fn rebalancing_defaults_on_at_125_percent_and_a_bad_bound_names_the_key() {
 }
 
 #[test]
+fn fair_share_over_time_defaults_off_and_a_half_life_out_of_range_names_the_flag() {
+    assert_eq!(
+        ServeConfig::resolve(args(1, &[]))
+            .expect("valid")
+            .fair_share_half_life_ms,
+        0
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gangway.toml");
+    std::fs::write(&path, "id = 1\nfair-share-half-life-ms = 604800000\n").expect("write");
+    let cfg = ServeConfig::resolve(ServeArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(cfg.fair_share_half_life_ms, 604_800_000);
+    let err = ServeConfig::resolve(ServeArgs {
+        fair_share_half_life_ms: Some(999),
+        ..args(1, &[])
+    })
+    .expect_err("below a second");
+    assert_eq!(
+        err.to_string(),
+        "--fair-share-half-life-ms: 999 is not 0 (off) or in 1000..=31536000000"
+    );
+}
+
+#[test]
 fn wire_format_defaults_to_binary_and_a_bad_one_names_the_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gangway.toml");

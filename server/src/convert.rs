@@ -305,6 +305,11 @@ pub fn queue_status(q: &QueueStatus) -> ApiQueueStatus {
             namespaces: q.spec.namespaces.clone(),
         }),
         usage: quantities_of(&q.usage),
+        decayed_usage: q
+            .decayed_usage
+            .as_ref()
+            .map(quantities_of)
+            .unwrap_or_default(),
         queued: q.queued,
         admitted: q.admitted,
     }

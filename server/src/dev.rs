@@ -72,6 +72,10 @@ pub struct DevArgs {
     /// as `gangway serve --scheduler-config` takes it.
     #[arg(long)]
     pub scheduler_config: Option<PathBuf>,
+    /// Fair sharing over time: the half-life of each queue's past usage in ms, 0 for off,
+    /// as `gangway serve --fair-share-half-life-ms` [default: 0].
+    #[arg(long, default_value_t = 0)]
+    pub fair_share_half_life_ms: u64,
 }
 
 /// Ports of a persistent dev cluster.
@@ -107,6 +111,8 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
     if args.nodes > DEV_NODES_MAX {
         bail!("--nodes: {} is more than {DEV_NODES_MAX}", args.nodes);
     }
+    let fair_share_half_life_ms =
+        crate::config::fair_share_half_life(Some(args.fair_share_half_life_ms))?;
     let profile = match &args.scheduler_config {
         Some(path) => crate::config::read_scheduler_config(
             path,
@@ -224,6 +230,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             profile: profile.clone(),
             wire: args.wire_format,
             rebalance: gangway_core::plan::rebalance::RebalancePolicy::default(),
+            fair_share_half_life_ms,
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),

@@ -67,6 +67,8 @@ pub struct ReplicaOptions {
     pub wire: WireFormat,
     /// Whether and when the coordinator rebalances the shards.
     pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
+    /// The half-life of fair sharing over time, in ms; 0: off.
+    pub fair_share_half_life_ms: u64,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
@@ -266,7 +268,8 @@ impl Replica {
             opts.budgets,
             opts.learned_topologies,
         )
-        .with_rebalance(opts.rebalance);
+        .with_rebalance(opts.rebalance)
+        .with_fair_share(opts.fair_share_half_life_ms);
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));

@@ -130,6 +130,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         profile: cfg.profile.clone(),
         wire: cfg.wire,
         rebalance: cfg.rebalance,
+        fair_share_half_life_ms: cfg.fair_share_half_life_ms,
         failpoints: if cfg.test_failpoints {
             Failpoints::from_env()
         } else {

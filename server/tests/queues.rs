@@ -421,3 +421,119 @@ async fn a_lending_limit_keeps_part_of_an_idle_guarantee_free_of_borrowers() {
     let on_ledgers: u32 = held(&cl).await.values().sum();
     assert_eq!(on_ledgers, 8, "a0, a1, b0 and b1 hold two pods each");
 }
+
+/// A cpu quantity as the API writes it ("6", "5800m"), in millicores.
+fn millicores(q: &HashMap<String, QueueStatus>, name: &str, field: &str) -> u64 {
+    let status = q.get(name).expect("queue listed");
+    let amounts = match field {
+        "decayed" => &status.decayed_usage,
+        _ => &status.usage,
+    };
+    match amounts.get("cpu") {
+        None => 0,
+        Some(text) => match text.strip_suffix('m') {
+            Some(milli) => milli.parse().expect("millicores"),
+            None => text.parse::<u64>().expect("cores") * 1_000,
+        },
+    }
+}
+
+/// Fair sharing over time with a 2 s half-life, on three processes: queue a uses the
+/// whole cluster for two half-lives and b nothing. Its decayed usage is replicated: the
+/// meta leader dies, and the next one continues it (it only grows while a still holds
+/// the cluster). When a's group ends, b's waiting group goes before a's (a submitted
+/// first, both idle now); once b has used the cluster for two half-lives and a's past
+/// has decayed, the shares have crossed and a's goes before b's next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_share_over_time_puts_the_idle_queue_first_until_the_shares_cross_across_failover() {
+    const HALF_LIFE_MS: u64 = 2_000;
+    let mut c = Cluster::start_with(
+        3,
+        2,
+        vec!["--fair-share-half-life-ms".into(), HALF_LIFE_MS.to_string()],
+        Vec::new(),
+    );
+    c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
+    let cl = client(&c, 1).await;
+    fleet(&cl, 2, 1, "4").await; // 8 cpu: two 4-cpu nodes on two shards
+    cl.put_queue(queue("org", "", &[("cpu", "8")]))
+        .await
+        .expect("org");
+    for name in ["a", "b"] {
+        let mut spec = queue(name, "org", &[]);
+        spec.min = amounts(&[("cpu", "4")]);
+        cl.put_queue(spec).await.expect("team queue");
+    }
+    // The coordinator's first sample starts the history.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cl.queue_list().await.expect("list").fair_share_half_life_ms != HALF_LIFE_MS {
+        assert!(Instant::now() < deadline, "usage never sampled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // a holds the whole cluster for two half-lives; a1 and b1 wait for org's room.
+    let long = cl
+        .submit(into("a", "a-long", 2, "4"))
+        .await
+        .expect("a-long");
+    wait_state(&cl, long.id, "Placed", Duration::from_secs(10)).await;
+    let a1 = cl.submit(into("a", "a1", 2, "4")).await.expect("a1");
+    let b1 = cl.submit(into("b", "b1", 2, "4")).await.expect("b1");
+    waiting(&cl, a1.id, "queue a's ancestor org has no room").await;
+    waiting(&cl, b1.id, "queue b's ancestor org has no room").await;
+    tokio::time::sleep(Duration::from_millis(2 * HALF_LIFE_MS)).await;
+    let q = usage(&cl).await;
+    let before = millicores(&q, "a", "decayed");
+    assert!(
+        (3_000..8_000).contains(&before),
+        "8 cpu for two half-lives decays to about 6: {before}m"
+    );
+    assert_eq!(millicores(&q, "b", "decayed"), 0, "b used nothing");
+
+    // The meta leader dies: the next one continues the same history.
+    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
+    c.kill(meta_leader);
+    let alive: Vec<u64> = [1, 2, 3]
+        .into_iter()
+        .filter(|i| *i != meta_leader)
+        .collect();
+    let cl = client(&c, alive[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        match cl.queues().await {
+            Ok(_) => break millicores(&usage(&cl).await, "a", "decayed"),
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no meta leader: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(
+        after >= before && after < 8_000,
+        "a still holds 8 cpu: its decayed usage grows from {before}m, not from zero: {after}m"
+    );
+
+    // a's group ends: b (nothing decayed) goes before a (submitted first).
+    cl.release(long.id).await.expect("release a-long");
+    wait_state(&cl, b1.id, "Placed", Duration::from_secs(15)).await;
+    let a1_now = cl.get(a1.id).await.expect("a1");
+    assert_eq!(a1_now.state, "Queued", "{a1_now:?}");
+
+    // b holds the cluster for two half-lives; a's past halves twice meanwhile.
+    let b2 = cl.submit(into("b", "b2", 2, "4")).await.expect("b2");
+    waiting(&cl, b2.id, "queue b's ancestor org has no room").await;
+    tokio::time::sleep(Duration::from_millis(2 * HALF_LIFE_MS)).await;
+    let q = usage(&cl).await;
+    let (a_past, b_past) = (
+        millicores(&q, "a", "decayed"),
+        millicores(&q, "b", "decayed"),
+    );
+    assert!(
+        a_past < b_past,
+        "the decayed shares crossed: a {a_past}m, b {b_past}m"
+    );
+    cl.release(b1.id).await.expect("release b1");
+    wait_state(&cl, a1.id, "Placed", Duration::from_secs(15)).await;
+    let b2_now = cl.get(b2.id).await.expect("b2");
+    assert_eq!(b2_now.state, "Queued", "a goes first now: {b2_now:?}");
+}

@@ -51,6 +51,50 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Fair sharing over time: every sixteenth of the half-life (within
+    /// [`FAIR_SHARE_SAMPLE_MS_MIN`]..=[`FAIR_SHARE_SAMPLE_MS_MAX`]), while queues exist,
+    /// writes `SampleUsage` so meta advances each queue's decayed usage by its clock;
+    /// with no half-life configured, forgets a history meta still keeps (one entry).
+    pub(super) async fn sample_usage(&self) -> Result<(), GroupError> {
+        let half_life_ms = self.fair_share_half_life_ms;
+        let period_ms =
+            (half_life_ms / 16).clamp(FAIR_SHARE_SAMPLE_MS_MIN, FAIR_SHARE_SAMPLE_MS_MAX);
+        {
+            let now = std::time::Instant::now();
+            let mut last = self
+                .usage_sampled_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(period_ms)) {
+                return Ok(());
+            }
+            *last = Some(now);
+        }
+        let recorded = match self.groups.meta_query_local(&MetaQuery::UsageHistory)? {
+            MetaReply::UsageHistory { half_life_ms, .. } => half_life_ms,
+            _ => 0,
+        };
+        if half_life_ms == 0 && recorded == 0 {
+            return Ok(());
+        }
+        if half_life_ms > 0 {
+            let queues = match self.groups.meta_query_local(&MetaQuery::Queues)? {
+                MetaReply::Queues { queues } => queues.len(),
+                _ => 0,
+            };
+            if queues == 0 {
+                return Ok(());
+            }
+        }
+        self.groups
+            .meta(&MetaCommand::SampleUsage {
+                at_ms: now_ms(),
+                half_life_ms,
+            })
+            .await?;
+        Ok(())
+    }
+
     /// The queued groups among `records` whose queues have no room for them now, with
     /// why (a local read: meta checks again when the transaction begins, I8).
     pub(super) fn quota_refusals(

@@ -58,6 +58,11 @@ use gangway_core::query::{listed_topologies, ListedTopology, ShardAnswer, ShardQ
 /// Period between the coordinator's reads of the shards' capacity (recorded in meta
 /// when it changed: the pool top-level queues lend in), in ms.
 pub const CAPACITY_REFRESH_MS: u64 = 5_000;
+/// Shortest period between the coordinator's usage samples for fair sharing over
+/// time, in ms (a sixteenth of the half-life, within these bounds).
+pub const FAIR_SHARE_SAMPLE_MS_MIN: u64 = 250;
+/// Longest period between the coordinator's usage samples, in ms.
+pub const FAIR_SHARE_SAMPLE_MS_MAX: u64 = 5_000;
 /// Longest a round waits for a shard's capacity, in ms (the round goes on without it).
 pub const CAPACITY_READ_TIMEOUT_MS: u64 = 250;
 /// Longest pause between the coordinator's rounds, in ms.
@@ -123,6 +128,10 @@ pub struct Coordinator {
     rebalance: RebalancePolicy,
     /// When the balance was last checked (None: check at the next idle moment).
     balance_checked_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The half-life of fair sharing over time, in ms; 0: off.
+    fair_share_half_life_ms: u64,
+    /// When usage was last sampled for fair sharing over time (None: never).
+    usage_sampled_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -186,7 +195,15 @@ impl Coordinator {
             // The first check comes a period after the coordinator starts: a fleet
             // registering at start-up is not rebalanced half registered.
             balance_checked_at: std::sync::Mutex::new(Some(std::time::Instant::now())),
+            fair_share_half_life_ms: 0,
+            usage_sampled_at: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The same coordinator with fair sharing over time at `half_life_ms` (0: off).
+    pub fn with_fair_share(mut self, half_life_ms: u64) -> Self {
+        self.fair_share_half_life_ms = half_life_ms;
+        self
     }
 
     /// The same coordinator with rebalancing `policy`.
@@ -259,6 +276,9 @@ impl Coordinator {
         let (moving, sealed) = self.advance_move(first_round).await;
         if let Err(e) = self.refresh_capacity().await {
             tracing::debug!(error = %e, "cluster capacity not recorded this round");
+        }
+        if let Err(e) = self.sample_usage().await {
+            tracing::debug!(error = %e, "queue usage not sampled this round");
         }
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {

@@ -176,6 +176,11 @@ impl Queues for QueuesService {
                     }) => crate::convert::quantities_of(&capacity),
                     _ => Default::default(),
                 };
+                let fair_share_half_life_ms =
+                    match self.groups.meta_query(&MetaQuery::UsageHistory).await {
+                        Ok(MetaReply::UsageHistory { half_life_ms, .. }) => half_life_ms,
+                        _ => 0,
+                    };
                 let mut shown = Vec::with_capacity(queues.len());
                 for q in &queues {
                     if self.visible(who, q, &queues).await? {
@@ -185,6 +190,7 @@ impl Queues for QueuesService {
                 Ok(Response::new(ListQueuesReply {
                     queues: shown,
                     capacity,
+                    fair_share_half_life_ms,
                 }))
             }
             other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),

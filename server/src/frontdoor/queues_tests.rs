@@ -42,14 +42,21 @@ fn statuses_print_cpu_in_cores_and_leave_zero_usage_out() {
     let spec = queue_spec(&api("team-a", &[("cpu", "1500m")])).expect("valid");
     let mut usage = Resources::zero();
     usage.cpu_milli = 2_000;
+    let mut decayed = Resources::zero();
+    decayed.cpu_milli = 1_250;
     let shown = crate::convert::queue_status(&QueueStatus {
         spec,
         usage,
+        decayed_usage: Some(decayed),
         queued: 1,
         admitted: 2,
     });
     assert_eq!(shown.usage.get("cpu").map(String::as_str), Some("2"));
     assert_eq!(shown.usage.len(), 1);
+    assert_eq!(
+        shown.decayed_usage.get("cpu").map(String::as_str),
+        Some("1250m")
+    );
     let max = shown.spec.map(|s| s.max).unwrap_or_default();
     assert_eq!(max.get("cpu").map(String::as_str), Some("1500m"));
 }

@@ -89,7 +89,9 @@ fn report_queues(queues: &[QueueStatus]) -> QueueSeries {
     let mut series = QueueSeries::new();
     for q in queues {
         let name = q.spec.name.clone();
+        let decayed = q.decayed_usage.clone().unwrap_or_default();
         let mut resources: BTreeSet<ResourceName> = q.usage.nonzero().map(|(r, _)| r).collect();
+        resources.extend(decayed.nonzero().map(|(r, _)| r));
         resources.extend(q.spec.min.iter().map(|(r, _)| r));
         resources.extend(q.spec.max.iter().map(|(r, _)| r));
         for r in resources {
@@ -101,10 +103,14 @@ fn report_queues(queues: &[QueueStatus]) -> QueueSeries {
             // No limit reads as -1, so a dashboard can tell it from a max of zero.
             let max = q.spec.max.get(&r).map_or(-1.0, |m| m as f64);
             metrics::gauge!("gangway_queue_max", "queue" => name.clone(), "resource" => label.clone()).set(max);
+            metrics::gauge!("gangway_queue_decayed_usage", "queue" => name.clone(), "resource" => label.clone())
+                .set(decayed.get(&r) as f64);
             series.insert((name.clone(), label));
         }
+        // The share the fair order measures: usage now, plus the decayed usage while
+        // fair sharing over time is on.
         metrics::gauge!("gangway_queue_share", "queue" => name.clone())
-            .set(share(&q.spec, &q.usage).0);
+            .set(share(&q.spec, &q.usage.saturating_add(&decayed)).0);
         metrics::gauge!("gangway_queue_gang_groups", "queue" => name.clone(), "state" => "queued")
             .set(q.queued as f64);
         metrics::gauge!("gangway_queue_gang_groups", "queue" => name.clone(), "state" => "admitted")
@@ -128,6 +134,7 @@ fn zero_queues<'a>(series: impl Iterator<Item = &'a (String, String)>) {
                 "gangway_queue_usage",
                 "gangway_queue_min",
                 "gangway_queue_max",
+                "gangway_queue_decayed_usage",
             ] {
                 metrics::gauge!(gauge, "queue" => queue.clone(), "resource" => resource.clone())
                     .set(0.0);

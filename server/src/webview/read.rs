@@ -123,6 +123,8 @@ pub struct QueuesView {
     pub queues: Vec<ApiQueueStatus>,
     /// The cluster's recorded capacity (empty until recorded).
     pub capacity: BTreeMap<String, String>,
+    /// The half-life of fair sharing over time as last sampled, in ms; 0: off.
+    pub fair_share_half_life_ms: u64,
 }
 
 /// The transactions panel's data.
@@ -231,7 +233,15 @@ impl Source {
             MetaReply::Capacity { capacity: Some(c) } => quantities(&c).into_iter().collect(),
             _ => BTreeMap::new(),
         };
-        Ok(QueuesView { queues, capacity })
+        let fair_share_half_life_ms = match self.meta(what, &MetaQuery::UsageHistory).await? {
+            MetaReply::UsageHistory { half_life_ms, .. } => half_life_ms,
+            _ => 0,
+        };
+        Ok(QueuesView {
+            queues,
+            capacity,
+            fair_share_half_life_ms,
+        })
     }
 
     /// Open reservations on every shard, recent decisions and undelivered ones.

@@ -740,6 +740,10 @@ pub fn queues(view: &QueuesView) -> Markup {
             p { "cluster capacity: "
                 @for (r, q) in &view.capacity { code { (r) " " (q) } " " } }
         }
+        @if view.fair_share_half_life_ms > 0 {
+            p #fair-share { "fair share over time: half-life " (plain(view.fair_share_half_life_ms as f64 / 1_000.0))
+                " s; the order measures a queue by its usage now plus its decayed usage" }
+        }
         @if view.queues.is_empty() {
             p { "no queues: groups are admitted in submission order (gangctl queues put to make one)" }
         }
@@ -774,6 +778,9 @@ pub fn queues(view: &QueuesView) -> Markup {
                                 @if let Some(l) = s.lend.get(r) { " (lends " (show(r, amount(l))) ")" }
                                 " · max " (s.max.get(r).map_or("–".to_string(), |v| show(r, amount(v))))
                                 " · fair " (f.map_or("–".to_string(), |v| show(r, v)))
+                                @if view.fair_share_half_life_ms > 0 {
+                                    " · decayed " (show(r, q.decayed_usage.get(r).map_or(0.0, |v| amount(v))))
+                                }
                             }
                         }
                     }

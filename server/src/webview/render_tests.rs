@@ -190,3 +190,29 @@ fn the_fleet_grid_groups_nodes_by_block_then_rack_when_the_hierarchy_is_known() 
     let html = fleet(&flat, &BTreeMap::new()).into_string();
     assert!(html.contains(">r0<") && !html.contains("›"), "{html}");
 }
+
+#[test]
+fn the_queue_panel_shows_decayed_usage_only_with_fair_sharing_over_time() {
+    let status = ApiQueueStatus {
+        spec: Some(QueueSpec {
+            name: "team-a".into(),
+            weight: 1,
+            max: [("cpu".to_string(), "8".to_string())].into(),
+            ..Default::default()
+        }),
+        usage: [("cpu".to_string(), "2".to_string())].into(),
+        decayed_usage: [("cpu".to_string(), "5500m".to_string())].into(),
+        ..Default::default()
+    };
+    let mut view = QueuesView {
+        queues: vec![status],
+        capacity: BTreeMap::new(),
+        fair_share_half_life_ms: 0,
+    };
+    let off = queues(&view).into_string();
+    assert!(!off.contains("decayed"), "{off}");
+    view.fair_share_half_life_ms = 604_800_000;
+    let on = queues(&view).into_string();
+    assert!(on.contains("half-life 604800 s"), "{on}");
+    assert!(on.contains("· decayed 5.5"), "{on}");
+}

@@ -193,6 +193,16 @@ pub enum MetaCommand {
         /// The sum over every shard's nodes.
         capacity: Resources,
     },
+    /// Advances every queue's usage over time to `at_ms` (fair sharing over time,
+    /// docs/ARCHITECTURE.md §5a): the coordinator writes one every
+    /// `FAIR_SHARE_SAMPLE_MS` while a half-life is configured, and one with
+    /// `half_life_ms` 0 to forget the history once it is not.
+    SampleUsage {
+        /// Proposer's clock.
+        at_ms: u64,
+        /// The half-life, in ms (`FAIR_SHARE_HALF_LIFE_MS_MIN..=…_MAX`), or 0: off.
+        half_life_ms: u64,
+    },
     /// Gives `node` its shard unless it has one: its domain's home, or for the first
     /// node of a domain (or a node without one) the shard with the fewest nodes.
     PlaceNode {
@@ -425,6 +435,13 @@ pub enum MetaReply {
         /// (group, why), in the order asked; groups that fit are left out.
         refusals: Vec<(GroupSeq, String)>,
     },
+    /// Fair sharing over time as recorded ([`MetaQuery::UsageHistory`]).
+    UsageHistory {
+        /// The last sample's half-life, in ms; 0: off.
+        half_life_ms: u64,
+        /// The last sample's time (the proposer's clock); 0: never sampled.
+        sampled_at_ms: u64,
+    },
     /// The cluster's allocatable resources as recorded ([`MetaQuery::Capacity`]).
     Capacity {
         /// `None` until the coordinator first recorded it.
@@ -593,6 +610,8 @@ pub enum MetaQuery {
     },
     /// The cluster's allocatable resources as recorded (`MetaCommand::NoteCapacity`).
     Capacity,
+    /// Whether fair sharing over time is on, with what half-life, and its last sample.
+    UsageHistory,
     /// The newest transactions of the decision log (open and decided), newest first:
     /// what the web view lists as recent decisions.
     RecentTxns {

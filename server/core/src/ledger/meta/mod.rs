@@ -26,6 +26,7 @@ mod placements;
 pub mod queues;
 pub mod shard_map;
 mod table;
+pub mod usage_history;
 
 mod admission;
 mod lifecycle;
@@ -52,6 +53,7 @@ pub use shard_map::{
     domain_of, hashed_shard, shard_command, MappedNode, MovePhase, MoveTarget, ShardMove,
     ShardShare, MOVES_ACTIVE_MAX, MOVES_KEPT_MAX,
 };
+pub use usage_history::{UsageHistory, FAIR_SHARE_HALF_LIFE_MS_MAX, FAIR_SHARE_HALF_LIFE_MS_MIN};
 
 use crate::ledger::TxnId;
 use crate::model::{GangGroup, QueueSpec, Resources};
@@ -312,6 +314,7 @@ impl MetaState {
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteCapacity { .. }
+            | MetaCommand::SampleUsage { .. }
             | MetaCommand::NoteNodeAllocation { .. } => Vec::new(),
         }
     }
@@ -454,6 +457,13 @@ impl MetaState {
                 node,
                 allocation,
             } => self.note_node_allocation(member, node, allocation),
+            MetaCommand::SampleUsage {
+                at_ms,
+                half_life_ms,
+            } => match self.queues.sample_usage(*at_ms, *half_life_ms) {
+                Ok(()) => MetaReply::Queues { queues: Vec::new() },
+                Err(reason) => rejected(reason),
+            },
             MetaCommand::NoteCapacity { capacity } => {
                 self.queues.set_capacity(capacity.clone());
                 MetaReply::Capacity {

@@ -779,3 +779,134 @@ fn the_recorded_capacity_bounds_borrowing_past_a_lending_limit_and_survives_a_sn
     txn_of(begin(&mut m, within));
     consistent(&m);
 }
+
+/// Which queue's group the next round takes first.
+fn first_in_line(m: &MetaState) -> String {
+    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending {
+        limit: 10,
+        due_at_ms: None,
+    }) else {
+        panic!("pending");
+    };
+    records
+        .first()
+        .map(|r| r.group.queue.clone())
+        .unwrap_or_default()
+}
+
+fn sample(m: &mut MetaState, at_ms: u64, half_life_ms: u64) {
+    let reply = m.apply(&MetaCommand::SampleUsage {
+        at_ms,
+        half_life_ms,
+    });
+    assert!(matches!(reply, MetaReply::Queues { .. }), "{reply:?}");
+}
+
+#[test]
+fn a_queue_that_used_the_cluster_for_long_yields_until_the_decayed_shares_cross() {
+    const HALF_LIFE_MS: u64 = 60_000;
+    let mut m = MetaState::new(1);
+    put(&mut m, guaranteed("a", 4, 8));
+    put(&mut m, guaranteed("b", 4, 8));
+    // a holds 8 cores for ten half-lives, sampled every second; b holds nothing.
+    sample(&mut m, 0, HALF_LIFE_MS);
+    let long = placed_group(&mut m, "a", "long", 8);
+    let mut at = 0;
+    while at < 10 * HALF_LIFE_MS {
+        at += 1_000;
+        sample(&mut m, at, HALF_LIFE_MS);
+    }
+    let decayed = |m: &MetaState, q: &str| {
+        m.queues
+            .history()
+            .map(|h| h.decayed(q).cpu_milli)
+            .unwrap_or(0)
+    };
+    assert!(decayed(&m, "a") >= 7_990, "{}", decayed(&m, "a"));
+    assert_eq!(decayed(&m, "b"), 0);
+    m.apply(&MetaCommand::Release {
+        seq: long,
+        at_ms: at,
+    });
+    m.apply(&MetaCommand::ReleaseDone {
+        seq: long,
+        at_ms: at,
+    });
+    assert_eq!(cores(&m, "a"), 0, "a holds nothing now");
+
+    // Both submit; without the history the two idle queues tie and a's name wins.
+    submit(&mut m, group_in("a", "a-next", 1, 1));
+    submit(&mut m, group_in("b", "b-next", 1, 1));
+    let mut forgetful = m.clone();
+    sample(&mut forgetful, at, 0);
+    assert_eq!(first_in_line(&forgetful), "a");
+    assert_eq!(first_in_line(&m), "b", "a's past use puts b first");
+
+    // b now holds 2 cores. a's measure is 8·2^(−t/h); b's 2 + 2·(1 − 2^(−t/h)): they
+    // cross at 2^(−t/h) = 0.4, t = h·log2(2.5), about 79.3 s.
+    placed_group(&mut m, "b", "b-running", 2);
+    let start = at;
+    let crossing_ms = (HALF_LIFE_MS as f64 * 2.5f64.log2()) as u64;
+    let mut switched_at = None;
+    while at < start + 3 * HALF_LIFE_MS {
+        at += 1_000;
+        sample(&mut m, at, HALF_LIFE_MS);
+        if at == start + HALF_LIFE_MS {
+            // A snapshot taken now continues exactly as the state it was taken from.
+            for format in [
+                crate::wire::WireFormat::Binary,
+                crate::wire::WireFormat::Json,
+            ] {
+                let copy: MetaState =
+                    crate::wire::decode(&format.encode(&m).expect("snapshot")).expect("restore");
+                assert_eq!(copy, m, "{format:?}");
+            }
+        }
+        let first = first_in_line(&m);
+        match switched_at {
+            None if first == "a" => switched_at = Some(at - start),
+            None => assert_eq!(first, "b"),
+            Some(_) => assert_eq!(first, "a", "once crossed, a stays first"),
+        }
+    }
+    let switched = switched_at.expect("the shares never crossed");
+    assert!(
+        switched.abs_diff(crossing_ms) <= 1_000,
+        "crossed after {switched} ms, the half-life says {crossing_ms}"
+    );
+
+    // Turning it off forgets the history: the order is by current usage again.
+    sample(&mut m, at + 1_000, 0);
+    assert!(m.queues.history().is_none());
+    assert_eq!(first_in_line(&m), "a", "b holds 2 cores now, a none");
+    consistent(&m);
+}
+
+#[test]
+fn a_sample_with_a_half_life_out_of_range_is_refused_naming_it() {
+    let mut m = MetaState::new(1);
+    let reply = m.apply(&MetaCommand::SampleUsage {
+        at_ms: 5,
+        half_life_ms: 999,
+    });
+    assert!(
+        matches!(&reply, MetaReply::Rejected { reason, .. } if reason.starts_with("half_life_ms: 999 is not 0 or in 1000..=")),
+        "{reply:?}"
+    );
+    assert!(m.queues.history().is_none(), "nothing recorded");
+    assert_eq!(
+        m.query(&MetaQuery::UsageHistory),
+        MetaReply::UsageHistory {
+            half_life_ms: 0,
+            sampled_at_ms: 0
+        }
+    );
+    sample(&mut m, 5, 1_000);
+    assert_eq!(
+        m.query(&MetaQuery::UsageHistory),
+        MetaReply::UsageHistory {
+            half_life_ms: 1_000,
+            sampled_at_ms: 5
+        }
+    );
+}

@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::usage_history::{
+    UsageHistory, FAIR_SHARE_HALF_LIFE_MS_MAX, FAIR_SHARE_HALF_LIFE_MS_MIN,
+};
 use crate::model::queue::{Amount, QUEUES_MAX, QUEUE_DEPTH_MAX};
 use crate::model::{FieldPath, QueueSpec, ResourceName, Resources};
 
@@ -22,6 +25,10 @@ pub struct QueueStatus {
     pub spec: QueueSpec,
     /// What its subtree's groups are charged.
     pub usage: Resources,
+    /// Its subtree's usage over time, decayed by the half-life; `None` while fair
+    /// sharing over time is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decayed_usage: Option<Resources>,
     /// Its own groups waiting to be placed.
     pub queued: u64,
     /// Its own groups holding capacity (placing, placed, or releasing).
@@ -38,6 +45,11 @@ pub struct Queues {
     /// pool top-level queues share when lending limits apply. `None` until recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     capacity: Option<Resources>,
+    /// Each queue's usage over time, while fair sharing over time is on
+    /// (`MetaCommand::SampleUsage` with a half-life); `None`: the fair order reads
+    /// current usage only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    history: Option<UsageHistory>,
 }
 
 impl Queues {
@@ -88,6 +100,41 @@ impl Queues {
     /// The cluster's allocatable resources as last recorded.
     pub fn capacity(&self) -> Option<&Resources> {
         self.capacity.as_ref()
+    }
+
+    /// Advances every queue's usage over time to `at_ms` (`MetaCommand::SampleUsage`);
+    /// a half-life of 0 forgets the history and turns fair sharing over time off.
+    pub fn sample_usage(&mut self, at_ms: u64, half_life_ms: u64) -> Result<(), String> {
+        if half_life_ms == 0 {
+            self.history = None;
+            return Ok(());
+        }
+        let range = FAIR_SHARE_HALF_LIFE_MS_MIN..=FAIR_SHARE_HALF_LIFE_MS_MAX;
+        if !range.contains(&half_life_ms) {
+            return Err(format!(
+                "half_life_ms: {half_life_ms} is not 0 or in {FAIR_SHARE_HALF_LIFE_MS_MIN}..={FAIR_SHARE_HALF_LIFE_MS_MAX}"
+            ));
+        }
+        match &mut self.history {
+            Some(history) => history.sample(at_ms, half_life_ms, &self.usage),
+            None => self.history = Some(UsageHistory::starting(at_ms, half_life_ms)),
+        }
+        Ok(())
+    }
+
+    /// Each queue's usage over time, while fair sharing over time is on.
+    pub fn history(&self) -> Option<&UsageHistory> {
+        self.history.as_ref()
+    }
+
+    /// What the fair order measures queue `name` by: its usage now, plus, while fair
+    /// sharing over time is on, its decayed usage.
+    pub fn fair_usage(&self, name: &str) -> Resources {
+        let now = self.usage(name);
+        match &self.history {
+            Some(history) => now.saturating_add(&history.decayed(name)),
+            None => now,
+        }
     }
 
     /// Why charging `more` to queue `name` would pass some `max` on its chain, or make
@@ -411,6 +458,7 @@ impl Queues {
                 .keys()
                 .map(|n| (n.clone(), Resources::zero()))
                 .collect(),
+            history: None,
         };
         for (queue, charge) in charges {
             fresh.charge(queue, charge);
@@ -516,7 +564,9 @@ impl Queues {
     /// walking down from the top, at every queue taking the slot with the lowest
     /// [`share`]: a child queue by its subtree's usage, or the queue's own groups (one
     /// more slot) by what they alone use, usage counting what the groups already taken
-    /// would be charged (`charge`, asked once per group taken). Within a queue, the
+    /// would be charged (`charge`, asked once per group taken). Usage is
+    /// [`Self::fair_usage`]: with fair sharing over time on, the decayed usage counts
+    /// too. Within a queue, the
     /// order given (priority, then creation). `groups` are (queue, item) in within-queue
     /// order. Each pick pops and pushes one slot per level: O(depth × log siblings).
     pub fn fair_order<T, F: Fn(&T) -> Resources>(
@@ -550,7 +600,7 @@ impl Queues {
         for spec in self.specs.values() {
             if nodes.contains_key(&spec.parent) {
                 let sum = children_usage.entry(spec.parent.as_str()).or_default();
-                *sum = sum.saturating_add(&self.usage(&spec.name));
+                *sum = sum.saturating_add(&self.fair_usage(&spec.name));
             }
         }
         let mut pushes = Vec::new();
@@ -558,7 +608,7 @@ impl Queues {
             let Some(spec) = self.specs.get(name) else {
                 continue;
             };
-            node.subtree = self.usage(name);
+            node.subtree = self.fair_usage(name);
             node.own_usage = node.subtree.saturating_sub(
                 &children_usage
                     .get(name.as_str())

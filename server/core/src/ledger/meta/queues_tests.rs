@@ -109,14 +109,19 @@ fn reference_order(q: &Queues, groups: &[(String, Resources, u32)]) -> Vec<u32> 
         .collect();
     let mut taken: Vec<bool> = groups.iter().map(|(queue, _, _)| !known(queue)).collect();
     let below = |queue: &str, top: &str| q.chain(queue).any(|s| s.name == top);
+    // Usage now, plus the decayed usage while fair sharing over time is on.
+    let measured = |name: &str| match q.history() {
+        Some(h) => q.usage(name).saturating_add(&h.decayed(name)),
+        None => q.usage(name),
+    };
     let own_usage = |name: &str| {
         let children = q
             .specs()
             .filter(|s| s.parent == name)
             .fold(Resources::zero(), |acc, s| {
-                acc.saturating_add(&q.usage(&s.name))
+                acc.saturating_add(&measured(&s.name))
             });
-        q.usage(name).saturating_sub(&children)
+        measured(name).saturating_sub(&children)
     };
     loop {
         let mut at = String::new();
@@ -126,7 +131,7 @@ fn reference_order(q: &Queues, groups: &[(String, Resources, u32)]) -> Vec<u32> 
                 if !(0..groups.len()).any(|i| !taken[i] && below(&groups[i].0, &spec.name)) {
                     continue;
                 }
-                let mut used = q.usage(&spec.name);
+                let mut used = measured(&spec.name);
                 for (i, (queue, charge, _)) in groups.iter().enumerate() {
                     if taken[i] && known(queue) && below(queue, &spec.name) {
                         used = used.saturating_add(charge);
@@ -177,11 +182,18 @@ fn arb_queues() -> impl Strategy<Value = (Vec<(u32, u64, u64, u8)>, Vec<(u8, u64
     )
 }
 
+/// Fair sharing over time: off, or the usage sampled after this many ms of a one-second
+/// half-life, then this many more cores charged to every queue of an odd index (so
+/// the decayed usage and the usage now differ).
+fn arb_history() -> impl Strategy<Value = Option<(u64, u64)>> {
+    prop::option::of((1u64..5_000, 0u64..4))
+}
+
 proptest::proptest! {
     /// The fair order matches its definition over random trees of queues (weights,
     /// mins, usage) and groups (charges), groups without a queue included.
     #[test]
-    fn the_fair_order_matches_the_reference((qs, gs) in arb_queues()) {
+    fn the_fair_order_matches_the_reference((qs, gs) in arb_queues(), history in arb_history()) {
         let mut q = Queues::default();
         for (i, (weight, min, used, pick)) in qs.iter().enumerate() {
             let parent = usize::from(*pick) % (i + 1);
@@ -195,6 +207,13 @@ proptest::proptest! {
             let mut usage = cpu(*used);
             usage.pods = *used;
             q.charge(&spec.name, &usage);
+        }
+        if let Some((after_ms, more)) = history {
+            q.sample_usage(0, 1_000).expect("start");
+            q.sample_usage(after_ms, 1_000).expect("sample");
+            for i in (1..qs.len()).step_by(2) {
+                q.charge(&format!("q{i}"), &cpu(more));
+            }
         }
         let groups: Vec<(String, Resources, u32)> = gs
             .iter()

@@ -139,6 +139,10 @@ impl MetaState {
             MetaQuery::Queues => MetaReply::Queues {
                 queues: self.queue_statuses(None),
             },
+            MetaQuery::UsageHistory => MetaReply::UsageHistory {
+                half_life_ms: self.queues.history().map_or(0, |h| h.half_life_ms()),
+                sampled_at_ms: self.queues.history().map_or(0, |h| h.sampled_at_ms()),
+            },
             MetaQuery::Reclaimable { seq } => match self.reclaimable(*seq) {
                 Ok(victims) => MetaReply::Reclaimable { victims },
                 Err(reason) => rejected(reason),
@@ -227,6 +231,7 @@ impl MetaState {
                 QueueStatus {
                     spec: q.clone(),
                     usage: self.queues.usage(&q.name),
+                    decayed_usage: self.queues.history().map(|h| h.decayed(&q.name)),
                     queued,
                     admitted,
                 }
