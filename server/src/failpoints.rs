@@ -148,8 +148,13 @@ pub const KUBERNETES_POD_GROUPS_IGNORED: &str = "ingest-ignores-kubernetes-pod-g
 /// topology constraints, so a gang that must lie in one rack lands on any nodes (I9).
 pub const PLANS_IGNORE_TOPOLOGY: &str = "coordinator-plans-without-topology";
 
+/// A switch for comparing with blind retries: the coordinator never parks a group that
+/// fit nowhere, so every such group is planned again at each backoff expiry (the
+/// behaviour before event-driven requeueing; `gangway bench parked` measures both).
+pub const PARKING_OFF: &str = "coordinator-never-parks";
+
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -180,6 +185,7 @@ pub const ALL: [&str; 30] = [
     PLANS_READ_EVERY_LABEL,
     KUBERNETES_POD_GROUPS_IGNORED,
     PLANS_IGNORE_TOPOLOGY,
+    PARKING_OFF,
 ];
 
 /// The armed crash points of a process.

@@ -71,6 +71,8 @@ enum Bench {
     Shards(gangway_server::bench::shards::ShardsBenchArgs),
     /// Topology-aware gangs on blocks of racks: one-domain share, stranded GPUs, rate.
     Topology(gangway_server::bench::topology::TopologyBenchArgs),
+    /// What groups that fit nowhere cost: idle CPU and placeable gangs' rate, parked and not.
+    Parked(gangway_server::bench::parked::ParkedBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -121,6 +123,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Shards(args),
         } => bench::shards::run(args).await,
+        Command::Bench {
+            which: Bench::Parked(args),
+        } => bench::parked::run(args).await,
     }
 }
 

@@ -28,6 +28,7 @@ use crate::frontdoor::queues::QueuesService;
 use crate::frontdoor::scheduler::SchedulerService;
 use crate::participant::resolver;
 use crate::replicated::growth::ShardCount;
+use crate::replicated::wake::WakeBoard;
 use crate::replicated::warmer::SelectorWarmer;
 use crate::replicated::{machine_for, Groups};
 use crate::security::{tls_incoming, ServerSecurity, ServerTls};
@@ -131,8 +132,19 @@ impl Replica {
             })?
         };
         let machine_warmer = warmer.clone();
+        let wake = WakeBoard::default();
+        let machine_wake = wake.clone();
         let wire = opts.wire;
-        let factory = move |g| machine_for(g, shards, wire, &machine_failpoints, &machine_warmer);
+        let factory = move |g| {
+            machine_for(
+                g,
+                shards,
+                wire,
+                &machine_failpoints,
+                &machine_warmer,
+                &machine_wake,
+            )
+        };
         let credentials = Arc::new(
             opts.security
                 .credentials(&opts.host.cluster_id, opts.host.node_id),
@@ -269,7 +281,8 @@ impl Replica {
             opts.learned_topologies,
         )
         .with_rebalance(opts.rebalance)
-        .with_fair_share(opts.fair_share_half_life_ms);
+        .with_fair_share(opts.fair_share_half_life_ms)
+        .with_wake_board(wake);
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));

@@ -87,7 +87,7 @@ fn parse_formats(text: &str) -> anyhow::Result<Vec<WireFormat>> {
 const USER_HZ: f64 = 100.0;
 
 /// CPU seconds (user + system) the processes `pids` have used, from /proc (0 where unreadable).
-fn cpu_seconds(pids: &[u32]) -> f64 {
+pub(super) fn cpu_seconds(pids: &[u32]) -> f64 {
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
         .map(|stat| {
@@ -471,7 +471,7 @@ async fn make_queues(client: &Client, count: usize, nodes: usize) -> anyhow::Res
 }
 
 /// Every group changed after `stamp`, read page by page, and the stamp to ask from next.
-async fn changes_since(
+pub(super) async fn changes_since(
     client: &Client,
     mut stamp: u64,
 ) -> anyhow::Result<(Vec<gangway_proto::v1::GangGroupStatus>, u64)> {

@@ -5,6 +5,7 @@ pub mod abuse;
 pub mod e2e;
 pub mod engine;
 pub mod failover;
+pub mod parked;
 pub mod preemption;
 pub mod raft;
 pub mod selectors;

@@ -214,6 +214,8 @@ impl Coordinator {
         if r.not_before_ms > now_ms() {
             return Ok(());
         }
+        // Due (woken, or by the safety net): planned again, parked again if need be.
+        self.parking.forget(r.seq);
         self.place(r).await
     }
 }

@@ -21,6 +21,7 @@
 
 mod admission;
 mod batch;
+mod parking;
 pub mod preempt;
 mod quotes;
 mod transaction;
@@ -45,7 +46,7 @@ use gangway_core::engine::{GangPlacement, Profile};
 use gangway_core::ledger::command::{HoldKind, NetworkHold};
 use gangway_core::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
-    Placement,
+    Placement, Retry,
 };
 use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, TxnId, TxnOutcome};
 use gangway_core::model::LearnedHierarchies;
@@ -132,6 +133,8 @@ pub struct Coordinator {
     fair_share_half_life_ms: u64,
     /// When usage was last sampled for fair sharing over time (None: never).
     usage_sampled_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Groups parked because they fit nowhere, and what wakes them.
+    parking: parking::Parking,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -197,7 +200,15 @@ impl Coordinator {
             balance_checked_at: std::sync::Mutex::new(Some(std::time::Instant::now())),
             fair_share_half_life_ms: 0,
             usage_sampled_at: std::sync::Mutex::new(None),
+            parking: parking::Parking::new(crate::replicated::wake::WakeBoard::default()),
         }
+    }
+
+    /// The same coordinator reading its replica's shard change counts from `board`
+    /// (without one, parked groups wait for the safety net).
+    pub fn with_wake_board(mut self, board: crate::replicated::wake::WakeBoard) -> Self {
+        self.parking = parking::Parking::new(board);
+        self
     }
 
     /// The same coordinator with fair sharing over time at `half_life_ms` (0: off).
@@ -244,6 +255,9 @@ impl Coordinator {
                 _ = stop.changed() => return,
             }
             if !self.leads_meta() {
+                if leading {
+                    self.parking.lost_leadership();
+                }
                 leading = false;
                 tick_ms = COORDINATOR_TICK_MS;
                 continue;
@@ -273,6 +287,9 @@ impl Coordinator {
         self.preemptions_left
             .store(PREEMPTION_ATTEMPTS_PER_ROUND_MAX, Ordering::Relaxed);
         let undelivered = self.deliver_undelivered(first_round).await?;
+        if let Err(e) = self.wake_parked().await {
+            tracing::debug!(error = %e, "parked groups not woken this round");
+        }
         let (moving, sealed) = self.advance_move(first_round).await;
         if let Err(e) = self.refresh_capacity().await {
             tracing::debug!(error = %e, "cluster capacity not recorded this round");

@@ -13,6 +13,8 @@ impl Coordinator {
             "placing"
         );
         let members = self.members_to_plan(r);
+        // Taken before the plans: a change while they are made wakes the group.
+        let counts = self.parking.counts();
         let timer = PhaseTimer::start(Phase::Quote);
         let plans = self
             .plans(&members, &listed_topologies(&r.group.gangs))
@@ -67,14 +69,27 @@ impl Coordinator {
                         }
                     }
                 };
-                self.groups
+                let retry = self.retry_of(r, &plans, counts);
+                let reason = match retry {
+                    Retry::Parked => {
+                        format!("{reason}; parked until the nodes change or room frees")
+                    }
+                    Retry::Backoff => reason,
+                };
+                let requeued = self
+                    .groups
                     .meta(&MetaCommand::Requeue {
                         seq: r.seq,
                         reason,
                         at_ms: now_ms(),
                         attempts: Some(r.attempts),
+                        retry,
                     })
-                    .await?;
+                    .await;
+                if !matches!(requeued, Ok(MetaReply::Group { .. })) {
+                    self.parking.forget(r.seq);
+                }
+                requeued?;
                 return Ok(());
             }
         };

@@ -7,6 +7,7 @@
 pub mod growth;
 pub mod moves;
 pub mod release;
+pub mod wake;
 pub mod warmer;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -108,6 +109,10 @@ pub struct ShardMachine {
     /// Not state: where costly selectors are evaluated before the gangs that need them
     /// are planned (changes when a gang is planned, never where).
     warmer: SelectorWarmer,
+    /// This shard's group id.
+    shard: u32,
+    /// Not state: where applied operations that may help parked groups are counted.
+    wake: wake::WakeBoard,
 }
 
 /// Builds the state machine of `group` in a cluster of `shards` shards, writing
@@ -118,6 +123,7 @@ pub fn machine_for(
     format: WireFormat,
     failpoints: &Failpoints,
     warmer: &SelectorWarmer,
+    wake: &wake::WakeBoard,
 ) -> Box<dyn StateMachine> {
     if group == META_GROUP {
         Box::new(MetaMachine {
@@ -132,6 +138,9 @@ pub fn machine_for(
             placer: std::sync::Mutex::new(Placer::new()),
             failpoints: failpoints.clone(),
             warmer: warmer.clone(),
+            // Shard groups are numbered from 1 up to SHARDS_MAX, so this never saturates.
+            shard: u32::try_from(group).unwrap_or(u32::MAX),
+            wake: wake.clone(),
         })
     }
 }
@@ -342,7 +351,9 @@ impl StateMachine for ShardMachine {
                 {
                     self.ledger.set_hand_over(HandOver::Freed);
                 }
-                let outcome = ShardOutcome::Applied(self.ledger.apply(&cmd));
+                let (applied, wake) = self.ledger.apply_noting_wake(&cmd);
+                self.wake.note(self.shard, wake);
+                let outcome = ShardOutcome::Applied(applied);
                 if matches!(cmd.op, LedgerOp::Reserve { .. }) {
                     self.failpoints.hit(failpoints::PARTICIPANT_AFTER_RESERVE);
                 }
@@ -363,6 +374,9 @@ impl StateMachine for ShardMachine {
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.ledger = ShardLedger::restore(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        // A restore may jump over any change.
+        self.wake
+            .note(self.shard, gangway_core::ledger::Wake::EVERYTHING);
         Ok(())
     }
     fn query(&self, query: &[u8]) -> Vec<u8> {

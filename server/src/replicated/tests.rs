@@ -11,6 +11,7 @@ fn shard_machine(format: WireFormat) -> Box<dyn StateMachine> {
         format,
         &Failpoints::disabled(),
         &SelectorWarmer::inline(),
+        &wake::WakeBoard::default(),
     )
 }
 
@@ -21,6 +22,7 @@ fn meta_machine(format: WireFormat) -> Box<dyn StateMachine> {
         format,
         &Failpoints::disabled(),
         &SelectorWarmer::inline(),
+        &wake::WakeBoard::default(),
     )
 }
 

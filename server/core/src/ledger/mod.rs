@@ -47,7 +47,7 @@ pub use devices::{
 };
 pub use shard::{
     FinishedTxn, InvariantViolation, LeaseState, NodeEntry, NodeLease, OpenTxn, ShardLedger,
-    SnapshotError, FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
+    SnapshotError, Wake, FINISHED_TXNS_MAX, REFUSALS_KEPT_MAX,
 };
 pub use usage::{NodeUsage, ObservedConflicts, PodSlot, SlotState, UsageSums};
 pub use view::{IndexedView, LedgerView, NodeFit, NodeView};

@@ -98,11 +98,13 @@ mod reads;
 mod reserve;
 mod snapshot;
 mod validate;
+mod wake;
 pub use handoff::ADOPTED_MOVES_MAX;
 pub use validate::admit;
 use validate::{
     validate_displacing, validate_observed, validate_observed_network_holds, validate_reservation,
 };
+pub use wake::Wake;
 
 /// Most refusals kept in a refused reservation's reply and record.
 pub const REFUSALS_KEPT_MAX: usize = 32;

@@ -94,6 +94,7 @@ impl MetaState {
             txn: None,
             releasing: MemberPlacements::default(),
             charge: Resources::zero(),
+            parked_at_ms: None,
         };
         record.bump(&mut self.last_version);
         if !record.group.owner.is_empty() {

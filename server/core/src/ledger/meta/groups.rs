@@ -265,6 +265,11 @@ pub struct GroupRecord {
     /// a queue.
     #[serde(default, skip_serializing_if = "Resources::is_zero")]
     pub charge: Resources,
+    /// Since when it is parked: it fit nowhere, and waits for a change that could help
+    /// it ([`MetaCommand::Wake`]) or for [`super::PARKED_RECHECK_MS`] (docs/ARCHITECTURE.md
+    /// §4, "Parking"); `None` while it retries on its backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_at_ms: Option<u64>,
 }
 
 impl GroupRecord {

@@ -11,6 +11,7 @@ impl MetaState {
         reason: &str,
         at_ms: u64,
         attempts: Option<u32>,
+        retry: Retry,
     ) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
             return rejected(format!("seq: no gang group {seq}"));
@@ -21,19 +22,69 @@ impl MetaState {
                 g.state.name()
             ));
         }
+        if retry == Retry::Parked && !g.holds_nothing() {
+            return rejected(format!(
+                "retry: gang group {seq} holds members; only a group that holds nothing is parked"
+            ));
+        }
         if attempts.is_none_or(|seen| seen == g.attempts) {
             g.attempts += 1;
             g.reason = reason.to_string();
             g.bump(&mut self.last_version);
             if g.deadline_ms.is_some_and(|d| d <= at_ms) {
                 g.state = g.timed_out();
+                g.parked_at_ms = None;
             } else {
-                g.not_before_ms = at_ms.saturating_add(retry_backoff_ms(g.attempts));
+                let backoff = retry_backoff_ms(g.attempts);
+                let (wait, parked) = match retry {
+                    Retry::Backoff => (backoff, None),
+                    Retry::Parked => (backoff.max(PARKED_RECHECK_MS), Some(at_ms)),
+                };
+                g.not_before_ms = at_ms.saturating_add(wait);
+                g.parked_at_ms = parked;
             }
         }
         MetaReply::Group {
             group: Box::new(GroupSummary::of(g)),
         }
+    }
+
+    /// Makes the parked groups `which` names due at `at_ms` ([`MetaCommand::Wake`]).
+    /// Neither their state nor anything a reader sees changes, so no group is stamped.
+    pub(super) fn wake(&mut self, which: &Woken, at_ms: u64) -> MetaReply {
+        let seqs: Vec<GroupSeq> = match which {
+            Woken::Groups(seqs) if seqs.len() > WAKE_GROUPS_MAX => {
+                return rejected(format!(
+                    "which: {} groups in one wake, at most {WAKE_GROUPS_MAX}",
+                    seqs.len()
+                ))
+            }
+            Woken::Groups(seqs) => seqs.clone(),
+            Woken::AllParked => {
+                let index = self.index.read(&self.groups);
+                index
+                    .pending()
+                    .filter(|seq| {
+                        self.groups
+                            .get(seq)
+                            .is_some_and(|g| g.parked_at_ms.is_some())
+                    })
+                    .collect()
+            }
+        };
+        let mut woken = 0u64;
+        for seq in seqs {
+            let Some(g) = self.groups.get_mut(&seq) else {
+                continue;
+            };
+            if g.state != GroupState::Queued || g.parked_at_ms.is_none() {
+                continue;
+            }
+            g.parked_at_ms = None;
+            g.not_before_ms = g.not_before_ms.min(at_ms);
+            woken += 1;
+        }
+        MetaReply::Woken { groups: woken }
     }
 
     pub(super) fn expire(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {

@@ -4,6 +4,37 @@
 
 use super::*;
 
+/// How a requeued group is tried again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retry {
+    /// After its backoff ([`retry_backoff_ms`]).
+    #[default]
+    Backoff,
+    /// It fit nowhere: parked until a change could help it ([`MetaCommand::Wake`]), at
+    /// the latest after [`PARKED_RECHECK_MS`] (or its backoff, if longer).
+    Parked,
+}
+
+impl Retry {
+    fn is_backoff(&self) -> bool {
+        *self == Retry::Backoff
+    }
+}
+
+/// The groups a [`MetaCommand::Wake`] wakes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Woken {
+    /// These (at most [`WAKE_GROUPS_MAX`]).
+    Groups(Vec<GroupSeq>),
+    /// Every parked group.
+    AllParked,
+}
+
+/// Most groups one [`MetaCommand::Wake`] names.
+pub const WAKE_GROUPS_MAX: usize = 4_096;
+
 /// A command of the meta group; `at_ms` is the proposer's clock.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -102,6 +133,18 @@ pub enum MetaCommand {
         /// proposal) is ignored. None: always counted (older entries).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attempts: Option<u32>,
+        /// Whether it retries on its backoff or is parked until woken.
+        #[serde(default, skip_serializing_if = "Retry::is_backoff")]
+        retry: Retry,
+    },
+    /// Parked groups may be tried again now (a change that could help them happened,
+    /// or a new coordinator wakes them all): each still Queued and parked is due at
+    /// `at_ms` and no longer parked; others are left as they are.
+    Wake {
+        /// Which groups.
+        which: Woken,
+        /// Proposer's clock.
+        at_ms: u64,
     },
     /// Times out a queued group whose waitTime has passed.
     Expire {
@@ -434,6 +477,11 @@ pub enum MetaReply {
     QuotaRefusals {
         /// (group, why), in the order asked; groups that fit are left out.
         refusals: Vec<(GroupSeq, String)>,
+    },
+    /// How many parked groups a [`MetaCommand::Wake`] made due.
+    Woken {
+        /// Groups woken.
+        groups: u64,
     },
     /// Fair sharing over time as recorded ([`MetaQuery::UsageHistory`]).
     UsageHistory {

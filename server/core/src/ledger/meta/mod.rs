@@ -46,7 +46,9 @@ pub use groups::{
     Terminal,
 };
 pub use index::ChangeStamps;
-pub use messages::{MetaCommand, MetaQuery, MetaReply, RejectionKind};
+pub use messages::{
+    MetaCommand, MetaQuery, MetaReply, RejectionKind, Retry, Woken, WAKE_GROUPS_MAX,
+};
 pub use placements::MemberPlacements;
 pub use queues::{QueueStatus, Queues};
 pub use shard_map::{
@@ -67,6 +69,9 @@ pub const DECIDED_TXNS_MAX: usize = 50_000;
 pub const RETRY_BACKOFF_BASE_MS: u64 = 100;
 /// Longest retry delay.
 pub const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
+/// Longest a parked group waits for a wake before it is tried again anyway: the safety
+/// net under event-driven requeueing (docs/ARCHITECTURE.md §4, "Parking").
+pub const PARKED_RECHECK_MS: u64 = 30_000;
 
 /// The meta group's replicated state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -315,6 +320,7 @@ impl MetaState {
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteCapacity { .. }
             | MetaCommand::SampleUsage { .. }
+            | MetaCommand::Wake { .. }
             | MetaCommand::NoteNodeAllocation { .. } => Vec::new(),
         }
     }
@@ -441,7 +447,9 @@ impl MetaState {
                 reason,
                 at_ms,
                 attempts,
-            } => self.requeue(*seq, reason, *at_ms, *attempts),
+                retry,
+            } => self.requeue(*seq, reason, *at_ms, *attempts, *retry),
+            MetaCommand::Wake { which, at_ms } => self.wake(which, *at_ms),
             MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
             MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
             MetaCommand::Release { seq, .. } => self.release(*seq),
@@ -589,6 +597,8 @@ fn apply_decision(
     }
 }
 
+#[cfg(test)]
+mod parking_tests;
 #[cfg(test)]
 mod preemption_tests;
 #[cfg(test)]

@@ -360,6 +360,7 @@ fn groups_waiting_out_their_backoff_leave_the_window_to_those_behind() {
             reason: "fits nowhere".into(),
             at_ms: 3,
             attempts: Some(0),
+            retry: Retry::Backoff,
         });
         assert!(state(&m, seq).not_before_ms > 10, "backed off");
     }
@@ -582,6 +583,7 @@ fn a_retried_requeue_counts_one_attempt() {
             reason: "full".into(),
             at_ms: 1,
             attempts: Some(0),
+            retry: Retry::Backoff,
         });
     }
     assert_eq!(state(&m, seq).attempts, 1);
@@ -677,11 +679,24 @@ fn arb_command() -> impl Strategy<Value = MetaCommand> {
             at_ms,
         }),
         (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Expire { seq, at_ms }),
-        (1u64..8, 0u64..5_000).prop_map(|(seq, at_ms)| MetaCommand::Requeue {
-            seq,
-            reason: "full".into(),
+        (1u64..8, 0u64..5_000, any::<bool>()).prop_map(|(seq, at_ms, park)| {
+            MetaCommand::Requeue {
+                seq,
+                reason: "full".into(),
+                at_ms,
+                attempts: None,
+                retry: if park { Retry::Parked } else { Retry::Backoff },
+            }
+        }),
+        (prop::collection::vec(1u64..8, 0..4), 0u64..5_000).prop_map(|(seqs, at_ms)| {
+            MetaCommand::Wake {
+                which: Woken::Groups(seqs),
+                at_ms,
+            }
+        }),
+        (0u64..5_000).prop_map(|at_ms| MetaCommand::Wake {
+            which: Woken::AllParked,
             at_ms,
-            attempts: None,
         }),
     ]
 }
@@ -983,6 +998,7 @@ fn commands_and_rounds_on_a_large_state_visit_only_what_they_change() {
         reason: "no room".into(),
         at_ms: 13,
         attempts: None,
+        retry: Retry::Backoff,
     });
     let txn = place(&mut m, seq, "x", 14);
     m.apply(&MetaCommand::Delivered {

@@ -47,6 +47,7 @@ impl MetaState {
         self.next_txn += 1;
         record.state = GroupState::Placing { txn };
         record.txn = Some(txn);
+        record.parked_at_ms = None;
         record.bump(&mut self.last_version);
         let mut participants = participants.to_vec();
         participants.sort_unstable();

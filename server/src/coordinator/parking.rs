@@ -1,0 +1,157 @@
+//! The coordinator's parked groups (docs/ARCHITECTURE.md §4, "Parking"): a group that
+//! fit nowhere, for reasons that last, is requeued parked (meta leaves it out of the
+//! rounds for up to `PARKED_RECHECK_MS`) and remembered here with what could help it
+//! and the shards' change counts when it was planned. Each round wakes (one meta entry)
+//! the groups a later change could help, at most once per their backoff, so parking is
+//! never more eager than the backoff it replaces. Part of [`Coordinator`]'s `impl`.
+//!
+//! Kept in memory on the meta leader only; a replica that becomes leader starts empty
+//! and wakes every group meta holds parked once, so no change during the handover is
+//! missed. Bounded by [`PARKED_GROUPS_MAX`]: past it, groups keep their backoff.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::*;
+use crate::replicated::wake::WakeBoard;
+use gangway_core::ledger::meta::{retry_backoff_ms, Woken, WAKE_GROUPS_MAX};
+use gangway_core::plan::parking::{helped, what_helps, ChangeCounts, Helps};
+
+/// Most groups the coordinator keeps parked; later ones retry on their backoff.
+pub const PARKED_GROUPS_MAX: usize = 65_536;
+
+/// One parked group: what could help it, and the counts its plans saw.
+struct Parked {
+    helps: BTreeMap<u32, Helps>,
+    counts: BTreeMap<u32, ChangeCounts>,
+    /// Not woken before this instant: its backoff.
+    not_before: Instant,
+}
+
+/// The parked groups of one coordinator.
+pub(super) struct Parking {
+    board: WakeBoard,
+    groups: std::sync::Mutex<BTreeMap<GroupSeq, Parked>>,
+    /// Whether every group meta holds parked must be woken (this replica has just
+    /// become the meta leader, or never woke them).
+    wake_all: AtomicBool,
+}
+
+impl Parking {
+    pub(super) fn new(board: WakeBoard) -> Self {
+        Self {
+            board,
+            groups: std::sync::Mutex::new(BTreeMap::new()),
+            wake_all: AtomicBool::new(true),
+        }
+    }
+
+    fn groups(&self) -> std::sync::MutexGuard<'_, BTreeMap<GroupSeq, Parked>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shards' change counts now (taken before a group's plans).
+    pub(super) fn counts(&self) -> BTreeMap<u32, ChangeCounts> {
+        self.board.read()
+    }
+
+    /// Remembers `seq` as parked; false when the map is full (it keeps its backoff).
+    fn park(
+        &self,
+        seq: GroupSeq,
+        helps: BTreeMap<u32, Helps>,
+        counts: BTreeMap<u32, ChangeCounts>,
+        attempts: u32,
+    ) -> bool {
+        let mut groups = self.groups();
+        if groups.len() >= PARKED_GROUPS_MAX && !groups.contains_key(&seq) {
+            return false;
+        }
+        let backoff = Duration::from_millis(retry_backoff_ms(attempts.saturating_add(1)));
+        groups.insert(
+            seq,
+            Parked {
+                helps,
+                counts,
+                not_before: Instant::now() + backoff,
+            },
+        );
+        true
+    }
+
+    /// Forgets `seq` (it is being planned again, or was woken).
+    pub(super) fn forget(&self, seq: GroupSeq) {
+        self.groups().remove(&seq);
+    }
+
+    /// The parked groups a change since their plans could help, past their backoff.
+    fn woken(&self) -> Vec<GroupSeq> {
+        let now_counts = self.board.read();
+        let now = Instant::now();
+        self.groups()
+            .iter()
+            .filter(|(_, p)| p.not_before <= now && helped(&p.helps, &p.counts, &now_counts))
+            .map(|(seq, _)| *seq)
+            .take(WAKE_GROUPS_MAX)
+            .collect()
+    }
+
+    /// This replica no longer leads meta: a later leadership starts over.
+    pub(super) fn lost_leadership(&self) {
+        self.groups().clear();
+        self.wake_all.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Coordinator {
+    /// Wakes the parked groups a change could help (one meta entry), or, first as
+    /// leader, every group meta holds parked.
+    pub(super) async fn wake_parked(&self) -> Result<(), GroupError> {
+        if self.parking.wake_all.load(Ordering::Relaxed) {
+            self.groups
+                .meta(&MetaCommand::Wake {
+                    which: Woken::AllParked,
+                    at_ms: now_ms(),
+                })
+                .await?;
+            self.parking.wake_all.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        let seqs = self.parking.woken();
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        self.groups
+            .meta(&MetaCommand::Wake {
+                which: Woken::Groups(seqs.clone()),
+                at_ms: now_ms(),
+            })
+            .await?;
+        for seq in seqs {
+            self.parking.forget(seq);
+        }
+        Ok(())
+    }
+
+    /// How a group that fell short is tried again: parked when every shard's plan
+    /// says why in lasting terms and it holds nothing (remembered here first), else on
+    /// its backoff. The bug switch [`failpoints::PARKING_OFF`] never parks.
+    pub(super) fn retry_of(
+        &self,
+        r: &GroupRecord,
+        plans: &BTreeMap<u32, GangPlacement>,
+        counts: BTreeMap<u32, ChangeCounts>,
+    ) -> Retry {
+        if self.failpoints.armed(failpoints::PARKING_OFF) || !r.holds_nothing() {
+            return Retry::Backoff;
+        }
+        let Some(helps) = what_helps(plans, self.shards.ids()) else {
+            return Retry::Backoff;
+        };
+        if self.parking.park(r.seq, helps, counts, r.attempts) {
+            Retry::Parked
+        } else {
+            Retry::Backoff
+        }
+    }
+}
