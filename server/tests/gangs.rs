@@ -369,13 +369,16 @@ async fn coordinator_killed_between_decide_and_commit() {
 
 /// A full window of groups that fit nowhere (the coordinator reads 256 pending groups a
 /// round) ahead of one that fits, on one replica; answers whether that one was placed
-/// within `within`.
+/// within `within`. The groups retry on their backoff (`coordinator-never-parks`): parked
+/// groups are out of the window anyway (`ledger/meta/parking_tests.rs`).
 async fn placed_behind_a_window_of_groups_that_fit_nowhere(
     failpoints: &[&str],
     within: Duration,
 ) -> bool {
     let mut args = Vec::new();
-    let env = support::arm_failpoints(&mut args, failpoints);
+    let mut failpoints = failpoints.to_vec();
+    failpoints.push("coordinator-never-parks");
+    let env = support::arm_failpoints(&mut args, &failpoints);
     let c = Cluster::start_with(1, 1, args, env);
     c.wait_ready(&[1], Duration::from_secs(20)).await;
     let cl = client(&c, 1).await;

@@ -29,6 +29,9 @@ pub const HOPELESS_MAX: usize = 10_000;
 const SUBMIT_CONCURRENCY: usize = 64;
 /// Longest the hopeless groups may take to be tried once each, in seconds.
 const SETTLE_TIMEOUT_S: u64 = 120;
+/// Seconds waited after the groups that fit nowhere were tried once, before the idle
+/// window.
+const SETTLE_AFTER_S: u64 = 5;
 /// How often progress is polled, in ms.
 const POLL_MS: u64 = 20;
 
@@ -50,9 +53,14 @@ pub struct ParkedBenchArgs {
     /// Members per placeable gang (1 cpu, 1 GPU each).
     #[arg(long, default_value_t = 8)]
     pub gang_size: usize,
-    /// Seconds of the idle window whose CPU is measured.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds of the idle window whose CPU is measured (a window past 25 s sees the
+    /// parked groups' first safety net).
+    #[arg(long, default_value_t = 20)]
     pub idle_seconds: u64,
+    /// Modes to run, comma-separated: without, parked, blind (the first is the base of
+    /// the ratios).
+    #[arg(long, default_value = "without,parked,blind")]
+    pub modes: String,
 }
 
 /// One mode of the benchmark.
@@ -64,6 +72,15 @@ enum Mode {
 }
 
 impl Mode {
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        match text.trim() {
+            "without" => Ok(Mode::Without),
+            "parked" => Ok(Mode::Parked),
+            "blind" => Ok(Mode::Blind),
+            other => bail!("--modes: {other:?} is not without, parked or blind"),
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Mode::Without => "without",
@@ -184,8 +201,9 @@ async fn run_mode(args: &ParkedBenchArgs, mode: Mode) -> anyhow::Result<Outcome>
     };
     submit_all(&client, (0..hopeless_count).map(hopeless).collect()).await?;
     settle(&client, hopeless_count).await?;
-    // Past the first backoffs, so the window sees the steady state.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Past the first backoffs and the storage's work after the submissions, so the
+    // window sees the steady state.
+    tokio::time::sleep(Duration::from_secs(SETTLE_AFTER_S)).await;
 
     let pids = procs.pids();
     let attempts_before = attempts(&client).await?;
@@ -255,8 +273,13 @@ pub async fn run(args: ParkedBenchArgs) -> anyhow::Result<()> {
             args.nodes * 8
         );
     }
+    let modes = args
+        .modes
+        .split(',')
+        .map(Mode::parse)
+        .collect::<anyhow::Result<Vec<Mode>>>()?;
     let mut outcomes = Vec::new();
-    for mode in [Mode::Without, Mode::Parked, Mode::Blind] {
+    for mode in modes {
         outcomes.push(run_mode(&args, mode).await?);
     }
     println!(
@@ -277,11 +300,14 @@ pub async fn run(args: ParkedBenchArgs) -> anyhow::Result<()> {
             o.cpu_ms_per_pod
         );
     }
-    let base = &outcomes[0];
-    for o in &outcomes[1..] {
+    let Some((base, rest)) = outcomes.split_first() else {
+        return Ok(());
+    };
+    for o in rest {
         println!(
-            "{} against without: pods/s ×{:.2}, idle CPU ×{:.2} ({:+.3} cores)",
+            "{} against {}: pods/s ×{:.2}, idle CPU ×{:.2} ({:+.3} cores)",
             o.mode.name(),
+            base.mode.name(),
             o.pods_per_s / base.pods_per_s,
             o.idle_cores / base.idle_cores.max(1e-9),
             o.idle_cores - base.idle_cores

@@ -295,6 +295,11 @@ impl GroupRecord {
         })
     }
 
+    /// Whether it is queued and parked (docs/ARCHITECTURE.md §4, "Parking").
+    pub fn is_parked(&self) -> bool {
+        self.state == GroupState::Queued && self.parked_at_ms.is_some()
+    }
+
     /// Whether the group holds nothing on any shard as far as meta knows.
     pub fn holds_nothing(&self) -> bool {
         self.placements.is_empty() && self.releasing.is_empty()

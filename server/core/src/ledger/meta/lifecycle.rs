@@ -38,7 +38,7 @@ impl MetaState {
                 let backoff = retry_backoff_ms(g.attempts);
                 let (wait, parked) = match retry {
                     Retry::Backoff => (backoff, None),
-                    Retry::Parked => (backoff.max(PARKED_RECHECK_MS), Some(at_ms)),
+                    Retry::Parked => (backoff.max(parked_recheck_ms(seq, g.attempts)), Some(at_ms)),
                 };
                 g.not_before_ms = at_ms.saturating_add(wait);
                 g.parked_at_ms = parked;

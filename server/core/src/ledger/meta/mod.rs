@@ -69,9 +69,27 @@ pub const DECIDED_TXNS_MAX: usize = 50_000;
 pub const RETRY_BACKOFF_BASE_MS: u64 = 100;
 /// Longest retry delay.
 pub const RETRY_BACKOFF_MAX_MS: u64 = 5_000;
-/// Longest a parked group waits for a wake before it is tried again anyway: the safety
-/// net under event-driven requeueing (docs/ARCHITECTURE.md §4, "Parking").
+/// Longest a group parked at its first attempt waits for a wake before it is tried
+/// again anyway: the safety net under event-driven requeueing (docs/ARCHITECTURE.md §4,
+/// "Parking"). It doubles with each later attempt, up to [`PARKED_RECHECK_MAX_MS`].
 pub const PARKED_RECHECK_MS: u64 = 30_000;
+/// Longest safety net of a parked group (kube-scheduler flushes unschedulable pods
+/// after as long).
+pub const PARKED_RECHECK_MAX_MS: u64 = 300_000;
+
+/// Most parked groups come due by their safety net that one pending read lists, beside
+/// the groups it can act on otherwise: however many come due at once, a round re-plans
+/// a few of them and they never fill the window the others are read through.
+pub const PARKED_RECHECKS_PER_READ_MAX: usize = 16;
+
+/// The safety net of a group parked at attempt `attempts` (1-based): doubling from
+/// [`PARKED_RECHECK_MS`] to [`PARKED_RECHECK_MAX_MS`], plus up to 63/64 more by its
+/// sequence number, so groups parked together come due spread over as long again.
+pub fn parked_recheck_ms(seq: GroupSeq, attempts: u32) -> u64 {
+    let shift = attempts.saturating_sub(1).min(16);
+    let base = (PARKED_RECHECK_MS << shift).min(PARKED_RECHECK_MAX_MS);
+    base + base * (seq % 64) / 64
+}
 
 /// The meta group's replicated state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

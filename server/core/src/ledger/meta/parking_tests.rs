@@ -62,12 +62,18 @@ fn a_parked_group_leaves_the_rounds_until_woken_or_the_safety_net() {
     requeue(&mut m, backing_off, 1_000, Retry::Backoff);
     let record = m.record(parked).expect("parked").clone();
     assert_eq!(record.parked_at_ms, Some(1_000));
-    assert_eq!(record.not_before_ms, 1_000 + PARKED_RECHECK_MS);
+    let net = parked_recheck_ms(parked, 1);
+    assert_eq!(
+        net,
+        PARKED_RECHECK_MS + PARKED_RECHECK_MS / 64,
+        "seq 1 spreads by 1/64"
+    );
+    assert_eq!(record.not_before_ms, 1_000 + net);
     assert_eq!(record.attempts, 1, "a parked attempt counts");
     // The backoff comes due; the parked group does not.
     assert_eq!(due(&m, 1_000 + RETRY_BACKOFF_MAX_MS), vec![backing_off]);
     assert_eq!(
-        due(&m, 1_000 + PARKED_RECHECK_MS),
+        due(&m, 1_000 + net),
         vec![parked, backing_off],
         "the safety net"
     );
@@ -166,6 +172,41 @@ fn a_group_holding_members_is_never_parked_and_parking_delays_no_deadline() {
         at_ms: 3_000,
     });
     assert!(m.record(waits).is_some_and(|r| r.state.is_terminal()));
+}
+
+#[test]
+fn the_safety_net_doubles_per_attempt_up_to_its_bound_and_spreads_by_group() {
+    assert_eq!(parked_recheck_ms(64, 1), PARKED_RECHECK_MS);
+    assert_eq!(parked_recheck_ms(64, 2), 2 * PARKED_RECHECK_MS);
+    assert_eq!(parked_recheck_ms(64, 40), PARKED_RECHECK_MAX_MS);
+    assert_eq!(
+        parked_recheck_ms(63, 1),
+        PARKED_RECHECK_MS + PARKED_RECHECK_MS * 63 / 64
+    );
+    let spread: std::collections::BTreeSet<u64> =
+        (0..128).map(|seq| parked_recheck_ms(seq, 1)).collect();
+    assert_eq!(spread.len(), 64, "64 due times for groups parked together");
+}
+
+#[test]
+fn a_read_lists_few_groups_due_by_their_safety_net_and_they_hide_no_other() {
+    let mut m = MetaState::new(1);
+    let parked: Vec<GroupSeq> = (0..40)
+        .map(|i| submit(&mut m, &format!("p{i:02}"), 1, 1, 0))
+        .collect();
+    for seq in &parked {
+        requeue(&mut m, *seq, 0, Retry::Parked);
+    }
+    let fresh = submit(&mut m, "fresh", 1, 1, 0);
+    let MetaReply::Groups { records } = m.query(&MetaQuery::Pending {
+        limit: 4,
+        due_at_ms: Some(2 * PARKED_RECHECK_MS),
+    }) else {
+        panic!("pending");
+    };
+    let seqs: Vec<GroupSeq> = records.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs.len(), PARKED_RECHECKS_PER_READ_MAX + 1, "{seqs:?}");
+    assert!(seqs.contains(&fresh), "the window is not theirs: {seqs:?}");
 }
 
 #[test]

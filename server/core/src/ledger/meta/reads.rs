@@ -77,13 +77,27 @@ impl MetaState {
             }
             MetaQuery::Pending { limit, due_at_ms } => {
                 let index = self.index.read(&self.groups);
-                let records = index
+                let (mut taken, mut rechecked) = (0usize, 0usize);
+                let mut records = Vec::new();
+                let due = index
                     .pending()
                     .filter_map(|seq| self.groups.get(&seq))
-                    .filter(|r| r.is_due(*due_at_ms))
-                    .take(*limit as usize)
-                    .cloned()
-                    .collect();
+                    .filter(|r| r.is_due(*due_at_ms));
+                for r in due {
+                    // Due by its safety net: a few per read, beside the others.
+                    if r.is_parked() {
+                        if rechecked < PARKED_RECHECKS_PER_READ_MAX {
+                            rechecked += 1;
+                            records.push(r.clone());
+                        }
+                        continue;
+                    }
+                    if taken >= *limit as usize {
+                        break;
+                    }
+                    taken += 1;
+                    records.push(r.clone());
+                }
                 MetaReply::Groups { records }
             }
             MetaQuery::LowestPlacedPriority => MetaReply::LowestPriority {
@@ -242,7 +256,8 @@ impl MetaState {
     /// The pending groups in queue order, `limit` of them that the coordinator can act
     /// on, plus at most `limit` queued groups whose queues have no room (listed so their
     /// reason and deadline are kept): a full queue's backlog never hides the groups of
-    /// other queues behind it.
+    /// other queues behind it; and at most [`PARKED_RECHECKS_PER_READ_MAX`] parked groups
+    /// due by their safety net, which count against neither.
     pub(super) fn pending_past_full_queues(
         &self,
         limit: usize,
@@ -263,11 +278,19 @@ impl MetaState {
                 .collect(),
             |r| r.charge_to_place(),
         );
-        let (mut actionable, mut waiting) = (0usize, 0usize);
+        let (mut actionable, mut waiting, mut rechecked) = (0usize, 0usize, 0usize);
         let mut out = Vec::new();
         for r in rest.into_iter().chain(fair) {
             if actionable >= limit {
                 break;
+            }
+            // Due by its safety net (a woken group is no longer parked).
+            if r.is_parked() {
+                if rechecked < PARKED_RECHECKS_PER_READ_MAX {
+                    rechecked += 1;
+                    out.push(r.clone());
+                }
+                continue;
             }
             let no_room = r.state == GroupState::Queued
                 && !r.group.queue.is_empty()
