@@ -340,7 +340,17 @@ impl Coordinator {
                 .chain(r.releasing.values())
                 .any(|p| sealed.contains(&p.node))
         };
-        for record in &records {
+        // Parked groups due by their safety net (at most a few per read) are tried
+        // together after the others: they rarely fit, and their requeues then share
+        // one log flush instead of one each.
+        let (rechecks, records): (Vec<&GroupRecord>, Vec<&GroupRecord>) =
+            records.iter().partition(|r| {
+                r.is_parked()
+                    && !batch.handled.contains(&r.seq)
+                    && !batch.deferred.contains(&r.seq)
+                    && !no_room.contains_key(&r.seq)
+            });
+        for record in records {
             let seq = record.seq;
             let result = match record.state {
                 GroupState::Queued if batch.handled.contains(&seq) => Ok(()),
@@ -359,6 +369,12 @@ impl Coordinator {
             };
             if let Err(e) = result {
                 tracing::warn!(group = seq, error = %e, "gang group step failed; retrying next round");
+            }
+        }
+        let tried = join_all(rechecks.iter().map(|r| self.queued(r))).await;
+        for (r, result) in rechecks.iter().zip(tried) {
+            if let Err(e) = result {
+                tracing::warn!(group = r.seq, error = %e, "parked group's recheck failed; retrying next round");
             }
         }
         Ok(activity)
