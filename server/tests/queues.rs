@@ -184,13 +184,7 @@ async fn queues_bound_their_groups_across_shards_and_failover() {
     );
 
     // The meta leader dies: the usage is replicated, and the next leader keeps the bound.
-    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
-    c.kill(meta_leader);
-    let alive: Vec<u64> = [1, 2, 3]
-        .into_iter()
-        .filter(|i| *i != meta_leader)
-        .collect();
-    let cl = client(&c, alive[0]).await;
+    let cl = support::kill_meta_leader(&mut c).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let q = loop {
         match cl.queues().await {
@@ -491,13 +485,7 @@ async fn fair_share_over_time_puts_the_idle_queue_first_until_the_shares_cross_a
     assert_eq!(millicores(&q, "b", "decayed"), 0, "b used nothing");
 
     // The meta leader dies: the next one continues the same history.
-    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
-    c.kill(meta_leader);
-    let alive: Vec<u64> = [1, 2, 3]
-        .into_iter()
-        .filter(|i| *i != meta_leader)
-        .collect();
-    let cl = client(&c, alive[0]).await;
+    let cl = support::kill_meta_leader(&mut c).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let after = loop {
         match cl.queues().await {

@@ -2,8 +2,8 @@
 //! fit nowhere, for reasons that last, is requeued parked (meta leaves it out of the
 //! rounds for up to `PARKED_RECHECK_MS`) and remembered here with what could help it
 //! and the shards' change counts when it was planned. Each round wakes (one meta entry)
-//! the groups a later change could help, at most once per their backoff, so parking is
-//! never more eager than the backoff it replaces. Part of [`Coordinator`]'s `impl`.
+//! the groups a later change could help, at most once per their backoff (doubling up to
+//! [`WAKE_BACKOFF_MAX_MS`]), so parking is never more eager than the backoff it replaces. Part of [`Coordinator`]'s `impl`.
 //!
 //! Kept in memory on the meta leader only; a replica that becomes leader starts empty
 //! and wakes every group meta holds parked once, so no change during the handover is
@@ -14,11 +14,19 @@ use std::time::Instant;
 
 use super::*;
 use crate::replicated::wake::WakeBoard;
-use gangway_core::ledger::meta::{retry_backoff_ms, Woken, WAKE_GROUPS_MAX};
+use gangway_core::ledger::meta::{Woken, RETRY_BACKOFF_BASE_MS, WAKE_GROUPS_MAX};
 use gangway_core::plan::parking::{helped, what_helps, ChangeCounts, Helps};
 
 /// Most groups the coordinator keeps parked; later ones retry on their backoff.
 pub const PARKED_GROUPS_MAX: usize = 65_536;
+/// Longest a parked group waits, after it was parked, before a change may wake it, in
+/// ms: its backoff doubles per attempt up to this (kube-scheduler's longest backoff of
+/// pods an event moved out of its unschedulable queue), so a group woken by every
+/// release, only to find it still fits nowhere, is planned at most this often.
+pub const WAKE_BACKOFF_MAX_MS: u64 = 10_000;
+/// Longest a parked group is remembered, in ms: past twice the longest safety net
+/// (spread included) it has come due and was planned again, or it ended.
+pub const PARKED_REMEMBERED_MS: u64 = 4 * gangway_core::ledger::meta::PARKED_RECHECK_MAX_MS;
 
 /// One parked group: what could help it, and the counts its plans saw.
 struct Parked {
@@ -26,6 +34,8 @@ struct Parked {
     counts: BTreeMap<u32, ChangeCounts>,
     /// Not woken before this instant: its backoff.
     not_before: Instant,
+    /// When it was parked.
+    since: Instant,
 }
 
 /// The parked groups of one coordinator.
@@ -67,13 +77,17 @@ impl Parking {
         if groups.len() >= PARKED_GROUPS_MAX && !groups.contains_key(&seq) {
             return false;
         }
-        let backoff = Duration::from_millis(retry_backoff_ms(attempts.saturating_add(1)));
+        let shift = attempts.min(16);
+        let backoff =
+            Duration::from_millis((RETRY_BACKOFF_BASE_MS << shift).min(WAKE_BACKOFF_MAX_MS));
+        let now = Instant::now();
         groups.insert(
             seq,
             Parked {
                 helps,
                 counts,
-                not_before: Instant::now() + backoff,
+                not_before: now + backoff,
+                since: now,
             },
         );
         true
@@ -84,11 +98,15 @@ impl Parking {
         self.groups().remove(&seq);
     }
 
-    /// The parked groups a change since their plans could help, past their backoff.
+    /// The parked groups a change since their plans could help, past their backoff;
+    /// forgets those parked too long ago to be parked still (cancelled ones, say).
     fn woken(&self) -> Vec<GroupSeq> {
         let now_counts = self.board.read();
         let now = Instant::now();
-        self.groups()
+        let mut groups = self.groups();
+        let remembered = Duration::from_millis(PARKED_REMEMBERED_MS);
+        groups.retain(|_, p| now.duration_since(p.since) < remembered);
+        groups
             .iter()
             .filter(|(_, p)| p.not_before <= now && helped(&p.helps, &p.counts, &now_counts))
             .map(|(seq, _)| *seq)

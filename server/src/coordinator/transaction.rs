@@ -37,11 +37,16 @@ impl Coordinator {
             }
             AssignOutcome::Short { reason, .. } => {
                 let tried = std::time::Instant::now();
+                // A preemption or reclaim put off to a later round must not wait parked.
+                let mut deferred = false;
                 let reason = match self.preemption_chance(r)? {
                     PreemptionChance::None => reason,
-                    PreemptionChance::Deferred => format!(
-                        "{reason}; preemption deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
-                    ),
+                    PreemptionChance::Deferred => {
+                        deferred = true;
+                        format!(
+                            "{reason}; preemption deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
+                        )
+                    }
                     PreemptionChance::Try => {
                         match self.preempt(r, &preempt::Grounds::Priority).await? {
                             preempt::Preemption::Ran => return Ok(()),
@@ -56,9 +61,12 @@ impl Coordinator {
                 let reason = match self.reclaim_chance(r)? {
                     Reclaim::None => reason,
                     Reclaim::Refused(why) => format!("{reason}; no reclaim: {why}"),
-                    Reclaim::Deferred => format!(
-                        "{reason}; reclaim deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
-                    ),
+                    Reclaim::Deferred => {
+                        deferred = true;
+                        format!(
+                            "{reason}; reclaim deferred: {PREEMPTION_ATTEMPTS_PER_ROUND_MAX} attempts per round"
+                        )
+                    }
                     Reclaim::Try(victims) => {
                         match self.preempt(r, &preempt::Grounds::Reclaim(victims)).await? {
                             preempt::Preemption::Ran => return Ok(()),
@@ -69,7 +77,11 @@ impl Coordinator {
                         }
                     }
                 };
-                let retry = self.retry_of(r, &plans, counts);
+                let retry = if deferred {
+                    Retry::Backoff
+                } else {
+                    self.retry_of(r, &plans, counts)
+                };
                 let reason = match retry {
                     Retry::Parked => {
                         format!("{reason}; parked until the nodes change or room frees")

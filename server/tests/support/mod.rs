@@ -600,6 +600,18 @@ pub async fn client(c: &Cluster, id: u64) -> gangway_client::Client {
         .expect("client connects")
 }
 
+/// SIGKILLs the process of replicas 1–3 that leads the meta group; a client of the first
+/// survivor (which may not have a leader yet: callers retry their first call).
+pub async fn kill_meta_leader(c: &mut Cluster) -> gangway_client::Client {
+    let meta_leader = c.agreed_leader(0, &[1, 2, 3]).await.expect("meta leader");
+    c.kill(meta_leader);
+    let survivor = [1, 2, 3]
+        .into_iter()
+        .find(|i| *i != meta_leader)
+        .expect("two survivors");
+    client(c, survivor).await
+}
+
 /// Removes a data dir as a lost disk would.
 pub fn wipe(path: &Path) {
     let _ = std::fs::remove_dir_all(path);

@@ -26,6 +26,21 @@ impl Wake {
         nodes: true,
         room: true,
     };
+    /// A change to the nodes only.
+    pub const NODES: Wake = Wake {
+        nodes: true,
+        room: false,
+    };
+    /// Room freed only.
+    pub const ROOM: Wake = Wake {
+        nodes: false,
+        room: true,
+    };
+    /// Nothing that could help.
+    pub const NOTHING: Wake = Wake {
+        nodes: false,
+        room: false,
+    };
 
     fn or(self, other: Wake) -> Wake {
         Wake {
@@ -75,18 +90,9 @@ impl ShardLedger {
     }
 
     fn wake_of(&self, op: &LedgerOp, reply: &LedgerReply, before: Schedulable) -> Wake {
-        const NODES: Wake = Wake {
-            nodes: true,
-            room: false,
-        };
-        const ROOM: Wake = Wake {
-            nodes: false,
-            room: true,
-        };
-        const NOTHING: Wake = Wake {
-            nodes: false,
-            room: false,
-        };
+        const NODES: Wake = Wake::NODES;
+        const ROOM: Wake = Wake::ROOM;
+        const NOTHING: Wake = Wake::NOTHING;
         if matches!(reply, LedgerReply::Rejected { .. }) {
             return NOTHING;
         }

@@ -20,14 +20,8 @@ fn apply(l: &mut ShardLedger, at_ms: u64, op: LedgerOp) -> (LedgerReply, Wake) {
     l.apply_noting_wake(&LedgerCommand { at_ms, op })
 }
 
-const NODES: Wake = Wake {
-    nodes: true,
-    room: false,
-};
-const ROOM: Wake = Wake {
-    nodes: false,
-    room: true,
-};
+const NODES: Wake = Wake::NODES;
+const ROOM: Wake = Wake::ROOM;
 
 #[test]
 fn nodes_added_or_changed_wake_node_waiters_and_the_same_node_again_does_not() {
