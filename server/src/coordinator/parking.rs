@@ -1,6 +1,6 @@
 //! The coordinator's parked groups (docs/ARCHITECTURE.md §4, "Parking"): a group that
 //! fit nowhere, for reasons that last, is requeued parked (meta leaves it out of the
-//! rounds for up to `PARKED_RECHECK_MS`) and remembered here with what could help it
+//! rounds until its safety net, `parked_recheck_ms`) and remembered here with what could help it
 //! and the shards' change counts when it was planned. Each round wakes (one meta entry)
 //! the groups a later change could help, at most once per their backoff (doubling up to
 //! [`WAKE_BACKOFF_MAX_MS`]), so parking is never more eager than the backoff it replaces. Part of [`Coordinator`]'s `impl`.
