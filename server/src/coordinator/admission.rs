@@ -9,19 +9,8 @@ impl Coordinator {
     /// the total in meta if it changed. A shard that cannot answer within
     /// [`CAPACITY_READ_TIMEOUT_MS`] leaves the old record.
     pub(super) async fn refresh_capacity(&self) -> Result<(), GroupError> {
-        {
-            let now = std::time::Instant::now();
-            let mut last = self
-                .capacity_read_at
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let due = last.is_none_or(|at| {
-                now.duration_since(at) >= Duration::from_millis(CAPACITY_REFRESH_MS)
-            });
-            if !due {
-                return Ok(());
-            }
-            *last = Some(now);
+        if !take_if_due(&self.capacity_read_at, CAPACITY_REFRESH_MS) {
+            return Ok(());
         }
         let reads = self.shards.ids().map(|shard| async move {
             let read = self.groups.shard_query(shard, &ShardQuery::Capacity);
@@ -59,32 +48,23 @@ impl Coordinator {
         let half_life_ms = self.fair_share_half_life_ms;
         let period_ms =
             (half_life_ms / 16).clamp(FAIR_SHARE_SAMPLE_MS_MIN, FAIR_SHARE_SAMPLE_MS_MAX);
-        {
-            let now = std::time::Instant::now();
-            let mut last = self
-                .usage_sampled_at
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(period_ms)) {
-                return Ok(());
-            }
-            *last = Some(now);
-        }
-        let recorded = match self.groups.meta_query_local(&MetaQuery::UsageHistory)? {
-            MetaReply::UsageHistory { half_life_ms, .. } => half_life_ms,
-            _ => 0,
-        };
-        if half_life_ms == 0 && recorded == 0 {
+        if !take_if_due(&self.usage_sampled_at, period_ms) {
             return Ok(());
         }
-        if half_life_ms > 0 {
-            let queues = match self.groups.meta_query_local(&MetaQuery::Queues)? {
-                MetaReply::Queues { queues } => queues.len(),
-                _ => 0,
-            };
-            if queues == 0 {
-                return Ok(());
-            }
+        let (recorded, queues) = match self.groups.meta_query_local(&MetaQuery::UsageHistory)? {
+            MetaReply::UsageHistory {
+                half_life_ms,
+                queues,
+                ..
+            } => (half_life_ms, queues),
+            _ => (0, 0),
+        };
+        let needed = match half_life_ms {
+            0 => recorded != 0,
+            _ => queues > 0,
+        };
+        if !needed {
+            return Ok(());
         }
         self.groups
             .meta(&MetaCommand::SampleUsage {

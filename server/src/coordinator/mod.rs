@@ -100,6 +100,18 @@ pub const PREEMPTION_ATTEMPTS_PER_ROUND_MAX: u32 = 2;
 /// Most undelivered decisions delivered in one round.
 pub const UNDELIVERED_PER_ROUND_MAX: u32 = 4_096;
 
+/// Whether a periodic step last taken at `last` is due again after `period_ms`; if so,
+/// records it as taken now.
+fn take_if_due(last: &std::sync::Mutex<Option<std::time::Instant>>, period_ms: u64) -> bool {
+    let now = std::time::Instant::now();
+    let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|at| now.duration_since(at) < Duration::from_millis(period_ms)) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
 /// What a round's batch did with the ready groups.
 struct BatchOutcome {
     /// Groups it placed (or left to recovery when its writes were interrupted).

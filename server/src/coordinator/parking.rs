@@ -38,10 +38,20 @@ struct Parked {
     since: Instant,
 }
 
+/// The parked groups, and when scanning them last found nothing to wake.
+#[derive(Default)]
+struct ParkedSet {
+    groups: BTreeMap<GroupSeq, Parked>,
+    /// The counts a scan saw when no group was helped (none woken, none waiting out
+    /// its backoff). While the counts stay these and no group is parked anew, a scan
+    /// would find nothing, so each round need not visit every parked group.
+    quiet_at: Option<BTreeMap<u32, ChangeCounts>>,
+}
+
 /// The parked groups of one coordinator.
 pub(super) struct Parking {
     board: WakeBoard,
-    groups: std::sync::Mutex<BTreeMap<GroupSeq, Parked>>,
+    groups: std::sync::Mutex<ParkedSet>,
     /// Whether every group meta holds parked must be woken (this replica has just
     /// become the meta leader, or never woke them).
     wake_all: AtomicBool,
@@ -51,12 +61,12 @@ impl Parking {
     pub(super) fn new(board: WakeBoard) -> Self {
         Self {
             board,
-            groups: std::sync::Mutex::new(BTreeMap::new()),
+            groups: std::sync::Mutex::new(ParkedSet::default()),
             wake_all: AtomicBool::new(true),
         }
     }
 
-    fn groups(&self) -> std::sync::MutexGuard<'_, BTreeMap<GroupSeq, Parked>> {
+    fn groups(&self) -> std::sync::MutexGuard<'_, ParkedSet> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -73,15 +83,17 @@ impl Parking {
         counts: BTreeMap<u32, ChangeCounts>,
         attempts: u32,
     ) -> bool {
-        let mut groups = self.groups();
-        if groups.len() >= PARKED_GROUPS_MAX && !groups.contains_key(&seq) {
+        let mut set = self.groups();
+        if set.groups.len() >= PARKED_GROUPS_MAX && !set.groups.contains_key(&seq) {
             return false;
         }
+        // Its counts predate the last scan's: the next scan must look at it.
+        set.quiet_at = None;
         let shift = attempts.min(16);
         let backoff =
             Duration::from_millis((RETRY_BACKOFF_BASE_MS << shift).min(WAKE_BACKOFF_MAX_MS));
         let now = Instant::now();
-        groups.insert(
+        set.groups.insert(
             seq,
             Parked {
                 helps,
@@ -95,28 +107,39 @@ impl Parking {
 
     /// Forgets `seq` (it is being planned again, or was woken).
     pub(super) fn forget(&self, seq: GroupSeq) {
-        self.groups().remove(&seq);
+        self.groups().groups.remove(&seq);
     }
 
     /// The parked groups a change since their plans could help, past their backoff;
-    /// forgets those parked too long ago to be parked still (cancelled ones, say).
+    /// forgets those parked too long ago to be parked still (cancelled ones, say). Visits
+    /// no group while nothing changed since a scan that found none helped.
     fn woken(&self) -> Vec<GroupSeq> {
         let now_counts = self.board.read();
+        let mut set = self.groups();
+        if set.quiet_at.as_ref() == Some(&now_counts) {
+            return Vec::new();
+        }
         let now = Instant::now();
-        let mut groups = self.groups();
         let remembered = Duration::from_millis(PARKED_REMEMBERED_MS);
-        groups.retain(|_, p| now.duration_since(p.since) < remembered);
-        groups
+        set.groups
+            .retain(|_, p| now.duration_since(p.since) < remembered);
+        let mut any_helped = false;
+        let woken: Vec<GroupSeq> = set
+            .groups
             .iter()
-            .filter(|(_, p)| p.not_before <= now && helped(&p.helps, &p.counts, &now_counts))
+            .filter(|(_, p)| helped(&p.helps, &p.counts, &now_counts))
+            .inspect(|_| any_helped = true)
+            .filter(|(_, p)| p.not_before <= now)
             .map(|(seq, _)| *seq)
             .take(WAKE_GROUPS_MAX)
-            .collect()
+            .collect();
+        set.quiet_at = (!any_helped).then_some(now_counts);
+        woken
     }
 
     /// This replica no longer leads meta: a later leadership starts over.
     pub(super) fn lost_leadership(&self) {
-        self.groups().clear();
+        *self.groups() = ParkedSet::default();
         self.wake_all.store(true, Ordering::Relaxed);
     }
 }

@@ -34,12 +34,7 @@ impl Coordinator {
         members: &[(MemberKey, PodSpec)],
         topologies: &[ListedTopology],
     ) -> Option<GangPlacement> {
-        let query = ShardQuery::Plan {
-            members: members.to_vec(),
-            profile: Box::new(self.plan_profile()),
-            carried: Vec::new(),
-            topologies: self.planned_topologies(topologies),
-        };
+        let query = self.plan_query(members, &[], topologies);
         match self.groups.shard_query(shard, &query).await {
             Ok(ShardAnswer::Plan { placement }) => Some(placement),
             Ok(other) => {
@@ -53,13 +48,25 @@ impl Coordinator {
         }
     }
 
-    /// The constraints a plan query carries: `topologies`, or none under the bug switch
-    /// [`failpoints::PLANS_IGNORE_TOPOLOGY`].
-    fn planned_topologies(&self, topologies: &[ListedTopology]) -> Vec<ListedTopology> {
-        if self.failpoints.armed(failpoints::PLANS_IGNORE_TOPOLOGY) {
-            return Vec::new();
+    /// The plan query for `members` with `carried` held, carrying `topologies` (none
+    /// under the bug switch [`failpoints::PLANS_IGNORE_TOPOLOGY`]).
+    fn plan_query(
+        &self,
+        members: &[(MemberKey, PodSpec)],
+        carried: &[NetworkHold],
+        topologies: &[ListedTopology],
+    ) -> ShardQuery {
+        let topologies = if self.failpoints.armed(failpoints::PLANS_IGNORE_TOPOLOGY) {
+            Vec::new()
+        } else {
+            topologies.to_vec()
+        };
+        ShardQuery::Plan {
+            members: members.to_vec(),
+            profile: Box::new(self.plan_profile()),
+            carried: carried.to_vec(),
+            topologies,
         }
-        topologies.to_vec()
     }
 
     pub(super) async fn plans(
@@ -80,12 +87,7 @@ impl Coordinator {
         carried: &[NetworkHold],
         topologies: &[ListedTopology],
     ) -> BTreeMap<u32, GangPlacement> {
-        let query = ShardQuery::Plan {
-            members: members.to_vec(),
-            profile: Box::new(self.plan_profile()),
-            carried: carried.to_vec(),
-            topologies: self.planned_topologies(topologies),
-        };
+        let query = self.plan_query(members, carried, topologies);
         self.ask_plans(shards.iter().copied(), &query).await
     }
 

@@ -489,6 +489,8 @@ pub enum MetaReply {
         half_life_ms: u64,
         /// The last sample's time (the proposer's clock); 0: never sampled.
         sampled_at_ms: u64,
+        /// Queues defined (none: nothing to sample).
+        queues: u64,
     },
     /// The cluster's allocatable resources as recorded ([`MetaQuery::Capacity`]).
     Capacity {

@@ -898,7 +898,8 @@ fn a_sample_with_a_half_life_out_of_range_is_refused_naming_it() {
         m.query(&MetaQuery::UsageHistory),
         MetaReply::UsageHistory {
             half_life_ms: 0,
-            sampled_at_ms: 0
+            sampled_at_ms: 0,
+            queues: 0
         }
     );
     sample(&mut m, 5, 1_000);
@@ -906,7 +907,8 @@ fn a_sample_with_a_half_life_out_of_range_is_refused_naming_it() {
         m.query(&MetaQuery::UsageHistory),
         MetaReply::UsageHistory {
             half_life_ms: 1_000,
-            sampled_at_ms: 5
+            sampled_at_ms: 5,
+            queues: 0
         }
     );
 }

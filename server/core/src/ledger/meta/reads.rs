@@ -156,6 +156,7 @@ impl MetaState {
             MetaQuery::UsageHistory => MetaReply::UsageHistory {
                 half_life_ms: self.queues.history().map_or(0, |h| h.half_life_ms()),
                 sampled_at_ms: self.queues.history().map_or(0, |h| h.sampled_at_ms()),
+                queues: self.queues.specs().count() as u64,
             },
             MetaQuery::Reclaimable { seq } => match self.reclaimable(*seq) {
                 Ok(victims) => MetaReply::Reclaimable { victims },

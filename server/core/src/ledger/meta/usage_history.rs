@@ -164,11 +164,6 @@ impl UsageHistory {
         }
         out
     }
-
-    /// Whether any queue has a decayed usage above zero.
-    pub fn is_idle(&self) -> bool {
-        self.decayed.is_empty()
-    }
 }
 
 #[cfg(test)]
