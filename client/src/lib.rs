@@ -725,6 +725,17 @@ impl Client {
             .moves)
     }
 
+    /// The reservations for the head of the line holding now.
+    pub async fn reservations(
+        &self,
+    ) -> Result<Vec<gangway_proto::admin::HeadReservation>, ClientError> {
+        Ok(ShardsClient::new(self.transport())
+            .list_reservations(gangway_proto::admin::ListReservationsRequest {})
+            .await?
+            .into_inner()
+            .reservations)
+    }
+
     /// Every shard with its leader, voters and node count.
     pub async fn shards(&self) -> Result<Vec<ShardInfo>, ClientError> {
         Ok(self

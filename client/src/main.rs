@@ -143,6 +143,8 @@ enum ShardsCommand {
     },
     /// The running move and the last finished ones.
     Moves,
+    /// Nodes held for the gang groups at the head of the line (`--head-reservations`).
+    Reservations,
     /// Raise the live cluster's shard count (it never falls). The added shards start
     /// empty; `shards rebalance` (or the automatic rebalancing) moves nodes onto them.
     Grow {
@@ -258,6 +260,54 @@ fn print_moves(moves: &[gangway_proto::admin::ShardMove], output: Output) {
                     from.join(","),
                     nodes,
                     m.reason
+                );
+            }
+        }
+    }
+}
+
+fn print_reservations(reservations: &[gangway_proto::admin::HeadReservation], output: Output) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let in_s = |at: u64| at.saturating_sub(now).div_ceil(1_000);
+    match output {
+        Output::Json => {
+            let rows: Vec<_> = reservations
+                .iter()
+                .map(|r| {
+                    let nodes: serde_json::Map<String, serde_json::Value> = r
+                        .nodes
+                        .iter()
+                        .map(|s| (s.shard.to_string(), json!(s.nodes)))
+                        .collect();
+                    json!({"group": r.group, "priority": r.priority, "nodes": nodes,
+                        "starts_by_ms": (r.starts_by_ms > 0).then_some(r.starts_by_ms),
+                        "made_at_ms": r.made_at_ms, "expires_at_ms": r.expires_at_ms})
+                })
+                .collect();
+            println!("{}", json!(rows));
+        }
+        Output::Table => {
+            println!(
+                "{:<7} {:<9} {:<7} {:<11} {:<11} SHARDS",
+                "GROUP", "PRIORITY", "NODES", "STARTS-IN", "EXPIRES-IN"
+            );
+            for r in reservations {
+                let nodes: usize = r.nodes.iter().map(|s| s.nodes.len()).sum();
+                let shards: Vec<String> = r.nodes.iter().map(|s| s.shard.to_string()).collect();
+                let starts = match r.starts_by_ms {
+                    0 => "unknown".to_string(),
+                    at => format!("{}s", in_s(at)),
+                };
+                println!(
+                    "{:<7} {:<9} {:<7} {:<11} {:<11} {}",
+                    r.group,
+                    r.priority,
+                    nodes,
+                    starts,
+                    format!("{}s", in_s(r.expires_at_ms)),
+                    shards.join(",")
                 );
             }
         }
@@ -599,6 +649,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             command: Some(ShardsCommand::Moves),
         } => {
             print_moves(&client.shard_moves().await?, cli.output);
+            Ok(())
+        }
+        Command::Shards {
+            command: Some(ShardsCommand::Reservations),
+        } => {
+            print_reservations(&client.reservations().await?, cli.output);
             Ok(())
         }
         Command::Cluster {

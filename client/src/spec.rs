@@ -53,6 +53,9 @@ struct GroupFile {
     idempotency_key: Option<String>,
     #[serde(default)]
     queue: Option<String>,
+    /// The longest it runs once placed, as a duration (`90s`, `10m`).
+    #[serde(default)]
+    run_limit: Option<String>,
     gangs: Vec<GangFile>,
 }
 
@@ -169,11 +172,26 @@ pub fn from_yaml(text: &str) -> Result<SubmitGangGroupRequest, SpecError> {
             topology: g.topology.as_ref().map(TopologyFile::to_spec),
         });
     }
+    let run_limit_seconds = match &file.run_limit {
+        None => 0,
+        Some(text) => match parse_duration_ms(text) {
+            Some(ms) if ms >= 1_000 && ms % 1_000 == 0 => ms / 1_000,
+            _ => {
+                return Err(SpecError::Field {
+                    field: "runLimit".into(),
+                    reason: format!(
+                        "{text:?} is not a whole number of seconds like 90s, 10m or 1h"
+                    ),
+                })
+            }
+        },
+    };
     Ok(SubmitGangGroupRequest {
         idempotency_key: file.idempotency_key.unwrap_or_default(),
         name: file.name,
         gangs,
         queue: file.queue.unwrap_or_default(),
+        run_limit_seconds,
     })
 }
 
@@ -203,6 +221,13 @@ impl GangGroupBuilder {
     /// Charges the group to `queue` (which must exist).
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.request.queue = queue.into();
+        self
+    }
+
+    /// Declares the longest the group runs once placed (whole seconds; gangway releases
+    /// it when that passes): what lets it backfill room reserved for a group ahead.
+    pub fn run_limit(mut self, limit: std::time::Duration) -> Self {
+        self.request.run_limit_seconds = limit.as_secs();
         self
     }
 

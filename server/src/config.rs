@@ -183,6 +183,12 @@ pub struct ServeArgs {
     /// 1000..=31536000000 (one year) [default: 0].
     #[arg(long)]
     pub fair_share_half_life_ms: Option<u64>,
+    /// Reservations for the head of the line (docs/ARCHITECTURE.md §4, "Reservations"):
+    /// `off`, `reserve` (the first groups in the order that lack room get nodes held
+    /// for them) or `backfill` (as `reserve`, and groups that cannot delay them may use
+    /// those nodes) [default: off].
+    #[arg(long)]
+    pub head_reservations: Option<gangway_core::plan::backfill::ReservationMode>,
     /// Raft heartbeat period in ms [default: 100].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -297,6 +303,7 @@ struct FileConfig {
     rebalance_bound_percent: Option<u64>,
     rebalance_check_ms: Option<u64>,
     fair_share_half_life_ms: Option<u64>,
+    head_reservations: Option<gangway_core::plan::backfill::ReservationMode>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -377,6 +384,8 @@ pub struct ServeConfig {
     pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
     /// The half-life of fair sharing over time, in ms; 0: off.
     pub fair_share_half_life_ms: u64,
+    /// Reservations for the head of the line.
+    pub head_reservations: gangway_core::plan::backfill::ReservationMode,
     /// Raft timing.
     pub timing: RaftTiming,
     /// The Kubernetes cluster to schedule, if any.
@@ -795,6 +804,10 @@ impl ServeConfig {
             args.fair_share_half_life_ms
                 .or(file.fair_share_half_life_ms),
         )?;
+        let head_reservations = args
+            .head_reservations
+            .or(file.head_reservations)
+            .unwrap_or_default();
         let defaults = RaftTiming::default();
         let timing = RaftTiming {
             heartbeat_ms: args
@@ -870,6 +883,7 @@ impl ServeConfig {
             wire,
             rebalance,
             fair_share_half_life_ms,
+            head_reservations,
         })
     }
 

@@ -76,6 +76,10 @@ pub struct DevArgs {
     /// as `gangway serve --fair-share-half-life-ms` [default: 0].
     #[arg(long, default_value_t = 0)]
     pub fair_share_half_life_ms: u64,
+    /// Reservations for the head of the line: off, reserve or backfill, as `gangway serve
+    /// --head-reservations` [default: off].
+    #[arg(long, default_value = "off")]
+    pub head_reservations: gangway_core::plan::backfill::ReservationMode,
 }
 
 /// Ports of a persistent dev cluster.
@@ -231,6 +235,7 @@ pub async fn run(args: DevArgs, prometheus: Option<PrometheusHandle>) -> anyhow:
             wire: args.wire_format,
             rebalance: gangway_core::plan::rebalance::RebalancePolicy::default(),
             fair_share_half_life_ms,
+            head_reservations: args.head_reservations,
             failpoints: Failpoints::disabled(),
             security: ServerSecurity::open(peer_secret.clone()),
             budgets: Arc::default(),

@@ -152,9 +152,13 @@ pub const PLANS_IGNORE_TOPOLOGY: &str = "coordinator-plans-without-topology";
 /// fit nowhere, so every such group is planned again at each backoff expiry (the
 /// behaviour before event-driven requeueing; `gangway bench parked` measures both).
 pub const PARKING_OFF: &str = "coordinator-never-parks";
+/// Bug switch: the coordinator plans every group as if no node were reserved, so the
+/// groups behind a reserved one take its room as it frees (`server/tests/reservations.rs`
+/// catches it).
+pub const RESERVATIONS_IGNORED: &str = "coordinator-ignores-reservations";
 
 /// Every crash point and bug switch a test may name.
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 32] = [
     AFTER_RESERVE,
     AFTER_DECIDE,
     PREEMPTION_AFTER_RESERVE,
@@ -186,6 +190,7 @@ pub const ALL: [&str; 31] = [
     KUBERNETES_POD_GROUPS_IGNORED,
     PLANS_IGNORE_TOPOLOGY,
     PARKING_OFF,
+    RESERVATIONS_IGNORED,
 ];
 
 /// The armed crash points of a process.

@@ -70,6 +70,8 @@ pub struct ReplicaOptions {
     pub rebalance: gangway_core::plan::rebalance::RebalancePolicy,
     /// The half-life of fair sharing over time, in ms; 0: off.
     pub fair_share_half_life_ms: u64,
+    /// Reservations for the head of the line.
+    pub head_reservations: gangway_core::plan::backfill::ReservationMode,
     /// Crash points (tests only).
     pub failpoints: Failpoints,
     /// Mutual TLS and bearer tokens enforced on the gRPC port.
@@ -282,7 +284,8 @@ impl Replica {
         )
         .with_rebalance(opts.rebalance)
         .with_fair_share(opts.fair_share_half_life_ms)
-        .with_wake_board(wake);
+        .with_wake_board(wake)
+        .with_reservations(opts.head_reservations);
         replica
             .services
             .push(tokio::spawn(coordinator.run(stop.clone())));

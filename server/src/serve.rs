@@ -131,6 +131,7 @@ pub async fn run(cfg: ServeConfig, prometheus: Option<PrometheusHandle>) -> anyh
         wire: cfg.wire,
         rebalance: cfg.rebalance,
         fair_share_half_life_ms: cfg.fair_share_half_life_ms,
+        head_reservations: cfg.head_reservations,
         failpoints: if cfg.test_failpoints {
             Failpoints::from_env()
         } else {

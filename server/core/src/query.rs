@@ -60,6 +60,10 @@ pub enum ShardQuery {
         /// constraint); gangs not listed have none.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         topologies: Vec<ListedTopology>,
+        /// Nodes planned as if absent: reserved for a group ahead of these members
+        /// (`plan::backfill`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kept: Vec<String>,
     },
     /// What this shard could host of a preemptor group of `priority` now and as its
     /// cheapest lower-priority gangs leave, one per step (`engine::group_preemption`).
@@ -86,6 +90,9 @@ pub enum ShardQuery {
         /// The topology constraints of the members' gangs (as in `Plan`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         topologies: Vec<ListedTopology>,
+        /// Nodes planned as if absent (as in `Plan`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kept: Vec<String>,
     },
     /// Reservations not yet committed or aborted, with their deadlines.
     OpenTxns,
@@ -365,17 +372,24 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             profile,
             carried,
             topologies,
+            kept,
         } => {
             let refs: Vec<MemberRef<'_>> = members
                 .iter()
                 .map(|(key, spec)| MemberRef { key, spec })
                 .collect();
             let topologies = gang_topologies(topologies);
-            let placement = if carried.is_empty() {
-                placer.place_members_with(ledger, &refs, profile, &[], &topologies)
-            } else {
-                let view = WithCarried::new(ledger, carried);
-                placer.place_members_with(&view, &refs, profile, &[], &topologies)
+            let placement = match (carried.is_empty(), kept.is_empty()) {
+                (true, true) => placer.place_members_with(ledger, &refs, profile, &[], &topologies),
+                (true, false) => {
+                    let view = WithoutNodes::new(ledger, kept);
+                    placer.place_members_with(&view, &refs, profile, &[], &topologies)
+                }
+                (false, _) => {
+                    let carrying = WithCarried::new(ledger, carried);
+                    let view = WithoutNodes::new(&carrying, kept);
+                    placer.place_members_with(&view, &refs, profile, &[], &topologies)
+                }
             };
             ShardAnswer::Plan { placement }
         }
@@ -395,13 +409,15 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
             profile,
             gone,
             topologies,
+            kept,
         } => {
             let refs: Vec<MemberRef<'_>> = members
                 .iter()
                 .map(|(key, spec)| MemberRef { key, spec })
                 .collect();
             let gone: BTreeSet<GangId> = gone.iter().cloned().collect();
-            let view = WithoutGangs::new(ledger, &gone);
+            let without = WithoutGangs::new(ledger, &gone);
+            let view = WithoutNodes::new(&without, kept);
             let topologies = gang_topologies(topologies);
             ShardAnswer::Plan {
                 placement: Placer::uncached(0).place_members_with(
@@ -720,6 +736,55 @@ fn stats(ledger: &ShardLedger, at_ms: u64) -> ShardStats {
         open_reservations: open.len() as u64,
         oldest_reserved_at_ms: open.values().map(|t| t.reserved_at_ms).min(),
         devices,
+    }
+}
+
+/// A view without some nodes: those reserved for a group ahead of the members being
+/// planned (`plan::backfill`). Lists its nodes (no index), so the fit cache is not used;
+/// a view that keeps no node is the base itself.
+struct WithoutNodes<'a, V: ?Sized> {
+    base: &'a V,
+    kept: BTreeSet<&'a str>,
+}
+
+impl<'a, V: LedgerView + ?Sized> WithoutNodes<'a, V> {
+    fn new(base: &'a V, kept: &'a [String]) -> Self {
+        Self {
+            base,
+            kept: kept.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+impl<V: LedgerView + ?Sized> LedgerView for WithoutNodes<'_, V> {
+    fn node_views(&self) -> Vec<NodeView<'_>> {
+        let mut views = self.base.node_views();
+        if !self.kept.is_empty() {
+            views.retain(|v| !self.kept.contains(v.node.name.as_str()));
+        }
+        views
+    }
+
+    fn node_view(&self, name: &str) -> Option<NodeView<'_>> {
+        if self.kept.contains(name) {
+            return None;
+        }
+        self.base.node_view(name)
+    }
+
+    fn indexed(&self) -> Option<IndexedView<'_>> {
+        if self.kept.is_empty() {
+            return self.base.indexed();
+        }
+        None
+    }
+
+    fn device_classes(&self) -> &std::collections::BTreeMap<String, crate::model::DeviceClass> {
+        self.base.device_classes()
+    }
+
+    fn network(&self) -> Option<&NetworkPools> {
+        self.base.network()
     }
 }
 

@@ -186,6 +186,8 @@ pub const MOVE_NODES: Rpc = rpc("Shards/MoveNodes", Verb::Update, Resource::Clus
 pub const REBALANCE: Rpc = rpc("Shards/Rebalance", Verb::Update, Resource::Cluster);
 /// Shards.ListMoves.
 pub const LIST_MOVES: Rpc = rpc("Shards/ListMoves", Verb::Get, Resource::Cluster);
+/// Shards.ListReservations.
+pub const LIST_RESERVATIONS: Rpc = rpc("Shards/ListReservations", Verb::Get, Resource::Cluster);
 /// Shards.GrowShards.
 pub const GROW_SHARDS: Rpc = rpc("Shards/GrowShards", Verb::Update, Resource::Cluster);
 
@@ -194,7 +196,7 @@ pub const STATE_HASHES: Rpc = rpc("Admin/Status+stateHash", Verb::Get, Resource:
 
 /// Every client RPC (the Raft transport serves replicas only and is not here), and the
 /// state hashes of Admin.Status as one more.
-pub const RPCS: [Rpc; 28] = [
+pub const RPCS: [Rpc; 29] = [
     SUBMIT,
     GET_GROUP,
     WATCH_GROUP,
@@ -221,6 +223,7 @@ pub const RPCS: [Rpc; 28] = [
     MOVE_NODES,
     REBALANCE,
     LIST_MOVES,
+    LIST_RESERVATIONS,
     GROW_SHARDS,
     STATE_HASHES,
 ];

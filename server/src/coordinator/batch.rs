@@ -22,8 +22,9 @@ impl Coordinator {
         let mut total = 0usize;
         for r in ready.iter().filter(|r| r.placements.is_empty()) {
             let members = Self::members(r);
-            // Too large for any batch: one at a time.
-            if members.len() > BATCH_MEMBERS_MAX {
+            // Too large for any batch, or holding a reservation (planned on its own
+            // nodes, which a batch leaves out): one at a time.
+            if members.len() > BATCH_MEMBERS_MAX || self.head_of_line.of(r.seq).is_some() {
                 continue;
             }
             // Order is kept: once one waits, every later one waits too.
@@ -45,6 +46,7 @@ impl Coordinator {
         // One count for the whole pass: a shard added meanwhile joins the next round.
         let shard_count = self.shards.get();
         let start = self.rounds.fetch_add(1, Ordering::Relaxed) % shard_count;
+        let kept = self.head_of_line.batch_kept();
         for k in 0..shard_count {
             if left.is_empty() {
                 break;
@@ -54,7 +56,8 @@ impl Coordinator {
                 left.iter().flat_map(|(_, m)| m.iter().cloned()).collect();
             let timer = PhaseTimer::start(Phase::Quote);
             let topologies = listed_topologies(left.iter().flat_map(|(r, _)| &r.group.gangs));
-            let Some(plan) = self.plan(shard, &members, &topologies).await else {
+            let shard_kept = kept.get(&shard).cloned().unwrap_or_default();
+            let Some(plan) = self.plan(shard, &members, &topologies, shard_kept).await else {
                 continue;
             };
             drop(timer);

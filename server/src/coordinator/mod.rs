@@ -21,6 +21,7 @@
 
 mod admission;
 mod batch;
+mod head_of_line;
 mod parking;
 pub mod preempt;
 mod quotes;
@@ -52,9 +53,11 @@ use gangway_core::ledger::{LedgerError, LedgerOp, LedgerReply, ReserveMember, Tx
 use gangway_core::model::LearnedHierarchies;
 use gangway_core::model::{MemberKey, PodSpec};
 use gangway_core::plan::assign::{self, assign, AssignOutcome, Assignment};
+use gangway_core::plan::backfill::ReservationMode;
 use gangway_core::plan::budgets::DisruptionBudgets;
 use gangway_core::plan::rebalance::RebalancePolicy;
 use gangway_core::query::{listed_topologies, ListedTopology, ShardAnswer, ShardQuery};
+use head_of_line::KeptNodes;
 
 /// Period between the coordinator's reads of the shards' capacity (recorded in meta
 /// when it changed: the pool top-level queues lend in), in ms.
@@ -147,6 +150,8 @@ pub struct Coordinator {
     usage_sampled_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Groups parked because they fit nowhere, and what wakes them.
     parking: parking::Parking,
+    /// Reservations for the head of the line, as this round sees them.
+    head_of_line: head_of_line::HeadOfLine,
 }
 
 /// Whether a group that did not fit tries to preempt this round.
@@ -196,6 +201,7 @@ impl Coordinator {
         budgets: Arc<DisruptionBudgets>,
         learned: Arc<LearnedHierarchies>,
     ) -> Self {
+        let reservations_ignored = failpoints.armed(failpoints::RESERVATIONS_IGNORED);
         Self {
             groups,
             shards,
@@ -213,13 +219,25 @@ impl Coordinator {
             fair_share_half_life_ms: 0,
             usage_sampled_at: std::sync::Mutex::new(None),
             parking: parking::Parking::new(crate::replicated::wake::WakeBoard::default()),
+            head_of_line: head_of_line::HeadOfLine::new(
+                ReservationMode::Off,
+                crate::replicated::wake::WakeBoard::default(),
+                reservations_ignored,
+            ),
         }
     }
 
     /// The same coordinator reading its replica's shard change counts from `board`
     /// (without one, parked groups wait for the safety net).
     pub fn with_wake_board(mut self, board: crate::replicated::wake::WakeBoard) -> Self {
+        self.head_of_line = self.head_of_line.with_board(board.clone());
         self.parking = parking::Parking::new(board);
+        self
+    }
+
+    /// The same coordinator reserving room for the head of the line as `mode` says.
+    pub fn with_reservations(mut self, mode: ReservationMode) -> Self {
+        self.head_of_line = self.head_of_line.with_mode(mode);
         self
     }
 
@@ -308,6 +326,12 @@ impl Coordinator {
         }
         if let Err(e) = self.sample_usage().await {
             tracing::debug!(error = %e, "queue usage not sampled this round");
+        }
+        if let Err(e) = self.refresh_reservations().await {
+            tracing::debug!(error = %e, "reservations not read this round");
+        }
+        if let Err(e) = self.end_overrun_groups().await {
+            tracing::debug!(error = %e, "run-time limits not checked this round");
         }
         let _round = PhaseTimer::start(Phase::Round);
         let pending = MetaQuery::Pending {

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use futures::future::join_all;
 
-use super::{placements, refusal_reason, Coordinator, Vote, RESERVE_TTL_MS};
+use super::{placements, refusal_reason, Coordinator, KeptNodes, Vote, RESERVE_TTL_MS};
 use crate::failpoints;
 use crate::replicated::{now_ms, GroupError, ShardOutcome};
 use gangway_core::engine::group_preemption::GroupOffer;
@@ -283,7 +283,10 @@ impl Coordinator {
             .collect();
         let members = Self::members(r);
         let topologies = listed_topologies(&r.group.gangs);
-        let plans = self.plans_without(&members, &gone, &topologies).await;
+        let kept = self.head_of_line.kept_for(r);
+        let plans = self
+            .plans_without(&members, &gone, &topologies, &kept)
+            .await;
         let assignment = match assign(&r.group, &plans, &BTreeSet::new()) {
             AssignOutcome::Ready(a) => a,
             AssignOutcome::Short { reason, .. } => {
@@ -471,20 +474,27 @@ impl Coordinator {
             .collect())
     }
 
-    /// Every shard's plan for `members` with the pods of `gone` evicted.
-    async fn plans_without(
+    /// Every shard's plan for `members` with the pods of `gone` evicted, each without its
+    /// `kept` nodes.
+    pub(super) async fn plans_without(
         &self,
         members: &[(MemberKey, PodSpec)],
         gone: &[GangId],
         topologies: &[ListedTopology],
+        kept: &KeptNodes,
     ) -> BTreeMap<u32, GangPlacement> {
-        let query = ShardQuery::PlanWithout {
-            members: members.to_vec(),
-            profile: Box::new(self.plan_profile()),
-            gone: gone.to_vec(),
-            topologies: topologies.to_vec(),
-        };
-        self.ask_plans(self.shards.ids(), &query).await
+        let profile = Box::new(self.plan_profile());
+        let queries = self.shards.ids().map(|s| {
+            let query = ShardQuery::PlanWithout {
+                members: members.to_vec(),
+                profile: profile.clone(),
+                gone: gone.to_vec(),
+                topologies: topologies.to_vec(),
+                kept: kept.get(&s).cloned().unwrap_or_default(),
+            };
+            (s, query)
+        });
+        self.ask_each(queries.collect()).await
     }
 }
 

@@ -33,8 +33,9 @@ impl Coordinator {
         shard: u32,
         members: &[(MemberKey, PodSpec)],
         topologies: &[ListedTopology],
+        kept: Vec<String>,
     ) -> Option<GangPlacement> {
-        let query = self.plan_query(members, &[], topologies);
+        let query = self.plan_query(members, &[], topologies, kept);
         match self.groups.shard_query(shard, &query).await {
             Ok(ShardAnswer::Plan { placement }) => Some(placement),
             Ok(other) => {
@@ -49,12 +50,14 @@ impl Coordinator {
     }
 
     /// The plan query for `members` with `carried` held, carrying `topologies` (none
-    /// under the bug switch [`failpoints::PLANS_IGNORE_TOPOLOGY`]).
+    /// under the bug switch [`failpoints::PLANS_IGNORE_TOPOLOGY`]), without the `kept`
+    /// nodes (reserved for a group ahead).
     fn plan_query(
         &self,
         members: &[(MemberKey, PodSpec)],
         carried: &[NetworkHold],
         topologies: &[ListedTopology],
+        kept: Vec<String>,
     ) -> ShardQuery {
         let topologies = if self.failpoints.armed(failpoints::PLANS_IGNORE_TOPOLOGY) {
             Vec::new()
@@ -66,38 +69,47 @@ impl Coordinator {
             profile: Box::new(self.plan_profile()),
             carried: carried.to_vec(),
             topologies,
+            kept,
         }
     }
 
+    /// Every shard's plan for `members`, each without its `kept` nodes.
     pub(super) async fn plans(
         &self,
         members: &[(MemberKey, PodSpec)],
         topologies: &[ListedTopology],
+        kept: &KeptNodes,
     ) -> BTreeMap<u32, GangPlacement> {
         let every: Vec<u32> = self.shards.ids().collect();
-        self.plans_on(&every, members, &[], topologies).await
+        self.plans_on(&every, members, &[], topologies, kept).await
     }
 
     /// The plans of `shards` for `members`, with `carried` (shared claims other
-    /// members carry with network devices) planned as held.
+    /// members carry with network devices) planned as held, each without its `kept`
+    /// nodes.
     pub(super) async fn plans_on(
         &self,
         shards: &[u32],
         members: &[(MemberKey, PodSpec)],
         carried: &[NetworkHold],
         topologies: &[ListedTopology],
+        kept: &KeptNodes,
     ) -> BTreeMap<u32, GangPlacement> {
-        let query = self.plan_query(members, carried, topologies);
-        self.ask_plans(shards.iter().copied(), &query).await
+        let queries = shards.iter().map(|s| {
+            let kept = kept.get(s).cloned().unwrap_or_default();
+            (*s, self.plan_query(members, carried, topologies, kept))
+        });
+        self.ask_each(queries.collect()).await
     }
 
-    /// Asks `shards` the plan `query` at once; a shard that cannot answer is left out.
-    pub(super) async fn ask_plans(
+    /// Asks each shard its plan query at once; a shard that cannot answer is left out.
+    pub(super) async fn ask_each(
         &self,
-        shards: impl Iterator<Item = u32>,
-        query: &ShardQuery,
+        queries: Vec<(u32, ShardQuery)>,
     ) -> BTreeMap<u32, GangPlacement> {
-        let asks = shards.map(|s| async move { (s, self.groups.shard_query(s, query).await) });
+        let asks = queries
+            .iter()
+            .map(|(s, query)| async move { (*s, self.groups.shard_query(*s, query).await) });
         let mut plans = BTreeMap::new();
         for (shard, answer) in join_all(asks).await {
             match answer {
@@ -151,7 +163,10 @@ impl Coordinator {
             return None;
         }
         let topologies = listed_topologies(&r.group.gangs);
-        let plans = self.plans_on(&others, &rest, &carried, &topologies).await;
+        let kept = self.head_of_line.kept_for(r);
+        let plans = self
+            .plans_on(&others, &rest, &carried, &topologies, &kept)
+            .await;
         let mut before = placed_before.clone();
         before.extend(assigned.iter().map(|k| k.to_string()));
         let (second, ready) = match assign(&r.group, &plans, &before) {

@@ -15,9 +15,10 @@ impl Coordinator {
         let members = self.members_to_plan(r);
         // Taken before the plans: a change while they are made wakes the group.
         let counts = self.parking.counts();
+        let kept = self.head_of_line.kept_for(r);
         let timer = PhaseTimer::start(Phase::Quote);
         let plans = self
-            .plans(&members, &listed_topologies(&r.group.gangs))
+            .plans(&members, &listed_topologies(&r.group.gangs), &kept)
             .await;
         drop(timer);
         let placed_before: BTreeSet<String> = r.placements.keys().cloned().collect();
@@ -77,16 +78,21 @@ impl Coordinator {
                         }
                     }
                 };
-                let retry = if deferred {
-                    Retry::Backoff
-                } else {
-                    self.retry_of(r, &plans, counts)
+                let reserved = match deferred {
+                    true => self.head_of_line.of(r.seq),
+                    false => self.reserve_for(r, &plans).await,
                 };
+                let retry = match (&reserved, deferred) {
+                    (Some(_), _) => Retry::Reserved,
+                    (None, true) => Retry::Backoff,
+                    (None, false) => self.retry_of(r, &plans, counts),
+                };
+                let reason = with_reservations(reason, &kept, reserved.as_ref());
                 let reason = match retry {
                     Retry::Parked => {
                         format!("{reason}; parked until the nodes change or room frees")
                     }
-                    Retry::Backoff => reason,
+                    Retry::Backoff | Retry::Reserved => reason,
                 };
                 let requeued = self
                     .groups
@@ -473,5 +479,33 @@ impl Coordinator {
             })
             .await?;
         Ok(())
+    }
+}
+
+/// `reason`, saying how many nodes were kept from the group (reserved for groups ahead
+/// of it) and which it holds reserved itself.
+fn with_reservations(
+    reason: String,
+    kept: &KeptNodes,
+    reserved: Option<&gangway_core::ledger::meta::HeadReservation>,
+) -> String {
+    let kept_count: usize = kept.values().map(Vec::len).sum();
+    let reason = match kept_count {
+        0 => reason,
+        n => format!("{reason}; {n} nodes are reserved for groups ahead of it"),
+    };
+    match reserved {
+        None => reason,
+        Some(r) => match r.starts_by_ms {
+            Some(start) => format!(
+                "{reason}; {} nodes reserved for it, free in about {} s",
+                r.node_count(),
+                start.saturating_sub(now_ms()).div_ceil(1_000)
+            ),
+            None => format!(
+                "{reason}; {} nodes reserved for it, free when what runs there ends",
+                r.node_count()
+            ),
+        },
     }
 }

@@ -660,10 +660,24 @@ pub fn validate_submission(req: &SubmitGangGroupRequest) -> Result<GangGroup, St
         ));
     }
     let id = req.name.clone();
+    let run_limit_ms = match req.run_limit_seconds {
+        0 => None,
+        s if s > gangway_core::model::RUN_LIMIT_MS_MAX / 1_000 => {
+            return Err(invalid(
+                "run_limit_seconds".into(),
+                format!(
+                    "{s} is more than {} (one year)",
+                    gangway_core::model::RUN_LIMIT_MS_MAX / 1_000
+                ),
+            ))
+        }
+        s => Some(s * 1_000),
+    };
     RawGangGroup {
         id,
         gangs,
         queue: req.queue.clone(),
+        run_limit_ms,
     }
     .validate()
     .map_err(|e| Status::invalid_argument(e.to_string()))

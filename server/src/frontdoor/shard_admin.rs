@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use gangway_proto::admin::shards_server::{Shards, ShardsServer};
 use gangway_proto::admin::{
-    GrowShardsReply, GrowShardsRequest, ListMovesReply, ListMovesRequest, MoveNodesReply,
-    MoveNodesRequest, MoveSource, PlannedMove as ApiPlannedMove, RebalanceReply, RebalanceRequest,
-    ShardMove as ApiShardMove,
+    GrowShardsReply, GrowShardsRequest, ListMovesReply, ListMovesRequest, ListReservationsReply,
+    ListReservationsRequest, MoveNodesReply, MoveNodesRequest, MoveSource,
+    PlannedMove as ApiPlannedMove, RebalanceReply, RebalanceRequest, ShardMove as ApiShardMove,
 };
 use tonic::{Request, Response, Status};
 
@@ -422,6 +422,31 @@ impl Shards for ShardsService {
         }))
     }
 
+    async fn list_reservations(
+        &self,
+        request: Request<ListReservationsRequest>,
+    ) -> Result<Response<ListReservationsReply>, Status> {
+        self.access
+            .begin(&request, crate::auth::access::LIST_RESERVATIONS)
+            .await?;
+        let query = MetaQuery::HeadReservations {
+            at_ms: crate::replicated::now_ms(),
+        };
+        match self
+            .groups
+            .meta_query(&query)
+            .await
+            .map_err(|e| e.to_status())?
+        {
+            MetaReply::HeadReservations { reservations } => {
+                Ok(Response::new(ListReservationsReply {
+                    reservations: reservations.iter().map(api_reservation).collect(),
+                }))
+            }
+            other => Err(Status::internal(format!("unexpected meta reply {other:?}"))),
+        }
+    }
+
     async fn list_moves(
         &self,
         request: Request<ListMovesRequest>,
@@ -432,5 +457,26 @@ impl Shards for ShardsService {
         Ok(Response::new(ListMovesReply {
             moves: self.list().await?.iter().map(api_move).collect(),
         }))
+    }
+}
+
+/// A reservation as the admin API shows it.
+fn api_reservation(
+    r: &gangway_core::ledger::meta::HeadReservation,
+) -> gangway_proto::admin::HeadReservation {
+    gangway_proto::admin::HeadReservation {
+        group: r.seq,
+        priority: r.priority,
+        nodes: r
+            .nodes
+            .iter()
+            .map(|(shard, nodes)| MoveSource {
+                shard: *shard,
+                nodes: nodes.clone(),
+            })
+            .collect(),
+        starts_by_ms: r.starts_by_ms.unwrap_or(0),
+        made_at_ms: r.made_at_ms,
+        expires_at_ms: r.expires_at_ms,
     }
 }

@@ -811,6 +811,17 @@ pub struct ReadyPod {
     pub identity: Identity,
     /// When it arrived.
     pub arrival: Arrival,
+    /// Its `activeDeadlineSeconds`, in ms (None: not set).
+    pub run_limit_ms: Option<u64>,
+}
+
+/// The run-time limit of a group of `pods`: the longest of theirs when every one has
+/// one (`activeDeadlineSeconds`; a kubelet counts it from the pod's start), else none.
+fn run_limit_of<'a>(pods: impl IntoIterator<Item = &'a ReadyPod>) -> Option<u64> {
+    pods.into_iter()
+        .map(|p| p.run_limit_ms)
+        .try_fold(0u64, |longest, limit| Some(longest.max(limit?)))
+        .filter(|ms| (1..=gangway_core::model::RUN_LIMIT_MS_MAX).contains(ms))
 }
 
 /// One gang group to submit and the pods in it.
@@ -826,7 +837,12 @@ pub struct Submission {
 
 /// A group of `gangs` for `pods`; `top_ups` name the gangs that join others of their
 /// gang already bound, renamed by the group's key ([`topped_up`]).
-fn submission(mut gangs: Vec<Gang>, pods: Vec<PodRef>, top_ups: &BTreeSet<GangId>) -> Submission {
+fn submission(
+    mut gangs: Vec<Gang>,
+    pods: Vec<PodRef>,
+    top_ups: &BTreeSet<GangId>,
+    run_limit_ms: Option<u64>,
+) -> Submission {
     let mut uids: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
     uids.sort_unstable();
     let digest = Sha256::digest(uids.join(",").as_bytes());
@@ -844,6 +860,7 @@ fn submission(mut gangs: Vec<Gang>, pods: Vec<PodRef>, top_ups: &BTreeSet<GangId
             queue: String::new(),
             id: format!("kube-{hex}"),
             gangs,
+            run_limit_ms,
             ..Default::default()
         },
         pods,
@@ -906,6 +923,7 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
                     vec![gang_of(&params.id, None, &[pod])],
                     vec![pod.pod.clone()],
                     &BTreeSet::from([params.id.clone()]),
+                    run_limit_of([pod]),
                 ));
             }
             Identity::Single => {
@@ -914,6 +932,7 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
                     vec![gang_of(&id, None, &[pod])],
                     vec![pod.pod.clone()],
                     &BTreeSet::new(),
+                    run_limit_of([pod]),
                 ));
             }
         }
@@ -935,6 +954,7 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
         }
         let mut group_gangs = Vec::new();
         let mut pods = Vec::new();
+        let mut group_pods: Vec<&ReadyPod> = Vec::new();
         let mut top_ups = BTreeSet::new();
         for gid in &members {
             if let Some((p, list)) = gangs.get(gid) {
@@ -944,11 +964,13 @@ pub fn submissions(ready: &[ReadyPod], satisfied: &BTreeSet<GangId>) -> Vec<Subm
                 let cap = p.total_number.map(|t| t as usize).unwrap_or(list.len());
                 let list: Vec<&ReadyPod> = list.iter().take(cap).copied().collect();
                 pods.extend(list.iter().map(|r| r.pod.clone()));
+                group_pods.extend(list.iter().copied());
                 group_gangs.push(gang_of(gid, Some(p), &list));
             }
             taken.insert(gid.clone());
         }
-        out.push(submission(group_gangs, pods, &top_ups));
+        let run_limit_ms = run_limit_of(group_pods);
+        out.push(submission(group_gangs, pods, &top_ups, run_limit_ms));
     }
     // Groups go in the order their first pod arrived, as kube-scheduler's queue takes
     // pods (a gang's seq, its place in the queue, must not depend on being a gang).

@@ -24,6 +24,9 @@ fn ready(p: &Value, groups: &PodGroups) -> ReadyPod {
         spec: PodSpec::default(),
         identity: identify(p, groups).expect("identity"),
         arrival: Arrival::default(),
+        run_limit_ms: p["spec"]["activeDeadlineSeconds"]
+            .as_u64()
+            .map(|s| s * 1_000),
     }
 }
 

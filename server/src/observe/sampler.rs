@@ -3,7 +3,8 @@
 //! open reservations and the oldest one's age, and devices by node, driver and
 //! state (shard leaders). A replica that stops leading a group sets that group's
 //! gauges to zero, so a sum over replicas counts each group once. The meta leader also
-//! reports every queue's usage, min, max, share and gang groups. `Replica` registers
+//! reports every queue's usage, min, max, share and gang groups, and the reservations
+//! for the head of the line. `Replica` registers
 //! every labelled counter at zero before starting it, so rates exist before the first
 //! event. docs/METRICS.md is the catalogue. Owned by `Replica`.
 
@@ -48,6 +49,13 @@ pub async fn run(groups: Groups, shards: ShardCount, mut stop: watch::Receiver<b
                 }
                 leading_meta = true;
             }
+            let held = MetaQuery::HeadReservations { at_ms: now_ms() };
+            if let Ok(MetaReply::HeadReservations { reservations }) = groups.meta_query_local(&held)
+            {
+                let nodes: usize = reservations.iter().map(|r| r.node_count()).sum();
+                metrics::gauge!("gangway_reservations").set(reservations.len() as f64);
+                metrics::gauge!("gangway_reserved_nodes").set(nodes as f64);
+            }
             if let Ok(MetaReply::Queues { queues }) = groups.meta_query_local(&MetaQuery::Queues) {
                 let now = report_queues(&queues);
                 zero_queues(queue_series.difference(&now));
@@ -59,6 +67,8 @@ pub async fn run(groups: Groups, shards: ShardCount, mut stop: watch::Receiver<b
             }
             zero_queues(queue_series.iter());
             queue_series.clear();
+            metrics::gauge!("gangway_reservations").set(0.0);
+            metrics::gauge!("gangway_reserved_nodes").set(0.0);
             leading_meta = false;
         }
         for shard in shards.ids() {

@@ -266,6 +266,7 @@ impl ShardMachine {
             profile,
             carried,
             topologies,
+            kept,
         } = q
         else {
             return (q, Vec::new());
@@ -314,6 +315,7 @@ impl ShardMachine {
                 profile,
                 carried,
                 topologies,
+                kept,
             };
             return (plan, Vec::new());
         }
@@ -327,6 +329,7 @@ impl ShardMachine {
             profile,
             carried,
             topologies,
+            kept,
         };
         (plan, left_out)
     }

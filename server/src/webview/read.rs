@@ -125,6 +125,10 @@ pub struct QueuesView {
     pub capacity: BTreeMap<String, String>,
     /// The half-life of fair sharing over time as last sampled, in ms; 0: off.
     pub fair_share_half_life_ms: u64,
+    /// The reservations for the head of the line holding when read.
+    pub reservations: Vec<gangway_core::ledger::meta::HeadReservation>,
+    /// When it was read (ms since the epoch).
+    pub read_at_ms: u64,
 }
 
 /// The transactions panel's data.
@@ -237,10 +241,18 @@ impl Source {
             MetaReply::UsageHistory { half_life_ms, .. } => half_life_ms,
             _ => 0,
         };
+        let read_at_ms = crate::replicated::now_ms();
+        let held = MetaQuery::HeadReservations { at_ms: read_at_ms };
+        let reservations = match self.meta(what, &held).await? {
+            MetaReply::HeadReservations { reservations } => reservations,
+            _ => Vec::new(),
+        };
         Ok(QueuesView {
             queues,
             capacity,
             fair_share_half_life_ms,
+            reservations,
+            read_at_ms,
         })
     }
 

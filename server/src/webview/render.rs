@@ -747,6 +747,26 @@ pub fn queues(view: &QueuesView) -> Markup {
         @if view.queues.is_empty() {
             p { "no queues: groups are admitted in submission order (gangctl queues put to make one)" }
         }
+        @if !view.reservations.is_empty() {
+            table #reservations {
+                tr { th { "reserved for" } th { "priority" } th { "nodes" } th { "expected start" } th { "lapses in" } }
+                @for r in &view.reservations {
+                    tr data-group=(r.seq) {
+                        td { "gang group " (r.seq) }
+                        td { (r.priority) }
+                        td title=(r.all_nodes().cloned().collect::<Vec<_>>().join(" ")) {
+                            (r.node_count()) " on shard "
+                            (r.nodes.keys().map(u32::to_string).collect::<Vec<_>>().join(", "))
+                        }
+                        td { @match r.starts_by_ms {
+                            Some(at) => { "in " (at.saturating_sub(view.read_at_ms).div_ceil(1_000)) " s" }
+                            None => { "unknown (a group there declared no run-time limit)" }
+                        } }
+                        td { (r.expires_at_ms.saturating_sub(view.read_at_ms).div_ceil(1_000)) " s" }
+                    }
+                }
+            }
+        }
         table #queues {
             tr { th { "queue" } th { "weight" } th { "waiting" } th { "admitted" }
                  th { "usage against min · max · fair share" } }

@@ -208,9 +208,27 @@ fn the_queue_panel_shows_decayed_usage_only_with_fair_sharing_over_time() {
         queues: vec![status],
         capacity: BTreeMap::new(),
         fair_share_half_life_ms: 0,
+        reservations: Vec::new(),
+        read_at_ms: 1_000,
     };
     let off = queues(&view).into_string();
     assert!(!off.contains("decayed"), "{off}");
+    assert!(!off.contains("reservations"), "{off}");
+    view.reservations = vec![gangway_core::ledger::meta::HeadReservation {
+        seq: 42,
+        priority: 3,
+        nodes: [(2, vec!["n1".to_string(), "n2".to_string()])].into(),
+        starts_by_ms: Some(31_000),
+        preempts_below: None,
+        made_at_ms: 1_000,
+        expires_at_ms: 61_000,
+    }];
+    let held = queues(&view).into_string();
+    assert!(held.contains("gang group 42"), "{held}");
+    assert!(held.contains("2 on shard 2"), "{held}");
+    assert!(held.contains("in 30 s"), "{held}");
+    assert!(held.contains("60 s"), "{held}");
+    view.reservations.clear();
     view.fair_share_half_life_ms = 604_800_000;
     let on = queues(&view).into_string();
     assert!(on.contains("half-life 604800 s"), "{on}");

@@ -317,6 +317,7 @@ fn a_shard_plans_followers_beside_a_claim_another_shard_carries_once_told() {
             profile: Box::new(Profile::default()),
             carried,
             topologies: Vec::new(),
+            kept: Vec::new(),
         };
         match answer(&b, &query, &mut Placer::new()) {
             ShardAnswer::Plan { placement } => placement,

@@ -272,7 +272,16 @@ pub struct GangGroup {
     /// `min` is not bounded by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempts_within: Option<String>,
+    /// The longest it runs once placed, in ms (None: not declared): a gRPC group is
+    /// released when it passes, a Kubernetes group's pods are stopped by their kubelets
+    /// (`activeDeadlineSeconds`). What lets it backfill room reserved for a group ahead
+    /// of it (docs/ARCHITECTURE.md §4, "Reservations").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_limit_ms: Option<u64>,
 }
+
+/// Longest run-time limit a group may declare, in ms (one year).
+pub const RUN_LIMIT_MS_MAX: u64 = 365 * 24 * 3_600 * 1_000;
 
 impl GangGroup {
     /// Checks the group and every gang in it.
@@ -288,6 +297,13 @@ impl GangGroup {
             return Err(path.child("owner").error(format!(
                 "at most {OWNER_BYTES_MAX} bytes without control characters"
             )));
+        }
+        if let Some(limit) = self.run_limit_ms {
+            if limit == 0 || limit > RUN_LIMIT_MS_MAX {
+                return Err(path.child("runLimitMs").error(format!(
+                    "{limit} is not between 1 and {RUN_LIMIT_MS_MAX} (one year)"
+                )));
+            }
         }
         let gangs = path.child("gangs");
         if self.gangs.is_empty() {
@@ -422,6 +438,9 @@ pub struct RawGangGroup {
     /// The queue charged for its members (empty: none).
     #[serde(default)]
     pub queue: String,
+    /// The longest it runs once placed, in ms (None: not declared).
+    #[serde(default)]
+    pub run_limit_ms: Option<u64>,
 }
 
 impl RawGangGroup {
@@ -438,6 +457,7 @@ impl RawGangGroup {
             queue: self.queue.clone(),
             id: self.id.clone(),
             gangs,
+            run_limit_ms: self.run_limit_ms,
             ..Default::default()
         };
         group.validate(&root)?;

@@ -39,7 +39,9 @@ pub use device::{
     RawDeviceClass, RawResourcePool, ResourcePool,
 };
 pub use error::{clip, clip_to, FieldPath, ValidationError, MESSAGE_CHARS_MAX, PATH_CHARS_MAX};
-pub use gang::{Gang, GangGroup, GangId, GangMode, Member, MemberKey, RawGang, RawGangGroup};
+pub use gang::{
+    Gang, GangGroup, GangId, GangMode, Member, MemberKey, RawGang, RawGangGroup, RUN_LIMIT_MS_MAX,
+};
 pub use node::{Node, RawNode, Readiness, Schedulability, Taint, TaintEffect};
 pub use pod::{
     HostPort, LabelSelector, LabelSelectorOperator, LabelSelectorRequirement, NodeAffinity,

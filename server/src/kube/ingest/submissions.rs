@@ -140,6 +140,9 @@ impl Ingest {
                     pod: facts.pod.clone(),
                     spec,
                     identity,
+                    run_limit_ms: facts.object["spec"]["activeDeadlineSeconds"]
+                        .as_u64()
+                        .and_then(|s| s.checked_mul(1_000)),
                 }),
                 Err(p) => problems.push((facts.pod.clone(), p)),
             }

@@ -95,6 +95,7 @@ impl MetaState {
             releasing: MemberPlacements::default(),
             charge: Resources::zero(),
             parked_at_ms: None,
+            placed_at_ms: None,
         };
         record.bump(&mut self.last_version);
         if !record.group.owner.is_empty() {

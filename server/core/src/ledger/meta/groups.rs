@@ -270,6 +270,10 @@ pub struct GroupRecord {
     /// §4, "Parking"); `None` while it retries on its backoff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked_at_ms: Option<u64>,
+    /// When its first members were placed (the decision's time): with its run-time
+    /// limit, when it is expected to end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_at_ms: Option<u64>,
 }
 
 impl GroupRecord {
@@ -293,6 +297,20 @@ impl GroupRecord {
                 .count();
             placed as u32 >= gang.min_member
         })
+    }
+
+    /// When it is expected to end: placed, with a run-time limit.
+    pub fn ends_at_ms(&self) -> Option<u64> {
+        Some(self.placed_at_ms?.saturating_add(self.group.run_limit_ms?))
+    }
+
+    /// Whether its members are Kubernetes pods (they carry uids).
+    pub fn is_kubernetes(&self) -> bool {
+        self.group
+            .gangs
+            .iter()
+            .flat_map(|g| &g.members)
+            .any(|m| m.uid.is_some())
     }
 
     /// Whether it is queued and parked (docs/ARCHITECTURE.md §4, "Parking").

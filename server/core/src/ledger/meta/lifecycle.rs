@@ -38,6 +38,8 @@ impl MetaState {
                 let backoff = retry_backoff_ms(g.attempts);
                 let (wait, parked) = match retry {
                     Retry::Backoff => (backoff, None),
+                    Retry::Reserved if self.reservations.holds(seq) => (RESERVED_RETRY_MS, None),
+                    Retry::Reserved => (backoff, None),
                     Retry::Parked => (backoff.max(parked_recheck_ms(seq, g.attempts)), Some(at_ms)),
                 };
                 g.not_before_ms = at_ms.saturating_add(wait);
@@ -140,10 +142,19 @@ impl MetaState {
         self.set_state(seq, next)
     }
 
-    pub(super) fn release(&mut self, seq: GroupSeq) -> MetaReply {
-        let Some(state) = self.groups.get(&seq).map(|g| g.state) else {
+    pub(super) fn release(&mut self, seq: GroupSeq, at_ms: u64) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
             return missing(seq);
         };
+        let state = g.state;
+        if state == GroupState::Placed {
+            if let (Some(end), Some(limit)) = (g.ends_at_ms(), g.group.run_limit_ms) {
+                if end <= at_ms {
+                    g.reason =
+                        format!("released: its run-time limit of {} s passed", limit / 1_000);
+                }
+            }
+        }
         match state {
             GroupState::Placed => self.set_state(
                 seq,

@@ -14,6 +14,9 @@ pub enum Retry {
     /// It fit nowhere: parked until a change could help it ([`MetaCommand::Wake`]), at
     /// the latest after [`PARKED_RECHECK_MS`] (or its backoff, if longer).
     Parked,
+    /// It holds a reservation: tried again after [`RESERVED_RETRY_MS`], whatever its
+    /// attempts (a group that holds none backs off instead).
+    Reserved,
 }
 
 impl Retry {
@@ -235,6 +238,20 @@ pub enum MetaCommand {
     NoteCapacity {
         /// The sum over every shard's nodes.
         capacity: Resources,
+    },
+    /// Reserves nodes for a queued group that lacked room ([`Reservations::make`]),
+    /// replacing the group's own reservation; refused when the group is not queued or
+    /// holds members, [`RESERVATIONS_MAX`] are held, or a node is held for another.
+    ReserveForHead {
+        /// The reservation; `made_at_ms` is the proposer's clock.
+        reservation: HeadReservation,
+    },
+    /// Ends group `seq`'s reservation (a better place freed, or it is no longer wanted).
+    EndHeadReservation {
+        /// The group.
+        seq: GroupSeq,
+        /// Proposer's clock.
+        at_ms: u64,
     },
     /// Advances every queue's usage over time to `at_ms` (fair sharing over time,
     /// docs/ARCHITECTURE.md §5a): the coordinator writes one every
@@ -492,6 +509,17 @@ pub enum MetaReply {
         /// Queues defined (none: nothing to sample).
         queues: u64,
     },
+    /// Reservations for the head of the line ([`MetaQuery::HeadReservations`], and
+    /// [`MetaCommand::ReserveForHead`]'s answer: the one recorded).
+    HeadReservations {
+        /// By group.
+        reservations: Vec<HeadReservation>,
+    },
+    /// Placed groups and when each is expected to end ([`MetaQuery::PlacedEnds`]).
+    PlacedEnds {
+        /// In seq order.
+        groups: Vec<PlacedEnd>,
+    },
     /// The cluster's allocatable resources as recorded ([`MetaQuery::Capacity`]).
     Capacity {
         /// `None` until the coordinator first recorded it.
@@ -533,6 +561,22 @@ impl RejectionKind {
     fn is_refused(&self) -> bool {
         *self == Self::Refused
     }
+}
+
+/// A placed group and when it is expected to end ([`MetaQuery::PlacedEnds`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedEnd {
+    /// The group.
+    pub seq: GroupSeq,
+    /// Its gangs.
+    pub gangs: Vec<crate::model::GangId>,
+    /// Its highest priority.
+    pub priority: i32,
+    /// When it was placed plus its run-time limit (None: it declared none).
+    pub ends_at_ms: Option<u64>,
+    /// Whether its members are Kubernetes pods (kubelets end them; gangway releases
+    /// only the others at their limit).
+    pub kubernetes: bool,
 }
 
 /// A read-only question to the meta group.
@@ -662,10 +706,57 @@ pub enum MetaQuery {
     Capacity,
     /// Whether fair sharing over time is on, with what half-life, and its last sample.
     UsageHistory,
+    /// The reservations holding at `at_ms`, by group.
+    HeadReservations {
+        /// The reader's clock.
+        at_ms: u64,
+    },
+    /// Every placed group with when it is expected to end (placed time plus declared
+    /// run-time limit): what a reservation is chosen from.
+    PlacedEnds,
     /// The newest transactions of the decision log (open and decided), newest first:
     /// what the web view lists as recent decisions.
     RecentTxns {
         /// At most this many.
         limit: u32,
     },
+}
+
+impl MetaCommand {
+    /// The proposer's clock, for commands that carry it.
+    pub fn at_ms(&self) -> Option<u64> {
+        match self {
+            MetaCommand::AssignNode { at_ms, .. }
+            | MetaCommand::Submit { at_ms, .. }
+            | MetaCommand::BeginTxn { at_ms, .. }
+            | MetaCommand::BeginPreemption { at_ms, .. }
+            | MetaCommand::Decide { at_ms, .. }
+            | MetaCommand::AbortIfUndecided { at_ms, .. }
+            | MetaCommand::Requeue { at_ms, .. }
+            | MetaCommand::Wake { at_ms, .. }
+            | MetaCommand::Expire { at_ms, .. }
+            | MetaCommand::Cancel { at_ms, .. }
+            | MetaCommand::Release { at_ms, .. }
+            | MetaCommand::ReleaseMembers { at_ms, .. }
+            | MetaCommand::MembersReleased { at_ms, .. }
+            | MetaCommand::ReleaseDone { at_ms, .. }
+            | MetaCommand::EndHeadReservation { at_ms, .. }
+            | MetaCommand::SampleUsage { at_ms, .. }
+            | MetaCommand::PlaceNode { at_ms, .. }
+            | MetaCommand::BeginMove { at_ms, .. }
+            | MetaCommand::EndMove { at_ms, .. }
+            | MetaCommand::CancelMove { at_ms, .. } => Some(*at_ms),
+            MetaCommand::ReserveForHead { reservation } => Some(reservation.made_at_ms),
+            MetaCommand::Delivered { .. }
+            | MetaCommand::Batch { .. }
+            | MetaCommand::NoteWaiting { .. }
+            | MetaCommand::PutQueue { .. }
+            | MetaCommand::DeleteQueue { .. }
+            | MetaCommand::NoteNodeAllocation { .. }
+            | MetaCommand::NoteCapacity { .. }
+            | MetaCommand::SealMove { .. }
+            | MetaCommand::CommitMove { .. }
+            | MetaCommand::GrowShards { .. } => None,
+        }
+    }
 }

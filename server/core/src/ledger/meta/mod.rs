@@ -24,6 +24,7 @@ mod index;
 pub mod messages;
 mod placements;
 pub mod queues;
+pub mod reservations;
 pub mod shard_map;
 mod table;
 pub mod usage_history;
@@ -47,10 +48,14 @@ pub use groups::{
 };
 pub use index::ChangeStamps;
 pub use messages::{
-    MetaCommand, MetaQuery, MetaReply, RejectionKind, Retry, Woken, WAKE_GROUPS_MAX,
+    MetaCommand, MetaQuery, MetaReply, PlacedEnd, RejectionKind, Retry, Woken, WAKE_GROUPS_MAX,
 };
 pub use placements::MemberPlacements;
 pub use queues::{QueueStatus, Queues};
+pub use reservations::{
+    HeadReservation, Reservations, RESERVATIONS_MAX, RESERVATION_TTL_MS_MAX, RESERVED_NODES_MAX,
+    RESERVED_RETRY_MS,
+};
 pub use shard_map::{
     domain_of, hashed_shard, shard_command, MappedNode, MovePhase, MoveTarget, ShardMove,
     ShardShare, MOVES_ACTIVE_MAX, MOVES_KEPT_MAX,
@@ -118,6 +123,9 @@ pub struct MetaState {
     /// The queues, with what their groups are charged (I8).
     #[serde(default, skip_serializing_if = "Queues::is_empty")]
     queues: Queues,
+    /// Nodes held for the head of the line (`reservations.rs`).
+    #[serde(default, skip_serializing_if = "Reservations::is_empty")]
+    reservations: Reservations,
     /// Bug switch `meta-admits-over-quota` only: charges without asking the queue.
     #[serde(skip)]
     quota_unchecked: bool,
@@ -259,6 +267,10 @@ impl MetaState {
         for seq in touched {
             self.recharge(seq);
         }
+        if !self.reservations.is_empty() {
+            let groups = &self.groups;
+            self.reservations.prune(cmd.at_ms(), |seq| groups.get(&seq));
+        }
         self.catch_up_index();
         #[cfg(debug_assertions)]
         self.check_index(cmd);
@@ -338,6 +350,8 @@ impl MetaState {
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteCapacity { .. }
             | MetaCommand::SampleUsage { .. }
+            | MetaCommand::ReserveForHead { .. }
+            | MetaCommand::EndHeadReservation { .. }
             | MetaCommand::Wake { .. }
             | MetaCommand::NoteNodeAllocation { .. } => Vec::new(),
         }
@@ -470,7 +484,7 @@ impl MetaState {
             MetaCommand::Wake { which, at_ms } => self.wake(which, *at_ms),
             MetaCommand::Expire { seq, at_ms } => self.expire(*seq, *at_ms),
             MetaCommand::Cancel { seq, at_ms } => self.cancel(*seq, *at_ms),
-            MetaCommand::Release { seq, .. } => self.release(*seq),
+            MetaCommand::Release { seq, at_ms } => self.release(*seq, *at_ms),
             MetaCommand::ReleaseMembers { seq, members, .. } => self.release_members(*seq, members),
             MetaCommand::MembersReleased { seq, members, .. } => {
                 self.members_released(*seq, members)
@@ -490,6 +504,21 @@ impl MetaState {
                 Ok(()) => MetaReply::Queues { queues: Vec::new() },
                 Err(reason) => rejected(reason),
             },
+            MetaCommand::ReserveForHead { reservation } => {
+                let group = self.groups.get(&reservation.seq);
+                match self.reservations.make(reservation.clone(), group) {
+                    Ok(()) => MetaReply::HeadReservations {
+                        reservations: vec![reservation.clone()],
+                    },
+                    Err((kind, reason)) => MetaReply::Rejected { reason, kind },
+                }
+            }
+            MetaCommand::EndHeadReservation { seq, .. } => {
+                self.reservations.end(*seq);
+                MetaReply::HeadReservations {
+                    reservations: Vec::new(),
+                }
+            }
             MetaCommand::NoteCapacity { capacity } => {
                 self.queues.set_capacity(capacity.clone());
                 MetaReply::Capacity {
@@ -564,6 +593,7 @@ fn gang_name(gang: &crate::model::Gang) -> String {
 fn same_body(stored: &GangGroup, offered: &GangGroup) -> bool {
     stored.id == offered.id
         && stored.queue == offered.queue
+        && stored.run_limit_ms == offered.run_limit_ms
         && stored.gangs.len() == offered.gangs.len()
         && stored.gangs.iter().zip(&offered.gangs).all(|(a, b)| {
             let mut b = b.clone();
@@ -584,6 +614,7 @@ fn apply_decision(
     g.bump(last_version);
     match decision {
         Decision::Commit => {
+            g.placed_at_ms.get_or_insert(at_ms);
             g.placements.extend(placements.iter().map(|(k, p)| {
                 let mut p = p.clone();
                 p.txn = Some(txn);
@@ -621,6 +652,8 @@ mod parking_tests;
 mod preemption_tests;
 #[cfg(test)]
 mod queue_tests;
+#[cfg(test)]
+mod reservations_tests;
 #[cfg(test)]
 mod shard_map_tests;
 #[cfg(test)]

@@ -532,6 +532,7 @@ fn bounded(m: &mut MetaState, queue: &str, name: &str, within: Option<&str>) -> 
         queue: queue.into(),
         owner: "team-a".into(),
         preempts_within: within.map(String::from),
+        run_limit_ms: None,
     };
     match m.apply(&MetaCommand::Submit {
         key: name.into(),

@@ -168,6 +168,28 @@ impl MetaState {
                     .filter_map(|seq| Some((*seq, self.quota_refusal(*seq)?)))
                     .collect(),
             },
+            MetaQuery::HeadReservations { at_ms } => MetaReply::HeadReservations {
+                reservations: self.reservations.active(*at_ms),
+            },
+            MetaQuery::PlacedEnds => {
+                let index = self.index.read(&self.groups);
+                let mut seqs: Vec<GroupSeq> =
+                    index.placed_by_priority().map(|(_, seq)| seq).collect();
+                seqs.sort_unstable();
+                MetaReply::PlacedEnds {
+                    groups: seqs
+                        .into_iter()
+                        .filter_map(|seq| self.groups.get(&seq))
+                        .map(|g| PlacedEnd {
+                            seq: g.seq,
+                            gangs: g.group.gangs.iter().map(crate::model::Gang::id).collect(),
+                            priority: g.highest_priority(),
+                            ends_at_ms: g.ends_at_ms(),
+                            kubernetes: g.is_kubernetes(),
+                        })
+                        .collect(),
+                }
+            }
             MetaQuery::Capacity => MetaReply::Capacity {
                 capacity: self.queues.capacity().cloned(),
             },
