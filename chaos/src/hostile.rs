@@ -216,6 +216,7 @@ impl Workload {
         };
         let request = SubmitGangGroupRequest {
             queue: String::new(),
+            run_limit_seconds: 0,
             idempotency_key: key.clone(),
             name: key.clone(),
             gangs: vec![GangSpec {

@@ -441,6 +441,7 @@ pub(crate) fn gangs_of(shape: Shape, op: u64) -> Vec<GangShape> {
 pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         idempotency_key: key.to_string(),
         name: key.to_string(),
         gangs: gangs

@@ -237,6 +237,7 @@ async fn a_lapsed_heartbeat_lease_makes_the_node_not_ready() {
     .await;
     let cpu_gang = SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         gangs: vec![GangSpec {
             members: vec![MemberSpec {
                 name: "w".into(),

@@ -223,6 +223,7 @@ async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
     let queued = scheduler
         .submit_gang_group(SubmitGangGroupRequest {
             queue: String::new(),
+            run_limit_seconds: 0,
             idempotency_key: "stuck".into(),
             name: "stuck".into(),
             gangs: vec![GangSpec {
@@ -589,6 +590,7 @@ async fn hostile_input_gets_a_precise_code_and_a_short_message() {
     let mut inventory = InventoryClient::new(channel.clone());
     let submit = |name: &str, pod_json: &str| SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         idempotency_key: String::new(),
         name: name.into(),
         gangs: vec![GangSpec {

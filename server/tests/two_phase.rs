@@ -43,6 +43,7 @@ async fn uncordon(c: &Client, name: &str, cpu: &str) {
 fn nonstrict(name: &str, members: u32, cpu: &str) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         idempotency_key: name.into(),
         name: name.into(),
         gangs: vec![GangSpec {

@@ -59,6 +59,7 @@ pub fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) ->
 pub fn submission(key: &str, gangs: Vec<GangSpec>) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         idempotency_key: key.into(),
         name: key.into(),
         gangs,
@@ -113,6 +114,7 @@ pub async fn wait_group(
 pub fn device_gang(key: &str, resource: &str, members: u32) -> SubmitGangGroupRequest {
     SubmitGangGroupRequest {
         queue: String::new(),
+        run_limit_seconds: 0,
         idempotency_key: key.into(),
         name: key.into(),
         gangs: vec![GangSpec {
