@@ -70,7 +70,7 @@ SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 CONFIG_KEYS = {
     "id", "listen", "advertise", "http", "peers", "data", "shards", "cluster-id", "join",
     "topology-label", "topology-levels", "sled-cache-mb", "wire-format", "auto-rebalance", "rebalance-bound-percent",
-    "rebalance-check-ms", "fair-share-half-life-ms", "heartbeat-ms", "election-min-ms", "election-max-ms",
+    "rebalance-check-ms", "fair-share-half-life-ms", "head-reservations", "heartbeat-ms", "election-min-ms", "election-max-ms",
     "snapshot-every", "balance-interval-ms", "kubeconfig", "in-cluster", "scheduler-name",
     "bind-qps", "bind-concurrency", "tls-cert", "tls-key", "tls-client-ca", "auth-tokens-file",
     "peer-secret-file", "scheduler-config",

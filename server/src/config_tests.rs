@@ -165,6 +165,37 @@ fn fair_share_over_time_defaults_off_and_a_half_life_out_of_range_names_the_flag
 }
 
 #[test]
+fn head_reservations_default_off_and_a_file_sets_them() {
+    use gangway_core::plan::backfill::ReservationMode;
+    let cfg = ServeConfig::resolve(args(1, &[])).expect("valid");
+    assert_eq!(cfg.head_reservations, ReservationMode::Off);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gangway.toml");
+    std::fs::write(&path, "id = 1\nhead-reservations = \"backfill\"\n").expect("write");
+    let cfg = ServeConfig::resolve(ServeArgs {
+        config: Some(path.clone()),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(cfg.head_reservations, ReservationMode::Backfill);
+    // The flag wins over the file.
+    let cfg = ServeConfig::resolve(ServeArgs {
+        config: Some(path.clone()),
+        head_reservations: Some(ReservationMode::Reserve),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(cfg.head_reservations, ReservationMode::Reserve);
+    std::fs::write(&path, "id = 1\nhead-reservations = \"always\"\n").expect("write");
+    let err = ServeConfig::resolve(ServeArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .expect_err("not a mode");
+    assert!(err.to_string().contains("head-reservations"), "{err}");
+}
+
+#[test]
 fn wire_format_defaults_to_binary_and_a_bad_one_names_the_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gangway.toml");

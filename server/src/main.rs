@@ -73,6 +73,9 @@ enum Bench {
     Topology(gangway_server::bench::topology::TopologyBenchArgs),
     /// What groups that fit nowhere cost: idle CPU and placeable gangs' rate, parked and not.
     Parked(gangway_server::bench::parked::ParkedBenchArgs),
+    /// A large gang behind a stream of small ones: its wait and the GPUs kept busy, per
+    /// `--head-reservations` mode.
+    Starvation(gangway_server::bench::starvation::StarvationBenchArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -126,6 +129,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             which: Bench::Parked(args),
         } => bench::parked::run(args).await,
+        Command::Bench {
+            which: Bench::Starvation(args),
+        } => bench::starvation::run(args).await,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod preemption;
 pub mod raft;
 pub mod selectors;
 pub mod shards;
+pub mod starvation;
 pub mod topology;
 pub mod ui;
 pub mod webdriver;

@@ -36,7 +36,11 @@ pub const RESERVATION_REVIEW_MS: u64 = 10_000;
 /// Most instants one search plans at (each one plan per shard).
 pub const RESERVATION_SEARCH_INSTANTS_MAX: usize = 64;
 /// How often placed gRPC groups are checked against their run-time limit, in ms.
-pub const RUN_LIMIT_CHECK_MS: u64 = 1_000;
+pub const RUN_LIMIT_CHECK_MS: u64 = 250;
+/// How much sooner than a reserved group's expected start a backfilled group's limit
+/// must end, in ms: its placement is decided a little after it is planned, and a group
+/// past its limit is released within [`RUN_LIMIT_CHECK_MS`] and a round.
+pub const BACKFILL_MARGIN_MS: u64 = 1_000;
 const _: () = assert!(RESERVATION_TTL_MS <= RESERVATION_TTL_MS_MAX);
 
 /// The reservations as the current round sees them, and the mode.
@@ -88,7 +92,7 @@ impl HeadOfLine {
             return KeptNodes::new();
         }
         let c = candidate(r);
-        let now = now_ms();
+        let now = now_ms() + BACKFILL_MARGIN_MS;
         let shards: BTreeSet<u32> = held.iter().flat_map(|h| h.nodes.keys().copied()).collect();
         shards
             .into_iter()
@@ -104,6 +108,33 @@ impl HeadOfLine {
             return KeptNodes::new();
         }
         backfill::all_reserved(&self.held())
+    }
+
+    /// Drops `seq`'s reservation from this round's copy (meta ended it); its shards count
+    /// as changed.
+    fn forget(&self, seq: GroupSeq) {
+        let mut held = self.held();
+        for h in held.iter().filter(|h| h.seq == seq) {
+            for shard in h.nodes.keys() {
+                self.board.note(*shard, Wake::EVERYTHING);
+            }
+        }
+        held.retain(|h| h.seq != seq);
+    }
+
+    /// The groups holding reservations that come after `r` in the order (priority, then
+    /// submission), last one last.
+    pub(super) fn behind(&self, r: &GroupRecord) -> Vec<GroupSeq> {
+        let key = |priority: i32, seq: GroupSeq| (-i64::from(priority), seq);
+        let mine = key(r.highest_priority(), r.seq);
+        let mut later: Vec<(i64, GroupSeq)> = self
+            .held()
+            .iter()
+            .map(|h| key(h.priority, h.seq))
+            .filter(|k| *k > mine)
+            .collect();
+        later.sort_unstable();
+        later.into_iter().map(|(_, seq)| seq).collect()
     }
 
     /// Takes the reservations meta holds now; the shards of those that ended (or lost
@@ -238,7 +269,12 @@ impl Coordinator {
             Some(held) if now < held.made_at_ms.saturating_add(RESERVATION_REVIEW_MS) => {
                 return existing;
             }
-            None if self.head_of_line.held().len() >= RESERVATIONS_MAX => return None,
+            // Full of groups ahead of it: it waits its turn.
+            None if self.head_of_line.behind(r).is_empty()
+                && self.head_of_line.held().len() >= RESERVATIONS_MAX =>
+            {
+                return None
+            }
             _ => {}
         }
         let lacks_room = what_helps(plans, self.shards.ids())
@@ -258,6 +294,10 @@ impl Coordinator {
             if !earlier(starts_by_ms, old.starts_by_ms) {
                 return existing;
             }
+        }
+        if let Err(e) = self.displace_behind(r, &nodes, existing.is_some()).await {
+            tracing::debug!(group = r.seq, error = %e, "reservations behind it not ended");
+            return existing;
         }
         let now = now_ms();
         let expires_at_ms = match starts_by_ms {
@@ -303,6 +343,45 @@ impl Coordinator {
         }
     }
 
+    /// Ends the reservations of groups behind `r` in the order that hold any of `nodes`,
+    /// and, when no slot is left for it (it `holds` none yet), the last one's: the slots
+    /// go to the first groups in the order.
+    async fn displace_behind(
+        &self,
+        r: &GroupRecord,
+        nodes: &BTreeMap<u32, Vec<String>>,
+        holds: bool,
+    ) -> Result<(), GroupError> {
+        let wanted: BTreeSet<&String> = nodes.values().flatten().collect();
+        let behind = self.head_of_line.behind(r);
+        let held = self.head_of_line.held().clone();
+        let mut ended: Vec<GroupSeq> = held
+            .iter()
+            .filter(|h| behind.contains(&h.seq) && h.all_nodes().any(|n| wanted.contains(n)))
+            .map(|h| h.seq)
+            .collect();
+        if !holds && held.len() - ended.len() >= RESERVATIONS_MAX {
+            if let Some(last) = behind.iter().rev().find(|s| !ended.contains(s)) {
+                ended.push(*last);
+            }
+        }
+        for seq in ended {
+            tracing::debug!(
+                group = seq,
+                before = r.seq,
+                "reservation given to a group ahead"
+            );
+            self.groups
+                .meta(&MetaCommand::EndHeadReservation {
+                    seq,
+                    at_ms: now_ms(),
+                })
+                .await?;
+            self.head_of_line.forget(seq);
+        }
+        Ok(())
+    }
+
     /// Where `r` will fit soonest, and when: the earliest declared end of the placed
     /// groups by which, with every group ending by then gone, every shard's plans place it
     /// whole (at most [`RESERVATION_SEARCH_INSTANTS_MAX`] instants, by halving); failing
@@ -319,13 +398,15 @@ impl Coordinator {
         };
         let members = self.members_to_plan(r);
         let topologies = listed_topologies(&r.group.gangs);
-        // Other groups' reservations stay out of its choice, whatever their priority.
+        // The reservations of groups ahead of it stay out of its choice; those of groups
+        // behind it give way (`displace_behind`).
+        let behind = self.head_of_line.behind(r);
         let kept: KeptNodes = backfill::all_reserved(
             &self
                 .head_of_line
                 .held()
                 .iter()
-                .filter(|h| h.seq != r.seq)
+                .filter(|h| h.seq != r.seq && !behind.contains(&h.seq))
                 .cloned()
                 .collect::<Vec<_>>(),
         );

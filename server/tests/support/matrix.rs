@@ -15,8 +15,9 @@ use gangway_proto::admin::queues_client::QueuesClient;
 use gangway_proto::admin::shards_client::ShardsClient;
 use gangway_proto::admin::{
     AddLearnerRequest, BalanceRequest, ChangeMembershipRequest, CompactRequest, DeleteQueueRequest,
-    GrowShardsRequest, ListMovesRequest, ListQueuesRequest, MoveNodesRequest, PutQueueRequest,
-    QueueSpec, RebalanceRequest, StatusRequest, TransferLeaderRequest,
+    GrowShardsRequest, ListMovesRequest, ListQueuesRequest, ListReservationsRequest,
+    MoveNodesRequest, PutQueueRequest, QueueSpec, RebalanceRequest, StatusRequest,
+    TransferLeaderRequest,
 };
 use gangway_proto::v1::inventory_client::InventoryClient;
 use gangway_proto::v1::scheduler_client::SchedulerClient;
@@ -114,7 +115,7 @@ pub fn expected(method: &str, role: Role, by: Authority) -> Outcome {
         | "Inventory/ReportAllocation" => &[Admin, Node],
         "Inventory/GetNode" => &[Admin, Node, Viewer],
         "Inventory/ListNodes" => &[Admin, Viewer],
-        "Admin/Status" | "Shards/ListMoves" => &[Admin, Viewer],
+        "Admin/Status" | "Shards/ListMoves" | "Shards/ListReservations" => &[Admin, Viewer],
         "Admin/Status+stateHash" => &[Admin],
         "Admin/AddLearner"
         | "Admin/ChangeMembership"
@@ -425,6 +426,11 @@ pub async fn call(method: &str, role: Role, c: &Caller, group: u64) -> Result<()
                 .await,
         ),
         "Shards/ListMoves" => done(c.shards().list_moves(ListMovesRequest {}).await),
+        "Shards/ListReservations" => done(
+            c.shards()
+                .list_reservations(ListReservationsRequest {})
+                .await,
+        ),
         "Shards/GrowShards" => done(
             c.shards()
                 .grow_shards(GrowShardsRequest { shards: 0 })
