@@ -173,6 +173,16 @@ async fn the_switch_that_ignores_reservations_lets_a_group_that_runs_on_take_the
     let c = Cluster::start_with(1, 1, args, env);
     c.wait_ready(&[1], Duration::from_secs(20)).await;
     let cl = client(&c, 1).await;
+    // A run-time limit past a year is refused, naming the field.
+    let err = cl
+        .submit(whole_nodes("forever", 1, 366 * 24 * 3_600))
+        .await
+        .expect_err("past a year");
+    let gangway_client::ClientError::Rpc(status) = err else {
+        panic!("expected a status, got {err:?}");
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().starts_with("run_limit_seconds"), "{}", status.message());
     fleet(&cl, 1, 4, "4").await;
     let holders = hold_every_node(&cl).await;
     let big = cl.submit(whole_nodes("big", 2, 0)).await.expect("big");

@@ -3,8 +3,11 @@
 //! cluster (this binary on 127.0.0.1) of nodes with 8 GPUs is kept busy by small gangs
 //! of whole-node pods (8 GPUs each), each declaring a run time drawn uniformly from
 //! `--run-min-seconds..=--run-max-seconds` as its run-time limit, so gangway releases it
-//! when its time ends; a backlog of waiting small gangs is kept, so every freed node has
-//! takers. At `--big-at-seconds` one gang of `--big-percent` of the nodes arrives.
+//! when its time ends. They arrive at random (exponential gaps) at a rate offering
+//! `--load-percent` of the cluster, so every freed node has takers. At `--big-at-seconds`
+//! one gang of `--big-percent` of the nodes arrives, of higher priority (it is first in
+//! line) and never preempting (its pods' `preemptionPolicy: Never`), so only reservations
+//! can get it room.
 //! Measured: the big gang's wait (submission to placed), and the GPUs held (as the
 //! benchmark observes placements and releases) over the run and over the big gang's wait.
 //! The same seed draws the same gangs in every mode. Processes and data dirs are removed
@@ -22,12 +25,16 @@ use gangway_core::plan::backfill::ReservationMode;
 
 /// GPUs per node (what `register_nodes` gives each).
 const GPUS_PER_NODE: u64 = 8;
-/// How often the benchmark reads changes, tops up the backlog and samples usage, in ms.
+/// How often the benchmark reads changes, submits the arrivals due and samples usage, in ms.
 const TICK_MS: u64 = 200;
 /// Most nodes the benchmark registers.
 pub const NODES_MAX: usize = 5_000;
-/// Most small gangs waiting that the benchmark keeps.
-pub const BACKLOG_MAX: usize = 1_000;
+/// Highest offered load, in percent of the cluster.
+pub const LOAD_PERCENT_MAX: u64 = 400;
+/// Most small gangs one run submits.
+pub const SUBMISSIONS_MAX: usize = 200_000;
+/// The big gang's priority (the small gangs' is 0).
+const BIG_PRIORITY: i32 = 10;
 
 /// Flags of `gangway bench starvation`.
 #[derive(Debug, clap::Args)]
@@ -47,9 +54,10 @@ pub struct StarvationBenchArgs {
     /// Longest run time of a small gang, in seconds.
     #[arg(long, default_value_t = 30)]
     pub run_max_seconds: u64,
-    /// Small gangs kept waiting, so freed nodes always have takers.
-    #[arg(long, default_value_t = 64)]
-    pub backlog: usize,
+    /// The small gangs' offered load, in percent of the cluster's node-seconds (above
+    /// 100 keeps a queue, so freed nodes always have takers).
+    #[arg(long, default_value_t = 110)]
+    pub load_percent: u64,
     /// When the big gang arrives, in seconds from the start.
     #[arg(long, default_value_t = 60)]
     pub big_at_seconds: u64,
@@ -86,6 +94,12 @@ impl Draws {
     fn between(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.next() % (hi - lo + 1)
     }
+
+    /// Exponential with mean `mean` (a gap between random arrivals).
+    fn exponential(&mut self, mean: f64) -> f64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        -mean * (1.0 - u).ln()
+    }
 }
 
 /// What one mode measured.
@@ -112,6 +126,14 @@ fn pod() -> serde_json::Value {
     json!({"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": GPUS_PER_NODE.to_string()}})
 }
 
+/// The big gang's pod: first in line, and never preempting.
+fn big_pod() -> serde_json::Value {
+    let mut pod = pod();
+    pod["priority"] = json!(BIG_PRIORITY);
+    pod["preemptionPolicy"] = json!("Never");
+    pod
+}
+
 fn small(i: usize, nodes: u64, run_s: u64) -> gangway_proto::v1::SubmitGangGroupRequest {
     let name = format!("small-{i:06}");
     GangGroupBuilder::new(name.clone())
@@ -124,7 +146,11 @@ fn small(i: usize, nodes: u64, run_s: u64) -> gangway_proto::v1::SubmitGangGroup
 fn big(members: u64) -> gangway_proto::v1::SubmitGangGroupRequest {
     GangGroupBuilder::new("big")
         .idempotency_key("big")
-        .gang(GangBuilder::new("bench", "big", members as u32).members("w", members as u32, pod()))
+        .gang(
+            GangBuilder::new("bench", "big", members as u32)
+                .priority(BIG_PRIORITY)
+                .members("w", members as u32, big_pod()),
+        )
         .build()
 }
 
@@ -146,8 +172,14 @@ async fn run_mode(args: &StarvationBenchArgs, mode: ReservationMode) -> anyhow::
     let big_members = (args.nodes as u64 * args.big_percent / 100).max(1);
     let mut draws = Draws(args.seed);
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
-    let mut waiting_small = 0usize;
     let mut submitted = 0usize;
+    // Node-seconds a small gang asks on average, and the gap between arrivals that
+    // offers `--load-percent` of the cluster.
+    let mean_demand = (1 + args.small_max_nodes) as f64 / 2.0
+        * (args.run_min_seconds + args.run_max_seconds) as f64
+        / 2.0;
+    let mean_gap_s = mean_demand / (args.nodes as f64 * args.load_percent as f64 / 100.0);
+    let mut next_arrival_s = 0.0f64;
     let mut small_placed = 0u64;
     let (_, mut stamp) = changes_since(&client, 0).await?;
     let start = Instant::now();
@@ -172,12 +204,15 @@ async fn run_mode(args: &StarvationBenchArgs, mode: ReservationMode) -> anyhow::
             big_id = Some(id);
             big_submitted = Some(now);
         }
-        while waiting_small < args.backlog {
+        while next_arrival_s <= start.elapsed().as_secs_f64() {
+            if submitted >= SUBMISSIONS_MAX {
+                bail!("{SUBMISSIONS_MAX} small gangs submitted: shorten the run");
+            }
+            next_arrival_s += draws.exponential(mean_gap_s);
             let nodes = draws.between(1, args.small_max_nodes);
             let run_s = draws.between(args.run_min_seconds, args.run_max_seconds);
             let id = client.submit(small(submitted, nodes, run_s)).await?.id;
             submitted += 1;
-            waiting_small += 1;
             live.insert(
                 id,
                 Live {
@@ -198,14 +233,10 @@ async fn run_mode(args: &StarvationBenchArgs, mode: ReservationMode) -> anyhow::
                     if Some(g.id) == big_id {
                         big_placed = Some(Instant::now());
                     } else {
-                        waiting_small -= 1;
                         small_placed += 1;
                     }
                 }
                 "Released" | "Cancelled" | "TimedOut" | "Preempted" => {
-                    if !l.placed && Some(g.id) != big_id {
-                        waiting_small -= 1;
-                    }
                     live.remove(&g.id);
                 }
                 _ => {}
@@ -234,7 +265,7 @@ async fn run_mode(args: &StarvationBenchArgs, mode: ReservationMode) -> anyhow::
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
     let Some(full_since) = full_since else {
-        bail!("the small gangs never held 95% of the GPUs: raise --backlog or the run times");
+        bail!("the small gangs never held 95% of the GPUs: raise --load-percent");
     };
     let waited_until = big_placed.unwrap_or_else(Instant::now);
     let mean = |from: Instant, to: Instant| {
@@ -277,10 +308,10 @@ pub async fn run(args: StarvationBenchArgs) -> anyhow::Result<()> {
     if args.run_min_seconds == 0 || args.run_min_seconds > args.run_max_seconds {
         bail!("--run-min-seconds must be at least 1 and at most --run-max-seconds");
     }
-    if args.backlog == 0 || args.backlog > BACKLOG_MAX {
+    if args.load_percent == 0 || args.load_percent > LOAD_PERCENT_MAX {
         bail!(
-            "--backlog: {} is not between 1 and {BACKLOG_MAX}",
-            args.backlog
+            "--load-percent: {} is not between 1 and {LOAD_PERCENT_MAX}",
+            args.load_percent
         );
     }
     if args.big_percent == 0 || args.big_percent > 100 {
