@@ -69,8 +69,14 @@ fn a_run_limit_is_read_in_whole_seconds_and_a_bad_one_names_the_field() {
     let file = |limit: &str| {
         format!("name: g\nrunLimit: {limit}\ngangs:\n  - name: a\n    minMember: 1\n    members:\n      - name: w\n")
     };
-    assert_eq!(from_yaml(&file("90s")).expect("valid").run_limit_seconds, 90);
-    assert_eq!(from_yaml(&file("2h")).expect("valid").run_limit_seconds, 7_200);
+    assert_eq!(
+        from_yaml(&file("90s")).expect("valid").run_limit_seconds,
+        90
+    );
+    assert_eq!(
+        from_yaml(&file("2h")).expect("valid").run_limit_seconds,
+        7_200
+    );
     for bad in ["1500ms", "0s", "soon"] {
         let err = from_yaml(&file(bad)).expect_err(bad);
         assert!(err.to_string().starts_with("runLimit"), "{bad}: {err}");

@@ -182,7 +182,11 @@ async fn the_switch_that_ignores_reservations_lets_a_group_that_runs_on_take_the
         panic!("expected a status, got {err:?}");
     };
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().starts_with("run_limit_seconds"), "{}", status.message());
+    assert!(
+        status.message().starts_with("run_limit_seconds"),
+        "{}",
+        status.message()
+    );
     fleet(&cl, 1, 4, "4").await;
     let holders = hold_every_node(&cl).await;
     let big = cl.submit(whole_nodes("big", 2, 0)).await.expect("big");
