@@ -37,6 +37,8 @@ pub const RESERVATION_REVIEW_MS: u64 = 10_000;
 pub const RESERVATION_SEARCH_INSTANTS_MAX: usize = 64;
 /// How often placed gRPC groups are checked against their run-time limit, in ms.
 pub const RUN_LIMIT_CHECK_MS: u64 = 250;
+/// Most groups past their run-time limit read (and released) at once.
+pub const OVERRUN_PER_ROUND_MAX: u32 = 256;
 /// How much sooner than a reserved group's expected start a backfilled group's limit
 /// must end, in ms: its placement is decided a little after it is planned, and a group
 /// past its limit is released within [`RUN_LIMIT_CHECK_MS`] and a round.
@@ -226,16 +228,15 @@ impl Coordinator {
         if !take_if_due(&self.head_of_line.limits_checked_at, RUN_LIMIT_CHECK_MS) {
             return Ok(());
         }
-        let MetaReply::PlacedEnds { groups } =
-            self.groups.meta_query_local(&MetaQuery::PlacedEnds)?
-        else {
+        let now = now_ms();
+        let overrun = MetaQuery::Overrun {
+            at_ms: now,
+            limit: OVERRUN_PER_ROUND_MAX,
+        };
+        let MetaReply::PlacedEnds { groups } = self.groups.meta_query_local(&overrun)? else {
             return Ok(());
         };
-        let now = now_ms();
-        for g in groups
-            .iter()
-            .filter(|g| !g.kubernetes && g.ends_at_ms.is_some_and(|end| end <= now))
-        {
+        for g in groups.iter().filter(|g| !g.kubernetes) {
             tracing::info!(
                 group = g.seq,
                 "releasing a gang group past its run-time limit"

@@ -2,8 +2,9 @@
 //! every group: the groups that ended (what old groups are forgotten from), the groups
 //! the coordinator has work on in queue order (its `Pending` read), every group by its
 //! change stamp (`ChangedSince`), the Placed groups by priority (the lowest preemption
-//! could take), the count of groups in each state, and each queue's queued and admitted
-//! groups (the metrics sampler reads both every second on every replica).
+//! could take), the Placed groups gangway releases at their run-time limit (not
+//! Kubernetes pods, whose kubelets stop them) by their end, the count of groups in each state, and each queue's queued
+//! and admitted groups (the metrics sampler reads both every second on every replica).
 //!
 //! Invariants: built from the groups on a state's first command or restore (never
 //! encoded, so a snapshot carries only the groups), then kept exact by reindexing every
@@ -82,6 +83,9 @@ struct Entry {
     pending: Option<(i64, GroupSeq)>,
     /// Its highest priority, when it is Placed.
     placed: Option<i32>,
+    /// When it is expected to end, when it is Placed with a run-time limit gangway
+    /// enforces (its members are not Kubernetes pods).
+    ends: Option<u64>,
     ended: bool,
     /// Its queue and how it counts there (None without a queue, or once done).
     queue: Option<(Arc<str>, QueueCount)>,
@@ -105,6 +109,9 @@ impl Entry {
             state: state as u8,
             pending: g.is_pending().then(|| g.order_key()),
             placed: (g.state == GroupState::Placed).then(|| g.highest_priority()),
+            ends: (g.state == GroupState::Placed && g.group.run_limit_ms.is_some())
+                .then(|| g.ends_at_ms().filter(|_| !g.is_kubernetes()))
+                .flatten(),
             ended: g.state.is_terminal(),
             queue: queue_count.map(|c| (Arc::from(g.group.queue.as_str()), c)),
         }
@@ -122,6 +129,7 @@ pub(super) struct Indexes {
     pending: BTreeSet<(i64, GroupSeq)>,
     ended: BTreeSet<GroupSeq>,
     placed: BTreeSet<(i32, GroupSeq)>,
+    ending: BTreeSet<(u64, GroupSeq)>,
     counts: [u64; GroupState::NAMES.len()],
     /// Per queue with any counted group.
     queues: BTreeMap<Arc<str>, QueueGroups>,
@@ -147,6 +155,9 @@ impl Indexes {
         if let Some(priority) = e.placed {
             self.placed.insert((priority, seq));
         }
+        if let Some(end) = e.ends {
+            self.ending.insert((end, seq));
+        }
         self.counts[usize::from(e.state)] += 1;
         if let Some((queue, count)) = &e.queue {
             let groups = self.queues.entry(queue.clone()).or_default();
@@ -169,6 +180,9 @@ impl Indexes {
         self.ended.remove(&seq);
         if let Some(priority) = e.placed {
             self.placed.remove(&(priority, seq));
+        }
+        if let Some(end) = e.ends {
+            self.ending.remove(&(end, seq));
         }
         self.counts[usize::from(e.state)] -= 1;
         if let Some((queue, count)) = &e.queue {
@@ -285,6 +299,14 @@ impl Indexes {
     pub(super) fn changed_after(&self, after: u64) -> impl Iterator<Item = GroupSeq> + '_ {
         self.by_stamp
             .range((after.saturating_add(1), 0)..)
+            .map(|(_, seq)| *seq)
+    }
+
+    /// Placed groups gangway releases at their limit whose end is at or before `at_ms`,
+    /// earliest end first.
+    pub(super) fn ended_by(&self, at_ms: u64) -> impl Iterator<Item = GroupSeq> + '_ {
+        self.ending
+            .range(..=(at_ms, GroupSeq::MAX))
             .map(|(_, seq)| *seq)
     }
 

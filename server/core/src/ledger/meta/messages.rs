@@ -714,6 +714,15 @@ pub enum MetaQuery {
     /// Every placed group with when it is expected to end (placed time plus declared
     /// run-time limit): what a reservation is chosen from.
     PlacedEnds,
+    /// The placed groups gangway releases at their run-time limit (not Kubernetes pods)
+    /// whose end is at or before `at_ms`, earliest first, at most `limit` (read from an
+    /// index: the coordinator asks several times a second).
+    Overrun {
+        /// The reader's clock.
+        at_ms: u64,
+        /// At most this many.
+        limit: u32,
+    },
     /// The newest transactions of the decision log (open and decided), newest first:
     /// what the web view lists as recent decisions.
     RecentTxns {

@@ -5,6 +5,20 @@
 use super::*;
 
 impl MetaState {
+    /// What the coordinator reads of these placed groups about their ends.
+    fn placed_ends(&self, seqs: Vec<GroupSeq>) -> Vec<PlacedEnd> {
+        seqs.into_iter()
+            .filter_map(|seq| self.groups.get(&seq))
+            .map(|g| PlacedEnd {
+                seq: g.seq,
+                gangs: g.group.gangs.iter().map(crate::model::Gang::id).collect(),
+                priority: g.highest_priority(),
+                ends_at_ms: g.ends_at_ms(),
+                kubernetes: g.is_kubernetes(),
+            })
+            .collect()
+    }
+
     /// Answers a query.
     pub fn query(&self, q: &MetaQuery) -> MetaReply {
         match q {
@@ -177,17 +191,14 @@ impl MetaState {
                     index.placed_by_priority().map(|(_, seq)| seq).collect();
                 seqs.sort_unstable();
                 MetaReply::PlacedEnds {
-                    groups: seqs
-                        .into_iter()
-                        .filter_map(|seq| self.groups.get(&seq))
-                        .map(|g| PlacedEnd {
-                            seq: g.seq,
-                            gangs: g.group.gangs.iter().map(crate::model::Gang::id).collect(),
-                            priority: g.highest_priority(),
-                            ends_at_ms: g.ends_at_ms(),
-                            kubernetes: g.is_kubernetes(),
-                        })
-                        .collect(),
+                    groups: self.placed_ends(seqs),
+                }
+            }
+            MetaQuery::Overrun { at_ms, limit } => {
+                let index = self.index.read(&self.groups);
+                let seqs: Vec<GroupSeq> = index.ended_by(*at_ms).take(*limit as usize).collect();
+                MetaReply::PlacedEnds {
+                    groups: self.placed_ends(seqs),
                 }
             }
             MetaQuery::Capacity => MetaReply::Capacity {

@@ -335,3 +335,73 @@ proptest! {
         }
     }
 }
+
+fn overrun(m: &MetaState, at_ms: u64) -> Vec<GroupSeq> {
+    match m.query(&MetaQuery::Overrun { at_ms, limit: 10 }) {
+        MetaReply::PlacedEnds { groups } => groups.iter().map(|g| g.seq).collect(),
+        other => panic!("overrun: {other:?}"),
+    }
+}
+
+#[test]
+fn placed_groups_past_their_run_time_limit_are_read_and_released_with_a_reason() {
+    let mut m = MetaState::new(1);
+    let limited = |m: &mut MetaState, name: &str, limit_ms: u64, uid: bool| {
+        let mut gang = Gang::with_members("default", name, 2, 2, GangMode::Strict);
+        if uid {
+            for member in &mut gang.members {
+                member.uid = Some(format!("uid-{}", member.name));
+            }
+        }
+        match m.apply(&MetaCommand::Submit {
+            key: name.into(),
+            group: GangGroup {
+                id: name.into(),
+                gangs: vec![gang],
+                run_limit_ms: Some(limit_ms),
+                ..Default::default()
+            },
+            at_ms: 0,
+            live_max: None,
+        }) {
+            MetaReply::Submitted { seq, .. } => seq,
+            other => panic!("submit: {other:?}"),
+        }
+    };
+    let short = limited(&mut m, "short", 5_000, false);
+    let long = limited(&mut m, "long", 60_000, false);
+    let pods = limited(&mut m, "pods", 5_000, true);
+    let unlimited = submit(&mut m, "unlimited");
+    for seq in [short, long, pods, unlimited] {
+        place(&mut m, seq, 1_000);
+    }
+    assert_eq!(m.record(short).and_then(|r| r.ends_at_ms()), Some(6_000));
+    assert_eq!(overrun(&m, 5_999), Vec::<GroupSeq>::new());
+    // Kubernetes pods are stopped by their kubelets: gangway does not list them.
+    assert_eq!(overrun(&m, 6_000), vec![short]);
+    assert_eq!(overrun(&m, 61_000), vec![short, long]);
+    m.apply(&MetaCommand::Release {
+        seq: short,
+        at_ms: 6_100,
+    });
+    let r = m.record(short).expect("short");
+    assert!(
+        r.reason.contains("run-time limit of 5 s passed"),
+        "{}",
+        r.reason
+    );
+    assert_eq!(
+        overrun(&m, 61_000),
+        vec![long],
+        "a released group leaves the index"
+    );
+    // A release before the limit says nothing of it.
+    m.apply(&MetaCommand::Release {
+        seq: long,
+        at_ms: 7_000,
+    });
+    assert_eq!(
+        m.record(long).map(|r| r.reason.clone()),
+        Some(String::new())
+    );
+}
