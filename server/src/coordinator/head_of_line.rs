@@ -25,7 +25,8 @@ use gangway_core::plan::parking::{what_helps, Helps};
 pub type KeptNodes = BTreeMap<u32, Vec<String>>;
 
 /// How long a reservation is made for when its group's start is unknown (some group on
-/// its nodes declared no run-time limit), in ms; renewed while its group waits.
+/// its nodes declared no run-time limit), in ms; once it lapses, its group's next attempt
+/// chooses again from what runs then.
 pub const RESERVATION_TTL_MS: u64 = 600_000;
 /// How long past its group's expected start a reservation holds, in ms: by then every
 /// group on its nodes should have ended; if its group still waits, the next attempt
