@@ -57,7 +57,8 @@ pub const OFFER_ROUNDS_MAX: usize = 3;
 /// `gangway_preemptions_total{outcome}` labels.
 pub const PREEMPTION_OUTCOMES: [&str; 3] = ["committed", "aborted", "no_plan"];
 
-/// Registers the preemption counters at zero.
+/// Registers the counters of preemptions and of reservations for the head of the line
+/// at zero.
 pub fn register() {
     for outcome in PREEMPTION_OUTCOMES {
         metrics::counter!("gangway_preemptions_total", "outcome" => outcome).increment(0);
@@ -65,6 +66,7 @@ pub fn register() {
     metrics::counter!("gangway_preempted_groups_total").increment(0);
     metrics::counter!("gangway_preemption_budget_violations_total").increment(0);
     metrics::counter!("gangway_preempted_pods_total").increment(0);
+    metrics::counter!("gangway_reservations_made_total").increment(0);
 }
 
 /// Whether `r` may preempt at all: it holds nothing (a NonStrict group that holds
