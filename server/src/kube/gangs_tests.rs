@@ -158,6 +158,35 @@ fn gangs_wait_for_min_member_then_submit_once_with_a_stable_key() {
     assert_eq!(first[0].group.gangs[0].members.len(), 2);
 }
 
+#[test]
+fn a_group_runs_as_long_as_its_longest_pod_deadline_only_when_every_pod_has_one() {
+    let groups = plugins(PodGroupIndex::from([(
+        ("ns".into(), "pg".into()),
+        std::sync::Arc::new(json!({"spec": {"minMember": 2}})),
+    )]));
+    let member = |name: &str, deadline_s: Option<u64>| {
+        let mut p = pod(name, json!({}), json!({LABEL_POD_GROUP: "pg"}));
+        if let Some(s) = deadline_s {
+            p["spec"]["activeDeadlineSeconds"] = json!(s);
+        }
+        ready(&p, &groups)
+    };
+    let both = submissions(
+        &[member("a", Some(60)), member("b", Some(90))],
+        &BTreeSet::new(),
+    );
+    assert_eq!(both[0].group.run_limit_ms, Some(90_000));
+    let one = submissions(
+        &[member("a", Some(60)), member("b", None)],
+        &BTreeSet::new(),
+    );
+    assert_eq!(one[0].group.run_limit_ms, None, "a pod without one runs on");
+    let mut single = pod("alone", json!({}), json!({}));
+    single["spec"]["activeDeadlineSeconds"] = json!(30);
+    let alone = submissions(&[ready(&single, &PodGroups::default())], &BTreeSet::new());
+    assert_eq!(alone[0].group.run_limit_ms, Some(30_000));
+}
+
 /// A gang whose first pod came before a lone pod is submitted (and so queued)
 /// before it, as kube-scheduler would take the pods; not singles first.
 #[test]
