@@ -296,8 +296,10 @@ async fn execute(cli: Cli) -> Result<ExitCode, Stop> {
 }
 
 /// Seeds the self-test tries per bug switch before it calls the bug missed: a drill's
-/// faults and workload are random, and one seed may never open the bug's window.
-const SELF_TEST_SEEDS_MAX: u64 = 3;
+/// faults and workload are random, and one seed may never open the bug's window
+/// (`release-members-shards-first` was missed on seeds 1–3 of one clean-clone run and
+/// caught on seed 1 of the run before it and on seed 4 run alone).
+const SELF_TEST_SEEDS_MAX: u64 = 5;
 
 /// Runs a mixed drill per bug switch (`run.bug`, or every one) with that switch
 /// armed, on seeds `seed`, `seed + 1`, ... until the checker catches it (at most
