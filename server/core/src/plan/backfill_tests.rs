@@ -89,7 +89,6 @@ fn placed(seq: GroupSeq, ends_at_ms: Option<u64>) -> PlacedEnd {
     PlacedEnd {
         seq,
         gangs: vec![GangId::new("ns".to_string(), format!("g{seq}"))],
-        priority: 0,
         ends_at_ms,
         kubernetes: false,
     }

@@ -570,8 +570,6 @@ pub struct PlacedEnd {
     pub seq: GroupSeq,
     /// Its gangs.
     pub gangs: Vec<crate::model::GangId>,
-    /// Its highest priority.
-    pub priority: i32,
     /// When it was placed plus its run-time limit (None: it declared none).
     pub ends_at_ms: Option<u64>,
     /// Whether its members are Kubernetes pods (kubelets end them; gangway releases

@@ -12,7 +12,6 @@ impl MetaState {
             .map(|g| PlacedEnd {
                 seq: g.seq,
                 gangs: g.group.gangs.iter().map(crate::model::Gang::id).collect(),
-                priority: g.highest_priority(),
                 ends_at_ms: g.ends_at_ms(),
                 kubernetes: g.is_kubernetes(),
             })
