@@ -1,7 +1,7 @@
 //! Event-driven requeueing with real `gangway serve` processes (docs/ARCHITECTURE.md §4,
 //! "Parking"): a group that fits nowhere is parked, not retried on its backoff; it
 //! stays parked while only changes that cannot help it happen (room freed, for a group
-//! no node's labels admit); a change that can (a matching node, a larger one) places it
+//! no node's labels admit or one larger than every node); a change that can (a matching node, a larger one) places it
 //! at once, long before the safety net; a new meta leader looks at every parked group
 //! once and parks it again. With the switch `coordinator-never-parks` (the blind
 //! backoff) the same idle minute costs attempt after attempt, which the test tells
@@ -70,10 +70,15 @@ async fn a_group_that_fits_nowhere_waits_parked_until_a_change_can_help_it() {
             && reason.ends_with("parked until the nodes change or room frees"),
         "{reason}"
     );
-    let (_, big_reason) = attempts_once_parked(&cl, too_big.id).await;
-    assert!(big_reason.contains("Insufficient cpu"), "{big_reason}");
+    let (big_parked_at, big_reason) = attempts_once_parked(&cl, too_big.id).await;
+    assert!(
+        big_reason.contains("node(s) had less allocatable cpu than the pod requests")
+            && big_reason.ends_with("parked until the nodes change or room frees"),
+        "{big_reason}"
+    );
 
-    // Room freed again and again: it cannot help a group no node's labels admit.
+    // Room freed again and again: it cannot help a group no node's labels admit, nor
+    // one larger than every node.
     for i in 0..6 {
         let key = format!("churn-{i}");
         let g = cl
@@ -88,6 +93,11 @@ async fn a_group_that_fits_nowhere_waits_parked_until_a_change_can_help_it() {
     assert_eq!(
         s.attempts, parked_at,
         "nothing that could help it happened: {s:?}"
+    );
+    let s = cl.get(too_big.id).await.expect("get");
+    assert_eq!(
+        s.attempts, big_parked_at,
+        "room freed on nodes smaller than its request cannot help it: {s:?}"
     );
 
     // A new meta leader looks at every parked group once, and parks it again.
@@ -121,8 +131,7 @@ async fn a_group_that_fits_nowhere_waits_parked_until_a_change_can_help_it() {
     let placed = wait_state(&cl, selector.id, "Placed", Duration::from_secs(10)).await;
     let on = placed.placements.first().map(|p| p.node.clone());
     assert_eq!(on.as_deref(), Some("gpu-node"));
-    // Woken by every release above, the large one's wake backoff may have grown to 10 s.
-    wait_state(&cl, too_big.id, "Placed", Duration::from_secs(15)).await;
+    wait_state(&cl, too_big.id, "Placed", Duration::from_secs(10)).await;
     assert!(
         woken_at.elapsed() < Duration::from_secs(20),
         "woken by the change, not the safety net (30 s and more)"

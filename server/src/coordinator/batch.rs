@@ -39,8 +39,13 @@ impl Coordinator {
             return BatchOutcome {
                 handled: BTreeSet::new(),
                 deferred,
+                parked: BTreeSet::new(),
             };
         }
+        // Taken before the plans: a change while they are made wakes what is parked.
+        let counts = self.parking.counts();
+        let mut misses: BTreeMap<u32, Vec<Unplaced>> = BTreeMap::new();
+        let mut assigned: BTreeSet<MemberKey> = BTreeSet::new();
         let mut chosen = Vec::new();
         let mut left: Vec<&(&GroupRecord, Vec<(MemberKey, PodSpec)>)> = batch.iter().collect();
         // One count for the whole pass: a shard added meanwhile joins the next round.
@@ -57,10 +62,12 @@ impl Coordinator {
             let timer = PhaseTimer::start(Phase::Quote);
             let topologies = listed_topologies(left.iter().flat_map(|(r, _)| &r.group.gangs));
             let shard_kept = kept.get(&shard).cloned().unwrap_or_default();
-            let Some(plan) = self.plan(shard, &members, &topologies, shard_kept).await else {
+            let Some(mut plan) = self.plan(shard, &members, &topologies, shard_kept).await else {
                 continue;
             };
             drop(timer);
+            misses.insert(shard, std::mem::take(&mut plan.unplaced));
+            assigned.extend(plan.assignments.iter().map(|a| a.member.clone()));
             let placed: BTreeMap<MemberKey, ReserveMember> = plan
                 .assignments
                 .into_iter()
@@ -112,9 +119,20 @@ impl Coordinator {
         if begun == 0 {
             deferred.clear();
         }
+        // With no node reserved, every shard planned the groups left on its whole view.
+        let parked = match kept.values().all(Vec::is_empty) {
+            true => {
+                let failed: Vec<(&GroupRecord, &[(MemberKey, PodSpec)])> =
+                    left.iter().map(|(r, m)| (*r, m.as_slice())).collect();
+                self.park_from_batch(&failed, &misses, &assigned, &counts)
+                    .await
+            }
+            false => BTreeSet::new(),
+        };
         BatchOutcome {
             handled: chosen.iter().map(|(r, _, _)| r.seq).collect(),
             deferred,
+            parked,
         }
     }
 

@@ -43,7 +43,7 @@ use crate::replicated::growth::ShardCount;
 use crate::replicated::moves;
 use crate::replicated::release;
 use crate::replicated::{now_ms, GroupError, Groups, ShardOutcome};
-use gangway_core::engine::{GangPlacement, Profile};
+use gangway_core::engine::{GangPlacement, Profile, Unplaced};
 use gangway_core::ledger::command::{HoldKind, NetworkHold};
 use gangway_core::ledger::meta::{
     Decision, GroupRecord, GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply, PlacedDevice,
@@ -78,12 +78,55 @@ pub const COORDINATOR_IDLE_TICK_MS: u64 = 500;
 /// Shortest pause between rounds woken by a meta group change, in ms (a burst of
 /// submissions lands in one round).
 pub const COORDINATOR_ROUND_GAP_MS: u64 = 2;
-/// Whether a round found work (the next comes after `COORDINATOR_TICK_MS`) or none
-/// (after `COORDINATOR_IDLE_TICK_MS`).
+/// Longest a parked group due by its safety net waits while other groups are ready,
+/// in ms: re-plans of groups that rarely fit do not share rounds with placements
+/// unless they have waited this long.
+pub const PARKED_RECHECK_DEFER_MAX_MS: u64 = 10_000;
+/// Whether a round found work (the next comes after `COORDINATOR_TICK_MS`), none
+/// (after `COORDINATOR_IDLE_TICK_MS`), or only groups that come due later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Activity {
     Idle,
     Busy,
+    /// Nothing to act on before this instant (ms since the epoch): the next round comes
+    /// then, within `COORDINATOR_TICK_MS..=COORDINATOR_IDLE_TICK_MS`.
+    DueAt(u64),
+}
+
+impl Activity {
+    /// The pause before the next round, in ms.
+    fn pause_ms(self, now_ms: u64) -> u64 {
+        match self {
+            Activity::Idle => COORDINATOR_IDLE_TICK_MS,
+            Activity::Busy => COORDINATOR_TICK_MS,
+            Activity::DueAt(at) => at
+                .saturating_sub(now_ms)
+                .clamp(COORDINATOR_TICK_MS, COORDINATOR_IDLE_TICK_MS),
+        }
+    }
+
+    /// What a round that read `records` (the pending window) finds: busy when it
+    /// delivers, moves, or holds a group it can act on now; else due at the earliest
+    /// backoff, safety net or deadline among them.
+    fn of(records: &[GroupRecord], undelivered: usize, moving: bool, now: u64) -> Self {
+        if undelivered > 0 || moving {
+            return Activity::Busy;
+        }
+        let mut due_at: Option<u64> = None;
+        for r in records {
+            let waiting = r.state == GroupState::Queued
+                && r.not_before_ms > now
+                && r.deadline_ms.is_none_or(|d| d > now);
+            if !waiting {
+                return Activity::Busy;
+            }
+            let at = r
+                .deadline_ms
+                .map_or(r.not_before_ms, |d| d.min(r.not_before_ms));
+            due_at = Some(due_at.map_or(at, |earliest| earliest.min(at)));
+        }
+        due_at.map_or(Activity::Idle, Activity::DueAt)
+    }
 }
 
 /// How long a participant holds a reservation before asking for the decision.
@@ -121,6 +164,8 @@ struct BatchOutcome {
     handled: BTreeSet<GroupSeq>,
     /// Groups left for the next round's batch: earlier ones spent the member budget.
     deferred: BTreeSet<GroupSeq>,
+    /// Parked groups due by their safety net that the batch's plans parked again.
+    parked: BTreeSet<GroupSeq>,
 }
 
 /// The coordinator of one replica.
@@ -300,10 +345,7 @@ impl Coordinator {
             match self.round(first_round).instrument(span).await {
                 Ok(activity) => {
                     leading = true;
-                    tick_ms = match activity {
-                        Activity::Idle => COORDINATOR_IDLE_TICK_MS,
-                        Activity::Busy => COORDINATOR_TICK_MS,
-                    };
+                    tick_ms = activity.pause_ms(now_ms());
                 }
                 Err(e) => {
                     tick_ms = COORDINATOR_TICK_MS;
@@ -354,11 +396,8 @@ impl Coordinator {
             return Ok(Activity::Busy);
         };
         drop(timer);
-        let activity = match (undelivered, records.is_empty(), moving) {
-            (0, true, false) => Activity::Idle,
-            _ => Activity::Busy,
-        };
         let now = now_ms();
+        let activity = Activity::of(&records, undelivered, moving, now);
         let no_room = self.quota_refusals(&records)?;
         let ready: Vec<&GroupRecord> = records
             .iter()
@@ -369,6 +408,15 @@ impl Coordinator {
                     && !no_room.contains_key(&r.seq)
             })
             .collect();
+        // Safety-net re-checks wait while other groups are ready (they rarely fit, and a
+        // round that re-plans them delays those placements), up to a bound.
+        let others_ready = ready.iter().any(|r| !r.is_parked());
+        let deferred_recheck = |r: &GroupRecord| {
+            others_ready
+                && r.is_parked()
+                && now < r.not_before_ms.saturating_add(PARKED_RECHECK_DEFER_MAX_MS)
+        };
+        let ready: Vec<&GroupRecord> = ready.into_iter().filter(|r| !deferred_recheck(r)).collect();
         let batch = self.place_batch(&ready).await;
         let waits_for_move = |r: &GroupRecord| {
             r.placements
@@ -384,12 +432,18 @@ impl Coordinator {
                 r.is_parked()
                     && !batch.handled.contains(&r.seq)
                     && !batch.deferred.contains(&r.seq)
+                    && !batch.parked.contains(&r.seq)
                     && !no_room.contains_key(&r.seq)
             });
+        let rechecks: Vec<&GroupRecord> = rechecks
+            .into_iter()
+            .filter(|r| !deferred_recheck(r))
+            .collect();
         for record in records {
             let seq = record.seq;
             let result = match record.state {
                 GroupState::Queued if batch.handled.contains(&seq) => Ok(()),
+                GroupState::Queued if batch.parked.contains(&seq) => Ok(()),
                 // The next round (at once: this one is busy) batches them.
                 GroupState::Queued if batch.deferred.contains(&seq) => Ok(()),
                 GroupState::Queued if no_room.contains_key(&seq) => {

@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::*;
 use crate::replicated::wake::WakeBoard;
 use gangway_core::ledger::meta::{Woken, RETRY_BACKOFF_BASE_MS, WAKE_GROUPS_MAX};
-use gangway_core::plan::parking::{helped, what_helps, ChangeCounts, Helps};
+use gangway_core::plan::parking::{helped, node_bound, what_helps, ChangeCounts, Helps};
 
 /// Most groups the coordinator keeps parked; later ones retry on their backoff.
 pub const PARKED_GROUPS_MAX: usize = 65_536;
@@ -172,6 +172,71 @@ impl Coordinator {
             self.parking.forget(seq);
         }
         Ok(())
+    }
+
+    /// Parks again, from a batch's plans and in one meta entry, the groups due by their
+    /// safety net that every shard refused in the batch with every node, for every
+    /// member, for a reason only a change to the nodes lifts (selector, taint, a node
+    /// smaller than the request...). Such a group is not planned on its own: other
+    /// members of the batch cannot have changed those reasons, and neither preemption
+    /// nor a reservation can lift them. `misses` are the members each shard left
+    /// unplaced, `assigned` those any shard planned, `counts` the change counts taken
+    /// before the plans. Returns the groups requeued; the others take the
+    /// one-at-a-time path.
+    pub(super) async fn park_from_batch(
+        &self,
+        failed: &[(&GroupRecord, &[(MemberKey, PodSpec)])],
+        misses: &BTreeMap<u32, Vec<Unplaced>>,
+        assigned: &BTreeSet<MemberKey>,
+        counts: &BTreeMap<u32, ChangeCounts>,
+    ) -> BTreeSet<GroupSeq> {
+        if self.failpoints.armed(failpoints::PARKING_OFF) {
+            return BTreeSet::new();
+        }
+        let mut requeues = Vec::new();
+        let mut seqs = Vec::new();
+        for (r, members) in failed {
+            if !r.is_parked() || !r.holds_nothing() {
+                continue;
+            }
+            let keys: BTreeSet<MemberKey> = members.iter().map(|(k, _)| k.clone()).collect();
+            let Some((helps, reason)) =
+                node_bound(&r.group, &keys, misses, assigned, self.shards.ids())
+            else {
+                continue;
+            };
+            if !self.parking.park(r.seq, helps, counts.clone(), r.attempts) {
+                continue;
+            }
+            requeues.push(MetaCommand::Requeue {
+                seq: r.seq,
+                reason: format!("{reason}; parked until the nodes change or room frees"),
+                at_ms: now_ms(),
+                attempts: Some(r.attempts),
+                retry: Retry::Parked,
+            });
+            seqs.push(r.seq);
+        }
+        if requeues.is_empty() {
+            return BTreeSet::new();
+        }
+        match self.meta_batch(requeues).await {
+            Ok(replies) => {
+                for (seq, reply) in seqs.iter().zip(replies) {
+                    if !matches!(reply, MetaReply::Group { .. }) {
+                        self.parking.forget(*seq);
+                    }
+                }
+                seqs.into_iter().collect()
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "parked groups not requeued from the batch");
+                for seq in seqs {
+                    self.parking.forget(seq);
+                }
+                BTreeSet::new()
+            }
+        }
     }
 
     /// How a group that fell short is tried again: parked when every shard's plan

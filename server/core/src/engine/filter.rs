@@ -50,8 +50,11 @@ pub enum FilterReason {
     },
     /// A requested host port is taken.
     HostPortConflict,
-    /// Not enough of a resource.
+    /// Not enough of a resource free.
     Insufficient(ResourceName),
+    /// The pod asks more of a resource than the node's allocatable: no release or
+    /// preemption can make room, only a change to the node.
+    LargerThanNode(ResourceName),
     /// Required pod affinity is not satisfied.
     PodAffinityUnsatisfied,
     /// The pod's required anti-affinity matches pods in the node's domain.
@@ -118,6 +121,12 @@ impl fmt::Display for FilterReason {
                 f.write_str("node(s) didn't have free ports for the requested pod ports")
             }
             Self::Insufficient(resource) => write!(f, "Insufficient {resource}"),
+            Self::LargerThanNode(resource) => {
+                write!(
+                    f,
+                    "node(s) had less allocatable {resource} than the pod requests"
+                )
+            }
             Self::PodAffinityUnsatisfied => f.write_str("node(s) didn't match pod affinity rules"),
             Self::PodAntiAffinityConflict => {
                 f.write_str("node(s) didn't match pod anti-affinity rules")
@@ -274,13 +283,25 @@ pub fn resources_filter(
 ) -> Result<u64, FilterReason> {
     let nominated = state.nominated_load(candidate.spec.priority, candidate.own);
     let available = state.free().saturating_sub(&nominated);
-    copies_within(candidate.footprint, &available)
+    copies_within(
+        candidate.footprint,
+        &available,
+        Some(&state.node.allocatable),
+    )
 }
 
-/// How many copies of `footprint` fit within `available`, if at least one does.
-fn copies_within(footprint: &Resources, available: &Resources) -> Result<u64, FilterReason> {
+/// How many copies of `footprint` fit within `available`, if at least one does; when
+/// none does, a node whose `allocatable` is short of it too is refused as too small.
+fn copies_within(
+    footprint: &Resources,
+    available: &Resources,
+    allocatable: Option<&Resources>,
+) -> Result<u64, FilterReason> {
     match footprint.shortfall(available) {
-        Some(resource) => Err(FilterReason::Insufficient(resource)),
+        Some(resource) => Err(match allocatable.and_then(|a| footprint.shortfall(a)) {
+            Some(larger) => FilterReason::LargerThanNode(larger),
+            None => FilterReason::Insufficient(resource),
+        }),
         None => Ok(footprint.copies_within(available)),
     }
 }
@@ -419,8 +440,13 @@ impl<'s> Probe<'s> {
                     (Some(demand), Some(node)) if demand.serves_extended() => copies_within(
                         &demand.footprint_on(node, self.candidate.footprint),
                         &available,
+                        Some(&node.allocatable),
                     )?,
-                    _ => copies_within(self.candidate.footprint, &available)?,
+                    _ => copies_within(
+                        self.candidate.footprint,
+                        &available,
+                        node.map(|n| &n.allocatable),
+                    )?,
                 }
             }
         };
@@ -483,7 +509,11 @@ fn fixed_copies(
     for d in 0..FIXED_DIMS {
         available[d] = fit.allocatable[d].saturating_sub(fit.requested[d]);
         if footprint[d] > available[d] {
-            return Err(FilterReason::Insufficient(fixed_name(d)));
+            let larger = (0..FIXED_DIMS).find(|&e| footprint[e] > fit.allocatable[e]);
+            return Err(match larger {
+                Some(e) => FilterReason::LargerThanNode(fixed_name(e)),
+                None => FilterReason::Insufficient(fixed_name(d)),
+            });
         }
     }
     if cap <= 1 {

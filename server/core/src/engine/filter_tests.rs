@@ -187,7 +187,8 @@ fn selector_affinity_resources_and_copies() {
     spec.requests.cpu_milli = 5000;
     assert_eq!(
         outcomes(&l, &spec)[0],
-        Err(FilterReason::Insufficient(ResourceName::Cpu))
+        Err(FilterReason::LargerThanNode(ResourceName::Cpu)),
+        "more than the node's allocatable"
     );
     spec.requests.cpu_milli = 0;
     assert_eq!(

@@ -406,8 +406,9 @@ fn quotes_count_copies_and_best_score() {
     assert_eq!(
         q.diagnosis
             .reasons
-            .get(&FilterReason::Insufficient(ResourceName::Cpu)),
-        Some(&1)
+            .get(&FilterReason::LargerThanNode(ResourceName::Cpu)),
+        Some(&1),
+        "c's whole allocatable is less than the request"
     );
     let many = quote_many(
         &f.ledger,
@@ -477,6 +478,46 @@ fn prefer_no_schedule_taints_only_lower_the_score() {
 }
 
 // ---- nominations ---------------------------------------------------------------------------
+
+#[test]
+fn a_node_smaller_than_the_request_is_told_apart_from_a_full_one() {
+    let mut f = Fixture::new(&[
+        node("full", "z", 2000),
+        node("small", "z", 500),
+        node("nominated", "z", 500),
+    ]);
+    f.place("busy", &[("0", "full", summary(2000, 0))]);
+    // A nomination sends the node through the general fit path, not the fixed one.
+    let nominations = [nomination("other", "nominated", 100, 10)];
+    let key = MemberKey::new("ns", "big", "0");
+    let spec = cpu_spec(1000);
+    let placement = place_members(
+        &f.ledger,
+        &[MemberRef {
+            key: &key,
+            spec: &spec,
+        }],
+        &no_packing(),
+        &nominations,
+    );
+    assert!(!placement.is_complete());
+    let reasons = &placement.unplaced[0].diagnosis.reasons;
+    assert_eq!(
+        reasons.get(&FilterReason::Insufficient(ResourceName::Cpu)),
+        Some(&1),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons.get(&FilterReason::LargerThanNode(ResourceName::Cpu)),
+        Some(&2),
+        "{reasons:?}"
+    );
+    assert!(!FilterReason::LargerThanNode(ResourceName::Cpu).resolvable_by_preemption());
+    assert_eq!(
+        FilterReason::LargerThanNode(ResourceName::Cpu).to_string(),
+        "node(s) had less allocatable cpu than the pod requests"
+    );
+}
 
 fn nomination(member: &str, node: &str, cpu_milli: u64, priority: i32) -> Nomination {
     Nomination {

@@ -4,7 +4,8 @@
 //! A group the coordinator planned on every shard without success is parked when each
 //! shard's plan says why in lasting terms. Per shard, what could help it there:
 //! [`Helps::Nodes`] when every node failed a filter only a change to the nodes can lift
-//! (selector, affinity, taint, readiness, device class), [`Helps::NodesOrRoom`] when some
+//! (selector, affinity, taint, readiness, device class, a node smaller than the pod's
+//! request), [`Helps::NodesOrRoom`] when some
 //! node passed those and lacked room (resources, ports, devices, a topology domain's
 //! capacity, anti-affinity of pods there). A reason that passes by itself (a fence of a
 //! moving node, a selector being evaluated, pod affinity to pods not yet placed, a
@@ -14,9 +15,11 @@
 //! change on a shard its plans did not cover (one added since). Pure; the coordinator
 //! keeps the parked groups and the counts come from its replica's shard machines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::engine::{FilterReason, GangPlacement};
+use crate::engine::{FilterReason, GangPlacement, MemberLabels, Unplaced};
+use crate::model::{GangGroup, MemberKey};
+use crate::plan::assign::{assign, AssignOutcome};
 
 /// What kind of change on one shard could let a parked group fit there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +57,7 @@ fn lasting(reason: &FilterReason) -> Lasting {
         | FilterReason::NodeUnschedulable
         | FilterReason::NodeAffinityMismatch
         | FilterReason::UntoleratedTaint { .. }
+        | FilterReason::LargerThanNode(_)
         | FilterReason::DeviceClassNotFound(_)
         | FilterReason::DeviceSelectorError(_) => Lasting::Node,
         FilterReason::HostPortConflict
@@ -98,6 +102,52 @@ pub fn what_helps(
         out.insert(shard, helps);
     }
     Some(out)
+}
+
+/// What could help `group` (whose members are `members`) and why it waits, when one
+/// joint plan of many groups shows that only a change to the nodes could: every shard
+/// of `shards` answered (`misses`: the members each left unplaced), none planned any
+/// of its members (`assigned`: those any shard planned), and each left every one of
+/// them unplaced for reasons only a node change lifts. Those reasons do not depend on
+/// the other groups planned beside it, so its own plans would say the same; a reason
+/// that room could lift (room the others took, say) gives `None`.
+pub fn node_bound(
+    group: &GangGroup,
+    members: &BTreeSet<MemberKey>,
+    misses: &BTreeMap<u32, Vec<Unplaced>>,
+    assigned: &BTreeSet<MemberKey>,
+    shards: impl IntoIterator<Item = u32>,
+) -> Option<(BTreeMap<u32, Helps>, String)> {
+    if members.is_empty() || members.iter().any(|k| assigned.contains(k)) {
+        return None;
+    }
+    let mut plans = BTreeMap::new();
+    for (shard, unplaced) in misses {
+        let mine: Vec<Unplaced> = unplaced
+            .iter()
+            .filter(|u| members.contains(&u.member))
+            .cloned()
+            .collect();
+        if mine.len() != members.len() {
+            return None;
+        }
+        let plan = GangPlacement {
+            assignments: Vec::new(),
+            unplaced: mine,
+            domain: None,
+            network: Vec::new(),
+            member_labels: MemberLabels::Read,
+        };
+        plans.insert(*shard, plan);
+    }
+    let helps = what_helps(&plans, shards)?;
+    if helps.values().any(|h| *h != Helps::Nodes) {
+        return None;
+    }
+    match assign(group, &plans, &BTreeSet::new()) {
+        AssignOutcome::Short { reason, .. } => Some((helps, reason)),
+        AssignOutcome::Ready(_) => None,
+    }
 }
 
 /// Whether a group parked with `helps` when the counts were `then` may fit now that

@@ -40,7 +40,11 @@ impl MetaState {
                     Retry::Backoff => (backoff, None),
                     Retry::Reserved if self.reservations.holds(seq) => (RESERVED_RETRY_MS, None),
                     Retry::Reserved => (backoff, None),
-                    Retry::Parked => (backoff.max(parked_recheck_ms(seq, g.attempts)), Some(at_ms)),
+                    Retry::Parked => {
+                        let net = backoff.max(parked_recheck_ms(seq, g.attempts));
+                        let due = on_recheck_grid(at_ms.saturating_add(net));
+                        (due - at_ms, Some(at_ms))
+                    }
                 };
                 g.not_before_ms = at_ms.saturating_add(wait);
                 g.parked_at_ms = parked;

@@ -86,6 +86,17 @@ pub const PARKED_RECHECK_MAX_MS: u64 = 300_000;
 /// the groups it can act on otherwise: however many come due at once, a round re-plans
 /// a few of them and they never fill the window the others are read through.
 pub const PARKED_RECHECKS_PER_READ_MAX: usize = 16;
+/// Grid the safety nets fall on, in ms: a parked group comes due at the next multiple of
+/// it, so the groups due within one step are re-planned in the same round and their
+/// requeues share a log entry, instead of one round (and a lone entry) each.
+pub const PARKED_RECHECK_GRID_MS: u64 = 1_000;
+
+/// `at_ms` moved up to the next point of [`PARKED_RECHECK_GRID_MS`] (itself if on one).
+pub fn on_recheck_grid(at_ms: u64) -> u64 {
+    at_ms
+        .div_ceil(PARKED_RECHECK_GRID_MS)
+        .saturating_mul(PARKED_RECHECK_GRID_MS)
+}
 
 /// The safety net of a group parked at attempt `attempts` (1-based): doubling from
 /// [`PARKED_RECHECK_MS`] to [`PARKED_RECHECK_MAX_MS`], plus up to 63/64 more by its

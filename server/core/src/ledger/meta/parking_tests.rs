@@ -68,12 +68,23 @@ fn a_parked_group_leaves_the_rounds_until_woken_or_the_safety_net() {
         PARKED_RECHECK_MS + PARKED_RECHECK_MS / 64,
         "seq 1 spreads by 1/64"
     );
-    assert_eq!(record.not_before_ms, 1_000 + net);
+    assert_eq!(record.not_before_ms, on_recheck_grid(1_000 + net));
+    assert_eq!(
+        record.not_before_ms % PARKED_RECHECK_GRID_MS,
+        0,
+        "on the grid"
+    );
+    assert!(record.not_before_ms - (1_000 + net) < PARKED_RECHECK_GRID_MS);
     assert_eq!(record.attempts, 1, "a parked attempt counts");
     // The backoff comes due; the parked group does not.
     assert_eq!(due(&m, 1_000 + RETRY_BACKOFF_MAX_MS), vec![backing_off]);
     assert_eq!(
-        due(&m, 1_000 + net),
+        due(&m, record.not_before_ms - 1),
+        vec![backing_off],
+        "not before the grid point"
+    );
+    assert_eq!(
+        due(&m, record.not_before_ms),
         vec![parked, backing_off],
         "the safety net"
     );
