@@ -25,13 +25,12 @@ use super::percentile;
 
 /// Most groups that fit nowhere the benchmark submits.
 pub const HOPELESS_MAX: usize = 10_000;
+/// Longest wait before the idle window, in seconds.
+pub const SETTLE_SECONDS_MAX: u64 = 3_600;
 /// Submissions in flight at once.
 const SUBMIT_CONCURRENCY: usize = 64;
 /// Longest the hopeless groups may take to be tried once each, in seconds.
 const SETTLE_TIMEOUT_S: u64 = 120;
-/// Seconds waited after the groups that fit nowhere were tried once, before the idle
-/// window.
-const SETTLE_AFTER_S: u64 = 5;
 /// How often progress is polled, in ms.
 const POLL_MS: u64 = 20;
 
@@ -61,6 +60,11 @@ pub struct ParkedBenchArgs {
     /// parked groups' first safety net).
     #[arg(long, default_value_t = 20)]
     pub idle_seconds: u64,
+    /// Seconds waited after every group that fits nowhere was tried once, before the
+    /// idle window (past the storage's work after the submissions; from 61 s on, the
+    /// window starts after every first safety net, 30–60 s after parking).
+    #[arg(long, default_value_t = 5)]
+    pub settle_seconds: u64,
     /// Modes to run, comma-separated: without, parked, blind (the first is the base of
     /// the ratios).
     #[arg(long, default_value = "without,parked,blind")]
@@ -207,7 +211,7 @@ async fn run_mode(args: &ParkedBenchArgs, mode: Mode) -> anyhow::Result<Outcome>
     settle(&client, hopeless_count).await?;
     // Past the first backoffs and the storage's work after the submissions, so the
     // window sees the steady state.
-    tokio::time::sleep(Duration::from_secs(SETTLE_AFTER_S)).await;
+    tokio::time::sleep(Duration::from_secs(args.settle_seconds)).await;
 
     let pids = procs.pids();
     let attempts_before = attempts(&client).await?;
@@ -294,6 +298,12 @@ async fn place_burst(
 pub async fn run(args: ParkedBenchArgs) -> anyhow::Result<()> {
     if args.hopeless > HOPELESS_MAX {
         bail!("--hopeless: {} is more than {HOPELESS_MAX}", args.hopeless);
+    }
+    if args.settle_seconds > SETTLE_SECONDS_MAX {
+        bail!(
+            "--settle-seconds: {} is more than {SETTLE_SECONDS_MAX}",
+            args.settle_seconds
+        );
     }
     if args.shards == 0
         || args.nodes == 0

@@ -477,8 +477,6 @@ fn prefer_no_schedule_taints_only_lower_the_score() {
     );
 }
 
-// ---- nominations ---------------------------------------------------------------------------
-
 #[test]
 fn a_node_smaller_than_the_request_is_told_apart_from_a_full_one() {
     let mut f = Fixture::new(&[
@@ -518,6 +516,8 @@ fn a_node_smaller_than_the_request_is_told_apart_from_a_full_one() {
         "node(s) had less allocatable cpu than the pod requests"
     );
 }
+
+// ---- nominations ---------------------------------------------------------------------------
 
 fn nomination(member: &str, node: &str, cpu_milli: u64, priority: i32) -> Nomination {
     Nomination {

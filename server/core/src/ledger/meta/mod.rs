@@ -85,11 +85,13 @@ pub const PARKED_RECHECK_MAX_MS: u64 = 300_000;
 /// Most parked groups come due by their safety net that one pending read lists, beside
 /// the groups it can act on otherwise: however many come due at once, a round re-plans
 /// a few of them and they never fill the window the others are read through.
-pub const PARKED_RECHECKS_PER_READ_MAX: usize = 16;
+pub const PARKED_RECHECKS_PER_READ_MAX: usize = 64;
 /// Grid the safety nets fall on, in ms: a parked group comes due at the next multiple of
 /// it, so the groups due within one step are re-planned in the same round and their
-/// requeues share a log entry, instead of one round (and a lone entry) each.
-pub const PARKED_RECHECK_GRID_MS: u64 = 1_000;
+/// requeues share a log entry, instead of one round (and a lone entry) each. Small
+/// beside the shortest safety net ([`PARKED_RECHECK_MS`]).
+pub const PARKED_RECHECK_GRID_MS: u64 = 5_000;
+const _: () = assert!(PARKED_RECHECK_GRID_MS * 4 <= PARKED_RECHECK_MS);
 
 /// `at_ms` moved up to the next point of [`PARKED_RECHECK_GRID_MS`] (itself if on one).
 pub fn on_recheck_grid(at_ms: u64) -> u64 {

@@ -202,8 +202,8 @@ fn the_safety_net_doubles_per_attempt_up_to_its_bound_and_spreads_by_group() {
 #[test]
 fn a_read_lists_few_groups_due_by_their_safety_net_and_they_hide_no_other() {
     let mut m = MetaState::new(1);
-    let parked: Vec<GroupSeq> = (0..40)
-        .map(|i| submit(&mut m, &format!("p{i:02}"), 1, 1, 0))
+    let parked: Vec<GroupSeq> = (0..PARKED_RECHECKS_PER_READ_MAX + 24)
+        .map(|i| submit(&mut m, &format!("p{i:03}"), 1, 1, 0))
         .collect();
     for seq in &parked {
         requeue(&mut m, *seq, 0, Retry::Parked);
