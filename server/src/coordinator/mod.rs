@@ -164,7 +164,7 @@ struct BatchOutcome {
     handled: BTreeSet<GroupSeq>,
     /// Groups left for the next round's batch: earlier ones spent the member budget.
     deferred: BTreeSet<GroupSeq>,
-    /// Parked groups due by their safety net that the batch's plans parked again.
+    /// Groups the batch's plans showed only a node change could help: parked from them.
     parked: BTreeSet<GroupSeq>,
 }
 

@@ -174,10 +174,11 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Parks again, from a batch's plans and in one meta entry, the groups due by their
-    /// safety net that every shard refused in the batch with every node, for every
-    /// member, for a reason only a change to the nodes lifts (selector, taint, a node
-    /// smaller than the request...). Such a group is not planned on its own: other
+    /// Parks, from a batch's plans and in one meta entry, the groups (a first attempt,
+    /// a woken group, a safety net's re-check) that every shard refused in the batch with
+    /// every node, for every member, for a reason only a change to the nodes lifts
+    /// (selector, taint, a node smaller than the request...), as their own plans would
+    /// have. Such a group is not planned on its own: other
     /// members of the batch cannot have changed those reasons, and neither preemption
     /// nor a reservation can lift them. `misses` are the members each shard left
     /// unplaced, `assigned` those any shard planned, `counts` the change counts taken
@@ -196,7 +197,7 @@ impl Coordinator {
         let mut requeues = Vec::new();
         let mut seqs = Vec::new();
         for (r, members) in failed {
-            if !r.is_parked() || !r.holds_nothing() {
+            if !r.holds_nothing() {
                 continue;
             }
             let keys: BTreeSet<MemberKey> = members.iter().map(|(k, _)| k.clone()).collect();
