@@ -136,6 +136,12 @@ const _: () = assert!(RESERVE_TTL_MS <= gangway_core::ledger::RESERVE_HOLD_MS_MA
 pub const GROUPS_PER_ROUND_MAX: usize = 256;
 // A round's batched writes carry one command per group: they must fit one batch.
 const _: () = assert!(GROUPS_PER_ROUND_MAX <= gangway_core::ledger::meta::META_BATCH_MAX);
+// The batch's begins and requeues carry one command per ready group: the window and the
+// safety nets' re-checks read beside it.
+const _: () = assert!(
+    GROUPS_PER_ROUND_MAX + gangway_core::ledger::meta::PARKED_RECHECKS_PER_READ_MAX
+        <= gangway_core::ledger::meta::META_BATCH_MAX
+);
 const _: () = assert!(GROUPS_PER_ROUND_MAX <= gangway_core::ledger::command::LEDGER_BATCH_MAX);
 /// Most members planned together in one batched round.
 pub const BATCH_MEMBERS_MAX: usize = 8_192;
@@ -633,3 +639,7 @@ fn refusal_reason(shard: u32, outcome: &ShardOutcome) -> String {
         other => format!("shard {shard}: {other:?}"),
     }
 }
+
+#[cfg(test)]
+#[path = "activity_tests.rs"]
+mod activity_tests;
