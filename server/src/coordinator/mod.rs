@@ -114,10 +114,7 @@ impl Activity {
         }
         let mut due_at: Option<u64> = None;
         for r in records {
-            let waiting = r.state == GroupState::Queued
-                && r.not_before_ms > now
-                && r.deadline_ms.is_none_or(|d| d > now);
-            if !waiting {
+            if r.is_due(Some(now)) {
                 return Activity::Busy;
             }
             let at = r

@@ -144,6 +144,11 @@ impl Parking {
     }
 }
 
+/// A parked group's reason: why it fell short, and that it waits for a change.
+pub(super) fn parked_reason(reason: &str) -> String {
+    format!("{reason}; parked until the nodes change or room frees")
+}
+
 impl Coordinator {
     /// Wakes the parked groups a change could help (one meta entry), or, first as
     /// leader, every group meta holds parked.
@@ -211,7 +216,7 @@ impl Coordinator {
             }
             requeues.push(MetaCommand::Requeue {
                 seq: r.seq,
-                reason: format!("{reason}; parked until the nodes change or room frees"),
+                reason: parked_reason(&reason),
                 at_ms: now_ms(),
                 attempts: Some(r.attempts),
                 retry: Retry::Parked,

@@ -89,9 +89,7 @@ impl Coordinator {
                 };
                 let reason = with_reservations(reason, &kept, reserved.as_ref());
                 let reason = match retry {
-                    Retry::Parked => {
-                        format!("{reason}; parked until the nodes change or room frees")
-                    }
+                    Retry::Parked => parking::parked_reason(&reason),
                     Retry::Backoff | Retry::Reserved => reason,
                 };
                 let requeued = self
