@@ -232,11 +232,13 @@ impl Workload {
                         name: "small".into(),
                         count: 2,
                         pod_json: r#"{"requests":{"cpu":"1"}}"#.into(),
+                        pods: None,
                     },
                     MemberSpec {
                         name: "huge".into(),
                         count: 1,
                         pod_json: r#"{"requests":{"cpu":"1000"}}"#.into(),
+                        pods: None,
                     },
                 ],
                 topology: None,

@@ -466,6 +466,7 @@ pub(crate) fn request_of(key: &str, gangs: &[GangShape]) -> SubmitGangGroupReque
                         name: "m".into(),
                         count: g.members,
                         pod_json: pod.to_string(),
+                        pods: None,
                     }],
                     topology: g.required.as_ref().map(|key| TopologySpec {
                         required: key.clone(),

@@ -26,7 +26,9 @@
 //!           nodeSelector: {topology.kubernetes.io/zone: zone-a}
 //! ```
 
-use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest, TopologySpec};
+use gangway_proto::v1::{
+    GangSpec, KubernetesPods, MemberSpec, SubmitGangGroupRequest, TopologySpec,
+};
 use serde::Deserialize;
 
 /// A group file that cannot be used; the message names the line or field.
@@ -115,11 +117,22 @@ impl TopologyFile {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MemberFile {
+    #[serde(default)]
     name: String,
     #[serde(default)]
     count: Option<u32>,
     #[serde(default)]
     pod: Option<serde_json::Value>,
+    /// Set: the members stand for Kubernetes pods (`{}`: named as the members).
+    #[serde(default)]
+    kubernetes_pods: Option<PodsFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PodsFile {
+    #[serde(default)]
+    names: Vec<String>,
 }
 
 /// Parses a duration such as `30s`, `10m`, `1h`, `500ms` or a bare number of milliseconds.
@@ -158,6 +171,9 @@ pub fn from_yaml(text: &str) -> Result<SubmitGangGroupRequest, SpecError> {
                 name: m.name.clone(),
                 count: m.count.unwrap_or(1),
                 pod_json: m.pod.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+                pods: m.kubernetes_pods.as_ref().map(|p| KubernetesPods {
+                    names: p.names.clone(),
+                }),
             })
             .collect();
         gangs.push(GangSpec {
@@ -313,6 +329,40 @@ impl GangBuilder {
             name: name.into(),
             count,
             pod_json: pod.to_string(),
+            pods: None,
+        });
+        self
+    }
+
+    /// Adds `count` members standing for the Kubernetes pods `name-0..` (`name` alone
+    /// for one) in the gang's namespace, which the framework creates with gangway's
+    /// `schedulerName` and the annotation `gangway.io/group` set to the group's name;
+    /// gangway binds them once all of the group's named pods exist and match.
+    pub fn kubernetes_pods(
+        mut self,
+        name: impl Into<String>,
+        count: u32,
+        pod: serde_json::Value,
+    ) -> Self {
+        self.spec.members.push(MemberSpec {
+            name: name.into(),
+            count,
+            pod_json: pod.to_string(),
+            pods: Some(KubernetesPods::default()),
+        });
+        self
+    }
+
+    /// Adds one member per Kubernetes pod in `names`, each named as its pod (as
+    /// [`GangBuilder::kubernetes_pods`]).
+    pub fn kubernetes_pods_named(mut self, names: &[&str], pod: serde_json::Value) -> Self {
+        self.spec.members.push(MemberSpec {
+            name: String::new(),
+            count: 0,
+            pod_json: pod.to_string(),
+            pods: Some(KubernetesPods {
+                names: names.iter().map(|n| n.to_string()).collect(),
+            }),
         });
         self
     }

@@ -86,3 +86,20 @@ fn a_run_limit_is_read_in_whole_seconds_and_a_bad_one_names_the_field() {
         .build();
     assert_eq!(built.run_limit_seconds, 30);
 }
+
+#[test]
+fn members_may_stand_for_kubernetes_pods() {
+    let yaml = "name: job\ngangs:\n  - name: workers\n    namespace: train\n    minMember: 3\n    members:\n      - name: w\n        count: 2\n        kubernetesPods: {}\n      - kubernetesPods: {names: [chief]}\n        pod: {requests: {cpu: \"2\"}}\n";
+    let req = from_yaml(yaml).expect("valid");
+    let members = &req.gangs[0].members;
+    assert_eq!(members[0].pods.as_ref().map(|p| p.names.len()), Some(0));
+    assert_eq!(
+        members[1].pods.as_ref().map(|p| p.names.clone()),
+        Some(vec!["chief".to_string()])
+    );
+    let built = GangBuilder::new("train", "workers", 3)
+        .kubernetes_pods("w", 2, serde_json::json!({}))
+        .kubernetes_pods_named(&["chief"], serde_json::json!({}));
+    let req = GangGroupBuilder::new("job").gang(built).build();
+    assert!(req.gangs[0].members.iter().all(|m| m.pods.is_some()));
+}

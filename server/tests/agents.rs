@@ -243,6 +243,7 @@ async fn a_lapsed_heartbeat_lease_makes_the_node_not_ready() {
                 name: "w".into(),
                 count: 1,
                 pod_json: r#"{"requests": {"cpu": "1"}}"#.into(),
+                pods: None,
             }],
             ..device_gang("cpu", GPU, 1).gangs[0].clone()
         }],

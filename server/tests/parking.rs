@@ -25,6 +25,7 @@ fn one(name: &str, cpu: &str, gpu: Option<&str>) -> GangSpec {
             name: "worker".into(),
             count: 1,
             pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}{selector}}}"#),
+            pods: None,
         }],
         ..gang(name, 1, 1, cpu, 0)
     }

@@ -58,6 +58,7 @@ fn nonstrict(name: &str, members: u32, cpu: &str) -> SubmitGangGroupRequest {
                 name: "worker".into(),
                 count: members,
                 pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
+                pods: None,
             }],
             topology: None,
         }],

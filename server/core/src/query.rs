@@ -23,7 +23,7 @@ use crate::ledger::{TxnId, TxnOutcome};
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceTaint;
 use crate::model::{
-    DeviceId, Gang, GangGroup, GangId, MemberKey, PodSpec, PodSummary, Resources,
+    DeviceId, Gang, GangGroup, GangId, MemberKey, PodBinding, PodSpec, PodSummary, Resources,
     TopologyConstraint,
 };
 
@@ -535,8 +535,8 @@ pub enum Victims {
     Ignore,
 }
 
-/// The committed Kubernetes members waiting for their binding, at most `limit`, in
-/// node order; members of a preemption whose victims may still run on their node are
+/// The committed Kubernetes members waiting for their binding (those with a pod uid,
+/// and those that name their pod), at most `limit`, in node order; members of a preemption whose victims may still run on their node are
 /// left out unless `victims` says to ignore them.
 pub fn unbound(ledger: &ShardLedger, limit: u32, victims: Victims) -> ShardAnswer {
     let running = match victims {
@@ -551,7 +551,7 @@ pub fn unbound(ledger: &ShardLedger, limit: u32, victims: Victims) -> ShardAnswe
                 e.usage.pods.iter().filter_map(move |(member, slot)| {
                     let waiting = match slot.state {
                         SlotState::Committed { txn_id, .. } => {
-                            slot.pod.uid.is_some()
+                            (slot.pod.uid.is_some() || slot.pod.binding == PodBinding::Named)
                                 && !running.contains(&(txn_id, e.node.name.as_str()))
                         }
                         _ => false,

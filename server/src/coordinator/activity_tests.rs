@@ -24,6 +24,7 @@ fn records(groups: &[(&str, u64)], retry: Retry) -> Vec<GroupRecord> {
                 name: "m0".into(),
                 spec: PodSpec::default(),
                 uid: None,
+                binding: Default::default(),
             }],
             topology: Default::default(),
         };

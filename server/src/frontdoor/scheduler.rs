@@ -34,6 +34,7 @@ use gangway_core::ledger::meta::{
 use gangway_core::ledger::{LedgerOp, ReleaseTarget};
 use gangway_core::model::gang::{RawGang, RawGangSpec, RawMember};
 use gangway_core::model::node::LABEL_HOSTNAME;
+use gangway_core::model::PodBinding;
 use gangway_core::model::{
     clip_to, GangGroup, LearnedHierarchies, MemberKey, RawGangGroup, RawPodSpec,
     TopologyConstraint, TopologyHierarchy, TopologySlice, MESSAGE_CHARS_MAX, PATH_CHARS_MAX,
@@ -706,7 +707,26 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
     let mut members = Vec::new();
     for (j, m) in g.members.iter().enumerate() {
         let field = format!("{at}.members[{j}]");
-        let count = m.count.max(1) as usize;
+        let pod_names = m
+            .pods
+            .as_ref()
+            .map(|p| p.names.as_slice())
+            .unwrap_or_default();
+        if !pod_names.is_empty() && m.count > 1 && m.count as usize != pod_names.len() {
+            return Err(invalid(
+                format!("{field}.count"),
+                format!(
+                    "{} but pods.names names {} pods; give one or the other, or both equal",
+                    m.count,
+                    pod_names.len()
+                ),
+            ));
+        }
+        let count = if pod_names.is_empty() {
+            m.count.max(1) as usize
+        } else {
+            pod_names.len()
+        };
         total.members += count;
         if total.members > GROUP_MEMBERS_MAX {
             return Err(invalid(
@@ -715,7 +735,8 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
             ));
         }
         // Checked before anything is copied `count` times.
-        let size = m.pod_json.len() + m.name.len() + MEMBER_OVERHEAD_BYTES;
+        let longest_name = pod_names.iter().map(String::len).max().unwrap_or(0);
+        let size = m.pod_json.len() + m.name.len().max(longest_name) + MEMBER_OVERHEAD_BYTES;
         total.bytes = total.bytes.saturating_add(size.saturating_mul(count));
         if total.bytes > GROUP_SPEC_BYTES_MAX {
             return Err(invalid(
@@ -735,15 +756,20 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
         spec.validate(&at)
             .and_then(|pod| pod.within_bounds(&at))
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let binding = match m.pods {
+            Some(_) => PodBinding::Named,
+            None => PodBinding::Unnamed,
+        };
         for k in 0..count {
-            let name = if m.count > 1 {
-                format!("{}-{k}", m.name)
-            } else {
-                m.name.clone()
+            let name = match pod_names.get(k) {
+                Some(pod) => pod.clone(),
+                None if m.count > 1 => format!("{}-{k}", m.name),
+                None => m.name.clone(),
             };
             members.push(RawMember {
                 name,
                 spec: spec.clone(),
+                binding,
             });
         }
     }

@@ -23,14 +23,16 @@ use crate::failpoints;
 use crate::kube::allocation::{self, BindingState, SliceReach};
 use crate::kube::api::{self, BindOutcome, ClaimOutcome, EventType, JoinOutcome};
 use crate::kube::informer::{Cache, Slot};
+use crate::kube::named_pods::{self, NamedPods};
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
 use crate::observe::placement::{self as placement_metrics, Phase, PhaseTimer};
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
 use gangway_core::ledger::command::LEDGER_BATCH_MAX;
+use gangway_core::ledger::meta::{GroupState, MetaCommand, MetaQuery, MetaReply};
 use gangway_core::ledger::LedgerOp;
-use gangway_core::model::{DeviceId, MemberKey};
+use gangway_core::model::{DeviceId, MemberKey, PodBinding};
 use gangway_core::query::{ShardAnswer, ShardQuery, UnboundMember};
 
 /// Period of the binder's look at its shards, in ms.
@@ -101,7 +103,8 @@ impl BindingWaits {
 /// How one member's binding ended.
 #[derive(Debug)]
 enum Done {
-    Bound(u32, MemberKey),
+    /// Bound; with the pod's uid when the member named its pod and had none.
+    Bound(u32, MemberKey, Option<String>),
     Skipped(MemberKey),
     Failed(MemberKey),
 }
@@ -146,6 +149,11 @@ struct Ctx {
     conflicts: std::sync::Mutex<HashMap<PodRef, String>>,
     /// Members waiting for binding conditions or backing off after a failure.
     binding: std::sync::Mutex<BindingWaits>,
+    /// The replica's groups: what a group that names its pods holds, and where its
+    /// binding reason is written.
+    groups: Groups,
+    /// Named pods refused, with the reason: reported once each.
+    refused: std::sync::Mutex<HashMap<PodRef, String>>,
 }
 
 /// Runs the binder until `stop` fires.
@@ -164,13 +172,15 @@ pub async fn run(
         slots: Semaphore::new(opts.bind_concurrency.max(1)),
         conflicts: std::sync::Mutex::new(HashMap::new()),
         binding: std::sync::Mutex::new(BindingWaits::default()),
+        groups: groups.clone(),
+        refused: std::sync::Mutex::new(HashMap::new()),
         opts,
     });
     let (tx, mut rx) = mpsc::channel::<Done>(BIND_RESULTS_QUEUED_MAX);
     let mut tasks = JoinSet::new();
     let mut in_flight: HashSet<MemberKey> = HashSet::new();
     let mut retry_at: HashMap<MemberKey, Instant> = HashMap::new();
-    let mut bound: BTreeMap<u32, Vec<MemberKey>> = BTreeMap::new();
+    let mut bound: BTreeMap<u32, Vec<(MemberKey, Option<String>)>> = BTreeMap::new();
     let in_flight_max = ctx.opts.bind_concurrency.max(1) * BIND_IN_FLIGHT_PER_SLOT;
     // Per shard: its apply feed, and whether to look even without new entries.
     let mut feeds: BTreeMap<u32, gangway_raft::GroupChanges> = BTreeMap::new();
@@ -182,7 +192,7 @@ pub async fn run(
         }
         while let Ok(done) = rx.try_recv() {
             match done {
-                Done::Bound(shard, m) => bound.entry(shard).or_default().push(m),
+                Done::Bound(shard, m, uid) => bound.entry(shard).or_default().push((m, uid)),
                 // A skipped member (pod gone) waits for the ingest loop to release it.
                 Done::Skipped(m) | Done::Failed(m) => {
                     in_flight.remove(&m);
@@ -256,8 +266,8 @@ pub async fn run(
                 tasks.spawn(async move {
                     let key = m.member.clone();
                     let done = match bind_member(&ctx, &m).await {
-                        Ok(true) => Done::Bound(shard, key),
-                        Ok(false) => Done::Skipped(key),
+                        Ok(Some(uid)) => Done::Bound(shard, key, m.pod.uid.is_none().then_some(uid)),
+                        Ok(None) => Done::Skipped(key),
                         Err(e) => {
                             tracing::warn!(member = %key, node = %m.node, error = %e, "binding failed; will retry");
                             Done::Failed(key)
@@ -274,25 +284,28 @@ pub async fn run(
 /// Records finished bindings in their shards' logs, one batch per shard.
 async fn confirm(
     groups: &Groups,
-    bound: &mut BTreeMap<u32, Vec<MemberKey>>,
+    bound: &mut BTreeMap<u32, Vec<(MemberKey, Option<String>)>>,
     in_flight: &mut HashSet<MemberKey>,
 ) {
     for (shard, members) in std::mem::take(bound) {
         for chunk in members.chunks(LEDGER_BATCH_MAX) {
             let ops = chunk
                 .iter()
-                .map(|m| LedgerOp::BindConfirmed { member: m.clone() })
+                .map(|(m, uid)| LedgerOp::BindConfirmed {
+                    member: m.clone(),
+                    uid: uid.clone(),
+                })
                 .collect();
             match groups.shard(shard, LedgerOp::Batch { ops }).await {
                 Ok(_) => {
-                    for m in chunk {
+                    for (m, _) in chunk {
                         in_flight.remove(m);
                     }
                 }
                 Err(e) => {
                     // The bindings stand; a later look (here or on a new leader) confirms them.
                     tracing::warn!(shard, error = %e, "recording bindings failed");
-                    for m in chunk {
+                    for (m, _) in chunk {
                         in_flight.remove(m);
                     }
                 }
@@ -301,16 +314,30 @@ async fn confirm(
     }
 }
 
-/// Binds one member; `Ok(false)` when its pod is gone or replaced (nothing to do here).
-async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError> {
-    let Some(uid) = m.pod.uid.clone() else {
-        return Ok(false);
+/// Binds one member: the pod of its uid, or the pod it names once every pod its group
+/// names is ready. Answers the pod's uid once bound; `None` when there is nothing to
+/// do now (its pod is gone or replaced, or its group's pods are not all ready).
+async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<Option<String>, api::ApiError> {
+    let uid = match (&m.pod.uid, m.pod.binding) {
+        (Some(uid), _) => uid.clone(),
+        (None, PodBinding::Named) => match ctx.named_pod_uid(m).await {
+            Some(uid) => uid,
+            None => return Ok(None),
+        },
+        (None, PodBinding::Unnamed) => return Ok(None),
     };
     let pod = PodRef {
         namespace: m.member.namespace.clone(),
         name: m.member.member.clone(),
         uid,
     };
+    Ok(bind_pod(ctx, m, &pod).await?.then_some(pod.uid))
+}
+
+/// Binds `pod` as member `m`; `Ok(false)` when it is gone or replaced (nothing to do
+/// here).
+async fn bind_pod(ctx: &Ctx, m: &UnboundMember, pod: &PodRef) -> Result<bool, api::ApiError> {
+    let pod = pod.clone();
     let Some(object) = ctx.cache.get(Slot::Pods, &pod.namespace, &pod.name) else {
         return Ok(false);
     };
@@ -447,6 +474,79 @@ async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<bool, api::ApiError
 }
 
 impl Ctx {
+    /// The uid of the pod member `m` names, once every pod its group names exists and
+    /// matches its member (this replica's informer's view); none while the group waits
+    /// for pods or refuses one. The group's reason says which (written when it changes),
+    /// and a refused pod gets an event.
+    async fn named_pod_uid(&self, m: &UnboundMember) -> Option<String> {
+        let pod = format!("{}/{}", m.member.namespace, m.member.member);
+        let record = match self.groups.meta_query_local(&MetaQuery::NamedPod { pod }) {
+            Ok(MetaReply::Groups { mut records }) if !records.is_empty() => records.remove(0),
+            _ => return None,
+        };
+        let placements = record.placements.to_map();
+        // Only the group that holds this member on this node binds its pod (a group
+        // that named the pod after this one ended waits for its own placement).
+        let holds = placements
+            .get(&m.member.to_string())
+            .is_some_and(|p| p.node == m.node);
+        if !holds || record.state != GroupState::Placed {
+            return None;
+        }
+        let verdict = named_pods::check(
+            &record,
+            &self.opts.scheduler_name,
+            |ns, name| self.cache.get(Slot::Pods, ns, name),
+            |key| placements.get(&key.to_string()).map(|p| p.node.clone()),
+        );
+        let reason = match &verdict {
+            NamedPods::Ready(_) => "",
+            NamedPods::Waiting(why) => why.as_str(),
+            NamedPods::Refused { why, .. } => why.as_str(),
+        };
+        if record.reason != reason {
+            let note = MetaCommand::NoteBinding {
+                seq: record.seq,
+                reason: reason.to_string(),
+            };
+            if let Err(e) = self.groups.meta(&note).await {
+                tracing::debug!(group = record.seq, error = %e, "binding reason not recorded");
+            }
+        }
+        match verdict {
+            NamedPods::Ready(mut uids) => uids.remove(&m.member),
+            NamedPods::Waiting(_) => None,
+            NamedPods::Refused { pod, why } => {
+                self.report_refusal_once(&pod, &why).await;
+                None
+            }
+        }
+    }
+
+    /// Records a `FailedScheduling` event on refused pod `pod` (namespace, name), once
+    /// per pod and reason.
+    async fn report_refusal_once(&self, pod: &(String, String), why: &str) {
+        let Some(pod) = self
+            .cache
+            .get(Slot::Pods, &pod.0, &pod.1)
+            .and_then(|o| crate::kube::objects::pod_ref(&o))
+        else {
+            return;
+        };
+        {
+            let mut seen = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.get(&pod).map(String::as_str) == Some(why) {
+                return;
+            }
+            if seen.len() >= CONFLICTS_REMEMBERED_MAX {
+                seen.clear();
+            }
+            seen.insert(pod.clone(), why.to_string());
+        }
+        self.event(&pod, EventType::Warning, "FailedScheduling", why)
+            .await;
+    }
+
     fn waits(&self) -> std::sync::MutexGuard<'_, BindingWaits> {
         self.binding.lock().unwrap_or_else(|p| p.into_inner())
     }

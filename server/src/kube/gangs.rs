@@ -897,6 +897,7 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
                 name: p.pod.name.clone(),
                 spec: p.spec.clone(),
                 uid: Some(p.pod.uid.clone()),
+                binding: Default::default(),
             })
             .collect(),
         topology,

@@ -427,6 +427,7 @@ fn a_kubernetes_gang_counts_its_running_pods_toward_min_count() {
             name: "m".into(),
             spec: PodSpec::default(),
             uid: None,
+            binding: Default::default(),
         }],
         topology: Default::default(),
     };

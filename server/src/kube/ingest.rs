@@ -25,9 +25,10 @@
 //!
 //! The loop, its memory and recovery live here; each kind of object's steps in
 //! `ingest/nodes.rs`, `devices.rs`, `taint_rules.rs`, `observed.rs`, `groups.rs`,
-//! `submissions.rs` and `status.rs`.
+//! `framework.rs`, `submissions.rs` and `status.rs`.
 
 mod devices;
+mod framework;
 mod groups;
 mod nodes;
 mod observed;
@@ -190,6 +191,11 @@ struct Memory {
     rule_taints: Option<HashMap<(String, DeviceId), Vec<DeviceTaint>>>,
     /// Whether the rule taints are to be worked out again.
     taint_rules_dirty: bool,
+    /// Framework pods (uid) bound for the gRPC group that names them → (group, member
+    /// key): when such a pod goes or finishes, its member is released.
+    framework_bound: HashMap<String, (GroupSeq, String)>,
+    /// Members of gRPC groups whose named pods went or finished, still to release.
+    framework_gone: BTreeMap<GroupSeq, BTreeSet<String>>,
 }
 
 /// The ingest loop's dependencies.
@@ -296,6 +302,7 @@ impl Ingest {
         self.sync_observed().await;
         self.sync_observed_network().await;
         self.check_groups().await;
+        self.release_framework_gone().await;
         self.submit_pending().await;
         self.write_pod_group_status().await;
         Ok(())

@@ -19,6 +19,7 @@ pub mod evictor;
 pub mod gangs;
 pub mod informer;
 pub mod ingest;
+pub mod named_pods;
 pub mod objects;
 pub mod pod_index;
 pub mod queues;

@@ -637,7 +637,7 @@ fn pod_claims(
 
 /// Requests of a pod as the scheduler counts them: the sum over containers, at least
 /// the largest init container's, plus the pod overhead.
-fn pod_requests(pod: &Value) -> Result<Resources, PodProblem> {
+pub(crate) fn pod_requests(pod: &Value) -> Result<Resources, PodProblem> {
     let spec = &pod["spec"];
     // Each container list's requests, with the field path an error names.
     let requests = |list: &'static str| {

@@ -40,6 +40,9 @@ pub struct PodFacts {
     pub pod_group_api: Option<PodGroupApi>,
     /// The gang it names: its PodGroup, else Koordinator's gang name.
     pub gang: Option<String>,
+    /// The gRPC group that names it (its `gangway.io/group` annotation): the ingest
+    /// leaves it to that group.
+    pub framework_group: Option<String>,
     /// Lists ResourceClaims (its devices depend on claim objects too).
     pub uses_claims: bool,
     /// The ResourceClaim objects it names, as far as known.
@@ -89,6 +92,7 @@ impl PodFacts {
             .as_array()
             .is_some_and(|c| !c.is_empty());
         let claims = claim_object_names(&object);
+        let framework_group = crate::kube::named_pods::framework_group(&object).map(str::to_string);
         let arrival = Arrival {
             created: object["metadata"]["creationTimestamp"]
                 .as_str()
@@ -107,6 +111,7 @@ impl PodFacts {
             pod_group,
             pod_group_api,
             gang,
+            framework_group,
             uses_claims,
             claims,
             object,
@@ -118,9 +123,15 @@ impl PodFacts {
         self.node.is_some()
     }
 
-    /// Ours, unbound, not finished, not being deleted, not timed out: a pod to submit.
+    /// Ours, unbound, not finished, not being deleted, not timed out, and not a
+    /// framework's (a gRPC group names those): a pod to submit.
     pub fn pending_ours(&self) -> bool {
-        self.ours && !self.bound() && !self.finished && !self.terminating && !self.timed_out
+        self.ours
+            && !self.bound()
+            && !self.finished
+            && !self.terminating
+            && !self.timed_out
+            && self.framework_group.is_none()
     }
 
     fn namespaced(&self, name: &Option<String>) -> Option<Key> {

@@ -225,6 +225,7 @@ fn submit(name: &str, at_ms: u64) -> Vec<u8> {
             name: "w".into(),
             spec: Default::default(),
             uid: None,
+            binding: Default::default(),
         }],
         topology: Default::default(),
     };

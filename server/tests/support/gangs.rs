@@ -51,6 +51,7 @@ pub fn gang(name: &str, members: u32, min: u32, cpu: &str, wait_time_ms: u64) ->
             name: "worker".into(),
             count: members,
             pod_json: format!(r#"{{"requests": {{"cpu": "{cpu}", "memory": "1Gi"}}}}"#),
+            pods: None,
         }],
         topology: None,
     }
@@ -129,6 +130,7 @@ pub fn device_gang(key: &str, resource: &str, members: u32) -> SubmitGangGroupRe
                 name: "worker".into(),
                 count: members,
                 pod_json: format!(r#"{{"requests": {{"cpu": "1", "{resource}": "1"}}}}"#),
+                pods: None,
             }],
             topology: None,
         }],

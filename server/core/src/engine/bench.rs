@@ -265,6 +265,7 @@ fn bench_gang(index: usize, members: usize) -> Gang {
                 name: format!("worker-{m}"),
                 spec: spec.clone(),
                 uid: None,
+                binding: Default::default(),
             })
             .collect(),
         topology: Default::default(),

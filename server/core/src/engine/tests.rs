@@ -127,6 +127,7 @@ fn gang(name: &str, specs: &[PodSpec]) -> Gang {
                 name: format!("m-{i}"),
                 spec: spec.clone(),
                 uid: None,
+                binding: Default::default(),
             })
             .collect(),
         topology: Default::default(),

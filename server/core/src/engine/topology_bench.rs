@@ -415,6 +415,7 @@ fn gang(index: usize, g: &StreamGang, topology: TopologyConstraint) -> Gang {
                 name: format!("worker-{m}"),
                 spec: spec.clone(),
                 uid: None,
+                binding: Default::default(),
             })
             .collect(),
         topology,

@@ -304,6 +304,10 @@ pub enum LedgerOp {
     BindConfirmed {
         /// The member.
         member: MemberKey,
+        /// The uid of the pod bound, for a member that named its pod and had none
+        /// (kept from then on, as an ingested pod's: evictions and releases need it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<String>,
     },
     /// Reports open reservations whose deadline is at or before `at_ms` (it never drops
     /// them), and marks the devices of nodes whose agent's grace period has passed unhealthy.

@@ -76,7 +76,7 @@ use crate::model::device::{
 use crate::model::error::FieldPath;
 use crate::model::gang::MemberKey;
 use crate::model::node::{Node, Readiness};
-use crate::model::pod::PodSummary;
+use crate::model::pod::{PodBinding, PodSummary};
 use crate::model::reach::PoolReach;
 use crate::model::resources::Resources;
 use crate::wire::{self, WireFormat};
@@ -664,7 +664,9 @@ impl ShardLedger {
             LedgerOp::Commit { txn_id } => self.commit(at_ms, *txn_id),
             LedgerOp::Abort { txn_id } => self.abort(at_ms, *txn_id),
             LedgerOp::Release { target } => self.release(at_ms, target),
-            LedgerOp::BindConfirmed { member } => self.bind_confirmed(at_ms, member),
+            LedgerOp::BindConfirmed { member, uid } => {
+                self.bind_confirmed(at_ms, member, uid.as_deref())
+            }
             LedgerOp::VictimsGone { members } if members.len() > LEDGER_BATCH_MAX => {
                 Err(LedgerError::BatchTooLarge { ops: members.len() })
             }
@@ -774,7 +776,7 @@ impl ShardLedger {
             LedgerOp::Release {
                 target: ReleaseTarget::Members(keys),
             } => of_members(&mut keys.iter()),
-            LedgerOp::BindConfirmed { member } => of_members(&mut std::iter::once(member)),
+            LedgerOp::BindConfirmed { member, .. } => of_members(&mut std::iter::once(member)),
             LedgerOp::VictimsGone { members } => members
                 .iter()
                 .filter_map(|k| self.state.evicting.get(k).map(|v| v.node.clone()))

@@ -563,18 +563,39 @@ fn release_and_bind() {
             txn_id: TxnId(1)
         })
     );
-    let bind_early = apply(&mut ledger, 3, LedgerOp::BindConfirmed { member: key("a") });
+    let bind_early = apply(
+        &mut ledger,
+        3,
+        LedgerOp::BindConfirmed {
+            member: key("a"),
+            uid: None,
+        },
+    );
     assert!(matches!(
         rejected(&bind_early),
         Some(LedgerError::NotCommitted { .. })
     ));
     apply(&mut ledger, 4, LedgerOp::Commit { txn_id: TxnId(1) });
     assert_eq!(
-        apply(&mut ledger, 5, LedgerOp::BindConfirmed { member: key("a") }),
+        apply(
+            &mut ledger,
+            5,
+            LedgerOp::BindConfirmed {
+                member: key("a"),
+                uid: None
+            }
+        ),
         LedgerReply::BindRecorded { member: key("a") }
     );
     assert_eq!(
-        apply(&mut ledger, 6, LedgerOp::BindConfirmed { member: key("a") }),
+        apply(
+            &mut ledger,
+            6,
+            LedgerOp::BindConfirmed {
+                member: key("a"),
+                uid: None
+            }
+        ),
         LedgerReply::BindRecorded { member: key("a") }
     );
     assert!(matches!(
@@ -609,7 +630,14 @@ fn release_and_bind() {
             absent: vec![]
         }
     );
-    let unknown = apply(&mut ledger, 9, LedgerOp::BindConfirmed { member: key("b") });
+    let unknown = apply(
+        &mut ledger,
+        9,
+        LedgerOp::BindConfirmed {
+            member: key("b"),
+            uid: None,
+        },
+    );
     assert_eq!(
         rejected(&unknown),
         Some(&LedgerError::UnknownMember { member: key("b") })
@@ -970,7 +998,7 @@ fn arb_op() -> impl Strategy<Value = LedgerOp> {
         1 => txn().prop_map(|t| LedgerOp::Release { target: ReleaseTarget::Txn(t) }),
         1 => prop::collection::vec(0usize..MEMBERS.len(), 0..3)
             .prop_map(|ms| LedgerOp::Release { target: ReleaseTarget::Members(ms.into_iter().map(|m| key(MEMBERS[m])).collect()) }),
-        1 => (0usize..MEMBERS.len()).prop_map(|m| LedgerOp::BindConfirmed { member: key(MEMBERS[m]) }),
+        1 => (0usize..MEMBERS.len()).prop_map(|m| LedgerOp::BindConfirmed { member: key(MEMBERS[m]), uid: None }),
         1 => Just(LedgerOp::Tick),
         1 => (0usize..NODE_NAMES.len(), any::<bool>(), prop_oneof![Just(1_000u64), Just(1_100), Just(5)])
             .prop_map(|(n, ready, lease_ms)| heartbeat(NODE_NAMES[n], ready, lease_ms)),
@@ -1180,7 +1208,8 @@ fn observed_pods_take_room_but_are_never_refused_released_or_bound() {
             &mut ledger,
             5,
             LedgerOp::BindConfirmed {
-                member: observed_key
+                member: observed_key,
+                uid: None,
             }
         )),
         Some(&LedgerError::ObservedMember {

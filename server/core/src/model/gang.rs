@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::error::{FieldPath, ValidationError};
 use crate::model::names::{validate_dns_label, validate_dns_subdomain};
-use crate::model::pod::{PodSpec, RawPodSpec};
+use crate::model::pod::{PodBinding, PodSpec, RawPodSpec};
 use crate::model::topology::TopologyConstraint;
 
 /// Wait time used when a submission names none (Koordinator's default, 600 s).
@@ -161,6 +161,9 @@ pub struct Member {
     /// binding's precondition: a pod recreated under the same name is not bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// The Kubernetes pod it stands for by name, for a gRPC member that names one.
+    #[serde(default, skip_serializing_if = "PodBinding::is_unnamed")]
+    pub binding: PodBinding,
 }
 
 /// A gang: pods that are placed all together or not at all.
@@ -310,14 +313,33 @@ impl GangGroup {
             return Err(gangs.error("a gang group needs at least one gang"));
         }
         let mut seen = BTreeSet::new();
+        let mut pods = BTreeSet::new();
         for (i, gang) in self.gangs.iter().enumerate() {
             let at = gangs.index(i);
             gang.validate(&at)?;
             if !seen.insert(gang.id()) {
                 return Err(at.error(format!("duplicate gang {}", gang.id())));
             }
+            for (j, m) in gang.members.iter().enumerate() {
+                if m.binding == PodBinding::Named && !pods.insert((&gang.namespace, &m.name)) {
+                    return Err(at.child("members").index(j).error(format!(
+                        "pod {}/{} is named by two members of the group",
+                        gang.namespace, m.name
+                    )));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The Kubernetes pods its members name (`namespace/name`), in gang then member order.
+    pub fn named_pods(&self) -> impl Iterator<Item = (MemberKey, String)> + '_ {
+        self.gangs.iter().flat_map(|g| {
+            g.members
+                .iter()
+                .filter(|m| m.binding == PodBinding::Named)
+                .map(move |m| (g.member_key(m), format!("{}/{}", g.namespace, m.name)))
+        })
     }
 }
 
@@ -329,6 +351,9 @@ pub struct RawMember {
     /// Pod spec fields.
     #[serde(flatten)]
     pub spec: RawPodSpec,
+    /// The Kubernetes pod it stands for by name (gRPC submissions only).
+    #[serde(skip)]
+    pub binding: PodBinding,
 }
 
 /// A gang spec as submitted.
@@ -402,6 +427,7 @@ impl RawGang {
                     name: m.name.clone(),
                     spec: m.spec.validate(&at)?,
                     uid: None,
+                    binding: m.binding,
                 })
             })
             .collect::<Result<Vec<_>, ValidationError>>()?;
@@ -490,6 +516,7 @@ impl Gang {
                     name: format!("m{i}"),
                     spec: PodSpec::default(),
                     uid: None,
+                    binding: Default::default(),
                 })
                 .collect(),
             topology: Default::default(),

@@ -46,7 +46,7 @@ pub use node::{Node, RawNode, Readiness, Schedulability, Taint, TaintEffect};
 pub use pod::{
     HostPort, LabelSelector, LabelSelectorOperator, LabelSelectorRequirement, NodeAffinity,
     NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm, PodAffinity, PodAffinityTerm,
-    PodSpec, PodSummary, PreferredSchedulingTerm, Protocol, RawPodSpec, Toleration,
+    PodBinding, PodSpec, PodSummary, PreferredSchedulingTerm, Protocol, RawPodSpec, Toleration,
     TolerationOperator, WeightedPodAffinityTerm,
 };
 pub use quantity::{Quantity, QuantityError};

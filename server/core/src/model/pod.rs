@@ -692,6 +692,36 @@ pub struct PodSummary {
     /// `devices` has allocations for its `pod_claim`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<ClaimShare>,
+    /// Which Kubernetes pod it binds when it has no uid yet (a gRPC member naming one).
+    #[serde(default, skip_serializing_if = "PodBinding::is_unnamed")]
+    pub binding: PodBinding,
+}
+
+/// Which Kubernetes pod a member stands for, beside the uid of a pod the ingest
+/// submitted (which names it exactly).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodBinding {
+    /// None by name: a pod the ingest submitted carries its uid, and a member of a gRPC
+    /// group that names no pod is never bound through the Kubernetes API.
+    #[default]
+    Unnamed,
+    /// The pod of the member's name in its gang's namespace, which the framework that
+    /// submitted the group creates (before or after submitting it); gangway learns its
+    /// uid when it binds it.
+    Named,
+}
+
+impl PodBinding {
+    /// Whether it names no pod (the default, left out of encodings).
+    pub fn is_unnamed(&self) -> bool {
+        *self == PodBinding::Unnamed
+    }
+
+    /// Whether it names the member's pod.
+    pub fn is_named(&self) -> bool {
+        *self == PodBinding::Named
+    }
 }
 
 impl PodSummary {
@@ -706,6 +736,7 @@ impl PodSummary {
             devices: Vec::new(),
             uid: None,
             shares: spec.shares.clone(),
+            binding: PodBinding::Unnamed,
         }
     }
 

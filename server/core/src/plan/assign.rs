@@ -15,7 +15,7 @@ use crate::engine::{Diagnosis, GangPlacement, MemberLabels};
 use crate::ledger::command::{HoldKind, NetworkHold};
 use crate::ledger::ReserveMember;
 use crate::model::device::DeviceId;
-use crate::model::{Gang, GangGroup, MemberKey, PodSpec};
+use crate::model::{Gang, GangGroup, MemberKey, PodBinding, PodSpec};
 
 /// Which members each participant shard reserves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,20 +350,26 @@ fn merge(
     (per_shard, network)
 }
 
-/// Gives each reserved member its pod's uid (plans are made per spec, without it),
-/// so the shard that commits it can bind it through the Kubernetes API.
+/// Gives each reserved member its pod's uid, or says that it names its pod (plans are
+/// made per spec, without either), so the shard that commits it can bind it through
+/// the Kubernetes API.
 pub fn stamp_uids<'a>(group: &GangGroup, members: impl IntoIterator<Item = &'a mut ReserveMember>) {
-    let uid_of: BTreeMap<MemberKey, &String> = group
+    let pod_of: BTreeMap<MemberKey, (&Option<String>, PodBinding)> = group
         .gangs
         .iter()
         .flat_map(|g| {
             g.members
                 .iter()
-                .filter_map(|m| Some((g.member_key(m), m.uid.as_ref()?)))
+                .filter(|m| m.uid.is_some() || m.binding == PodBinding::Named)
+                .map(|m| (g.member_key(m), (&m.uid, m.binding)))
         })
         .collect();
     for member in members {
-        member.pod.uid = uid_of.get(&member.member).map(|u| (*u).clone());
+        let (uid, binding) = pod_of
+            .get(&member.member)
+            .map_or((None, PodBinding::Unnamed), |(u, b)| ((*u).clone(), *b));
+        member.pod.uid = uid;
+        member.pod.binding = binding;
     }
 }
 

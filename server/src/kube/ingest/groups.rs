@@ -81,6 +81,7 @@ impl Ingest {
 
     /// Marks the nodes, groups, PodGroups and waiting pods `touched` concerns.
     pub(super) fn absorb(&mut self, touched: Touched) {
+        self.note_framework_gone(&touched);
         let memory = &mut self.memory;
         if !touched.pods.is_empty() {
             memory.waiting_dirty = true;

@@ -21,17 +21,29 @@ impl Ingest {
         let network = self.network_pools();
         let mut per_shard: BTreeMap<u32, Vec<(String, Vec<ObservedPod>)>> = BTreeMap::new();
         let mut unreadable = Vec::new();
+        let mut framework_held = Vec::new();
         for node in nodes {
             let mut list = Vec::new();
+            // A framework's pod bound for the group that holds its member is that
+            // member's; once the group lets it go, a pod still running counts here.
+            let held: HashMap<String, (GroupSeq, String)> = self
+                .memory
+                .pods
+                .on_node(&node)
+                .filter(|f| !f.finished)
+                .filter_map(|f| Some((f.pod.uid.clone(), self.framework_holder(f)?)))
+                .collect();
             let mut on_node: Vec<&PodFacts> = self
                 .memory
                 .pods
                 .on_node(&node)
                 .filter(|f| {
-                    let placed_by_us = self.memory.submitted.contains_key(&f.pod.uid);
+                    let placed_by_us = self.memory.submitted.contains_key(&f.pod.uid)
+                        || held.contains_key(&f.pod.uid);
                     !(f.finished || (f.ours && placed_by_us))
                 })
                 .collect();
+            framework_held.extend(held);
             // By uid, so a shared claim's devices stay with the same pod while it runs.
             on_node.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
             let mut counted = BTreeSet::new();
@@ -67,6 +79,7 @@ impl Ingest {
                 per_shard.entry(*shard).or_default().push((node, list));
             }
         }
+        self.memory.framework_bound.extend(framework_held);
         for (pod, why) in unreadable {
             self.warn_once(
                 &pod.uid,

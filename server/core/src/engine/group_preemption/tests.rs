@@ -114,6 +114,7 @@ fn preemptor(name: &str, members: usize, priority: i32) -> GangGroup {
                     name: format!("m-{i}"),
                     spec: spec.clone(),
                     uid: None,
+                    binding: Default::default(),
                 })
                 .collect(),
             topology: Default::default(),

@@ -74,6 +74,7 @@ fn gang(name: &str, members: usize, cpu_milli: u64, topology: TopologyConstraint
                 name: format!("m-{i}"),
                 spec: cpu(cpu_milli),
                 uid: None,
+                binding: Default::default(),
             })
             .collect(),
         topology,

@@ -64,12 +64,24 @@ impl MetaState {
                 ));
             }
         }
+        if let Some((member, pod, owner)) = group
+            .named_pods()
+            .find_map(|(m, pod)| Some((m, pod.clone(), self.live_namer(&pod)?)))
+        {
+            return conflict(format!(
+                "member {member}: pod {} is already named by gang group {owner}, which has not ended; release or cancel it first",
+                short(&pod)
+            ));
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut group = group.clone();
         for gang in &mut group.gangs {
             gang.creation_order = seq;
             self.gang_owners.insert(gang_name(gang), seq);
+        }
+        for (_, pod) in group.named_pods() {
+            self.named_pods.insert(pod, seq);
         }
         let deadline_ms = group
             .gangs
@@ -149,6 +161,35 @@ impl MetaState {
             .filter(|g| !g.state.is_terminal())
             .filter(|g| !(self.twins_of_placed_admitted && g.state == GroupState::Placed))
             .map(|g| g.seq)
+    }
+
+    /// The live group whose member named Kubernetes pod `pod` (`namespace/name`), if any.
+    pub(super) fn live_namer(&self, pod: &str) -> Option<GroupSeq> {
+        let seq = self.named_pods.get(pod)?;
+        self.groups
+            .get(seq)
+            .filter(|g| !g.state.is_terminal())
+            .map(|g| g.seq)
+    }
+
+    /// Records (or clears) why placed group `seq`'s named pods are not bound yet.
+    pub(super) fn note_binding(&mut self, seq: GroupSeq, reason: &str) -> MetaReply {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return missing(seq);
+        };
+        if g.state != GroupState::Placed {
+            return rejected(format!(
+                "gang group {seq} is {}, not Placed",
+                g.state.name()
+            ));
+        }
+        if g.reason != reason {
+            g.reason = crate::model::clip_to(reason, crate::model::MESSAGE_CHARS_MAX).into_owned();
+            g.bump(&mut self.last_version);
+        }
+        MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        }
     }
 
     /// Whether queue `name` exists and is kept by someone other than `by`.

@@ -330,6 +330,11 @@ impl MetaState {
                         self.gang_owners.remove(&name);
                     }
                 }
+                for (_, pod) in g.group.named_pods() {
+                    if self.named_pods.get(&pod) == Some(&seq) {
+                        self.named_pods.remove(&pod);
+                    }
+                }
                 self.forgotten += 1;
             }
         }

@@ -210,6 +210,15 @@ pub enum MetaCommand {
         /// Why, for people.
         reason: String,
     },
+    /// Records why a placed group's named Kubernetes pods are not bound yet (a pod
+    /// whose spec differs from its member's, say), or clears it (empty): the binder's
+    /// word, so a framework watching the group sees it.
+    NoteBinding {
+        /// The group.
+        seq: GroupSeq,
+        /// Why, for people (empty: nothing stands in the way).
+        reason: String,
+    },
     /// Creates or changes a queue ([`Queues::put`]).
     PutQueue {
         /// The queue.
@@ -689,6 +698,13 @@ pub enum MetaQuery {
     },
     /// Every queue with its usage and group counts, in name order.
     Queues,
+    /// The live group whose members name Kubernetes pod `pod` (`namespace/name`), as a
+    /// record (answered as [`MetaReply::Groups`], empty when no live group names it):
+    /// what the binder and the ingest ask of a framework's pod.
+    NamedPod {
+        /// `namespace/name`.
+        pod: String,
+    },
     /// What queued group `seq` may reclaim ([`MetaState::reclaimable`]).
     Reclaimable {
         /// The group.
@@ -757,6 +773,7 @@ impl MetaCommand {
             MetaCommand::Delivered { .. }
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
+            | MetaCommand::NoteBinding { .. }
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteNodeAllocation { .. }

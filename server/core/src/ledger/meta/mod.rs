@@ -126,6 +126,10 @@ pub struct MetaState {
     /// group ends or is forgotten (checked at admission, so no transition updates it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     gang_owners: BTreeMap<String, GroupSeq>,
+    /// Kubernetes pod (`namespace/name`) -> the group whose member named it last; the
+    /// claim lapses as a gang's does (one live group per pod, so no pod is bound twice).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    named_pods: BTreeMap<String, GroupSeq>,
     /// The last change stamp given to a group ([`GroupRecord::bump`]).
     #[serde(default)]
     last_version: ChangeStamps,
@@ -359,6 +363,7 @@ impl MetaState {
             | MetaCommand::Submit { .. }
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
+            | MetaCommand::NoteBinding { .. }
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteCapacity { .. }
@@ -505,6 +510,7 @@ impl MetaState {
             MetaCommand::ReleaseDone { seq, .. } => self.release_done(*seq),
             MetaCommand::Batch { commands } => self.batch(commands),
             MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
+            MetaCommand::NoteBinding { seq, reason } => self.note_binding(*seq, reason),
             MetaCommand::NoteNodeAllocation {
                 member,
                 node,

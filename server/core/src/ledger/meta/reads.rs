@@ -166,6 +166,14 @@ impl MetaState {
             MetaQuery::Queues => MetaReply::Queues {
                 queues: self.queue_statuses(None),
             },
+            MetaQuery::NamedPod { pod } => MetaReply::Groups {
+                records: self
+                    .live_namer(pod)
+                    .and_then(|seq| self.groups.get(&seq))
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+            },
             MetaQuery::UsageHistory => MetaReply::UsageHistory {
                 half_life_ms: self.queues.history().map_or(0, |h| h.half_life_ms()),
                 sampled_at_ms: self.queues.history().map_or(0, |h| h.sampled_at_ms()),

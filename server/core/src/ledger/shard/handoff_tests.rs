@@ -168,7 +168,13 @@ fn a_handoff_waits_for_open_reservations_then_carries_committed_slots() {
         }
     ));
     assert!(matches!(
-        apply(&mut a, LedgerOp::BindConfirmed { member: key("m2") }),
+        apply(
+            &mut a,
+            LedgerOp::BindConfirmed {
+                member: key("m2"),
+                uid: None
+            }
+        ),
         LedgerReply::Rejected {
             error: LedgerError::MemberMoved { .. }
         }

@@ -144,6 +144,7 @@ impl ShardLedger {
         &mut self,
         at_ms: u64,
         member: &MemberKey,
+        uid: Option<&str>,
     ) -> Result<LedgerReply, LedgerError> {
         let unknown = || LedgerError::UnknownMember {
             member: member.clone(),
@@ -158,6 +159,11 @@ impl ShardLedger {
                 let before = slot.state;
                 if let SlotState::Committed { txn_id, .. } = before {
                     slot.state = SlotState::Bound { txn_id, at_ms };
+                    // Only a member that named its pod learns a uid here; an
+                    // ingested pod's uid was given at submission and never changes.
+                    if slot.pod.uid.is_none() && slot.pod.binding == PodBinding::Named {
+                        slot.pod.uid = uid.map(str::to_string);
+                    }
                 }
                 Some(before)
             })
