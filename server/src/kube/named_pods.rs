@@ -86,12 +86,14 @@ pub fn check(
                     ready.insert(key, uid);
                 }
                 PodCheck::Missing => missing.push(at),
-                PodCheck::Refused(why) => return NamedPods::Refused {
-                    why: format!(
+                PodCheck::Refused(why) => {
+                    return NamedPods::Refused {
+                        why: format!(
                         "pod {at} {why}; none of the group's pods is bound until it is replaced"
                     ),
-                    pod: (gang.namespace.clone(), m.name.clone()),
-                },
+                        pod: (gang.namespace.clone(), m.name.clone()),
+                    }
+                }
             }
         }
     }

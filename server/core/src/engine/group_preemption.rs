@@ -240,9 +240,11 @@ pub fn group_offer_keeping<V: LedgerView + ?Sized>(
         .collect();
     let (units, ineligible) = local_units(view, priority, &own);
     if units.is_empty() {
-        // Nothing here could go: no placement to count (the common case for a group
-        // of the lowest priority, asked after every failed attempt).
+        // Nothing here could go, but the room this shard has now still counts: the
+        // victims on other shards may make up the rest (the coordinator asks only
+        // while some placed group has a lower priority).
         return GroupOffer {
+            hostable_now: hostable(view, group, profile, nominations),
             ineligible,
             ..GroupOffer::default()
         };

@@ -176,6 +176,18 @@ fn a_low_strict_gang_across_two_shards_is_evicted_whole_for_a_high_gang() {
 }
 
 #[test]
+fn a_shard_with_nothing_to_evict_still_offers_the_room_it_has() {
+    // Shard 1 is empty, shard 2 full of a low gang: a high gang of 8 needs both, the
+    // room shard 1 has now and what shard 2 frees.
+    let mut b = shard("b", 4);
+    hold(&mut b, 1, "low", &names("b", 4), 1, true);
+    let shards = BTreeMap::from([(1, shard("a", 4)), (2, b)]);
+    let (evict, placed) = plan_across(&shards, &preemptor("high", 8, 10), 10).expect("a plan");
+    assert_eq!(evict, BTreeSet::from([GangId::new("ns", "low")]));
+    assert_eq!(placed, 8);
+}
+
+#[test]
 fn nothing_is_evicted_when_the_room_would_still_be_too_small() {
     let shards = filled_by_low();
     assert_eq!(plan_across(&shards, &preemptor("high", 10, 10), 10), None);

@@ -1,0 +1,391 @@
+//! A batch framework's pods bound through gangway's gRPC API, against a real control
+//! plane (etcd and kube-apiserver from `GANGWAY_K8S_ASSETS`) and three `gangway serve`
+//! processes over two shards: a gRPC group whose members name Kubernetes pods binds
+//! them all or none, whether the pods were created before or after the submission; a
+//! gang whose pods are only partly created binds nothing and says which it waits for;
+//! a pod asking other than its member is refused with a reason and an event, and binds
+//! once re-created right; the ingest never submits the named pods as groups of their
+//! own; a bound pod deleted gives its member back; and a higher-priority group preempts
+//! a framework's gang whole: its pods are evicted and its watch stream says Preempted,
+//! naming the preemptor.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use gangway_client::spec::{GangBuilder, GangGroupBuilder};
+use gangway_kube_double::store::{EVENTS, NODES, PODS};
+use gangway_kube_env::{ControlPlane, Options};
+use gangway_proto::v1::GangGroupStatus;
+use serde_json::{json, Value};
+use support::Cluster;
+
+const NS: &str = "train";
+/// The chart's ServiceAccount (namespace, name) in these tests.
+const CHART_SA: (&str, &str) = ("gangway", "gangway");
+/// How often waits look at the API server.
+const POLL_MS: u64 = 200;
+/// How long a gang that must not bind is watched not binding.
+const NOT_BOUND_WATCH_MS: u64 = 5_000;
+/// The longest wait for anything gangway does here.
+const WAIT: Duration = Duration::from_secs(60);
+/// Nodes of `NODE_CPUS` CPUs each.
+const NODES_N: usize = 6;
+const NODE_CPUS: u32 = 8;
+
+struct Env {
+    api: ControlPlane,
+    cluster: Cluster,
+    _dir: tempfile::TempDir,
+}
+
+fn node(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "allocatable": {"cpu": NODE_CPUS.to_string(), "memory": "64Gi", "pods": "110"},
+            "capacity": {"cpu": NODE_CPUS.to_string(), "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    })
+}
+
+/// A framework's pod for gRPC group `group`: gangway's scheduler, the group annotation.
+fn framework_pod(name: &str, group: &str, cpu: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "annotations": {"gangway.io/group": group}},
+        "spec": {
+            "schedulerName": "gangway",
+            "containers": [{"name": "main", "image": "worker", "resources": {"requests": {"cpu": cpu}}}]
+        }
+    })
+}
+
+async fn start() -> Env {
+    let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
+    let api = ControlPlane::start(Options {
+        identities: vec![sa.clone()],
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("control plane starts: {e}"));
+    for ns in [NS, CHART_SA.0] {
+        api.ensure_namespace(ns).await.expect("namespace");
+    }
+    support::chart::apply_gangway_rbac(&api, "gangway", CHART_SA.0, CHART_SA.1).await;
+    for i in 0..NODES_N {
+        api.create(&NODES, node(&format!("node-{i}")))
+            .await
+            .expect("node");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = support::kube::gangway_on(&api, &sa.user, dir.path(), 2, &[], &[]).await;
+    let env = Env {
+        api,
+        cluster,
+        _dir: dir,
+    };
+    let cl = client(&env).await;
+    let deadline = Instant::now() + WAIT;
+    while cl.list_nodes(None).await.map(|n| n.len()).unwrap_or(0) < NODES_N {
+        assert!(Instant::now() < deadline, "the nodes never registered");
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    env
+}
+
+async fn client(env: &Env) -> gangway_client::Client {
+    let id = *env.cluster.live().first().expect("a live process");
+    support::client(&env.cluster, id).await
+}
+
+/// A gRPC group `name` of one gang of `n` members of `cpu` CPUs standing for pods
+/// `name-0..`, at `priority`.
+fn group(
+    name: &str,
+    n: u32,
+    cpu: &str,
+    priority: i32,
+) -> gangway_proto::v1::SubmitGangGroupRequest {
+    GangGroupBuilder::new(name)
+        .idempotency_key(name)
+        .gang(
+            GangBuilder::new(NS, name, n)
+                .priority(priority)
+                .kubernetes_pods(name, n, json!({"requests": {"cpu": cpu}})),
+        )
+        .build()
+}
+
+fn names(prefix: &str, n: u32) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+async fn create_pods(env: &Env, pods: &[String], group: &str, cpu: &str) {
+    for p in pods {
+        env.api
+            .create(&PODS, framework_pod(p, group, cpu))
+            .await
+            .unwrap_or_else(|e| panic!("pod {p}: {e}"));
+    }
+}
+
+/// Pod name → its node, for the live pods of the namespace that are bound.
+async fn bound(env: &Env) -> BTreeMap<String, String> {
+    let pods = env.api.list(&PODS, Some(NS)).await.unwrap_or_default();
+    pods.iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| {
+            Some((
+                p["metadata"]["name"].as_str()?.to_string(),
+                p["spec"]["nodeName"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Waits until every pod of `pods` is bound; answers where, and fails loudly with the
+/// group's status and the logs' warnings when they are not.
+async fn wait_bound(env: &Env, pods: &[String], group: u64) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = bound(env).await;
+        if pods.iter().all(|p| now.contains_key(p)) {
+            return now;
+        }
+        if Instant::now() > deadline {
+            let status = client(env).await.get(group).await;
+            let warnings: Vec<String> = (1..=3)
+                .flat_map(|id| {
+                    env.cluster
+                        .log(id)
+                        .lines()
+                        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                        .map(String::from)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            panic!("pods {pods:?} not all bound: bound {now:?}\ngroup: {status:#?}\nwarnings: {warnings:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// Watches `pods` for `NOT_BOUND_WATCH_MS`: none of them may bind.
+async fn stays_unbound(env: &Env, pods: &[String]) {
+    let until = Instant::now() + Duration::from_millis(NOT_BOUND_WATCH_MS);
+    while Instant::now() < until {
+        let now = bound(env).await;
+        let part: Vec<&String> = pods.iter().filter(|p| now.contains_key(*p)).collect();
+        assert!(part.is_empty(), "part of a gang was bound: {part:?}");
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// Waits until group `id`'s status satisfies `done`.
+async fn wait_status(
+    env: &Env,
+    id: u64,
+    what: &str,
+    mut done: impl FnMut(&GangGroupStatus) -> bool,
+) -> GangGroupStatus {
+    let deadline = Instant::now() + WAIT;
+    let cl = client(env).await;
+    loop {
+        let s = cl.get(id).await.expect("get");
+        if done(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}: the group stayed {s:#?}");
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// Each pod of `pods` is bound to the node its member was placed on.
+fn bound_where_placed(status: &GangGroupStatus, now: &BTreeMap<String, String>, pods: &[String]) {
+    let placed: BTreeMap<&str, &str> = status
+        .placements
+        .iter()
+        .map(|p| (p.member.as_str(), p.node.as_str()))
+        .collect();
+    for p in pods {
+        assert_eq!(
+            placed.get(p.as_str()).copied(),
+            now.get(p).map(String::as_str),
+            "{p} is bound where its member was placed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
+    let env = start().await;
+    let cl = client(&env).await;
+
+    // Pods created before the submission: bound, each where its member is.
+    let before = names("before", 16);
+    create_pods(&env, &before, "before", "1").await;
+    let g_before = cl
+        .submit(group("before", 16, "1", 0))
+        .await
+        .expect("submit before");
+    let now = wait_bound(&env, &before, g_before.id).await;
+    let status = wait_status(&env, g_before.id, "placed, bound, no reason", |s| {
+        s.state == "Placed" && s.reason.is_empty()
+    })
+    .await;
+    bound_where_placed(&status, &now, &before);
+
+    // Submitted first: placed, and waiting for its pods; 15 of 16 bind nothing.
+    let after = names("after", 16);
+    let g_after = cl
+        .submit(group("after", 16, "1", 0))
+        .await
+        .expect("submit after");
+    wait_status(&env, g_after.id, "waiting for every pod", |s| {
+        s.state == "Placed" && s.reason.contains("waiting for 16 of its 16 named pods")
+    })
+    .await;
+    create_pods(&env, &after[..15], "after", "1").await;
+    let waiting = wait_status(&env, g_after.id, "waiting for the last pod", |s| {
+        s.reason.contains("waiting for 1 of its 16 named pods")
+    })
+    .await;
+    assert!(
+        waiting.reason.contains("train/after-15"),
+        "{}",
+        waiting.reason
+    );
+    stays_unbound(&env, &after[..15]).await;
+    create_pods(&env, &after[15..], "after", "1").await;
+    let now = wait_bound(&env, &after, g_after.id).await;
+    let status = cl.get(g_after.id).await.expect("get after");
+    bound_where_placed(&status, &now, &after);
+
+    // The ingest left every named pod to its group: no group of its own for any.
+    let groups: BTreeSet<String> = cl
+        .list_groups(true)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(
+        groups,
+        BTreeSet::from(["before".to_string(), "after".to_string()])
+    );
+
+    // A bound pod deleted gives its member back; the rest stay placed.
+    for p in &before {
+        env.api.delete(&PODS, Some(NS), p).await.expect("delete");
+    }
+    wait_status(&env, g_before.id, "every member released", |s| {
+        s.placements.is_empty()
+    })
+    .await;
+
+    // A pod asking other than its member is refused, with a reason and an event; re-created
+    // right, the group binds.
+    let odd = names("odd", 2);
+    let g_odd = cl
+        .submit(group("odd", 2, "1", 0))
+        .await
+        .expect("submit odd");
+    create_pods(&env, &odd[..1], "odd", "1").await;
+    create_pods(&env, &odd[1..], "odd", "2").await;
+    let refused = wait_status(&env, g_odd.id, "the odd pod refused", |s| {
+        s.reason
+            .contains("pod train/odd-1 requests cpu=2, but its member asks cpu=1")
+    })
+    .await;
+    assert_eq!(refused.state, "Placed");
+    stays_unbound(&env, &odd).await;
+    let events = env.api.list(&EVENTS, Some(NS)).await.unwrap_or_default();
+    assert!(
+        events.iter().any(|e| e["involvedObject"]["name"] == "odd-1"
+            && e["reason"] == "FailedScheduling"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("requests cpu=2"))),
+        "an event on the refused pod"
+    );
+    env.api
+        .delete(&PODS, Some(NS), &odd[1])
+        .await
+        .expect("delete");
+    create_pods(&env, &odd[1..], "odd", "1").await;
+    wait_bound(&env, &odd, g_odd.id).await;
+    cl.release(g_odd.id).await.expect("release odd");
+    for p in &odd {
+        env.api.delete(&PODS, Some(NS), p).await.expect("delete");
+    }
+
+    // A group of higher priority that needs every node whole preempts the framework's
+    // gang: its pods are evicted, its watch stream ends Preempted naming the preemptor,
+    // and the preemptor's own named pods bind once the victims are gone.
+    let urgent = names("urgent", NODES_N as u32);
+    create_pods(&env, &urgent, "urgent", &NODE_CPUS.to_string()).await;
+    let watcher = {
+        let cl = client(&env).await;
+        let id = g_after.id;
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let last = cl
+                .watch_until(id, |s| {
+                    seen.push(s.state.clone());
+                    s.state == "Preempted"
+                })
+                .await;
+            (seen, last)
+        })
+    };
+    let g_urgent = cl
+        .submit(group("urgent", NODES_N as u32, &NODE_CPUS.to_string(), 100))
+        .await
+        .expect("submit urgent");
+    let Ok(watched) = tokio::time::timeout(WAIT, watcher).await else {
+        panic!(
+            "the watch did not report the preemption in time; the preemptor: {:#?}\nthe gang: {:?}\npreemption log: {}\nnodes: {:?}",
+            cl.get(g_urgent.id).await,
+            cl.get(g_after.id).await,
+            (1..=3).flat_map(|id| env.cluster.log(id).lines().filter(|l| l.contains("preempt")).map(String::from).collect::<Vec<_>>()).collect::<Vec<_>>().join("\n"),
+            cl.list_nodes(None).await.map(|nodes| nodes
+                .into_iter()
+                .map(|n| (n.node.map(|s| s.name), n.requested, n.pod_slots.into_iter().map(|p| (p.member, p.state)).collect::<Vec<_>>()))
+                .collect::<Vec<_>>())
+        );
+    };
+    let (seen, last) = watched.expect("the watcher");
+    let last = last.expect("the watch");
+    assert_eq!(last.state, "Preempted", "states seen: {seen:?}");
+    assert!(
+        last.reason.contains(&format!("gang group {}", g_urgent.id)),
+        "names the preemptor: {}",
+        last.reason
+    );
+    // The victims are evicted (terminating: no kubelet here); finish as kubelets would.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pods = env.api.list(&PODS, Some(NS)).await.unwrap_or_default();
+        let going = |name: &str| {
+            pods.iter()
+                .find(|p| p["metadata"]["name"] == name)
+                .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        };
+        if after.iter().all(|p| going(p)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the preempted gang's pods were not all evicted"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    for p in &after {
+        let _ = env.api.delete(&PODS, Some(NS), p).await;
+    }
+    let now = wait_bound(&env, &urgent, g_urgent.id).await;
+    let nodes: BTreeSet<&String> = urgent.iter().filter_map(|p| now.get(p)).collect();
+    assert_eq!(nodes.len(), NODES_N, "one urgent pod per node: {now:?}");
+}
