@@ -5,7 +5,8 @@
 //! gang whose pods are only partly created binds nothing and says which it waits for;
 //! a pod asking other than its member is refused with a reason and an event, and binds
 //! once re-created right; the ingest never submits the named pods as groups of their
-//! own; a bound pod deleted gives its member back; and a higher-priority group preempts
+//! own; a bound pod deleted gives its member back; a group released before its pods
+//! come binds none of them; and a higher-priority group preempts
 //! a framework's gang whole: its pods are evicted and its watch stream says Preempted,
 //! naming the preemptor.
 
@@ -318,6 +319,24 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     wait_bound(&env, &odd, g_odd.id).await;
     cl.release(g_odd.id).await.expect("release odd");
     for p in &odd {
+        env.api.delete(&PODS, Some(NS), p).await.expect("delete");
+    }
+
+    // A group released before its pods exist binds none of them once they come, and the
+    // ingest still leaves them alone (they name a group, not a gang of their own).
+    let late = names("late", 2);
+    let g_late = cl.submit(group("late", 2, "1", 0)).await.expect("submit late");
+    wait_status(&env, g_late.id, "placed", |s| s.state == "Placed").await;
+    cl.release(g_late.id).await.expect("release late");
+    wait_status(&env, g_late.id, "released", |s| s.state == "Released").await;
+    create_pods(&env, &late, "late", "1").await;
+    stays_unbound(&env, &late).await;
+    let groups = cl.list_groups(true).await.expect("list");
+    assert!(
+        groups.iter().all(|g| !g.gangs.iter().any(|n| n.starts_with("train/late-"))),
+        "no group of the ingest's for a framework's pod: {groups:?}"
+    );
+    for p in &late {
         env.api.delete(&PODS, Some(NS), p).await.expect("delete");
     }
 
