@@ -20,7 +20,7 @@ use gangway_proto::v1::{
     DeviceListAck, DeviceListReport, GangGroupRef, GangGroupStatus, GetNodeRequest,
     HeartbeatRequest, ListGangGroupsReply, ListGangGroupsRequest, ListNodesRequest,
     ListShardsRequest, NodeInfo, NodeSpec, RegisterNodeRequest, ReleaseMembersRequest, ShardInfo,
-    SubmitGangGroupRequest,
+    SubmitGangGroupRequest, WatchGangGroupRequest, WatchGangGroupsRequest,
 };
 use std::path::Path;
 
@@ -547,7 +547,10 @@ impl Client {
     ) -> Result<GangGroupStatus, ClientError> {
         let mut stream = self
             .scheduler()
-            .watch_gang_group(GangGroupRef { id })
+            .watch_gang_group(WatchGangGroupRequest {
+                id,
+                after_version: 0,
+            })
             .await?
             .into_inner();
         let mut last = None;
@@ -564,6 +567,42 @@ impl Client {
                 "the watch ended before any status",
             ))),
         }
+    }
+
+    /// The statuses of one gang group from after `after_version` (0: its current
+    /// status first), then each change until it ends: a caller that reconnects with the
+    /// last version it received, to any replica, gets what changed meanwhile and nothing
+    /// twice.
+    pub async fn watch(
+        &self,
+        id: u64,
+        after_version: u64,
+    ) -> Result<tonic::Streaming<GangGroupStatus>, ClientError> {
+        Ok(self
+            .scheduler()
+            .watch_gang_group(WatchGangGroupRequest { id, after_version })
+            .await?
+            .into_inner())
+    }
+
+    /// Every change of the gang groups of `namespace` and `queue` (empty: any) after
+    /// `after_version` (0: first every group gangway keeps), as it comes; resumed from the
+    /// last status's version as [`Client::watch`] is.
+    pub async fn watch_groups(
+        &self,
+        namespace: &str,
+        queue: &str,
+        after_version: u64,
+    ) -> Result<tonic::Streaming<GangGroupStatus>, ClientError> {
+        Ok(self
+            .scheduler()
+            .watch_gang_groups(WatchGangGroupsRequest {
+                namespace: namespace.to_string(),
+                queue: queue.to_string(),
+                after_version,
+            })
+            .await?
+            .into_inner())
     }
 
     /// Cancels a gang group; whatever it holds is released.

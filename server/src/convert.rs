@@ -10,7 +10,7 @@ use gangway_proto::admin::{QueueSpec as ApiQueueSpec, QueueStatus as ApiQueueSta
 use gangway_proto::v1::{
     AllocationDevice as ApiAllocationDevice, AllocationMount as ApiAllocationMount, DeviceInfo,
     GangGroupStatus, MemberPlacement, NodeAllocation as ApiNodeAllocation, NodeInfo, NodePod,
-    NodeSpec, PlacedDevice, Taint,
+    NodeSpec, PlacedDevice, PreemptionNotice, Taint,
 };
 
 use gangway_core::ledger::devices::{AgentLink, DeviceHealth};
@@ -272,6 +272,11 @@ pub fn group_status(r: &GroupSummary) -> GangGroupStatus {
         queue: r.queue.clone(),
         owner: r.owner.clone(),
         spread: Vec::new(),
+        preempted: r.preempted.as_ref().map(|p| PreemptionNotice {
+            by: p.by,
+            members: p.members.clone(),
+            at_ms: p.at_ms,
+        }),
     }
 }
 

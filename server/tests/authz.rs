@@ -19,7 +19,7 @@ use gangway_proto::raft::raft_transport_client::RaftTransportClient;
 use gangway_proto::raft::{Envelope, RaftRequest};
 use gangway_proto::v1::{
     DeviceListReport, GangGroupRef, HeartbeatRequest, ListGangGroupsRequest, RegisterNodeRequest,
-    ReleaseMembersRequest,
+    ReleaseMembersRequest, WatchGangGroupRequest,
 };
 use support::matrix::{self, gang, submission, Caller, Role, NODE_A, TEAM_A, TEAM_B};
 use support::pki::Pki;
@@ -743,7 +743,13 @@ async fn exhaustion_is_refused_within_its_bounds() {
     let answers: Vec<_> = futures::stream::iter(0..2_000)
         .map(|_| {
             let mut s = a.scheduler();
-            async move { s.watch_gang_group(GangGroupRef { id: group }).await }
+            async move {
+                s.watch_gang_group(WatchGangGroupRequest {
+                    id: group,
+                    after_version: 0,
+                })
+                .await
+            }
         })
         .buffer_unordered(64)
         .collect()

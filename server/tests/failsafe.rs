@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gangway_proto::v1::RegisterNodeRequest;
+use gangway_proto::v1::{RegisterNodeRequest, WatchGangGroupRequest};
 use support::{list_names, node, Cluster};
 
 /// Size of the filesystem the test makes for one replica's data dir.
@@ -195,7 +195,7 @@ async fn exit_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
     use gangway_proto::v1::scheduler_client::SchedulerClient;
-    use gangway_proto::v1::{GangGroupRef, GangSpec, MemberSpec, SubmitGangGroupRequest};
+    use gangway_proto::v1::{GangSpec, MemberSpec, SubmitGangGroupRequest};
 
     let mut c = Cluster::start(3, 1);
     c.wait_ready(&[1, 2, 3], Duration::from_secs(30)).await;
@@ -249,7 +249,10 @@ async fn sigterm_under_load_with_open_streams_exits_within_the_bound() {
     let mut watches = Vec::new();
     for _ in 0..4 {
         let mut stream = scheduler
-            .watch_gang_group(GangGroupRef { id: queued.id })
+            .watch_gang_group(WatchGangGroupRequest {
+                id: queued.id,
+                after_version: 0,
+            })
             .await
             .expect("watch")
             .into_inner();

@@ -325,7 +325,10 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     // A group released before its pods exist binds none of them once they come, and the
     // ingest still leaves them alone (they name a group, not a gang of their own).
     let late = names("late", 2);
-    let g_late = cl.submit(group("late", 2, "1", 0)).await.expect("submit late");
+    let g_late = cl
+        .submit(group("late", 2, "1", 0))
+        .await
+        .expect("submit late");
     wait_status(&env, g_late.id, "placed", |s| s.state == "Placed").await;
     cl.release(g_late.id).await.expect("release late");
     wait_status(&env, g_late.id, "released", |s| s.state == "Released").await;
@@ -333,7 +336,9 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     stays_unbound(&env, &late).await;
     let groups = cl.list_groups(true).await.expect("list");
     assert!(
-        groups.iter().all(|g| !g.gangs.iter().any(|n| n.starts_with("train/late-"))),
+        groups
+            .iter()
+            .all(|g| !g.gangs.iter().any(|n| n.starts_with("train/late-"))),
         "no group of the ingest's for a framework's pod: {groups:?}"
     );
     for p in &late {
@@ -383,6 +388,14 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
         "names the preemptor: {}",
         last.reason
     );
+    let notice = last.preempted.as_ref().expect("a preemption notice");
+    assert_eq!(notice.by, g_urgent.id);
+    assert_eq!(
+        notice.members.len(),
+        after.len(),
+        "which members: {notice:?}"
+    );
+    assert!(notice.at_ms >= g_urgent.submitted_at_ms, "when: {notice:?}");
     // The victims are evicted (terminating: no kubelet here); finish as kubelets would.
     let deadline = Instant::now() + WAIT;
     loop {

@@ -124,6 +124,12 @@ pub const WATCH_GROUP: Rpc = rpc(
     Verb::Watch,
     Resource::GangGroups,
 );
+/// Scheduler.WatchGangGroups.
+pub const WATCH_GROUPS: Rpc = rpc(
+    "Scheduler/WatchGangGroups",
+    Verb::Watch,
+    Resource::GangGroups,
+);
 /// Scheduler.CancelGangGroup.
 pub const CANCEL_GROUP: Rpc = rpc(
     "Scheduler/CancelGangGroup",
@@ -196,10 +202,11 @@ pub const STATE_HASHES: Rpc = rpc("Admin/Status+stateHash", Verb::Get, Resource:
 
 /// Every client RPC (the Raft transport serves replicas only and is not here), and the
 /// state hashes of Admin.Status as one more.
-pub const RPCS: [Rpc; 29] = [
+pub const RPCS: [Rpc; 30] = [
     SUBMIT,
     GET_GROUP,
     WATCH_GROUP,
+    WATCH_GROUPS,
     CANCEL_GROUP,
     RELEASE_GROUP,
     RELEASE_MEMBERS,

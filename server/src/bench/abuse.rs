@@ -26,7 +26,7 @@ use gangway_proto::admin::admin_client::AdminClient;
 use gangway_proto::admin::shards_client::ShardsClient;
 use gangway_proto::admin::{ChangeMembershipRequest, GrowShardsRequest, StatusRequest};
 use gangway_proto::v1::scheduler_client::SchedulerClient;
-use gangway_proto::v1::{GangGroupRef, SubmitGangGroupRequest};
+use gangway_proto::v1::{SubmitGangGroupRequest, WatchGangGroupRequest};
 use serde_json::json;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -218,7 +218,12 @@ async fn open_watches(
         SchedulerClient::with_interceptor(ch.clone(), Bearer(ATTACKER.into()));
     let mut open = Vec::new();
     for _ in 0..WATCHES_ASKED {
-        let r = scheduler.watch_gang_group(GangGroupRef { id: group }).await;
+        let r = scheduler
+            .watch_gang_group(WatchGangGroupRequest {
+                id: group,
+                after_version: 0,
+            })
+            .await;
         answers.note(&r);
         if let Ok(stream) = r {
             open.push(stream.into_inner());

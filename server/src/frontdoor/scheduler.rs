@@ -15,7 +15,8 @@ use gangway_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use gangway_proto::v1::{
     DomainSpread, GangGroupRef, GangGroupStatus, GangSpec, ListGangGroupsReply,
     ListGangGroupsRequest, ListShardsReply, ListShardsRequest, MemberPlacement,
-    ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest, TopologySpec,
+    ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest, TopologySpec, WatchGangGroupRequest,
+    WatchGangGroupsRequest,
 };
 use gangway_raft::{GroupChanges, META_GROUP};
 use tokio_stream::Stream;
@@ -60,6 +61,12 @@ pub const WATCH_CONFIRM_MS: u64 = 50;
 pub const WATCH_GAP_MS: u64 = 2;
 /// Status updates buffered per watcher.
 pub const WATCH_BUFFER: usize = 16;
+/// Changed groups one read of a many-group watch takes (it reads again at once when
+/// more changed).
+pub const WATCH_MANY_PAGE: u32 = 1_000;
+/// A many-group watch reads changes at least this often even without a local apply, in
+/// ms (as [`WATCH_CONFIRM_MS`], but one such watch follows many groups, so less often).
+pub const WATCH_MANY_CONFIRM_MS: u64 = 500;
 /// Longest `ListShards` waits for one shard's capacity, in ms (0 is shown without it).
 pub const SHARD_READ_TIMEOUT_MS: u64 = 500;
 
@@ -513,6 +520,99 @@ impl SchedulerService {
     }
 }
 
+/// A watch of every group of a namespace or queue (`WatchGangGroups`), as its task
+/// runs it: reads meta's changes after the last version sent, sends those the caller may
+/// see and asked for, then waits for the next apply.
+struct ManyWatch {
+    groups: Groups,
+    access: Access,
+    who: Principal,
+    namespace: String,
+    queue: String,
+}
+
+impl ManyWatch {
+    /// Whether `g` is one of the groups asked for.
+    fn wanted(&self, g: &GroupSummary) -> bool {
+        let in_namespace =
+            self.namespace.is_empty() || group_namespaces(g).contains(&self.namespace.as_str());
+        let in_queue = self.queue.is_empty() || g.queue == self.queue;
+        in_namespace && in_queue
+    }
+
+    /// Sends every change after `after` until the caller leaves or a read fails for good.
+    async fn run(
+        self,
+        mut after: u64,
+        mut changes: GroupChanges,
+        tx: tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
+    ) {
+        loop {
+            let read = self
+                .groups
+                .meta_query(&MetaQuery::ChangedSince {
+                    after,
+                    limit: WATCH_MANY_PAGE,
+                })
+                .await;
+            let (changed, stamp, more) = match read {
+                Ok(MetaReply::Changed {
+                    groups,
+                    stamp,
+                    more,
+                    ..
+                }) => (groups, stamp, more),
+                Ok(other) => {
+                    let e = Status::internal(format!("unexpected meta reply {other:?}"));
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Err(e) if e.to_status().code() == tonic::Code::Unavailable => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(WATCH_MANY_CONFIRM_MS)) => continue,
+                        _ = tx.closed() => return,
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_status())).await;
+                    return;
+                }
+            };
+            for g in changed.iter().filter(|g| self.wanted(g)) {
+                match self
+                    .access
+                    .may_touch_group(&self.who, Verb::List, &g.owner, &group_namespaces(g))
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+                if tx.send(Ok(crate::convert::group_status(g))).await.is_err() {
+                    return;
+                }
+            }
+            after = after.max(stamp);
+            if more {
+                continue;
+            }
+            tokio::select! {
+                alive = changes.changed() => {
+                    if !alive {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(WATCH_GAP_MS)).await;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(WATCH_MANY_CONFIRM_MS)) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    }
+}
+
 /// A meta reply about one group as the API shows it.
 fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     match reply {
@@ -841,15 +941,18 @@ async fn watch_group(
     groups: Groups,
     seq: GroupSeq,
     first: GroupSummary,
+    after_version: u64,
     mut changes: GroupChanges,
     tx: tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
 ) {
     let mut version = first.version;
     let mut done = first.state.is_terminal();
-    if tx
-        .send(Ok(crate::convert::group_status(&first)))
-        .await
-        .is_err()
+    // A client resuming from `after_version` already has every status up to it.
+    if first.version > after_version
+        && tx
+            .send(Ok(crate::convert::group_status(&first)))
+            .await
+            .is_err()
     {
         return;
     }
@@ -943,10 +1046,13 @@ impl Scheduler for SchedulerService {
 
     async fn watch_gang_group(
         &self,
-        request: Request<GangGroupRef>,
+        request: Request<WatchGangGroupRequest>,
     ) -> Result<Response<StatusStream>, Status> {
         let admitted = self.access.begin(&request, access::WATCH_GROUP).await?;
-        let seq = request.into_inner().id;
+        let WatchGangGroupRequest {
+            id: seq,
+            after_version,
+        } = request.into_inner();
         let first = self
             .record_for(&admitted.principal, Verb::Watch, seq)
             .await?;
@@ -964,7 +1070,48 @@ impl Scheduler for SchedulerService {
         tokio::spawn(async move {
             // The slot is held as long as the stream is open.
             let _slot = slot;
-            watch_group(groups, seq, first, changes, tx).await;
+            watch_group(groups, seq, first, after_version, changes, tx).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type WatchGangGroupsStream = StatusStream;
+
+    async fn watch_gang_groups(
+        &self,
+        request: Request<WatchGangGroupsRequest>,
+    ) -> Result<Response<StatusStream>, Status> {
+        let admitted = self.access.begin(&request, access::WATCH_GROUPS).await?;
+        let req = request.into_inner();
+        if !req.namespace.is_empty() {
+            gangway_core::model::names::validate_dns_label(
+                &gangway_core::model::FieldPath::new("namespace"),
+                &req.namespace,
+            )
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        }
+        let slot = self
+            .streams
+            .open(admitted.principal.name())
+            .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let changes = self
+            .groups
+            .host()
+            .changes(META_GROUP)
+            .map_err(|e| GroupError::from(e).to_status())?;
+        let watch = ManyWatch {
+            groups: self.groups.clone(),
+            access: self.access.clone(),
+            who: admitted.principal.clone(),
+            namespace: req.namespace,
+            queue: req.queue,
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            watch.run(req.after_version, changes, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

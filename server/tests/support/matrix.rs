@@ -24,7 +24,8 @@ use gangway_proto::v1::scheduler_client::SchedulerClient;
 use gangway_proto::v1::{
     DeviceListReport, GangGroupRef, GetNodeRequest, HeartbeatRequest, ListGangGroupsRequest,
     ListNodesRequest, ListShardsRequest, NodeAllocation, RegisterNodeRequest,
-    ReleaseMembersRequest, ReportAllocationRequest, SubmitGangGroupRequest,
+    ReleaseMembersRequest, ReportAllocationRequest, SubmitGangGroupRequest, WatchGangGroupRequest,
+    WatchGangGroupsRequest,
 };
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
@@ -98,7 +99,12 @@ pub fn expected(method: &str, role: Role, by: Authority) -> Outcome {
     }
     // RBAC grants listing per namespace, and a listing names none: every Kubernetes user
     // lists, and sees the groups of the namespaces it may list in (none, for an agent).
-    if by == Authority::Kubernetes && method == "Scheduler/ListGangGroups" {
+    if by == Authority::Kubernetes
+        && matches!(
+            method,
+            "Scheduler/ListGangGroups" | "Scheduler/WatchGangGroups"
+        )
+    {
         return A;
     }
     let allowed: &[Role] = match method {
@@ -107,7 +113,9 @@ pub fn expected(method: &str, role: Role, by: Authority) -> Outcome {
         "Scheduler/CancelGangGroup" | "Scheduler/ReleaseGangGroup" | "Scheduler/ReleaseMembers" => {
             &[Admin, TenantA]
         }
-        "Scheduler/ListGangGroups" => &[Admin, TenantA, TenantB, Viewer],
+        "Scheduler/ListGangGroups" | "Scheduler/WatchGangGroups" => {
+            &[Admin, TenantA, TenantB, Viewer]
+        }
         "Scheduler/ListShards" => &[Admin, Viewer],
         "Inventory/RegisterNode"
         | "Inventory/Heartbeat"
@@ -272,10 +280,23 @@ pub async fn call(method: &str, role: Role, c: &Caller, group: u64) -> Result<()
             )
         }
         "Scheduler/GetGangGroup" => done(c.scheduler().get_gang_group(r).await),
-        "Scheduler/WatchGangGroup" => match c.scheduler().watch_gang_group(r).await {
+        "Scheduler/WatchGangGroup" => match c
+            .scheduler()
+            .watch_gang_group(WatchGangGroupRequest {
+                id: group,
+                after_version: 0,
+            })
+            .await
+        {
             Ok(stream) => stream.into_inner().message().await.map(|_| ()),
             Err(s) => Err(s),
         },
+        // Refused at the call; a stream opened may wait for a group the caller sees.
+        "Scheduler/WatchGangGroups" => done(
+            c.scheduler()
+                .watch_gang_groups(WatchGangGroupsRequest::default())
+                .await,
+        ),
         "Scheduler/CancelGangGroup" => done(c.scheduler().cancel_gang_group(r).await),
         "Scheduler/ReleaseGangGroup" => done(c.scheduler().release_gang_group(r).await),
         "Scheduler/ReleaseMembers" => done(

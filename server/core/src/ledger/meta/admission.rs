@@ -108,6 +108,7 @@ impl MetaState {
             charge: Resources::zero(),
             parked_at_ms: None,
             placed_at_ms: None,
+            preempted: None,
         };
         record.bump(&mut self.last_version);
         if !record.group.owner.is_empty() {

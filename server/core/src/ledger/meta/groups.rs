@@ -197,6 +197,9 @@ pub struct GroupSummary {
     /// Who submitted it (empty: the Kubernetes ingest, or an unauthenticated caller).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
+    /// For a group that ended `Preempted`: by whom, which members, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted: Option<PreemptionNotice>,
 }
 
 impl GroupSummary {
@@ -223,6 +226,7 @@ impl GroupSummary {
             members: r.group.gangs.iter().map(|g| g.members.len() as u32).sum(),
             queue: r.group.queue.clone(),
             owner: r.group.owner.clone(),
+            preempted: r.preempted.clone(),
         }
     }
 }
@@ -274,6 +278,23 @@ pub struct GroupRecord {
     /// limit, when it is expected to end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placed_at_ms: Option<u64>,
+    /// For a group that ended `Preempted`: by whom, which members, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted: Option<PreemptionNotice>,
+}
+
+/// What a preemption took from a group: the framework watching it learns which of its
+/// members were evicted, by whom and when, whenever it reads the group after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionNotice {
+    /// The preemptor.
+    pub by: GroupSeq,
+    /// The preemption's transaction.
+    pub txn: TxnId,
+    /// The members evicted (`namespace/gang/member`), in key order.
+    pub members: Vec<String>,
+    /// When the preemption was decided (the leader's clock).
+    pub at_ms: u64,
 }
 
 impl GroupRecord {

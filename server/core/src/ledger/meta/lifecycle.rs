@@ -378,7 +378,7 @@ impl MetaState {
         for txn in aborted {
             if let Some(t) = self.txns.get_mut(&txn) {
                 let unacked = std::mem::take(&mut t.unacked);
-                self.settle_victims(txn);
+                self.settle_victims(txn, None);
                 if let Some(t) = self.txns.get_mut(&txn) {
                     t.unacked = unacked;
                 }

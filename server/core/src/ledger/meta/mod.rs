@@ -43,8 +43,8 @@ use serde::{Deserialize, Serialize};
 
 pub use decisions::{Decision, TxnRecord, Undelivered};
 pub use groups::{
-    GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, SubmittedPods,
-    Terminal,
+    GroupRecord, GroupSeq, GroupState, GroupSummary, PlacedDevice, Placement, PreemptionNotice,
+    SubmittedPods, Terminal,
 };
 pub use index::ChangeStamps;
 pub use messages::{

@@ -200,10 +200,13 @@ impl MetaState {
     /// until then a participant still holds their room displaced, and a release that
     /// reached it first would find nothing to free. Victims no longer `Preempting` for
     /// `txn` are left as they are.
-    pub(super) fn settle_victims(&mut self, txn: TxnId) {
+    /// `at_ms` is the decision's time, when the caller is the decision (a victim's
+    /// notice says when it was preempted; else the transaction's start).
+    pub(super) fn settle_victims(&mut self, txn: TxnId, at_ms: Option<u64>) {
         let Some(t) = self.txns.get(&txn) else {
             return;
         };
+        let at_ms = at_ms.unwrap_or(t.began_at_ms);
         let decision = match t.decision {
             Some(Decision::Commit) => Decision::Commit,
             Some(Decision::Abort) if t.unacked.is_empty() => Decision::Abort,
@@ -237,6 +240,12 @@ impl MetaState {
                     g.state = GroupState::Done {
                         how: Terminal::Preempted,
                     };
+                    g.preempted = Some(PreemptionNotice {
+                        by,
+                        txn,
+                        members: g.placements.to_map().into_keys().collect(),
+                        at_ms,
+                    });
                     g.placements.clear();
                     g.reason = format!("preempted by gang group {by} ({txn})");
                 }
@@ -364,7 +373,7 @@ impl MetaState {
                 );
             }
         }
-        self.settle_victims(txn);
+        self.settle_victims(txn, Some(at_ms));
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
     }
@@ -378,7 +387,7 @@ impl MetaState {
         };
         record.unacked.retain(|s| !shards.contains(s));
         self.note_delivery(txn);
-        self.settle_victims(txn);
+        self.settle_victims(txn, None);
         self.forget_old_txns();
         MetaReply::Decided { txn, decision }
     }
