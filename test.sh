@@ -13,7 +13,9 @@
 #   - xz (Debian xz-utils) when those are compressed;
 #   - headless Chromium and ChromeDriver for the web view's browser test (Debian chromium,
 #     chromium-driver; or GANGWAY_CHROMIUM / GANGWAY_CHROMEDRIVER naming them);
-#   - root: a fail-safe test mounts a small tmpfs to fill a replica's disk.
+#   - root: a fail-safe test mounts a small tmpfs to fill a replica's disk;
+#   - Python 3.9+ with pip, and the package registry (PyPI) for the Python client's
+#     dependencies (installed here).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -74,6 +76,13 @@ if ! executable "$chromedriver"; then
   fi
 fi
 
+# The Python client's tests and the example framework (server/tests/python_client.rs,
+# server/tests/example_job.rs) run the package installed from client/python.
+python="${GANGWAY_PYTHON:-python3}"
+if ! command -v "$python" >/dev/null || ! "$python" -m pip --version >/dev/null 2>&1; then
+  problems+=("Python 3.9+ with pip (${python}): the Python client's tests install client/python with it (Debian python3, python3-pip)")
+fi
+
 if ! $is_root; then
   problems+=("root: server/tests/failsafe.rs mounts a 48 MiB tmpfs to fill a replica's disk; run as root (e.g. sudo -E ./test.sh)")
 fi
@@ -95,6 +104,11 @@ if [ ${#problems[@]} -gt 0 ]; then
   } >&2
   exit 2
 fi
+
+# From PyPI: grpcio and protobuf (the client), kubernetes (the example framework); the
+# client's stubs are generated from proto/ as it is built.
+echo "test.sh: installing the Python client (pip install ./client/python)" >&2
+"$python" -m pip install --quiet --disable-pip-version-check ./client/python -r client/python/examples/requirements.txt
 
 export GANGWAY_K8S_ASSETS="$assets"
 echo "test.sh: control plane from $GANGWAY_K8S_ASSETS; Chromium $chromium" >&2

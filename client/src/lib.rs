@@ -807,7 +807,7 @@ fn new_idempotency_key(name: &str) -> String {
 }
 
 /// States in which a gang group has ended.
-pub const TERMINAL_STATES: [&str; 3] = ["Released", "Cancelled", "TimedOut"];
+pub const TERMINAL_STATES: [&str; 4] = ["Released", "Cancelled", "TimedOut", "Preempted"];
 
 #[cfg(test)]
 mod tests;
