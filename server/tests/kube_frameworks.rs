@@ -8,11 +8,14 @@
 //! own; a bound pod deleted gives its member back; a group released before its pods
 //! come binds none of them; and a higher-priority group preempts
 //! a framework's gang whole: its pods are evicted and its watch stream says Preempted,
-//! naming the preemptor.
+//! naming the preemptor. And the example framework (`client/python/examples/batch_job.py`)
+//! runs a job end to end: creates its pods, submits the group, sees them bound, and
+//! cleans up when its workers succeed, and when its job is preempted.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gangway_client::spec::{GangBuilder, GangGroupBuilder};
@@ -35,10 +38,16 @@ const WAIT: Duration = Duration::from_secs(60);
 const NODES_N: usize = 6;
 const NODE_CPUS: u32 = 8;
 
+/// One control plane at a time: each is a few hundred MB and a core while it starts.
+static KUBE_SERIAL: Mutex<()> = Mutex::new(());
+/// The longest the example job may run.
+const EXAMPLE_TIMEOUT_S: u64 = 120;
+
 struct Env {
     api: ControlPlane,
     cluster: Cluster,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    _serial: MutexGuard<'static, ()>,
 }
 
 fn node(name: &str) -> Value {
@@ -64,6 +73,7 @@ fn framework_pod(name: &str, group: &str, cpu: &str) -> Value {
 }
 
 async fn start() -> Env {
+    let serial = KUBE_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sa = gangway_kube_env::Identity::service_account(CHART_SA.0, CHART_SA.1);
     let api = ControlPlane::start(Options {
         identities: vec![sa.clone()],
@@ -85,7 +95,8 @@ async fn start() -> Env {
     let env = Env {
         api,
         cluster,
-        _dir: dir,
+        dir,
+        _serial: serial,
     };
     let cl = client(&env).await;
     let deadline = Instant::now() + WAIT;
@@ -420,4 +431,152 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     let now = wait_bound(&env, &urgent, g_urgent.id).await;
     let nodes: BTreeSet<&String> = urgent.iter().filter_map(|p| now.get(p)).collect();
     assert_eq!(nodes.len(), NODES_N, "one urgent pod per node: {now:?}");
+}
+
+/// Runs the example framework for job `name` of `workers` workers of `cpu` CPUs at
+/// `priority`, against `env`'s gangway replicas and API server (as the admin).
+fn example_job(
+    env: &Env,
+    name: &str,
+    workers: u32,
+    cpu: &str,
+    priority: i32,
+) -> tokio::process::Child {
+    let kubeconfig = env.dir.path().join("admin.kubeconfig");
+    env.api
+        .write_kubeconfig(&kubeconfig, gangway_kube_env::ADMIN_USER)
+        .expect("kubeconfig");
+    let endpoints: Vec<String> = env
+        .cluster
+        .live()
+        .iter()
+        .map(|id| format!("http://{}", env.cluster.procs[id].grpc))
+        .collect();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../client/python/examples/batch_job.py");
+    let python = std::env::var("GANGWAY_PYTHON").unwrap_or_else(|_| "python3".into());
+    tokio::process::Command::new(python)
+        .arg(script)
+        .args(["--gangway", &endpoints.join(",")])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--namespace", NS, "--name", name, "--cpu", cpu])
+        .args([
+            "--workers",
+            &workers.to_string(),
+            "--priority",
+            &priority.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example runs (python3 with client/python installed: ./test.sh)")
+}
+
+/// Waits for the example to end; answers its exit code and what it printed.
+async fn example_ends(job: tokio::process::Child) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(EXAMPLE_TIMEOUT_S),
+        job.wait_with_output(),
+    )
+    .await
+    .expect("the example ends in time")
+    .expect("the example's output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// The id of the group named `name` once gangway has it.
+async fn group_id(env: &Env, name: &str) -> u64 {
+    let cl = client(env).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let groups = cl.list_groups(true).await.unwrap_or_default();
+        if let Some(g) = groups.iter().find(|g| g.name == name) {
+            return g.id;
+        }
+        assert!(Instant::now() < deadline, "no group {name}: {groups:?}");
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// Acts as the kubelets would: the pods ran and exited 0.
+async fn succeed(env: &Env, pods: &[String]) {
+    for p in pods {
+        let patch = json!({"status": {"phase": "Succeeded"}});
+        env.api
+            .call(
+                http::Method::PATCH,
+                &format!("/api/v1/namespaces/{NS}/pods/{p}/status"),
+                "application/merge-patch+json",
+                Some(&patch),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{p} succeeded: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_framework_runs_a_job_end_to_end_and_cleans_up_after_preemption() {
+    let env = start().await;
+    let cl = client(&env).await;
+
+    // A job of 4 workers: pods created, group submitted, every pod bound; its workers
+    // succeed (as kubelets would say), and it releases the group and deletes the pods.
+    let job = example_job(&env, "job-1", 4, "2", 0);
+    let id = group_id(&env, "job-1").await;
+    let workers = names("job-1", 4);
+    let now = wait_bound(&env, &workers, id).await;
+    bound_where_placed(&cl.get(id).await.expect("get"), &now, &workers);
+    succeed(&env, &workers).await;
+    let (code, said) = example_ends(job).await;
+    assert_eq!(code, Some(0), "the job succeeded: {said}");
+    assert!(
+        said.contains("every worker bound") && said.contains("every worker succeeded"),
+        "{said}"
+    );
+    assert_eq!(cl.get(id).await.expect("get").state, "Released");
+    let left: Vec<String> = bound(&env)
+        .await
+        .into_keys()
+        .filter(|p| p.starts_with("job-1-"))
+        .collect();
+    assert!(left.is_empty(), "its pods deleted: {left:?}");
+
+    // A job filling every node is preempted by a group of higher priority: the example
+    // sees it on its watch, deletes its pods and says so.
+    let job = example_job(&env, "job-2", NODES_N as u32, &NODE_CPUS.to_string(), 0);
+    let id = group_id(&env, "job-2").await;
+    wait_bound(&env, &names("job-2", NODES_N as u32), id).await;
+    let urgent = GangGroupBuilder::new("urgent-plain")
+        .gang(
+            GangBuilder::new(NS, "urgent-plain", NODES_N as u32)
+                .priority(100)
+                .members(
+                    "u",
+                    NODES_N as u32,
+                    json!({"requests": {"cpu": NODE_CPUS.to_string()}}),
+                ),
+        )
+        .build();
+    let urgent = cl.submit(urgent).await.expect("submit the preemptor");
+    let (code, said) = example_ends(job).await;
+    assert_eq!(code, Some(3), "the job was preempted: {said}");
+    assert!(
+        said.contains(&format!("preempted by gang group {}", urgent.id)),
+        "{said}"
+    );
+    // Its pods went (evicted or deleted; no kubelet finishes a graceful deletion here).
+    for p in names("job-2", NODES_N as u32) {
+        let _ = env.api.delete(&PODS, Some(NS), &p).await;
+    }
+    wait_status(&env, urgent.id, "the preemptor placed", |s| {
+        s.state == "Placed"
+    })
+    .await;
 }
