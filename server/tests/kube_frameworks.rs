@@ -431,6 +431,13 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     let now = wait_bound(&env, &urgent, g_urgent.id).await;
     let nodes: BTreeSet<&String> = urgent.iter().filter_map(|p| now.get(p)).collect();
     assert_eq!(nodes.len(), NODES_N, "one urgent pod per node: {now:?}");
+    // Bound, it still says whom it preempted (the binder clears only its own reasons).
+    let urgent_now = cl.get(g_urgent.id).await.expect("get urgent");
+    assert!(
+        urgent_now.reason.contains(&format!("preempting gang groups {}", g_after.id)),
+        "{}",
+        urgent_now.reason
+    );
 }
 
 /// Runs the example framework for job `name` of `workers` workers of `cpu` CPUs at

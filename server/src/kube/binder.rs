@@ -500,7 +500,9 @@ impl Ctx {
             |key| placements.get(&key.to_string()).map(|p| p.node.clone()),
         );
         let reason = match &verdict {
-            NamedPods::Ready(_) => "",
+            // Ready: only a reason of the binder's own is cleared.
+            NamedPods::Ready(_) if record.reason.starts_with(named_pods::REASON_PREFIX) => "",
+            NamedPods::Ready(_) => record.reason.as_str(),
             NamedPods::Waiting(why) => why.as_str(),
             NamedPods::Refused { why, .. } => why.as_str(),
         };

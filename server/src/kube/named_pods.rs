@@ -24,6 +24,11 @@ use gangway_core::model::{MemberKey, Resources};
 /// The annotation a framework's pod carries: the name of the gRPC group that names it.
 pub const ANNOTATION_GROUP: &str = "gangway.io/group";
 
+/// How a group's reason starts while its named pods hold its binding back: the binder
+/// clears only such a reason once they are ready (a placed group's other reasons, such as
+/// whom it preempted, stay).
+pub const REASON_PREFIX: &str = "not bound yet: ";
+
 /// Named pods of one group listed in a reason, at most (the rest are counted).
 pub const REASON_PODS_MAX: usize = 3;
 
@@ -89,7 +94,7 @@ pub fn check(
                 PodCheck::Refused(why) => {
                     return NamedPods::Refused {
                         why: format!(
-                        "pod {at} {why}; none of the group's pods is bound until it is replaced"
+                        "{REASON_PREFIX}pod {at} {why}; none of the group's pods is bound until it is replaced"
                     ),
                         pod: (gang.namespace.clone(), m.name.clone()),
                     }
@@ -110,7 +115,7 @@ pub fn check(
         n => format!(" and {n} more"),
     };
     NamedPods::Waiting(format!(
-        "placed; waiting for {} of its {named} named pods to be created before binding any: {}{more}",
+        "{REASON_PREFIX}waiting for {} of its {named} named pods to be created before binding any: {}{more}",
         missing.len(),
         shown.join(", ")
     ))
