@@ -5,7 +5,8 @@
 //! gang whose pods are only partly created binds nothing and says which it waits for;
 //! a pod asking other than its member is refused with a reason and an event, and binds
 //! once re-created right; the ingest never submits the named pods as groups of their
-//! own; a bound pod deleted gives its member back; a group released before its pods
+//! own; a bound pod deleted gives its member back (also one deleted while the ingest's
+//! leader was being replaced); a group released before its pods
 //! come binds none of them; and a higher-priority group preempts
 //! a framework's gang whole: its pods are evicted and its watch stream says Preempted,
 //! naming the preemptor. And the example framework (`client/python/examples/batch_job.py`)
@@ -232,7 +233,7 @@ fn bound_where_placed(status: &GangGroupStatus, now: &BTreeMap<String, String>, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
-    let env = start().await;
+    let mut env = start().await;
     let cl = client(&env).await;
 
     // Pods created before the submission: bound, each where its member is.
@@ -288,10 +289,27 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
         BTreeSet::from(["before".to_string(), "after".to_string()])
     );
 
-    // A bound pod deleted gives its member back; the rest stay placed.
-    for p in &before {
+    // A bound pod deleted gives its member back: half of them while the ingest runs,
+    // half while it changes hands (its leader killed), which the next leader finds from
+    // what the shards hold bound.
+    for p in &before[..8] {
         env.api.delete(&PODS, Some(NS), p).await.expect("delete");
     }
+    wait_status(&env, g_before.id, "the deleted pods' members released", |s| {
+        s.placements.len() == 8
+    })
+    .await;
+    let leader = env
+        .cluster
+        .agreed_leader(0, &[1, 2, 3])
+        .await
+        .expect("a meta leader");
+    env.cluster.kill(leader);
+    for p in &before[8..] {
+        env.api.delete(&PODS, Some(NS), p).await.expect("delete");
+    }
+    env.cluster.spawn(leader);
+    env.cluster.wait_ready(&[1, 2, 3], WAIT).await;
     wait_status(&env, g_before.id, "every member released", |s| {
         s.placements.is_empty()
     })
@@ -434,7 +452,9 @@ async fn a_frameworks_pods_are_bound_all_or_nothing_through_the_grpc_api() {
     // Bound, it still says whom it preempted (the binder clears only its own reasons).
     let urgent_now = cl.get(g_urgent.id).await.expect("get urgent");
     assert!(
-        urgent_now.reason.contains(&format!("preempting gang groups {}", g_after.id)),
+        urgent_now
+            .reason
+            .contains(&format!("preempting gang groups {}", g_after.id)),
         "{}",
         urgent_now.reason
     );

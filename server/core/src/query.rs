@@ -107,6 +107,13 @@ pub enum ShardQuery {
         /// At most this many.
         limit: u32,
     },
+    /// Bound members that named their Kubernetes pod (gRPC groups' framework pods), with
+    /// the uid bound, in node order: what a new ingest leader checks against the pods
+    /// (one deleted while no replica led the ingest gives its member back).
+    NamedBound {
+        /// At most this many.
+        limit: u32,
+    },
     /// Counts for the metrics: open reservations, the oldest one's time, and per node
     /// and driver the devices published, allocated and unhealthy.
     Stats {
@@ -280,6 +287,11 @@ pub enum ShardAnswer {
         /// In node order, then member order.
         members: Vec<UnboundMember>,
     },
+    /// Bound members that named their pod, with its uid ([`ShardQuery::NamedBound`]).
+    NamedBound {
+        /// (member, uid), in node order, then member order.
+        members: Vec<(MemberKey, String)>,
+    },
     /// Counts for the metrics.
     Stats {
         /// The counts.
@@ -437,6 +449,7 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 .collect(),
         },
         ShardQuery::Unbound { limit } => unbound(ledger, *limit, Victims::Wait),
+        ShardQuery::NamedBound { limit } => named_bound(ledger, *limit),
         ShardQuery::PreemptionVictims { limit } => ShardAnswer::PreemptionVictims {
             victims: ledger
                 .evicting()
@@ -523,6 +536,22 @@ pub fn answer(ledger: &ShardLedger, q: &ShardQuery, placer: &mut Placer) -> Shar
                 devices,
             }
         }
+    }
+}
+
+/// The bound members that named their pod, with the uid bound, at most `limit`.
+pub fn named_bound(ledger: &ShardLedger, limit: u32) -> ShardAnswer {
+    ShardAnswer::NamedBound {
+        members: ledger
+            .nodes()
+            .flat_map(|e| e.usage.pods.iter())
+            .filter(|(_, slot)| {
+                slot.pod.binding == PodBinding::Named
+                    && matches!(slot.state, SlotState::Bound { .. })
+            })
+            .filter_map(|(member, slot)| Some((member.clone(), slot.pod.uid.clone()?)))
+            .take(limit as usize)
+            .collect(),
     }
 }
 

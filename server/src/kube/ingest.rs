@@ -196,6 +196,8 @@ struct Memory {
     framework_bound: HashMap<String, (GroupSeq, String)>,
     /// Members of gRPC groups whose named pods went or finished, still to release.
     framework_gone: BTreeMap<GroupSeq, BTreeSet<String>>,
+    /// Whether the framework pods the shards hold bound were read since leading started.
+    framework_recovered: bool,
 }
 
 /// The ingest loop's dependencies.
@@ -302,6 +304,7 @@ impl Ingest {
         self.sync_observed().await;
         self.sync_observed_network().await;
         self.check_groups().await;
+        self.recover_framework_bound().await;
         self.release_framework_gone().await;
         self.submit_pending().await;
         self.write_pod_group_status().await;

@@ -538,6 +538,70 @@ fn bad_reservations_change_nothing() {
 }
 
 #[test]
+fn a_member_naming_its_pod_learns_the_uid_when_bound() {
+    use crate::model::PodBinding;
+    use crate::query::{named_bound, unbound, ShardAnswer, Victims};
+    let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
+    let named = PodSummary {
+        binding: PodBinding::Named,
+        ..pod(100)
+    };
+    let ingested = PodSummary {
+        uid: Some("uid-b".into()),
+        ..pod(100)
+    };
+    let plain = pod(100);
+    let members = vec![
+        rm("a", "n1", named),
+        rm("b", "n1", ingested),
+        rm("c", "n1", plain),
+    ];
+    apply(&mut ledger, 1, reserve(1, members, 50));
+    apply(&mut ledger, 2, LedgerOp::Commit { txn_id: TxnId(1) });
+    let waiting = |ledger: &ShardLedger| match unbound(ledger, 10, Victims::Wait) {
+        ShardAnswer::Unbound { members } => members
+            .into_iter()
+            .map(|m| m.member.member)
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        waiting(&ledger),
+        ["a", "b"],
+        "a named member waits without a uid; a plain one never"
+    );
+    for (member, uid) in [("a", "uid-a"), ("b", "uid-other")] {
+        let op = LedgerOp::BindConfirmed {
+            member: key(member),
+            uid: Some(uid.into()),
+        };
+        assert!(rejected(&apply(&mut ledger, 3, op)).is_none());
+    }
+    assert!(waiting(&ledger).is_empty());
+    assert_eq!(
+        ledger
+            .slot(&key("a"))
+            .and_then(|s| s.pod.uid.clone())
+            .as_deref(),
+        Some("uid-a")
+    );
+    assert_eq!(
+        ledger
+            .slot(&key("b"))
+            .and_then(|s| s.pod.uid.clone())
+            .as_deref(),
+        Some("uid-b"),
+        "an ingested pod's uid never changes"
+    );
+    assert_eq!(
+        named_bound(&ledger, 10),
+        ShardAnswer::NamedBound {
+            members: vec![(key("a"), "uid-a".to_string())]
+        }
+    );
+}
+
+#[test]
 fn release_and_bind() {
     let mut ledger = ledger_with(&[node("n1", 1000, 10)]);
     apply(

@@ -1,12 +1,70 @@
 //! Pods a gRPC group names (a framework's pods, `kube::named_pods`): the ingest never
 //! submits them (`PodFacts::pending_ours`), counts one bound for the group that holds
 //! its member as that member's rather than as observed, and releases the member once
-//! its pod goes or finishes, as it does for the pods it submitted. Part of
-//! [`Ingest`]'s `impl`.
+//! its pod goes or finishes, as it does for the pods it submitted. A new leader reads
+//! which framework pods the shards hold bound (`ShardQuery::NamedBound`), so one deleted
+//! while no replica led the ingest is released too. Part of [`Ingest`]'s `impl`.
 
 use super::*;
 
+/// Bound framework pods read from one shard when leading starts, at most.
+pub const NAMED_BOUND_READ_MAX: u32 = 100_000;
+
 impl Ingest {
+    /// Once per leadership, after the pod index is built: the framework pods the shards
+    /// hold bound are noted as held while alive, and their members released when gone (or
+    /// replaced by another pod of the name). A shard that does not answer is asked again
+    /// next pass.
+    pub(super) async fn recover_framework_bound(&mut self) {
+        if self.memory.framework_recovered || !self.memory.pods_indexed {
+            return;
+        }
+        let mut bound = Vec::new();
+        for shard in self.shards.ids() {
+            let query = ShardQuery::NamedBound {
+                limit: NAMED_BOUND_READ_MAX,
+            };
+            match self.groups.shard_query(shard, &query).await {
+                Ok(ShardAnswer::NamedBound { members }) => bound.extend(members),
+                Ok(other) => {
+                    tracing::warn!(shard, answer = ?other, "unexpected answer to NamedBound");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "bound framework pods not read; next pass");
+                    return;
+                }
+            }
+        }
+        for (member, uid) in bound {
+            let pod = format!("{}/{}", member.namespace, member.member);
+            let record = match self.groups.meta_query_local(&MetaQuery::NamedPod { pod }) {
+                Ok(MetaReply::Groups { mut records }) if !records.is_empty() => records.remove(0),
+                _ => continue,
+            };
+            let key = member.to_string();
+            if !record.placements.to_map().contains_key(&key) {
+                continue;
+            }
+            let name = (member.namespace.clone(), member.member.clone());
+            let alive = self
+                .memory
+                .pods
+                .get(&name)
+                .is_some_and(|f| f.pod.uid == uid && !f.finished);
+            if alive {
+                self.memory.framework_bound.insert(uid, (record.seq, key));
+            } else {
+                self.memory
+                    .framework_gone
+                    .entry(record.seq)
+                    .or_default()
+                    .insert(key);
+            }
+        }
+        self.memory.framework_recovered = true;
+    }
+
     /// The group and member (key) that hold framework pod `f` where it is bound: the
     /// live group named by its annotation, whose member naming it is placed on its node.
     pub(super) fn framework_holder(&self, f: &PodFacts) -> Option<(GroupSeq, String)> {
