@@ -133,6 +133,8 @@ struct MemberFile {
 struct PodsFile {
     #[serde(default)]
     names: Vec<String>,
+    #[serde(default)]
+    selector: std::collections::HashMap<String, String>,
 }
 
 /// Parses a duration such as `30s`, `10m`, `1h`, `500ms` or a bare number of milliseconds.
@@ -173,6 +175,7 @@ pub fn from_yaml(text: &str) -> Result<SubmitGangGroupRequest, SpecError> {
                 pod_json: m.pod.as_ref().map(|p| p.to_string()).unwrap_or_default(),
                 pods: m.kubernetes_pods.as_ref().map(|p| KubernetesPods {
                     names: p.names.clone(),
+                    selector: p.selector.clone(),
                 }),
             })
             .collect();
@@ -353,6 +356,32 @@ impl GangBuilder {
         self
     }
 
+    /// Adds `count` members (`name-0..`) standing for any `count` Kubernetes pods of the
+    /// gang's namespace with every label of `selector` (as [`GangBuilder::kubernetes_pods`]
+    /// otherwise): once that many exist, gangway picks them in name order and keeps the
+    /// choice.
+    pub fn kubernetes_pods_selected(
+        mut self,
+        name: impl Into<String>,
+        count: u32,
+        selector: &[(&str, &str)],
+        pod: serde_json::Value,
+    ) -> Self {
+        self.spec.members.push(MemberSpec {
+            name: name.into(),
+            count,
+            pod_json: pod.to_string(),
+            pods: Some(KubernetesPods {
+                names: Vec::new(),
+                selector: selector
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+        });
+        self
+    }
+
     /// Adds one member per Kubernetes pod in `names`, each named as its pod (as
     /// [`GangBuilder::kubernetes_pods`]).
     pub fn kubernetes_pods_named(mut self, names: &[&str], pod: serde_json::Value) -> Self {
@@ -362,6 +391,7 @@ impl GangBuilder {
             pod_json: pod.to_string(),
             pods: Some(KubernetesPods {
                 names: names.iter().map(|n| n.to_string()).collect(),
+                selector: Default::default(),
             }),
         });
         self

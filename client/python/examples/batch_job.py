@@ -112,6 +112,11 @@ class Job:
             self.args.namespace, label_selector=f"{JOB_LABEL}={self.args.name}"
         ).items
 
+    def all_succeeded(self, phases: Optional[Dict[str, str]] = None) -> bool:
+        if phases is None:
+            phases = {p.metadata.name: p.status.phase or "" for p in self.pods()}
+        return len(phases) == self.args.workers and all(p == "Succeeded" for p in phases.values())
+
     def follow_group(self) -> None:
         """Runs in a thread: every status of the group into `statuses`, then None."""
         try:
@@ -165,6 +170,12 @@ class Job:
                     self.delete_pods()
                     return PREEMPTED
                 if item.state in ("TimedOut", "Cancelled", "Released"):
+                    # gangway gives back a member's room as its pod finishes: a group
+                    # released with every worker succeeded is a job done.
+                    if item.state == "Released" and self.all_succeeded():
+                        log("every worker succeeded")
+                        self.delete_pods()
+                        return DONE
                     self.delete_pods()
                     return ENDED
             pods = self.pods()
@@ -177,7 +188,7 @@ class Job:
                 self.release()
                 self.delete_pods()
                 return WORKER_FAILED
-            if len(phases) == self.args.workers and all(p == "Succeeded" for p in phases.values()):
+            if self.all_succeeded(phases):
                 log("every worker succeeded")
                 self.release()
                 self.delete_pods()

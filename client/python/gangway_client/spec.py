@@ -73,6 +73,19 @@ class GangBuilder:
         )
         return self
 
+    def kubernetes_pods_selected(
+        self, name: str, count: int, selector: Dict[str, str], pod: Optional[Dict[str, Any]] = None
+    ) -> "GangBuilder":
+        """`count` members (`name-0..`) standing for any `count` pods of the gang's
+        namespace with every label of `selector` (see `kubernetes_pods`): once that many
+        exist, gangway picks them in name order and keeps the choice."""
+        self._gang.members.append(
+            pb.MemberSpec(
+                name=name, count=count, pod_json=_pod(pod), pods=pb.KubernetesPods(selector=selector)
+            )
+        )
+        return self
+
     def kubernetes_pods_named(self, names: Sequence[str], pod: Optional[Dict[str, Any]] = None) -> "GangBuilder":
         """One member per pod in `names`, each named as its pod (see `kubernetes_pods`)."""
         self._gang.members.append(

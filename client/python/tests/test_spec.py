@@ -42,6 +42,8 @@ class BuildersTest(unittest.TestCase):
         self.assertTrue(gang.members[0].HasField("pods"))
         self.assertEqual(list(gang.members[0].pods.names), [])
         self.assertEqual(list(gang.members[1].pods.names), ["chief"])
+        selected = GangBuilder("train", "job", 2).kubernetes_pods_selected("w", 2, {"app": "job"}).build()
+        self.assertEqual(dict(selected.members[0].pods.selector), {"app": "job"})
 
     def test_a_builder_hands_out_copies(self):
         builder = GangGroupBuilder("g").gang(GangBuilder("ns", "a", 1).members("m", 1))

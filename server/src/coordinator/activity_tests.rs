@@ -25,6 +25,7 @@ fn records(groups: &[(&str, u64)], retry: Retry) -> Vec<GroupRecord> {
                 spec: PodSpec::default(),
                 uid: None,
                 binding: Default::default(),
+                pod_selector: Default::default(),
             }],
             topology: Default::default(),
         };

@@ -812,6 +812,22 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
             .as_ref()
             .map(|p| p.names.as_slice())
             .unwrap_or_default();
+        let pod_selector: BTreeMap<String, String> = m
+            .pods
+            .as_ref()
+            .map(|p| {
+                p.selector
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !pod_selector.is_empty() && !pod_names.is_empty() {
+            return Err(invalid(
+                format!("{field}.pods"),
+                "names and selector: give one or the other",
+            ));
+        }
         if !pod_names.is_empty() && m.count > 1 && m.count as usize != pod_names.len() {
             return Err(invalid(
                 format!("{field}.count"),
@@ -870,6 +886,7 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
                 name,
                 spec: spec.clone(),
                 binding,
+                pod_selector: pod_selector.clone(),
             });
         }
     }

@@ -318,17 +318,17 @@ async fn confirm(
 /// names is ready. Answers the pod's uid once bound; `None` when there is nothing to
 /// do now (its pod is gone or replaced, or its group's pods are not all ready).
 async fn bind_member(ctx: &Ctx, m: &UnboundMember) -> Result<Option<String>, api::ApiError> {
-    let uid = match (&m.pod.uid, m.pod.binding) {
-        (Some(uid), _) => uid.clone(),
-        (None, PodBinding::Named) => match ctx.named_pod_uid(m).await {
-            Some(uid) => uid,
+    let (name, uid) = match (&m.pod.uid, m.pod.binding) {
+        (Some(uid), _) => (m.member.member.clone(), uid.clone()),
+        (None, PodBinding::Named) => match ctx.named_pod(m).await {
+            Some(pod) => pod,
             None => return Ok(None),
         },
         (None, PodBinding::Unnamed) => return Ok(None),
     };
     let pod = PodRef {
         namespace: m.member.namespace.clone(),
-        name: m.member.member.clone(),
+        name,
         uid,
     };
     Ok(bind_pod(ctx, m, &pod).await?.then_some(pod.uid))
@@ -474,13 +474,17 @@ async fn bind_pod(ctx: &Ctx, m: &UnboundMember, pod: &PodRef) -> Result<bool, ap
 }
 
 impl Ctx {
-    /// The uid of the pod member `m` names, once every pod its group names exists and
-    /// matches its member (this replica's informer's view); none while the group waits
-    /// for pods or refuses one. The group's reason says which (written when it changes),
-    /// and a refused pod gets an event.
-    async fn named_pod_uid(&self, m: &UnboundMember) -> Option<String> {
-        let pod = format!("{}/{}", m.member.namespace, m.member.member);
-        let record = match self.groups.meta_query_local(&MetaQuery::NamedPod { pod }) {
+    /// The pod (name, uid) member `m` stands for, once every pod its group names exists
+    /// and matches its member (this replica's informer's view); none while the group
+    /// waits for pods or refuses one. The group's reason says which (written when it
+    /// changes), and a refused pod gets an event. Members that select pods by labels get
+    /// them chosen first (`MetaCommand::ChoosePods`).
+    async fn named_pod(&self, m: &UnboundMember) -> Option<(String, String)> {
+        let gang = format!("{}/{}", m.member.namespace, m.member.gang);
+        let record = match self
+            .groups
+            .meta_query_local(&MetaQuery::OwnersOf { gangs: vec![gang] })
+        {
             Ok(MetaReply::Groups { mut records }) if !records.is_empty() => records.remove(0),
             _ => return None,
         };
@@ -493,18 +497,43 @@ impl Ctx {
         if !holds || record.state != GroupState::Placed {
             return None;
         }
-        let verdict = named_pods::check(
-            &record,
-            &self.opts.scheduler_name,
-            |ns, name| self.cache.get(Slot::Pods, ns, name),
-            |key| placements.get(&key.to_string()).map(|p| p.node.clone()),
-        );
+        // The view borrows closures that are not Send: gone before the writes below.
+        let verdict = {
+            let pod = |ns: &str, name: &str| self.cache.get(Slot::Pods, ns, name);
+            let pods_in = |ns: &str| {
+                self.cache.read(Slot::Pods, |o| {
+                    o.range((ns.to_string(), String::new())..)
+                        .take_while(|((namespace, _), _)| namespace == ns)
+                        .map(|(_, p)| p.clone())
+                        .collect()
+                })
+            };
+            let taken = |full: &str| {
+                let query = MetaQuery::NamedPod {
+                    pod: full.to_string(),
+                };
+                matches!(
+                    self.groups.meta_query_local(&query),
+                    Ok(MetaReply::Groups { records }) if records.iter().any(|r| r.seq != record.seq)
+                )
+            };
+            let view = named_pods::PodView {
+                scheduler: &self.opts.scheduler_name,
+                pod: &pod,
+                pods_in: &pods_in,
+                taken: &taken,
+            };
+            named_pods::check(&record, &view, |key| {
+                placements.get(&key.to_string()).map(|p| p.node.clone())
+            })
+        };
         let reason = match &verdict {
             // Ready: only a reason of the binder's own is cleared.
             NamedPods::Ready(_) if record.reason.starts_with(named_pods::REASON_PREFIX) => "",
             NamedPods::Ready(_) => record.reason.as_str(),
             NamedPods::Waiting(why) => why.as_str(),
             NamedPods::Refused { why, .. } => why.as_str(),
+            NamedPods::Choose(_) => record.reason.as_str(),
         };
         if record.reason != reason {
             let note = MetaCommand::NoteBinding {
@@ -518,6 +547,17 @@ impl Ctx {
         match verdict {
             NamedPods::Ready(mut uids) => uids.remove(&m.member),
             NamedPods::Waiting(_) => None,
+            NamedPods::Choose(choices) => {
+                let choose = MetaCommand::ChoosePods {
+                    seq: record.seq,
+                    choices,
+                };
+                // Another shard's binder may have chosen first: meta keeps one choice.
+                if let Err(e) = self.groups.meta(&choose).await {
+                    tracing::debug!(group = record.seq, error = %e, "pods not chosen");
+                }
+                None
+            }
             NamedPods::Refused { pod, why } => {
                 self.report_refusal_once(&pod, &why).await;
                 None

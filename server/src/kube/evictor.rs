@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::kube::api::{self, EventType, EvictOutcome};
-use crate::kube::informer::{Cache, Slot};
+use crate::kube::informer::Cache;
 use crate::kube::objects::PodRef;
 use crate::kube::KubeOptions;
 use crate::replicated::growth::ShardCount;
@@ -109,7 +109,8 @@ pub async fn run(
                     p.member.clone(),
                     Instant::now() + Duration::from_millis(EVICT_RETRY_MS),
                 );
-                evict(&client, &opts, &p).await;
+                let name = pod_name(&cache, &p.member, &p.uid);
+                evict(&client, &opts, &p, &name).await;
             }
         }
     }
@@ -179,7 +180,8 @@ async fn preemption_victims(
             v.member.clone(),
             Instant::now() + Duration::from_millis(EVICT_RETRY_MS),
         );
-        evict_victim(client, opts, &v).await;
+        let name = pod_name(cache, &v.member, &v.uid);
+        evict_victim(client, opts, &v, &name).await;
     }
 }
 
@@ -197,14 +199,14 @@ enum VictimPod {
 }
 
 fn victim_pod(cache: &Cache, v: &PreemptedPod) -> VictimPod {
-    let Some(object) = cache.get(Slot::Pods, &v.member.namespace, &v.member.member) else {
+    let Some(object) = cache.pod_with_uid(&v.member.namespace, &v.member.member, &v.uid) else {
         return VictimPod::Gone;
     };
     let finished = matches!(
         object["status"]["phase"].as_str(),
         Some("Succeeded" | "Failed")
     );
-    if object["metadata"]["uid"].as_str() != Some(v.uid.as_str()) || finished {
+    if finished {
         VictimPod::Gone
     } else if !object["metadata"]["deletionTimestamp"].is_null() {
         VictimPod::Terminating
@@ -243,10 +245,10 @@ async fn nominate_once(
 
 /// Evicts one preemption victim as kube-scheduler does: `DisruptionTarget` with reason
 /// `PreemptionByScheduler`, a uid-precondition delete, and a `Preempted` event.
-async fn evict_victim(client: &kube::Client, opts: &KubeOptions, v: &PreemptedPod) {
+async fn evict_victim(client: &kube::Client, opts: &KubeOptions, v: &PreemptedPod, name: &str) {
     let pod = PodRef {
         namespace: v.member.namespace.clone(),
-        name: v.member.member.clone(),
+        name: name.to_string(),
         uid: v.uid.clone(),
     };
     let message = format!(
@@ -317,10 +319,19 @@ pub fn eviction_message(p: &PodEviction) -> String {
     }
 }
 
-async fn evict(client: &kube::Client, opts: &KubeOptions, p: &PodEviction) {
+/// The name of member `member`'s pod of `uid`: the member's own, unless the informer
+/// shows the pod under another (one the member selected by labels).
+fn pod_name(cache: &Cache, member: &MemberKey, uid: &str) -> String {
+    cache
+        .pod_with_uid(&member.namespace, &member.member, uid)
+        .and_then(|o| o["metadata"]["name"].as_str().map(str::to_string))
+        .unwrap_or_else(|| member.member.clone())
+}
+
+async fn evict(client: &kube::Client, opts: &KubeOptions, p: &PodEviction, name: &str) {
     let pod = PodRef {
         namespace: p.member.namespace.clone(),
-        name: p.member.member.clone(),
+        name: name.to_string(),
         uid: p.uid.clone(),
     };
     let message = eviction_message(p);

@@ -898,6 +898,7 @@ fn gang_of(id: &GangId, params: Option<&GangParams>, pods: &[&ReadyPod]) -> Gang
                 spec: p.spec.clone(),
                 uid: Some(p.pod.uid.clone()),
                 binding: Default::default(),
+                pod_selector: Default::default(),
             })
             .collect(),
         topology,

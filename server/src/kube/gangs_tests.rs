@@ -428,6 +428,7 @@ fn a_kubernetes_gang_counts_its_running_pods_toward_min_count() {
             spec: PodSpec::default(),
             uid: None,
             binding: Default::default(),
+            pod_selector: Default::default(),
         }],
         topology: Default::default(),
     };

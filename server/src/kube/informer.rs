@@ -213,6 +213,26 @@ impl Cache {
         })
     }
 
+    /// The pod of `uid` in `namespace`: the one named `name` (a member's own name) when
+    /// it has that uid, else any pod of the namespace with it (a pod a member selected
+    /// by labels is named otherwise).
+    pub fn pod_with_uid(&self, namespace: &str, name: &str, uid: &str) -> Option<Arc<Value>> {
+        self.read(Slot::Pods, |o| {
+            let has = |p: &&Arc<Value>| p["metadata"]["uid"].as_str() == Some(uid);
+            if let Some(p) = o
+                .get(&(namespace.to_string(), name.to_string()))
+                .filter(has)
+            {
+                return Some(p.clone());
+            }
+            o.range((namespace.to_string(), String::new())..)
+                .take_while(|((ns, _), _)| ns == namespace)
+                .map(|(_, p)| p)
+                .find(has)
+                .cloned()
+        })
+    }
+
     /// The keys of `slot` changed since the last call (one reader: the ingest loop).
     pub fn take_changes(&self, slot: Slot) -> Changes {
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());

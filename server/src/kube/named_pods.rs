@@ -40,11 +40,14 @@ pub fn framework_group(pod: &Value) -> Option<&str> {
 /// Where a group's named pods stand, as one replica's informer sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NamedPods {
-    /// Every named pod exists and matches its member: member → its pod's uid.
-    Ready(BTreeMap<MemberKey, String>),
+    /// Every named pod exists and matches its member: member → its pod (name, uid).
+    Ready(BTreeMap<MemberKey, (String, String)>),
     /// Some pods do not exist yet (or are being deleted): nothing binds, nothing is
     /// wrong. The reason names them.
     Waiting(String),
+    /// Members that select their pods by labels have none chosen, and enough pods fit
+    /// them: (member key, pod name) to record (`MetaCommand::ChoosePods`) before binding.
+    Choose(Vec<(String, String)>),
     /// A pod exists that cannot be its member's: nothing binds until it is replaced.
     Refused {
         /// The pod (namespace, name).
@@ -61,48 +64,98 @@ enum PodCheck {
     Refused(String),
 }
 
-/// Checks every pod `group` names against its member: `pod_of(namespace, name)` looks
-/// a pod up in the informer, `scheduler` is gangway's scheduler name, and `node_of`
-/// gives a member's node once placed (a pod already bound there counts as ready).
+/// Where a check of a group's named pods looks: the replica's informer and meta.
+pub struct PodView<'a> {
+    /// gangway's scheduler name.
+    pub scheduler: &'a str,
+    /// A pod by namespace and name.
+    pub pod: &'a dyn Fn(&str, &str) -> Option<Arc<Value>>,
+    /// Every pod of a namespace (for members that select theirs by labels).
+    pub pods_in: &'a dyn Fn(&str) -> Vec<Arc<Value>>,
+    /// Whether another live group names this pod (`namespace/name`).
+    pub taken: &'a dyn Fn(&str) -> bool,
+}
+
+/// Checks every pod `group` names against its member, `node_of` giving a member's node
+/// once placed (a pod already bound there counts as ready). Members that select their
+/// pods by labels and have none chosen yet get a choice proposed (`NamedPods::Choose`)
+/// once enough pods fit them.
 pub fn check(
     group: &GroupRecord,
-    scheduler: &str,
-    pod_of: impl Fn(&str, &str) -> Option<Arc<Value>>,
+    view: &PodView<'_>,
     node_of: impl Fn(&MemberKey) -> Option<String>,
 ) -> NamedPods {
+    let name = group.group.id.as_str();
     let mut ready = BTreeMap::new();
     let mut missing = Vec::new();
     let mut named = 0usize;
+    // Per template (namespace, selector, requests): its members with no pod chosen.
+    type Template<'g> = (&'g str, &'g BTreeMap<String, String>, &'g Resources);
+    let mut unchosen: Vec<(Template<'_>, Vec<String>)> = Vec::new();
     for gang in &group.group.gangs {
         for m in gang.members.iter().filter(|m| m.binding.is_named()) {
             named += 1;
             let key = gang.member_key(m);
-            let pod = pod_of(&gang.namespace, &m.name);
-            let node = node_of(&key);
-            let at = format!("{}/{}", gang.namespace, m.name);
-            match check_pod(
-                pod.as_deref(),
-                &group.group.id,
-                scheduler,
-                &m.spec.requests,
-                node.as_deref(),
-            ) {
-                PodCheck::Ready(uid) => {
-                    ready.insert(key, uid);
+            let Some(full) = group.pod_of(&key) else {
+                let template = (gang.namespace.as_str(), &m.pod_selector, &m.spec.requests);
+                match unchosen.iter_mut().find(|(t, _)| *t == template) {
+                    Some((_, members)) => members.push(key.to_string()),
+                    None => unchosen.push((template, vec![key.to_string()])),
                 }
-                PodCheck::Missing => missing.push(at),
+                continue;
+            };
+            let pod_name = full.rsplit('/').next().unwrap_or_default();
+            let pod = (view.pod)(&gang.namespace, pod_name);
+            let node = node_of(&key);
+            match check_pod(pod.as_deref(), name, view.scheduler, &m.spec.requests, node.as_deref()) {
+                PodCheck::Ready(uid) => {
+                    ready.insert(key, (pod_name.to_string(), uid));
+                }
+                PodCheck::Missing => missing.push(full),
                 PodCheck::Refused(why) => {
                     return NamedPods::Refused {
                         why: format!(
-                        "{REASON_PREFIX}pod {at} {why}; none of the group's pods is bound until it is replaced"
-                    ),
-                        pod: (gang.namespace.clone(), m.name.clone()),
+                            "{REASON_PREFIX}pod {full} {why}; none of the group's pods is bound until it is replaced"
+                        ),
+                        pod: (gang.namespace.clone(), pod_name.to_string()),
                     }
                 }
             }
         }
     }
-    if missing.is_empty() {
+    let mut choices = Vec::new();
+    let mut short_of = Vec::new();
+    let chosen: Vec<String> = group.named_pods().into_iter().map(|(_, p)| p).collect();
+    for ((namespace, selector, requests), members) in &unchosen {
+        let mut fitting: Vec<String> = (view.pods_in)(namespace)
+            .iter()
+            .filter(|p| selected(p, selector))
+            .filter(|p| p["spec"]["nodeName"].as_str().is_none_or(str::is_empty))
+            .filter(|p| {
+                let fits = check_pod(Some(p.as_ref()), name, view.scheduler, requests, None);
+                matches!(fits, PodCheck::Ready(_))
+            })
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .filter(|pod| {
+                let full = format!("{namespace}/{pod}");
+                !chosen.contains(&full) && !(view.taken)(&full)
+            })
+            .collect();
+        fitting.sort();
+        if fitting.len() < members.len() {
+            short_of.push(format!(
+                "{} more pods in {namespace} with labels {}",
+                members.len() - fitting.len(),
+                labels(selector)
+            ));
+            continue;
+        }
+        choices.extend(members.iter().cloned().zip(fitting));
+    }
+    if !choices.is_empty() {
+        return NamedPods::Choose(choices);
+    }
+    if missing.is_empty() && short_of.is_empty() {
         return NamedPods::Ready(ready);
     }
     let shown: Vec<&str> = missing
@@ -114,11 +167,35 @@ pub fn check(
         0 => String::new(),
         n => format!(" and {n} more"),
     };
-    NamedPods::Waiting(format!(
-        "{REASON_PREFIX}waiting for {} of its {named} named pods to be created before binding any: {}{more}",
-        missing.len(),
-        shown.join(", ")
-    ))
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!(
+            "waiting for {} of its {named} named pods to be created before binding any: {}{more}",
+            missing.len(),
+            shown.join(", ")
+        ));
+    }
+    if !short_of.is_empty() {
+        parts.push(format!("waiting for {}", short_of.join("; ")));
+    }
+    NamedPods::Waiting(format!("{REASON_PREFIX}{}", parts.join("; ")))
+}
+
+/// Whether pod `p` carries every label of `selector`.
+fn selected(p: &Value, selector: &BTreeMap<String, String>) -> bool {
+    let labels = &p["metadata"]["labels"];
+    selector
+        .iter()
+        .all(|(k, v)| labels[k.as_str()].as_str() == Some(v.as_str()))
+}
+
+/// A label selector as `k=v,k=v`.
+fn labels(selector: &BTreeMap<String, String>) -> String {
+    selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// One pod against its member: `group` is the group's name, `requests` the member's.

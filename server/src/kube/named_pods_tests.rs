@@ -25,6 +25,7 @@ fn request(n: u32, names: &[&str]) -> SubmitGangGroupRequest {
                 pod_json: r#"{"requests": {"cpu": "1"}}"#.into(),
                 pods: Some(KubernetesPods {
                     names: names.iter().map(|s| s.to_string()).collect(),
+                    selector: Default::default(),
                 }),
             }],
             ..Default::default()
@@ -72,12 +73,21 @@ fn look(group: &GroupRecord, pods: &[Value]) -> NamedPods {
             )
         })
         .collect();
-    check(
-        group,
-        "gangway",
-        |ns, name| by_name.get(name).filter(|_| ns == NS).cloned(),
-        |_| Some("node-1".to_string()),
-    )
+    let pod = |ns: &str, name: &str| by_name.get(name).filter(|_| ns == NS).cloned();
+    let pods_in = |ns: &str| {
+        by_name
+            .values()
+            .filter(|p| p["metadata"]["namespace"] == ns)
+            .cloned()
+            .collect()
+    };
+    let view = PodView {
+        scheduler: "gangway",
+        pod: &pod,
+        pods_in: &pods_in,
+        taken: &|full: &str| full == "train/taken",
+    };
+    check(group, &view, |_| Some("node-1".to_string()))
 }
 
 #[test]
@@ -87,7 +97,9 @@ fn a_group_binds_only_once_every_named_pod_exists_and_matches() {
     match look(&g, &all) {
         NamedPods::Ready(uids) => {
             assert_eq!(uids.len(), 3);
-            assert!(uids.values().all(|u| u.starts_with("uid-w-")));
+            assert!(uids
+                .values()
+                .all(|(name, uid)| *uid == format!("uid-{name}")));
         }
         other => panic!("three matching pods are ready: {other:?}"),
     }
@@ -226,4 +238,131 @@ fn a_pod_named_by_a_live_group_cannot_be_named_by_another() {
         ),
         "the claim lapses when the first group ends"
     );
+}
+
+/// A group `job` whose 2 members of 1 cpu select pods labelled `role=worker`.
+fn selecting() -> SubmitGangGroupRequest {
+    let mut req = request(2, &[]);
+    let pods = req.gangs[0].members[0]
+        .pods
+        .get_or_insert_with(Default::default);
+    pods.selector.insert("role".into(), "worker".into());
+    req
+}
+
+fn labelled(name: &str, cpu: &str) -> Value {
+    let mut p = pod(name, cpu);
+    p["metadata"]["labels"] = json!({"role": "worker"});
+    p
+}
+
+#[test]
+fn members_selecting_pods_get_them_chosen_in_name_order_then_bind_them() {
+    let g = record(&selecting());
+    // One fitting pod of two: it waits, saying for what.
+    match look(&g, &[labelled("b", "1"), pod("unlabelled", "1")]) {
+        NamedPods::Waiting(why) => assert!(
+            why.contains("1 more pods in train with labels role=worker"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Pods that do not fit (another request, taken by another group, already bound) are
+    // passed over; the rest are proposed in name order.
+    let mut bound = labelled("a0", "1");
+    bound["spec"]["nodeName"] = json!("node-1");
+    let pods = [
+        labelled("c", "1"),
+        labelled("b", "1"),
+        labelled("a", "2"),
+        labelled("taken", "1"),
+        bound,
+    ];
+    let choices = match look(&g, &pods) {
+        NamedPods::Choose(choices) => choices,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        choices,
+        [
+            ("train/workers/w-0".to_string(), "b".to_string()),
+            ("train/workers/w-1".to_string(), "c".to_string())
+        ]
+    );
+    // Recorded, they are the members' pods as named ones are.
+    let mut meta = MetaState::new(1);
+    meta.apply(&MetaCommand::Submit {
+        key: "k".into(),
+        group: g.group.clone(),
+        at_ms: 1,
+        live_max: None,
+    });
+    let seq = g.seq;
+    assert!(matches!(
+        meta.apply(&MetaCommand::ChoosePods {
+            seq,
+            choices: choices.clone()
+        }),
+        MetaReply::Group { .. }
+    ));
+    match meta.apply(&MetaCommand::ChoosePods { seq, choices }) {
+        MetaReply::Rejected { reason, .. } => {
+            assert!(reason.contains("already stands for a pod"), "{reason}")
+        }
+        other => panic!("a second choice is refused: {other:?}"),
+    }
+    let chosen = match meta.query(&MetaQuery::NamedPod {
+        pod: "train/b".into(),
+    }) {
+        MetaReply::Groups { mut records } => records.remove(0),
+        other => panic!("{other:?}"),
+    };
+    match look(&chosen, &pods) {
+        NamedPods::Ready(uids) => assert_eq!(
+            uids.values()
+                .map(|(_, uid)| uid.as_str())
+                .collect::<Vec<_>>(),
+            ["uid-b", "uid-c"]
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_choice_of_a_pod_another_live_group_names_is_refused() {
+    let mut meta = MetaState::new(1);
+    let submit = |meta: &mut MetaState, key: &str, req: &SubmitGangGroupRequest| {
+        meta.apply(&MetaCommand::Submit {
+            key: key.into(),
+            group: validate_submission(req).expect("valid"),
+            at_ms: 1,
+            live_max: None,
+        })
+    };
+    submit(&mut meta, "a", &request(1, &["solo"]));
+    let mut sel = selecting();
+    sel.gangs[0].name = "other".into();
+    submit(&mut meta, "b", &sel);
+    let choose = MetaCommand::ChoosePods {
+        seq: 2,
+        choices: vec![
+            ("train/other/w-0".into(), "solo".into()),
+            ("train/other/w-1".into(), "x".into()),
+        ],
+    };
+    match meta.apply(&choose) {
+        MetaReply::Rejected { reason, .. } => assert!(
+            reason.contains("choices[0]: pod train/solo is already taken"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let not_selecting = MetaCommand::ChoosePods {
+        seq: 1,
+        choices: vec![("train/workers/solo".into(), "y".into())],
+    };
+    assert!(matches!(
+        meta.apply(&not_selecting),
+        MetaReply::Rejected { .. }
+    ));
 }

@@ -226,6 +226,7 @@ fn submit(name: &str, at_ms: u64) -> Vec<u8> {
             spec: Default::default(),
             uid: None,
             binding: Default::default(),
+            pod_selector: Default::default(),
         }],
         topology: Default::default(),
     };

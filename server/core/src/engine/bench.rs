@@ -266,6 +266,7 @@ fn bench_gang(index: usize, members: usize) -> Gang {
                 spec: spec.clone(),
                 uid: None,
                 binding: Default::default(),
+                pod_selector: Default::default(),
             })
             .collect(),
         topology: Default::default(),

@@ -128,6 +128,7 @@ fn gang(name: &str, specs: &[PodSpec]) -> Gang {
                 spec: spec.clone(),
                 uid: None,
                 binding: Default::default(),
+                pod_selector: Default::default(),
             })
             .collect(),
         topology: Default::default(),

@@ -416,6 +416,7 @@ fn gang(index: usize, g: &StreamGang, topology: TopologyConstraint) -> Gang {
                 spec: spec.clone(),
                 uid: None,
                 binding: Default::default(),
+                pod_selector: Default::default(),
             })
             .collect(),
         topology,

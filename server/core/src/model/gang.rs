@@ -8,13 +8,13 @@
 //! at least one gang and no gang twice. Called by the front door (validation), the queue
 //! and the engine (placement), and the ledger (member keys).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{FieldPath, ValidationError};
-use crate::model::names::{validate_dns_label, validate_dns_subdomain};
+use crate::model::names::{validate_dns_label, validate_dns_subdomain, validate_labels};
 use crate::model::pod::{PodBinding, PodSpec, RawPodSpec};
 use crate::model::topology::TopologyConstraint;
 
@@ -164,6 +164,10 @@ pub struct Member {
     /// The Kubernetes pod it stands for by name, for a gRPC member that names one.
     #[serde(default, skip_serializing_if = "PodBinding::is_unnamed")]
     pub binding: PodBinding,
+    /// With `binding` Named: the labels of the pods it may stand for, any of them (meta
+    /// records the one chosen); empty: the pod of its own name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_selector: BTreeMap<String, String>,
 }
 
 /// A gang: pods that are placed all together or not at all.
@@ -321,6 +325,14 @@ impl GangGroup {
                 return Err(at.error(format!("duplicate gang {}", gang.id())));
             }
             for (j, m) in gang.members.iter().enumerate() {
+                let at_member = at.child("members").index(j);
+                if !m.pod_selector.is_empty() {
+                    if m.binding != PodBinding::Named {
+                        return Err(at_member.error("a pod selector without Kubernetes pods"));
+                    }
+                    validate_labels(&at_member.child("podSelector"), &m.pod_selector)?;
+                    continue;
+                }
                 if m.binding == PodBinding::Named && !pods.insert((&gang.namespace, &m.name)) {
                     return Err(at.child("members").index(j).error(format!(
                         "pod {}/{} is named by two members of the group",
@@ -332,12 +344,14 @@ impl GangGroup {
         Ok(())
     }
 
-    /// The Kubernetes pods its members name (`namespace/name`), in gang then member order.
+    /// The Kubernetes pods its members name by name (`namespace/name`), in gang then
+    /// member order (members that select theirs by labels are left out: meta records
+    /// their choice, `GroupRecord::named_pods`).
     pub fn named_pods(&self) -> impl Iterator<Item = (MemberKey, String)> + '_ {
         self.gangs.iter().flat_map(|g| {
             g.members
                 .iter()
-                .filter(|m| m.binding == PodBinding::Named)
+                .filter(|m| m.binding == PodBinding::Named && m.pod_selector.is_empty())
                 .map(move |m| (g.member_key(m), format!("{}/{}", g.namespace, m.name)))
         })
     }
@@ -354,6 +368,9 @@ pub struct RawMember {
     /// The Kubernetes pod it stands for by name (gRPC submissions only).
     #[serde(skip)]
     pub binding: PodBinding,
+    /// The labels of the pods it may stand for instead (gRPC submissions only).
+    #[serde(skip)]
+    pub pod_selector: BTreeMap<String, String>,
 }
 
 /// A gang spec as submitted.
@@ -428,6 +445,7 @@ impl RawGang {
                     spec: m.spec.validate(&at)?,
                     uid: None,
                     binding: m.binding,
+                    pod_selector: m.pod_selector.clone(),
                 })
             })
             .collect::<Result<Vec<_>, ValidationError>>()?;
@@ -517,6 +535,7 @@ impl Gang {
                     spec: PodSpec::default(),
                     uid: None,
                     binding: Default::default(),
+                    pod_selector: Default::default(),
                 })
                 .collect(),
             topology: Default::default(),

@@ -37,16 +37,23 @@ impl Ingest {
             }
         }
         for (member, uid) in bound {
-            let pod = format!("{}/{}", member.namespace, member.member);
-            let record = match self.groups.meta_query_local(&MetaQuery::NamedPod { pod }) {
+            let gang = format!("{}/{}", member.namespace, member.gang);
+            let record = match self
+                .groups
+                .meta_query_local(&MetaQuery::OwnersOf { gangs: vec![gang] })
+            {
                 Ok(MetaReply::Groups { mut records }) if !records.is_empty() => records.remove(0),
                 _ => continue,
             };
             let key = member.to_string();
+            let Some(pod) = record.pod_of(&member) else {
+                continue;
+            };
             if !record.placements.to_map().contains_key(&key) {
                 continue;
             }
-            let name = (member.namespace.clone(), member.member.clone());
+            let pod_name = pod.rsplit('/').next().unwrap_or_default().to_string();
+            let name = (member.namespace.clone(), pod_name);
             let alive = self
                 .memory
                 .pods
@@ -83,7 +90,7 @@ impl Ingest {
         if record.group.id != group {
             return None;
         }
-        let (member, _) = record.group.named_pods().find(|(_, p)| *p == pod)?;
+        let (member, _) = record.named_pods().into_iter().find(|(_, p)| *p == pod)?;
         let key = member.to_string();
         let placed_here = record
             .placements

@@ -115,6 +115,7 @@ fn preemptor(name: &str, members: usize, priority: i32) -> GangGroup {
                     spec: spec.clone(),
                     uid: None,
                     binding: Default::default(),
+                    pod_selector: Default::default(),
                 })
                 .collect(),
             topology: Default::default(),

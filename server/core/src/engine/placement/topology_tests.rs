@@ -75,6 +75,7 @@ fn gang(name: &str, members: usize, cpu_milli: u64, topology: TopologyConstraint
                 spec: cpu(cpu_milli),
                 uid: None,
                 binding: Default::default(),
+                pod_selector: Default::default(),
             })
             .collect(),
         topology,

@@ -109,6 +109,7 @@ impl MetaState {
             parked_at_ms: None,
             placed_at_ms: None,
             preempted: None,
+            chosen_pods: Default::default(),
         };
         record.bump(&mut self.last_version);
         if !record.group.owner.is_empty() {
@@ -171,6 +172,68 @@ impl MetaState {
             .get(seq)
             .filter(|g| !g.state.is_terminal())
             .map(|g| g.seq)
+    }
+
+    /// Records the pods chosen for members of `seq` that select theirs by labels.
+    pub(super) fn choose_pods(&mut self, seq: GroupSeq, choices: &[(String, String)]) -> MetaReply {
+        if choices.is_empty() || choices.len() > CHOICES_PER_COMMAND_MAX {
+            return rejected(format!(
+                "choices: between 1 and {CHOICES_PER_COMMAND_MAX}, not {}",
+                choices.len()
+            ));
+        }
+        let Some(g) = self.groups.get(&seq) else {
+            return missing(seq);
+        };
+        if g.state.is_terminal() {
+            return rejected(format!("gang group {seq} has ended ({})", g.state.name()));
+        }
+        let mut taken = BTreeSet::new();
+        let mut chosen = Vec::with_capacity(choices.len());
+        for (i, (member, pod)) in choices.iter().enumerate() {
+            let at = crate::model::FieldPath::new("choices").index(i);
+            let Ok(key) = MemberKey::try_from(member.clone()) else {
+                return rejected(format!(
+                    "{at}: {} is not namespace/gang/member",
+                    short(member)
+                ));
+            };
+            let selects = g
+                .group
+                .gangs
+                .iter()
+                .filter(|gang| gang.namespace == key.namespace && gang.name == key.gang)
+                .flat_map(|gang| gang.members.iter())
+                .any(|m| m.name == key.member && !m.pod_selector.is_empty());
+            if !selects {
+                return rejected(format!("{at}: {member} selects no pod by labels"));
+            }
+            if g.chosen_pods.contains_key(member) {
+                return conflict(format!("{at}: {member} already stands for a pod"));
+            }
+            if let Err(e) = crate::model::names::validate_dns_subdomain(&at, pod) {
+                return rejected(e.to_string());
+            }
+            let full = format!("{}/{pod}", key.namespace);
+            if self.live_namer(&full).is_some_and(|other| other != seq)
+                || g.named_pods().iter().any(|(_, p)| *p == full)
+                || !taken.insert(full.clone())
+            {
+                return conflict(format!("{at}: pod {} is already taken", short(&full)));
+            }
+            chosen.push((member.clone(), full));
+        }
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return missing(seq);
+        };
+        for (member, pod) in chosen {
+            self.named_pods.insert(pod.clone(), seq);
+            g.chosen_pods.insert(member, pod);
+        }
+        g.bump(&mut self.last_version);
+        MetaReply::Group {
+            group: Box::new(GroupSummary::of(g)),
+        }
     }
 
     /// Records (or clears) why placed group `seq`'s named pods are not bound yet.

@@ -15,7 +15,7 @@ use crate::ledger::TxnId;
 use crate::model::claim::DeviceAllocation;
 use crate::model::device::DeviceId;
 use crate::model::queue::queue_footprint;
-use crate::model::{GangGroup, GangMode, Resources};
+use crate::model::{GangGroup, GangMode, MemberKey, Resources};
 
 /// Sequence number the meta group gives each accepted gang group.
 pub type GroupSeq = u64;
@@ -281,6 +281,11 @@ pub struct GroupRecord {
     /// For a group that ended `Preempted`: by whom, which members, when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted: Option<PreemptionNotice>,
+    /// Member key → the pod (`namespace/name`) chosen for a member that selects its pod
+    /// by labels ([`MetaCommand::ChoosePods`](super::MetaCommand::ChoosePods)); kept for
+    /// the group's life.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub chosen_pods: BTreeMap<String, String>,
 }
 
 /// What a preemption took from a group: the framework watching it learns which of its
@@ -298,6 +303,36 @@ pub struct PreemptionNotice {
 }
 
 impl GroupRecord {
+    /// The Kubernetes pods its members stand for (`namespace/name`): those named, and
+    /// those chosen for members that select theirs by labels.
+    pub fn named_pods(&self) -> Vec<(MemberKey, String)> {
+        let mut out: Vec<(MemberKey, String)> = self.group.named_pods().collect();
+        out.extend(
+            self.chosen_pods
+                .iter()
+                .filter_map(|(m, pod)| Some((MemberKey::try_from(m.clone()).ok()?, pod.clone()))),
+        );
+        out
+    }
+
+    /// The pod (`namespace/name`) member `key` stands for, if it names one (or had one
+    /// chosen).
+    pub fn pod_of(&self, key: &MemberKey) -> Option<String> {
+        let gang = self
+            .group
+            .gangs
+            .iter()
+            .find(|g| g.namespace == key.namespace && g.name == key.gang)?;
+        let member = gang.members.iter().find(|m| m.name == key.member)?;
+        if !member.binding.is_named() {
+            return None;
+        }
+        if member.pod_selector.is_empty() {
+            return Some(format!("{}/{}", gang.namespace, member.name));
+        }
+        self.chosen_pods.get(&key.to_string()).cloned()
+    }
+
     /// Marks a change: the next stamp after both the log's last and its own version
     /// (data from before stamps were global had versions counted per group), recorded
     /// in `stamps` with the group, so meta's index catches up with it.

@@ -330,7 +330,7 @@ impl MetaState {
                         self.gang_owners.remove(&name);
                     }
                 }
-                for (_, pod) in g.group.named_pods() {
+                for (_, pod) in g.named_pods() {
                     if self.named_pods.get(&pod) == Some(&seq) {
                         self.named_pods.remove(&pod);
                     }

@@ -219,6 +219,16 @@ pub enum MetaCommand {
         /// Why, for people (empty: nothing stands in the way).
         reason: String,
     },
+    /// Records which pods members that select theirs by labels stand for: each a pod of
+    /// its gang's namespace that no live group names yet. All or nothing; a member
+    /// already given one keeps it (a second proposal, from another shard's binder, is
+    /// refused).
+    ChoosePods {
+        /// The group.
+        seq: GroupSeq,
+        /// (member key, pod name), at most [`super::CHOICES_PER_COMMAND_MAX`].
+        choices: Vec<(String, String)>,
+    },
     /// Creates or changes a queue ([`Queues::put`]).
     PutQueue {
         /// The queue.
@@ -774,6 +784,7 @@ impl MetaCommand {
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
             | MetaCommand::NoteBinding { .. }
+            | MetaCommand::ChoosePods { .. }
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteNodeAllocation { .. }

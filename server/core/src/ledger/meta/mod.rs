@@ -63,7 +63,7 @@ pub use shard_map::{
 pub use usage_history::{UsageHistory, FAIR_SHARE_HALF_LIFE_MS_MAX, FAIR_SHARE_HALF_LIFE_MS_MIN};
 
 use crate::ledger::TxnId;
-use crate::model::{GangGroup, QueueSpec, Resources};
+use crate::model::{GangGroup, MemberKey, QueueSpec, Resources};
 
 /// Terminal groups kept (with their idempotency keys); older ones are forgotten.
 pub const FINISHED_GROUPS_MAX: usize = 10_000;
@@ -239,6 +239,9 @@ fn conflict(reason: String) -> MetaReply {
     }
 }
 
+/// Most pod choices one [`MetaCommand::ChoosePods`] records (as many as a group may have members).
+pub const CHOICES_PER_COMMAND_MAX: usize = 10_000;
+
 /// Most commands in one meta batch.
 pub const META_BATCH_MAX: usize = 1_024;
 
@@ -364,6 +367,7 @@ impl MetaState {
             | MetaCommand::Batch { .. }
             | MetaCommand::NoteWaiting { .. }
             | MetaCommand::NoteBinding { .. }
+            | MetaCommand::ChoosePods { .. }
             | MetaCommand::PutQueue { .. }
             | MetaCommand::DeleteQueue { .. }
             | MetaCommand::NoteCapacity { .. }
@@ -511,6 +515,7 @@ impl MetaState {
             MetaCommand::Batch { commands } => self.batch(commands),
             MetaCommand::NoteWaiting { seq, reason } => self.note_waiting(*seq, reason),
             MetaCommand::NoteBinding { seq, reason } => self.note_binding(*seq, reason),
+            MetaCommand::ChoosePods { seq, choices } => self.choose_pods(*seq, choices),
             MetaCommand::NoteNodeAllocation {
                 member,
                 node,
