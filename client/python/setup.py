@@ -7,7 +7,6 @@ GANGWAY_PROTO_DIR names.
 
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 

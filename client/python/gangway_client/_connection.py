@@ -104,6 +104,59 @@ def new_idempotency_key(name: str) -> str:
     return f"{name}-{time.time_ns()}-{os.getpid()}"
 
 
+class ClientBase:
+    """What the sync and asyncio clients keep alike: the replicas (`endpoints`: every
+    replica the client may use, such as `http://10.0.0.1:50051`; `https://` or `tls` for
+    TLS; `token` or `token_file` for a bearer token), and which one is in use. A
+    subclass opens its channel in `_open`."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        token: Optional[str] = None,
+        token_file: Optional[str] = None,
+        tls: Optional[Tls] = None,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        self._endpoints = check_endpoints(endpoints)
+        self._metadata = metadata(read_token(token, token_file))
+        self._tls = tls
+        self._timeout_s = timeout_s
+        self._index = 0
+        self._open()
+
+    @property
+    def endpoint(self) -> str:
+        """The replica calls go to now."""
+        return self._endpoints[self._index]
+
+    def _open(self) -> None:
+        raise NotImplementedError("a client opens its own kind of channel")
+
+    def _target(self) -> Tuple[str, Optional[grpc.ChannelCredentials], List[Tuple[str, object]]]:
+        """The replica in use: its address, credentials (None: plaintext) and options."""
+        host, secure = target(self.endpoint)
+        creds = None
+        if secure or self._tls is not None:
+            creds = self._tls.credentials() if self._tls else grpc.ssl_channel_credentials()
+        return host, creds, channel_options(self._tls)
+
+    def _advance(self) -> None:
+        self._index = (self._index + 1) % len(self._endpoints)
+
+    @staticmethod
+    def _keyed(request):
+        """`request` with an idempotency key (a copy with a new one if it had none), so a
+        retried submission never makes a second group."""
+        if request.idempotency_key:
+            return request
+        out = type(request)()
+        out.CopyFrom(request)
+        out.idempotency_key = new_idempotency_key(request.name)
+        return out
+
+
 def backoff_s(attempt: int) -> float:
     """The wait before pass `attempt` (0-based) over the endpoints."""
     return BACKOFF_S * (2 ** min(attempt, 6))

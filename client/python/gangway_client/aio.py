@@ -11,58 +11,22 @@ from typing import AsyncIterator, Callable, List, Optional, Sequence
 import grpc
 from grpc import aio
 
-from ._connection import (
-    CALL_TIMEOUT_S,
-    PASSES_MAX,
-    TERMINAL_STATES,
-    TRANSIENT,
-    GangwayError,
-    Tls,
-    backoff_s,
-    channel_options,
-    check_endpoints,
-    metadata,
-    new_idempotency_key,
-    read_token,
-    target,
-)
+from ._connection import PASSES_MAX, TERMINAL_STATES, TRANSIENT, ClientBase, GangwayError, backoff_s
 from ._proto import inventory_pb2 as inv
 from ._proto import inventory_pb2_grpc as inv_grpc
 from ._proto import scheduler_pb2 as pb
 from ._proto import scheduler_pb2_grpc as pb_grpc
 
 
-class Client:
-    """An asyncio client of gangway's replicas; the options as for the sync client.
-    Use `async with Client([...]) as client:` or call `close()`."""
+class Client(ClientBase):
+    """An asyncio client of gangway's replicas; the options are `ClientBase`'s. Use
+    `async with Client([...]) as client:` or call `close()`."""
 
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        *,
-        token: Optional[str] = None,
-        token_file: Optional[str] = None,
-        tls: Optional[Tls] = None,
-        timeout_s: float = CALL_TIMEOUT_S,
-    ) -> None:
-        self._endpoints = check_endpoints(endpoints)
-        self._metadata = metadata(read_token(token, token_file))
-        self._tls = tls
-        self._timeout_s = timeout_s
-        self._index = 0
-        self._channel: Optional[aio.Channel] = None
-        self._open()
-
-    @property
-    def endpoint(self) -> str:
-        """The replica calls go to now."""
-        return self._endpoints[self._index]
+    _channel: Optional[aio.Channel] = None
 
     def _open(self) -> None:
-        host, secure = target(self.endpoint)
-        options = channel_options(self._tls)
-        if secure or self._tls is not None:
-            creds = self._tls.credentials() if self._tls else grpc.ssl_channel_credentials()
+        host, creds, options = self._target()
+        if creds is not None:
             self._channel = aio.secure_channel(host, creds, options=options)
         else:
             self._channel = aio.insecure_channel(host, options=options)
@@ -71,7 +35,7 @@ class Client:
 
     async def _next_replica(self) -> None:
         await self.close()
-        self._index = (self._index + 1) % len(self._endpoints)
+        self._advance()
         self._open()
 
     async def close(self) -> None:
@@ -102,12 +66,7 @@ class Client:
         raise GangwayError(last.code(), f"every replica failed; the last said: {last.details()}")
 
     async def submit(self, request: pb.SubmitGangGroupRequest) -> pb.GangGroupStatus:
-        if not request.idempotency_key:
-            copy = pb.SubmitGangGroupRequest()
-            copy.CopyFrom(request)
-            copy.idempotency_key = new_idempotency_key(request.name)
-            request = copy
-        return await self._unary(lambda c: c._scheduler.SubmitGangGroup, request)
+        return await self._unary(lambda c: c._scheduler.SubmitGangGroup, self._keyed(request))
 
     async def get(self, group_id: int) -> pb.GangGroupStatus:
         return await self._unary(lambda c: c._scheduler.GetGangGroup, pb.GangGroupRef(id=group_id))

@@ -12,59 +12,21 @@ from typing import Callable, Iterator, List, Optional, Sequence
 
 import grpc
 
-from ._connection import (
-    CALL_TIMEOUT_S,
-    PASSES_MAX,
-    TERMINAL_STATES,
-    TRANSIENT,
-    GangwayError,
-    Tls,
-    backoff_s,
-    channel_options,
-    check_endpoints,
-    metadata,
-    new_idempotency_key,
-    read_token,
-    target,
-)
+from ._connection import PASSES_MAX, TERMINAL_STATES, TRANSIENT, ClientBase, GangwayError, backoff_s
 from ._proto import inventory_pb2 as inv
 from ._proto import inventory_pb2_grpc as inv_grpc
 from ._proto import scheduler_pb2 as pb
 from ._proto import scheduler_pb2_grpc as pb_grpc
 
 
-class Client:
-    """A client of gangway's replicas (`endpoints`: every replica it may use, such as
-    `http://10.0.0.1:50051`; `https://` or `tls` for TLS; `token` or `token_file` for a
-    bearer token)."""
+class Client(ClientBase):
+    """A client of gangway's replicas; the options are `ClientBase`'s."""
 
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        *,
-        token: Optional[str] = None,
-        token_file: Optional[str] = None,
-        tls: Optional[Tls] = None,
-        timeout_s: float = CALL_TIMEOUT_S,
-    ) -> None:
-        self._endpoints = check_endpoints(endpoints)
-        self._metadata = metadata(read_token(token, token_file))
-        self._tls = tls
-        self._timeout_s = timeout_s
-        self._index = 0
-        self._channel: Optional[grpc.Channel] = None
-        self._open()
-
-    @property
-    def endpoint(self) -> str:
-        """The replica calls go to now."""
-        return self._endpoints[self._index]
+    _channel: Optional[grpc.Channel] = None
 
     def _open(self) -> None:
-        host, secure = target(self.endpoint)
-        options = channel_options(self._tls)
-        if secure or self._tls is not None:
-            creds = self._tls.credentials() if self._tls else grpc.ssl_channel_credentials()
+        host, creds, options = self._target()
+        if creds is not None:
             self._channel = grpc.secure_channel(host, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(host, options=options)
@@ -73,7 +35,7 @@ class Client:
 
     def _next_replica(self) -> None:
         self.close()
-        self._index = (self._index + 1) % len(self._endpoints)
+        self._advance()
         self._open()
 
     def close(self) -> None:
@@ -106,10 +68,7 @@ class Client:
 
     def submit(self, request: pb.SubmitGangGroupRequest) -> pb.GangGroupStatus:
         """Submits a gang group; the same idempotency key always yields the same group."""
-        if not request.idempotency_key:
-            request = _copy(request)
-            request.idempotency_key = new_idempotency_key(request.name)
-        return self._unary(lambda c: c._scheduler.SubmitGangGroup, request)
+        return self._unary(lambda c: c._scheduler.SubmitGangGroup, self._keyed(request))
 
     def get(self, group_id: int) -> pb.GangGroupStatus:
         return self._unary(lambda c: c._scheduler.GetGangGroup, pb.GangGroupRef(id=group_id))
@@ -188,8 +147,3 @@ class Client:
                 if failures % len(self._endpoints) == 0:
                     time.sleep(backoff_s(failures // len(self._endpoints)))
 
-
-def _copy(request: pb.SubmitGangGroupRequest) -> pb.SubmitGangGroupRequest:
-    out = pb.SubmitGangGroupRequest()
-    out.CopyFrom(request)
-    return out
