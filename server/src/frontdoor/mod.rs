@@ -7,3 +7,4 @@ pub mod inventory;
 pub mod queues;
 pub mod scheduler;
 pub mod shard_admin;
+pub mod watch;

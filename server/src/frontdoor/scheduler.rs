@@ -18,10 +18,11 @@ use gangway_proto::v1::{
     ReleaseMembersRequest, ShardInfo, SubmitGangGroupRequest, TopologySpec, WatchGangGroupRequest,
     WatchGangGroupsRequest,
 };
-use gangway_raft::{GroupChanges, META_GROUP};
+use gangway_raft::META_GROUP;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::watch;
 use crate::auth::access::{self, Access, Ask, Principal, Resource, Verb};
 use crate::auth::limits::StreamLimits;
 use crate::auth::policy::LIVE_GROUPS_PER_IDENTITY_DEFAULT;
@@ -55,18 +56,6 @@ pub const GROUP_GANGS_MAX: usize = 256;
 pub const LIST_CHANGES_DEFAULT: u32 = 1_000;
 /// Most groups one listing of changes answers.
 pub const LIST_CHANGES_MAX: u32 = 10_000;
-/// How often a watcher reads when nothing woke it, in ms.
-pub const WATCH_CONFIRM_MS: u64 = 50;
-/// Pause after a wake-up before a watcher reads, in ms, so a burst of applies costs one read.
-pub const WATCH_GAP_MS: u64 = 2;
-/// Status updates buffered per watcher.
-pub const WATCH_BUFFER: usize = 16;
-/// Changed groups one read of a many-group watch takes (it reads again at once when
-/// more changed).
-pub const WATCH_MANY_PAGE: u32 = 1_000;
-/// A many-group watch reads changes at least this often even without a local apply, in
-/// ms (as [`WATCH_CONFIRM_MS`], but one such watch follows many groups, so less often).
-pub const WATCH_MANY_CONFIRM_MS: u64 = 500;
 /// Longest `ListShards` waits for one shard's capacity, in ms (0 is shown without it).
 pub const SHARD_READ_TIMEOUT_MS: u64 = 500;
 
@@ -520,99 +509,6 @@ impl SchedulerService {
     }
 }
 
-/// A watch of every group of a namespace or queue (`WatchGangGroups`), as its task
-/// runs it: reads meta's changes after the last version sent, sends those the caller may
-/// see and asked for, then waits for the next apply.
-struct ManyWatch {
-    groups: Groups,
-    access: Access,
-    who: Principal,
-    namespace: String,
-    queue: String,
-}
-
-impl ManyWatch {
-    /// Whether `g` is one of the groups asked for.
-    fn wanted(&self, g: &GroupSummary) -> bool {
-        let in_namespace =
-            self.namespace.is_empty() || group_namespaces(g).contains(&self.namespace.as_str());
-        let in_queue = self.queue.is_empty() || g.queue == self.queue;
-        in_namespace && in_queue
-    }
-
-    /// Sends every change after `after` until the caller leaves or a read fails for good.
-    async fn run(
-        self,
-        mut after: u64,
-        mut changes: GroupChanges,
-        tx: tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
-    ) {
-        loop {
-            let read = self
-                .groups
-                .meta_query(&MetaQuery::ChangedSince {
-                    after,
-                    limit: WATCH_MANY_PAGE,
-                })
-                .await;
-            let (changed, stamp, more) = match read {
-                Ok(MetaReply::Changed {
-                    groups,
-                    stamp,
-                    more,
-                    ..
-                }) => (groups, stamp, more),
-                Ok(other) => {
-                    let e = Status::internal(format!("unexpected meta reply {other:?}"));
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-                Err(e) if e.to_status().code() == tonic::Code::Unavailable => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(WATCH_MANY_CONFIRM_MS)) => continue,
-                        _ = tx.closed() => return,
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_status())).await;
-                    return;
-                }
-            };
-            for g in changed.iter().filter(|g| self.wanted(g)) {
-                match self
-                    .access
-                    .may_touch_group(&self.who, Verb::List, &g.owner, &group_namespaces(g))
-                    .await
-                {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-                if tx.send(Ok(crate::convert::group_status(g))).await.is_err() {
-                    return;
-                }
-            }
-            after = after.max(stamp);
-            if more {
-                continue;
-            }
-            tokio::select! {
-                alive = changes.changed() => {
-                    if !alive {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(WATCH_GAP_MS)).await;
-                }
-                _ = tokio::time::sleep(Duration::from_millis(WATCH_MANY_CONFIRM_MS)) => {}
-                _ = tx.closed() => return,
-            }
-        }
-    }
-}
-
 /// A meta reply about one group as the API shows it.
 fn group_status(reply: MetaReply) -> Result<GangGroupStatus, Status> {
     match reply {
@@ -674,7 +570,7 @@ async fn release_members_shards_first(
 }
 
 /// The namespaces of a group's gangs (`namespace/name` each).
-fn group_namespaces(record: &GroupSummary) -> Vec<&str> {
+pub(super) fn group_namespaces(record: &GroupSummary) -> Vec<&str> {
     let mut namespaces: Vec<&str> = record
         .gangs
         .iter()
@@ -951,73 +847,6 @@ fn topology_of(t: Option<&TopologySpec>, at: &str) -> Result<TopologyConstraint,
     })
 }
 
-/// Sends `first`, then every new version of group `seq` until it ends or the receiver
-/// goes. Reads linearizably, when the meta group applies entries on this replica or
-/// every [`WATCH_CONFIRM_MS`] otherwise.
-async fn watch_group(
-    groups: Groups,
-    seq: GroupSeq,
-    first: GroupSummary,
-    after_version: u64,
-    mut changes: GroupChanges,
-    tx: tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
-) {
-    let mut version = first.version;
-    let mut done = first.state.is_terminal();
-    // A client resuming from `after_version` already has every status up to it.
-    if first.version > after_version
-        && tx
-            .send(Ok(crate::convert::group_status(&first)))
-            .await
-            .is_err()
-    {
-        return;
-    }
-    let query = MetaQuery::Group { seq };
-    while !done {
-        // Woken by applies here, a watcher still reads linearizably: a follower's local
-        // copy can trail the leader by a heartbeat, and a watcher must never miss the end.
-        let read = tokio::select! {
-            alive = changes.changed() => {
-                if !alive {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(WATCH_GAP_MS)).await;
-                groups.meta_query(&query).await
-            }
-            _ = tokio::time::sleep(Duration::from_millis(WATCH_CONFIRM_MS)) => {
-                groups.meta_query(&query).await
-            }
-            _ = tx.closed() => return,
-        };
-        let group = match read {
-            Ok(MetaReply::Group { group }) => group,
-            Ok(_) => {
-                let gone = Status::not_found(format!("id: gang group {seq} is gone"));
-                let _ = tx.send(Err(gone)).await;
-                return;
-            }
-            Err(e) if e.to_status().code() == tonic::Code::Unavailable => continue,
-            Err(e) => {
-                let _ = tx.send(Err(e.to_status())).await;
-                return;
-            }
-        };
-        if group.version == version {
-            continue;
-        }
-        version = group.version;
-        done = group.state.is_terminal();
-        if tx
-            .send(Ok(crate::convert::group_status(&group)))
-            .await
-            .is_err()
-        {
-            return;
-        }
-    }
-}
-
 fn new_key() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -1077,7 +906,7 @@ impl Scheduler for SchedulerService {
             .streams
             .open(admitted.principal.name())
             .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let (tx, rx) = tokio::sync::mpsc::channel(watch::WATCH_BUFFER);
         let groups = self.groups.clone();
         let changes = self
             .groups
@@ -1087,7 +916,7 @@ impl Scheduler for SchedulerService {
         tokio::spawn(async move {
             // The slot is held as long as the stream is open.
             let _slot = slot;
-            watch_group(groups, seq, first, after_version, changes, tx).await;
+            watch::watch_group(groups, seq, first, after_version, changes, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -1113,13 +942,13 @@ impl Scheduler for SchedulerService {
             .streams
             .open(admitted.principal.name())
             .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let (tx, rx) = tokio::sync::mpsc::channel(watch::WATCH_BUFFER);
         let changes = self
             .groups
             .host()
             .changes(META_GROUP)
             .map_err(|e| GroupError::from(e).to_status())?;
-        let watch = ManyWatch {
+        let many = watch::ManyWatch {
             groups: self.groups.clone(),
             access: self.access.clone(),
             who: admitted.principal.clone(),
@@ -1128,7 +957,7 @@ impl Scheduler for SchedulerService {
         };
         tokio::spawn(async move {
             let _slot = slot;
-            watch.run(req.after_version, changes, tx).await;
+            many.run(req.after_version, changes, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
