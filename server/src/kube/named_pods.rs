@@ -12,7 +12,7 @@
 //! Pure: the binder (`kube::binder`) passes the group's record and a lookup into its
 //! informer's pods; the ingest uses [`ANNOTATION_GROUP`] and [`framework_group`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -125,7 +125,9 @@ pub fn check(
     }
     let mut choices = Vec::new();
     let mut short_of = Vec::new();
-    let chosen: Vec<String> = group.named_pods().into_iter().map(|(_, p)| p).collect();
+    // Pods the group names already, and those proposed below (templates of one
+    // namespace may select the same pods: each goes to one member).
+    let mut chosen: BTreeSet<String> = group.named_pods().into_iter().map(|(_, p)| p).collect();
     for ((namespace, selector, requests), members) in &unchosen {
         let mut fitting: Vec<String> = (view.pods_in)(namespace)
             .iter()
@@ -150,7 +152,10 @@ pub fn check(
             ));
             continue;
         }
-        choices.extend(members.iter().cloned().zip(fitting));
+        for (member, pod) in members.iter().zip(fitting) {
+            chosen.insert(format!("{namespace}/{pod}"));
+            choices.push((member.clone(), pod));
+        }
     }
     if !choices.is_empty() {
         return NamedPods::Choose(choices);

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -365,4 +365,31 @@ fn a_choice_of_a_pod_another_live_group_names_is_refused() {
         meta.apply(&not_selecting),
         MetaReply::Rejected { .. }
     ));
+}
+
+#[test]
+fn two_templates_selecting_the_same_pods_are_given_different_ones() {
+    let mut req = selecting();
+    // A second template whose selector picks the same pods (they carry both labels).
+    let mut second = req.gangs[0].members[0].clone();
+    second.name = "v".into();
+    second.count = 1;
+    if let Some(pods) = second.pods.as_mut() {
+        pods.selector.insert("tier".into(), "x".into());
+    }
+    req.gangs[0].members.push(second);
+    req.gangs[0].min_member = 3;
+    let g = record(&req);
+    let both = |name: &str| {
+        let mut p = labelled(name, "1");
+        p["metadata"]["labels"]["tier"] = json!("x");
+        p
+    };
+    let pods = [both("a"), both("b"), both("c")];
+    let choices = match look(&g, &pods) {
+        NamedPods::Choose(choices) => choices,
+        other => panic!("{other:?}"),
+    };
+    let picked: BTreeSet<&str> = choices.iter().map(|(_, pod)| pod.as_str()).collect();
+    assert_eq!(picked.len(), 3, "each pod to one member: {choices:?}");
 }
