@@ -748,7 +748,12 @@ fn raw_gang(at: &str, g: &GangSpec, total: &mut Totals) -> Result<RawGang, Statu
         }
         // Checked before anything is copied `count` times.
         let longest_name = pod_names.iter().map(String::len).max().unwrap_or(0);
-        let size = m.pod_json.len() + m.name.len().max(longest_name) + MEMBER_OVERHEAD_BYTES;
+        // Every member of the template keeps its own copy of the selector.
+        let selector_bytes: usize = pod_selector.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let size = m.pod_json.len()
+            + m.name.len().max(longest_name)
+            + selector_bytes
+            + MEMBER_OVERHEAD_BYTES;
         total.bytes = total.bytes.saturating_add(size.saturating_mul(count));
         if total.bytes > GROUP_SPEC_BYTES_MAX {
             return Err(invalid(

@@ -197,6 +197,24 @@ fn submissions_that_name_pods_wrongly_are_refused_naming_the_field() {
 }
 
 #[test]
+fn a_selector_copied_to_every_member_counts_toward_the_groups_size() {
+    let mut big = selecting();
+    big.gangs[0].members[0].count = 5_000;
+    big.gangs[0].min_member = 5_000;
+    if let Some(pods) = big.gangs[0].members[0].pods.as_mut() {
+        for i in 0..200 {
+            pods.selector.insert(format!("key-{i}"), "v".repeat(60));
+        }
+    }
+    let e = validate_submission(&big).expect_err("too large once copied");
+    assert!(
+        e.message().contains("gangs[0].members[0].count"),
+        "{}",
+        e.message()
+    );
+}
+
+#[test]
 fn a_pod_named_by_a_live_group_cannot_be_named_by_another() {
     let first = validate_submission(&request(1, &["solo"])).expect("valid");
     let mut meta = MetaState::new(1);
