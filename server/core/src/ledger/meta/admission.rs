@@ -215,10 +215,8 @@ impl MetaState {
                 return rejected(e.to_string());
             }
             let full = format!("{}/{pod}", key.namespace);
-            if self.live_namer(&full).is_some_and(|other| other != seq)
-                || g.named_pods().iter().any(|(_, p)| *p == full)
-                || !taken.insert(full.clone())
-            {
+            // The index holds this group's own named pods too (it is live).
+            if self.live_namer(&full).is_some() || !taken.insert(full.clone()) {
                 return conflict(format!("{at}: pod {} is already taken", short(&full)));
             }
             chosen.push((member.clone(), full));
@@ -236,19 +234,27 @@ impl MetaState {
         }
     }
 
-    /// Records (or clears) why placed group `seq`'s named pods are not bound yet.
+    /// Records (or clears) why placed group `seq`'s named pods are not bound yet (cut
+    /// to `MESSAGE_CHARS_MAX`).
     pub(super) fn note_binding(&mut self, seq: GroupSeq, reason: &str) -> MetaReply {
+        let reason = crate::model::clip_to(reason, crate::model::MESSAGE_CHARS_MAX);
+        self.note_reason(seq, GroupState::Placed, &reason)
+    }
+
+    /// Sets group `seq`'s reason, if it is in `state` (a change bumps its version).
+    fn note_reason(&mut self, seq: GroupSeq, state: GroupState, reason: &str) -> MetaReply {
         let Some(g) = self.groups.get_mut(&seq) else {
             return missing(seq);
         };
-        if g.state != GroupState::Placed {
+        if g.state != state {
             return rejected(format!(
-                "gang group {seq} is {}, not Placed",
-                g.state.name()
+                "gang group {seq} is {}, not {}",
+                g.state.name(),
+                state.name()
             ));
         }
         if g.reason != reason {
-            g.reason = crate::model::clip_to(reason, crate::model::MESSAGE_CHARS_MAX).into_owned();
+            g.reason = reason.to_string();
             g.bump(&mut self.last_version);
         }
         MetaReply::Group {
@@ -359,22 +365,7 @@ impl MetaState {
     }
 
     pub(super) fn note_waiting(&mut self, seq: GroupSeq, reason: &str) -> MetaReply {
-        let Some(g) = self.groups.get_mut(&seq) else {
-            return missing(seq);
-        };
-        if g.state != GroupState::Queued {
-            return rejected(format!(
-                "gang group {seq} is {}, not Queued",
-                g.state.name()
-            ));
-        }
-        if g.reason != reason {
-            g.reason = reason.to_string();
-            g.bump(&mut self.last_version);
-        }
-        MetaReply::Group {
-            group: Box::new(GroupSummary::of(g)),
-        }
+        self.note_reason(seq, GroupState::Queued, reason)
     }
 
     pub(super) fn note_node_allocation(
