@@ -30,9 +30,9 @@ use crate::observe::placement::{self as placement_metrics, Phase, PhaseTimer};
 use crate::replicated::growth::ShardCount;
 use crate::replicated::{now_ms, Groups};
 use gangway_core::ledger::command::LEDGER_BATCH_MAX;
-use gangway_core::ledger::meta::{GroupState, MetaCommand, MetaQuery, MetaReply};
+use gangway_core::ledger::meta::{GroupSeq, GroupState, MetaCommand, MetaQuery, MetaReply};
 use gangway_core::ledger::LedgerOp;
-use gangway_core::model::{DeviceId, MemberKey, PodBinding};
+use gangway_core::model::{clip_to, DeviceId, MemberKey, PodBinding, MESSAGE_CHARS_MAX};
 use gangway_core::query::{ShardAnswer, ShardQuery, UnboundMember};
 
 /// Period of the binder's look at its shards, in ms.
@@ -52,6 +52,14 @@ pub const BIND_RESULTS_QUEUED_MAX: usize = 4_096;
 pub const BINDING_CONDITIONS_TIMEOUT_MS: u64 = 600_000;
 /// Wait after a failed binding (claim deallocated) before it is tried again, in ms.
 pub const BINDING_FAILURE_BACKOFF_MS: u64 = 5_000;
+/// How long one check of a group's named pods serves its other members, in ms. A
+/// group's members are looked at together: one check (and one reason written, one
+/// choice proposed) serves them all, where each would otherwise check every pod of the
+/// group. Far below `BIND_RETRY_MS`, so no member waits on a stale verdict.
+pub const NAMED_VERDICT_REUSE_MS: u64 = 200;
+/// Groups whose last named-pod verdict is remembered; past it the memory starts over.
+pub const NAMED_VERDICTS_MAX: usize = 1_024;
+
 /// Members remembered as waiting for binding conditions or backing off after a failure;
 /// past it the memory starts over (a wait then counts from its next look).
 pub const BINDING_WAITS_MAX: usize = 10_000;
@@ -154,6 +162,8 @@ struct Ctx {
     groups: Groups,
     /// Named pods refused, with the reason: reported once each.
     refused: std::sync::Mutex<HashMap<PodRef, String>>,
+    /// Group → (its version, when checked, the verdict on its named pods).
+    verdicts: std::sync::Mutex<HashMap<GroupSeq, (u64, Instant, NamedPods)>>,
 }
 
 /// Runs the binder until `stop` fires.
@@ -174,6 +184,7 @@ pub async fn run(
         binding: std::sync::Mutex::new(BindingWaits::default()),
         groups: groups.clone(),
         refused: std::sync::Mutex::new(HashMap::new()),
+        verdicts: std::sync::Mutex::new(HashMap::new()),
         opts,
     });
     let (tx, mut rx) = mpsc::channel::<Done>(BIND_RESULTS_QUEUED_MAX);
@@ -497,6 +508,12 @@ impl Ctx {
         if !holds || record.state != GroupState::Placed {
             return None;
         }
+        if let Some(verdict) = self.recent_verdict(record.seq, record.version) {
+            return match verdict {
+                NamedPods::Ready(pods) => pods.get(&m.member).cloned(),
+                _ => None,
+            };
+        }
         // The view borrows closures that are not Send: gone before the writes below.
         let verdict = {
             let pod = |ns: &str, name: &str| self.cache.get(Slot::Pods, ns, name);
@@ -527,6 +544,7 @@ impl Ctx {
                 placements.get(&key.to_string()).map(|p| p.node.clone())
             })
         };
+        self.remember_verdict(record.seq, record.version, &verdict);
         let reason = match &verdict {
             // Ready: only a reason of the binder's own is cleared.
             NamedPods::Ready(_) if record.reason.starts_with(named_pods::REASON_PREFIX) => "",
@@ -535,6 +553,8 @@ impl Ctx {
             NamedPods::Refused { why, .. } => why.as_str(),
             NamedPods::Choose(_) => record.reason.as_str(),
         };
+        // Compared as meta keeps it, so a long reason is not written again every look.
+        let reason = clip_to(reason, MESSAGE_CHARS_MAX);
         if record.reason != reason {
             let note = MetaCommand::NoteBinding {
                 seq: record.seq,
@@ -563,6 +583,23 @@ impl Ctx {
                 None
             }
         }
+    }
+
+    /// The verdict on group `seq`'s named pods, if checked at `version` within
+    /// `NAMED_VERDICT_REUSE_MS`.
+    fn recent_verdict(&self, seq: GroupSeq, version: u64) -> Option<NamedPods> {
+        let verdicts = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
+        let (at_version, at, verdict) = verdicts.get(&seq)?;
+        let fresh = at.elapsed() < Duration::from_millis(NAMED_VERDICT_REUSE_MS);
+        (*at_version == version && fresh).then(|| verdict.clone())
+    }
+
+    fn remember_verdict(&self, seq: GroupSeq, version: u64, verdict: &NamedPods) {
+        let mut verdicts = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
+        if verdicts.len() >= NAMED_VERDICTS_MAX {
+            verdicts.clear();
+        }
+        verdicts.insert(seq, (version, Instant::now(), verdict.clone()));
     }
 
     /// Records a `FailedScheduling` event on refused pod `pod` (namespace, name), once
