@@ -504,6 +504,41 @@ impl SchedulerService {
         }
     }
 
+    /// A status stream for `who`, fed by the task `feed` makes from the meta group's
+    /// apply feed and the stream's sender; it holds one of `who`'s stream slots while
+    /// it runs.
+    fn open_stream<Feed>(
+        &self,
+        who: &Principal,
+        feed: impl FnOnce(
+            gangway_raft::GroupChanges,
+            tokio::sync::mpsc::Sender<Result<GangGroupStatus, Status>>,
+        ) -> Feed,
+    ) -> Result<Response<StatusStream>, Status>
+    where
+        Feed: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let slot = self
+            .streams
+            .open(who.name())
+            .inspect_err(|_| self.access.note_refusal(who))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(watch::WATCH_BUFFER);
+        let changes = self
+            .groups
+            .host()
+            .changes(META_GROUP)
+            .map_err(|e| GroupError::from(e).to_status())?;
+        let task = feed(changes, tx);
+        tokio::spawn(async move {
+            // The slot is held as long as the stream is open.
+            let _slot = slot;
+            task.await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn command(&self, cmd: MetaCommand) -> Result<GangGroupStatus, Status> {
         group_status(self.groups.meta(&cmd).await.map_err(|e| e.to_status())?)
     }
@@ -907,25 +942,10 @@ impl Scheduler for SchedulerService {
         let first = self
             .record_for(&admitted.principal, Verb::Watch, seq)
             .await?;
-        let slot = self
-            .streams
-            .open(admitted.principal.name())
-            .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(watch::WATCH_BUFFER);
         let groups = self.groups.clone();
-        let changes = self
-            .groups
-            .host()
-            .changes(META_GROUP)
-            .map_err(|e| GroupError::from(e).to_status())?;
-        tokio::spawn(async move {
-            // The slot is held as long as the stream is open.
-            let _slot = slot;
-            watch::watch_group(groups, seq, first, after_version, changes, tx).await;
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        self.open_stream(&admitted.principal, move |changes, tx| {
+            watch::watch_group(groups, seq, first, after_version, changes, tx)
+        })
     }
 
     type WatchGangGroupsStream = StatusStream;
@@ -943,16 +963,6 @@ impl Scheduler for SchedulerService {
             )
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         }
-        let slot = self
-            .streams
-            .open(admitted.principal.name())
-            .inspect_err(|_| self.access.note_refusal(&admitted.principal))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(watch::WATCH_BUFFER);
-        let changes = self
-            .groups
-            .host()
-            .changes(META_GROUP)
-            .map_err(|e| GroupError::from(e).to_status())?;
         let many = watch::ManyWatch {
             groups: self.groups.clone(),
             access: self.access.clone(),
@@ -960,13 +970,9 @@ impl Scheduler for SchedulerService {
             namespace: req.namespace,
             queue: req.queue,
         };
-        tokio::spawn(async move {
-            let _slot = slot;
-            many.run(req.after_version, changes, tx).await;
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        self.open_stream(&admitted.principal, move |changes, tx| {
+            many.run(req.after_version, changes, tx)
+        })
     }
 
     async fn cancel_gang_group(
